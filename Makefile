@@ -1,0 +1,51 @@
+# flexc: the two commands of the README, and the rest of the build.
+#   make run            install what is missing, build, run the main job on the default data
+#   make test           install what is missing, build, run every test (CTest)
+#   make                build into build/
+#   make install PREFIX=/usr/local
+#   make test-sanitize  the test suite under ASan + UBSan (build-asan/)
+#   make test-noomp     build and test without OpenMP (build-noomp/)
+#   make fuzz           build the libFuzzer targets and run each for FUZZ_SECONDS
+
+BUILD ?= build
+PREFIX ?= /usr/local
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+FUZZ_SECONDS ?= 60
+
+.PHONY: all deps build run test test-sanitize test-noomp fuzz install clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+build:
+	@test -f $(BUILD)/CMakeCache.txt || cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+run: deps build
+	@scripts/run.sh $(BUILD)
+
+test: deps build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-sanitize: deps
+	@$(MAKE) --no-print-directory test BUILD=build-asan CMAKE_FLAGS="-DFLEXC_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo"
+
+test-noomp: deps
+	@$(MAKE) --no-print-directory test BUILD=build-noomp CMAKE_FLAGS="-DFLEXC_OPENMP=OFF"
+
+fuzz: deps
+	@scripts/deps.sh ci
+	@test -f build-fuzz/CMakeCache.txt || CC=clang cmake -S . -B build-fuzz -DFLEXC_FUZZ=ON -DFLEXC_OPENMP=OFF -DFLEXC_MPI=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@cmake --build build-fuzz -j $(JOBS)
+	@scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
+install: build
+	@cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake --install $(BUILD)
+
+clean:
+	rm -rf build build-asan build-noomp build-fuzz

@@ -1,0 +1,125 @@
+/*
+ * flexc — training kernels of modern language models in plain C.
+ *
+ * This umbrella header declares what every module shares: status codes, the error
+ * message of the last failure, the version, the logging hook, threads and the CPU path.
+ * It then includes every module header, so `#include <flexc.h>` is all a program needs.
+ *
+ *     #include <flexc.h>
+ *
+ *     int rc = fx_safetensors_open(&f, "model.safetensors");
+ *     if (rc != FX_OK) {
+ *         fprintf(stderr, "%s: %s\n", fx_strerror(rc), fx_last_error());
+ *         return 1;
+ *     }
+ *
+ * Conventions (see docs/api.md):
+ *   - a function that can fail returns FX_OK (0) or a negative fx_status, and never prints,
+ *     exits or aborts on bad input; fx_last_error() then says what was wrong;
+ *   - arguments are checked before any work, so outputs stay untouched on such errors;
+ *   - tensors are contiguous row-major float32 with int64_t sizes;
+ *   - results are bitwise identical for any thread count.
+ */
+#ifndef FLEXC_H
+#define FLEXC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FLEXC_BUILDING) && defined(__GNUC__)
+#define FX_API __attribute__((visibility("default")))
+#else
+#define FX_API
+#endif
+
+#define FX_VERSION_MAJOR 0
+#define FX_VERSION_MINOR 1
+#define FX_VERSION_PATCH 0
+#define FX_VERSION_STRING "0.1.0"
+/* Single number for compile-time comparisons: 0.1.0 -> 100. */
+#define FX_VERSION (FX_VERSION_MAJOR * 10000 + FX_VERSION_MINOR * 100 + FX_VERSION_PATCH)
+
+/* ---- status codes -------------------------------------------------------------------- */
+
+/* X(name, value, message): the one list the enum, fx_strerror and fx_status_name come from. */
+#define FX_STATUS_LIST(X)                                                        \
+    X(FX_OK, 0, "success")                                                       \
+    X(FX_EINVAL, -1, "invalid argument")                                         \
+    X(FX_ENOMEM, -2, "out of memory")                                            \
+    X(FX_EIO, -3, "input/output error")                                          \
+    X(FX_EFORMAT, -4, "malformed or unsafe file")                                \
+    X(FX_ERANGE, -5, "index out of range")                                       \
+    X(FX_EUNSUPPORTED, -6, "not supported")                                      \
+    X(FX_ETIMEDOUT, -7, "timed out")                                             \
+    X(FX_ECOMM, -8, "communication failure")
+
+typedef enum fx_status {
+#define FX_STATUS_ENUM_(name, value, msg) name = value,
+    FX_STATUS_LIST(FX_STATUS_ENUM_)
+#undef FX_STATUS_ENUM_
+} fx_status;
+
+/* A short description of a status code ("invalid argument"); "unknown status" otherwise. */
+FX_API const char *fx_strerror(int code);
+/* The enum name of a status code ("FX_EINVAL"); "FX_UNKNOWN" otherwise. */
+FX_API const char *fx_status_name(int code);
+/* What was wrong in the last failed call on this thread ("target[17] = 50300 is outside
+   [0, 50257)"); "" when nothing has failed. The pointer is valid until the next flexc call
+   on this thread. */
+FX_API const char *fx_last_error(void);
+FX_API void fx_clear_error(void);
+
+/* ---- version --------------------------------------------------------------------------- */
+
+/* The version of the library that is linked, "MAJOR.MINOR.PATCH". */
+FX_API const char *fx_version(void);
+
+/* ---- logging ----------------------------------------------------------------------------- */
+
+typedef enum fx_log_level { FX_LOG_DEBUG = 0, FX_LOG_INFO = 1, FX_LOG_WARN = 2, FX_LOG_ERROR = 3 } fx_log_level;
+/* The library logs only through this hook; by default nothing is logged. msg has no newline. */
+typedef void (*fx_log_fn)(fx_log_level level, const char *msg, void *user);
+/* fn == NULL turns logging off. Messages below min_level are dropped before formatting. */
+FX_API void fx_set_log_callback(fx_log_fn fn, void *user, fx_log_level min_level);
+
+/* ---- threads ----------------------------------------------------------------------------- */
+
+/* Threads used by flexc kernels (OpenMP and OpenBLAS). n >= 1; the default follows
+   OMP_NUM_THREADS, else the number of cores. A build without OpenMP accepts any n >= 1
+   and runs on one thread. */
+FX_API int fx_set_num_threads(int n);
+FX_API int fx_get_num_threads(void);
+
+/* ---- CPU path ---------------------------------------------------------------------------- */
+
+/* Kernels pick a path at run time: the best the CPU supports, capped by the environment
+   variable FLEXC_ISA (scalar|avx2|avx512) or by fx_set_isa(). The scalar path is the
+   reference that the others are tested against. */
+typedef enum fx_isa { FX_ISA_SCALAR = 0, FX_ISA_AVX2 = 1, FX_ISA_AVX512 = 2 } fx_isa;
+FX_API fx_isa fx_get_isa(void);
+/* FX_EUNSUPPORTED when this CPU (or this build) cannot run that path. */
+FX_API int fx_set_isa(fx_isa isa);
+FX_API const char *fx_isa_name(fx_isa isa);
+
+/* ---- memory accounting ------------------------------------------------------------------- */
+
+/* Bytes the library holds now, and the most it held since the last reset (this counts the
+   library's own scratch and objects, not the caller's tensors). */
+FX_API void fx_mem_stats(size_t *current, size_t *peak);
+FX_API void fx_mem_reset_peak(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#include "flexc/rng.h"
+#include "flexc/safetensors.h"
+#include "flexc/attention.h"
+#include "flexc/lce.h"
+
+#endif /* FLEXC_H */

@@ -1,0 +1,165 @@
+/* Timing, medians and this machine's measured limits. */
+#include "bench_util.h"
+
+#include <flexc.h>
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <cblas.h>
+
+double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double bench_median(double *x, int n)
+{
+    if (n <= 0)
+        return 0.0;
+    qsort(x, (size_t)n, sizeof *x, cmp_double);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+void bench_pair(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, double *med_a, double *med_b)
+{
+    enum { MAX_REPS = 64 };
+    double ta[MAX_REPS], tb[MAX_REPS];
+    if (reps > MAX_REPS)
+        reps = MAX_REPS;
+    if (reps < 1)
+        reps = 1;
+    a(ctx_a);
+    b(ctx_b);
+    for (int r = 0; r < reps; r++) {
+        double t0 = bench_now();
+        a(ctx_a);
+        double t1 = bench_now();
+        b(ctx_b);
+        double t2 = bench_now();
+        ta[r] = t1 - t0;
+        tb[r] = t2 - t1;
+    }
+    *med_a = bench_median(ta, reps);
+    *med_b = bench_median(tb, reps);
+}
+
+double bench_time(bench_fn f, void *ctx, int reps)
+{
+    enum { MAX_REPS = 64 };
+    double t[MAX_REPS];
+    if (reps > MAX_REPS)
+        reps = MAX_REPS;
+    if (reps < 1)
+        reps = 1;
+    f(ctx);
+    for (int r = 0; r < reps; r++) {
+        double t0 = bench_now();
+        f(ctx);
+        t[r] = bench_now() - t0;
+    }
+    return bench_median(t, reps);
+}
+
+double bench_fma_loop_scalar(int64_t iters)
+{
+    /* Eight independent chains so the loop is bound by FMA throughput, not latency. */
+    float acc[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    const float m = 0.9999999f, c = 1e-7f;
+    for (int64_t i = 0; i < iters; i++)
+        for (int j = 0; j < 8; j++)
+            acc[j] = acc[j] * m + c;
+    volatile float sink = acc[0] + acc[1] + acc[2] + acc[3] + acc[4] + acc[5] + acc[6] + acc[7];
+    (void)sink;
+    return 2.0 * 8 * (double)iters;
+}
+
+double bench_fma_peak_gflops(void)
+{
+    fx_isa isa = fx_get_isa();
+    const int64_t iters = isa == FX_ISA_SCALAR ? 20000000 : 4000000;
+    double best = 0.0;
+    for (int rep = 0; rep < 5; rep++) {
+        /* Each thread times its own loop after a barrier, so thread start-up is not counted;
+           the rates add up. */
+        double rate = 0.0;
+#pragma omp parallel reduction(+ : rate)
+        {
+#pragma omp barrier
+            double t0 = bench_now();
+            double flops = isa == FX_ISA_AVX512 ? bench_fma_loop_avx512(iters)
+                         : isa == FX_ISA_AVX2   ? bench_fma_loop_avx2(iters)
+                                                : bench_fma_loop_scalar(iters);
+            rate += flops / (bench_now() - t0);
+        }
+        best = rate * 1e-9 > best ? rate * 1e-9 : best;
+    }
+    return best;
+}
+
+double bench_triad_gbs(void)
+{
+    /* 3 x 64 MiB: far beyond any cache. */
+    const int64_t n = 16 * 1024 * 1024;
+    float *a = malloc((size_t)n * sizeof *a), *b = malloc((size_t)n * sizeof *b), *c = malloc((size_t)n * sizeof *c);
+    if (!a || !b || !c) {
+        free(a), free(b), free(c);
+        return 0.0;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        a[i] = 0.0f, b[i] = 1.0f, c[i] = 2.0f;
+    double best = 0.0;
+    for (int rep = 0; rep < 5; rep++) {
+        const float s = 3.0f;
+        double t0 = bench_now();
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            a[i] = b[i] + s * c[i];
+        double gbs = 3.0 * 4.0 * (double)n / (bench_now() - t0) * 1e-9;
+        best = gbs > best ? gbs : best;
+    }
+    volatile float sink = a[n / 2];
+    (void)sink;
+    free(a), free(b), free(c);
+    return best;
+}
+
+double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K)
+{
+    float *A = malloc((size_t)(M * K) * sizeof *A), *B = malloc((size_t)(N * K) * sizeof *B),
+          *C = malloc((size_t)(M * N) * sizeof *C);
+    if (!A || !B || !C) {
+        free(A), free(B), free(C);
+        return 0.0;
+    }
+    fx_rng_fill_uniform(A, M * K, -1, 1, 1, 0);
+    fx_rng_fill_uniform(B, N * K, -1, 1, 2, 0);
+    double t[5];
+    for (int r = 0; r < 6; r++) {
+        double t0 = bench_now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, A, (int)K, B,
+                    (int)K, 0.0f, C, (int)N);
+        if (r > 0)
+            t[r - 1] = bench_now() - t0;
+    }
+    free(A), free(B), free(C);
+    return 2.0 * (double)M * (double)N * (double)K / bench_median(t, 5) * 1e-9;
+}
+
+size_t bench_max_rss(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (size_t)ru.ru_maxrss * 1024;
+}

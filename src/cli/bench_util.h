@@ -1,0 +1,38 @@
+/* Measurement helpers for `flexc bench` (BENCH.md): wall-clock medians of alternating runs,
+   and this machine's limits measured in the same run: fp32 FMA peak, STREAM-triad bandwidth
+   and OpenBLAS sgemm throughput. */
+#ifndef FX_BENCH_UTIL_H
+#define FX_BENCH_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Monotonic seconds. */
+double bench_now(void);
+/* The median of x[0..n) (sorts x in place). */
+double bench_median(double *x, int n);
+
+typedef void (*bench_fn)(void *ctx);
+/* Runs each once to warm up, then a, b, a, b, ... `reps` pairs; medians in seconds. */
+void bench_pair(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, double *med_a, double *med_b);
+/* Median seconds of `reps` runs after one warm-up. */
+double bench_time(bench_fn f, void *ctx, int reps);
+
+/* fp32 FMA peak in GFLOP/s on all flexc threads: a register-only FMA loop with the widest
+   vectors the CPU path allows. */
+double bench_fma_peak_gflops(void);
+/* STREAM triad a[i] = b[i] + s*c[i] bandwidth in GB/s (3 x 4 bytes per element counted). */
+double bench_triad_gbs(void);
+/* OpenBLAS sgemm C[M,N] = A[M,K] B[K,N]^T in GFLOP/s (median of a few runs). */
+double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K);
+
+/* Per-thread FMA loops of each width: flops done in `iters` iterations (called inside an
+   OpenMP region by bench_fma_peak_gflops). */
+double bench_fma_loop_scalar(int64_t iters);
+double bench_fma_loop_avx2(int64_t iters);
+double bench_fma_loop_avx512(int64_t iters);
+
+/* Maximum resident set size of this process, in bytes. */
+size_t bench_max_rss(void);
+
+#endif

@@ -1,0 +1,56 @@
+/* The flexc command: shared helpers for subcommands (errors, option parsing) and their
+   entry points. Each subcommand lives in its own file. */
+#ifndef FX_CLI_H
+#define FX_CLI_H
+
+#include <flexc.h>
+
+#include <stdio.h>
+
+#if defined(__GNUC__)
+#define CLI_PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define CLI_PRINTF(fmt, args)
+#endif
+
+/* Exit statuses: 0 success, 1 the work failed (bad file, I/O), 2 the command line was wrong. */
+enum { CLI_EXIT_OK = 0, CLI_EXIT_FAIL = 1, CLI_EXIT_USAGE = 2 };
+
+/* "flexc: error: <message>" on stderr. */
+void cli_error(const char *fmt, ...) CLI_PRINTF(1, 2);
+/* Reports a failed library call: "flexc: error: <what>: <fx_last_error()>" and returns 1. */
+int cli_fail(int status, const char *what);
+
+typedef enum cli_kind { CLI_FLAG, CLI_INT, CLI_FLOAT, CLI_STRING } cli_kind;
+typedef struct cli_opt {
+    const char *name; /* "--steps" */
+    cli_kind kind;
+    void *dst;        /* bool *, int64_t *, double *, const char ** */
+    const char *help; /* one line; NULL hides the option from usage */
+} cli_opt;
+
+enum { CLI_PARSE_OK = 0, CLI_PARSE_HELP = -1 };
+/* Parses argv[0..argc) (argv[0] is the first argument after the subcommand). Options take
+   "--name value" or "--name=value"; the rest are positional and go to pos[0..max_pos).
+   Returns CLI_PARSE_OK, CLI_PARSE_HELP (usage printed to stdout) or CLI_EXIT_USAGE (error
+   printed). */
+int cli_parse(const char *cmd, const char *synopsis, int argc, char **argv, const cli_opt *opts,
+              size_t nopts, const char **pos, int max_pos, int *npos);
+void cli_usage(FILE *out, const char *cmd, const char *synopsis, const cli_opt *opts, size_t nopts);
+
+/* Subcommands: argc/argv start after the subcommand's name. Return the exit status. */
+int cmd_train(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+
+/* flexc bench <case>: each in its own file. */
+int bench_machine(int argc, char **argv);
+int bench_attention(int argc, char **argv);
+int bench_lce(int argc, char **argv);
+int bench_train(int argc, char **argv);
+
+/* A subcommand whose feature has not landed yet: says so and returns 2. */
+int cli_not_yet(const char *what);
+
+#endif

@@ -1,0 +1,8 @@
+/* flexc train: arrives with the trainer. */
+#include "cli.h"
+
+int cmd_train(int argc, char **argv)
+{
+    (void)argc, (void)argv;
+    return cli_not_yet("train");
+}

@@ -1,0 +1,52 @@
+/* Internal helpers shared by every module: errors, logging, allocation, threads, CPU path,
+   GEMM. Nothing here is public; names carry the fx__ prefix. */
+#ifndef FX_CORE_H
+#define FX_CORE_H
+
+#include "flexc.h"
+
+#include <stdarg.h>
+
+#if defined(__GNUC__)
+#define FX__PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define FX__PRINTF(fmt, args)
+#endif
+
+/* Sets this thread's fx_last_error() message and returns code, so a check reads
+   `if (n <= 0) return fx__error(FX_EINVAL, "N = %lld must be > 0", (long long)n);` */
+int fx__error(int code, const char *fmt, ...) FX__PRINTF(2, 3);
+/* Prefixes the current message with "context: " (e.g. a file name); returns code. */
+int fx__error_context(int code, const char *fmt, ...) FX__PRINTF(2, 3);
+
+void fx__log(fx_log_level level, const char *fmt, ...) FX__PRINTF(2, 3);
+
+/* 64-byte aligned, counted in fx_mem_stats(). fx__alloc returns NULL (and sets FX_ENOMEM's
+   message) on failure or when n == 0 overflows; fx__calloc zero-fills. */
+void *fx__alloc(size_t n);
+void *fx__calloc(size_t count, size_t size);
+void fx__free(void *p);
+
+/* Threads: the OpenMP team size kernels use, and this thread's index in a team. */
+int fx__max_threads(void);
+int fx__thread_id(void);
+
+/* The CPU path kernels take now (fx_get_isa()). */
+static inline fx_isa fx__isa(void) { return fx_get_isa(); }
+
+/* Row-major C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C; op transposes when ta/tb.
+   lda/ldb/ldc are the row strides of A, B and C as stored. Goes to CBLAS (OpenBLAS), or to
+   the reference below when built with FLEXC_REFERENCE_KERNELS. */
+void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+               const float *A, int64_t lda, const float *B, int64_t ldb,
+               float beta, float *C, int64_t ldc);
+/* The plain triple loop (float64 accumulation), same contract: the tests' reference. */
+void fx__sgemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                   const float *A, int64_t lda, const float *B, int64_t ldb,
+                   float beta, float *C, int64_t ldc);
+
+/* Overflow-checked size arithmetic: false when the result does not fit. */
+static inline bool fx__mul_size(size_t a, size_t b, size_t *out) { return !__builtin_mul_overflow(a, b, out); }
+static inline bool fx__add_size(size_t a, size_t b, size_t *out) { return !__builtin_add_overflow(a, b, out); }
+
+#endif

@@ -1,0 +1,111 @@
+/* Thread count (OpenMP and OpenBLAS together) and the CPU path. */
+#include "core.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* OpenBLAS's own setter; declared here because not every cblas.h declares it. */
+void openblas_set_num_threads(int num_threads);
+
+int fx_set_num_threads(int n)
+{
+    if (n < 1)
+        return fx__error(FX_EINVAL, "thread count %d must be >= 1", n);
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+    openblas_set_num_threads(n);
+    return FX_OK;
+}
+
+int fx_get_num_threads(void) { return fx__max_threads(); }
+
+int fx__max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+int fx__thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+/* ---- CPU path ---------------------------------------------------------------------------- */
+
+static fx_isa fx__isa_supported(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FLEXC_REFERENCE_KERNELS)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("fma"))
+        return FX_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return FX_ISA_AVX2;
+#endif
+    return FX_ISA_SCALAR;
+}
+
+/* -1: not decided yet. Decided once from the CPU and FLEXC_ISA; fx_set_isa() overrides. */
+static atomic_int fx__isa_now = -1;
+
+static fx_isa fx__isa_from_env(fx_isa best)
+{
+    const char *env = getenv("FLEXC_ISA");
+    if (!env || !*env)
+        return best;
+    fx_isa want = best;
+    if (!strcmp(env, "scalar"))
+        want = FX_ISA_SCALAR;
+    else if (!strcmp(env, "avx2"))
+        want = FX_ISA_AVX2;
+    else if (!strcmp(env, "avx512"))
+        want = FX_ISA_AVX512;
+    else
+        fx__log(FX_LOG_WARN, "FLEXC_ISA=%s is not scalar, avx2 or avx512; ignored", env);
+    return want < best ? want : best;
+}
+
+fx_isa fx_get_isa(void)
+{
+    int isa = atomic_load(&fx__isa_now);
+    if (isa < 0) {
+        isa = (int)fx__isa_from_env(fx__isa_supported());
+        atomic_store(&fx__isa_now, isa);
+    }
+    return (fx_isa)isa;
+}
+
+int fx_set_isa(fx_isa isa)
+{
+    if (isa < FX_ISA_SCALAR || isa > FX_ISA_AVX512)
+        return fx__error(FX_EINVAL, "isa %d is not an fx_isa", (int)isa);
+    if (isa > fx__isa_supported())
+        return fx__error(FX_EUNSUPPORTED, "this CPU or build cannot run the %s path", fx_isa_name(isa));
+    atomic_store(&fx__isa_now, (int)isa);
+    return FX_OK;
+}
+
+const char *fx_isa_name(fx_isa isa)
+{
+    switch (isa) {
+    case FX_ISA_SCALAR: return "scalar";
+    case FX_ISA_AVX2: return "avx2";
+    case FX_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}

@@ -1,0 +1,293 @@
+/* The foundation: status strings, last error, version, logging, threads, CPU path, memory
+   accounting, GEMM against its reference, and the counter-based RNG. */
+#include "harness.h"
+
+#include "core/core.h"
+
+#include <stdarg.h>
+
+static void test_status_strings(void)
+{
+    FXT_EQ_STR(fx_strerror(FX_OK), "success");
+    FXT_EQ_STR(fx_strerror(FX_EINVAL), "invalid argument");
+    FXT_EQ_STR(fx_strerror(FX_ECOMM), "communication failure");
+    FXT_EQ_STR(fx_strerror(-1000), "unknown status");
+    FXT_EQ_STR(fx_status_name(FX_ETIMEDOUT), "FX_ETIMEDOUT");
+    FXT_EQ_STR(fx_status_name(42), "FX_UNKNOWN");
+    /* DESIGN.md §2 fixes the values. */
+    FXT_EQ_INT(FX_EINVAL, -1);
+    FXT_EQ_INT(FX_ENOMEM, -2);
+    FXT_EQ_INT(FX_EIO, -3);
+    FXT_EQ_INT(FX_EFORMAT, -4);
+    FXT_EQ_INT(FX_ERANGE, -5);
+    FXT_EQ_INT(FX_EUNSUPPORTED, -6);
+    FXT_EQ_INT(FX_ETIMEDOUT, -7);
+    FXT_EQ_INT(FX_ECOMM, -8);
+}
+
+static void test_last_error(void)
+{
+    fx_clear_error();
+    FXT_EQ_STR(fx_last_error(), "");
+    FXT_EQ_INT(fx__error(FX_ERANGE, "target[%d] = %d is outside [0, %d)", 17, 50300, 50257), FX_ERANGE);
+    FXT_EQ_STR(fx_last_error(), "target[17] = 50300 is outside [0, 50257)");
+    FXT_EQ_INT(fx__error_context(FX_EFORMAT, "%s", "model.safetensors"), FX_EFORMAT);
+    FXT_EQ_STR(fx_last_error(), "model.safetensors: target[17] = 50300 is outside [0, 50257)");
+    /* A message longer than the buffer is cut, not overflowed. */
+    char big[2000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    fx__error(FX_EINVAL, "%s", big);
+    FXT_CHECK(strlen(fx_last_error()) < sizeof big - 1);
+    FXT_STATUS(fx_set_num_threads(0), FX_EINVAL, "thread count 0");
+}
+
+static void test_version(void)
+{
+    FXT_EQ_STR(fx_version(), FX_VERSION_STRING);
+    char expect[32];
+    snprintf(expect, sizeof expect, "%d.%d.%d", FX_VERSION_MAJOR, FX_VERSION_MINOR, FX_VERSION_PATCH);
+    FXT_EQ_STR(fx_version(), expect);
+}
+
+typedef struct log_capture {
+    int calls;
+    fx_log_level level;
+    char msg[256];
+} log_capture;
+
+static void capture(fx_log_level level, const char *msg, void *user)
+{
+    log_capture *c = user;
+    c->calls++;
+    c->level = level;
+    snprintf(c->msg, sizeof c->msg, "%s", msg);
+}
+
+static void test_logging(void)
+{
+    log_capture c = {0};
+    fx__log(FX_LOG_ERROR, "dropped: no hook");
+    fx_set_log_callback(capture, &c, FX_LOG_INFO);
+    fx__log(FX_LOG_DEBUG, "below the level");
+    FXT_EQ_INT(c.calls, 0);
+    fx__log(FX_LOG_WARN, "value %d", 7);
+    FXT_EQ_INT(c.calls, 1);
+    FXT_EQ_INT(c.level, FX_LOG_WARN);
+    FXT_EQ_STR(c.msg, "value 7");
+    fx_set_log_callback(NULL, NULL, FX_LOG_DEBUG);
+    fx__log(FX_LOG_ERROR, "off again");
+    FXT_EQ_INT(c.calls, 1);
+}
+
+static void test_threads(void)
+{
+    int before = fx_get_num_threads();
+    FXT_OK(fx_set_num_threads(1));
+    FXT_EQ_INT(fx_get_num_threads(), 1);
+    FXT_OK(fx_set_num_threads(2));
+#ifdef _OPENMP
+    FXT_EQ_INT(fx_get_num_threads(), 2);
+#else
+    FXT_EQ_INT(fx_get_num_threads(), 1);
+#endif
+    FXT_OK(fx_set_num_threads(before));
+}
+
+static void test_isa(void)
+{
+    fx_isa best = fx_get_isa();
+    FXT_CHECK(best >= FX_ISA_SCALAR && best <= FX_ISA_AVX512);
+    FXT_OK(fx_set_isa(FX_ISA_SCALAR));
+    FXT_EQ_INT(fx_get_isa(), FX_ISA_SCALAR);
+    FXT_EQ_STR(fx_isa_name(FX_ISA_AVX2), "avx2");
+    FXT_STATUS(fx_set_isa((fx_isa)7), FX_EINVAL, "isa 7");
+    if (best < FX_ISA_AVX512)
+        FXT_STATUS(fx_set_isa(FX_ISA_AVX512), FX_EUNSUPPORTED, "avx512");
+    FXT_OK(fx_set_isa(best));
+}
+
+static void test_alloc_accounting(void)
+{
+    size_t cur0, peak0, cur1, peak1;
+    fx_mem_reset_peak();
+    fx_mem_stats(&cur0, &peak0);
+    float *p = fx__alloc(1000 * sizeof(float));
+    FXT_CHECK(p != NULL);
+    FXT_EQ_INT((uintptr_t)p % 64, 0);
+    fx_mem_stats(&cur1, &peak1);
+    FXT_EQ_INT(cur1 - cur0, 4000);
+    FXT_CHECK(peak1 >= cur1);
+    fx__free(p);
+    fx_mem_stats(&cur1, NULL);
+    FXT_EQ_INT(cur1, cur0);
+    FXT_CHECK(fx__alloc(SIZE_MAX - 10) == NULL);
+    FXT_HAS_STR(fx_last_error(), "overflows");
+    FXT_CHECK(fx__calloc(SIZE_MAX / 2, 4) == NULL);
+    double *z = fx__calloc(3, sizeof(double));
+    FXT_CHECK(z && z[0] == 0.0 && z[2] == 0.0);
+    fx__free(z);
+    fx__free(NULL);
+}
+
+/* Every transpose combination and leading dimensions wider than the matrices. */
+static void test_gemm_against_reference(void)
+{
+    const int64_t M = 37, N = 29, K = 53, pad = 3;
+    for (int ta = 0; ta < 2; ta++) {
+        for (int tb = 0; tb < 2; tb++) {
+            int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+            float *A = fxt_random((size_t)(ta ? K : M) * lda, -1, 1, 1);
+            float *B = fxt_random((size_t)(tb ? N : K) * ldb, -1, 1, 2);
+            float *C0 = fxt_random((size_t)M * ldc, -1, 1, 3);
+            float *C = fxt_guarded_copy(C0, (size_t)M * ldc);
+            float *R = fxt_guarded_copy(C0, (size_t)M * ldc);
+            fx__sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 2.0f, C, ldc);
+            fx__sgemm_ref(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 2.0f, R, ldc);
+            double *ref = fxt_alloc_f64((size_t)M * ldc);
+            for (int64_t i = 0; i < M; i++) {
+                for (int64_t j = 0; j < ldc; j++) {
+                    ref[i * ldc + j] = C0[i * ldc + j]; /* columns past N are padding: untouched */
+                    if (j >= N)
+                        continue;
+                    double acc = 0;
+                    for (int64_t k = 0; k < K; k++)
+                        acc += (double)(ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+                    ref[i * ldc + j] = 0.5 * acc + 2.0 * C0[i * ldc + j];
+                }
+            }
+            fxt_close_f32("sgemm", C, ref, (size_t)M * ldc, 1e-5, 1e-5);
+            fxt_close_f32("sgemm_ref", R, ref, (size_t)M * ldc, 1e-6, 1e-6);
+            fxt_guarded_free("C", C);
+            fxt_guarded_free("R", R);
+            free(A), free(B), free(C0), free(ref);
+        }
+    }
+}
+
+/* beta = 0 must overwrite, NaN included, as BLAS does. */
+static void test_gemm_beta_zero(void)
+{
+    float A[4] = {1, 2, 3, 4}, B[4] = {1, 0, 0, 1}, C[4] = {NAN, NAN, NAN, NAN}, R[4] = {NAN, NAN, NAN, NAN};
+    fx__sgemm(false, false, 2, 2, 2, 1.0f, A, 2, B, 2, 0.0f, C, 2);
+    fx__sgemm_ref(false, false, 2, 2, 2, 1.0f, A, 2, B, 2, 0.0f, R, 2);
+    for (int i = 0; i < 4; i++) {
+        FXT_NEAR(C[i], A[i], 0, 0);
+        FXT_NEAR(R[i], A[i], 0, 0);
+    }
+}
+
+/* Known-answer vectors of the Random123 distribution (kat_vectors, philox4x32 10 rounds). */
+static void test_philox_known_answers(void)
+{
+    struct { uint32_t ctr[4], key[2], out[4]; } kat[] = {
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+        {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, {0xffffffff, 0xffffffff},
+         {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, {0xa4093822, 0x299f31d0},
+         {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+    };
+    for (size_t t = 0; t < sizeof kat / sizeof kat[0]; t++) {
+        uint32_t out[4];
+        fx_philox4x32(kat[t].ctr, kat[t].key, out);
+        for (int i = 0; i < 4; i++)
+            FXT_EQ_INT(out[i], kat[t].out[i]);
+    }
+}
+
+static void test_rng_streams(void)
+{
+    fx_rng a, b, c;
+    fx_rng_init(&a, 42, 0);
+    fx_rng_init(&b, 42, 0);
+    fx_rng_init(&c, 42, 1);
+    int same_c = 0;
+    for (int i = 0; i < 100; i++) {
+        uint32_t x = fx_rng_u32(&a), y = fx_rng_u32(&b), z = fx_rng_u32(&c);
+        FXT_EQ_INT(x, y);
+        same_c += x == z;
+    }
+    FXT_CHECK(same_c < 3);
+    /* Saving and restoring the struct continues the sequence. */
+    fx_rng saved = a;
+    uint32_t next = fx_rng_u32(&a);
+    FXT_EQ_INT(fx_rng_u32(&saved), next);
+
+    /* Moments of the distributions, loosely. */
+    fx_rng r;
+    fx_rng_init(&r, 7, 0);
+    double su = 0, sn = 0, sn2 = 0;
+    const int n = 200000;
+    for (int i = 0; i < n; i++) {
+        float u = fx_rng_uniform(&r);
+        FXT_CHECK(u >= 0.0f && u < 1.0f);
+        su += u;
+        float g = fx_rng_normal(&r);
+        FXT_CHECK(isfinite(g));
+        sn += g, sn2 += (double)g * g;
+    }
+    FXT_NEAR(su / n, 0.5, 0.01, 0);
+    FXT_NEAR(sn / n, 0.0, 0.01, 0);
+    FXT_NEAR(sn2 / n, 1.0, 0.02, 0);
+}
+
+/* Filling is the same at 1 and 2 threads, and element i does not depend on n. */
+static void test_rng_fill_thread_independent(void)
+{
+    const int64_t n = 100003;
+    float *a = fxt_guarded(n), *b = fxt_guarded(n), *c = fxt_guarded(n - 1);
+    int before = fx_get_num_threads();
+    fx_set_num_threads(1);
+    fx_rng_fill_normal(a, n, 0.02f, 99, 3);
+    fx_set_num_threads(2);
+    fx_rng_fill_normal(b, n, 0.02f, 99, 3);
+    fx_rng_fill_normal(c, n - 1, 0.02f, 99, 3);
+    fxt_bitwise_f32("fill_normal 1 vs 2 threads", a, b, n);
+    fxt_bitwise_f32("fill_normal prefix", a, c, n - 1);
+    fx_set_num_threads(1);
+    fx_rng_fill_uniform(a, n, -2, 3, 5, 0);
+    fx_set_num_threads(2);
+    fx_rng_fill_uniform(b, n, -2, 3, 5, 0);
+    fxt_bitwise_f32("fill_uniform 1 vs 2 threads", a, b, n);
+    for (int64_t i = 0; i < n; i++)
+        FXT_CHECK(a[i] >= -2 && a[i] <= 3);
+    fx_set_num_threads(before);
+    fxt_guarded_free("a", a);
+    fxt_guarded_free("b", b);
+    fxt_guarded_free("c", c);
+}
+
+/* The harness itself: a guard that is overwritten must be caught. */
+static void test_harness_catches_guard_overwrite(void)
+{
+    float *p = fxt_guarded(8);
+    p[8] = 1.0f; /* one past the end, inside the guard zone */
+    int before = fxt_failed_checks;
+    fprintf(stderr, "(an expected guard failure follows)\n");
+    fxt_guards_ok("p", p);
+    FXT_EQ_INT(fxt_failed_checks, before + 1);
+    fxt_failed_checks = before; /* the failure was the point */
+    p[8] = (float)NAN;
+    uint32_t bits = FXT_GUARD_BITS;
+    memcpy(&p[8], &bits, sizeof bits);
+    fxt_guarded_free("p", p);
+}
+
+int main(int argc, char **argv)
+{
+    FXT_INIT(argc, argv);
+    FXT_RUN(test_status_strings);
+    FXT_RUN(test_last_error);
+    FXT_RUN(test_version);
+    FXT_RUN(test_logging);
+    FXT_RUN(test_threads);
+    FXT_RUN(test_isa);
+    FXT_RUN(test_alloc_accounting);
+    FXT_RUN(test_gemm_against_reference);
+    FXT_RUN(test_gemm_beta_zero);
+    FXT_RUN(test_philox_known_answers);
+    FXT_RUN(test_rng_streams);
+    FXT_RUN(test_rng_fill_thread_independent);
+    FXT_RUN(test_harness_catches_guard_overwrite);
+    return fxt_finish();
+}
