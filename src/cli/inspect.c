@@ -131,7 +131,7 @@ static void totals(const row *rows, size_t n, int64_t *params, uint64_t *bytes)
 
 static int emit_json(json_t *doc)
 {
-    int rc = json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_ENSURE_ASCII) == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+    int rc = json_dumpf(doc, stdout, JSON_COMPACT | JSON_ENSURE_ASCII) == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
     putchar('\n');
     json_decref(doc);
     if (rc != CLI_EXIT_OK)
