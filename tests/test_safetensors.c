@@ -2,6 +2,8 @@
    every dtype, atomic saving, sharded checkpoints. Conversions are in test_safetensors_convert.c. */
 #include "harness.h"
 
+#include "safetensors/st_internal.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -421,6 +423,14 @@ static void test_rule_entries(void)
                   "tensor 'w': dtype is an integer, not a string");
     /* Names are quoted with control bytes escaped in messages. */
     EXPECT_HEADER("{\"\\u001b[31m\":5}", 0, FX_EFORMAT, "tensor '\\x1b[31m'");
+    /* A long name is cut, at a character boundary: the message stays valid UTF-8. */
+    char h[1024] = "{\"";
+    for (int i = 0; i < 150; i++)
+        strcat(h, "\xc3\xa9");
+    strcat(h, "\":5}");
+    EXPECT_HEADER(h, 0, FX_EFORMAT, "\xc3\xa9...': entry is");
+    size_t bad;
+    FXT_CHECK(fx__st_utf8_valid((const unsigned char *)fx_last_error(), strlen(fx_last_error()), &bad));
 }
 
 static void test_rule_sizes(void)
