@@ -741,6 +741,12 @@ static void test_save_replaces_atomically(void)
     FXT_EQ_INT(*(const uint8_t *)fx_safetensors_find(neu, "x")->data, 2);
     fx_safetensors_close(old);
     fx_safetensors_close(neu);
+    /* Default permissions: 0666 minus the umask, as for any new file. */
+    mode_t saved = umask(022);
+    FXT_OK(fx_safetensors_save(p, &t, 1, NULL));
+    umask(saved);
+    struct stat st;
+    FXT_CHECK(stat(p, &st) == 0 && (st.st_mode & 0777) == 0644);
     /* A relative path (no directory part) works too. */
     char cwd[1024];
     if (getcwd(cwd, sizeof cwd) && chdir(tmpdir) == 0) {

@@ -319,7 +319,7 @@ void fx__st_release(fx_safetensors *f)
     f->strings = NULL;
 }
 
-static int parse_json(fx_safetensors *f, const unsigned char *file, const char *hdr, size_t hlen)
+static int parse_json(fx_safetensors *f, const char *hdr, size_t hlen)
 {
     json_error_t jerr;
     json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &jerr);
@@ -455,7 +455,6 @@ static int parse_json(fx_safetensors *f, const unsigned char *file, const char *
         }
     }
     f->nmeta = nmeta;
-    (void)file;
 
 done:
     if (rc != FX_OK)
@@ -495,7 +494,7 @@ int fx__st_parse(fx_safetensors *f, const unsigned char *file, size_t len)
     f->header_len = (size_t)n;
     f->buffer = file + stop;
     f->buffer_len = len - (size_t)stop;
-    return parse_json(f, file, (const char *)hdr, (size_t)n);
+    return parse_json(f, (const char *)hdr, (size_t)n);
 }
 
 /* ---- the public API -------------------------------------------------------------------------- */
