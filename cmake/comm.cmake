@@ -1,0 +1,33 @@
+# The communication layer (src/comm, include/flexc/comm.h).
+#
+# Without MPI the library gets a stub whose functions return FX_EUNSUPPORTED (the top-level
+# glob leaves src/comm/ out in that case). With MPI, tests/mpi_comm.c runs its cases under
+# mpirun with 2 (and 3) processes; tests/test_comm.c is the 1-process run of the generic loop.
+if(NOT FLEXC_HAVE_MPI)
+  target_sources(flexc_obj PRIVATE ${PROJECT_SOURCE_DIR}/src/comm/comm_stub.c)
+  return()
+endif()
+
+add_executable(mpi_comm ${PROJECT_SOURCE_DIR}/tests/mpi_comm.c)
+target_link_libraries(mpi_comm PRIVATE flexc_internal MPI::MPI_C)
+target_include_directories(mpi_comm PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+
+# Open MPI's own allocations stay reachable until exit; LeakSanitizer is told to ignore them.
+set(FLEXC_COMM_TEST_ENV
+    "FLEXC_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+    "FLEXC_BUILD_DIR=${PROJECT_BINARY_DIR}"
+    "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/lsan_mpi.supp:print_suppressions=0"
+    "OMP_NUM_THREADS=1")
+set_property(TEST test_comm APPEND PROPERTY ENVIRONMENT ${FLEXC_COMM_TEST_ENV})
+
+set(FLEXC_MPIRUN ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+foreach(case collectives timeout mismatch)
+  add_test(NAME mpi_comm_${case} COMMAND ${FLEXC_MPIRUN} -np 2 $<TARGET_FILE:mpi_comm> ${case})
+  set_tests_properties(mpi_comm_${case} PROPERTIES TIMEOUT 60 ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")
+endforeach()
+add_test(NAME mpi_comm_collectives_np3 COMMAND ${FLEXC_MPIRUN} -np 3 $<TARGET_FILE:mpi_comm> collectives)
+set_tests_properties(mpi_comm_collectives_np3 PROPERTIES TIMEOUT 60 ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")
+# A rank killed with SIGKILL: the survivor must come back with an error, not hang.
+add_test(NAME mpi_comm_killed
+         COMMAND bash ${PROJECT_SOURCE_DIR}/tests/mpi_comm_kill.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:mpi_comm>)
+set_tests_properties(mpi_comm_killed PROPERTIES TIMEOUT 90 ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A rank killed with SIGKILL must not leave the others hanging: usage mpi_comm_kill.sh MPIRUN MPI_COMM.
+#  1. With --enable-recovery Open MPI keeps the survivor running: its collective must return
+#     FX_ETIMEDOUT naming rank 1 within timeout (2 s) + 5 s, with the flight recorder dumped.
+#  2. By default Open MPI ends the whole job when a rank dies: mpirun must then finish, in
+#     bounded time, with a non-zero status.
+set -u
+mpirun=$1
+exe=$2
+fail=0
+say() { echo "mpi_comm_kill: $*" >&2; }
+
+start=$(date +%s%N)
+out=$(timeout 60 "$mpirun" --allow-run-as-root --oversubscribe --enable-recovery -np 2 "$exe" kill 2>&1)
+rc=$?
+took_ms=$((($(date +%s%N) - start) / 1000000))
+echo "$out"
+if [ "$rc" -eq 124 ]; then
+    say "with --enable-recovery the job hung (killed after 60 s)"
+    fail=1
+fi
+line=$(echo "$out" | grep '^survivor: ' || true)
+case "$line" in
+*"survivor: FX_ETIMEDOUT after "*"not arrived: rank 1"*) ;;
+*) say "the survivor did not report FX_ETIMEDOUT naming rank 1 (got: '${line}')"; fail=1 ;;
+esac
+secs=$(echo "$line" | sed -n 's/^survivor: [A-Z_]* after \([0-9.]*\) s.*/\1/p')
+if [ -z "$secs" ] || ! awk -v s="$secs" 'BEGIN { exit !(s >= 1.9 && s <= 7.0) }'; then
+    say "the survivor took '${secs}' s to notice; expected between the 2 s timeout and 7 s"
+    fail=1
+fi
+echo "$out" | grep -q '"status":"FX_ETIMEDOUT","state":"failed"' || { say "no flight recorder dump with the failed op"; fail=1; }
+say "recovery mode: mpirun status $rc after ${took_ms} ms"
+
+start=$(date +%s%N)
+out=$(timeout 60 "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$exe" kill 2>&1)
+rc=$?
+took_ms=$((($(date +%s%N) - start) / 1000000))
+echo "$out"
+if [ "$rc" -eq 124 ]; then
+    say "by default the job hung after a rank died (killed after 60 s)"
+    fail=1
+elif [ "$rc" -eq 0 ]; then
+    say "by default mpirun returned 0 after a rank died"
+    fail=1
+fi
+say "default mode: mpirun status $rc after ${took_ms} ms"
+exit $fail
