@@ -1,10 +1,15 @@
 # The communication layer (src/comm, include/flexc/comm.h).
 #
 # Without MPI the library gets a stub whose functions return FX_EUNSUPPORTED (the top-level
-# glob leaves src/comm/ out in that case). With MPI, tests/mpi_comm.c runs its cases under
+# glob leaves src/comm/ out in that case), tested by tests/nompi_comm.c. With MPI, tests/mpi_comm.c runs its cases under
 # mpirun with 2 (and 3) processes; tests/test_comm.c is the 1-process run of the generic loop.
 if(NOT FLEXC_HAVE_MPI)
   target_sources(flexc_obj PRIVATE ${PROJECT_SOURCE_DIR}/src/comm/comm_stub.c)
+  add_executable(nompi_comm ${PROJECT_SOURCE_DIR}/tests/nompi_comm.c)
+  target_link_libraries(nompi_comm PRIVATE flexc_internal)
+  target_include_directories(nompi_comm PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  add_test(NAME nompi_comm COMMAND nompi_comm)
+  set_tests_properties(nompi_comm PROPERTIES TIMEOUT 60)
   return()
 endif()
 

@@ -1,7 +1,7 @@
 /* The communication layer across processes, run under mpirun: `mpi_comm CASE`.
  *   collectives  every collective, blocking and non-blocking, plain and deterministic, on
  *                two communicators at once; any number of ranks
- *   timeout      rank 1 arrives 3 s late: rank 0 gets FX_ETIMEDOUT naming rank 1 (2 ranks)
+ *   timeout      rank 1 arrives 4 s late: rank 0 gets FX_ETIMEDOUT naming rank 1 (2 ranks)
  *   mismatch     ranks call different collectives: FX_ECOMM naming both sides (2 ranks)
  *   kill         rank 1 dies by SIGKILL: rank 0 reports the error and exits 3 (2 ranks;
  *                driven by tests/mpi_comm_kill.sh)
@@ -236,9 +236,15 @@ static void test_timeout(void)
     float x[256];
     for (int i = 0; i < 256; i++)
         x[i] = 1.0f;
+    /* Rank 1 learns rank 0's pid, to ask it for a dump (SIGUSR1) while it is stuck. */
+    int pid0 = (int)getpid();
+    FXT_OK(fx_comm_broadcast(b, &pid0, sizeof pid0, 0, NULL)); /* seq 0 of "second" */
+    FXT_OK(fx_comm_install_sigusr1());
     FXT_OK(fx_comm_all_reduce(world, x, 256, NULL)); /* seq 0: everybody */
     if (rank == 1) {
-        sleep(3);
+        usleep(500000);
+        kill(pid0, SIGUSR1);
+        sleep(4);
         FXT_OK(fx_comm_all_reduce(world, x, 256, NULL));
         FXT_OK(fx_comm_all_reduce(b, x, 256, NULL));
         FXT_EQ_INT(fx_comm_status(world), FX_OK);
@@ -257,7 +263,7 @@ static void test_timeout(void)
         fx_comm_work *w;
         FXT_OK(fx_comm_all_reduce(b, x, 256, &w));
         t0 = now();
-        FXT_STATUS(fx_comm_work_wait(w, 0.5), FX_ETIMEDOUT, "all_reduce seq 0 on communicator 'second'");
+        FXT_STATUS(fx_comm_work_wait(w, 0.5), FX_ETIMEDOUT, "all_reduce seq 1 on communicator 'second'");
         took = now() - t0;
         if (took < 0.45 || took > 1.5)
             FXT_FAIL("wait timed out after %.2f s, expected about 0.5 s", took);
@@ -276,9 +282,14 @@ static void test_timeout(void)
             FXT_HAS_STR(buf, "{\"flight_recorder\":\"world\",\"rank\":0,\"size\":2,\"next_seq\":2");
             FXT_HAS_STR(buf, "\"seq\":1,\"op\":\"all_reduce\",\"bytes\":1024");
             FXT_HAS_STR(buf, "\"status\":\"FX_ETIMEDOUT\",\"state\":\"failed\"");
+            /* The SIGUSR1 dump, taken while the op was stuck, shows it pending. */
+            FXT_HAS_STR(buf, "\"seq\":1,\"op\":\"all_reduce\",\"bytes\":1024,\"root\":-1");
+            FXT_HAS_STR(buf, "\"status\":\"FX_OK\",\"state\":\"pending\"");
+            FXT_HAS_STR(buf, "{\"flight_recorder\":\"second\"");
         }
     }
     fx_comm_set_dump_fd(-1);
+    signal(SIGUSR1, SIG_DFL);
     if (dump)
         fclose(dump);
     unlink(dump_path);
