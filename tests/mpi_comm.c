@@ -3,8 +3,9 @@
  *                two communicators at once; any number of ranks
  *   timeout      rank 1 arrives 4 s late: rank 0 gets FX_ETIMEDOUT naming rank 1 (2 ranks)
  *   mismatch     ranks call different collectives: FX_ECOMM naming both sides (2 ranks)
- *   kill         rank 1 dies by SIGKILL: rank 0 reports the error and exits 3 (2 ranks;
- *                driven by tests/mpi_comm_kill.sh)
+ *   kill         rank 1 dies by SIGKILL before an op: rank 0 reports the error naming it and
+ *                exits 3 (2 ranks; driven by tests/mpi_comm_kill.sh)
+ *   kill_inside  the same, but rank 1 dies inside the op, after announcing it
  * Every rank checks its own results; the exit status is non-zero when any check failed. */
 #include "harness.h"
 
@@ -365,10 +366,33 @@ static int case_kill(void)
     _exit(3);
 }
 
+/* Rank 1 dies inside an op it already announced: the survivor cannot name it from the
+   notices, so it probes who still answers. */
+static int case_kill_inside(void)
+{
+    FXT_OK(fx_comm_set_timeout(world, 2.0));
+    fx_comm_set_dump_fd(2);
+    const int64_t n = 1 << 20; /* beyond the eager limit: the data waits for both sides */
+    float *big = calloc((size_t)n, sizeof(float));
+    FXT_OK(fx_comm_barrier(world, NULL));
+    if (rank == 1) {
+        fx_comm_work *w;
+        FXT_OK(fx_comm_all_reduce(world, big, n, &w));
+        FXT_OK(fx_comm_progress(world));
+        raise(SIGKILL);
+    }
+    usleep(300000);
+    double t0 = now();
+    int rc = fx_comm_all_reduce(world, big, n, NULL);
+    printf("survivor: %s after %.2f s: %s\n", fx_status_name(rc), now() - t0, fx_last_error());
+    fflush(stdout);
+    _exit(3);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: mpi_comm collectives|timeout|mismatch|kill\n");
+        fprintf(stderr, "usage: mpi_comm collectives|timeout|mismatch|kill|kill_inside\n");
         return 2;
     }
     int rc = fx_comm_init(&world, &argc, &argv);
@@ -390,6 +414,8 @@ int main(int argc, char **argv)
         return case_mismatch();
     if (two && !strcmp(what, "kill"))
         return case_kill();
+    if (two && !strcmp(what, "kill_inside"))
+        return case_kill_inside();
     fprintf(stderr, "mpi_comm: unknown case %s\n", what);
     return 2;
 }

@@ -149,9 +149,75 @@ static void fx__describe_fp(const fx__fingerprint *f, char *buf, size_t cap)
         snprintf(buf, cap, "%s (%lld bytes)", fx__op_name64(f->op), (long long)f->bytes);
 }
 
+/* ---- liveness probe ------------------------------------------------------------------------- */
+
+static void fx__probe_send(fx_comm *c, int p, int tag)
+{
+    int done = 1;
+    if (c->probe_send[p] != MPI_REQUEST_NULL && MPI_Test(&c->probe_send[p], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        return;
+    if (done)
+        MPI_Isend(&c->probe_out, 1, MPI_INT64_T, p, tag, c->ctl, &c->probe_send[p]);
+}
+
+/* Answers the peers' probes: every poll loop calls this, so a rank waiting in any op answers. */
+static void fx__serve_probes(fx_comm *c)
+{
+    while (c->probe_recv != MPI_REQUEST_NULL) {
+        int flag = 0;
+        MPI_Status st;
+        if (MPI_Test(&c->probe_recv, &flag, &st) != MPI_SUCCESS || !flag)
+            return;
+        fx__probe_send(c, st.MPI_SOURCE, c->tag_mod + 1);
+        if (MPI_Irecv(&c->probe_in, 1, MPI_INT64_T, MPI_ANY_SOURCE, c->tag_mod, c->ctl, &c->probe_recv) != MPI_SUCCESS)
+            c->probe_recv = MPI_REQUEST_NULL;
+    }
+}
+
+/* Probes every peer and lists those that do not answer within `wait` seconds: dead, exited,
+   or busy outside flexc calls. Used only to explain a failure. Returns how many. */
+static int fx__probe_peers(fx_comm *c, double wait, char *buf, size_t cap)
+{
+    for (int p = 0; p < c->size; p++) {
+        c->answer_recv[p] = MPI_REQUEST_NULL;
+        if (p == c->rank)
+            continue;
+        MPI_Irecv(&c->answer_in[p], 1, MPI_INT64_T, p, c->tag_mod + 1, c->ctl, &c->answer_recv[p]);
+        fx__probe_send(c, p, c->tag_mod);
+    }
+    double until = fx__comm_now() + wait;
+    int spins = 0, flag = 0;
+    for (;;) {
+        fx__serve_probes(c);
+        if (MPI_Testall(c->size, c->answer_recv, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+            flag = 0;
+        if (flag || fx__comm_now() > until)
+            break;
+        fx__backoff(&spins);
+    }
+    int count = 0;
+    size_t used = 0;
+    buf[0] = '\0';
+    for (int p = 0; p < c->size; p++) {
+        if (c->answer_recv[p] == MPI_REQUEST_NULL)
+            continue;
+        MPI_Cancel(&c->answer_recv[p]);
+        MPI_Wait(&c->answer_recv[p], MPI_STATUS_IGNORE);
+        if (++count > 8)
+            continue;
+        int m = snprintf(buf + used, cap - used, "%srank %d", count > 1 ? ", " : "", p);
+        if (m > 0)
+            used = used + (size_t)m < cap ? used + (size_t)m : cap - 1;
+    }
+    if (count > 8)
+        snprintf(buf + used, cap - used, " and %d more", count - 8);
+    return count;
+}
+
 /* Collects the notices that have arrived and compares them with this rank's own ops. */
 static int fx__notices_poll(fx_comm *c, fx_comm_work *w)
 {
+    fx__serve_probes(c);
     if (!c->tracking)
         return FX_OK;
     int total = FX__NOTICE_SLOTS * c->size, outcount = 0;
@@ -276,19 +342,22 @@ static bool fx__confirmed(const fx_comm *c, const fx_comm_work *w)
 
 static int fx__timeout(fx_comm *c, fx_comm_work *w)
 {
-    char miss[400];
+    char miss[400], quiet[200];
     double took = fx__comm_now() - w->t0;
     const char *op = fx_comm_op_name(w->op);
     long long seq = (long long)w->seq, bytes = (long long)w->bytes;
-    if (!c->tracking)
-        return fx__fail(c, w, FX_ETIMEDOUT, "%s seq %lld on communicator '%s' (%lld bytes) timed out after %.3g s; "
-                        "arrivals are not tracked on this communicator", op, seq, c->name, bytes, took);
-    if (fx__missing(c, w->seq, miss, sizeof miss) > 0)
+    if (c->tracking && fx__missing(c, w->seq, miss, sizeof miss) > 0)
         return fx__fail(c, w, FX_ETIMEDOUT, "%s seq %lld on communicator '%s' (%lld bytes) timed out after %.3g s; "
                         "not arrived: %s", op, seq, c->name, bytes, took, miss);
+    /* Everyone entered (or nobody tracks it): ask who is still alive. */
+    const char *tracked = c->tracking ? "every rank arrived" : "arrivals are not tracked on this communicator";
+    if (fx__probe_peers(c, fmin(1.0, c->timeout), quiet, sizeof quiet) > 0)
+        return fx__fail(c, w, FX_ETIMEDOUT, "%s seq %lld on communicator '%s' (%lld bytes) timed out after %.3g s; "
+                        "%s, but no answer from: %s (dead, exited, or busy outside communication calls)",
+                        op, seq, c->name, bytes, took, tracked, quiet);
     return fx__fail(c, w, FX_ETIMEDOUT, "%s seq %lld on communicator '%s' (%lld bytes) timed out after %.3g s; "
-                    "every rank arrived but the collective did not complete (a peer may have died, or "
-                    "the network stalls)", op, seq, c->name, bytes, took);
+                    "%s and every rank answers, but the collective did not complete (the network stalls?)",
+                    op, seq, c->name, bytes, took, tracked);
 }
 
 /* An MPI error in w's collective: wait briefly for the peers' notices, since a mismatch
@@ -697,6 +766,9 @@ static void fx__comm_release(fx_comm *c)
     fx__free(c->last_seen);
     fx__free(c->idx_scratch);
     fx__free(c->rec);
+    fx__free(c->probe_send);
+    fx__free(c->answer_recv);
+    fx__free(c->answer_in);
     fx__free(c);
 }
 
@@ -744,7 +816,8 @@ static int fx__create(fx_comm **out, MPI_Comm parent, const char *name, double t
     MPI_Comm_size(c->comm, &c->size);
     int *tag_ub = NULL, flag = 0;
     MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
-    c->tag_mod = flag && tag_ub && *tag_ub > 0 ? (*tag_ub < (1 << 30) ? *tag_ub : (1 << 30)) : 32767;
+    int ub = flag && tag_ub && *tag_ub >= 32767 ? *tag_ub : 32767; /* MPI guarantees 32767 */
+    c->tag_mod = ub - 1 < (1 << 30) ? ub - 1 : (1 << 30);
 
     size_t slots = (size_t)FX__NOTICE_SLOTS * (size_t)c->size;
     c->nrecv = fx__alloc(slots * sizeof *c->nrecv);
@@ -754,7 +827,11 @@ static int fx__create(fx_comm **out, MPI_Comm parent, const char *name, double t
     c->idx_scratch = fx__alloc(slots * sizeof *c->idx_scratch);
     c->rec_cap = fx__comm_recorder_size();
     c->rec = fx__alloc((size_t)c->rec_cap * sizeof *c->rec);
-    if (!c->nrecv || !c->nsend || !c->nbuf || !c->last_seen || !c->idx_scratch || !c->rec) {
+    c->probe_send = fx__alloc((size_t)c->size * sizeof *c->probe_send);
+    c->answer_recv = fx__alloc((size_t)c->size * sizeof *c->answer_recv);
+    c->answer_in = fx__alloc((size_t)c->size * sizeof *c->answer_in);
+    if (!c->nrecv || !c->nsend || !c->nbuf || !c->last_seen || !c->idx_scratch || !c->rec || !c->probe_send ||
+        !c->answer_recv || !c->answer_in) {
         MPI_Comm_free(&c->ctl);
         MPI_Comm_free(&c->comm);
         fx__comm_release(c);
@@ -762,8 +839,12 @@ static int fx__create(fx_comm **out, MPI_Comm parent, const char *name, double t
     }
     for (size_t i = 0; i < slots; i++)
         c->nrecv[i] = c->nsend[i] = MPI_REQUEST_NULL;
-    for (int p = 0; p < c->size; p++)
+    for (int p = 0; p < c->size; p++) {
         c->last_seen[p] = -1;
+        c->probe_send[p] = c->answer_recv[p] = MPI_REQUEST_NULL;
+    }
+    if (MPI_Irecv(&c->probe_in, 1, MPI_INT64_T, MPI_ANY_SOURCE, c->tag_mod, c->ctl, &c->probe_recv) != MPI_SUCCESS)
+        c->probe_recv = MPI_REQUEST_NULL;
     for (int k = 0; k < FX__NOTICE_SLOTS; k++)
         c->slots[k].seq = -1;
     for (int64_t i = 0; i < c->rec_cap; i++)
@@ -826,7 +907,7 @@ void fx_comm_free(fx_comm *c)
     if (!c)
         return;
     /* Finish what is in flight, then collect the peers' outstanding notices, all within the
-       deadlines; a failure on the way leaves the MPI objects alone. */
+       deadlines. */
     while (c->failed == FX_OK && c->inflight) {
         fx_comm_work *w = c->inflight;
         fx__work_wait(w, w->deadline);
@@ -838,15 +919,8 @@ void fx_comm_free(fx_comm *c)
             fx__slot_reclaim(c, k, deadline, "freeing");
     }
     fx__comm_unregister(c);
-    if (c->failed == FX_OK) {
-        MPI_Comm_free(&c->ctl);
-        MPI_Comm_free(&c->comm);
-        fx__comm_release(c);
-        return;
-    }
-    /* After a failure: withdraw the receives of notices (a cancelled receive completes
-       locally), and keep whatever MPI may still touch: the scratch of a collective that never
-       completed, and the whole communicator if a notice is still being sent from it. */
+    /* Withdraw the receives still posted (a cancelled receive completes locally), and give
+       the small sends a moment to leave. */
     size_t slots = (size_t)FX__NOTICE_SLOTS * (size_t)c->size;
     for (size_t i = 0; i < slots; i++) {
         if (c->nrecv[i] != MPI_REQUEST_NULL) {
@@ -854,9 +928,27 @@ void fx_comm_free(fx_comm *c)
             MPI_Wait(&c->nrecv[i], MPI_STATUS_IGNORE);
         }
     }
-    int sent = 0;
-    if (MPI_Testall((int)slots, c->nsend, &sent, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
-        sent = 0;
+    if (c->probe_recv != MPI_REQUEST_NULL) {
+        MPI_Cancel(&c->probe_recv);
+        MPI_Wait(&c->probe_recv, MPI_STATUS_IGNORE);
+    }
+    int sent = 0, probes_sent = 0, spins = 0;
+    double until = fx__comm_now() + 1.0;
+    for (;;) {
+        if (MPI_Testall((int)slots, c->nsend, &sent, MPI_STATUSES_IGNORE) != MPI_SUCCESS ||
+            MPI_Testall(c->size, c->probe_send, &probes_sent, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
+            sent = probes_sent = 0;
+        if ((sent && probes_sent) || fx__comm_now() > until)
+            break;
+        fx__backoff(&spins);
+    }
+    if (c->failed == FX_OK) {
+        MPI_Comm_free(&c->ctl);
+        MPI_Comm_free(&c->comm);
+    }
+    /* After a failure the MPI communicators are left to process exit, and so is whatever MPI
+       may still touch: the scratch of a collective that never completed, and the whole
+       communicator if a small send from it is still pending. */
     while (c->inflight) {
         fx_comm_work *w = c->inflight;
         c->inflight = w->next;
@@ -866,7 +958,7 @@ void fx_comm_free(fx_comm *c)
         fx__free(w->scratch);
         fx__free(w);
     }
-    if (sent)
+    if (sent && probes_sent)
         fx__comm_release(c);
 }
 

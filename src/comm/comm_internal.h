@@ -66,7 +66,14 @@ struct fx_comm {
     int failed; /* FX_OK or the status of the failure */
     char fail_msg[FX__MSG_CAP];
 
+    /* Notice tags are seq % tag_mod; tag_mod and tag_mod + 1 carry the liveness probe: a
+       rank that sees a probe answers it from its poll loop. */
     int tag_mod;
+    MPI_Request probe_recv;     /* a probe from any peer, always posted */
+    int64_t probe_in, probe_out;
+    MPI_Request *probe_send;    /* [size] probes and answers sent */
+    MPI_Request *answer_recv;   /* [size] answers awaited */
+    int64_t *answer_in;         /* [size] */
     fx__slot slots[FX__NOTICE_SLOTS];
     MPI_Request *nrecv;          /* [SLOTS][size], own rank MPI_REQUEST_NULL */
     MPI_Request *nsend;          /* [SLOTS][size] */
