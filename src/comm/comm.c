@@ -217,7 +217,9 @@ static int fx__probe_peers(fx_comm *c, double wait, char *buf, size_t cap)
 /* Collects the notices that have arrived and compares them with this rank's own ops. */
 static int fx__notices_poll(fx_comm *c, fx_comm_work *w)
 {
-    fx__serve_probes(c);
+    /* Every communicator of this process answers, whichever one it is waiting on. */
+    for (fx_comm *o = fx__comm_live(); o; o = o->next_live)
+        fx__serve_probes(o);
     if (!c->tracking)
         return FX_OK;
     int total = FX__NOTICE_SLOTS * c->size, outcount = 0;

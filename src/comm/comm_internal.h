@@ -94,6 +94,7 @@ double fx__comm_wall(void);     /* Unix seconds */
 
 /* trace.c: the registry, the recorder, the log and dumps. */
 void fx__comm_register(fx_comm *c);
+fx_comm *fx__comm_live(void);        /* the first live communicator; then ->next_live */
 void fx__comm_unregister(fx_comm *c);
 int64_t fx__comm_recorder_size(void);
 void fx__comm_rec_start(fx_comm *c, const fx_comm_work *w);

@@ -35,6 +35,8 @@ void fx__comm_register(fx_comm *c)
     fx__lock_drop();
 }
 
+fx_comm *fx__comm_live(void) { return fx__live; }
+
 void fx__comm_unregister(fx_comm *c)
 {
     fx__lock_take();
