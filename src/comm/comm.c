@@ -52,14 +52,15 @@ static void fx__mpi_string(int mpi_rc, char *buf, size_t cap)
     snprintf(buf, cap, "%s", s);
 }
 
-/* Spin on MPI first (ops often finish in microseconds), then sleep a little so that a long
-   wait leaves the core to the other processes. */
+/* Spin on MPI first (ops often finish within microseconds; each test costs about one), then
+   sleep 50 us between tests for a while, then 1 ms once the wait is clearly long, so that a
+   long wait leaves the core to other processes. */
 static void fx__backoff(int *spins)
 {
     int s = (*spins)++;
-    if (s < 100)
+    if (s < 1000)
         return;
-    struct timespec ts = {0, s < 2000 ? 50000 : 1000000};
+    struct timespec ts = {0, s < 3000 ? 50000 : 1000000};
     nanosleep(&ts, NULL);
 }
 
