@@ -244,13 +244,15 @@ static int fx__notices_poll(fx_comm *c, fx_comm_work *w)
     }
     if (bad >= 0) {
         int k = bad / c->size, p = bad % c->size;
-        char a[96], b[96];
+        char a[96], b[96], other_seq[48] = "";
         fx__describe_fp(&c->slots[k].mine, a, sizeof a);
         fx__describe_fp(&c->nbuf[bad], b, sizeof b);
+        if (c->nbuf[bad].seq != c->slots[k].seq)
+            snprintf(other_seq, sizeof other_seq, " as its seq %lld", (long long)c->nbuf[bad].seq);
         return fx__fail(c, w, FX_ECOMM,
                         "collective mismatch on communicator '%s' at seq %lld: rank %d called %s but rank %d "
-                        "called %s (seq %lld)",
-                        c->name, (long long)c->slots[k].seq, c->rank, a, p, b, (long long)c->nbuf[bad].seq);
+                        "called %s%s",
+                        c->name, (long long)c->slots[k].seq, c->rank, a, p, b, other_seq);
     }
     return FX_OK;
 }
