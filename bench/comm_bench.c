@@ -105,6 +105,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "comm_bench: %s\n", fx_last_error());
         return 1;
     }
+    /* One thread per rank: the ranks share this machine's cores. */
+    fx_set_num_threads(1);
     fx_comm_set_tracking(c.fx_untracked, false);
     fx_comm_set_deterministic(c.fx_det, true);
     MPI_Comm_dup(MPI_COMM_WORLD, &c.mpi);
