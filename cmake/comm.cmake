@@ -2,7 +2,7 @@
 #
 # Without MPI the library gets a stub whose functions return FX_EUNSUPPORTED (the top-level
 # glob leaves src/comm/ out in that case), tested by tests/nompi_comm.c. With MPI, tests/mpi_comm.c runs its cases under
-# mpirun with 2 (and 3) processes; tests/test_comm.c is the 1-process run of the generic loop.
+# mpirun with 2 (and 3, 4) processes; tests/test_comm.c is the 1-process run of the generic loop.
 if(NOT FLEXC_HAVE_MPI)
   target_sources(flexc_obj PRIVATE ${PROJECT_SOURCE_DIR}/src/comm/comm_stub.c)
   add_executable(nompi_comm ${PROJECT_SOURCE_DIR}/tests/nompi_comm.c)
@@ -34,8 +34,11 @@ foreach(case collectives timeout mismatch)
   add_test(NAME mpi_comm_${case} COMMAND ${FLEXC_MPIRUN} -np 2 $<TARGET_FILE:mpi_comm> ${case})
   set_tests_properties(mpi_comm_${case} PROPERTIES TIMEOUT 60 ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")
 endforeach()
-add_test(NAME mpi_comm_collectives_np3 COMMAND ${FLEXC_MPIRUN} -np 3 $<TARGET_FILE:mpi_comm> collectives)
-set_tests_properties(mpi_comm_collectives_np3 PROPERTIES TIMEOUT 60 ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")
+# 3 ranks: not a power of two; 4 ranks: the deterministic sum's tree has two levels.
+foreach(np 3 4)
+  add_test(NAME mpi_comm_collectives_np${np} COMMAND ${FLEXC_MPIRUN} -np ${np} $<TARGET_FILE:mpi_comm> collectives)
+  set_tests_properties(mpi_comm_collectives_np${np} PROPERTIES TIMEOUT 60 ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")
+endforeach()
 # A rank killed with SIGKILL: the survivor must come back with an error, not hang.
 add_test(NAME mpi_comm_killed
          COMMAND bash ${PROJECT_SOURCE_DIR}/tests/mpi_comm_kill.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:mpi_comm>)

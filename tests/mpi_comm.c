@@ -62,17 +62,18 @@ static void run_collectives(bool det, bool nonblocking)
     }
     double *ref = fxt_alloc_f64((size_t)(n * nranks));
     float *ordered = malloc(sizeof(float) * (size_t)n);
-    /* all_reduce: float64 sum; in deterministic mode also the rank-order float sum, bitwise. */
+    /* all_reduce: float64 sum; in deterministic mode also fx_comm_sum_pairwise over the
+       ranks' inputs, bitwise. */
+    float *rows = malloc(sizeof(float) * (size_t)(n * nranks));
     for (int64_t i = 0; i < n; i++) {
         double s = 0.0;
-        float f = input(0, i);
-        for (int r = 0; r < nranks; r++)
+        for (int r = 0; r < nranks; r++) {
             s += input(r, i);
-        for (int r = 1; r < nranks; r++)
-            f += input(r, i);
+            rows[r * n + i] = input(r, i);
+        }
         ref[i] = s;
-        ordered[i] = f;
     }
+    FXT_OK(fx_comm_sum_pairwise(ordered, rows, n, nranks));
     fxt_close_f32("all_reduce", ar, ref, (size_t)n, 1e-5, 1e-6);
     if (det)
         fxt_bitwise_f32("deterministic all_reduce", ar, ordered, (size_t)n);
@@ -82,14 +83,13 @@ static void run_collectives(bool det, bool nonblocking)
     fxt_close_f32("all_gather", ag, ref, (size_t)(n * nranks), 0.0, 0.0);
     for (int64_t i = 0; i < n; i++) {
         double s = 0.0;
-        float f = input(0, rank * n + i);
-        for (int r = 0; r < nranks; r++)
+        for (int r = 0; r < nranks; r++) {
             s += input(r, rank * n + i);
-        for (int r = 1; r < nranks; r++)
-            f += input(r, rank * n + i);
+            rows[r * n + i] = input(r, rank * n + i);
+        }
         ref[i] = s;
-        ordered[i] = f;
     }
+    FXT_OK(fx_comm_sum_pairwise(ordered, rows, n, nranks));
     fxt_close_f32("reduce_scatter", rs, ref, (size_t)n, 1e-5, 1e-6);
     if (det)
         fxt_bitwise_f32("deterministic reduce_scatter", rs, ordered, (size_t)n);
@@ -104,6 +104,7 @@ static void run_collectives(bool det, bool nonblocking)
     free(mine);
     free(ref);
     free(ordered);
+    free(rows);
     FXT_OK(fx_comm_set_deterministic(world, false));
 }
 

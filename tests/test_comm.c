@@ -309,6 +309,68 @@ static void test_tracking_off(void)
     FXT_EQ_INT(x[0], 1);
 }
 
+/* The definition, written recursively: [lo, hi) splits after its largest power of two
+   strictly below its length. */
+static float pairwise_ref(const float *x, int64_t n, int64_t i, int lo, int hi)
+{
+    if (hi - lo == 1)
+        return x[(int64_t)lo * n + i];
+    int p = 1;
+    while (p * 2 < hi - lo)
+        p *= 2;
+    return pairwise_ref(x, n, i, lo, lo + p) + pairwise_ref(x, n, i, lo + p, hi);
+}
+
+static void test_sum_pairwise(void)
+{
+    const int64_t n = 2500; /* more than one block of the implementation */
+    float *x = fxt_random((size_t)(n * 24), -1.0f, 1.0f, 11);
+    float *work = malloc(sizeof(float) * (size_t)(n * 24));
+    float *ref = malloc(sizeof(float) * (size_t)n), *out = fxt_guarded((size_t)n), *out2 = malloc(sizeof(float) * (size_t)n);
+    for (int count = 1; count <= 24; count++) {
+        for (int64_t i = 0; i < n; i++)
+            ref[i] = pairwise_ref(x, n, i, 0, count);
+        memcpy(work, x, sizeof(float) * (size_t)(n * count));
+        FXT_OK(fx_set_num_threads(1));
+        FXT_OK(fx_comm_sum_pairwise(out, work, n, count));
+        char what[64];
+        snprintf(what, sizeof what, "pairwise sum of %d rows", count);
+        fxt_bitwise_f32(what, out, ref, (size_t)n);
+        /* In place, on two threads: the same bits. */
+        memcpy(work, x, sizeof(float) * (size_t)(n * count));
+        FXT_OK(fx_set_num_threads(2));
+        FXT_OK(fx_comm_sum_pairwise(work, work, n, count));
+        fxt_bitwise_f32(what, work, ref, (size_t)n);
+    }
+    /* The order is a tree, not a chain: ((x0+x1)+(x2+x3)) differs from ((x0+x1)+x2)+x3 here. */
+    float t[4] = {1.0f, 1e8f, -1e8f, 1.0f};
+    FXT_OK(fx_comm_sum_pairwise(t, t, 1, 4));
+    FXT_CHECK(t[0] == ((1.0f + 1e8f) + (-1e8f + 1.0f)));
+    FXT_CHECK(t[0] == 0.0f); /* the chain would give 1 */
+    /* Composition: N*K rows == N partial sums of K consecutive rows, for K a power of two. */
+    for (int K = 1; K <= 4; K *= 2) {
+        for (int N = 1; N * K <= 24; N++) {
+            memcpy(work, x, sizeof(float) * (size_t)(n * N * K));
+            FXT_OK(fx_comm_sum_pairwise(out, work, n, N * K));
+            float *partial = malloc(sizeof(float) * (size_t)(n * N));
+            for (int r = 0; r < N; r++) {
+                memcpy(work, x + (int64_t)r * K * n, sizeof(float) * (size_t)(n * K));
+                FXT_OK(fx_comm_sum_pairwise(partial + (int64_t)r * n, work, n, K));
+            }
+            FXT_OK(fx_comm_sum_pairwise(out2, partial, n, N));
+            char what[64];
+            snprintf(what, sizeof what, "%d x %d rows vs %d partial sums", N, K, N);
+            fxt_bitwise_f32(what, out2, out, (size_t)n);
+            free(partial);
+        }
+    }
+    FXT_STATUS(fx_comm_sum_pairwise(out, work, n, 0), FX_EINVAL, "count = 0");
+    FXT_STATUS(fx_comm_sum_pairwise(NULL, work, n, 2), FX_EINVAL, "out is NULL");
+    FXT_OK(fx_set_num_threads(1));
+    fxt_guarded_free("pairwise out", out);
+    free(x), free(work), free(ref), free(out2);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
@@ -335,6 +397,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_recorder_dump);
     FXT_RUN(test_sigusr1);
     FXT_RUN(test_tracking_off);
+    FXT_RUN(test_sum_pairwise);
     fx_comm_free(world);
     size_t mem_after;
     fx_mem_stats(&mem_after, &peak);

@@ -88,11 +88,18 @@ FX_API int fx_comm_status(const fx_comm *c);
 /* Seconds every later operation may take, > 0 (the CLI's --comm-timeout). */
 FX_API int fx_comm_set_timeout(fx_comm *c, double seconds);
 FX_API double fx_comm_timeout(const fx_comm *c);
-/* Deterministic sums: all_reduce and reduce_scatter add the ranks' values in rank order
-   (((x0 + x1) + x2) + ...), identical on every rank and bitwise reproducible for a given N,
-   whatever MPI's algorithm. all_reduce then moves (N-1)*n floats per rank instead of about
-   2n. Every rank must use the same setting. Default off. */
+/* Deterministic sums: all_reduce and reduce_scatter add the ranks' values in the order of
+   fx_comm_sum_pairwise over ranks, identical on every rank and bitwise reproducible for a
+   given N, whatever MPI's algorithm. all_reduce then moves (N-1)*n floats per rank instead of
+   about 2n. Every rank must use the same setting. Default off. */
 FX_API int fx_comm_set_deterministic(fx_comm *c, bool on);
+/* x [count, n] -> out [n]: the rows summed by a left-aligned binary tree (a range of rows is
+   split after its largest power of two below its length: ((x0+x1)+(x2+x3))+x4 for 5 rows),
+   the order of deterministic reductions. x is overwritten (scratch); out may be x. It
+   composes: summing N*K rows equals summing N partial sums of K consecutive rows each when K
+   is a power of two, so a 1-process run over N*K slices reproduces an N-rank run with K
+   slices per rank bit for bit. Needs no MPI. */
+FX_API int fx_comm_sum_pairwise(float *out, float *x, int64_t n, int count);
 /* Arrival notices and fingerprint checks (default on). Off saves 2(N-1) small messages per
    op, but a timeout can then not name the missing ranks and mismatches go undetected.
    Every rank must use the same setting; change it only with no operation in flight. */

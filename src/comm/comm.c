@@ -2,6 +2,7 @@
    against a deadline, announced to the peers with a small fingerprint message on a private
    communicator so that a timeout can name who is missing and a divergence is caught. */
 #include "comm_internal.h"
+#include "pairwise.h"
 
 #include <limits.h>
 #include <math.h>
@@ -315,18 +316,6 @@ static void fx__release(fx_comm_work *w)
     c->free_works = w;
 }
 
-static void fx__ordered_sum(float *out, const float *x, int64_t n, int size)
-{
-    /* Rank order, one float accumulator: the same bits on every rank and every run. */
-#pragma omp parallel for schedule(static) if (n >= 65536)
-    for (int64_t i = 0; i < n; i++) {
-        float s = x[i];
-        for (int r = 1; r < size; r++)
-            s += x[(int64_t)r * n + i];
-        out[i] = s;
-    }
-}
-
 /* The ranks whose notices must be in before op w counts as done: completing an all_reduce,
    all_gather, reduce_scatter or barrier means every rank entered it; a broadcast receiver
    knows only that the root did, and the root knows nothing. */
@@ -408,7 +397,7 @@ static int fx__work_step(fx_comm_work *w, double deadline, bool *done)
         }
         if (flag) {
             if (w->det)
-                fx__ordered_sum(w->out, w->scratch, w->n, c->size);
+                fx__pairwise_sum_rows(w->out, w->scratch, w->n, c->size);
             w->data_done = true;
         }
     }
@@ -984,6 +973,16 @@ int fx_comm_finalize(void)
     return FX_OK;
 }
 
+int fx_comm_sum_pairwise(float *out, float *x, int64_t n, int count)
+{
+    if ((!out || !x) && n > 0)
+        return fx__error(FX_EINVAL, "%s is NULL with n = %lld", !out ? "out" : "x", (long long)n);
+    if (n < 0 || count < 1)
+        return fx__error(FX_EINVAL, "n = %lld, count = %d: need n >= 0 and count >= 1", (long long)n, count);
+    fx__pairwise_sum_rows(out, x, n, count);
+    return FX_OK;
+}
+
 int fx_comm_rank(const fx_comm *c) { return c ? c->rank : -1; }
 int fx_comm_size(const fx_comm *c) { return c ? c->size : 0; }
 const char *fx_comm_name(const fx_comm *c) { return c ? c->name : ""; }
@@ -1070,7 +1069,7 @@ int fx_comm_progress(fx_comm *c)
                 return fx__data_error(c, w, mrc);
             if (flag) {
                 if (w->det)
-                    fx__ordered_sum(w->out, w->scratch, w->n, c->size);
+                    fx__pairwise_sum_rows(w->out, w->scratch, w->n, c->size);
                 w->data_done = true;
             }
         }
