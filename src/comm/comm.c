@@ -648,7 +648,7 @@ int fx_comm_reduce_scatter_single(fx_comm *c, float *out, const float *in, int64
         return rc;
     int mrc;
     if (det) {
-        /* Rank r receives block r of every rank, then adds them in rank order. */
+        /* Rank r receives block r of every rank, then adds them in the fixed tree order. */
         w->det = true;
         w->out = out;
         mrc = MPI_Ialltoall(in, (int)n, MPI_FLOAT, w->scratch, (int)n, MPI_FLOAT, c->comm, &w->req);
