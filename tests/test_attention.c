@@ -327,17 +327,24 @@ static void test_dense(void)
     check_case("dense odd", &c2, -1, 1, 2, 2e-5, 2e-4);
 }
 
-static void run_masked(const char *what, fx_mask_fn fn, const void *ctx, int64_t mB, int64_t mH, fx_attention a,
-                       int64_t bq, int64_t bk, uint64_t seed)
+/* The mask covers extra_kv keys more than the call uses. */
+static void run_masked_ext(const char *what, fx_mask_fn fn, const void *ctx, int64_t mB, int64_t mH, fx_attention a,
+                           int64_t bq, int64_t bk, uint64_t seed, int64_t extra_kv)
 {
     fx_block_mask *m = NULL;
-    FXT_OK(fx_block_mask_create(&m, fn, ctx, mB, mH, a.q_offset + a.Lq + 3, a.Lkv, bq, bk));
+    FXT_OK(fx_block_mask_create(&m, fn, ctx, mB, mH, a.q_offset + a.Lq + 3, a.Lkv + extra_kv, bq, bk));
     if (!m)
         return;
     ref_case c = {.a = a, .mask = fn, .mask_ctx = ctx, .mask_B = mB, .mask_H = mH};
     c.a.mask = m;
     check_case(what, &c, -1, 1, seed, 2e-5, 2e-4);
     fx_block_mask_free(m);
+}
+
+static void run_masked(const char *what, fx_mask_fn fn, const void *ctx, int64_t mB, int64_t mH, fx_attention a,
+                       int64_t bq, int64_t bk, uint64_t seed)
+{
+    run_masked_ext(what, fn, ctx, mB, mH, a, bq, bk, seed, 0);
 }
 
 static void test_builtin_masks(void)
@@ -472,6 +479,10 @@ static void test_q_offset(void)
     a.q_offset = 150;
     run_masked("q_offset causal", fx_mask_causal, NULL, 1, 1, a, 64, 64, 110);
     run_masked("q_offset sliding", fx_mask_sliding_window, &sw, 1, 1, a, 32, 48, 111);
+    /* The mask is longer than the keys: bits past Lkv must not count. */
+    fx_mask_pair_ctx or_ctx = {fx_mask_sliding_window, &sw, mask_hash, NULL};
+    run_masked_ext("q_offset, longer mask", fx_mask_or, &or_ctx, 1, 1, a, 32, 48, 114, 77);
+    run_masked_ext("q_offset, longer dense-ish mask", mask_hash, NULL, 1, 4, a, 64, 64, 115, 30);
     a.Lq = 1, a.q_offset = 189; /* one decoding step */
     run_masked("q_offset one row", fx_mask_causal, NULL, 1, 1, a, 32, 32, 112);
     fx_attention d = shape(1, 2, 2, 5, 60, 16, 16); /* dense: positions shift for the mods */
