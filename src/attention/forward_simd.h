@@ -8,6 +8,7 @@
      V_LT(a, b) -> vm    a < b lanewise, and V_SEL(m, a, b) = m ? a : b
      V_BITS(x, w)        lanes whose bit in w (low VL bits) is 0 become -inf
      V_FROM_I(i0)        (float)(i0 + lane) for int32 i0
+     V_GATHER(t, e)      t[(int)e[lane]] for integral float e
      SIMD_FN(name)       name with the path's suffix
 
    Per work item (b, head group, q-block) and per visited kv-block, K is packed transposed
@@ -217,6 +218,19 @@ static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t 
         vf vc = V_SET1(c), vinv = V_SET1(1.0f / c);
         for (int64_t i = 0; i < mr * bkp; i += VL)
             V_STORE(s + i, V_MUL(vc, SIMD_FN(vtanh)(V_MUL(V_LOAD(s + i), vinv))));
+    } else if (kind == FX__SCORE_REL_BIAS) {
+        /* s += table[clamp(q - kv + zero)]: the entry index, exact in float below 2^24, is
+           clamped in float and gathered. */
+        const fx_score_rel_bias_ctx *c = ctx;
+        const float *t = c->table + (c->heads == 1 ? 0 : h) * c->size;
+        const vf hi = V_SET1((float)(c->size - 1)), zero = V_ZERO();
+        for (int r = 0; r < mr; r++)
+            for (int64_t j = 0; j < bkp; j += VL) {
+                /* -(kv + lane - q - zero) = q - kv + zero for the lanes' keys */
+                vf e = V_SUB(zero, V_FROM_I((int32_t)(k0 + j - (qa + r) - c->zero)));
+                e = V_MIN(V_MAX(e, zero), hi);
+                V_STORE(s + r * bkp + j, V_ADD(V_LOAD(s + r * bkp + j), V_GATHER(t, e)));
+            }
     } else { /* alibi: s += slope * (kv - q), with the distance exact in int32 then converted */
         vf slope = V_SET1(((const fx_score_alibi_ctx *)ctx)->slopes[h]);
         for (int r = 0; r < mr; r++)
@@ -237,9 +251,13 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
     const int64_t bkp = (bk + VL - 1) / VL * VL, dvp = (Dv + VL - 1) / VL * VL;
     const bool pack_v = dvp != Dv;
     const int score_kind = fx__score_kind(a->score_mod);
-    /* Alibi positions go through int32; beyond that the generic call is exact. */
-    const bool fast_mod = score_kind == FX__SCORE_SOFTCAP ||
-                          (score_kind == FX__SCORE_ALIBI && a->q_offset + a->Lq < INT32_MAX / 2 && a->Lkv < INT32_MAX / 2);
+    /* Alibi distances go through int32, relative-bias indices through float: beyond those
+       ranges the generic per-tile call is exact. */
+    const int64_t far = a->q_offset + a->Lq > a->Lkv ? a->q_offset + a->Lq : a->Lkv;
+    const bool fast_mod =
+        score_kind == FX__SCORE_SOFTCAP || (score_kind == FX__SCORE_ALIBI && far < INT32_MAX / 2) ||
+        (score_kind == FX__SCORE_REL_BIAS && far < (1 << 22) && ((const fx_score_rel_bias_ctx *)a->score_ctx)->size < (1 << 22) &&
+         ((const fx_score_rel_bias_ctx *)a->score_ctx)->zero < (1 << 22) && ((const fx_score_rel_bias_ctx *)a->score_ctx)->zero > -(1 << 22));
     /* Per-thread scratch, in floats, each part a whole number of 64-byte lines. */
 #define LINES_(n) (((size_t)(n) + 15) / 16 * 16)
     const size_t kt_len = LINES_(D * bkp), vp_len = pack_v ? LINES_(bk * dvp) : 0, s_len = LINES_(MRMAX * bkp),
