@@ -188,11 +188,13 @@ static inline __attribute__((always_inline)) void SIMD_FN(pv_tile)(int mr, int n
     default: SIMD_NC_CASES(KERNEL, 6, __VA_ARGS__) break;                                          \
     }
 
-static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *kt, int64_t bkp, float *s, float scale)
+/* S[r, 0 .. width) for r < mr; width is a whole number of vectors. */
+static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *kt, int64_t ldk, float *s, int64_t lds,
+                              int64_t width, float scale)
 {
-    for (int64_t c0 = 0; c0 < bkp; c0 += NC * VL) {
-        int nc = (int)((bkp - c0) / VL < NC ? (bkp - c0) / VL : NC);
-#define QK_(MRV, NCV, ...) SIMD_FN(qk_tile)(MRV, NCV, qr, D, kt + c0, bkp, s + c0, bkp, scale)
+    for (int64_t c0 = 0; c0 < width; c0 += NC * VL) {
+        int nc = (int)((width - c0) / VL < NC ? (width - c0) / VL : NC);
+#define QK_(MRV, NCV, ...) SIMD_FN(qk_tile)(MRV, NCV, qr, D, kt + c0, ldk, s + c0, lds, scale)
         SIMD_MR_CASES(QK_, 0)
 #undef QK_
     }
@@ -209,15 +211,17 @@ static void SIMD_FN(pv_strip)(int mr, const float *p, int64_t ldp, const float *
     }
 }
 
-/* Built-in score mods on a strip of mr rows x bkp columns (row r is query qa + r). */
-static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t bkp, int mr, int64_t h, int64_t qa,
-                                   int64_t k0)
+/* Built-in score mods on a strip of mr rows x width columns (row r is query qa + r, column
+   j key k0 + j). */
+static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t lds, int64_t width, int mr, int64_t h,
+                                   int64_t qa, int64_t k0)
 {
     if (kind == FX__SCORE_SOFTCAP) {
         float c = ((const fx_score_softcap_ctx *)ctx)->cap;
         vf vc = V_SET1(c), vinv = V_SET1(1.0f / c);
-        for (int64_t i = 0; i < mr * bkp; i += VL)
-            V_STORE(s + i, V_MUL(vc, SIMD_FN(vtanh)(V_MUL(V_LOAD(s + i), vinv))));
+        for (int r = 0; r < mr; r++)
+            for (int64_t j = 0; j < width; j += VL)
+                V_STORE(s + r * lds + j, V_MUL(vc, SIMD_FN(vtanh)(V_MUL(V_LOAD(s + r * lds + j), vinv))));
     } else if (kind == FX__SCORE_REL_BIAS) {
         /* s += table[clamp(q - kv + zero)]: the entry index, exact in float below 2^24, is
            clamped in float and gathered. */
@@ -225,18 +229,18 @@ static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t 
         const float *t = c->table + (c->heads == 1 ? 0 : h) * c->size;
         const vf hi = V_SET1((float)(c->size - 1)), zero = V_ZERO();
         for (int r = 0; r < mr; r++)
-            for (int64_t j = 0; j < bkp; j += VL) {
+            for (int64_t j = 0; j < width; j += VL) {
                 /* -(kv + lane - q - zero) = q - kv + zero for the lanes' keys */
                 vf e = V_SUB(zero, V_FROM_I((int32_t)(k0 + j - (qa + r) - c->zero)));
                 e = V_MIN(V_MAX(e, zero), hi);
-                V_STORE(s + r * bkp + j, V_ADD(V_LOAD(s + r * bkp + j), V_GATHER(t, e)));
+                V_STORE(s + r * lds + j, V_ADD(V_LOAD(s + r * lds + j), V_GATHER(t, e)));
             }
     } else { /* alibi: s += slope * (kv - q), with the distance exact in int32 then converted */
         vf slope = V_SET1(((const fx_score_alibi_ctx *)ctx)->slopes[h]);
         for (int r = 0; r < mr; r++)
-            for (int64_t j = 0; j < bkp; j += VL) {
+            for (int64_t j = 0; j < width; j += VL) {
                 vf dist = V_FROM_I((int32_t)(k0 + j - (qa + r)));
-                V_STORE(s + r * bkp + j, V_FMA(slope, dist, V_LOAD(s + r * bkp + j)));
+                V_STORE(s + r * lds + j, V_FMA(slope, dist, V_LOAD(s + r * lds + j)));
             }
     }
 }
@@ -314,25 +318,46 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                 const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
                 for (int64_t i0 = 0; i0 < nr; i0 += MRMAX) {
                     const int mr = (int)(nr - i0 < MRMAX ? nr - i0 : MRMAX);
-                    SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt, bkp, S, p.scale);
+                    /* Columns [c0, c1) (whole vectors) hold every key the strip's rows see:
+                       in a partial block the rest is skipped (half of a diagonal block, most
+                       of a sliding window's edge blocks). */
+                    int64_t c0 = 0, c1 = bkp;
+                    if (bits) {
+                        int64_t jlo = INT64_MAX, jhi = -1;
+                        for (int64_t w = 0; w < m->bm_words; w++) {
+                            uint64_t u = 0;
+                            for (int r = 0; r < mr; r++)
+                                u |= bits[(brow + i0 + r) * m->bm_words + w];
+                            if (u) {
+                                jlo = jlo == INT64_MAX ? w * 64 + __builtin_ctzll(u) : jlo;
+                                jhi = w * 64 + 63 - __builtin_clzll(u);
+                            }
+                        }
+                        jhi = jhi < nk ? jhi : nk - 1;
+                        if (jlo > jhi)
+                            continue; /* no key visible to these rows here: their state stays */
+                        c0 = jlo / VL * VL, c1 = (jhi / VL + 1) * VL;
+                    }
+                    const int64_t kend = nk < c1 ? nk : c1; /* keys c0 .. kend - 1 are real */
+                    SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, p.scale);
                     if (a->score_mod) {
                         if (fast_mod)
-                            SIMD_FN(score_builtin)(score_kind, a->score_ctx, S, bkp, mr, h, qa0 + i0, k0);
+                            SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h, qa0 + i0, k0 + c0);
                         else
-                            a->score_mod(S, bkp, mr, nk, b, h, qa0 + i0, k0, a->score_ctx);
+                            a->score_mod(S + c0, bkp, mr, kend - c0, b, h, qa0 + i0, k0 + c0, a->score_ctx);
                     }
                     for (int r = 0; r < mr; r++) {
                         float *s = S + r * bkp;
                         if (bits) {
                             const uint64_t *row = bits + (brow + i0 + r) * m->bm_words;
-                            for (int64_t j = 0; j < bkp; j += VL)
+                            for (int64_t j = c0; j < c1; j += VL)
                                 V_STORE(s + j, V_BITS(V_LOAD(s + j), (uint32_t)(row[j >> 6] >> (j & 63))));
                         }
-                        for (int64_t j = nk; j < bkp; j++)
+                        for (int64_t j = kend; j < c1; j++)
                             s[j] = -INFINITY;
                         const int64_t ri = g * bq + i0 + r;
-                        vf mx = V_LOAD(s);
-                        for (int64_t j = VL; j < bkp; j += VL)
+                        vf mx = V_LOAD(s + c0);
+                        for (int64_t j = c0 + VL; j < c1; j += VL)
                             mx = V_MAX(mx, V_LOAD(s + j));
                         float mnew = V_HMAX(mx);
                         mnew = mnew > M[ri] ? mnew : M[ri];
@@ -340,7 +365,7 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                         const float muse = mnew == -INFINITY ? 0.0f : mnew;
                         const vf vm_ = V_SET1(muse);
                         vf sum = V_ZERO();
-                        for (int64_t j = 0; j < bkp; j += VL) {
+                        for (int64_t j = c0; j < c1; j += VL) {
                             vf pj = SIMD_FN(vexp)(V_SUB(V_LOAD(s + j), vm_));
                             V_STORE(s + j, pj);
                             sum = V_ADD(sum, pj);
@@ -350,7 +375,8 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                         L[ri] = L[ri] * al + V_HSUM(sum);
                         M[ri] = mnew;
                     }
-                    SIMD_FN(pv_strip)(mr, S, bkp, vb, ldv, nk, O + (g * bq + i0) * dvp, dvp, alpha);
+                    SIMD_FN(pv_strip)(mr, S + c0, bkp, vb + c0 * ldv, ldv, kend - c0, O + (g * bq + i0) * dvp, dvp,
+                                      alpha);
                 }
             }
         }
