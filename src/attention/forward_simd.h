@@ -1,10 +1,11 @@
 /* The vector forward, written once over a small SIMD layer and included by
    forward_avx2.c and forward_avx512.c, which define:
      VL                 floats per vector
-     MR, NC             microkernel tile: MR query rows x NC vectors of keys (or of Dv)
+     NC                 microkernel tile: MRMAX (6) query rows x NC vectors of keys (or of Dv)
      vf                 the vector type
      V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p, x) V_ADD V_MUL V_SUB V_FMA(a, b, c) = a*b+c
-     V_MAX V_HMAX(x) V_HSUM(x)
+     V_DIV V_MAX V_MIN V_ABS V_ROUND V_HMAX(x) V_HSUM(x), V_POW2N(p, n) = p * 2^n,
+     V_COPYSIGN(y, x) = |y| with the sign of x
      V_LT(a, b) -> vm    a < b lanewise, and V_SEL(m, a, b) = m ? a : b
      V_BITS(x, w)        lanes whose bit in w (low VL bits) is 0 become -inf
      V_FROM_I(i0)        (float)(i0 + lane) for int32 i0
@@ -13,17 +14,13 @@
 
    Per work item (b, head group, q-block) and per visited kv-block, K is packed transposed
    once ([D, bkp], zero-padded to whole vectors) and shared by the gs query heads of the
-   group; then, strip of MR rows by strip: S = Q K^T * scale (registers), score mod, mask,
+   group; then, strip of MRMAX rows by strip: S = Q K^T * scale (registers), score mod, mask,
    online softmax in place, O = alpha O + P V (registers). Everything a strip touches stays
-   in L1/L2. */
+   in L1/L2. In a partial block a strip works only on the keys its rows can see. */
 
 #include <string.h>
 
-#ifndef SIMD_HAVE_HELPERS_
-#define SIMD_HAVE_HELPERS_
-#endif
-
-#define MRMAX 6
+#define MRMAX 6 /* query rows per strip */
 
 /* e^x for x <= 0 (and -inf): 2^n * e^r with |r| <= ln2/2 and a degree-7 Taylor polynomial
    (relative error < 1e-8 before rounding); inputs below -87 give exactly 0. */
@@ -258,10 +255,12 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
     /* Alibi distances go through int32, relative-bias indices through float: beyond those
        ranges the generic per-tile call is exact. */
     const int64_t far = a->q_offset + a->Lq > a->Lkv ? a->q_offset + a->Lq : a->Lkv;
-    const bool fast_mod =
-        score_kind == FX__SCORE_SOFTCAP || (score_kind == FX__SCORE_ALIBI && far < INT32_MAX / 2) ||
-        (score_kind == FX__SCORE_REL_BIAS && far < (1 << 22) && ((const fx_score_rel_bias_ctx *)a->score_ctx)->size < (1 << 22) &&
-         ((const fx_score_rel_bias_ctx *)a->score_ctx)->zero < (1 << 22) && ((const fx_score_rel_bias_ctx *)a->score_ctx)->zero > -(1 << 22));
+    bool fast_mod = score_kind == FX__SCORE_SOFTCAP || (score_kind == FX__SCORE_ALIBI && far < INT32_MAX / 2);
+    if (score_kind == FX__SCORE_REL_BIAS) {
+        const fx_score_rel_bias_ctx *rb = a->score_ctx;
+        const int64_t lim = (int64_t)1 << 22;
+        fast_mod = far < lim && rb->size < lim && rb->zero < lim && rb->zero > -lim;
+    }
     /* Per-thread scratch, in floats, each part a whole number of 64-byte lines. */
 #define LINES_(n) (((size_t)(n) + 15) / 16 * 16)
     const size_t kt_len = LINES_(D * bkp), vp_len = pack_v ? LINES_(bk * dvp) : 0, s_len = LINES_(MRMAX * bkp),
@@ -342,7 +341,8 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                     SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, p.scale);
                     if (a->score_mod) {
                         if (fast_mod)
-                            SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h, qa0 + i0, k0 + c0);
+                            SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h, qa0 + i0,
+                                                   k0 + c0);
                         else
                             a->score_mod(S + c0, bkp, mr, kend - c0, b, h, qa0 + i0, k0 + c0, a->score_ctx);
                     }
