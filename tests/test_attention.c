@@ -295,6 +295,10 @@ static void test_mask_builtin_structure(void)
     check_structure("sliding or prefix", m, fx_mask_or, &or_ctx);
     fx_block_mask_free(m);
 
+    FXT_OK(fx_block_mask_create(&m, mask_hash, NULL, 1, 2, 130, 230, 50, 100));
+    check_structure("custom 50x100 blocks", m, mask_hash, NULL);
+    fx_block_mask_free(m);
+
     FXT_OK(fx_block_mask_create(&m, mask_per_bh, NULL, 2, 3, 160, 170, 0, 0));
     FXT_EQ_INT(m->block_q, 128);
     check_structure("custom per (b, h)", m, mask_per_bh, NULL);
@@ -372,6 +376,10 @@ static void test_custom_masks(void)
 {
     run_masked("hash", mask_hash, NULL, 2, 4, shape(2, 4, 2, 100, 110, 40, 40), 32, 48, 9);
     run_masked("per (b,h)", mask_per_bh, NULL, 2, 2, shape(2, 2, 1, 200, 200, 32, 16), 64, 64, 10);
+    /* Block sizes that are not whole vectors: 100 keys (two bitmap words), 8 keys (less than
+       one AVX-512 vector), 50 and 7 queries. */
+    run_masked("hash 50x100 blocks", mask_hash, NULL, 1, 2, shape(1, 2, 2, 130, 230, 24, 40), 50, 100, 12);
+    run_masked("hash 7x8 blocks", mask_hash, NULL, 1, 1, shape(1, 2, 1, 40, 45, 16, 8), 7, 8, 13);
     /* Broadcast over B and H with B = 2, Hq = 4. */
     run_masked("hash broadcast", mask_hash, NULL, 1, 1, shape(2, 4, 2, 90, 90, 32, 32), 32, 32, 11);
 }
