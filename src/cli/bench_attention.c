@@ -221,7 +221,7 @@ int bench_attention(int argc, char **argv)
         {"--D", CLI_INT, &D, "custom case: head dimension (default 64)"},
         {"--window", CLI_INT, &window, "custom case: sliding window (default 256)"},
         {"--docs", CLI_INT, &docs, "custom case: documents (default 16)"},
-        {"--reps", CLI_INT, &reps, "timed pairs per case (default: 2 to 5 by size)"},
+        {"--reps", CLI_INT, &reps, "timed pairs per case (default: 1 to 5 by size)"},
     };
     int rc = cli_parse("bench attention", "[--json] [--case NAME | --mask M --L N ...] [--reps N]", argc, argv, opts,
                        sizeof opts / sizeof opts[0], NULL, 0, NULL);
