@@ -115,12 +115,43 @@ static void mask_bits_scalar(float *S, int64_t ld, int64_t nq, int64_t nk, const
                 S[i * ld + j] = -INFINITY;
 }
 
+static void dots_scalar(float *S, int64_t ld, const float *Q, const float *K, int64_t R, int64_t nk, int64_t D,
+                        float alpha)
+{
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t j = 0; j < nk; j++) {
+            float s = 0.0f;
+            for (int64_t d = 0; d < D; d++)
+                s += Q[r * D + d] * K[j * D + d];
+            S[r * ld + j] = alpha * s;
+        }
+}
+
+static void probs_sum_scalar(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, const float *mx,
+                             float *sum)
+{
+    for (int64_t i = 0; i < nq; i++) {
+        if (mx[i] == -INFINITY)
+            continue;
+        float acc = 0.0f;
+        for (int64_t j = 0; j < nk; j++) {
+            float s = S[i * ld + j];
+            float p = s == -INFINITY ? 0.0f : expf(s - mx[i]);
+            P[i * ld + j] = p;
+            acc += p;
+        }
+        sum[i] = acc;
+    }
+}
+
 const fx__attn_kernels fx__attn_kernels_scalar = {
     .nn = nn_scalar,
     .tn = tn_scalar,
     .probs = probs_scalar,
     .dscores = dscores_scalar,
     .mask_bits = mask_bits_scalar,
+    .dots = dots_scalar,
+    .probs_sum = probs_sum_scalar,
 };
 
 /* ---- tiles --------------------------------------------------------------------------------- */

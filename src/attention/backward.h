@@ -23,6 +23,14 @@ typedef struct fx__attn_kernels {
     /* S[i,j] = -inf where bit (i0 + i, j) of a block bitmap is clear. */
     void (*mask_bits)(float *S, int64_t ld, int64_t nq, int64_t nk, const uint64_t *bits,
                       int64_t words, int64_t i0);
+    /* Decoding: S[r, j] = alpha * (Q[r, :] . K[j, :]) for r < R, j < nk; Q [R, D], K [nk, D]
+       with row strides D. */
+    void (*dots)(float *S, int64_t ld, const float *Q, const float *K, int64_t R, int64_t nk, int64_t D,
+                 float alpha);
+    /* Decoding: P[i, j] = exp(S[i, j] - mx[i]) (0 where S is -inf) and sum[i] = sum_j P[i, j],
+       for rows with mx[i] > -inf; other rows are left alone. */
+    void (*probs_sum)(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, const float *mx,
+                      float *sum);
 } fx__attn_kernels;
 
 extern const fx__attn_kernels fx__attn_kernels_scalar;

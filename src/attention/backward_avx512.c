@@ -135,10 +135,65 @@ static void mask_bits_avx512(float *S, int64_t ld, int64_t nq, int64_t nk, const
     }
 }
 
+/* 4 keys x up to 4 rows of dot products per pass over D, so each K row is loaded once per
+   4 query rows and 16 independent FMA chains hide the latency. */
+static void dots_avx512(float *S, int64_t ld, const float *Q, const float *K, int64_t R, int64_t nk, int64_t D,
+                        float alpha)
+{
+    for (int64_t j0 = 0; j0 < nk; j0 += 4) {
+        int nj = (int)(nk - j0 < 4 ? nk - j0 : 4);
+        for (int64_t r0 = 0; r0 < R; r0 += 4) {
+            int nr = (int)(R - r0 < 4 ? R - r0 : 4);
+            __m512 acc[4][4];
+            for (int r = 0; r < 4; r++)
+                for (int j = 0; j < 4; j++)
+                    acc[r][j] = _mm512_setzero_ps();
+            for (int64_t d = 0; d < D; d += 16) {
+                __mmask16 t = tail_mask(D - d);
+                __m512 kv[4], qv[4];
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++)
+                    kv[j] = j < nj ? _mm512_maskz_loadu_ps(t, K + (j0 + j) * D + d) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    qv[r] = r < nr ? _mm512_maskz_loadu_ps(t, Q + (r0 + r) * D + d) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++)
+                        acc[r][j] = _mm512_fmadd_ps(qv[r], kv[j], acc[r][j]);
+            }
+            for (int r = 0; r < nr; r++)
+                for (int j = 0; j < nj; j++)
+                    S[(r0 + r) * ld + j0 + j] = alpha * _mm512_reduce_add_ps(acc[r][j]);
+        }
+    }
+}
+
+static void probs_sum_avx512(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, const float *mx,
+                             float *sum)
+{
+    for (int64_t i = 0; i < nq; i++) {
+        if (mx[i] == -INFINITY)
+            continue;
+        __m512 m = _mm512_set1_ps(mx[i]), acc = _mm512_setzero_ps();
+        for (int64_t j = 0; j < nk; j += 16) {
+            __mmask16 t = tail_mask(nk - j);
+            __m512 s = _mm512_maskz_loadu_ps(t, S + i * ld + j);
+            __m512 p = _mm512_maskz_mov_ps(t, fx__exp512(_mm512_sub_ps(s, m)));
+            _mm512_mask_storeu_ps(P + i * ld + j, t, p);
+            acc = _mm512_add_ps(acc, p);
+        }
+        sum[i] = _mm512_reduce_add_ps(acc);
+    }
+}
+
 const fx__attn_kernels fx__attn_kernels_avx512 = {
     .nn = nn_avx512,
     .tn = tn_avx512,
     .probs = probs_avx512,
     .dscores = dscores_avx512,
     .mask_bits = mask_bits_avx512,
+    .dots = dots_avx512,
+    .probs_sum = probs_sum_avx512,
 };
