@@ -2,6 +2,7 @@
    (mask == NULL), timed alternately in one run, with GFLOP/s on visited blocks and the
    fraction of this machine's fp32 FMA peak measured in the same run. */
 #include "bench_attention.h"
+#include "bench_attention_bwd.h"
 
 #include "bench_util.h"
 #include "cli.h"
@@ -242,6 +243,14 @@ int bench_attention(int argc, char **argv)
         rc = run_case(&cases[i], peak, json);
         if (rc != CLI_EXIT_OK)
             return rc;
+        if (cases[i].mask == BENCH_MASK_SLIDING && /* backward / forward (bench_attention_bwd.c) */
+            bench_attention_backward_case(cases[i].name, cases[i].B, cases[i].Hq, cases[i].L, cases[i].D,
+                                          cases[i].window, cases[i].reps + 1, peak, json))
+            return CLI_EXIT_FAIL;
     }
+    if (!only && !mask_name && !L && /* the decode case, against triad bandwidth */
+        bench_attention_decode_case("decode", 8, 32, 8, 1, quick ? 8192 : 32768, 128, reps ? (int)reps : 5,
+                                    bench_triad_gbs(), json))
+        return CLI_EXIT_FAIL;
     return CLI_EXIT_OK;
 }
