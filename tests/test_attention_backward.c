@@ -322,6 +322,9 @@ static void test_all_masks_and_mods(void)
         fx_set_isa(paths[p]);
         for (int mk = 0; mk < N_MASKS; mk++)
             for (int md = 0; md < N_MODS; md++) {
+                /* The scalar twin when it is not the best path: each mask once, mods in turn. */
+                if (paths[p] == FX_ISA_SCALAR && np > 1 && md != mk % N_MODS)
+                    continue;
                 bcase c = {.a = {.B = 2, .Hq = 4, .Hkv = 2, .Lq = 45, .Lkv = 45, .D = 12, .Dv = 9}};
                 c.mask_len = 45;
                 bcase_init(&c, mk, md, 16);
