@@ -127,20 +127,29 @@ static void dots_scalar(float *S, int64_t ld, const float *Q, const float *K, in
         }
 }
 
-static void probs_sum_scalar(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, const float *mx,
-                             float *sum)
+static void softmax_chunk_scalar(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, float *m, float *l,
+                                 float *alpha)
 {
     for (int64_t i = 0; i < nq; i++) {
-        if (mx[i] == -INFINITY)
+        float mx = m[i];
+        for (int64_t j = 0; j < nk; j++)
+            mx = S[i * ld + j] > mx ? S[i * ld + j] : mx;
+        if (mx == -INFINITY) {
+            alpha[i] = 1.0f;
+            for (int64_t j = 0; j < nk; j++)
+                P[i * ld + j] = 0.0f;
             continue;
+        }
+        alpha[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
         float acc = 0.0f;
         for (int64_t j = 0; j < nk; j++) {
             float s = S[i * ld + j];
-            float p = s == -INFINITY ? 0.0f : expf(s - mx[i]);
+            float p = s == -INFINITY ? 0.0f : expf(s - mx);
             P[i * ld + j] = p;
             acc += p;
         }
-        sum[i] = acc;
+        l[i] = l[i] * alpha[i] + acc;
+        m[i] = mx;
     }
 }
 
@@ -151,7 +160,7 @@ const fx__attn_kernels fx__attn_kernels_scalar = {
     .dscores = dscores_scalar,
     .mask_bits = mask_bits_scalar,
     .dots = dots_scalar,
-    .probs_sum = probs_sum_scalar,
+    .softmax_chunk = softmax_chunk_scalar,
 };
 
 /* ---- tiles --------------------------------------------------------------------------------- */

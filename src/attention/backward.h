@@ -27,10 +27,12 @@ typedef struct fx__attn_kernels {
        with row strides D. */
     void (*dots)(float *S, int64_t ld, const float *Q, const float *K, int64_t R, int64_t nk, int64_t D,
                  float alpha);
-    /* Decoding: P[i, j] = exp(S[i, j] - mx[i]) (0 where S is -inf) and sum[i] = sum_j P[i, j],
-       for rows with mx[i] > -inf; other rows are left alone. */
-    void (*probs_sum)(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, const float *mx,
-                      float *sum);
+    /* Decoding, one chunk of the online softmax per row i: m' = max(m[i], max_j S[i, j]);
+       alpha[i] = exp(m[i] - m') (0 when m[i] = -inf, 1 when m' = -inf); P[i, j] = exp(S[i, j] - m')
+       (0 where S is -inf, the whole row when m' = -inf); l[i] = l[i] * alpha[i] + sum_j P[i, j];
+       m[i] = m'. */
+    void (*softmax_chunk)(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, float *m, float *l,
+                          float *alpha);
 } fx__attn_kernels;
 
 extern const fx__attn_kernels fx__attn_kernels_scalar;
