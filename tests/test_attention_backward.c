@@ -300,15 +300,17 @@ static void check_case(bcase *c, const char *what, uint64_t seed)
     free(q), free(k), free(v), free(dout), free(rq), free(rk), free(rv), free(rt);
 }
 
-/* The CPU paths to run each test on: scalar, and the best one when it differs. */
+/* The CPU paths to run each test on: scalar, then every vector path this machine has. */
 static int n_paths(fx_isa *paths)
 {
     fx_isa best = fx_get_isa();
-    paths[0] = FX_ISA_SCALAR;
-    if (best == FX_ISA_SCALAR)
-        return 1;
-    paths[1] = best;
-    return 2;
+    int n = 0;
+    paths[n++] = FX_ISA_SCALAR;
+    if (best >= FX_ISA_AVX2)
+        paths[n++] = FX_ISA_AVX2;
+    if (best >= FX_ISA_AVX512)
+        paths[n++] = FX_ISA_AVX512;
+    return n;
 }
 
 /* ---- tests ----------------------------------------------------------------------------------- */
@@ -316,14 +318,14 @@ static int n_paths(fx_isa *paths)
 /* Every mask x every mod, GQA 2, odd lengths (not multiples of the 16-wide blocks), D != Dv. */
 static void test_all_masks_and_mods(void)
 {
-    fx_isa paths[2], saved = fx_get_isa();
+    fx_isa paths[3], saved = fx_get_isa();
     int np = n_paths(paths);
     for (int p = 0; p < np; p++) {
         fx_set_isa(paths[p]);
         for (int mk = 0; mk < N_MASKS; mk++)
             for (int md = 0; md < N_MODS; md++) {
-                /* The scalar twin when it is not the best path: each mask once, mods in turn. */
-                if (paths[p] == FX_ISA_SCALAR && np > 1 && md != mk % N_MODS)
+                /* Paths other than the best one: each mask once, mods in turn. */
+                if (paths[p] != saved && md != mk % N_MODS)
                     continue;
                 bcase c = {.a = {.B = 2, .Hq = 4, .Hkv = 2, .Lq = 45, .Lkv = 45, .D = 12, .Dv = 9}};
                 c.mask_len = 45;
@@ -341,7 +343,7 @@ static void test_all_masks_and_mods(void)
 static void test_gqa_and_shapes(void)
 {
     static const int64_t hq[] = {2, 4, 8, 8}, hkv[] = {2, 1, 1, 4}, lq[] = {7, 130, 33, 1}, dd[] = {40, 16, 8, 24};
-    fx_isa paths[2], saved = fx_get_isa();
+    fx_isa paths[3], saved = fx_get_isa();
     int np = n_paths(paths);
     for (int p = 0; p < np; p++) {
         fx_set_isa(paths[p]);
@@ -366,7 +368,7 @@ static void test_gqa_and_shapes(void)
 /* Queries at q_offset of a longer mask, and Lkv shorter than the mask's kv_len (a KV cache). */
 static void test_q_offset(void)
 {
-    fx_isa paths[2], saved = fx_get_isa();
+    fx_isa paths[3], saved = fx_get_isa();
     int np = n_paths(paths);
     for (int p = 0; p < np; p++) {
         fx_set_isa(paths[p]);
@@ -486,7 +488,7 @@ static void test_library_finite_differences(void)
    table gradient too. */
 static void test_determinism(void)
 {
-    fx_isa paths[2], saved = fx_get_isa();
+    fx_isa paths[3], saved = fx_get_isa();
     int np = n_paths(paths), saved_threads = fx_get_num_threads();
     for (int p = 0; p < np; p++) {
         fx_set_isa(paths[p]);
@@ -534,7 +536,7 @@ static void test_determinism(void)
    AUTO takes when there are fewer (batch, kv-head) pairs than threads). */
 static void test_two_pass_matches_reference(void)
 {
-    fx_isa paths[2], saved = fx_get_isa();
+    fx_isa paths[3], saved = fx_get_isa();
     int np = n_paths(paths);
     for (int p = 0; p < np; p++) {
         fx_set_isa(paths[p]);

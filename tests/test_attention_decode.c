@@ -96,8 +96,8 @@ static void run_case(const dcase *dc, uint64_t seed)
 static void for_each_path(const dcase *cases, int n)
 {
     fx_isa saved = fx_get_isa();
-    fx_isa paths[2] = {FX_ISA_SCALAR, saved};
-    for (int p = 0; p < (saved == FX_ISA_SCALAR ? 1 : 2); p++) {
+    for (int p = FX_ISA_SCALAR; p <= (int)saved; p++) { /* every path this machine has */
+        fx_isa paths[3] = {FX_ISA_SCALAR, FX_ISA_AVX2, FX_ISA_AVX512};
         fx_set_isa(paths[p]);
         for (int i = 0; i < n; i++) {
             fprintf(stderr, "  %s case %d\n", fx_isa_name(paths[p]), i);

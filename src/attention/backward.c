@@ -57,6 +57,8 @@ const fx__attn_kernels *fx__attn_kernels_now(void)
 #if !defined(FLEXC_REFERENCE_KERNELS) && defined(__x86_64__)
     if (fx__isa() >= FX_ISA_AVX512)
         return &fx__attn_kernels_avx512;
+    if (fx__isa() == FX_ISA_AVX2)
+        return &fx__attn_kernels_avx2;
 #endif
     return &fx__attn_kernels_scalar;
 }

@@ -36,6 +36,7 @@ typedef struct fx__attn_kernels {
 } fx__attn_kernels;
 
 extern const fx__attn_kernels fx__attn_kernels_scalar;
+extern const fx__attn_kernels fx__attn_kernels_avx2;
 extern const fx__attn_kernels fx__attn_kernels_avx512;
 /* The kernels of the current CPU path (fx_get_isa()). */
 const fx__attn_kernels *fx__attn_kernels_now(void);
