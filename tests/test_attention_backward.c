@@ -499,7 +499,7 @@ static void test_determinism(void)
         for (int md = paths[p] == saved ? 0 : 1; md < 2; md++) {
             bcase c = {.a = {.B = 1, .Hq = 8, .Hkv = 2, .Lq = 200, .Lkv = 230, .D = 32, .Dv = 16, .q_offset = 30}};
             c.mask_len = 260;
-            bcase_init(&c, MASK_SLIDING, md ? MOD_BIAS_SHARED : MOD_SOFTCAP, 64);
+            bcase_init(&c, md ? MASK_SLIDING : MASK_PER_HEAD, md ? MOD_BIAS_SHARED : MOD_SOFTCAP, 64);
             fx_attention *a = &c.a;
             size_t nq = (size_t)(8 * 200 * 32), nk = (size_t)(2 * 230 * 32), nv = (size_t)(2 * 230 * 16);
             size_t no = (size_t)(8 * 200 * 16), nt = c.table ? (size_t)c.bias.size : 0;
@@ -536,8 +536,8 @@ static void test_determinism(void)
     fx_set_isa(saved);
 }
 
-/* The two walks agree on a dense causal GQA case on every path (the two-pass walk is what
-   AUTO takes when there are fewer (batch, kv-head) pairs than threads). */
+/* The two-pass walk (what AUTO takes when there are fewer (batch, kv-head) pairs than
+   threads) against the reference: masks shared by a GQA group and a mask per head. */
 static void test_two_pass_matches_reference(void)
 {
     fx_isa paths[3], saved = fx_get_isa();
@@ -545,10 +545,12 @@ static void test_two_pass_matches_reference(void)
     for (int p = 0; p < np; p++) {
         fx_set_isa(paths[p]);
         fx__attention_backward_set_mode(FX__BWD_TWO_PASS);
-        for (int mk = 0; mk < 3; mk++) {
+        static const int masks[] = {MASK_NONE, MASK_CAUSAL, MASK_DOCUMENT, MASK_PER_HEAD};
+        for (int i = 0; i < 4; i++) {
+            int mk = masks[i];
             bcase c = {.a = {.B = 1, .Hq = 4, .Hkv = 2, .Lq = 50, .Lkv = 47, .D = 16, .Dv = 16, .q_offset = 3}};
             c.mask_len = 53;
-            bcase_init(&c, mk == 0 ? MASK_NONE : mk == 1 ? MASK_CAUSAL : MASK_DOCUMENT, MOD_CUSTOM, 16);
+            bcase_init(&c, mk, MOD_CUSTOM, 16);
             char what[96];
             snprintf(what, sizeof what, "%s/two-pass/%s", fx_isa_name(paths[p]), mask_names[mk]);
             check_case(&c, what, 900 + (uint64_t)mk);

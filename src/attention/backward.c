@@ -285,30 +285,36 @@ static void bw_kv_block(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t hk, i
     memcpy(c->dv + ((b * a->Hkv + hk) * a->Lkv + c0) * a->Dv, s->dV, (size_t)(nk * a->Dv) * sizeof(float));
 }
 
-/* dQ of the rows of absolute q-block qb of head h, over the kv-blocks it visits. */
-static void bw_q_block(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_t qb)
+/* dQ of the rows of absolute q-block qb of heads h0 .. h1-1 (one GQA group, or part of one),
+   over the kv-blocks they visit. The heads must share their block lists (slot of h0), so each
+   kv-block is loaded once for all of them. */
+static void bw_q_block(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h0, int64_t h1, int64_t qb)
 {
     const fx_attention *a = c->a;
     int64_t lo = qb * c->bq, hi = lo + c->bq;
     int64_t r0 = lo > a->q_offset ? lo : a->q_offset;
     int64_t r1 = hi < a->q_offset + a->Lq ? hi : a->q_offset + a->Lq;
-    int64_t row = (b * a->Hq + h) * a->Lq + (r0 - a->q_offset);
-    memset(c->dq + row * a->D, 0, (size_t)((r1 - r0) * a->D) * sizeof(float));
-    int64_t hk = h / c->G;
+    for (int64_t h = h0; h < h1; h++) {
+        int64_t row = (b * a->Hq + h) * a->Lq + (r0 - a->q_offset);
+        memset(c->dq + row * a->D, 0, (size_t)((r1 - r0) * a->D) * sizeof(float));
+    }
+    int64_t hk = h0 / c->G;
     if (c->m) {
         const fx_block_mask *m = c->m;
-        int64_t r = fx__bm_row(m, fx__bm_slot(m, b, h), qb);
+        int64_t r = fx__bm_row(m, fx__bm_slot(m, b, h0), qb);
         for (int64_t e = m->kv_ptr[r]; e < m->kv_ptr[r + 1]; e++) {
             int64_t kb = m->kv_idx[e];
             if (kb >= c->nkb)
                 continue;
             bw_load_kv(c, s, b, hk, kb);
-            bw_qblock(c, s, b, h, qb, kb, fx__bm_bits(m, m->kv_bits[e]), BW_DQ, NULL);
+            for (int64_t h = h0; h < h1; h++)
+                bw_qblock(c, s, b, h, qb, kb, fx__bm_bits(m, m->kv_bits[e]), BW_DQ, NULL);
         }
     } else {
         for (int64_t kb = 0; kb < c->nkb; kb++) {
             bw_load_kv(c, s, b, hk, kb);
-            bw_qblock(c, s, b, h, qb, kb, NULL, BW_DQ, NULL);
+            for (int64_t h = h0; h < h1; h++)
+                bw_qblock(c, s, b, h, qb, kb, NULL, BW_DQ, NULL);
         }
     }
 }
@@ -451,10 +457,15 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
 #pragma omp for schedule(static)
             for (int64_t u = 0; u < n1; u++)
                 bw_kv_block(&c, &s, u / c.nkb / a->Hkv, u / c.nkb % a->Hkv, u % c.nkb, BW_DKV, NULL);
-            int64_t nqb = c.qb_hi - c.qb_lo + 1, n2 = a->B * a->Hq * nqb;
+            /* Heads that share block lists (a mask broadcast over heads, or none) go by GQA
+               group, so each kv-block is loaded once per group. */
+            int64_t gs = (!c.m || c.m->H == 1) ? c.G : 1;
+            int64_t nqb = c.qb_hi - c.qb_lo + 1, ng = a->Hq / gs, n2 = a->B * ng * nqb;
 #pragma omp for schedule(static)
-            for (int64_t u = 0; u < n2; u++)
-                bw_q_block(&c, &s, u / nqb / a->Hq, u / nqb % a->Hq, c.qb_lo + u % nqb);
+            for (int64_t u = 0; u < n2; u++) {
+                int64_t h0 = u / nqb % ng * gs;
+                bw_q_block(&c, &s, u / nqb / ng, h0, h0 + gs, c.qb_lo + u % nqb);
+            }
         }
     }
 
