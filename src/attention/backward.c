@@ -339,13 +339,7 @@ static int bw_check(const fx_attention *a, const float *q, const float *k, const
     if (kind == FX__SCORE_CUSTOM && !a->score_mod_grad)
         return fx__error(FX_EINVAL, "score_mod is set but score_mod_grad is NULL: the backward pass "
                                     "needs the derivative of a custom score_mod");
-    if (kind == FX__SCORE_REL_BIAS) {
-        const fx_score_rel_bias_ctx *t = a->score_ctx;
-        if (t && t->grad_table && t->heads != 1 && t->heads != a->Hq)
-            return fx__error(FX_EINVAL, "rel_bias heads = %lld must be 1 or Hq = %lld",
-                             (long long)t->heads, (long long)a->Hq);
-    }
-    return FX_OK;
+    return FX_OK; /* rel_bias's table and heads were checked with the other arguments */
 }
 
 /* The derivative the tiles call: NULL when it is the identity (additive built-ins). */
@@ -398,9 +392,8 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
 
     int nt = fx__max_threads();
     int64_t units = a->B * a->Hkv;
-    bool one_pass = bw_mode == FX__BWD_ONE_PASS || (bw_mode == FX__BWD_AUTO && units >= nt) || c.bias;
-    if (bw_mode == FX__BWD_TWO_PASS && !c.bias)
-        one_pass = false;
+    /* The table gradient's partials are per (batch, kv-head) unit: one pass only. */
+    bool one_pass = c.bias || (bw_mode == FX__BWD_AUTO ? units >= nt : bw_mode == FX__BWD_ONE_PASS);
 
     /* Scratch: D_i, per-thread tiles, and the units' table gradients. */
     size_t nrows = (size_t)(a->B * a->Hq * a->Lq);
