@@ -155,6 +155,13 @@ static void softmax_chunk_scalar(float *P, const float *S, int64_t ld, int64_t n
     }
 }
 
+static void transpose_scalar(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[c * ldd + r] = src[r * lds + c];
+}
+
 const fx__attn_kernels fx__attn_kernels_scalar = {
     .nn = nn_scalar,
     .tn = tn_scalar,
@@ -163,6 +170,7 @@ const fx__attn_kernels fx__attn_kernels_scalar = {
     .mask_bits = mask_bits_scalar,
     .dots = dots_scalar,
     .softmax_chunk = softmax_chunk_scalar,
+    .transpose = transpose_scalar,
 };
 
 /* ---- tiles --------------------------------------------------------------------------------- */
@@ -174,12 +182,8 @@ static void bw_load_kv(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t hk, in
     int64_t c0 = kb * c->bk, nk = a->Lkv - c0 < c->bk ? a->Lkv - c0 : c->bk;
     const float *kp = c->k + ((b * a->Hkv + hk) * a->Lkv + c0) * a->D;
     const float *vp = c->v + ((b * a->Hkv + hk) * a->Lkv + c0) * a->Dv;
-    for (int64_t j = 0; j < nk; j++) {
-        for (int64_t d = 0; d < a->D; d++)
-            s->Kt[d * c->ldk + j] = kp[j * a->D + d];
-        for (int64_t d = 0; d < a->Dv; d++)
-            s->Vt[d * c->ldk + j] = vp[j * a->Dv + d];
-    }
+    c->kr->transpose(s->Kt, c->ldk, kp, a->D, nk, a->D);
+    c->kr->transpose(s->Vt, c->ldk, vp, a->Dv, nk, a->Dv);
 }
 
 /* Adds dS' of a tile to this unit's table gradient, by relative distance. */

@@ -33,6 +33,8 @@ typedef struct fx__attn_kernels {
        m[i] = m'. */
     void (*softmax_chunk)(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, float *m, float *l,
                           float *alpha);
+    /* dst[c, r] = src[r, c] for r < rows, c < cols. */
+    void (*transpose)(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols);
 } fx__attn_kernels;
 
 extern const fx__attn_kernels fx__attn_kernels_scalar;

@@ -2,6 +2,7 @@
    AVX-512 kernels at half the width, with masked loads built from lane counts. Same contracts
    and summation orders as the scalar twins. */
 #include "attention/backward.h"
+#include "attention/backward_transpose.h"
 
 #include <immintrin.h>
 
@@ -263,4 +264,5 @@ const fx__attn_kernels fx__attn_kernels_avx2 = {
     .mask_bits = mask_bits_avx2,
     .dots = dots_avx2,
     .softmax_chunk = softmax_chunk_avx2,
+    .transpose = fx__bw_transpose,
 };

@@ -2,6 +2,7 @@
    contracts and summation orders as the scalar twins in backward.c; results differ from them
    only by FMA rounding. */
 #include "attention/backward.h"
+#include "attention/backward_transpose.h"
 #include "attention/backward_simd512.h"
 
 #define MK_INLINE static inline __attribute__((always_inline))
@@ -237,4 +238,5 @@ const fx__attn_kernels fx__attn_kernels_avx512 = {
     .mask_bits = mask_bits_avx512,
     .dots = dots_avx512,
     .softmax_chunk = softmax_chunk_avx512,
+    .transpose = fx__bw_transpose,
 };
