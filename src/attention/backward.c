@@ -450,15 +450,17 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
                     bw_kv_block(&c, &s, b, hk, kb, BW_DKV | BW_DQ, ut);
             }
         } else {
+            /* Round-robin: under a causal mask the work per kv-block (q-block) falls (rises)
+               along the sequence. Which thread runs a unit never changes its result. */
             int64_t n1 = units * c.nkb;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1)
             for (int64_t u = 0; u < n1; u++)
                 bw_kv_block(&c, &s, u / c.nkb / a->Hkv, u / c.nkb % a->Hkv, u % c.nkb, BW_DKV, NULL);
             /* Heads that share block lists (a mask broadcast over heads, or none) go by GQA
                group, so each kv-block is loaded once per group. */
             int64_t gs = (!c.m || c.m->H == 1) ? c.G : 1;
             int64_t nqb = c.qb_hi - c.qb_lo + 1, ng = a->Hq / gs, n2 = a->B * ng * nqb;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1)
             for (int64_t u = 0; u < n2; u++) {
                 int64_t h0 = u / nqb % ng * gs;
                 bw_q_block(&c, &s, u / nqb / ng, h0, h0 + gs, c.qb_lo + u % nqb);

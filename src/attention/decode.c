@@ -210,7 +210,8 @@ int fx__attention_decode(const fx_attention *a, const float *q, const float *k, 
         s.rowmax = s.sum + p.R;
         s.alpha = s.rowmax + p.R;
         s.cursor = cur + (size_t)t * (size_t)p.R;
-#pragma omp for schedule(static)
+        /* Round-robin: with a sliding window only the last splits of a row have work. */
+#pragma omp for schedule(static, 1)
         for (int64_t u = 0; u < units; u++)
             dec_unit(&p, &s, u / p.nsplit / a->Hkv, u / p.nsplit % a->Hkv, u % p.nsplit);
         int64_t rows = pairs * p.R;
