@@ -116,6 +116,7 @@ typedef struct bcase {
     fx_score_rel_bias_ctx bias;
     float *table;
     int64_t mask_len; /* mask q_len = kv_len */
+    int64_t block_kv; /* 0: the block_q given to bcase_init */
 } bcase;
 
 /* Sets up mask and mod of a case whose sizes are in c->a already. */
@@ -186,7 +187,7 @@ static void bcase_init(bcase *c, int mask, int mod, int64_t block)
         break;
     }
     if (c->mask)
-        FXT_OK(fx_block_mask_create(&c->bm, c->mask, c->mask_ctx, mB, mH, L, L, block, block));
+        FXT_OK(fx_block_mask_create(&c->bm, c->mask, c->mask_ctx, mB, mH, L, L, block, c->block_kv ? c->block_kv : block));
     a->mask = c->bm;
     a->score_mod = NULL;
     a->score_mod_grad = NULL;
@@ -379,6 +380,7 @@ static void test_q_offset(void)
                 continue;
             bcase c = {.a = {.B = 2, .Hq = 4, .Hkv = 1, .Lq = 21, .Lkv = 61, .D = 8, .Dv = 8, .q_offset = 37}};
             c.mask_len = 80;
+            c.block_kv = 40; /* blocks that are not squares, keys not a multiple of 16 */
             bcase_init(&c, mk, mk == MASK_SLIDING ? MOD_BIAS_HEADS : MOD_CUSTOM, 16);
             char what[96];
             snprintf(what, sizeof what, "%s/q_offset/%s", fx_isa_name(paths[p]), mask_names[mk]);
@@ -550,7 +552,8 @@ static void test_two_pass_matches_reference(void)
             int mk = masks[i];
             bcase c = {.a = {.B = 1, .Hq = 4, .Hkv = 2, .Lq = 50, .Lkv = 47, .D = 16, .Dv = 16, .q_offset = 3}};
             c.mask_len = 53;
-            bcase_init(&c, mk, MOD_CUSTOM, 16);
+            c.block_kv = 24;
+            bcase_init(&c, mk, MOD_CUSTOM, 32);
             char what[96];
             snprintf(what, sizeof what, "%s/two-pass/%s", fx_isa_name(paths[p]), mask_names[mk]);
             check_case(&c, what, 900 + (uint64_t)mk);

@@ -118,8 +118,10 @@ static void test_decode_vs_reference(void)
          .mask = 2, .block = 128, .mod = 2},
         {.B = 2, .Hq = 4, .Hkv = 2, .Lq = 5, .Lkv = 777, .D = 8, .Dv = 12, .q_offset = 300, .mask_len = 800,
          .mask = 3, .block = 32},
+        {.B = 1, .Hq = 4, .Hkv = 4, .Lq = 4, .Lkv = 530, .D = 24, .Dv = 16, .q_offset = 500, .mask_len = 600,
+         .mask = 2, .block = 40, .mod = 1}, /* blocks not a multiple of 16 keys */
     };
-    for_each_path(cases, 4);
+    for_each_path(cases, 5);
 }
 
 /* A KV cache: the mask is built once for the full capacity; each step passes the keys so far. */
