@@ -327,17 +327,24 @@ static void test_dense(void)
     check_case("dense odd", &c2, -1, 1, 2, 2e-5, 2e-4);
 }
 
-static void run_masked(const char *what, fx_mask_fn fn, const void *ctx, int64_t mB, int64_t mH, fx_attention a,
-                       int64_t bq, int64_t bk, uint64_t seed)
+/* The mask covers extra_kv keys more than the call uses. */
+static void run_masked_ext(const char *what, fx_mask_fn fn, const void *ctx, int64_t mB, int64_t mH, fx_attention a,
+                           int64_t bq, int64_t bk, uint64_t seed, int64_t extra_kv)
 {
     fx_block_mask *m = NULL;
-    FXT_OK(fx_block_mask_create(&m, fn, ctx, mB, mH, a.q_offset + a.Lq + 3, a.Lkv, bq, bk));
+    FXT_OK(fx_block_mask_create(&m, fn, ctx, mB, mH, a.q_offset + a.Lq + 3, a.Lkv + extra_kv, bq, bk));
     if (!m)
         return;
     ref_case c = {.a = a, .mask = fn, .mask_ctx = ctx, .mask_B = mB, .mask_H = mH};
     c.a.mask = m;
     check_case(what, &c, -1, 1, seed, 2e-5, 2e-4);
     fx_block_mask_free(m);
+}
+
+static void run_masked(const char *what, fx_mask_fn fn, const void *ctx, int64_t mB, int64_t mH, fx_attention a,
+                       int64_t bq, int64_t bk, uint64_t seed)
+{
+    run_masked_ext(what, fn, ctx, mB, mH, a, bq, bk, seed, 0);
 }
 
 static void test_builtin_masks(void)
@@ -472,6 +479,10 @@ static void test_q_offset(void)
     a.q_offset = 150;
     run_masked("q_offset causal", fx_mask_causal, NULL, 1, 1, a, 64, 64, 110);
     run_masked("q_offset sliding", fx_mask_sliding_window, &sw, 1, 1, a, 32, 48, 111);
+    /* The mask is longer than the keys: bits past Lkv must not count. */
+    fx_mask_pair_ctx or_ctx = {fx_mask_sliding_window, &sw, mask_hash, NULL};
+    run_masked_ext("q_offset, longer mask", fx_mask_or, &or_ctx, 1, 1, a, 32, 48, 114, 77);
+    run_masked_ext("q_offset, longer dense-ish mask", mask_hash, NULL, 1, 4, a, 64, 64, 115, 30);
     a.Lq = 1, a.q_offset = 189; /* one decoding step */
     run_masked("q_offset one row", fx_mask_causal, NULL, 1, 1, a, 32, 32, 112);
     fx_attention d = shape(1, 2, 2, 5, 60, 16, 16); /* dense: positions shift for the mods */
@@ -575,6 +586,59 @@ static void test_errors(void)
     FXT_EQ_INT(fx_block_mask_bytes(NULL), 0);
 }
 
+static long mask_calls;
+
+static bool mask_counting(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx)
+{
+    __atomic_fetch_add(&mask_calls, 1, __ATOMIC_RELAXED);
+    return mask_hash(b, h, q, kv, ctx);
+}
+
+static bool same_mask(const fx_block_mask *x, const fx_block_mask *y)
+{
+    size_t rows = (size_t)(x->nslots * x->nqb + 1), cols = (size_t)(x->nslots * x->nkb + 1);
+    size_t nv = (size_t)x->n_visited, nb = (size_t)(x->n_partial * x->block_q * x->bm_words);
+    return x->n_visited == y->n_visited && x->n_partial == y->n_partial &&
+           !memcmp(x->kv_ptr, y->kv_ptr, rows * sizeof(int64_t)) && !memcmp(x->q_ptr, y->q_ptr, cols * sizeof(int64_t)) &&
+           !memcmp(x->kv_idx, y->kv_idx, nv * sizeof(int32_t)) && !memcmp(x->kv_bits, y->kv_bits, nv * sizeof(int64_t)) &&
+           !memcmp(x->q_idx, y->q_idx, nv * sizeof(int32_t)) && !memcmp(x->q_bits, y->q_bits, nv * sizeof(int64_t)) &&
+           (nb == 0 || !memcmp(x->bits, y->bits, nb * sizeof(uint64_t)));
+}
+
+/* A custom mask is evaluated while the mask is built, never by the kernel; the mask built
+   on 1 and 2 threads is the same. */
+static void test_mask_evaluation(void)
+{
+    int threads = fx_get_num_threads();
+    fx_block_mask *m1 = NULL, *m2 = NULL;
+    fx_set_num_threads(1);
+    mask_calls = 0;
+    FXT_OK(fx_block_mask_create(&m1, mask_counting, NULL, 2, 2, 150, 140, 32, 48));
+    FXT_CHECK(mask_calls >= 2 * 2 * 150 * 140); /* every block is partial: each element seen */
+    fx_set_num_threads(2);
+    FXT_OK(fx_block_mask_create(&m2, mask_counting, NULL, 2, 2, 150, 140, 32, 48));
+    fx_set_num_threads(threads);
+    if (!m1 || !m2)
+        return;
+    FXT_CHECK(same_mask(m1, m2));
+    fx_attention a = shape(2, 2, 1, 150, 140, 16, 16);
+    a.mask = m2;
+    size_t nq = 2 * 2 * 150 * 16, nk = 2 * 140 * 16;
+    float *q = fxt_random(nq, -1, 1, 1), *k = fxt_random(nk, -1, 1, 2), *v = fxt_random(nk, -1, 1, 3);
+    float *out = fxt_guarded(nq);
+    mask_calls = 0;
+    fx_isa best = fx_get_isa();
+    for (size_t t = 0; t < sizeof all_isas / sizeof all_isas[0]; t++)
+        if (fx_set_isa(all_isas[t]) == FX_OK)
+            FXT_OK(fx_flex_attention(&a, q, k, v, out, NULL));
+    fx_set_isa(best);
+    FXT_EQ_INT(mask_calls, 0);
+    fxt_guarded_free("out", out);
+    free(q), free(k), free(v);
+    fx_block_mask_free(m1);
+    fx_block_mask_free(m2);
+}
+
 static void test_no_leak(void)
 {
     size_t before, after, peak;
@@ -601,6 +665,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_lse_optional);
     FXT_RUN(test_determinism_large);
     FXT_RUN(test_errors);
+    FXT_RUN(test_mask_evaluation);
     FXT_RUN(test_no_leak);
     return fxt_finish();
 }

@@ -132,10 +132,8 @@ static void run_forward(void *p)
 }
 
 /* One case: flex (with its mask) and dense (mask == NULL) alternately. */
-static int run_case(const bench_attn_case *c, bool json)
+static int run_case(const bench_attn_case *c, double peak, bool json)
 {
-    /* The machine is shared: its peak is measured right before each case. */
-    double peak = bench_fma_peak_gflops();
     bench_attn_data d;
     if (bench_attn_setup(&d, c))
         return CLI_EXIT_FAIL;
@@ -266,7 +264,8 @@ int bench_attention(int argc, char **argv)
     for (size_t i = 0; i < n; i++) {
         if (reps)
             cases[i].reps = (int)reps;
-        rc = run_case(&cases[i], json);
+        double peak = bench_fma_peak_gflops(); /* the machine is shared: measured before each case */
+        rc = run_case(&cases[i], peak, json);
         if (rc != CLI_EXIT_OK)
             return rc;
         if (cases[i].mask == BENCH_MASK_SLIDING && /* backward / forward (bench_attention_bwd.c) */
