@@ -109,11 +109,11 @@ static void dscores_scalar(float *dP, const float *P, int64_t ld, int64_t nq, in
 }
 
 static void mask_bits_scalar(float *S, int64_t ld, int64_t nq, int64_t nk, const uint64_t *bits,
-                             int64_t words, int64_t i0)
+                             int64_t words, int64_t i0, int64_t j0)
 {
     for (int64_t i = 0; i < nq; i++)
         for (int64_t j = 0; j < nk; j++)
-            if (!fx__bm_test(bits, words, i0 + i, j))
+            if (!fx__bm_test(bits, words, i0 + i, j0 + j))
                 S[i * ld + j] = -INFINITY;
 }
 
@@ -202,6 +202,24 @@ static void bw_table_grad(const bw_ctx *c, double *tab, const float *dS, int64_t
 /* One tile: query rows r0 .. r0+nq-1 (absolute positions) of head h against kv-block kb,
    which bw_load_kv put in s. bits: the block's bitmap (NULL: full), row i0 = r0's row in it.
    Adds into s->dK / s->dV (BW_DKV) and dq (BW_DQ) as want says. tab: the table gradient. */
+/* The keys [*lo, *hi) that rows i0 .. i0+nq-1 of a block bitmap can see, lo rounded down to
+   a multiple of 16 (so bitmap windows of 16 never straddle a word); *lo >= *hi when none. */
+static void bw_visible(const uint64_t *bits, int64_t words, int64_t i0, int64_t nq, int64_t *lo, int64_t *hi)
+{
+    int64_t first = INT64_MAX, last = -1;
+    for (int64_t i = i0; i < i0 + nq; i++)
+        for (int64_t w = 0; w < words; w++) {
+            uint64_t x = bits[i * words + w];
+            if (!x)
+                continue;
+            int64_t f = w * 64 + __builtin_ctzll(x), l = w * 64 + 63 - __builtin_clzll(x);
+            first = f < first ? f : first;
+            last = l > last ? l : last;
+        }
+    *lo = last < 0 ? 0 : first / 16 * 16;
+    *hi = last + 1;
+}
+
 static void bw_tile(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_t r0, int64_t nq,
                     int64_t kb, const uint64_t *bits, int64_t i0, int want, double *tab)
 {
@@ -209,37 +227,47 @@ static void bw_tile(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_
     const fx__attn_kernels *kr = c->kr;
     int64_t ld = c->ldk, D = a->D, Dv = a->Dv;
     int64_t c0 = kb * c->bk, nk = a->Lkv - c0 < c->bk ? a->Lkv - c0 : c->bk;
+    /* A partial block: only the keys these rows can see (the others have P = dS = 0). */
+    int64_t j0 = 0;
+    if (bits) {
+        int64_t j1;
+        bw_visible(bits, c->m->bm_words, i0, nq, &j0, &j1);
+        nk = j1 < nk ? j1 - j0 : nk - j0;
+        if (nk <= 0)
+            return;
+    }
+    int64_t kv0 = c0 + j0;
     int64_t row = (b * a->Hq + h) * a->Lq + (r0 - a->q_offset); /* flat index of local row */
     const float *qr = c->q + row * D;
     const float *dor = c->dout + row * Dv;
 
-    kr->nn(s->S, ld, qr, D, s->Kt, ld, nq, nk, D, c->scale, false);
+    kr->nn(s->S, ld, qr, D, s->Kt + j0, ld, nq, nk, D, c->scale, false);
     if (c->mod) {
         for (int64_t i = 0; i < nq; i++)
             memcpy(s->raw + i * ld, s->S + i * ld, (size_t)nk * sizeof(float));
-        c->mod(s->S, ld, nq, nk, b, h, r0, c0, a->score_ctx);
+        c->mod(s->S, ld, nq, nk, b, h, r0, kv0, a->score_ctx);
     }
     if (bits)
-        kr->mask_bits(s->S, ld, nq, nk, bits, c->m->bm_words, i0);
+        kr->mask_bits(s->S, ld, nq, nk, bits, c->m->bm_words, i0, j0);
     kr->probs(s->P, s->S, ld, nq, nk, c->lse + row);
-    kr->nn(s->dS, ld, dor, Dv, s->Vt, ld, nq, nk, Dv, 1.0f, false);
+    kr->nn(s->dS, ld, dor, Dv, s->Vt + j0, ld, nq, nk, Dv, 1.0f, false);
     bool separate_scale = c->mod_grad || tab;
     kr->dscores(s->dS, s->P, ld, nq, nk, c->Di + row, separate_scale ? 1.0f : c->scale);
     if (tab)
-        bw_table_grad(c, tab, s->dS, ld, nq, nk, r0, c0);
+        bw_table_grad(c, tab, s->dS, ld, nq, nk, r0, kv0);
     if (c->mod_grad)
-        c->mod_grad(s->raw, s->dS, ld, nq, nk, b, h, r0, c0, a->score_ctx);
+        c->mod_grad(s->raw, s->dS, ld, nq, nk, b, h, r0, kv0, a->score_ctx);
     if (separate_scale)
         for (int64_t i = 0; i < nq; i++)
             for (int64_t j = 0; j < nk; j++)
                 s->dS[i * ld + j] *= c->scale;
 
     if (want & BW_DKV) {
-        kr->tn(s->dV, Dv, s->P, ld, dor, Dv, nk, Dv, nq);
-        kr->tn(s->dK, D, s->dS, ld, qr, D, nk, D, nq);
+        kr->tn(s->dV + j0 * Dv, Dv, s->P, ld, dor, Dv, nk, Dv, nq);
+        kr->tn(s->dK + j0 * D, D, s->dS, ld, qr, D, nk, D, nq);
     }
     if (want & BW_DQ) {
-        const float *kp = c->k + ((b * a->Hkv + h / c->G) * a->Lkv + c0) * D;
+        const float *kp = c->k + ((b * a->Hkv + h / c->G) * a->Lkv + kv0) * D;
         kr->nn(c->dq + row * D, D, s->dS, ld, kp, D, nq, D, nk, 1.0f, true);
     }
 }

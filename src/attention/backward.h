@@ -20,9 +20,9 @@ typedef struct fx__attn_kernels {
     /* dP[i,j] = P[i,j] * (dP[i,j] - Di[i]) * alpha (in place). */
     void (*dscores)(float *dP, const float *P, int64_t ld, int64_t nq, int64_t nk, const float *Di,
                     float alpha);
-    /* S[i,j] = -inf where bit (i0 + i, j) of a block bitmap is clear. */
+    /* S[i,j] = -inf where bit (i0 + i, j0 + j) of a block bitmap is clear; j0 % 16 == 0. */
     void (*mask_bits)(float *S, int64_t ld, int64_t nq, int64_t nk, const uint64_t *bits,
-                      int64_t words, int64_t i0);
+                      int64_t words, int64_t i0, int64_t j0);
     /* Decoding: S[r, j] = alpha * (Q[r, :] . K[j, :]) for r < R, j < nk; Q [R, D], K [nk, D]
        with row strides D. */
     void (*dots)(float *S, int64_t ld, const float *Q, const float *K, int64_t R, int64_t nk, int64_t D,

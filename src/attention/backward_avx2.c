@@ -159,7 +159,7 @@ static void dscores_avx2(float *dP, const float *P, int64_t ld, int64_t nq, int6
 }
 
 static void mask_bits_avx2(float *S, int64_t ld, int64_t nq, int64_t nk, const uint64_t *bits, int64_t words,
-                           int64_t i0)
+                           int64_t i0, int64_t j0)
 {
     const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     const __m256 ninf = _mm256_set1_ps(-INFINITY);
@@ -167,7 +167,7 @@ static void mask_bits_avx2(float *S, int64_t ld, int64_t nq, int64_t nk, const u
         const uint64_t *row = bits + (i0 + i) * words;
         for (int64_t j = 0; j < nk; j += 8) {
             __m256i t = lanes(nk - j);
-            int byte = (int)((row[j >> 6] >> (j & 63)) & 0xffu);
+            int byte = (int)((row[(j0 + j) >> 6] >> ((j0 + j) & 63)) & 0xffu);
             __m256i keep = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32(byte), sel), sel);
             __m256 s = _mm256_maskload_ps(S + i * ld + j, t);
             _mm256_maskstore_ps(S + i * ld + j, t, _mm256_blendv_ps(ninf, s, _mm256_castsi256_ps(keep)));

@@ -122,14 +122,14 @@ static void dscores_avx512(float *dP, const float *P, int64_t ld, int64_t nq, in
 }
 
 static void mask_bits_avx512(float *S, int64_t ld, int64_t nq, int64_t nk, const uint64_t *bits,
-                             int64_t words, int64_t i0)
+                             int64_t words, int64_t i0, int64_t j0)
 {
     __m512 ninf = _mm512_set1_ps(-INFINITY);
     for (int64_t i = 0; i < nq; i++) {
         const uint64_t *row = bits + (i0 + i) * words;
         for (int64_t j = 0; j < nk; j += 16) {
             __mmask16 t = tail_mask(nk - j);
-            __mmask16 keep = (__mmask16)(row[j >> 6] >> (j & 63));
+            __mmask16 keep = (__mmask16)(row[(j0 + j) >> 6] >> ((j0 + j) & 63));
             __m512 s = _mm512_maskz_loadu_ps(t, S + i * ld + j);
             _mm512_mask_storeu_ps(S + i * ld + j, t, _mm512_mask_blend_ps(keep, ninf, s));
         }

@@ -115,7 +115,7 @@ static void dec_unit(const dec_plan *p, dec_scratch *s, int64_t b, int64_t hk, i
                 /* The cursor already sits on kb: this lookup is O(1). */
                 dec_status(p, s, b, hk, r, kb, &bits, &i0);
                 if (bits)
-                    kr->mask_bits(Sr, ld, 1, nk, bits, p->m->bm_words, i0);
+                    kr->mask_bits(Sr, ld, 1, nk, bits, p->m->bm_words, i0, 0);
             }
         }
         kr->softmax_chunk(s->P, s->S, ld, R, nk, s->mx, s->sum, s->alpha);
