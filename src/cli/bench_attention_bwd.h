@@ -13,7 +13,8 @@ int bench_attention_backward_case(const char *name, int64_t B, int64_t H, int64_
 
 /* Decoding: B x Hq (Hkv kv-heads) x Lq against Lkv cached keys of width D, the split-KV path
    against the prefill kernel on the same call, and the split-KV path's K+V bandwidth as a
-   fraction of triad_gbs (STREAM triad measured in the same run). */
+   fraction of triad_gbs (STREAM triad measured in the same run), and once more against
+   triad passes timed alternately with it (alt_*: robust to a busy machine). */
 int bench_attention_decode_case(const char *name, int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lkv,
                                 int64_t D, int reps, double triad_gbs, bool json);
 
