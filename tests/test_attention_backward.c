@@ -564,6 +564,37 @@ static void test_two_pass_matches_reference(void)
     fx_set_isa(saved);
 }
 
+/* Scores around 1e3..1e4 (a large scale): exp(s - lse) must not overflow; gradients stay
+   finite and close to the reference (looser: an ulp of a score of 1e4 is 1e-3). */
+static void test_large_scores(void)
+{
+    fx_isa paths[3], saved = fx_get_isa();
+    int np = n_paths(paths);
+    for (int p = 0; p < np; p++) {
+        fx_set_isa(paths[p]);
+        bcase c = {.a = {.B = 1, .Hq = 2, .Hkv = 1, .Lq = 40, .Lkv = 40, .D = 16, .Dv = 8, .scale = 2000.0f}};
+        c.mask_len = 40;
+        bcase_init(&c, MASK_CAUSAL, MOD_NONE, 16);
+        size_t nq = 2 * 40 * 16, nk = 40 * 16, nv = 40 * 8, no = 2 * 40 * 8;
+        float *q = fxt_random(nq, -1, 1, 61), *k = fxt_random(nk, -1, 1, 62), *v = fxt_random(nv, -1, 1, 63);
+        float *dout = fxt_random(no, -1, 1, 64), *out = malloc(no * 4), *lse = malloc(80 * 4);
+        float *dq = fxt_guarded(nq), *dk = fxt_guarded(nk), *dv = fxt_guarded(nv);
+        double *rq = fxt_alloc_f64(nq), *rk = fxt_alloc_f64(nk), *rv = fxt_alloc_f64(nv);
+        FXT_OK(fx_flex_attention(&c.a, q, k, v, out, lse));
+        FXT_OK(fx_flex_attention_backward(&c.a, q, k, v, out, lse, dout, dq, dk, dv));
+        ref_backward(&c.r, q, k, v, dout, rq, rk, rv, NULL);
+        FXT_CHECK(fabsf(lse[39]) > 100.0f);
+        /* P is nearly one-hot, so the gradients stay O(1) while the scores are O(1e3). */
+        fxt_close_f32("large dq", dq, rq, nq, 2e-2, 2e-2);
+        fxt_close_f32("large dk", dk, rk, nk, 2e-2, 2e-2);
+        fxt_close_f32("large dv", dv, rv, nv, 1e-2, 2e-2);
+        fxt_guarded_free("dq", dq), fxt_guarded_free("dk", dk), fxt_guarded_free("dv", dv);
+        free(q), free(k), free(v), free(dout), free(out), free(lse), free(rq), free(rk), free(rv);
+        bcase_free(&c);
+    }
+    fx_set_isa(saved);
+}
+
 static void test_errors(void)
 {
     bcase c = {.a = {.B = 1, .Hq = 2, .Hkv = 1, .Lq = 8, .Lkv = 8, .D = 4, .Dv = 4}};
@@ -618,6 +649,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_library_finite_differences);
     FXT_RUN(test_determinism);
     FXT_RUN(test_two_pass_matches_reference);
+    FXT_RUN(test_large_scores);
     FXT_RUN(test_errors);
     return fxt_finish();
 }
