@@ -1,10 +1,11 @@
 /* Split-KV decoding: a few query rows (Lq <= 16) against a long KV range.
 
-   The prefill kernel parallelises over query blocks, so with one query row per head it has
-   B*Hq work items that each stream a whole K/V head, and the query heads of a GQA group read
-   the same K/V again. Here a work unit is (batch, kv-head, split): it reads one range of the
-   keys once for every query row of the group, keeping a running (max, sum, accumulator) per
-   row (online softmax). The splits' partial triples are then combined in split order:
+   The prefill kernel parallelises over query blocks; with a single query block per head it
+   has only B * (head groups) work items, each streaming the whole key range, which leaves
+   threads idle when B is small. Here a work unit is (batch, kv-head, split): it reads one
+   range of the keys once for every query row of the GQA group, keeping a running (max, sum,
+   accumulator) per row (online softmax), and its tiles are shaped for a few rows (dot
+   products along D instead of a transposed K). The splits' partial triples are then combined in split order:
        M = max_s m_s,  L = sum_s l_s exp(m_s - M),  out = (sum_s acc_s exp(m_s - M)) / L.
    The split plan depends on the shape only, never on the thread count, so the result is
    bitwise identical for any number of threads. */
