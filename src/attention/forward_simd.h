@@ -346,6 +346,11 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                         else
                             a->score_mod(S + c0, bkp, mr, kend - c0, b, h, qa0 + i0, k0 + c0, a->score_ctx);
                     }
+                    /* Row maxima, then every row's rescale factor in one vector exp, then
+                       P = exp(S - m) and its row sums. */
+                    float muse[VL];
+                    for (int r = 0; r < VL; r++)
+                        alpha[r] = 0.0f;
                     for (int r = 0; r < mr; r++) {
                         float *s = S + r * bkp;
                         if (bits) {
@@ -361,19 +366,24 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                             mx = V_MAX(mx, V_LOAD(s + j));
                         float mnew = V_HMAX(mx);
                         mnew = mnew > M[ri] ? mnew : M[ri];
-                        /* Nothing visible yet: exponents against 0 give P = 0, alpha = 0. */
-                        const float muse = mnew == -INFINITY ? 0.0f : mnew;
-                        const vf vm_ = V_SET1(muse);
+                        /* Nothing visible yet: exponents against 0 give P = 0 and, from
+                           M = -inf, alpha = 0. */
+                        muse[r] = mnew == -INFINITY ? 0.0f : mnew;
+                        alpha[r] = M[ri] - muse[r];
+                        M[ri] = mnew;
+                    }
+                    V_STORE(alpha, SIMD_FN(vexp)(V_LOAD(alpha)));
+                    for (int r = 0; r < mr; r++) {
+                        float *s = S + r * bkp;
+                        const vf vm_ = V_SET1(muse[r]);
                         vf sum = V_ZERO();
                         for (int64_t j = c0; j < c1; j += VL) {
                             vf pj = SIMD_FN(vexp)(V_SUB(V_LOAD(s + j), vm_));
                             V_STORE(s + j, pj);
                             sum = V_ADD(sum, pj);
                         }
-                        const float al = M[ri] == -INFINITY ? 0.0f : expf(M[ri] - muse);
-                        alpha[r] = al;
-                        L[ri] = L[ri] * al + V_HSUM(sum);
-                        M[ri] = mnew;
+                        const int64_t ri = g * bq + i0 + r;
+                        L[ri] = L[ri] * alpha[r] + V_HSUM(sum);
                     }
                     SIMD_FN(pv_strip)(mr, S + c0, bkp, vb + c0 * ldv, ldv, kend - c0, O + (g * bq + i0) * dvp, dvp,
                                       alpha);
