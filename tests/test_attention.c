@@ -295,6 +295,10 @@ static void test_mask_builtin_structure(void)
     check_structure("sliding or prefix", m, fx_mask_or, &or_ctx);
     fx_block_mask_free(m);
 
+    FXT_OK(fx_block_mask_create(&m, mask_hash, NULL, 1, 2, 130, 230, 50, 100));
+    check_structure("custom 50x100 blocks", m, mask_hash, NULL);
+    fx_block_mask_free(m);
+
     FXT_OK(fx_block_mask_create(&m, mask_per_bh, NULL, 2, 3, 160, 170, 0, 0));
     FXT_EQ_INT(m->block_q, 128);
     check_structure("custom per (b, h)", m, mask_per_bh, NULL);
@@ -372,6 +376,10 @@ static void test_custom_masks(void)
 {
     run_masked("hash", mask_hash, NULL, 2, 4, shape(2, 4, 2, 100, 110, 40, 40), 32, 48, 9);
     run_masked("per (b,h)", mask_per_bh, NULL, 2, 2, shape(2, 2, 1, 200, 200, 32, 16), 64, 64, 10);
+    /* Block sizes that are not whole vectors: 100 keys (two bitmap words), 8 keys (less than
+       one AVX-512 vector), 50 and 7 queries. */
+    run_masked("hash 50x100 blocks", mask_hash, NULL, 1, 2, shape(1, 2, 2, 130, 230, 24, 40), 50, 100, 12);
+    run_masked("hash 7x8 blocks", mask_hash, NULL, 1, 1, shape(1, 2, 1, 40, 45, 16, 8), 7, 8, 13);
     /* Broadcast over B and H with B = 2, Hq = 4. */
     run_masked("hash broadcast", mask_hash, NULL, 1, 1, shape(2, 4, 2, 90, 90, 32, 32), 32, 32, 11);
 }
@@ -508,7 +516,7 @@ static void test_determinism_large(void)
 {
     /* More work items than threads, uneven per item: bitwise equal at 1 and 2 threads. */
     fx_mask_sliding_window_ctx sw = {.window = 200};
-    run_masked("deterministic", fx_mask_sliding_window, &sw, 1, 1, shape(1, 4, 2, 700, 700, 64, 64), 128, 128, 120);
+    run_masked("deterministic", fx_mask_sliding_window, &sw, 1, 1, shape(1, 4, 2, 520, 520, 48, 48), 128, 128, 120);
 }
 
 static void test_errors(void)
@@ -584,6 +592,54 @@ static void test_errors(void)
     fx_block_mask_free(m);
     fx_block_mask_free(NULL);
     FXT_EQ_INT(fx_block_mask_bytes(NULL), 0);
+}
+
+static int64_t sweep_next(uint64_t *state, int64_t n)
+{
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return (int64_t)((*state >> 33) % (uint64_t)n);
+}
+
+/* Many small random configurations: shapes, GQA, offsets, block sizes, masks and mods. */
+static void test_random_sweep(void)
+{
+    uint64_t state = 12345;
+#define NEXT(n) sweep_next(&state, n)
+    fx_mask_sliding_window_ctx sw = {.window = 1};
+    float slopes[8] = {0.3f, 0.2f, 0.1f, 0.05f, 0.4f, 0.6f, 0.01f, 0.02f};
+    fx_score_alibi_ctx al = {slopes};
+    fx_score_softcap_ctx sc = {.cap = 1.5f};
+    for (int it = 0; it < 40; it++) {
+        int64_t G = 1 + NEXT(3), Hkv = 1 + NEXT(2), B = 1 + NEXT(2);
+        int64_t Lq = 1 + NEXT(70), Lkv = 1 + NEXT(90), D = 1 + NEXT(40), Dv = 1 + NEXT(40);
+        fx_attention a = shape(B, G * Hkv, Hkv, Lq, Lkv, D, Dv);
+        a.q_offset = NEXT(3) == 0 ? 0 : NEXT(50);
+        int mod = (int)NEXT(4);
+        a.score_mod = mod == 1 ? fx_score_alibi : mod == 2 ? fx_score_softcap : mod == 3 ? score_positions : NULL;
+        a.score_ctx = mod == 1 ? (const void *)&al : mod == 2 ? (const void *)&sc : NULL;
+        int64_t bq = 1 + NEXT(40), bk = 1 + NEXT(70);
+        sw.window = 1 + NEXT(60);
+        char what[96];
+        snprintf(what, sizeof what, "sweep %d", it);
+        int64_t extra = NEXT(20), mB = NEXT(2) ? B : 1, mH = NEXT(2) ? a.Hq : 1;
+        switch (NEXT(4)) {
+        case 0: {
+            ref_case c = {.a = a};
+            check_case(what, &c, -1, 1, 200 + (uint64_t)it, 3e-5, 3e-4);
+            break;
+        }
+        case 1:
+            run_masked_ext(what, fx_mask_sliding_window, &sw, 1, 1, a, bq, bk, 200 + (uint64_t)it, extra);
+            break;
+        case 2:
+            run_masked_ext(what, mask_hash, NULL, mB, mH, a, bq, bk, 200 + (uint64_t)it, extra);
+            break;
+        default:
+            run_masked_ext(what, mask_some_rows_empty, NULL, 1, 1, a, bq, bk, 200 + (uint64_t)it, 0);
+            break;
+        }
+    }
+#undef NEXT
 }
 
 static long mask_calls;
@@ -665,6 +721,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_lse_optional);
     FXT_RUN(test_determinism_large);
     FXT_RUN(test_errors);
+    FXT_RUN(test_random_sweep);
     FXT_RUN(test_mask_evaluation);
     FXT_RUN(test_no_leak);
     return fxt_finish();

@@ -54,6 +54,7 @@ int bench_attn_setup(bench_attn_data *d, const bench_attn_case *c)
         return 1;
     }
     int rc = FX_OK;
+    double t0 = bench_now();
     switch (c->mask) {
     case BENCH_MASK_CAUSAL:
         rc = fx_block_mask_create(&d->mask, fx_mask_causal, NULL, 1, 1, c->L, c->L, 0, 0);
@@ -78,6 +79,7 @@ int bench_attn_setup(bench_attn_data *d, const bench_attn_case *c)
     default:
         break;
     }
+    d->mask_ms = (bench_now() - t0) * 1e3;
     if (rc != FX_OK) {
         cli_fail(rc, "block mask");
         bench_attn_teardown(d);
@@ -156,11 +158,11 @@ static int run_case(const bench_attn_case *c, double peak, bool json)
         if (c->mask == BENCH_MASK_SLIDING)
             snprintf(window, sizeof window, "%lld", (long long)c->window);
         printf("{\"case\":\"%s\",\"mask\":\"%s\",\"B\":%lld,\"H\":%lld,\"Hkv\":%lld,\"L\":%lld,\"D\":%lld,"
-               "\"window\":%s,\"density\":%.5f,\"mask_bytes\":%zu,\"flex_ms\":%.3f,\"dense_ms\":%.3f,"
+               "\"window\":%s,\"density\":%.5f,\"mask_bytes\":%zu,\"mask_ms\":%.3f,\"flex_ms\":%.3f,\"dense_ms\":%.3f,"
                "\"speedup\":%.3f,\"gflops\":%.1f,\"peak_fraction\":%.3f,\"dense_gflops\":%.1f,"
                "\"dense_peak_fraction\":%.3f,\"fma_peak_gflops\":%.1f,\"threads\":%d,\"isa\":\"%s\",\"reps\":%d}\n",
                c->name, bench_attn_mask_name(c->mask), (long long)c->B, (long long)c->Hq, (long long)c->Hkv,
-               (long long)c->L, (long long)c->D, window, density, mask_bytes, t_flex * 1e3, t_dense * 1e3,
+               (long long)c->L, (long long)c->D, window, density, mask_bytes, d.mask_ms, t_flex * 1e3, t_dense * 1e3,
                t_dense / t_flex, gflops, gflops / peak, dense_gflops, dense_gflops / peak, peak,
                fx_get_num_threads(), fx_isa_name(fx_get_isa()), c->reps);
     } else {
@@ -168,7 +170,10 @@ static int run_case(const bench_attn_case *c, double peak, bool json)
                (long long)c->B, (long long)c->Hq, (long long)c->Hkv, (long long)c->L, (long long)c->D);
         if (c->mask == BENCH_MASK_SLIDING)
             printf(" W=%lld", (long long)c->window);
-        printf("  density %.4f\n", density);
+        printf("  density %.4f", density);
+        if (d.mask)
+            printf(", mask %.1f KiB built in %.2f ms", (double)mask_bytes / 1024.0, d.mask_ms);
+        printf("\n");
         printf("    flex  %10.2f ms  %7.1f GFLOP/s on visited blocks (%.0f%% of peak)\n", t_flex * 1e3, gflops,
                100 * gflops / peak);
         printf("    dense %10.2f ms  %7.1f GFLOP/s (%.0f%% of peak)\n", t_dense * 1e3, dense_gflops,
@@ -217,7 +222,7 @@ int bench_attention(int argc, char **argv)
         {"--D", CLI_INT, &D, "custom case: head dimension (default 64)"},
         {"--window", CLI_INT, &window, "custom case: sliding window (default 256)"},
         {"--docs", CLI_INT, &docs, "custom case: documents (default 16)"},
-        {"--reps", CLI_INT, &reps, "timed pairs per case (default: 2 to 5 by size)"},
+        {"--reps", CLI_INT, &reps, "timed pairs per case (default: 1 to 5 by size)"},
     };
     int rc = cli_parse("bench attention", "[--json] [--case NAME | --mask M --L N ...] [--reps N]", argc, argv, opts,
                        sizeof opts / sizeof opts[0], NULL, 0, NULL);

@@ -29,6 +29,7 @@ typedef struct bench_attn_data {
     int64_t *doc_ids;   /* document mask ids [L] */
     fx_mask_sliding_window_ctx sliding;
     fx_mask_document_ctx document;
+    double mask_ms;     /* time fx_block_mask_create took */
 } bench_attn_data;
 
 /* Allocates random inputs and builds the case's mask (block 128). 0, or 1 after printing
