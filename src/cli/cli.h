@@ -49,6 +49,7 @@ int bench_machine(int argc, char **argv);
 int bench_attention(int argc, char **argv);
 int bench_lce(int argc, char **argv);
 int bench_train(int argc, char **argv);
+int bench_safetensors(int argc, char **argv);
 
 /* A subcommand whose feature has not landed yet: says so and returns 2. */
 int cli_not_yet(const char *what);
