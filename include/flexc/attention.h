@@ -29,6 +29,82 @@ FX_API int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void
                                 int64_t block_q, int64_t block_kv);
 FX_API void fx_block_mask_free(fx_block_mask *m);
 FX_API double fx_block_mask_density(const fx_block_mask *m); /* visited blocks / all blocks */
+/* Bytes the mask holds (visit lists, transposed lists, bitmaps of partial blocks). */
+FX_API size_t fx_block_mask_bytes(const fx_block_mask *m);
+
+/* ---- built-in masks -----------------------------------------------------------------------
+   Ordinary fx_mask_fn functions; the library recognises them by address and classifies
+   blocks analytically (no per-element evaluation of empty or full blocks). */
+
+/* kv_idx <= q_idx. ctx: unused (NULL). */
+FX_API bool fx_mask_causal(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx);
+
+typedef struct fx_mask_sliding_window_ctx {
+    int64_t window; /* W >= 1: each query sees itself and the W-1 keys before it */
+} fx_mask_sliding_window_ctx;
+/* Causal with a window: kv_idx <= q_idx && q_idx - kv_idx < W. */
+FX_API bool fx_mask_sliding_window(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx);
+
+typedef struct fx_mask_prefix_lm_ctx {
+    const int64_t *prefix_len; /* [n]: prefix length of batch b (b >= n reads prefix_len[n-1]) */
+    int64_t n;                 /* >= 1 */
+} fx_mask_prefix_lm_ctx;
+/* Bidirectional over the prefix, causal after it: kv_idx < prefix_len[b] || kv_idx <= q_idx. */
+FX_API bool fx_mask_prefix_lm(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx);
+
+typedef struct fx_mask_document_ctx {
+    const int64_t *doc_ids; /* [len] per batch row: the document id of each position */
+    int64_t len;            /* positions per batch row; must cover q_len and kv_len */
+    int64_t batch_stride;   /* elements between batch rows; 0: the same ids for every batch */
+} fx_mask_document_ctx;
+/* Causal within a document: doc[q_idx] == doc[kv_idx] && kv_idx <= q_idx. */
+FX_API bool fx_mask_document(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx);
+
+typedef struct fx_mask_pair_ctx {
+    fx_mask_fn a;
+    const void *a_ctx;
+    fx_mask_fn b;
+    const void *b_ctx;
+} fx_mask_pair_ctx;
+/* a && b, a || b. The operands may be built-ins (classified analytically) or custom. */
+FX_API bool fx_mask_and(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx);
+FX_API bool fx_mask_or(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx);
+
+/* ---- built-in score modifiers ------------------------------------------------------------- */
+
+typedef struct fx_score_alibi_ctx {
+    const float *slopes; /* [Hq]: slope of each query head */
+} fx_score_alibi_ctx;
+/* s + slopes[h] * (kv_idx - q_idx). */
+FX_API void fx_score_alibi(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h,
+                           int64_t q0, int64_t kv0, const void *ctx);
+FX_API void fx_score_alibi_grad(const float *s, float *g, int64_t ld, int64_t nq, int64_t nkv,
+                                int64_t b, int64_t h, int64_t q0, int64_t kv0, const void *ctx);
+
+typedef struct fx_score_softcap_ctx {
+    float cap; /* c > 0 */
+} fx_score_softcap_ctx;
+/* c * tanh(s / c). */
+FX_API void fx_score_softcap(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h,
+                             int64_t q0, int64_t kv0, const void *ctx);
+FX_API void fx_score_softcap_grad(const float *s, float *g, int64_t ld, int64_t nq, int64_t nkv,
+                                  int64_t b, int64_t h, int64_t q0, int64_t kv0, const void *ctx);
+
+typedef struct fx_score_rel_bias_ctx {
+    const float *table; /* [heads, size]: bias of relative distance d = q_idx - kv_idx */
+    float *grad_table;  /* NULL, or [heads, size]: the backward pass ADDS the gradient of the
+                           loss w.r.t. table here (deterministically); the forward ignores it */
+    int64_t size;       /* entries per head, >= 1 */
+    int64_t zero;       /* index of distance 0: entry = clamp(d + zero, 0, size - 1) */
+    int64_t heads;      /* 1: one table for every head; else Hq tables, one per query head */
+} fx_score_rel_bias_ctx;
+/* s + table[hh * size + clamp(q_idx - kv_idx + zero, 0, size - 1)], hh = heads == 1 ? 0 : h. */
+FX_API void fx_score_rel_bias(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h,
+                              int64_t q0, int64_t kv0, const void *ctx);
+/* The gradient w.r.t. the raw score is g itself; the table's gradient goes to grad_table,
+   accumulated by the backward pass (not by this function). */
+FX_API void fx_score_rel_bias_grad(const float *s, float *g, int64_t ld, int64_t nq, int64_t nkv,
+                                   int64_t b, int64_t h, int64_t q0, int64_t kv0, const void *ctx);
 
 typedef struct fx_attention {
     int64_t B, Hq, Hkv, Lq, Lkv, D, Dv;

@@ -6,7 +6,12 @@
 double bench_fma_loop_avx2(int64_t iters)
 {
     /* 10 independent accumulators cover FMA latency x throughput on current cores. */
-    __m256 a0 = _mm256_set1_ps(1.0f), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0, a9 = a0;
+    /* Distinct starting values: identical chains would be merged into one by the compiler,
+       and the loop would time one FMA chain while counting ten. */
+    __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.1f), a2 = _mm256_set1_ps(1.2f),
+           a3 = _mm256_set1_ps(1.3f), a4 = _mm256_set1_ps(1.4f), a5 = _mm256_set1_ps(1.5f),
+           a6 = _mm256_set1_ps(1.6f), a7 = _mm256_set1_ps(1.7f), a8 = _mm256_set1_ps(1.8f),
+           a9 = _mm256_set1_ps(1.9f);
     const __m256 m = _mm256_set1_ps(0.9999999f), c = _mm256_set1_ps(1e-7f);
     for (int64_t i = 0; i < iters; i++) {
         a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c);

@@ -74,7 +74,7 @@ double bench_time(bench_fn f, void *ctx, int reps)
 double bench_fma_loop_scalar(int64_t iters)
 {
     /* Eight independent chains so the loop is bound by FMA throughput, not latency. */
-    float acc[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    float acc[8] = {1.0f, 1.1f, 1.2f, 1.3f, 1.4f, 1.5f, 1.6f, 1.7f}; /* distinct: not merged */
     const float m = 0.9999999f, c = 1e-7f;
     for (int64_t i = 0; i < iters; i++)
         for (int j = 0; j < 8; j++)

@@ -1,0 +1,139 @@
+/* fx_flex_attention: argument checks, work plan, and the choice of path. */
+#include "attention/internal.h"
+
+static bool fits(int64_t a, int64_t b, int64_t c, int64_t d)
+{
+    size_t x;
+    return fx__mul_size((size_t)a, (size_t)b, &x) && fx__mul_size(x, (size_t)c, &x) &&
+           fx__mul_size(x, (size_t)d, &x) && fx__mul_size(x, sizeof(float), &x) && x <= (size_t)INT64_MAX;
+}
+
+static int check_score_mod(const fx_attention *a)
+{
+    const void *ctx = a->score_ctx;
+    switch (fx__score_kind(a->score_mod)) {
+    case FX__SCORE_ALIBI:
+        if (!ctx || !((const fx_score_alibi_ctx *)ctx)->slopes)
+            return fx__error(FX_EINVAL, "score_ctx: alibi needs slopes (one per query head), got NULL");
+        break;
+    case FX__SCORE_SOFTCAP: {
+        float c = ctx ? ((const fx_score_softcap_ctx *)ctx)->cap : 0.0f;
+        if (!(c > 0.0f) || !isfinite(c))
+            return fx__error(FX_EINVAL, "score_ctx: softcap cap = %g must be finite and > 0", (double)c);
+        break;
+    }
+    case FX__SCORE_REL_BIAS: {
+        const fx_score_rel_bias_ctx *c = ctx;
+        if (!c || !c->table)
+            return fx__error(FX_EINVAL, "score_ctx: rel_bias table is NULL");
+        if (c->size < 1)
+            return fx__error(FX_EINVAL, "score_ctx: rel_bias size = %lld must be >= 1", (long long)c->size);
+        if (c->heads != 1 && c->heads != a->Hq)
+            return fx__error(FX_EINVAL, "score_ctx: rel_bias heads = %lld must be 1 or Hq = %lld",
+                             (long long)c->heads, (long long)a->Hq);
+        break;
+    }
+    default:
+        break;
+    }
+    return FX_OK;
+}
+
+int fx__attention_check(const fx_attention *a, const float *q, const float *k, const float *v)
+{
+    if (!a)
+        return fx__error(FX_EINVAL, "attention parameters a is NULL");
+    const struct { const char *name; int64_t v; } sizes[] = {
+        {"B", a->B}, {"Hq", a->Hq}, {"Hkv", a->Hkv}, {"Lq", a->Lq}, {"Lkv", a->Lkv}, {"D", a->D}, {"Dv", a->Dv},
+    };
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i].v < 1)
+            return fx__error(FX_EINVAL, "%s = %lld must be >= 1", sizes[i].name, (long long)sizes[i].v);
+    if (a->Hq % a->Hkv != 0)
+        return fx__error(FX_EINVAL, "Hq = %lld is not a multiple of Hkv = %lld", (long long)a->Hq,
+                         (long long)a->Hkv);
+    if (!fits(a->B, a->Hq, a->Lq, a->D > a->Dv ? a->D : a->Dv) || !fits(a->B, a->Hkv, a->Lkv, a->D > a->Dv ? a->D : a->Dv))
+        return fx__error(FX_EINVAL, "tensor sizes overflow (B = %lld, Hq = %lld, Lq = %lld, Lkv = %lld)",
+                         (long long)a->B, (long long)a->Hq, (long long)a->Lq, (long long)a->Lkv);
+    if (!isfinite(a->scale))
+        return fx__error(FX_EINVAL, "scale = %g must be finite (0: 1/sqrt(D))", (double)a->scale);
+    if (a->q_offset < 0)
+        return fx__error(FX_EINVAL, "q_offset = %lld must be >= 0", (long long)a->q_offset);
+    if (a->q_offset > INT64_MAX - a->Lq)
+        return fx__error(FX_EINVAL, "q_offset = %lld + Lq overflows", (long long)a->q_offset);
+    const fx_block_mask *m = a->mask;
+    if (m) {
+        if (m->q_len < a->q_offset + a->Lq)
+            return fx__error(FX_EINVAL, "mask q_len = %lld is shorter than q_offset + Lq = %lld", (long long)m->q_len,
+                             (long long)(a->q_offset + a->Lq));
+        if (m->kv_len < a->Lkv)
+            return fx__error(FX_EINVAL, "mask kv_len = %lld is shorter than Lkv = %lld", (long long)m->kv_len,
+                             (long long)a->Lkv);
+        if (m->B != 1 && m->B != a->B)
+            return fx__error(FX_EINVAL, "mask B = %lld must be 1 or B = %lld", (long long)m->B, (long long)a->B);
+        if (m->H != 1 && m->H != a->Hq)
+            return fx__error(FX_EINVAL, "mask H = %lld must be 1 or Hq = %lld", (long long)m->H, (long long)a->Hq);
+    }
+    int rc = check_score_mod(a);
+    if (rc != FX_OK)
+        return rc;
+    if (!q)
+        return fx__error(FX_EINVAL, "q is NULL");
+    if (!k)
+        return fx__error(FX_EINVAL, "k is NULL");
+    if (!v)
+        return fx__error(FX_EINVAL, "v is NULL");
+    return FX_OK;
+}
+
+float fx__attention_scale(const fx_attention *a)
+{
+    return a->scale != 0.0f ? a->scale : (float)(1.0 / sqrt((double)a->D));
+}
+
+void fx__fwd_plan_init(fx__fwd_plan *p, const fx_attention *a)
+{
+    const fx_block_mask *m = a->mask;
+    p->bq = m ? m->block_q : FX__DENSE_BLOCK_Q;
+    p->bk = m ? m->block_kv : FX__DENSE_BLOCK_KV;
+    if (m) {
+        p->qb_lo = a->q_offset / p->bq;
+        p->n_qb = (a->q_offset + a->Lq - 1) / p->bq - p->qb_lo + 1;
+    } else {
+        p->qb_lo = 0;
+        p->n_qb = (a->Lq + p->bq - 1) / p->bq;
+    }
+    p->nkb = (a->Lkv + p->bk - 1) / p->bk;
+    p->G = a->Hq / a->Hkv;
+    p->gs = (!m || m->H == 1) ? p->G : 1;
+    p->n_hg = a->Hq / p->gs;
+    p->n_items = a->B * p->n_hg * p->n_qb;
+    p->scale = fx__attention_scale(a);
+}
+
+int fx__flex_forward(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
+                     float *lse)
+{
+#ifndef FLEXC_REFERENCE_KERNELS
+    switch (fx__isa()) {
+    case FX_ISA_AVX512:
+        return fx__flex_forward_avx512(a, q, k, v, out, lse);
+    case FX_ISA_AVX2:
+        return fx__flex_forward_avx2(a, q, k, v, out, lse);
+    default:
+        break;
+    }
+#endif
+    return fx__flex_forward_scalar(a, q, k, v, out, lse);
+}
+
+int fx_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
+                      float *lse)
+{
+    int rc = fx__attention_check(a, q, k, v);
+    if (rc != FX_OK)
+        return rc;
+    if (!out)
+        return fx__error(FX_EINVAL, "out is NULL");
+    return fx__flex_forward(a, q, k, v, out, lse);
+}

@@ -1,0 +1,283 @@
+/* Block masks: classification of every (q-block, kv-block) pair, visit lists in both
+   directions, and bitmaps of the partial blocks. Layout: internal.h. */
+#include "attention/internal.h"
+
+#include <string.h>
+
+enum { MAX_BLOCK = 4096, MAX_MASK_DEPTH = 32 };
+
+/* Checks a built-in mask's ctx (recursively through and/or). */
+static int check_mask(fx_mask_fn fn, const void *ctx, int64_t q_len, int64_t kv_len, int depth, const char *what)
+{
+    if (!fn)
+        return fx__error(FX_EINVAL, "%s is NULL", what);
+    if (depth > MAX_MASK_DEPTH)
+        return fx__error(FX_EINVAL, "mask combinators nested deeper than %d", MAX_MASK_DEPTH);
+    int kind = fx__mask_kind(fn);
+    if (kind != FX__MASK_CAUSAL && kind != FX__MASK_CUSTOM && !ctx)
+        return fx__error(FX_EINVAL, "%s: the built-in mask needs a ctx, got NULL", what);
+    switch (kind) {
+    case FX__MASK_SLIDING_WINDOW: {
+        const fx_mask_sliding_window_ctx *c = ctx;
+        if (c->window < 1)
+            return fx__error(FX_EINVAL, "%s: sliding window = %lld must be >= 1", what, (long long)c->window);
+        break;
+    }
+    case FX__MASK_PREFIX_LM: {
+        const fx_mask_prefix_lm_ctx *c = ctx;
+        if (!c->prefix_len || c->n < 1)
+            return fx__error(FX_EINVAL, "%s: prefix_lm needs prefix_len != NULL and n >= 1 (n = %lld)", what,
+                             (long long)c->n);
+        break;
+    }
+    case FX__MASK_DOCUMENT: {
+        const fx_mask_document_ctx *c = ctx;
+        int64_t need = q_len > kv_len ? q_len : kv_len;
+        if (!c->doc_ids)
+            return fx__error(FX_EINVAL, "%s: document doc_ids is NULL", what);
+        if (c->len < need)
+            return fx__error(FX_EINVAL, "%s: document len = %lld must cover q_len and kv_len (%lld)", what,
+                             (long long)c->len, (long long)need);
+        if (c->batch_stride < 0)
+            return fx__error(FX_EINVAL, "%s: document batch_stride = %lld must be >= 0", what,
+                             (long long)c->batch_stride);
+        break;
+    }
+    case FX__MASK_AND:
+    case FX__MASK_OR: {
+        const fx_mask_pair_ctx *c = ctx;
+        int rc = check_mask(c->a, c->a_ctx, q_len, kv_len, depth + 1, "mask operand a");
+        if (rc == FX_OK)
+            rc = check_mask(c->b, c->b_ctx, q_len, kv_len, depth + 1, "mask operand b");
+        return rc;
+    }
+    default:
+        break;
+    }
+    return FX_OK;
+}
+
+typedef struct build {
+    fx_mask_fn fn;
+    const void *ctx;
+    int kind;
+    int64_t H, q_len, kv_len, bq, bk, nqb, nkb, words;
+} build;
+
+/* Evaluates a block element by element until it has seen both a visible and a masked
+   position (then it is partial). */
+static int evaluate_block(const build *s, int64_t b, int64_t h, int64_t q0, int64_t q1, int64_t k0, int64_t k1)
+{
+    bool any_on = false, any_off = false;
+    for (int64_t qi = q0; qi <= q1; qi++) {
+        for (int64_t kj = k0; kj <= k1; kj++) {
+            if (s->fn(b, h, qi, kj, s->ctx))
+                any_on = true;
+            else
+                any_off = true;
+            if (any_on && any_off)
+                return FX__BLOCK_PARTIAL;
+        }
+    }
+    return any_on ? FX__BLOCK_FULL : FX__BLOCK_EMPTY;
+}
+
+/* Fills a partial block's bitmap (zeroed by the caller). Causal and sliding-window masks set
+   each row's visible range directly. */
+static void fill_bits(const build *s, uint64_t *bits, int64_t b, int64_t h, int64_t qb, int64_t kb)
+{
+    int64_t q0 = qb * s->bq, k0 = kb * s->bk;
+    int64_t nq = s->q_len - q0 < s->bq ? s->q_len - q0 : s->bq;
+    int64_t nk = s->kv_len - k0 < s->bk ? s->kv_len - k0 : s->bk;
+    for (int64_t i = 0; i < nq; i++) {
+        uint64_t *row = bits + i * s->words;
+        int64_t q = q0 + i;
+        if (s->kind == FX__MASK_CAUSAL || s->kind == FX__MASK_SLIDING_WINDOW) {
+            int64_t lo = 0, hi = q - k0; /* visible j in [lo, hi] */
+            if (s->kind == FX__MASK_SLIDING_WINDOW)
+                lo = q - ((const fx_mask_sliding_window_ctx *)s->ctx)->window + 1 - k0;
+            lo = lo < 0 ? 0 : lo;
+            hi = hi >= nk ? nk - 1 : hi;
+            for (int64_t j = lo; j <= hi; j++)
+                row[j >> 6] |= (uint64_t)1 << (j & 63);
+        } else {
+            for (int64_t j = 0; j < nk; j++)
+                if (s->fn(b, h, q, k0 + j, s->ctx))
+                    row[j >> 6] |= (uint64_t)1 << (j & 63);
+        }
+    }
+}
+
+static void mask_free(fx_block_mask *m)
+{
+    if (!m)
+        return;
+    fx__free(m->kv_ptr);
+    fx__free(m->kv_idx);
+    fx__free(m->kv_bits);
+    fx__free(m->q_ptr);
+    fx__free(m->q_idx);
+    fx__free(m->q_bits);
+    fx__free(m->bits);
+    fx__free(m);
+}
+
+int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx, int64_t B, int64_t H,
+                         int64_t q_len, int64_t kv_len, int64_t block_q, int64_t block_kv)
+{
+    if (!out)
+        return fx__error(FX_EINVAL, "out is NULL");
+    if (B < 1 || H < 1)
+        return fx__error(FX_EINVAL, "B = %lld and H = %lld must be >= 1", (long long)B, (long long)H);
+    if (q_len < 1 || kv_len < 1)
+        return fx__error(FX_EINVAL, "q_len = %lld and kv_len = %lld must be >= 1", (long long)q_len,
+                         (long long)kv_len);
+    if (block_q < 0 || block_q > MAX_BLOCK || block_kv < 0 || block_kv > MAX_BLOCK)
+        return fx__error(FX_EINVAL, "block_q = %lld and block_kv = %lld must be in [0, %d] (0: 128)",
+                         (long long)block_q, (long long)block_kv, MAX_BLOCK);
+    int rc = check_mask(mask, ctx, q_len, kv_len, 0, "mask");
+    if (rc != FX_OK)
+        return rc;
+    build s = {.fn = mask, .ctx = ctx, .kind = fx__mask_kind(mask), .H = H, .q_len = q_len, .kv_len = kv_len};
+    s.bq = block_q ? block_q : 128;
+    s.bk = block_kv ? block_kv : 128;
+    s.nqb = (q_len + s.bq - 1) / s.bq;
+    s.nkb = (kv_len + s.bk - 1) / s.bk;
+    s.words = (s.bk + 63) / 64;
+    if (s.nqb > INT32_MAX || s.nkb > INT32_MAX)
+        return fx__error(FX_EINVAL, "too many blocks (%lld x %lld)", (long long)s.nqb, (long long)s.nkb);
+    size_t nslots, nrows, ncols, nblocks;
+    if (!fx__mul_size((size_t)B, (size_t)H, &nslots) || !fx__mul_size(nslots, (size_t)s.nqb, &nrows) ||
+        !fx__mul_size(nslots, (size_t)s.nkb, &ncols) || !fx__mul_size(nrows, (size_t)s.nkb, &nblocks))
+        return fx__error(FX_EINVAL, "mask of %lld x %lld x %lld x %lld blocks is too large", (long long)B,
+                         (long long)H, (long long)s.nqb, (long long)s.nkb);
+
+    /* Pass 1: the class of every block, O(number of blocks) for built-ins. */
+    uint8_t *cls = fx__alloc(nblocks);
+    fx_block_mask *m = fx__calloc(1, sizeof *m);
+    if (!cls || !m) {
+        fx__free(cls);
+        fx__free(m);
+        return fx__error(FX_ENOMEM, "block mask: out of memory for %zu block classes", nblocks);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)nrows; r++) {
+        int64_t slot = r / s.nqb, qb = r % s.nqb, b = slot / H, h = slot % H;
+        int64_t q0 = qb * s.bq, q1 = (q0 + s.bq < q_len ? q0 + s.bq : q_len) - 1;
+        for (int64_t kb = 0; kb < s.nkb; kb++) {
+            int64_t k0 = kb * s.bk, k1 = (k0 + s.bk < kv_len ? k0 + s.bk : kv_len) - 1;
+            int c = fx__mask_classify(mask, ctx, b, h, q0, q1, k0, k1);
+            if (c < 0 || c == FX__BLOCK_PARTIAL)
+                c = evaluate_block(&s, b, h, q0, q1, k0, k1);
+            cls[r * s.nkb + kb] = (uint8_t)c;
+        }
+    }
+
+    /* Offsets of every row's entries and bitmaps. */
+    m->B = B, m->H = H, m->q_len = q_len, m->kv_len = kv_len, m->block_q = s.bq, m->block_kv = s.bk;
+    m->nqb = s.nqb, m->nkb = s.nkb, m->nslots = (int64_t)nslots, m->mask_kind = s.kind, m->bm_words = s.words;
+    m->kv_ptr = fx__alloc((nrows + 1) * sizeof(int64_t));
+    m->q_ptr = fx__calloc(ncols + 1, sizeof(int64_t));
+    int64_t *part_ptr = fx__alloc((nrows + 1) * sizeof(int64_t)), nv = 0;
+    if (!m->kv_ptr || !m->q_ptr || !part_ptr)
+        goto nomem;
+    nv = 0;
+    int64_t np = 0;
+    for (size_t r = 0; r < nrows; r++) {
+        m->kv_ptr[r] = nv;
+        part_ptr[r] = np;
+        int64_t slot = (int64_t)r / s.nqb;
+        for (int64_t kb = 0; kb < s.nkb; kb++) {
+            int c = cls[r * s.nkb + kb];
+            if (c != FX__BLOCK_EMPTY) {
+                nv++;
+                m->q_ptr[slot * s.nkb + kb + 1]++;
+            }
+            np += c == FX__BLOCK_PARTIAL;
+        }
+    }
+    m->kv_ptr[nrows] = nv;
+    part_ptr[nrows] = np;
+    for (size_t c = 0; c < ncols; c++)
+        m->q_ptr[c + 1] += m->q_ptr[c];
+    m->n_visited = nv, m->n_partial = np, m->n_full = nv - np;
+
+    size_t bm_floats = (size_t)s.bq * (size_t)s.words, nbits;
+    if (!fx__mul_size((size_t)np, bm_floats, &nbits))
+        goto nomem;
+    size_t nvs = nv ? (size_t)nv : 1;
+    m->kv_idx = fx__alloc(nvs * sizeof(int32_t));
+    m->kv_bits = fx__alloc(nvs * sizeof(int64_t));
+    m->q_idx = fx__alloc(nvs * sizeof(int32_t));
+    m->q_bits = fx__alloc(nvs * sizeof(int64_t));
+    m->bits = np ? fx__calloc(nbits, sizeof(uint64_t)) : NULL;
+    if (!m->kv_idx || !m->kv_bits || !m->q_idx || !m->q_bits || (np && !m->bits))
+        goto nomem;
+
+    /* Pass 2: visit lists and bitmaps, in parallel over rows. */
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)nrows; r++) {
+        int64_t slot = r / s.nqb, qb = r % s.nqb, b = slot / H, h = slot % H;
+        int64_t e = m->kv_ptr[r], p = part_ptr[r];
+        for (int64_t kb = 0; kb < s.nkb; kb++) {
+            int c = cls[r * s.nkb + kb];
+            if (c == FX__BLOCK_EMPTY)
+                continue;
+            m->kv_idx[e] = (int32_t)kb;
+            m->kv_bits[e] = -1;
+            if (c == FX__BLOCK_PARTIAL) {
+                m->kv_bits[e] = p * (int64_t)bm_floats;
+                fill_bits(&s, m->bits + m->kv_bits[e], b, h, qb, kb);
+                p++;
+            }
+            e++;
+        }
+    }
+    /* Transposed lists: rows in ascending order append to their columns, so each column's
+       q-blocks come out ascending. */
+    int64_t *cursor = fx__alloc((ncols ? ncols : 1) * sizeof(int64_t));
+    if (!cursor)
+        goto nomem;
+    memcpy(cursor, m->q_ptr, ncols * sizeof(int64_t));
+    for (size_t r = 0; r < nrows; r++) {
+        int64_t slot = (int64_t)r / s.nqb, qb = (int64_t)r % s.nqb;
+        for (int64_t e = m->kv_ptr[r]; e < m->kv_ptr[r + 1]; e++) {
+            int64_t c = slot * s.nkb + m->kv_idx[e];
+            m->q_idx[cursor[c]] = (int32_t)qb;
+            m->q_bits[cursor[c]] = m->kv_bits[e];
+            cursor[c]++;
+        }
+    }
+    fx__free(cursor);
+    fx__free(part_ptr);
+    fx__free(cls);
+    m->bytes = sizeof *m + (nrows + 1 + ncols + 1) * sizeof(int64_t) +
+               (size_t)nv * 2 * (sizeof(int32_t) + sizeof(int64_t)) + nbits * sizeof(uint64_t);
+    *out = m;
+    return FX_OK;
+
+nomem:
+    fx__free(part_ptr);
+    fx__free(cls);
+    nv = m->n_visited;
+    mask_free(m);
+    return fx__error(FX_ENOMEM, "block mask: out of memory (%lld visited blocks)", (long long)nv);
+}
+
+void fx_block_mask_free(fx_block_mask *m)
+{
+    mask_free(m);
+}
+
+double fx_block_mask_density(const fx_block_mask *m)
+{
+    if (!m)
+        return 0.0;
+    double all = (double)m->nslots * (double)m->nqb * (double)m->nkb;
+    return all > 0 ? (double)m->n_visited / all : 0.0;
+}
+
+size_t fx_block_mask_bytes(const fx_block_mask *m)
+{
+    return m ? m->bytes : 0;
+}

@@ -1,0 +1,105 @@
+/* The forward's plain reference path: the same block schedule and online softmax as the
+   vector paths, written as simple loops. FLEXC_ISA=scalar selects it. */
+#include "attention/internal.h"
+
+typedef struct scratch_sizes {
+    size_t s, o, ml, total; /* floats per thread */
+} scratch_sizes;
+
+int fx__flex_forward_scalar(const fx_attention *a, const float *q, const float *k, const float *v,
+                            float *out, float *lse)
+{
+    fx__fwd_plan p;
+    fx__fwd_plan_init(&p, a);
+    const fx_block_mask *m = a->mask;
+    const int64_t D = a->D, Dv = a->Dv, bq = p.bq, bk = p.bk, gs = p.gs;
+    const size_t s_len = (size_t)(bq * bk), o_len = (size_t)(gs * bq * Dv), ml_len = (size_t)(gs * bq);
+    const size_t per = s_len + o_len + 2 * ml_len;
+    const int nt = fx__max_threads();
+    float *scratch = fx__alloc((size_t)nt * per * sizeof(float));
+    if (!scratch)
+        return fx__error(FX_ENOMEM, "attention: out of memory for %d x %zu scratch floats", nt, per);
+
+#pragma omp parallel for schedule(static, 1)
+    for (int64_t item = 0; item < p.n_items; item++) {
+        float *S = scratch + (size_t)fx__thread_id() * per, *O = S + s_len, *M = O + o_len, *L = M + ml_len;
+        const int64_t b = item / (p.n_hg * p.n_qb), hg = (item / p.n_qb) % p.n_hg, qbi = item % p.n_qb;
+        const int64_t h0 = hg * gs, hkv = h0 / p.G;
+        int64_t qa0, qa1, brow;
+        fx__fwd_item_rows(&p, a, qbi, &qa0, &qa1, &brow);
+        const int64_t nr = qa1 - qa0;
+        for (int64_t i = 0; i < gs * bq; i++) {
+            M[i] = -INFINITY;
+            L[i] = 0.0f;
+        }
+        for (size_t i = 0; i < o_len; i++)
+            O[i] = 0.0f;
+
+        int64_t e0 = 0, e1 = p.nkb;
+        if (m) {
+            int64_t r = fx__bm_row(m, fx__bm_slot(m, b, h0), p.qb_lo + qbi);
+            e0 = m->kv_ptr[r], e1 = m->kv_ptr[r + 1];
+        }
+        const float *kh = k + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)D;
+        const float *vh = v + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)Dv;
+        for (int64_t e = e0; e < e1; e++) {
+            const int64_t kb = m ? m->kv_idx[e] : e;
+            const uint64_t *bits = m ? fx__bm_bits(m, m->kv_bits[e]) : NULL;
+            const int64_t k0 = kb * bk;
+            if (k0 >= a->Lkv)
+                continue; /* a mask longer than this call's keys */
+            const int64_t nk = a->Lkv - k0 < bk ? a->Lkv - k0 : bk;
+            for (int64_t g = 0; g < gs; g++) {
+                const int64_t h = h0 + g;
+                const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
+                for (int64_t i = 0; i < nr; i++)
+                    for (int64_t j = 0; j < nk; j++) {
+                        float acc = 0.0f;
+                        for (int64_t d = 0; d < D; d++)
+                            acc += qh[i * D + d] * kh[(k0 + j) * D + d];
+                        S[i * bk + j] = acc * p.scale;
+                    }
+                if (a->score_mod)
+                    a->score_mod(S, bk, nr, nk, b, h, qa0, k0, a->score_ctx);
+                for (int64_t i = 0; i < nr; i++) {
+                    float *s = S + i * bk, *o = O + (g * bq + i) * Dv;
+                    if (bits)
+                        for (int64_t j = 0; j < nk; j++)
+                            if (!fx__bm_test(bits, m->bm_words, brow + i, j))
+                                s[j] = -INFINITY;
+                    float mx = M[g * bq + i];
+                    for (int64_t j = 0; j < nk; j++)
+                        mx = s[j] > mx ? s[j] : mx;
+                    if (mx == -INFINITY)
+                        continue; /* nothing visible in this row yet */
+                    const float alpha = expf(M[g * bq + i] - mx);
+                    float sum = 0.0f;
+                    for (int64_t d = 0; d < Dv; d++)
+                        o[d] *= alpha;
+                    for (int64_t j = 0; j < nk; j++) {
+                        const float pj = expf(s[j] - mx);
+                        sum += pj;
+                        for (int64_t d = 0; d < Dv; d++)
+                            o[d] += pj * vh[(k0 + j) * Dv + d];
+                    }
+                    M[g * bq + i] = mx;
+                    L[g * bq + i] = L[g * bq + i] * alpha + sum;
+                }
+            }
+        }
+        for (int64_t g = 0; g < gs; g++) {
+            const int64_t h = h0 + g, row0 = (b * a->Hq + h) * a->Lq + (qa0 - a->q_offset);
+            for (int64_t i = 0; i < nr; i++) {
+                const float l = L[g * bq + i], *o = O + (g * bq + i) * Dv;
+                float *dst = out + (size_t)(row0 + i) * (size_t)Dv;
+                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+                for (int64_t d = 0; d < Dv; d++)
+                    dst[d] = o[d] * inv;
+                if (lse)
+                    lse[row0 + i] = l > 0.0f ? M[g * bq + i] + logf(l) : -INFINITY;
+            }
+        }
+    }
+    fx__free(scratch);
+    return FX_OK;
+}

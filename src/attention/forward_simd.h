@@ -1,0 +1,320 @@
+/* The vector forward, written once over a small SIMD layer and included by
+   forward_avx2.c and forward_avx512.c, which define:
+     VL                 floats per vector
+     MR, NC             microkernel tile: MR query rows x NC vectors of keys (or of Dv)
+     vf                 the vector type
+     V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p, x) V_ADD V_MUL V_SUB V_FMA(a, b, c) = a*b+c
+     V_MAX V_HMAX(x) V_HSUM(x)
+     V_LT(a, b) -> vm    a < b lanewise, and V_SEL(m, a, b) = m ? a : b
+     V_BITS(x, w)        lanes whose bit in w (low VL bits) is 0 become -inf
+     V_FROM_I(i0)        (float)(i0 + lane) for int32 i0
+     SIMD_FN(name)       name with the path's suffix
+
+   Per work item (b, head group, q-block) and per visited kv-block, K is packed transposed
+   once ([D, bkp], zero-padded to whole vectors) and shared by the gs query heads of the
+   group; then, strip of MR rows by strip: S = Q K^T * scale (registers), score mod, mask,
+   online softmax in place, O = alpha O + P V (registers). Everything a strip touches stays
+   in L1/L2. */
+
+#include <string.h>
+
+#ifndef SIMD_HAVE_HELPERS_
+#define SIMD_HAVE_HELPERS_
+#endif
+
+#define MRMAX 6
+
+/* e^x for x <= 0 (and -inf): 2^n * e^r with |r| <= ln2/2 and a degree-7 Taylor polynomial
+   (relative error < 1e-8 before rounding); inputs below -87 give exactly 0. */
+static inline vf SIMD_FN(vexp)(vf x)
+{
+    const vf lo = V_SET1(-87.0f);
+    vm tiny = V_LT(x, lo);
+    x = V_MAX(x, lo);
+    vf n = V_ROUND(V_MUL(x, V_SET1(1.44269504088896341f)));
+    vf r = V_FMA(n, V_SET1(-0.693145751953125f), x);
+    r = V_FMA(n, V_SET1(-1.428606765330187045e-06f), r);
+    vf p = V_SET1(1.0f / 5040.0f);
+    p = V_FMA(p, r, V_SET1(1.0f / 720.0f));
+    p = V_FMA(p, r, V_SET1(1.0f / 120.0f));
+    p = V_FMA(p, r, V_SET1(1.0f / 24.0f));
+    p = V_FMA(p, r, V_SET1(1.0f / 6.0f));
+    p = V_FMA(p, r, V_SET1(0.5f));
+    p = V_FMA(p, r, V_SET1(1.0f));
+    p = V_FMA(p, r, V_SET1(1.0f));
+    p = V_POW2N(p, n);
+    return V_SEL(tiny, V_ZERO(), p);
+}
+
+/* tanh(x): an odd series near 0 (where 1 - e^-2|x| would cancel), (1 - t) / (1 + t) with
+   t = e^-2|x| elsewhere. */
+static inline vf SIMD_FN(vtanh)(vf x)
+{
+    vf ax = V_ABS(x);
+    vf t = SIMD_FN(vexp)(V_MUL(ax, V_SET1(-2.0f)));
+    vf big = V_DIV(V_SUB(V_SET1(1.0f), t), V_ADD(V_SET1(1.0f), t));
+    vf x2 = V_MUL(ax, ax);
+    vf p = V_SET1(-17.0f / 315.0f);
+    p = V_FMA(p, x2, V_SET1(2.0f / 15.0f));
+    p = V_FMA(p, x2, V_SET1(-1.0f / 3.0f));
+    p = V_FMA(p, x2, V_SET1(1.0f));
+    vf small = V_MUL(p, ax);
+    vf y = V_SEL(V_LT(ax, V_SET1(0.0625f)), small, big);
+    return V_COPYSIGN(y, x);
+}
+
+/* S[r, c0 .. c0 + nc*VL) = scale * sum_d Q[r, d] Kt[d, ...] for r < mr. */
+static inline __attribute__((always_inline)) void SIMD_FN(qk_tile)(int mr, int nc, const float *qr, int64_t D,
+                                                                    const float *kt, int64_t ldk, float *s,
+                                                                    int64_t lds, float scale)
+{
+    vf acc[MRMAX][NC];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++)
+            acc[r][c] = V_ZERO();
+    for (int64_t d = 0; d < D; d++) {
+        vf kv[NC];
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++)
+            kv[c] = V_LOAD(kt + d * ldk + c * VL);
+#pragma GCC unroll 8
+        for (int r = 0; r < mr; r++) {
+            vf qb = V_SET1(qr[r * D + d]);
+#pragma GCC unroll 8
+            for (int c = 0; c < nc; c++)
+                acc[r][c] = V_FMA(qb, kv[c], acc[r][c]);
+        }
+    }
+    vf sc = V_SET1(scale);
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++)
+            V_STORE(s + r * lds + c * VL, V_MUL(acc[r][c], sc));
+}
+
+/* O[r, c0 .. c0 + nc*VL) = alpha[r] O[r, ...] + sum_{j < nk} P[r, j] V[j, ...] for r < mr. */
+static inline __attribute__((always_inline)) void SIMD_FN(pv_tile)(int mr, int nc, const float *p, int64_t ldp,
+                                                                    const float *vv, int64_t ldv, int64_t nk,
+                                                                    float *o, int64_t ldo, const float *alpha)
+{
+    vf acc[MRMAX][NC];
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++) {
+        vf al = V_SET1(alpha[r]);
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++)
+            acc[r][c] = V_MUL(V_LOAD(o + r * ldo + c * VL), al);
+    }
+    for (int64_t j = 0; j < nk; j++) {
+        vf vr[NC];
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++)
+            vr[c] = V_LOAD(vv + j * ldv + c * VL);
+#pragma GCC unroll 8
+        for (int r = 0; r < mr; r++) {
+            vf pb = V_SET1(p[r * ldp + j]);
+#pragma GCC unroll 8
+            for (int c = 0; c < nc; c++)
+                acc[r][c] = V_FMA(pb, vr[c], acc[r][c]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < mr; r++)
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++)
+            V_STORE(o + r * ldo + c * VL, acc[r][c]);
+}
+
+/* Instantiations for every (mr, nc) a strip can need, behind one call. */
+#define SIMD_NC_CASES(KERNEL, MRV, ...)                                                            \
+    switch (nc) {                                                                                  \
+    case 1: KERNEL(MRV, 1, __VA_ARGS__); break;                                                    \
+    case 2: KERNEL(MRV, 2 <= NC ? 2 : 1, __VA_ARGS__); break;                                      \
+    case 3: KERNEL(MRV, 3 <= NC ? 3 : 1, __VA_ARGS__); break;                                      \
+    default: KERNEL(MRV, 4 <= NC ? 4 : 1, __VA_ARGS__); break;                                     \
+    }
+#define SIMD_MR_CASES(KERNEL, ...)                                                                 \
+    switch (mr) {                                                                                  \
+    case 1: SIMD_NC_CASES(KERNEL, 1, __VA_ARGS__) break;                                           \
+    case 2: SIMD_NC_CASES(KERNEL, 2, __VA_ARGS__) break;                                           \
+    case 3: SIMD_NC_CASES(KERNEL, 3, __VA_ARGS__) break;                                           \
+    case 4: SIMD_NC_CASES(KERNEL, 4, __VA_ARGS__) break;                                           \
+    case 5: SIMD_NC_CASES(KERNEL, 5, __VA_ARGS__) break;                                           \
+    default: SIMD_NC_CASES(KERNEL, 6, __VA_ARGS__) break;                                          \
+    }
+
+static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *kt, int64_t bkp, float *s, float scale)
+{
+    for (int64_t c0 = 0; c0 < bkp; c0 += NC * VL) {
+        int nc = (int)((bkp - c0) / VL < NC ? (bkp - c0) / VL : NC);
+#define QK_(MRV, NCV, ...) SIMD_FN(qk_tile)(MRV, NCV, qr, D, kt + c0, bkp, s + c0, bkp, scale)
+        SIMD_MR_CASES(QK_, 0)
+#undef QK_
+    }
+}
+
+static void SIMD_FN(pv_strip)(int mr, const float *p, int64_t ldp, const float *vv, int64_t ldv, int64_t nk, float *o,
+                              int64_t dvp, const float *alpha)
+{
+    for (int64_t c0 = 0; c0 < dvp; c0 += NC * VL) {
+        int nc = (int)((dvp - c0) / VL < NC ? (dvp - c0) / VL : NC);
+#define PV_(MRV, NCV, ...) SIMD_FN(pv_tile)(MRV, NCV, p, ldp, vv + c0, ldv, nk, o + c0, dvp, alpha)
+        SIMD_MR_CASES(PV_, 0)
+#undef PV_
+    }
+}
+
+/* Built-in score mods on a strip of mr rows x bkp columns (row r is query qa + r). */
+static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t bkp, int mr, int64_t h, int64_t qa,
+                                   int64_t k0)
+{
+    if (kind == FX__SCORE_SOFTCAP) {
+        float c = ((const fx_score_softcap_ctx *)ctx)->cap;
+        vf vc = V_SET1(c), vinv = V_SET1(1.0f / c);
+        for (int64_t i = 0; i < mr * bkp; i += VL)
+            V_STORE(s + i, V_MUL(vc, SIMD_FN(vtanh)(V_MUL(V_LOAD(s + i), vinv))));
+    } else { /* alibi: s += slope * (kv - q), with the distance exact in int32 then converted */
+        vf slope = V_SET1(((const fx_score_alibi_ctx *)ctx)->slopes[h]);
+        for (int r = 0; r < mr; r++)
+            for (int64_t j = 0; j < bkp; j += VL) {
+                vf dist = V_FROM_I((int32_t)(k0 + j - (qa + r)));
+                V_STORE(s + r * bkp + j, V_FMA(slope, dist, V_LOAD(s + r * bkp + j)));
+            }
+    }
+}
+
+int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
+                              float *lse)
+{
+    fx__fwd_plan p;
+    fx__fwd_plan_init(&p, a);
+    const fx_block_mask *m = a->mask;
+    const int64_t D = a->D, Dv = a->Dv, bq = p.bq, bk = p.bk, gs = p.gs;
+    const int64_t bkp = (bk + VL - 1) / VL * VL, dvp = (Dv + VL - 1) / VL * VL;
+    const bool pack_v = dvp != Dv;
+    const int score_kind = fx__score_kind(a->score_mod);
+    /* Alibi positions go through int32; beyond that the generic call is exact. */
+    const bool fast_mod = score_kind == FX__SCORE_SOFTCAP ||
+                          (score_kind == FX__SCORE_ALIBI && a->q_offset + a->Lq < INT32_MAX / 2 && a->Lkv < INT32_MAX / 2);
+    /* Per-thread scratch, in floats, each part a whole number of 64-byte lines. */
+#define LINES_(n) (((size_t)(n) + 15) / 16 * 16)
+    const size_t kt_len = LINES_(D * bkp), vp_len = pack_v ? LINES_(bk * dvp) : 0, s_len = LINES_(MRMAX * bkp),
+                 o_len = LINES_(gs * bq * dvp), ml_len = LINES_(gs * bq), al_len = LINES_(MRMAX);
+#undef LINES_
+    const size_t per = kt_len + vp_len + s_len + o_len + 2 * ml_len + al_len;
+    const int nt = fx__max_threads();
+    float *scratch = fx__alloc((size_t)nt * per * sizeof(float));
+    if (!scratch)
+        return fx__error(FX_ENOMEM, "attention: out of memory for %d x %zu scratch floats", nt, per);
+
+#pragma omp parallel for schedule(static, 1)
+    for (int64_t item = 0; item < p.n_items; item++) {
+        float *Kt = scratch + (size_t)fx__thread_id() * per, *Vp = Kt + kt_len, *S = Vp + vp_len, *O = S + s_len;
+        float *M = O + o_len, *L = M + ml_len, *alpha = L + ml_len;
+        const int64_t b = item / (p.n_hg * p.n_qb), hg = (item / p.n_qb) % p.n_hg, qbi = item % p.n_qb;
+        const int64_t h0 = hg * gs, hkv = h0 / p.G;
+        int64_t qa0, qa1, brow;
+        fx__fwd_item_rows(&p, a, qbi, &qa0, &qa1, &brow);
+        const int64_t nr = qa1 - qa0;
+        for (int64_t i = 0; i < gs * bq; i++) {
+            M[i] = -INFINITY;
+            L[i] = 0.0f;
+        }
+        memset(O, 0, (size_t)(gs * bq * dvp) * sizeof(float));
+
+        int64_t e0 = 0, e1 = p.nkb;
+        if (m) {
+            int64_t r = fx__bm_row(m, fx__bm_slot(m, b, h0), p.qb_lo + qbi);
+            e0 = m->kv_ptr[r], e1 = m->kv_ptr[r + 1];
+        }
+        const float *kh = k + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)D;
+        const float *vh = v + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)Dv;
+        for (int64_t e = e0; e < e1; e++) {
+            const int64_t kb = m ? m->kv_idx[e] : e;
+            const uint64_t *bits = m ? fx__bm_bits(m, m->kv_bits[e]) : NULL;
+            const int64_t k0 = kb * bk;
+            if (k0 >= a->Lkv)
+                continue; /* a mask longer than this call's keys */
+            const int64_t nk = a->Lkv - k0 < bk ? a->Lkv - k0 : bk;
+            /* K^T of this block, zero columns past nk. */
+            const float *ks = kh + k0 * D;
+            for (int64_t d = 0; d < D; d++) {
+                float *dst = Kt + d * bkp;
+                for (int64_t j = 0; j < nk; j++)
+                    dst[j] = ks[j * D + d];
+                for (int64_t j = nk; j < bkp; j++)
+                    dst[j] = 0.0f;
+            }
+            const float *vb = vh + k0 * Dv;
+            int64_t ldv = Dv;
+            if (pack_v) {
+                for (int64_t j = 0; j < nk; j++) {
+                    memcpy(Vp + j * dvp, vb + j * Dv, (size_t)Dv * sizeof(float));
+                    memset(Vp + j * dvp + Dv, 0, (size_t)(dvp - Dv) * sizeof(float));
+                }
+                vb = Vp, ldv = dvp;
+            }
+            for (int64_t g = 0; g < gs; g++) {
+                const int64_t h = h0 + g;
+                const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
+                for (int64_t i0 = 0; i0 < nr; i0 += MRMAX) {
+                    const int mr = (int)(nr - i0 < MRMAX ? nr - i0 : MRMAX);
+                    SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt, bkp, S, p.scale);
+                    if (a->score_mod) {
+                        if (fast_mod)
+                            SIMD_FN(score_builtin)(score_kind, a->score_ctx, S, bkp, mr, h, qa0 + i0, k0);
+                        else
+                            a->score_mod(S, bkp, mr, nk, b, h, qa0 + i0, k0, a->score_ctx);
+                    }
+                    for (int r = 0; r < mr; r++) {
+                        float *s = S + r * bkp;
+                        if (bits) {
+                            const uint64_t *row = bits + (brow + i0 + r) * m->bm_words;
+                            for (int64_t j = 0; j < bkp; j += VL)
+                                V_STORE(s + j, V_BITS(V_LOAD(s + j), (uint32_t)(row[j >> 6] >> (j & 63))));
+                        }
+                        for (int64_t j = nk; j < bkp; j++)
+                            s[j] = -INFINITY;
+                        const int64_t ri = g * bq + i0 + r;
+                        vf mx = V_LOAD(s);
+                        for (int64_t j = VL; j < bkp; j += VL)
+                            mx = V_MAX(mx, V_LOAD(s + j));
+                        float mnew = V_HMAX(mx);
+                        mnew = mnew > M[ri] ? mnew : M[ri];
+                        /* Nothing visible yet: exponents against 0 give P = 0, alpha = 0. */
+                        const float muse = mnew == -INFINITY ? 0.0f : mnew;
+                        const vf vm_ = V_SET1(muse);
+                        vf sum = V_ZERO();
+                        for (int64_t j = 0; j < bkp; j += VL) {
+                            vf pj = SIMD_FN(vexp)(V_SUB(V_LOAD(s + j), vm_));
+                            V_STORE(s + j, pj);
+                            sum = V_ADD(sum, pj);
+                        }
+                        const float al = M[ri] == -INFINITY ? 0.0f : expf(M[ri] - muse);
+                        alpha[r] = al;
+                        L[ri] = L[ri] * al + V_HSUM(sum);
+                        M[ri] = mnew;
+                    }
+                    SIMD_FN(pv_strip)(mr, S, bkp, vb, ldv, nk, O + (g * bq + i0) * dvp, dvp, alpha);
+                }
+            }
+        }
+        for (int64_t g = 0; g < gs; g++) {
+            const int64_t h = h0 + g, row0 = (b * a->Hq + h) * a->Lq + (qa0 - a->q_offset);
+            for (int64_t i = 0; i < nr; i++) {
+                const float l = L[g * bq + i], *o = O + (g * bq + i) * dvp;
+                float *dst = out + (size_t)(row0 + i) * (size_t)Dv;
+                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+                for (int64_t d = 0; d < Dv; d++)
+                    dst[d] = o[d] * inv;
+                if (lse)
+                    lse[row0 + i] = l > 0.0f ? M[g * bq + i] + logf(l) : -INFINITY;
+            }
+        }
+    }
+    fx__free(scratch);
+    return FX_OK;
+}

@@ -1,0 +1,163 @@
+/* FlexAttention internals shared by the forward pass, the backward pass and decoding: the
+   block mask's layout, accessors, the recognition of built-in mods, and the internal entry
+   points. This layout is relied on by several files: fields are only ever added, never
+   renamed or given a new meaning. */
+#ifndef FX_ATTENTION_INTERNAL_H
+#define FX_ATTENTION_INTERNAL_H
+
+#include "core/core.h"
+
+#include <math.h>
+
+/* ---- block mask ---------------------------------------------------------------------------
+
+   The mask is cut into blocks of block_q query positions x block_kv key positions. Each block
+   of each slot is empty (never visited), full (visited without masking) or partial (visited,
+   masked with a bitmap).
+
+   Slots: one per (b, h) of the mask; B == 1 or H == 1 broadcast, so a slot is
+   fx__bm_slot(m, b, h) and there are B * H slots.
+
+   Forward lists (as PyTorch's kv_num_blocks / kv_indices with full_kv_* merged): row
+   r = slot * nqb + qb lists the kv-blocks to visit, ascending:
+       for (int64_t e = m->kv_ptr[r]; e < m->kv_ptr[r + 1]; e++) {
+           int64_t kb = m->kv_idx[e];
+           const uint64_t *bits = fx__bm_bits(m, m->kv_bits[e]);   // NULL: full block
+       }
+   Transposed lists (for dK / dV): column c = slot * nkb + kb lists the q-blocks that visit
+   kv-block kb, ascending, in q_ptr / q_idx / q_bits, with the same bitmap offsets.
+
+   Bitmaps: a partial block owns block_q rows of bm_words 64-bit words; bit j of row i is
+   mask(b, h, qb * block_q + i, kb * block_kv + j). Bits of positions past q_len / kv_len are
+   0. Test one with fx__bm_test(bits, m->bm_words, i, j). */
+
+enum { FX__BLOCK_EMPTY = 0, FX__BLOCK_PARTIAL = 1, FX__BLOCK_FULL = 2 };
+
+struct fx_block_mask {
+    int64_t B, H;              /* as created: 1 means broadcast over batch / heads */
+    int64_t q_len, kv_len;     /* absolute positions covered */
+    int64_t block_q, block_kv; /* block sizes */
+    int64_t nqb, nkb;          /* ceil(q_len / block_q), ceil(kv_len / block_kv) */
+    int64_t nslots;            /* B * H */
+    int mask_kind;             /* fx__mask_kind() of the mask it was built from */
+
+    int64_t *kv_ptr;  /* [nslots * nqb + 1] offsets into kv_idx / kv_bits */
+    int32_t *kv_idx;  /* [n_visited] kv-block of each entry */
+    int64_t *kv_bits; /* [n_visited] word offset of the entry's bitmap in bits, -1 if full */
+
+    int64_t *q_ptr;   /* [nslots * nkb + 1] offsets into q_idx / q_bits */
+    int32_t *q_idx;   /* [n_visited] q-block of each entry */
+    int64_t *q_bits;  /* [n_visited] word offset of the bitmap, -1 if full */
+
+    uint64_t *bits;   /* [n_partial * block_q * bm_words] */
+    int64_t bm_words; /* 64-bit words per bitmap row: ceil(block_kv / 64) */
+
+    int64_t n_visited, n_partial, n_full; /* over all slots */
+    size_t bytes;                         /* what fx_block_mask_bytes reports */
+};
+
+static inline int64_t fx__bm_slot(const fx_block_mask *m, int64_t b, int64_t h)
+{
+    return (m->B == 1 ? 0 : b) * m->H + (m->H == 1 ? 0 : h);
+}
+/* Forward row of (slot, q-block) and transposed column of (slot, kv-block). */
+static inline int64_t fx__bm_row(const fx_block_mask *m, int64_t slot, int64_t qb) { return slot * m->nqb + qb; }
+static inline int64_t fx__bm_col(const fx_block_mask *m, int64_t slot, int64_t kb) { return slot * m->nkb + kb; }
+/* The bitmap at a word offset from kv_bits / q_bits; NULL for a full block (offset -1). */
+static inline const uint64_t *fx__bm_bits(const fx_block_mask *m, int64_t off)
+{
+    return off < 0 ? NULL : m->bits + off;
+}
+/* Bit (i, j) of a block's bitmap: query i, key j inside the block. */
+static inline bool fx__bm_test(const uint64_t *bits, int64_t bm_words, int64_t i, int64_t j)
+{
+    return (bits[i * bm_words + (j >> 6)] >> (j & 63)) & 1u;
+}
+
+/* ---- recognition of built-ins ------------------------------------------------------------- */
+
+enum {
+    FX__MASK_NONE = 0, /* mask fn NULL */
+    FX__MASK_CUSTOM,
+    FX__MASK_CAUSAL,
+    FX__MASK_SLIDING_WINDOW,
+    FX__MASK_PREFIX_LM,
+    FX__MASK_DOCUMENT,
+    FX__MASK_AND,
+    FX__MASK_OR,
+};
+int fx__mask_kind(fx_mask_fn fn);
+
+enum {
+    FX__SCORE_NONE = 0, /* score_mod NULL */
+    FX__SCORE_CUSTOM,
+    FX__SCORE_ALIBI,
+    FX__SCORE_SOFTCAP,
+    FX__SCORE_REL_BIAS,
+};
+int fx__score_kind(fx_score_fn fn);
+
+/* Classifies the block q in [q0, q1], kv in [k0, k1] (inclusive, in range) of a built-in
+   mask analytically: FX__BLOCK_* or -1 when it cannot tell (custom masks). A PARTIAL answer
+   may still turn out empty or full when the bits are evaluated. */
+int fx__mask_classify(fx_mask_fn fn, const void *ctx, int64_t b, int64_t h, int64_t q0, int64_t q1,
+                      int64_t k0, int64_t k1);
+
+/* ---- attention entry points --------------------------------------------------------------- */
+
+/* Checks everything about a call that does not depend on the direction: a != NULL, sizes > 0,
+   Hq % Hkv, scale finite, q_offset >= 0, the mask's extent, B and H against the call, score
+   mod, and q, k, v non-NULL. FX_OK or FX_EINVAL with a message. Outputs are checked by the
+   caller. */
+int fx__attention_check(const fx_attention *a, const float *q, const float *k, const float *v);
+/* The scale the kernels use: a->scale, or 1/sqrt(D) when it is 0. */
+float fx__attention_scale(const fx_attention *a);
+
+/* The forward after fx__attention_check passed: picks the path (fx_get_isa()) and runs.
+   out [B,Hq,Lq,Dv] and lse [B,Hq,Lq] (may be NULL) are overwritten. FX_OK or FX_ENOMEM. */
+int fx__flex_forward(const fx_attention *a, const float *q, const float *k, const float *v,
+                     float *out, float *lse);
+/* The paths themselves (same contract). The scalar one is the plain reference twin. */
+int fx__flex_forward_scalar(const fx_attention *a, const float *q, const float *k, const float *v,
+                            float *out, float *lse);
+int fx__flex_forward_avx2(const fx_attention *a, const float *q, const float *k, const float *v,
+                          float *out, float *lse);
+int fx__flex_forward_avx512(const fx_attention *a, const float *q, const float *k, const float *v,
+                            float *out, float *lse);
+
+/* How a forward call is cut into work items (shared by every path). An item is (b, head
+   group, q-block): the gs query heads of a head group share each K/V tile; gs is the GQA
+   group size G when the mask is the same for every head (or absent), else 1.
+   Item i: b = i / (n_hg * n_qb), hg = (i / n_qb) % n_hg, qbi = i % n_qb; its query heads are
+   hg * gs + g (g < gs), all reading KV head (hg * gs) / G. */
+typedef struct fx__fwd_plan {
+    int64_t bq, bk;      /* block sizes (the mask's, or the dense ones) */
+    int64_t qb_lo, n_qb; /* absolute q-blocks qb_lo .. qb_lo + n_qb - 1 hold rows q_offset .. q_offset + Lq - 1 */
+    int64_t nkb;         /* kv-blocks holding keys 0 .. Lkv - 1 */
+    int64_t G, gs, n_hg; /* GQA group size, heads per item, head groups per batch */
+    int64_t n_items;     /* B * n_hg * n_qb */
+    float scale;
+} fx__fwd_plan;
+void fx__fwd_plan_init(fx__fwd_plan *p, const fx_attention *a);
+/* Absolute query positions [*qa0, *qa1) of item q-block qbi, and the row of qa0 inside its
+   mask block (for bitmap lookups; 0 without a mask). */
+static inline void fx__fwd_item_rows(const fx__fwd_plan *p, const fx_attention *a, int64_t qbi,
+                                     int64_t *qa0, int64_t *qa1, int64_t *brow)
+{
+    int64_t end = a->q_offset + a->Lq;
+    if (!a->mask) {
+        *qa0 = a->q_offset + qbi * p->bq;
+        *brow = 0;
+    } else {
+        int64_t base = (p->qb_lo + qbi) * p->bq;
+        *qa0 = base > a->q_offset ? base : a->q_offset;
+        *brow = *qa0 - base;
+    }
+    int64_t stop = (a->mask ? (p->qb_lo + qbi) * p->bq : *qa0) + p->bq;
+    *qa1 = stop < end ? stop : end;
+}
+
+/* Dense path's block sizes (mask == NULL): queries per work item and keys per tile. */
+enum { FX__DENSE_BLOCK_Q = 128, FX__DENSE_BLOCK_KV = 128 };
+
+#endif
