@@ -185,10 +185,10 @@ static void attn_loss(const fx__attn_ref *a, const float *q, const float *k, con
 static void test_attn_ref_grad(void)
 {
     /* Document mask with GQA and a query offset; the first document's last row is masked. */
-    int32_t doc[2 * 6] = {0, 0, 1, 1, 1, 2, 0, 0, 0, 0, 0, 0};
-    fx__gpt_mask_ctx mc = {.doc = doc, .T = 6};
+    int64_t doc[2 * 6] = {0, 0, 1, 1, 1, 2, 0, 0, 0, 0, 0, 0};
+    fx_mask_document_ctx mc = {.doc_ids = doc, .len = 6, .batch_stride = 6};
     fx__attn_ref a = {.B = 2, .Hq = 4, .Hkv = 2, .Lq = 6, .Lkv = 6, .D = 4, .q_offset = 0,
-                      .mask = fx__gpt_mask_document, .ctx = &mc};
+                      .mask = fx_mask_document, .ctx = &mc};
     size_t nq = 2 * 4 * 6 * 4, nk = 2 * 2 * 6 * 4;
     float *q = fxt_random(nq, -1, 1, 10), *k = fxt_random(nk, -1, 1, 11), *v = fxt_random(nk, -1, 1, 12);
     double *r = fxt_alloc_f64(nq);

@@ -53,24 +53,6 @@ static void fx__meta_config(fx__meta *md, const fx__gpt *m, const char *kind)
     fx__meta_add(md, "tokenizer", "bytes+eot");
 }
 
-static uint16_t fx__f32_to_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40); /* a quiet NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);         /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-static float fx__bf16_to_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static fx_tensor_view fx__view(const fx__gpt_tensor *t, const void *data, fx_dtype dt, size_t esize)
 {
     fx_tensor_view v = {.name = t->name, .dtype = dt, .ndim = t->ndim, .data = data, .nbytes = t->numel * esize};
@@ -128,7 +110,7 @@ int fx__gpt_save_model(const fx__gpt *m, const char *path, bool bf16)
     }
     if (bf16)
         for (size_t i = 0; i < P; i++)
-            h[i] = fx__f32_to_bf16(m->params[i]);
+            h[i] = fx_f32_to_bf16(m->params[i]);
     for (size_t i = 0; i < n; i++) {
         const fx__gpt_tensor *t = &m->lay.t[i];
         v[i] = bf16 ? fx__view(t, h + t->offset, FX_DT_BF16, 2) : fx__view(t, m->params + t->offset, FX_DT_F32, 4);
@@ -312,17 +294,8 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
     for (size_t i = 0; i < m->lay.n; i++) {
         const fx__gpt_tensor *t = &m->lay.t[i];
         const fx_tensor_view *v = fx_safetensors_find(f, t->name);
-        float *dst = m->params + t->offset;
-        if (v->dtype == FX_DT_F32) {
-            memcpy(dst, v->data, t->numel * sizeof(float));
-        } else {
-            const unsigned char *src = v->data;
-            for (size_t j = 0; j < t->numel; j++) {
-                uint16_t h;
-                memcpy(&h, src + 2 * j, 2);
-                dst[j] = fx__bf16_to_f32(h);
-            }
-        }
+        if ((rc = fx_tensor_to_f32(m->params + t->offset, t->numel, v)) != FX_OK)
+            goto done; /* not reached: dtype and size were checked above */
     }
     if (load_adam) {
         memcpy(m->adam, fx_safetensors_find(f, "optim.m")->data, (size_t)P * sizeof(float));

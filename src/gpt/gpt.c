@@ -317,7 +317,7 @@ int fx__gpt_set_batch(fx__gpt *m, int64_t B, int64_t T)
     m->acts = fx__alloc(need * sizeof(float));
     m->targets = fx__alloc((size_t)(B * T) * sizeof(int64_t));
     m->tokens = fx__alloc((size_t)(B * T) * sizeof(int32_t));
-    m->doc = fx__alloc((size_t)(B * T) * sizeof(int32_t));
+    m->doc = fx__alloc((size_t)(B * T) * sizeof(int64_t));
     if (!m->acts || !m->targets || !m->tokens || !m->doc) {
         fx__free(m->acts), fx__free(m->targets), fx__free(m->tokens), fx__free(m->doc);
         m->acts = NULL, m->targets = NULL, m->tokens = NULL, m->doc = NULL;
@@ -401,26 +401,14 @@ static int fx__attn_bwd(const fx__gpt *m, const fx__attn_call *c, const float *q
     return fx_flex_attention_backward(&a, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
-static fx_mask_fn fx__mask_fn(fx__gpt_mask mask)
-{
-    switch (mask) {
-    case FX__GPT_MASK_SLIDING: return fx__gpt_mask_sliding;
-    case FX__GPT_MASK_DOCUMENT: return fx__gpt_mask_document;
-    case FX__GPT_MASK_CAUSAL:
-    case FX__GPT_MASK_DENSE: break;
-    }
-    return fx__gpt_mask_causal;
-}
-
 /* The training-shape attention call; builds the block mask when the flex path needs one. */
 static int fx__train_attn(fx__gpt *m, fx__attn_call *c)
 {
     int64_t hd = m->c.dim / m->c.heads;
-    *c = (fx__attn_call){.B = m->B, .Hq = m->c.heads, .Hkv = m->c.kv_heads, .Lq = m->T, .Lkv = m->T, .D = hd,
-                         .fn = fx__mask_fn(m->mask), .ctx = &m->mctx};
-    m->mctx.window = m->window;
-    m->mctx.doc = m->doc;
-    m->mctx.T = m->T;
+    m->mctx.sliding.window = m->window;
+    m->mctx.document = (fx_mask_document_ctx){.doc_ids = m->doc, .len = m->T, .batch_stride = m->T};
+    *c = (fx__attn_call){.B = m->B, .Hq = m->c.heads, .Hkv = m->c.kv_heads, .Lq = m->T, .Lkv = m->T, .D = hd};
+    c->fn = fx__gpt_mask_fn(m->mask, &m->mctx, &c->ctx);
     if (m->attn_impl == FX__GPT_ATTN_REF)
         return FX_OK;
     if (m->mask == FX__GPT_MASK_DENSE) {
@@ -432,7 +420,7 @@ static int fx__train_attn(fx__gpt *m, fx__attn_call *c)
         fx_block_mask_free(m->bmask);
         m->bmask = NULL;
         int64_t Bm = m->mask == FX__GPT_MASK_DOCUMENT ? m->B : 1;
-        int rc = fx_block_mask_create(&m->bmask, c->fn, &m->mctx, Bm, 1, m->T, m->T, 0, 0);
+        int rc = fx_block_mask_create(&m->bmask, c->fn, c->ctx, Bm, 1, m->T, m->T, 0, 0);
         if (rc)
             return fx__error_context(rc, "attention mask");
     }
@@ -489,7 +477,7 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
         m->targets[i] = targets ? targets[i] : -100;
     /* Document ids: an end-of-text token closes its document. */
     for (int64_t b = 0; b < B; b++) {
-        int32_t d = 0;
+        int64_t d = 0;
         for (int64_t t = 0; t < T; t++) {
             m->doc[b * T + t] = d;
             d += tokens[b * T + t] == FX__GPT_EOT;
@@ -708,7 +696,7 @@ int fx__gpt_cache_create(fx__gpt_cache **out, const fx__gpt *m)
     size_t kv = (size_t)(c->layers * KD * c->ctx);
     k->k = fx__alloc(kv * sizeof(float));
     k->v = fx__alloc(kv * sizeof(float));
-    k->doc = fx__alloc((size_t)c->ctx * sizeof(int32_t));
+    k->doc = fx__alloc((size_t)c->ctx * sizeof(int64_t));
     k->scratch = fx__alloc((size_t)(c->ctx * (2 * c->dim + 3 * QD + 2 * KD + wide + 2 * F + 1) + c->vocab) *
                            sizeof(float));
     if (!k->k || !k->v || !k->doc || !k->scratch) {
@@ -733,20 +721,17 @@ void fx__gpt_cache_free(fx__gpt_cache *c)
 static int fx__cache_mask(fx__gpt *m, fx__gpt_cache *kc, int32_t first)
 {
     int64_t ctx = m->c.ctx;
-    kc->mctx = (fx__gpt_mask_ctx){.window = m->window, .doc = kc->doc, .T = ctx};
-    kc->fn = fx__gpt_mask_causal;
-    if (m->mask == FX__GPT_MASK_SLIDING)
-        kc->fn = fx__gpt_mask_sliding;
-    if (m->mask == FX__GPT_MASK_DOCUMENT) {
-        kc->fn = fx__gpt_mask_document;
-        for (int64_t t = 0; t < ctx; t++)
-            kc->doc[t] = t > 0 && first == FX__GPT_EOT;
-    }
+    kc->mctx.sliding.window = m->window;
+    kc->mctx.document = (fx_mask_document_ctx){.doc_ids = kc->doc, .len = ctx, .batch_stride = 0};
+    for (int64_t t = 0; t < ctx; t++)
+        kc->doc[t] = t > 0 && first == FX__GPT_EOT;
     fx_block_mask_free(kc->bmask);
     kc->bmask = NULL;
     if (m->attn_impl == FX__GPT_ATTN_REF)
         return FX_OK;
-    int rc = fx_block_mask_create(&kc->bmask, kc->fn, &kc->mctx, 1, 1, ctx, ctx, 0, 0);
+    const void *mctx;
+    fx_mask_fn fn = fx__gpt_mask_fn(m->mask, &kc->mctx, &mctx);
+    int rc = fx_block_mask_create(&kc->bmask, fn, mctx, 1, 1, ctx, ctx, 0, 0);
     return rc ? fx__error_context(rc, "attention mask") : FX_OK;
 }
 
@@ -789,8 +774,8 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t
         /* The cache holds each KV head's keys with a stride of ctx, so each KV head and its
            group of query heads is one call. One causal query sees every cached key. */
         for (int64_t h = 0; h < Hkv; h++) {
-            fx__attn_call call = {.B = 1, .Hq = G, .Hkv = 1, .Lq = n, .Lkv = p0 + n, .D = hd, .q_offset = p0,
-                                  .fn = kc->fn, .ctx = &kc->mctx};
+            fx__attn_call call = {.B = 1, .Hq = G, .Hkv = 1, .Lq = n, .Lkv = p0 + n, .D = hd, .q_offset = p0};
+            call.fn = fx__gpt_mask_fn(m->mask, &kc->mctx, &call.ctx);
             bool need_mask = n > 1 || m->mask == FX__GPT_MASK_SLIDING || m->mask == FX__GPT_MASK_DOCUMENT;
             call.bm = need_mask ? kc->bmask : NULL;
             if (!need_mask)

@@ -70,15 +70,13 @@ typedef enum fx__gpt_loss_impl {
     FX__GPT_LOSS_UNFUSED = 1 /* materialised logits + softmax: the baseline */
 } fx__gpt_loss_impl;
 
-/* The model's masks as fx_mask_fn (ctx: fx__gpt_mask_ctx). */
+/* The contexts of the built-in masks the model uses (fx_mask_causal, fx_mask_sliding_window,
+   fx_mask_document); fx__gpt_mask_fn picks the function and its context. */
 typedef struct fx__gpt_mask_ctx {
-    int64_t window;    /* sliding */
-    const int32_t *doc;/* document: doc[b*T + t] */
-    int64_t T;
+    fx_mask_sliding_window_ctx sliding;
+    fx_mask_document_ctx document;
 } fx__gpt_mask_ctx;
-bool fx__gpt_mask_causal(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx);
-bool fx__gpt_mask_sliding(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx);
-bool fx__gpt_mask_document(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx);
+fx_mask_fn fx__gpt_mask_fn(fx__gpt_mask mask, const fx__gpt_mask_ctx *mc, const void **ctx);
 
 /* ---- parameters ------------------------------------------------------------------------ */
 
@@ -128,7 +126,7 @@ typedef struct fx__gpt {
     size_t acts_floats;
     int64_t *targets;     /* [B*T] */
     int32_t *tokens;      /* [B*T] */
-    int32_t *doc;         /* [B*T] document id of each position */
+    int64_t *doc;         /* [B*T] document id of each position */
     fx_block_mask *bmask; /* built per batch for document masks, once per shape otherwise */
     fx__gpt_mask_ctx mctx;
     double *norm_parts;   /* per-chunk partial sums of the gradient norm */
@@ -224,9 +222,8 @@ typedef struct fx__gpt_cache {
     int64_t len;      /* positions held */
     float *k, *v;     /* [L, Hkv, ctx, hd] each */
     float *scratch;
-    int32_t *doc;         /* [ctx] document ids by position */
+    int64_t *doc;         /* [ctx] document ids by position */
     fx__gpt_mask_ctx mctx;
-    fx_mask_fn fn;
     fx_block_mask *bmask; /* [ctx, ctx] over absolute positions, built when len == 0 */
 } fx__gpt_cache;
 

@@ -187,24 +187,21 @@ void fx__embed_backward(float *dwte, const float *dout, const int32_t *tokens, i
 
 /* ---- masks ------------------------------------------------------------------------------------ */
 
-bool fx__gpt_mask_causal(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx)
+fx_mask_fn fx__gpt_mask_fn(fx__gpt_mask mask, const fx__gpt_mask_ctx *mc, const void **ctx)
 {
-    (void)b, (void)h, (void)ctx;
-    return kv <= q;
-}
-
-bool fx__gpt_mask_sliding(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx)
-{
-    (void)b, (void)h;
-    const fx__gpt_mask_ctx *m = ctx;
-    return kv <= q && q - kv < m->window;
-}
-
-bool fx__gpt_mask_document(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx)
-{
-    (void)h;
-    const fx__gpt_mask_ctx *m = ctx;
-    return kv <= q && m->doc[b * m->T + q] == m->doc[b * m->T + kv];
+    switch (mask) {
+    case FX__GPT_MASK_SLIDING:
+        *ctx = &mc->sliding;
+        return fx_mask_sliding_window;
+    case FX__GPT_MASK_DOCUMENT:
+        *ctx = &mc->document;
+        return fx_mask_document;
+    case FX__GPT_MASK_CAUSAL:
+    case FX__GPT_MASK_DENSE:
+        break;
+    }
+    *ctx = NULL;
+    return fx_mask_causal;
 }
 
 /* ---- reference attention ---------------------------------------------------------------------- */
