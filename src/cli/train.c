@@ -326,9 +326,31 @@ int cmd_train(int argc, char **argv)
         return rc;
 
     /* ---- data and model ---- */
+    /* A resumed run reads its checkpoint's data unless told otherwise, and checks it is
+       the same text. */
+    const char *data_path = o.data;
+    if (o.resume && !o.data && st.data[0])
+        data_path = st.data;
     fx__gpt_data data;
-    if ((rc = fx__gpt_data_load(&data, o.data, DEFAULT_CORPUS, o.val_frac, st.seq + 1)) != FX_OK)
-        return cli_fail(rc, o.data ? "--data" : "default corpus");
+    if ((rc = fx__gpt_data_load(&data, data_path, DEFAULT_CORPUS, o.val_frac, st.seq + 1)) != FX_OK)
+        return cli_fail(rc, data_path ? "--data" : "default corpus");
+    if (o.resume && data.hash != st.data_hash) {
+        if (!o.data) {
+            cli_error("--resume: %s is not the text the checkpoint was trained on (it changed); pass --data to "
+                      "continue on other text",
+                      data.source);
+            fx__gpt_data_free(&data);
+            return CLI_EXIT_FAIL;
+        }
+        if (!o.quiet)
+            printf("note: --data %s differs from the checkpoint's training text; continuing on it\n", o.data);
+    }
+    if (data_path != st.data) {
+        char abs[4096];
+        const char *keep = data_path && realpath(data_path, abs) ? abs : data_path;
+        snprintf(st.data, sizeof st.data, "%s", keep ? keep : "");
+    }
+    st.data_hash = data.hash;
     fx__gpt *m = NULL;
     int32_t *tokens = NULL, *targets = NULL;
     FILE *metrics = NULL;

@@ -94,6 +94,10 @@ int fx__gpt_save_checkpoint(const fx__gpt *m, const fx__gpt_train_state *s, cons
     fx__meta_add(&md, "beta1", "%.9g", (double)s->beta1);
     fx__meta_add(&md, "beta2", "%.9g", (double)s->beta2);
     fx__meta_add(&md, "seed", "%llu", (unsigned long long)s->seed);
+    fx__meta_add(&md, "data_hash", "%016llx", (unsigned long long)s->data_hash);
+    md.kv[2 * md.n] = "data"; /* a path may be longer than the other values */
+    md.kv[2 * md.n + 1] = s->data;
+    md.kv[2 * md.n + 2] = NULL;
     int rc = fx_safetensors_save(path, v, n, md.kv);
     fx__free(v);
     return rc;
@@ -208,6 +212,11 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
                 (rc = fx__meta_f32(f, path, "beta2", &s->beta2)) || (rc = fx__meta_i64(f, path, "seed", &seed)))
                 return rc;
             s->seed = (uint64_t)seed;
+            const char *data = fx_safetensors_metadata(f, "data"), *dh = fx_safetensors_metadata(f, "data_hash");
+            if (!data || !dh || strlen(data) >= sizeof s->data || sscanf(dh, "%16llx%c", &a0, &tail) != 1)
+                return fx__error(FX_EFORMAT, "'%s': metadata 'data' or 'data_hash' is missing or malformed", path);
+            snprintf(s->data, sizeof s->data, "%s", data);
+            s->data_hash = a0;
             if (s->step < 0 || s->data_pos < 0 || s->batch < 1 || s->seq < 1 || s->seq > cc.ctx || s->accum < 1 ||
                 s->steps < 0 || s->warmup < 0)
                 return fx__error(FX_EFORMAT, "'%s': training state out of range (step %lld, batch %lld, seq %lld)", path,

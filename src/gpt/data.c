@@ -245,6 +245,12 @@ int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir
     d->n = t.n;
     d->n_train = t.n - n_val;
     d->docs = t.docs;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t i = 0; i < t.n; i++) {
+        h = (h ^ (t.p[i] & 0xff)) * 0x100000001b3ull;
+        h = (h ^ (t.p[i] >> 8)) * 0x100000001b3ull;
+    }
+    d->hash = h;
     return FX_OK;
 }
 

@@ -239,6 +239,7 @@ typedef struct fx__gpt_data {
     uint16_t *tok;    /* all tokens; train = [0, n_train), val = [n_train, n) */
     int64_t n, n_train;
     int64_t docs;
+    uint64_t hash;    /* FNV-1a of the tokens: a resumed run checks it reads the same data */
     char source[512]; /* what was read, for messages and checkpoints */
 } fx__gpt_data;
 
@@ -263,6 +264,8 @@ typedef struct fx__gpt_train_state {
     int64_t data_pos;  /* training windows drawn */
     fx_rng rng;        /* the data sampler */
     char attn[32];     /* mask name */
+    char data[512];    /* the --data file ("" for the default corpus) */
+    uint64_t data_hash;
     /* Hyper-parameters, kept so a resume continues the same schedule. */
     int64_t steps, warmup, batch, seq, accum;
     float lr, min_lr, weight_decay, clip, beta1, beta2;
