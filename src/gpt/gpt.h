@@ -264,7 +264,7 @@ typedef struct fx__gpt_train_state {
     int64_t data_pos;  /* training windows drawn */
     fx_rng rng;        /* the data sampler */
     char attn[32];     /* mask name */
-    char data[512];    /* the --data file ("" for the default corpus) */
+    char data[4096];   /* the --data file, absolute ("" for the default corpus) */
     uint64_t data_hash;
     /* Hyper-parameters, kept so a resume continues the same schedule. */
     int64_t steps, warmup, batch, seq, accum;
