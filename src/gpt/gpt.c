@@ -401,8 +401,9 @@ static int fx__attn_bwd(const fx__gpt *m, const fx__attn_call *c, const float *q
     return fx_flex_attention_backward(&a, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
-/* The training-shape attention call; builds the block mask when the flex path needs one. */
-static int fx__train_attn(fx__gpt *m, fx__attn_call *c)
+/* The training-shape attention call; builds the block mask when the flex path needs one
+   (the backward pass reuses the forward's). */
+static int fx__train_attn(fx__gpt *m, fx__attn_call *c, bool build)
 {
     int64_t hd = m->c.dim / m->c.heads;
     m->mctx.sliding.window = m->window;
@@ -416,7 +417,7 @@ static int fx__train_attn(fx__gpt *m, fx__attn_call *c)
         return FX_OK;
     }
     /* Document masks change with every batch; the others only with the shape. */
-    if (m->mask == FX__GPT_MASK_DOCUMENT || !m->bmask) {
+    if ((build && m->mask == FX__GPT_MASK_DOCUMENT) || !m->bmask) {
         fx_block_mask_free(m->bmask);
         m->bmask = NULL;
         int64_t Bm = m->mask == FX__GPT_MASK_DOCUMENT ? m->B : 1;
@@ -486,7 +487,8 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     fx__acts a;
     fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED);
     fx__attn_call call;
-    int rc = fx__train_attn(m, &call);
+    m->grad_ready = false;
+    int rc = fx__train_attn(m, &call, true);
     if (rc)
         return rc;
 
@@ -535,7 +537,7 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
         if (rc)
             return fx__error_context(rc, "loss");
     }
-    m->last_loss = l_out;
+    m->grad_ready = grad;
     if (loss)
         *loss = l_out;
     return FX_OK;
@@ -551,15 +553,16 @@ static void fx__hook(fx__gpt *m, int layer, size_t offset, size_t numel)
 
 int fx__gpt_backward(fx__gpt *m)
 {
-    if (!m || !m->grads || !m->acts)
+    if (!m || !m->grads || !m->acts || !m->grad_ready)
         return fx__error(FX_EINVAL, "fx__gpt_backward: no forward with gradients before it");
+    m->grad_ready = false;
     const fx__gpt_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
     int64_t Hq = c->heads, Hkv = c->kv_heads, hd = C / Hq, QD = Hq * hd, KD = Hkv * hd;
     fx__acts a;
     fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED);
     fx__attn_call call;
-    int rc = fx__train_attn(m, &call);
+    int rc = fx__train_attn(m, &call, false);
     if (rc)
         return rc;
 

@@ -130,7 +130,7 @@ typedef struct fx__gpt {
     fx_block_mask *bmask; /* built per batch for document masks, once per shape otherwise */
     fx__gpt_mask_ctx mctx;
     double *norm_parts;   /* per-chunk partial sums of the gradient norm */
-    float last_loss;
+    bool grad_ready;      /* a forward with grad ran, and its backward has not */
 
     fx__gpt_grad_hook hook; /* called in backward when a layer's gradients are final */
     void *hook_user;
