@@ -42,7 +42,7 @@ static void run_step(void *p)
 
 int bench_train(int argc, char **argv)
 {
-    const char *model = "small", *attn = "causal";
+    const char *model = "small", *attn = "causal", *only = NULL;
     int64_t batch = 4, seq = 0, steps = 5, vocab = 0, threads = 0, accum = 1;
     bool json = false;
     const cli_opt opts[] = {
@@ -53,6 +53,7 @@ int bench_train(int argc, char **argv)
         {"--vocab", CLI_INT, &vocab, "vocabulary size (default 257, bytes; 50257 for a GPT-2 comparison)"},
         {"--steps", CLI_INT, &steps, "timed step pairs (default 5)"},
         {"--threads", CLI_INT, &threads, "threads (default: all cores)"},
+        {"--only", CLI_STRING, &only, "flex | baseline: build and time one variant (its process max RSS is then its own)"},
         {"--json", CLI_FLAG, &json, "one JSON object"},
     };
     int rc = cli_parse("bench train", "[options]", argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
@@ -79,6 +80,15 @@ int bench_train(int argc, char **argv)
         cli_error("bench train: %s", fx_last_error());
         return CLI_EXIT_USAGE;
     }
+    int first = 0, last = 1;
+    if (only && !strcmp(only, "flex"))
+        last = 0;
+    else if (only && !strcmp(only, "baseline"))
+        first = 1;
+    else if (only) {
+        cli_error("bench train --only: '%s' is not flex or baseline", only);
+        return CLI_EXIT_USAGE;
+    }
     if (seq < 1 || seq > cfg.ctx || batch < 1 || batch > 4096 || steps < 1 || steps > 64) {
         cli_error("bench train: --seq must be in [1, %lld], --batch in [1, 4096], --steps in [1, 64]",
                   (long long)cfg.ctx);
@@ -102,7 +112,7 @@ int bench_train(int argc, char **argv)
 
     variant v[2] = {{.name = "flex+fused"}, {.name = "dense+unfused"}};
     int exit_code = CLI_EXIT_FAIL;
-    for (int i = 0; i < 2; i++) {
+    for (int i = first; i <= last; i++) {
         size_t before, peak;
         fx_mem_stats(&before, &peak);
         if ((rc = fx__gpt_create(&v[i].m, &cfg, 1)) != FX_OK || (rc = fx__gpt_alloc_train(v[i].m)) != FX_OK) {
@@ -125,16 +135,38 @@ int bench_train(int argc, char **argv)
         fx_rng_init(&v[i].s.rng, 1, 1);
     }
     bench_ctx ca = {&v[0], &d, tok, tgt}, cb = {&v[1], &d, tok, tgt};
-    double ta, tb;
-    bench_pair(run_step, &ca, run_step, &cb, (int)steps, &ta, &tb);
-    for (int i = 0; i < 2; i++)
+    double ta = 0, tb = 0;
+    if (first == 0 && last == 1)
+        bench_pair(run_step, &ca, run_step, &cb, (int)steps, &ta, &tb);
+    else if (first == 0)
+        ta = bench_time(run_step, &ca, (int)steps);
+    else
+        tb = bench_time(run_step, &cb, (int)steps);
+    for (int i = first; i <= last; i++)
         if (v[i].rc) {
             cli_fail(v[i].rc, v[i].name);
             goto done;
         }
     double tokens = (double)(batch * seq);
     double mem_a = (double)(v[0].own_bytes + v[0].step_peak), mem_b = (double)(v[1].own_bytes + v[1].step_peak);
-    double params = (double)v[0].m->lay.total;
+    double params = (double)v[first].m->lay.total;
+    if (first == last) {
+        variant *x = &v[first];
+        double t = first == 0 ? ta : tb, mem = (double)(x->own_bytes + x->step_peak);
+        if (json)
+            printf("{\"case\":\"train\",\"variant\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"vocab\":%lld,"
+                   "\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"tokens_per_s\":%.1f,\"peak_bytes\":%.0f,"
+                   "\"max_rss_bytes\":%zu}\n",
+                   x->name, model, params, (long long)cfg.vocab, (long long)batch, (long long)seq,
+                   fx_get_num_threads(), tokens / t, mem, bench_max_rss());
+        else
+            printf("train %s (%s): %.2fM params, batch %lld x %lld, %d threads: %.1f tokens/s, library peak %.1f MB, "
+                   "process max RSS %.1f MB\n",
+                   model, x->name, params / 1e6, (long long)batch, (long long)seq, fx_get_num_threads(), tokens / t,
+                   mem / 1048576.0, (double)bench_max_rss() / 1048576.0);
+        exit_code = CLI_EXIT_OK;
+        goto done;
+    }
     char an[32];
     fx__gpt_mask_name(mask, window, an, sizeof an);
     if (json) {
