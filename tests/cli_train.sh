@@ -52,6 +52,13 @@ same resume-losses "$tmp/s.l" "$tmp/r.l"
 same resume-model "$tmp/s/model.safetensors" "$tmp/r/model.safetensors"
 same resume-checkpoint "$tmp/s/checkpoint.safetensors" "$tmp/r/checkpoint.safetensors"
 
+# The same with bfloat16 Adam moments; a float32 checkpoint cannot switch to them.
+check straight-bf16 0 "$flexc" train "${common[@]}" --steps 8 --adam-bf16 --out "$tmp/sb" --threads 1
+check first-bf16 0 "$flexc" train "${common[@]}" --steps 8 --until 4 --adam-bf16 --out "$tmp/rb" --threads 1
+check second-bf16 0 "$flexc" train --resume --out "$tmp/rb" --threads 1 --quiet
+same resume-bf16 "$tmp/sb/checkpoint.safetensors" "$tmp/rb/checkpoint.safetensors"
+check resume-switch 2 "$flexc" train --resume --adam-bf16 --out "$tmp/r" --quiet
+
 # ---- 1 and 2 threads agree bitwise, for each attention mask ----
 for attn in causal document sliding:8 dense; do
     check "t1-$attn" 0 "$flexc" train "${common[@]}" --steps 3 --attn "$attn" --out "$tmp/t1-$attn" --threads 1

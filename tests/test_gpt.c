@@ -511,6 +511,48 @@ static void test_adamw(void)
     fx__gpt_free(m);
 }
 
+/* bfloat16 moments: the same update with the moments rounded to bfloat16 after each step. */
+static void test_adamw_bf16(void)
+{
+    fx__gpt_config c = small_cfg();
+    fx__gpt *m = NULL;
+    FXT_OK(fx__gpt_create(&m, &c, 1));
+    if (!m)
+        return;
+    m->adam_bf16 = true;
+    FXT_OK(fx__gpt_alloc_train(m));
+    FXT_CHECK(m->adam16 && !m->adam);
+    size_t P = m->lay.total;
+    double *p = fxt_alloc_f64(P);
+    float *mm = calloc(P, sizeof(float)), *vv = calloc(P, sizeof(float));
+    for (size_t i = 0; i < P; i++)
+        p[i] = m->params[i];
+    fx__adamw o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    for (int t = 1; t <= 4; t++) {
+        fx_rng_fill_uniform(m->grads, (int64_t)P, -1, 1, 78, (uint64_t)t);
+        fx__gpt_adamw(m, &o, t);
+        for (size_t ti = 0; ti < m->lay.n; ti++) {
+            const fx__gpt_tensor *tt = &m->lay.t[ti];
+            double wd = tt->ndim == 2 ? 0.1 : 0.0;
+            for (size_t j = tt->offset; j < tt->offset + tt->numel; j++) {
+                double g = m->grads[j];
+                double mj = 0.9 * mm[j] + 0.1 * g, vj = 0.95 * vv[j] + 0.05 * g * g;
+                mm[j] = fx_bf16_to_f32(fx_f32_to_bf16((float)mj));
+                vv[j] = fx_bf16_to_f32(fx_f32_to_bf16((float)vj));
+                double mh = mj / (1 - pow(0.9, t)), vh = vj / (1 - pow(0.95, t));
+                p[j] -= 1e-2 * (mh / (sqrt(vh) + 1e-8) + wd * p[j]);
+            }
+        }
+    }
+    fxt_close_f32("adamw bf16 params", m->params, p, P, 1e-5, 1e-3);
+    size_t off = 0;
+    for (size_t i = 0; i < P; i++)
+        off += fx_bf16_to_f32(m->adam16[i]) != mm[i] && fabsf(fx_bf16_to_f32(m->adam16[i]) - mm[i]) > 1e-2f * fabsf(mm[i]);
+    FXT_EQ_INT(off, 0);
+    free(p), free(mm), free(vv);
+    fx__gpt_free(m);
+}
+
 /* ---- data ------------------------------------------------------------------------------------- */
 
 static char tmpdir[256];
@@ -767,6 +809,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_loss_unfused);
     FXT_RUN(test_config_errors);
     FXT_RUN(test_adamw);
+    FXT_RUN(test_adamw_bf16);
     FXT_RUN(test_data);
     FXT_RUN(test_gradcheck_ref);
     FXT_RUN(test_decode_ref);

@@ -27,7 +27,7 @@ typedef struct train_opts {
     int64_t steps, batch, seq, seed, threads, accum, warmup, save_every, eval_every, eval_batches, log_every, until;
     int64_t layers, dim, heads, kv_heads;
     double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac;
-    bool resume, quiet, bf16, force;
+    bool resume, quiet, bf16, force, adam_bf16;
 } train_opts;
 
 /* "-1" marks an option the user did not give. */
@@ -184,6 +184,7 @@ int cmd_train(int argc, char **argv)
         {"--eval-batches", CLI_INT, &o.eval_batches, "validation batches per evaluation (default 4)"},
         {"--log-every", CLI_INT, &o.log_every, "progress line every N steps when not on a terminal"},
         {"--bf16", CLI_FLAG, &o.bf16, "write model.safetensors in bfloat16"},
+        {"--adam-bf16", CLI_FLAG, &o.adam_bf16, "keep the Adam moments in bfloat16 (half the optimizer memory)"},
         {"--threads", CLI_INT, &o.threads, "threads (default: all cores)"},
         {"--quiet", CLI_FLAG, &o.quiet, "no progress output"},
     };
@@ -249,6 +250,10 @@ int cmd_train(int argc, char **argv)
             cli_error("--resume: the checkpoint was trained with --lr %g, not %g", (double)st.lr, o.lr);
             return CLI_EXIT_USAGE;
         }
+        if (o.adam_bf16 && !st.adam_bf16) {
+            cli_error("--resume: the checkpoint keeps its Adam moments in float32; drop --adam-bf16");
+            return CLI_EXIT_USAGE;
+        }
         if (o.steps != UNSET)
             st.steps = o.steps; /* extending (or shortening) the schedule is allowed */
     } else {
@@ -287,6 +292,7 @@ int cmd_train(int argc, char **argv)
         st.beta1 = (float)o.beta1;
         st.beta2 = (float)o.beta2;
         st.seed = (uint64_t)o.seed;
+        st.adam_bf16 = o.adam_bf16;
         fx_rng_init(&st.rng, st.seed, 1);
         fx__gpt_mask mk;
         int64_t w;
@@ -355,7 +361,12 @@ int cmd_train(int argc, char **argv)
     int32_t *tokens = NULL, *targets = NULL;
     FILE *metrics = NULL;
     int exit_code = CLI_EXIT_FAIL;
-    if ((rc = fx__gpt_create(&m, &cfg, st.seed)) != FX_OK || (rc = fx__gpt_alloc_train(m)) != FX_OK) {
+    if ((rc = fx__gpt_create(&m, &cfg, st.seed)) != FX_OK) {
+        cli_fail(rc, "model");
+        goto done;
+    }
+    m->adam_bf16 = st.adam_bf16;
+    if ((rc = fx__gpt_alloc_train(m)) != FX_OK) {
         cli_fail(rc, "model");
         goto done;
     }

@@ -63,18 +63,21 @@ static fx_tensor_view fx__view(const fx__gpt_tensor *t, const void *data, fx_dty
 
 int fx__gpt_save_checkpoint(const fx__gpt *m, const fx__gpt_train_state *s, const char *path)
 {
-    if (!m->adam)
+    if (!m->adam && !m->adam16)
         return fx__error(FX_EINVAL, "checkpoint '%s': the model has no optimizer state", path);
     size_t n = m->lay.n + 2, P = m->lay.total;
+    fx_dtype adt = m->adam16 ? FX_DT_BF16 : FX_DT_F32;
+    size_t aes = m->adam16 ? 2 : 4;
+    const char *am = m->adam16 ? (const char *)m->adam16 : (const char *)m->adam;
     fx_tensor_view *v = fx__calloc(n, sizeof *v);
     if (!v)
         return FX_ENOMEM;
     for (size_t i = 0; i < m->lay.n; i++)
         v[i] = fx__view(&m->lay.t[i], m->params + m->lay.t[i].offset, FX_DT_F32, 4);
-    v[n - 2] = (fx_tensor_view){.name = "optim.m", .dtype = FX_DT_F32, .ndim = 1, .shape = {(int64_t)P},
-                                .data = m->adam, .nbytes = P * 4};
-    v[n - 1] = (fx_tensor_view){.name = "optim.v", .dtype = FX_DT_F32, .ndim = 1, .shape = {(int64_t)P},
-                                .data = m->adam + P, .nbytes = P * 4};
+    v[n - 2] = (fx_tensor_view){.name = "optim.m", .dtype = adt, .ndim = 1, .shape = {(int64_t)P},
+                                .data = am, .nbytes = P * aes};
+    v[n - 1] = (fx_tensor_view){.name = "optim.v", .dtype = adt, .ndim = 1, .shape = {(int64_t)P},
+                                .data = am + P * aes, .nbytes = P * aes};
     fx__meta md = {0};
     fx__meta_config(&md, m, "checkpoint");
     fx__meta_add(&md, "step", "%lld", (long long)s->step);
@@ -217,6 +220,7 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
                 return fx__error(FX_EFORMAT, "'%s': metadata 'data' or 'data_hash' is missing or malformed", path);
             snprintf(s->data, sizeof s->data, "%s", data);
             s->data_hash = a0;
+            s->adam_bf16 = fx_safetensors_find(f, "optim.m")->dtype == FX_DT_BF16;
             if (s->step < 0 || s->data_pos < 0 || s->batch < 1 || s->seq < 1 || s->seq > cc.ctx || s->accum < 1 ||
                 s->steps < 0 || s->warmup < 0)
                 return fx__error(FX_EFORMAT, "'%s': training state out of range (step %lld, batch %lld, seq %lld)", path,
@@ -278,7 +282,7 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
                        (long long)m->c.heads, (long long)m->c.kv_heads, (long long)m->c.ffn, (long long)m->c.ctx);
         goto done;
     }
-    if (load_adam && (!adam || !m->adam)) {
+    if (load_adam && (!adam || (!m->adam && !m->adam16))) {
         rc = fx__error(FX_EFORMAT, "'%s' holds no optimizer state (a model file, not a checkpoint)", path);
         goto done;
     }
@@ -294,9 +298,14 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
     }
     int64_t P = (int64_t)m->lay.total;
     if (!rc && adam) {
-        rc = fx__check_view(path, fx_safetensors_find(f, "optim.m"), "optim.m", 1, &P, false);
+        rc = fx__check_view(path, fx_safetensors_find(f, "optim.m"), "optim.m", 1, &P, true);
         if (!rc)
-            rc = fx__check_view(path, fx_safetensors_find(f, "optim.v"), "optim.v", 1, &P, false);
+            rc = fx__check_view(path, fx_safetensors_find(f, "optim.v"), "optim.v", 1, &P, true);
+        fx_dtype want = m->adam16 ? FX_DT_BF16 : FX_DT_F32;
+        if (!rc && load_adam &&
+            (fx_safetensors_find(f, "optim.m")->dtype != want || fx_safetensors_find(f, "optim.v")->dtype != want))
+            rc = fx__error(FX_EINVAL, "'%s' holds %s Adam moments; the model keeps them in %s", path,
+                           want == FX_DT_BF16 ? "float32" : "bfloat16", want == FX_DT_BF16 ? "bfloat16" : "float32");
     }
     if (rc)
         goto done;
@@ -307,8 +316,10 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
             goto done; /* not reached: dtype and size were checked above */
     }
     if (load_adam) {
-        memcpy(m->adam, fx_safetensors_find(f, "optim.m")->data, (size_t)P * sizeof(float));
-        memcpy(m->adam + P, fx_safetensors_find(f, "optim.v")->data, (size_t)P * sizeof(float));
+        size_t es = m->adam16 ? 2 : 4;
+        char *dst = m->adam16 ? (char *)m->adam16 : (char *)m->adam;
+        memcpy(dst, fx_safetensors_find(f, "optim.m")->data, (size_t)P * es);
+        memcpy(dst + (size_t)P * es, fx_safetensors_find(f, "optim.v")->data, (size_t)P * es);
     }
 done:
     fx_safetensors_close(f);

@@ -204,6 +204,7 @@ void fx__gpt_free(fx__gpt *m)
     fx__free(m->params);
     fx__free(m->grads);
     fx__free(m->adam);
+    fx__free(m->adam16);
     fx__free(m->rope);
     fx__free(m->acts);
     fx__free(m->targets);
@@ -222,11 +223,15 @@ int fx__gpt_alloc_train(fx__gpt *m)
         return FX_OK;
     size_t P = m->lay.total;
     m->grads = fx__calloc(P, sizeof(float));
-    m->adam = fx__calloc(2 * P, sizeof(float));
+    if (m->adam_bf16)
+        m->adam16 = fx__calloc(2 * P, sizeof(uint16_t)); /* bfloat16 zero is all zero bits */
+    else
+        m->adam = fx__calloc(2 * P, sizeof(float));
     m->norm_parts = fx__calloc((P + FX__NORM_CHUNK - 1) / FX__NORM_CHUNK, sizeof(double));
-    if (!m->grads || !m->adam || !m->norm_parts) {
-        fx__free(m->grads), fx__free(m->adam), fx__free(m->norm_parts);
+    if (!m->grads || (!m->adam && !m->adam16) || !m->norm_parts) {
+        fx__free(m->grads), fx__free(m->adam), fx__free(m->adam16), fx__free(m->norm_parts);
         m->grads = m->adam = NULL;
+        m->adam16 = NULL;
         m->norm_parts = NULL;
         return FX_ENOMEM;
     }
@@ -661,8 +666,21 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
         const fx__gpt_tensor *tt = &m->lay.t[ti];
         float wd = tt->decay ? o->weight_decay : 0.0f;
         float *p = m->params + tt->offset, *g = m->grads + tt->offset;
-        float *mm = m->adam + tt->offset, *vv = m->adam + P + tt->offset;
         int64_t n = (int64_t)tt->numel;
+        if (m->adam16) {
+            uint16_t *mm = m->adam16 + tt->offset, *vv = m->adam16 + P + tt->offset;
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < n; i++) {
+                float gi = g[i];
+                float mi = o->beta1 * fx_bf16_to_f32(mm[i]) + (1.0f - o->beta1) * gi;
+                float vi = o->beta2 * fx_bf16_to_f32(vv[i]) + (1.0f - o->beta2) * gi * gi;
+                mm[i] = fx_f32_to_bf16(mi);
+                vv[i] = fx_f32_to_bf16(vi);
+                p[i] -= o->lr * (mi / bc1 / (sqrtf(vi / bc2) + o->eps) + wd * p[i]);
+            }
+            continue;
+        }
+        float *mm = m->adam + tt->offset, *vv = m->adam + P + tt->offset;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {
             float gi = g[i];

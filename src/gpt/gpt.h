@@ -111,7 +111,9 @@ typedef struct fx__gpt {
     fx__gpt_layout lay;
     float *params;    /* [P] */
     float *grads;     /* [P], NULL until fx__gpt_alloc_train */
-    float *adam;      /* [2P]: m then v */
+    float *adam;      /* [2P]: m then v, float32 ... */
+    uint16_t *adam16; /* ... or bfloat16 when adam_bf16 (exactly one of the two is set) */
+    bool adam_bf16;   /* set before fx__gpt_alloc_train: half the optimizer memory and traffic */
     float *rope;      /* [ctx, hd/2, 2] cos, sin */
 
     /* Per-step settings. */
@@ -168,7 +170,9 @@ typedef struct fx__adamw {
 /* sqrt(sum g^2) over the whole gradient buffer, in a fixed order. */
 double fx__gpt_grad_norm(const fx__gpt *m);
 void fx__gpt_grad_scale(fx__gpt *m, float s);
-/* One AdamW step (t counts from 1) over the flat buffers; decay on matrices only. */
+/* One AdamW step (t counts from 1) over the flat buffers; decay on matrices only. With
+   bfloat16 moments, each is widened, updated in float32 and rounded to nearest even (fine
+   for beta2 <= 0.99: smaller relative updates than bfloat16's 2^-8 would be lost). */
 void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t);
 /* Linear warmup to lr, then cosine down to min_lr at step `total`. step counts from 0. */
 float fx__lr_schedule(int64_t step, int64_t warmup, int64_t total, float lr, float min_lr);
@@ -265,6 +269,7 @@ typedef struct fx__gpt_train_state {
     fx_rng rng;        /* the data sampler */
     char attn[32];     /* mask name */
     char data[4096];   /* the --data file, absolute ("" for the default corpus) */
+    bool adam_bf16;    /* the checkpoint's Adam moments are bfloat16 */
     uint64_t data_hash;
     /* Hyper-parameters, kept so a resume continues the same schedule. */
     int64_t steps, warmup, batch, seq, accum;
