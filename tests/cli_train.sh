@@ -59,6 +59,10 @@ check second-bf16 0 "$flexc" train --resume --out "$tmp/rb" --threads 1 --quiet
 same resume-bf16 "$tmp/sb/checkpoint.safetensors" "$tmp/rb/checkpoint.safetensors"
 check resume-switch 2 "$flexc" train --resume --adam-bf16 --out "$tmp/r" --quiet
 
+# Recomputing activations changes memory, not results.
+check recompute 0 "$flexc" train "${common[@]}" --steps 20 --recompute --out "$tmp/rc" --threads 1
+same recompute-same "$tmp/s/checkpoint.safetensors" "$tmp/rc/checkpoint.safetensors"
+
 # ---- 1 and 2 threads agree bitwise, for each attention mask ----
 for attn in causal document sliding:8 dense; do
     check "t1-$attn" 0 "$flexc" train "${common[@]}" --steps 3 --attn "$attn" --out "$tmp/t1-$attn" --threads 1

@@ -44,7 +44,7 @@ int bench_train(int argc, char **argv)
 {
     const char *model = "small", *attn = "causal", *only = NULL;
     int64_t batch = 4, seq = 0, steps = 5, vocab = 0, threads = 0, accum = 1;
-    bool json = false, adam_bf16 = false;
+    bool json = false, adam_bf16 = false, recompute = false;
     const cli_opt opts[] = {
         {"--model", CLI_STRING, &model, "tiny | small | gpt2 (default small)"},
         {"--attn", CLI_STRING, &attn, "mask of the flex variant: causal | sliding:W | document (default causal)"},
@@ -55,6 +55,7 @@ int bench_train(int argc, char **argv)
         {"--threads", CLI_INT, &threads, "threads (default: all cores)"},
         {"--only", CLI_STRING, &only, "flex | baseline: build and time one variant (its process max RSS is then its own)"},
         {"--adam-bf16", CLI_FLAG, &adam_bf16, "both variants keep the Adam moments in bfloat16"},
+        {"--recompute", CLI_FLAG, &recompute, "the flex variant recomputes activations in backward"},
         {"--json", CLI_FLAG, &json, "one JSON object"},
     };
     int rc = cli_parse("bench train", "[options]", argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
@@ -121,6 +122,7 @@ int bench_train(int argc, char **argv)
             goto done;
         }
         v[i].m->adam_bf16 = adam_bf16;
+        v[i].m->recompute = recompute && i == 0;
         if ((rc = fx__gpt_alloc_train(v[i].m)) != FX_OK) {
             cli_fail(rc, "bench train");
             goto done;
@@ -160,10 +162,10 @@ int bench_train(int argc, char **argv)
         variant *x = &v[first];
         double t = first == 0 ? ta : tb, mem = (double)(x->own_bytes + x->step_peak);
         if (json)
-            printf("{\"case\":\"train\",\"variant\":\"%s\",\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"vocab\":%lld,"
+            printf("{\"case\":\"train\",\"variant\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"vocab\":%lld,"
                    "\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"tokens_per_s\":%.1f,\"peak_bytes\":%.0f,"
                    "\"max_rss_bytes\":%zu}\n",
-                   x->name, adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.vocab, (long long)batch, (long long)seq,
+                   x->name, x->m->recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.vocab, (long long)batch, (long long)seq,
                    fx_get_num_threads(), tokens / t, mem, bench_max_rss());
         else
             printf("train %s (%s): %.2fM params, batch %lld x %lld, %d threads: %.1f tokens/s, library peak %.1f MB, "
@@ -176,11 +178,11 @@ int bench_train(int argc, char **argv)
     char an[32];
     fx__gpt_mask_name(mask, window, an, sizeof an);
     if (json) {
-        printf("{\"case\":\"train\",\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"layers\":%lld,\"dim\":%lld,\"heads\":%lld,"
+        printf("{\"case\":\"train\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"layers\":%lld,\"dim\":%lld,\"heads\":%lld,"
                "\"kv_heads\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"attn\":\"%s\","
                "\"tokens_per_s\":%.1f,\"baseline_tokens_per_s\":%.1f,\"speedup\":%.3f,"
                "\"peak_bytes\":%.0f,\"baseline_peak_bytes\":%.0f,\"memory_ratio\":%.3f,\"max_rss_bytes\":%zu}\n",
-               adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
+               recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
                (long long)cfg.kv_heads, (long long)cfg.vocab, (long long)batch, (long long)seq, fx_get_num_threads(),
                an, tokens / ta, tokens / tb, tb / ta, mem_a, mem_b, mem_a / mem_b, bench_max_rss());
     } else {

@@ -27,7 +27,7 @@ typedef struct train_opts {
     int64_t steps, batch, seq, seed, threads, accum, warmup, save_every, eval_every, eval_batches, log_every, until;
     int64_t layers, dim, heads, kv_heads;
     double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac;
-    bool resume, quiet, bf16, force, adam_bf16;
+    bool resume, quiet, bf16, force, adam_bf16, recompute;
 } train_opts;
 
 /* "-1" marks an option the user did not give. */
@@ -185,6 +185,7 @@ int cmd_train(int argc, char **argv)
         {"--log-every", CLI_INT, &o.log_every, "progress line every N steps when not on a terminal"},
         {"--bf16", CLI_FLAG, &o.bf16, "write model.safetensors in bfloat16"},
         {"--adam-bf16", CLI_FLAG, &o.adam_bf16, "keep the Adam moments in bfloat16 (half the optimizer memory)"},
+        {"--recompute", CLI_FLAG, &o.recompute, "keep only layer inputs, recompute the rest in backward"},
         {"--threads", CLI_INT, &o.threads, "threads (default: all cores)"},
         {"--quiet", CLI_FLAG, &o.quiet, "no progress output"},
     };
@@ -366,6 +367,7 @@ int cmd_train(int argc, char **argv)
         goto done;
     }
     m->adam_bf16 = st.adam_bf16;
+    m->recompute = o.recompute;
     if ((rc = fx__gpt_alloc_train(m)) != FX_OK) {
         cli_fail(rc, "model");
         goto done;

@@ -265,14 +265,17 @@ typedef struct fx__acts {
     size_t total;
 } fx__acts;
 
-static void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, int64_t B, int64_t T, bool unfused)
+/* With recompute, the per-layer activations have one slot (the layer being worked on) and
+   only the residual stream is kept for every layer. */
+static void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, int64_t B, int64_t T, bool unfused,
+                           bool recompute)
 {
-    size_t N = (size_t)(B * T), L = (size_t)c->layers, C = (size_t)c->dim, F = (size_t)c->ffn;
+    size_t N = (size_t)(B * T), L = recompute ? 1 : (size_t)c->layers, C = (size_t)c->dim, F = (size_t)c->ffn;
     size_t hd = C / (size_t)c->heads, QD = (size_t)c->heads * hd, KD = (size_t)c->kv_heads * hd;
     size_t wide = F > QD ? F : QD, wider = F > QD + 2 * KD ? F : QD + 2 * KD;
     size_t off = 0;
 #define FX__CARVE(field, n) (a->field = base ? base + off : NULL, off += ((n) + 15) / 16 * 16)
-    FX__CARVE(res, (L + 1) * N * C);
+    FX__CARVE(res, ((size_t)c->layers + 1) * N * C);
     FX__CARVE(xn1, L * N * C);
     FX__CARVE(rstd1, L * N);
     FX__CARVE(q, L * N * QD);
@@ -302,7 +305,7 @@ static void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, in
 size_t fx__gpt_acts_floats(const fx__gpt *m, int64_t B, int64_t T)
 {
     fx__acts a;
-    fx__acts_carve(&a, NULL, &m->c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED);
+    fx__acts_carve(&a, NULL, &m->c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
     return a.total;
 }
 
@@ -316,6 +319,7 @@ int fx__gpt_set_batch(fx__gpt *m, int64_t B, int64_t T)
     size_t need = fx__gpt_acts_floats(m, B, T);
     if (m->acts && m->B == B && m->T == T && m->acts_floats == need)
         return FX_OK;
+    m->grad_ready = false;
     fx__free(m->acts), fx__free(m->targets), fx__free(m->tokens), fx__free(m->doc);
     fx_block_mask_free(m->bmask);
     m->bmask = NULL;
@@ -422,13 +426,16 @@ static int fx__train_attn(fx__gpt *m, fx__attn_call *c, bool build)
         return FX_OK;
     }
     /* Document masks change with every batch; the others only with the shape. */
-    if ((build && m->mask == FX__GPT_MASK_DOCUMENT) || !m->bmask) {
+    bool stale = !m->bmask || m->bmask_mask != m->mask || m->bmask_window != m->window;
+    if ((build && m->mask == FX__GPT_MASK_DOCUMENT) || stale) {
         fx_block_mask_free(m->bmask);
         m->bmask = NULL;
         int64_t Bm = m->mask == FX__GPT_MASK_DOCUMENT ? m->B : 1;
         int rc = fx_block_mask_create(&m->bmask, c->fn, c->ctx, Bm, 1, m->T, m->T, 0, 0);
         if (rc)
             return fx__error_context(rc, "attention mask");
+        m->bmask_mask = m->mask;
+        m->bmask_window = m->window;
     }
     c->bm = m->bmask;
     return FX_OK;
@@ -462,6 +469,59 @@ static fx__layer_params fx__layer(const fx__gpt *m, float *buf, int64_t l)
                               buf + t[FX__GPT_W1].offset, buf + t[FX__GPT_W3].offset, buf + t[FX__GPT_W2].offset};
 }
 
+/* Layer l's saved activations: slot l, or slot 0 when they are recomputed. */
+typedef struct fx__layer_acts {
+    float *res, *xn1, *rstd1, *q, *k, *v, *att, *lse, *resm, *xn2, *rstd2, *h1, *h3, *out;
+} fx__layer_acts;
+
+static fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l)
+{
+    const fx__gpt_config *c = &m->c;
+    int64_t N = m->B * m->T, C = c->dim, F = c->ffn, Hq = c->heads, hd = C / Hq, QD = Hq * hd;
+    int64_t KD = c->kv_heads * hd, s = m->recompute ? 0 : l;
+    return (fx__layer_acts){.res = a->res + l * N * C, .xn1 = a->xn1 + s * N * C, .rstd1 = a->rstd1 + s * N,
+                            .q = a->q + s * N * QD, .k = a->k + s * N * KD, .v = a->v + s * N * KD,
+                            .att = a->att + s * N * QD, .lse = a->lse + s * N * Hq, .resm = a->resm + s * N * C,
+                            .xn2 = a->xn2 + s * N * C, .rstd2 = a->rstd2 + s * N, .h1 = a->h1 + s * N * F,
+                            .h3 = a->h3 + s * N * F, .out = a->res + (l + 1) * N * C};
+}
+
+/* Layer l from its input res[l]; writes res[l+1] when write_out (a recomputation for the
+   backward pass does not: the stream is already there, bit for bit). */
+static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, int64_t l, bool write_out)
+{
+    const fx__gpt_config *c = &m->c;
+    int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
+    int64_t Hq = c->heads, Hkv = c->kv_heads, hd = C / Hq, QD = Hq * hd, KD = Hkv * hd;
+    fx__layer_params p = fx__layer(m, m->params, l);
+    fx__layer_acts x = fx__layer_acts_at(m, a, l);
+
+    fx__rmsnorm_forward(x.xn1, x.rstd1, x.res, p.ln1, N, C, c->norm_eps);
+    float *qt = a->sz2, *kt = a->sz2 + N * QD, *vt = a->sz2 + N * (QD + KD);
+    fx__linear(qt, x.xn1, p.wq, N, C, QD, false);
+    fx__linear(kt, x.xn1, p.wk, N, C, KD, false);
+    fx__linear(vt, x.xn1, p.wv, N, C, KD, false);
+    fx__rope_forward(x.q, qt, m->rope, B, T, Hq, hd, 0);
+    fx__rope_forward(x.k, kt, m->rope, B, T, Hkv, hd, 0);
+    fx__to_heads(x.v, vt, B, T, Hkv, hd);
+    int rc = fx__attn_fwd(m, call, x.q, x.k, x.v, x.att, x.lse);
+    if (rc)
+        return fx__error_context(rc, "layer %lld attention", (long long)l);
+    fx__from_heads(a->sx, x.att, B, T, Hq, hd);
+    memcpy(x.resm, x.res, (size_t)(N * C) * sizeof(float));
+    fx__linear(x.resm, a->sx, p.wo, N, QD, C, true);
+
+    fx__rmsnorm_forward(x.xn2, x.rstd2, x.resm, p.ln2, N, C, c->norm_eps);
+    fx__linear(x.h1, x.xn2, p.w1, N, C, F, false);
+    fx__linear(x.h3, x.xn2, p.w3, N, C, F, false);
+    if (write_out) {
+        fx__swiglu_forward(a->sx, x.h1, x.h3, N * F);
+        memcpy(x.out, x.resm, (size_t)(N * C) * sizeof(float));
+        fx__linear(x.out, a->sx, p.w2, N, F, C, true);
+    }
+    return FX_OK;
+}
+
 int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
 {
     if (!m || !tokens || !m->acts)
@@ -469,8 +529,7 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     if (grad && (!m->grads || !targets))
         return fx__error(FX_EINVAL, "fx__gpt_forward: gradients need targets and fx__gpt_alloc_train");
     const fx__gpt_config *c = &m->c;
-    int64_t B = m->B, T = m->T, N = B * T, C = c->dim, V = c->vocab, F = c->ffn;
-    int64_t Hq = c->heads, Hkv = c->kv_heads, hd = C / Hq, QD = Hq * hd, KD = Hkv * hd;
+    int64_t B = m->B, T = m->T, N = B * T, C = c->dim, V = c->vocab;
     for (int64_t i = 0; i < N; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
             return fx__error(FX_ERANGE, "token[%lld] = %d is outside [0, %lld)", (long long)i, tokens[i], (long long)V);
@@ -490,7 +549,7 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
         }
     }
     fx__acts a;
-    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED);
+    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
     fx__attn_call call;
     m->grad_ready = false;
     int rc = fx__train_attn(m, &call, true);
@@ -498,35 +557,9 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
         return rc;
 
     fx__embed_forward(a.res, tokens, m->params, N, C);
-    for (int64_t l = 0; l < c->layers; l++) {
-        fx__layer_params p = fx__layer(m, m->params, l);
-        float *res = a.res + l * N * C, *xn1 = a.xn1 + l * N * C, *rstd1 = a.rstd1 + l * N;
-        float *q = a.q + l * N * QD, *k = a.k + l * N * KD, *v = a.v + l * N * KD;
-        float *att = a.att + l * N * QD, *lse = a.lse + l * N * Hq;
-        float *resm = a.resm + l * N * C, *xn2 = a.xn2 + l * N * C, *rstd2 = a.rstd2 + l * N;
-        float *h1 = a.h1 + l * N * F, *h3 = a.h3 + l * N * F, *out = a.res + (l + 1) * N * C;
-
-        fx__rmsnorm_forward(xn1, rstd1, res, p.ln1, N, C, c->norm_eps);
-        float *qt = a.sz2, *kt = a.sz2 + N * QD, *vt = a.sz2 + N * (QD + KD);
-        fx__linear(qt, xn1, p.wq, N, C, QD, false);
-        fx__linear(kt, xn1, p.wk, N, C, KD, false);
-        fx__linear(vt, xn1, p.wv, N, C, KD, false);
-        fx__rope_forward(q, qt, m->rope, B, T, Hq, hd, 0);
-        fx__rope_forward(k, kt, m->rope, B, T, Hkv, hd, 0);
-        fx__to_heads(v, vt, B, T, Hkv, hd);
-        if ((rc = fx__attn_fwd(m, &call, q, k, v, att, lse)) != FX_OK)
-            return fx__error_context(rc, "layer %lld attention", (long long)l);
-        fx__from_heads(a.sx, att, B, T, Hq, hd);
-        memcpy(resm, res, (size_t)(N * C) * sizeof(float));
-        fx__linear(resm, a.sx, p.wo, N, QD, C, true);
-
-        fx__rmsnorm_forward(xn2, rstd2, resm, p.ln2, N, C, c->norm_eps);
-        fx__linear(h1, xn2, p.w1, N, C, F, false);
-        fx__linear(h3, xn2, p.w3, N, C, F, false);
-        fx__swiglu_forward(a.sx, h1, h3, N * F);
-        memcpy(out, resm, (size_t)(N * C) * sizeof(float));
-        fx__linear(out, a.sx, p.w2, N, F, C, true);
-    }
+    for (int64_t l = 0; l < c->layers; l++)
+        if ((rc = fx__layer_forward(m, &a, &call, l, true)) != FX_OK)
+            return rc;
     const fx__gpt_tensor *tn = fx__layer_first(m, c->layers);
     fx__rmsnorm_forward(a.xnf, a.rstdf, a.res + c->layers * N * C, m->params + tn->offset, N, C, c->norm_eps);
     if (!targets)
@@ -565,7 +598,7 @@ int fx__gpt_backward(fx__gpt *m)
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
     int64_t Hq = c->heads, Hkv = c->kv_heads, hd = C / Hq, QD = Hq * hd, KD = Hkv * hd;
     fx__acts a;
-    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED);
+    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
     fx__attn_call call;
     int rc = fx__train_attn(m, &call, false);
     if (rc)
@@ -580,11 +613,11 @@ int fx__gpt_backward(fx__gpt *m)
 
     for (int64_t l = c->layers - 1; l >= 0; l--) {
         fx__layer_params p = fx__layer(m, m->params, l), g = fx__layer(m, m->grads, l);
-        float *res = a.res + l * N * C, *xn1 = a.xn1 + l * N * C, *rstd1 = a.rstd1 + l * N;
-        float *q = a.q + l * N * QD, *k = a.k + l * N * KD, *v = a.v + l * N * KD;
-        float *att = a.att + l * N * QD, *lse = a.lse + l * N * Hq;
-        float *resm = a.resm + l * N * C, *xn2 = a.xn2 + l * N * C, *rstd2 = a.rstd2 + l * N;
-        float *h1 = a.h1 + l * N * F, *h3 = a.h3 + l * N * F;
+        if (m->recompute && (rc = fx__layer_forward(m, &a, &call, l, false)) != FX_OK)
+            return rc;
+        fx__layer_acts x = fx__layer_acts_at(m, &a, l);
+        float *res = x.res, *xn1 = x.xn1, *rstd1 = x.rstd1, *q = x.q, *k = x.k, *v = x.v, *att = x.att;
+        float *lse = x.lse, *resm = x.resm, *xn2 = x.xn2, *rstd2 = x.rstd2, *h1 = x.h1, *h3 = x.h3;
 
         /* MLP: out = resm + swiglu(h1, h3) W2^T, dres holds d(out). */
         fx__swiglu_forward(a.sx, h1, h3, N * F);

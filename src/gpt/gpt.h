@@ -121,6 +121,8 @@ typedef struct fx__gpt {
     int64_t window;
     fx__gpt_attn_impl attn_impl;
     fx__gpt_loss_impl loss_impl;
+    bool recompute;   /* keep only each layer's input; backward recomputes the rest (set before
+                         fx__gpt_set_batch): activation memory / (about) L, one more forward */
 
     /* Activations for (B, T) and backward scratch: one buffer. */
     int64_t B, T;
@@ -130,6 +132,8 @@ typedef struct fx__gpt {
     int32_t *tokens;      /* [B*T] */
     int64_t *doc;         /* [B*T] document id of each position */
     fx_block_mask *bmask; /* built per batch for document masks, once per shape otherwise */
+    fx__gpt_mask bmask_mask; /* what bmask was built for */
+    int64_t bmask_window;
     fx__gpt_mask_ctx mctx;
     double *norm_parts;   /* per-chunk partial sums of the gradient norm */
     bool grad_ready;      /* a forward with grad ran, and its backward has not */
