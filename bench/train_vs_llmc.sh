@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # flexc's trainer against llm.c's CPU trainer (train_gpt2.c) at the GPT-2 124M shape, B=4,
 # T=64, on the same threads, run alternately in this script: tokens/s and peak memory
-# (maximum resident set of each process). flexc runs with its Adam moments in float32 and in
-# bfloat16 (--adam-bf16), and with OMP_WAIT_POLICY=passive: its layers' OpenMP threads and
+# (maximum resident set of each process). flexc runs with its Adam moments in float32, in
+# bfloat16 (--adam-bf16), and in bfloat16 with recomputed activations (--recompute), all
+# with OMP_WAIT_POLICY=passive: its layers' OpenMP threads and
 # OpenBLAS's threads share the cores, and spinning idle threads would slow the GEMMs (llm.c
 # has one OpenMP pool and keeps the default policy). llm.c is not part of flexc: pass the path of an
 # llm.c checkout; without one (or without numpy to write its random-weight inputs) this skips.
@@ -46,8 +47,8 @@ for r in $(seq 1 "$rounds"); do
     # "step N: train loss X (took Y ms)": the steps after the first
     ms=$(grep -o 'step [1-9][0-9]*: .*took [0-9.]* ms' "$work/llmc.out" | sed 's/.*took \([0-9.]*\) ms/\1/' | median)
     echo "$ms $(cat "$work/llmc.rss")" >> "$work/llmc.all"
-    for adam in f32 bf16; do
-        flag=(); [[ $adam == bf16 ]] && flag=(--adam-bf16)
+    for adam in f32 bf16 bf16+recompute; do
+        flag=(); [[ $adam == bf16 ]] && flag=(--adam-bf16); [[ $adam == bf16+recompute ]] && flag=(--adam-bf16 --recompute)
         OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OMP_NUM_THREADS=$threads /usr/bin/time -f "%M" -o "$work/fx.rss" \
             "$flexc" bench train --model gpt2 --vocab 50257 --batch 4 --seq 64 --only flex --steps 3 \
             --threads "$threads" "${flag[@]}" --json > "$work/fx.out"
@@ -56,12 +57,12 @@ for r in $(seq 1 "$rounds"); do
     done
 done
 llmc_ms=$(cut -d' ' -f1 "$work/llmc.all" | median); llmc_kb=$(cut -d' ' -f2 "$work/llmc.all" | sort -n | tail -1)
-for adam in f32 bf16; do
+for adam in f32 bf16 bf16+recompute; do
     fx_tps=$(cut -d' ' -f1 "$work/fx_$adam.all" | median); fx_kb=$(cut -d' ' -f2 "$work/fx_$adam.all" | sort -n | tail -1)
     awk -v ms="$llmc_ms" -v lkb="$llmc_kb" -v tps="$fx_tps" -v fkb="$fx_kb" -v th="$threads" -v rounds="$rounds" \
         -v adam="$adam" 'BEGIN {
         ltps = 256 / (ms / 1000)
         printf("{\"case\":\"train_vs_llmc\",\"shape\":\"gpt2-124M B=4 T=64 V=50257\",\"threads\":%d,\"rounds\":%d,", th, rounds)
-        printf("\"flexc_adam\":\"%s\",\"llmc_tokens_per_s\":%.1f,\"flexc_tokens_per_s\":%.1f,\"speedup\":%.2f,", adam, ltps, tps, tps / ltps)
+        printf("\"flexc\":\"%s\",\"llmc_tokens_per_s\":%.1f,\"flexc_tokens_per_s\":%.1f,\"speedup\":%.2f,", adam, ltps, tps, tps / ltps)
         printf("\"llmc_max_rss_mb\":%.0f,\"flexc_max_rss_mb\":%.0f,\"memory_ratio\":%.2f}\n", lkb/1024, fkb/1024, fkb/lkb) }'
 done

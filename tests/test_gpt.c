@@ -528,6 +528,22 @@ static void test_adamw(void)
         }
     }
     fxt_close_f32("adamw params", m->params, p, P, 1e-6, 1e-4);
+    /* A gradient scale is the same as scaling the gradients first. */
+    fx__gpt *m2 = NULL;
+    FXT_OK(fx__gpt_create(&m2, &c, 1));
+    if (m2) {
+        FXT_OK(fx__gpt_alloc_train(m2));
+        memcpy(m2->params, m->params, P * sizeof(float));
+        memcpy(m2->adam, m->adam, 2 * P * sizeof(float));
+        memcpy(m2->grads, m->grads, P * sizeof(float));
+        fx__gpt_grad_scale(m2, 0.375f);
+        fx__adamw o2 = o;
+        o2.grad_scale = 0.375f;
+        fx__gpt_adamw(m, &o2, 4);
+        fx__gpt_adamw(m2, &o, 4);
+        fxt_bitwise_f32("grad_scale", m->params, m2->params, P);
+        fx__gpt_free(m2);
+    }
     /* Norms have no decay: with a zero gradient they stay exactly. */
     FXT_CHECK(!m->lay.t[1].decay && m->lay.t[2].decay && m->lay.t[0].decay);
     /* The schedule: warmup, peak, cosine, floor. */

@@ -694,6 +694,7 @@ void fx__gpt_grad_scale(fx__gpt *m, float s)
 void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
 {
     float bc1 = 1.0f - powf(o->beta1, (float)t), bc2 = 1.0f - powf(o->beta2, (float)t);
+    float gs = o->grad_scale != 0.0f ? o->grad_scale : 1.0f;
     size_t P = m->lay.total;
     for (size_t ti = 0; ti < m->lay.n; ti++) {
         const fx__gpt_tensor *tt = &m->lay.t[ti];
@@ -704,7 +705,7 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
             uint16_t *mm = m->adam16 + tt->offset, *vv = m->adam16 + P + tt->offset;
 #pragma omp parallel for schedule(static)
             for (int64_t i = 0; i < n; i++) {
-                float gi = g[i];
+                float gi = g[i] * gs;
                 float mi = o->beta1 * fx_bf16_to_f32(mm[i]) + (1.0f - o->beta1) * gi;
                 float vi = o->beta2 * fx_bf16_to_f32(vv[i]) + (1.0f - o->beta2) * gi * gi;
                 mm[i] = fx_f32_to_bf16(mi);
@@ -716,7 +717,7 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
         float *mm = m->adam + tt->offset, *vv = m->adam + P + tt->offset;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++) {
-            float gi = g[i];
+            float gi = g[i] * gs;
             float mi = o->beta1 * mm[i] + (1.0f - o->beta1) * gi;
             float vi = o->beta2 * vv[i] + (1.0f - o->beta2) * gi * gi;
             mm[i] = mi;

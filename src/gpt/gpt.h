@@ -15,7 +15,8 @@
  * A training step is, in order (the points where a multi-process trainer hooks in):
  *   fx__gpt_zero_grad; for each micro-batch: fx__gpt_forward, fx__gpt_backward (which calls
  *   the optional per-layer gradient hook as each layer's gradients become final);
- *   fx__gpt_grad_scale / norm / clip; fx__gpt_adamw over the flat buffers.
+ *   the gradient norm, then fx__gpt_adamw over the flat buffers (averaging and clipping
+ *   folded into its gradient scale).
  */
 #ifndef FX_GPT_H
 #define FX_GPT_H
@@ -169,6 +170,8 @@ void fx__gpt_zero_grad(fx__gpt *m);
 
 typedef struct fx__adamw {
     float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale; /* the gradient used is grads * grad_scale (0 means 1): averaging over
+                         micro-batches and clipping, without a pass of their own */
 } fx__adamw;
 
 /* sqrt(sum g^2) over the whole gradient buffer, in a fixed order. */

@@ -23,14 +23,14 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
             return rc;
         loss += l;
     }
-    /* The gradient of the mean over micro-batches; then clipping on the global norm. */
-    if (s->accum > 1)
-        fx__gpt_grad_scale(m, 1.0f / (float)s->accum);
-    double norm = fx__gpt_grad_norm(m);
+    /* The gradient of the mean over micro-batches, clipped to the global norm: one scale
+       that AdamW applies as it reads the gradients. */
+    double norm = fx__gpt_grad_norm(m) / (double)s->accum, scale = 1.0 / (double)s->accum;
     if (s->clip > 0.0f && norm > s->clip)
-        fx__gpt_grad_scale(m, (float)(s->clip / norm));
+        scale *= s->clip / norm;
     float lr = fx__lr_schedule(s->step, s->warmup, s->steps, s->lr, s->min_lr);
-    fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f, .weight_decay = s->weight_decay};
+    fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f, .weight_decay = s->weight_decay,
+                   .grad_scale = (float)scale};
     fx__gpt_adamw(m, &o, s->step + 1);
     s->step++;
     if (info)
