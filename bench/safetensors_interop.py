@@ -58,7 +58,8 @@ def main():
         # 1. flexc -> Python
         path = os.path.join(d, "flexc.safetensors")
         subprocess.run([tool, "write", path], check=True)
-        got = {name: info for name, info in safetensors.deserialize(open(path, "rb").read())}
+        with open(path, "rb") as fh:
+            got = {name: info for name, info in safetensors.deserialize(fh.read())}
         for t in tensors:
             g = got.get(t["name"])
             if g is None or g["dtype"] != t["dtype"] or list(g["shape"]) != t["shape"] \

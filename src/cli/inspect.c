@@ -129,9 +129,30 @@ static void totals(const row *rows, size_t n, int64_t *params, uint64_t *bytes)
     }
 }
 
+/* A command-line path need not be UTF-8; JSON strings must be. */
+static json_t *path_json(const char *path)
+{
+    json_t *s = json_string(path);
+    if (s)
+        return s;
+    char *copy = strdup(path);
+    if (!copy)
+        return json_string("?");
+    for (char *p = copy; *p; p++)
+        if ((unsigned char)*p >= 0x80)
+            *p = '?';
+    s = json_string(copy);
+    free(copy);
+    return s;
+}
+
 static int emit_json(json_t *doc)
 {
-    int rc = json_dumpf(doc, stdout, JSON_INDENT(2) | JSON_ENSURE_ASCII) == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+    if (!doc) {
+        cli_error("inspect: cannot build the JSON output");
+        return CLI_EXIT_FAIL;
+    }
+    int rc = json_dumpf(doc, stdout, JSON_COMPACT | JSON_ENSURE_ASCII) == 0 ? CLI_EXIT_OK : CLI_EXIT_FAIL;
     putchar('\n');
     json_decref(doc);
     if (rc != CLI_EXIT_OK)
@@ -162,7 +183,7 @@ static int inspect_file(const char *path, bool as_json)
     uint64_t bytes;
     totals(rows, n, &params, &bytes);
     if (as_json) {
-        json_t *doc = json_pack("{s:s, s:I, s:o, s:o, s:{s:I, s:I, s:I}}", "file", path, "header_bytes",
+        json_t *doc = json_pack("{s:o, s:I, s:o, s:o, s:{s:I, s:I, s:I}}", "file", path_json(path), "header_bytes",
                                 (json_int_t)fx_safetensors_header_size(f), "metadata", metadata_json(f),
                                 "tensors", rows_json(rows, n), "totals", "tensors", (json_int_t)n,
                                 "parameters", (json_int_t)params, "bytes", (json_int_t)bytes);
@@ -214,7 +235,7 @@ static int inspect_index(const char *path, bool as_json)
                                                     "tensors", (json_int_t)fx_safetensors_count(f),
                                                     "metadata", metadata_json(f)));
         }
-        json_t *doc = json_pack("{s:s, s:o, s:o, s:{s:I, s:I, s:I, s:I}}", "index", path, "shards", shards,
+        json_t *doc = json_pack("{s:o, s:o, s:o, s:{s:I, s:I, s:I, s:I}}", "index", path_json(path), "shards", shards,
                                 "tensors", rows_json(rows, n), "totals", "tensors", (json_int_t)n, "shards",
                                 (json_int_t)ns, "parameters", (json_int_t)params, "bytes", (json_int_t)bytes);
         rc = emit_json(doc);

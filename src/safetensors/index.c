@@ -70,7 +70,7 @@ int fx__st_index_check(const char *text, size_t len, void **root_out)
     char q[FX__ST_QUOTE_CAP];
     if (!root)
         return fx__error(FX_EFORMAT, "index is not strict JSON: %s at byte %d (line %d, column %d)",
-                         fx__st_quote(q, jerr.text), jerr.position, jerr.line, jerr.column);
+                         fx__st_printable(q, jerr.text), jerr.position, jerr.line, jerr.column);
     int rc = FX_OK;
     const json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
     if (!json_is_object(root)) {

@@ -17,18 +17,24 @@
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
-const char *fx__st_quote(char buf[FX__ST_QUOTE_CAP], const char *s)
+static const char *quote(char buf[FX__ST_QUOTE_CAP], const char *s, bool quoted)
 {
     static const char hex[] = "0123456789abcdef";
     size_t o = 0;
-    buf[o++] = '\'';
+    if (quoted)
+        buf[o++] = '\'';
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (o + 8 >= FX__ST_QUOTE_CAP) {
+            /* Cut at a character boundary so the message stays valid UTF-8. */
+            while (o > 1 && ((unsigned char)buf[o - 1] & 0xc0) == 0x80)
+                o--;
+            if (o > 1 && (unsigned char)buf[o - 1] >= 0xc0)
+                o--;
             memcpy(buf + o, "...", 3);
             o += 3;
             break;
         }
-        if (*p < 0x20 || *p == 0x7f || *p == '\\' || *p == '\'') {
+        if (*p < 0x20 || *p == 0x7f || (quoted && (*p == '\\' || *p == '\''))) {
             buf[o++] = '\\';
             buf[o++] = 'x';
             buf[o++] = hex[*p >> 4];
@@ -37,10 +43,14 @@ const char *fx__st_quote(char buf[FX__ST_QUOTE_CAP], const char *s)
             buf[o++] = (char)*p;
         }
     }
-    buf[o++] = '\'';
+    if (quoted)
+        buf[o++] = '\'';
     buf[o] = '\0';
     return buf;
 }
+
+const char *fx__st_quote(char buf[FX__ST_QUOTE_CAP], const char *s) { return quote(buf, s, true); }
+const char *fx__st_printable(char buf[FX__ST_QUOTE_CAP], const char *s) { return quote(buf, s, false); }
 
 bool fx__st_utf8_valid(const unsigned char *s, size_t n, size_t *bad)
 {
@@ -309,14 +319,14 @@ void fx__st_release(fx_safetensors *f)
     f->strings = NULL;
 }
 
-static int parse_json(fx_safetensors *f, const unsigned char *file, const char *hdr, size_t hlen)
+static int parse_json(fx_safetensors *f, const char *hdr, size_t hlen)
 {
     json_error_t jerr;
     json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         char q[FX__ST_QUOTE_CAP];
         return fx__error(FX_EFORMAT, "header is not strict JSON: %s at byte %d (line %d, column %d)",
-                         fx__st_quote(q, jerr.text), jerr.position, jerr.line, jerr.column);
+                         fx__st_printable(q, jerr.text), jerr.position, jerr.line, jerr.column);
     }
     int rc = FX_OK;
     entry *ents = NULL;
@@ -445,7 +455,6 @@ static int parse_json(fx_safetensors *f, const unsigned char *file, const char *
         }
     }
     f->nmeta = nmeta;
-    (void)file;
 
 done:
     if (rc != FX_OK)
@@ -485,7 +494,7 @@ int fx__st_parse(fx_safetensors *f, const unsigned char *file, size_t len)
     f->header_len = (size_t)n;
     f->buffer = file + stop;
     f->buffer_len = len - (size_t)stop;
-    return parse_json(f, file, (const char *)hdr, (size_t)n);
+    return parse_json(f, (const char *)hdr, (size_t)n);
 }
 
 /* ---- the public API -------------------------------------------------------------------------- */

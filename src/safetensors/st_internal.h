@@ -40,6 +40,8 @@ bool fx__st_utf8_valid(const unsigned char *s, size_t n, size_t *bad);
    'name' with control bytes as \xNN. Returns buf. */
 enum { FX__ST_QUOTE_CAP = 96 };
 const char *fx__st_quote(char buf[FX__ST_QUOTE_CAP], const char *s);
+/* The same without the quotes, for messages of other libraries. */
+const char *fx__st_printable(char buf[FX__ST_QUOTE_CAP], const char *s);
 
 /* The header a save of tensors[order[0..n)] with `metadata` writes: JSON padded with spaces
    to a multiple of 8, data laid out in that order from offset 0. Input must be validated.

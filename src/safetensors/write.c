@@ -273,6 +273,8 @@ static int write_all(int fd, const void *data, size_t n, const char *tmp)
                 continue;
             return fx__error(FX_EIO, "cannot write %s: %s", tmp, strerror(errno));
         }
+        if (w == 0)
+            return fx__error(FX_EIO, "cannot write %s: the device accepted no bytes", tmp);
         p += w;
         n -= (size_t)w;
     }
