@@ -80,7 +80,6 @@ static int check_case(const char *what, ref_case *c, float lo, float hi, uint64_
     fx_isa best = fx_get_isa();
     int ran = 0;
     char name[160];
-    float *first = NULL;
     for (size_t t = 0; t < sizeof all_isas / sizeof all_isas[0]; t++) {
         if (fx_set_isa(all_isas[t]) != FX_OK)
             continue;
@@ -110,7 +109,6 @@ static int check_case(const char *what, ref_case *c, float lo, float hi, uint64_
     fxt_guarded_free(name, o2);
     fxt_guarded_free(name, l1);
     fxt_guarded_free(name, l2);
-    (void)first;
     free(q), free(k), free(v), free(ro), free(rl);
     return ran;
 }
@@ -121,28 +119,610 @@ static fx_attention shape(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_
     return a;
 }
 
+/* ---- block mask structure ------------------------------------------------------------------ */
+
+/* Every block of every slot against the mask evaluated element by element: empty blocks have
+   nothing visible, full blocks everything, partial bitmaps match bit for bit (and are 0 past
+   the ends); the transposed lists hold the same entries. Returns the visited count. */
+static int64_t check_structure(const char *what, const fx_block_mask *m, fx_mask_fn fn, const void *ctx)
+{
+    int64_t visited = 0, bad = 0;
+    for (int64_t slot = 0; slot < m->nslots && bad < 5; slot++) {
+        int64_t b = slot / m->H, h = slot % m->H;
+        for (int64_t qb = 0; qb < m->nqb; qb++) {
+            int64_t r = fx__bm_row(m, slot, qb), e = m->kv_ptr[r];
+            for (int64_t kb = 0; kb < m->nkb; kb++) {
+                bool listed = e < m->kv_ptr[r + 1] && m->kv_idx[e] == kb;
+                const uint64_t *bits = listed ? fx__bm_bits(m, m->kv_bits[e]) : NULL;
+                int64_t on = 0, off = 0;
+                for (int64_t i = 0; i < m->block_q; i++)
+                    for (int64_t j = 0; j < m->block_kv; j++) {
+                        int64_t qi = qb * m->block_q + i, kj = kb * m->block_kv + j;
+                        bool inside = qi < m->q_len && kj < m->kv_len;
+                        bool want = inside && fn(b, h, qi, kj, ctx);
+                        if (inside)
+                            want ? on++ : off++;
+                        if (bits && fx__bm_test(bits, m->bm_words, i, j) != want) {
+                            if (bad++ < 5)
+                                FXT_FAIL("%s: slot %lld block (%lld, %lld) bit (%lld, %lld) is %d", what,
+                                         (long long)slot, (long long)qb, (long long)kb, (long long)i, (long long)j, !want);
+                        }
+                    }
+                bool ok = listed ? (bits ? on > 0 && off > 0 : off == 0 && on > 0) : on == 0;
+                if (!ok && bad++ < 5)
+                    FXT_FAIL("%s: slot %lld block (%lld, %lld): listed %d partial %d, %lld visible, %lld masked", what,
+                             (long long)slot, (long long)qb, (long long)kb, listed, bits != NULL, (long long)on,
+                             (long long)off);
+                if (listed) {
+                    /* The transposed column has this q-block with the same bitmap. */
+                    int64_t c = fx__bm_col(m, slot, kb), found = 0;
+                    for (int64_t t = m->q_ptr[c]; t < m->q_ptr[c + 1]; t++) {
+                        if (t > m->q_ptr[c] && m->q_idx[t] <= m->q_idx[t - 1])
+                            FXT_FAIL("%s: column %lld not ascending", what, (long long)c);
+                        if (m->q_idx[t] == qb && m->q_bits[t] == m->kv_bits[e])
+                            found++;
+                    }
+                    if (found != 1 && bad++ < 5)
+                        FXT_FAIL("%s: block (%lld, %lld) found %lld times in its column", what, (long long)qb,
+                                 (long long)kb, (long long)found);
+                    e++, visited++;
+                }
+            }
+            if (e != m->kv_ptr[r + 1] && bad++ < 5)
+                FXT_FAIL("%s: row %lld has unexpected entries", what, (long long)r);
+        }
+    }
+    FXT_EQ_INT(visited, m->n_visited);
+    FXT_EQ_INT(m->q_ptr[m->nslots * m->nkb], m->n_visited);
+    FXT_NEAR(fx_block_mask_density(m), (double)visited / ((double)m->nslots * m->nqb * m->nkb), 1e-12, 0);
+    FXT_CHECK(fx_block_mask_bytes(m) > 0);
+    return visited;
+}
+
+/* ---- custom mods ----------------------------------------------------------------------------- */
+
+/* A scattered pattern (partial blocks everywhere), different per b and h, with the diagonal
+   always visible. */
+static bool mask_hash(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx)
+{
+    (void)ctx;
+    uint64_t x = (uint64_t)(q * 7919 + kv * 104729 + b * 31 + h * 17);
+    x ^= x >> 13, x *= 0x9E3779B97F4A7C15ull, x ^= x >> 29;
+    return q == kv || (x & 3) != 0;
+}
+
+/* Rows q % 5 == 2 see nothing; the rest are causal. */
+static bool mask_some_rows_empty(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx)
+{
+    (void)b, (void)h, (void)ctx;
+    return q % 5 != 2 && kv <= q;
+}
+
+/* Queries before 70 see nothing: whole q-blocks with an empty visit list. */
+static bool mask_late_rows(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx)
+{
+    (void)b, (void)h, (void)ctx;
+    return q >= 70 && kv <= q;
+}
+
+static bool mask_per_bh(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx)
+{
+    (void)ctx;
+    return kv <= q && (q - kv) < 20 + 30 * h + 50 * b;
+}
+
+/* Position-dependent, so a wrong q0 / kv0 / ld in the tile call shows. */
+static void score_positions(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h, int64_t q0,
+                            int64_t kv0, const void *ctx)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t j = 0; j < nkv; j++)
+            s[i * ld + j] = s[i * ld + j] * (1.0f + 0.1f * (float)h) + 0.01f * (float)(q0 + i) -
+                            0.02f * (float)((kv0 + j) % 13) + 0.3f * (float)b;
+}
+
 /* ---- tests -------------------------------------------------------------------------------- */
+
+static void test_mask_causal_structure(void)
+{
+    fx_block_mask *m = NULL;
+    FXT_OK(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 300, 300, 64, 64));
+    FXT_EQ_INT(m->nqb, 5);
+    FXT_EQ_INT(m->nkb, 5);
+    /* Row qb visits kv-blocks 0 .. qb; the diagonal is partial, the rest full. */
+    for (int64_t qb = 0; qb < 5; qb++) {
+        FXT_EQ_INT(m->kv_ptr[qb + 1] - m->kv_ptr[qb], qb + 1);
+        for (int64_t e = m->kv_ptr[qb]; e < m->kv_ptr[qb + 1]; e++) {
+            FXT_EQ_INT(m->kv_idx[e], e - m->kv_ptr[qb]);
+            FXT_EQ_INT(m->kv_bits[e] >= 0, m->kv_idx[e] == qb);
+        }
+    }
+    FXT_EQ_INT(m->n_partial, 5);
+    FXT_EQ_INT(m->n_full, 10);
+    FXT_NEAR(fx_block_mask_density(m), 15.0 / 25.0, 1e-12, 0);
+    check_structure("causal", m, fx_mask_causal, NULL);
+    fx_block_mask_free(m);
+    /* Blocks not a multiple of 64 bits, lengths not a multiple of blocks, q_len != kv_len. */
+    FXT_OK(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 130, 211, 48, 80));
+    check_structure("causal 48x80", m, fx_mask_causal, NULL);
+    fx_block_mask_free(m);
+}
+
+static void test_mask_builtin_structure(void)
+{
+    fx_block_mask *m = NULL;
+    fx_mask_sliding_window_ctx sw = {.window = 37};
+    FXT_OK(fx_block_mask_create(&m, fx_mask_sliding_window, &sw, 1, 1, 333, 333, 32, 16));
+    check_structure("sliding", m, fx_mask_sliding_window, &sw);
+    fx_block_mask_free(m);
+
+    int64_t prefix[2] = {50, 130};
+    fx_mask_prefix_lm_ctx pl = {.prefix_len = prefix, .n = 2};
+    FXT_OK(fx_block_mask_create(&m, fx_mask_prefix_lm, &pl, 2, 1, 200, 200, 32, 32));
+    check_structure("prefix_lm", m, fx_mask_prefix_lm, &pl);
+    fx_block_mask_free(m);
+
+    /* Documents: sorted ids in batch 0, unsorted (a repeated id) in batch 1. */
+    int64_t ids[2 * 180];
+    for (int i = 0; i < 180; i++) {
+        ids[i] = i / 45;
+        ids[180 + i] = (i / 30) % 3;
+    }
+    fx_mask_document_ctx doc = {.doc_ids = ids, .len = 180, .batch_stride = 180};
+    FXT_OK(fx_block_mask_create(&m, fx_mask_document, &doc, 2, 1, 180, 180, 32, 32));
+    check_structure("document", m, fx_mask_document, &doc);
+    fx_block_mask_free(m);
+
+    /* Id ranges that overlap without a common id: block (1, 0) is empty although the
+       analytic check cannot tell. */
+    int64_t ids2[96];
+    for (int i = 0; i < 96; i++)
+        ids2[i] = i < 32 ? 1 : (i % 2 ? 0 : 2);
+    fx_mask_document_ctx doc2 = {.doc_ids = ids2, .len = 96};
+    FXT_OK(fx_block_mask_create(&m, fx_mask_document, &doc2, 1, 1, 96, 96, 32, 32));
+    check_structure("document overlapping ids", m, fx_mask_document, &doc2);
+    FXT_EQ_INT(m->kv_ptr[2] - m->kv_ptr[1], 1); /* only the diagonal */
+    fx_block_mask_free(m);
+
+    fx_mask_pair_ctx and_ctx = {fx_mask_sliding_window, &sw, mask_hash, NULL};
+    FXT_OK(fx_block_mask_create(&m, fx_mask_and, &and_ctx, 1, 2, 150, 150, 32, 32));
+    check_structure("sliding and custom", m, fx_mask_and, &and_ctx);
+    fx_block_mask_free(m);
+
+    fx_mask_pair_ctx or_ctx = {fx_mask_sliding_window, &sw, fx_mask_prefix_lm, &pl};
+    FXT_OK(fx_block_mask_create(&m, fx_mask_or, &or_ctx, 2, 1, 200, 200, 32, 64));
+    check_structure("sliding or prefix", m, fx_mask_or, &or_ctx);
+    fx_block_mask_free(m);
+
+    FXT_OK(fx_block_mask_create(&m, mask_hash, NULL, 1, 2, 130, 230, 50, 100));
+    check_structure("custom 50x100 blocks", m, mask_hash, NULL);
+    fx_block_mask_free(m);
+
+    FXT_OK(fx_block_mask_create(&m, mask_per_bh, NULL, 2, 3, 160, 170, 0, 0));
+    FXT_EQ_INT(m->block_q, 128);
+    check_structure("custom per (b, h)", m, mask_per_bh, NULL);
+    fx_block_mask_free(m);
+}
+
+/* A long sliding window is classified analytically: evaluating it element by element would
+   take minutes, and the visited count is known in closed form. */
+static void test_mask_analytic(void)
+{
+    const int64_t L = 1 << 18, W = 256, blk = 128;
+    fx_mask_sliding_window_ctx sw = {.window = W};
+    fx_block_mask *m = NULL;
+    FXT_OK(fx_block_mask_create(&m, fx_mask_sliding_window, &sw, 1, 1, L, L, blk, blk));
+    if (!m)
+        return;
+    /* Row qb sees blocks qb-2 .. qb (W = 2 blocks: keys back to q - 255). */
+    int64_t nb = L / blk, expect = 3 * nb - 3;
+    FXT_EQ_INT(m->n_visited, expect);
+    FXT_NEAR(fx_block_mask_density(m), (double)expect / ((double)nb * nb), 1e-12, 0);
+    fx_block_mask_free(m);
+}
 
 static void test_dense(void)
 {
     ref_case c = {.a = shape(2, 2, 2, 70, 150, 64, 64)};
     FXT_CHECK(check_case("dense", &c, -1, 1, 1, 2e-5, 2e-4) >= 1);
+    ref_case c2 = {.a = shape(1, 3, 1, 257, 131, 40, 72)}; /* D = 40, Dv != D, GQA 3 */
+    c2.a.scale = 0.3f;
+    check_case("dense odd", &c2, -1, 1, 2, 2e-5, 2e-4);
 }
 
-static void test_causal(void)
+/* The mask covers extra_kv keys more than the call uses. */
+static void run_masked_ext(const char *what, fx_mask_fn fn, const void *ctx, int64_t mB, int64_t mH, fx_attention a,
+                           int64_t bq, int64_t bk, uint64_t seed, int64_t extra_kv)
 {
     fx_block_mask *m = NULL;
-    FXT_OK(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 200, 200, 32, 64));
-    ref_case c = {.a = shape(1, 2, 1, 200, 200, 40, 24), .mask = fx_mask_causal, .mask_B = 1, .mask_H = 1};
+    FXT_OK(fx_block_mask_create(&m, fn, ctx, mB, mH, a.q_offset + a.Lq + 3, a.Lkv + extra_kv, bq, bk));
+    if (!m)
+        return;
+    ref_case c = {.a = a, .mask = fn, .mask_ctx = ctx, .mask_B = mB, .mask_H = mH};
     c.a.mask = m;
-    check_case("causal", &c, -1, 1, 2, 2e-5, 2e-4);
+    check_case(what, &c, -1, 1, seed, 2e-5, 2e-4);
     fx_block_mask_free(m);
+}
+
+static void run_masked(const char *what, fx_mask_fn fn, const void *ctx, int64_t mB, int64_t mH, fx_attention a,
+                       int64_t bq, int64_t bk, uint64_t seed)
+{
+    run_masked_ext(what, fn, ctx, mB, mH, a, bq, bk, seed, 0);
+}
+
+static void test_builtin_masks(void)
+{
+    fx_mask_sliding_window_ctx sw = {.window = 45};
+    int64_t prefix[2] = {33, 100};
+    fx_mask_prefix_lm_ctx pl = {.prefix_len = prefix, .n = 2};
+    int64_t ids[2 * 200];
+    for (int i = 0; i < 200; i++) {
+        ids[i] = i / 37;
+        ids[200 + i] = (i / 23) % 4;
+    }
+    fx_mask_document_ctx doc = {.doc_ids = ids, .len = 200, .batch_stride = 200};
+    fx_mask_pair_ctx both = {fx_mask_sliding_window, &sw, fx_mask_document, &doc};
+    fx_mask_pair_ctx either = {fx_mask_prefix_lm, &pl, mask_hash, NULL};
+    run_masked("causal", fx_mask_causal, NULL, 1, 1, shape(1, 2, 1, 190, 190, 40, 24), 32, 64, 3);
+    run_masked("sliding", fx_mask_sliding_window, &sw, 1, 1, shape(2, 4, 2, 150, 150, 64, 64), 32, 32, 4);
+    run_masked("prefix_lm", fx_mask_prefix_lm, &pl, 2, 1, shape(2, 2, 2, 120, 120, 32, 32), 32, 32, 5);
+    run_masked("document", fx_mask_document, &doc, 2, 1, shape(2, 2, 1, 190, 190, 48, 48), 64, 48, 6);
+    run_masked("and", fx_mask_and, &both, 2, 1, shape(2, 2, 2, 190, 190, 32, 32), 32, 32, 7);
+    run_masked("or", fx_mask_or, &either, 2, 2, shape(2, 2, 2, 100, 100, 32, 32), 32, 32, 8);
+}
+
+static void test_custom_masks(void)
+{
+    run_masked("hash", mask_hash, NULL, 2, 4, shape(2, 4, 2, 100, 110, 40, 40), 32, 48, 9);
+    run_masked("per (b,h)", mask_per_bh, NULL, 2, 2, shape(2, 2, 1, 200, 200, 32, 16), 64, 64, 10);
+    /* Block sizes that are not whole vectors: 100 keys (two bitmap words), 8 keys (less than
+       one AVX-512 vector), 50 and 7 queries. */
+    run_masked("hash 50x100 blocks", mask_hash, NULL, 1, 2, shape(1, 2, 2, 130, 230, 24, 40), 50, 100, 12);
+    run_masked("hash 7x8 blocks", mask_hash, NULL, 1, 1, shape(1, 2, 1, 40, 45, 16, 8), 7, 8, 13);
+    /* Broadcast over B and H with B = 2, Hq = 4. */
+    run_masked("hash broadcast", mask_hash, NULL, 1, 1, shape(2, 4, 2, 90, 90, 32, 32), 32, 32, 11);
+}
+
+static void test_gqa(void)
+{
+    static const int64_t ratios[] = {1, 2, 4, 8};
+    fx_mask_sliding_window_ctx sw = {.window = 30};
+    char what[64];
+    for (size_t i = 0; i < 4; i++) {
+        int64_t G = ratios[i];
+        snprintf(what, sizeof what, "gqa %lld shared", (long long)G);
+        run_masked(what, fx_mask_sliding_window, &sw, 1, 1, shape(1, 8, 8 / G, 100, 100, 32, 32), 32, 32, 20 + i);
+        snprintf(what, sizeof what, "gqa %lld per head", (long long)G);
+        run_masked(what, mask_per_bh, NULL, 1, 8, shape(1, 8, 8 / G, 70, 70, 16, 16), 32, 32, 30 + i);
+        snprintf(what, sizeof what, "gqa %lld dense", (long long)G);
+        ref_case c = {.a = shape(1, 8, 8 / G, 40, 60, 32, 48)};
+        check_case(what, &c, -1, 1, 40 + i, 2e-5, 2e-4);
+    }
+}
+
+static void test_score_mods(void)
+{
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    fx_score_alibi_ctx al = {slopes};
+    fx_score_softcap_ctx sc = {.cap = 2.0f};
+    float table[4 * 41];
+    for (int i = 0; i < 4 * 41; i++)
+        table[i] = 0.05f * (float)((i * 7) % 23) - 0.5f;
+    fx_score_rel_bias_ctx rb_head = {.table = table, .size = 41, .zero = 20, .heads = 4};
+    fx_score_rel_bias_ctx rb_shared = {.table = table, .size = 30, .zero = 0, .heads = 1};
+    struct {
+        const char *name;
+        fx_score_fn fn;
+        const void *ctx;
+    } mods[] = {
+        {"alibi", fx_score_alibi, &al},           {"softcap", fx_score_softcap, &sc},
+        {"rel_bias per head", fx_score_rel_bias, &rb_head}, {"rel_bias shared", fx_score_rel_bias, &rb_shared},
+        {"custom positions", score_positions, NULL},
+    };
+    fx_mask_sliding_window_ctx sw = {.window = 60};
+    char what[96];
+    for (size_t i = 0; i < sizeof mods / sizeof mods[0]; i++) {
+        fx_attention a = shape(2, 4, 2, 100, 100, 32, 40);
+        a.score_mod = mods[i].fn, a.score_ctx = mods[i].ctx;
+        ref_case c = {.a = a};
+        snprintf(what, sizeof what, "%s dense", mods[i].name);
+        check_case(what, &c, -2, 2, 50 + i, 3e-5, 3e-4);
+        snprintf(what, sizeof what, "%s causal", mods[i].name);
+        run_masked(what, fx_mask_causal, NULL, 1, 1, a, 32, 48, 60 + i);
+        snprintf(what, sizeof what, "%s sliding, q_offset", mods[i].name);
+        a.q_offset = 37, a.Lq = 50, a.Lkv = 90;
+        run_masked(what, fx_mask_sliding_window, &sw, 1, 1, a, 32, 32, 70 + i);
+    }
+    /* Softcap across its range: scores from tiny to far beyond the cap. */
+    fx_score_softcap_ctx sc2 = {.cap = 5.0f};
+    fx_attention a = shape(1, 2, 2, 64, 64, 16, 16);
+    a.score_mod = fx_score_softcap, a.score_ctx = &sc2, a.scale = 1.0f;
+    ref_case c = {.a = a};
+    check_case("softcap wide", &c, -3, 3, 80, 3e-5, 3e-4);
+}
+
+static void test_fully_masked_rows(void)
+{
+    run_masked("empty rows", mask_some_rows_empty, NULL, 1, 1, shape(1, 2, 1, 100, 100, 32, 32), 32, 32, 90);
+    run_masked("empty q-blocks", mask_late_rows, NULL, 1, 1, shape(2, 2, 2, 150, 150, 32, 32), 32, 32, 91);
+    /* Explicitly: out 0 and lse -inf, no NaN. */
+    fx_block_mask *m = NULL;
+    FXT_OK(fx_block_mask_create(&m, mask_late_rows, NULL, 1, 1, 100, 100, 32, 32));
+    fx_attention a = shape(1, 1, 1, 100, 100, 16, 16);
+    a.mask = m;
+    float *q = fxt_random(1600, -1, 1, 1), *k = fxt_random(1600, -1, 1, 2), *v = fxt_random(1600, -1, 1, 3);
+    float *out = fxt_guarded(1600), *lse = fxt_guarded(100);
+    FXT_OK(fx_flex_attention(&a, q, k, v, out, lse));
+    for (int i = 0; i < 100; i++) {
+        if (i < 70) {
+            FXT_CHECK(isinf(lse[i]) && lse[i] < 0);
+            for (int d = 0; d < 16; d++)
+                FXT_CHECK(out[i * 16 + d] == 0.0f && !signbit(out[i * 16 + d]));
+        } else {
+            FXT_CHECK(isfinite(lse[i]));
+        }
+    }
+    fxt_guarded_free("out", out);
+    fxt_guarded_free("lse", lse);
+    free(q), free(k), free(v);
+    fx_block_mask_free(m);
+}
+
+static void test_large_scores(void)
+{
+    /* q, k in [11, 13], scale 1: scores around 9e3 .. 1e4; exp must not overflow. */
+    fx_attention a = shape(1, 2, 1, 80, 80, 64, 16);
+    a.scale = 1.0f;
+    ref_case c = {.a = a};
+    check_case("large scores dense", &c, 11, 13, 100, 2e-2, 1e-5);
+    run_masked("large scores causal", fx_mask_causal, NULL, 1, 1, a, 32, 32, 101);
+}
+
+static void test_q_offset(void)
+{
+    /* Query rows 150 .. 189 of a causal mask built for 256 positions, keys 0 .. 189. */
+    fx_mask_sliding_window_ctx sw = {.window = 70};
+    fx_attention a = shape(1, 4, 2, 40, 190, 32, 32);
+    a.q_offset = 150;
+    run_masked("q_offset causal", fx_mask_causal, NULL, 1, 1, a, 64, 64, 110);
+    run_masked("q_offset sliding", fx_mask_sliding_window, &sw, 1, 1, a, 32, 48, 111);
+    /* The mask is longer than the keys: bits past Lkv must not count. */
+    fx_mask_pair_ctx or_ctx = {fx_mask_sliding_window, &sw, mask_hash, NULL};
+    run_masked_ext("q_offset, longer mask", fx_mask_or, &or_ctx, 1, 1, a, 32, 48, 114, 77);
+    run_masked_ext("q_offset, longer dense-ish mask", mask_hash, NULL, 1, 4, a, 64, 64, 115, 30);
+    a.Lq = 1, a.q_offset = 189; /* one decoding step */
+    run_masked("q_offset one row", fx_mask_causal, NULL, 1, 1, a, 32, 32, 112);
+    fx_attention d = shape(1, 2, 2, 5, 60, 16, 16); /* dense: positions shift for the mods */
+    d.q_offset = 55;
+    d.score_mod = score_positions;
+    ref_case c = {.a = d};
+    check_case("q_offset dense mod", &c, -1, 1, 113, 2e-5, 2e-4);
+}
+
+static void test_lse_optional(void)
+{
+    fx_attention a = shape(1, 1, 1, 20, 20, 8, 8);
+    float *q = fxt_random(160, -1, 1, 1), *k = fxt_random(160, -1, 1, 2), *v = fxt_random(160, -1, 1, 3);
+    float *o1 = fxt_guarded(160), *o2 = fxt_guarded(160), *lse = fxt_guarded(20);
+    FXT_OK(fx_flex_attention(&a, q, k, v, o1, NULL));
+    FXT_OK(fx_flex_attention(&a, q, k, v, o2, lse));
+    fxt_bitwise_f32("lse NULL", o1, o2, 160);
+    fxt_guarded_free("o1", o1), fxt_guarded_free("o2", o2), fxt_guarded_free("lse", lse);
+    free(q), free(k), free(v);
+}
+
+static void test_determinism_large(void)
+{
+    /* More work items than threads, uneven per item: bitwise equal at 1 and 2 threads. */
+    fx_mask_sliding_window_ctx sw = {.window = 200};
+    run_masked("deterministic", fx_mask_sliding_window, &sw, 1, 1, shape(1, 4, 2, 520, 520, 48, 48), 128, 128, 120);
+}
+
+static void test_errors(void)
+{
+    fx_block_mask *m = NULL;
+    FXT_STATUS(fx_block_mask_create(NULL, fx_mask_causal, NULL, 1, 1, 8, 8, 0, 0), FX_EINVAL, "out");
+    FXT_STATUS(fx_block_mask_create(&m, NULL, NULL, 1, 1, 8, 8, 0, 0), FX_EINVAL, "mask");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 0, 1, 8, 8, 0, 0), FX_EINVAL, "B = 0");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, -2, 8, 8, 0, 0), FX_EINVAL, "H = -2");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 0, 8, 0, 0), FX_EINVAL, "q_len = 0");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 8, -1, 0, 0), FX_EINVAL, "kv_len = -1");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 8, 8, -1, 0), FX_EINVAL, "block_q = -1");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_sliding_window, NULL, 1, 1, 8, 8, 0, 0), FX_EINVAL, "ctx");
+    fx_mask_sliding_window_ctx sw0 = {.window = 0};
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_sliding_window, &sw0, 1, 1, 8, 8, 0, 0), FX_EINVAL, "window = 0");
+    int64_t ids[8] = {0};
+    fx_mask_document_ctx doc = {.doc_ids = ids, .len = 8};
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_document, &doc, 1, 1, 8, 9, 0, 0), FX_EINVAL, "len = 8");
+    fx_mask_pair_ctx pair = {fx_mask_causal, NULL, NULL, NULL};
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_and, &pair, 1, 1, 8, 8, 0, 0), FX_EINVAL, "operand b");
+    FXT_CHECK(m == NULL);
+
+    FXT_OK(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 64, 64, 16, 16));
+    float *q = fxt_random(4 * 64 * 8, -1, 1, 1), *k = fxt_random(4 * 64 * 8, -1, 1, 2), *v = fxt_random(4 * 64 * 8, -1, 1, 3);
+    float *out = fxt_guarded(4 * 64 * 8), *lse = fxt_guarded(4 * 64);
+    fx_attention good = shape(1, 4, 2, 64, 64, 8, 8), a;
+    good.mask = m;
+    FXT_OK(fx_flex_attention(&good, q, k, v, out, lse));
+    for (int i = 0; i < 4 * 64 * 8; i++)
+        out[i] = 1234.0f; /* must survive every failing call */
+#define BAD(field, value, msg)                                                                    \
+    do {                                                                                          \
+        a = good;                                                                                 \
+        a.field = value;                                                                          \
+        FXT_STATUS(fx_flex_attention(&a, q, k, v, out, lse), FX_EINVAL, msg);                      \
+    } while (0)
+    BAD(Hkv, 3, "Hq = 4 is not a multiple of Hkv = 3");
+    BAD(B, 0, "B = 0");
+    BAD(Hq, -4, "Hq = -4");
+    BAD(Lq, 0, "Lq = 0");
+    BAD(Lkv, -1, "Lkv = -1");
+    BAD(D, 0, "D = 0");
+    BAD(Dv, 0, "Dv = 0");
+    BAD(q_offset, -1, "q_offset = -1");
+    BAD(q_offset, 1, "mask q_len = 64 is shorter than q_offset + Lq = 65");
+    BAD(Lkv, 65, "mask kv_len = 64 is shorter than Lkv = 65");
+    BAD(scale, NAN, "scale");
+    BAD(score_mod, fx_score_alibi, "slopes");
+    BAD(score_mod, fx_score_softcap, "cap");
+    BAD(score_mod, fx_score_rel_bias, "table");
+#undef BAD
+    FXT_STATUS(fx_flex_attention(NULL, q, k, v, out, lse), FX_EINVAL, "a is NULL");
+    FXT_STATUS(fx_flex_attention(&good, NULL, k, v, out, lse), FX_EINVAL, "q is NULL");
+    FXT_STATUS(fx_flex_attention(&good, q, NULL, v, out, lse), FX_EINVAL, "k is NULL");
+    FXT_STATUS(fx_flex_attention(&good, q, k, NULL, out, lse), FX_EINVAL, "v is NULL");
+    FXT_STATUS(fx_flex_attention(&good, q, k, v, NULL, lse), FX_EINVAL, "out is NULL");
+    fx_block_mask *mh = NULL;
+    FXT_OK(fx_block_mask_create(&mh, fx_mask_causal, NULL, 2, 3, 64, 64, 16, 16));
+    a = good;
+    a.mask = mh;
+    FXT_STATUS(fx_flex_attention(&a, q, k, v, out, lse), FX_EINVAL, "mask B = 2 must be 1 or B = 1");
+    a.B = 2;
+    FXT_STATUS(fx_flex_attention(&a, q, k, v, out, lse), FX_EINVAL, "mask H = 3 must be 1 or Hq = 4");
+    for (int i = 0; i < 4 * 64 * 8; i++)
+        if (out[i] != 1234.0f) {
+            FXT_FAIL("out[%d] changed by a failing call", i);
+            break;
+        }
+    fxt_guarded_free("out", out);
+    fxt_guarded_free("lse", lse);
+    free(q), free(k), free(v);
+    fx_block_mask_free(mh);
+    fx_block_mask_free(m);
+    fx_block_mask_free(NULL);
+    FXT_EQ_INT(fx_block_mask_bytes(NULL), 0);
+}
+
+static int64_t sweep_next(uint64_t *state, int64_t n)
+{
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return (int64_t)((*state >> 33) % (uint64_t)n);
+}
+
+/* Many small random configurations: shapes, GQA, offsets, block sizes, masks and mods. */
+static void test_random_sweep(void)
+{
+    uint64_t state = 12345;
+#define NEXT(n) sweep_next(&state, n)
+    fx_mask_sliding_window_ctx sw = {.window = 1};
+    float slopes[8] = {0.3f, 0.2f, 0.1f, 0.05f, 0.4f, 0.6f, 0.01f, 0.02f};
+    fx_score_alibi_ctx al = {slopes};
+    fx_score_softcap_ctx sc = {.cap = 1.5f};
+    for (int it = 0; it < 40; it++) {
+        int64_t G = 1 + NEXT(3), Hkv = 1 + NEXT(2), B = 1 + NEXT(2);
+        int64_t Lq = 1 + NEXT(70), Lkv = 1 + NEXT(90), D = 1 + NEXT(40), Dv = 1 + NEXT(40);
+        fx_attention a = shape(B, G * Hkv, Hkv, Lq, Lkv, D, Dv);
+        a.q_offset = NEXT(3) == 0 ? 0 : NEXT(50);
+        int mod = (int)NEXT(4);
+        a.score_mod = mod == 1 ? fx_score_alibi : mod == 2 ? fx_score_softcap : mod == 3 ? score_positions : NULL;
+        a.score_ctx = mod == 1 ? (const void *)&al : mod == 2 ? (const void *)&sc : NULL;
+        int64_t bq = 1 + NEXT(40), bk = 1 + NEXT(70);
+        sw.window = 1 + NEXT(60);
+        char what[96];
+        snprintf(what, sizeof what, "sweep %d", it);
+        int64_t extra = NEXT(20), mB = NEXT(2) ? B : 1, mH = NEXT(2) ? a.Hq : 1;
+        switch (NEXT(4)) {
+        case 0: {
+            ref_case c = {.a = a};
+            check_case(what, &c, -1, 1, 200 + (uint64_t)it, 3e-5, 3e-4);
+            break;
+        }
+        case 1:
+            run_masked_ext(what, fx_mask_sliding_window, &sw, 1, 1, a, bq, bk, 200 + (uint64_t)it, extra);
+            break;
+        case 2:
+            run_masked_ext(what, mask_hash, NULL, mB, mH, a, bq, bk, 200 + (uint64_t)it, extra);
+            break;
+        default:
+            run_masked_ext(what, mask_some_rows_empty, NULL, 1, 1, a, bq, bk, 200 + (uint64_t)it, 0);
+            break;
+        }
+    }
+#undef NEXT
+}
+
+static long mask_calls;
+
+static bool mask_counting(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx)
+{
+    __atomic_fetch_add(&mask_calls, 1, __ATOMIC_RELAXED);
+    return mask_hash(b, h, q, kv, ctx);
+}
+
+static bool same_mask(const fx_block_mask *x, const fx_block_mask *y)
+{
+    size_t rows = (size_t)(x->nslots * x->nqb + 1), cols = (size_t)(x->nslots * x->nkb + 1);
+    size_t nv = (size_t)x->n_visited, nb = (size_t)(x->n_partial * x->block_q * x->bm_words);
+    return x->n_visited == y->n_visited && x->n_partial == y->n_partial &&
+           !memcmp(x->kv_ptr, y->kv_ptr, rows * sizeof(int64_t)) && !memcmp(x->q_ptr, y->q_ptr, cols * sizeof(int64_t)) &&
+           !memcmp(x->kv_idx, y->kv_idx, nv * sizeof(int32_t)) && !memcmp(x->kv_bits, y->kv_bits, nv * sizeof(int64_t)) &&
+           !memcmp(x->q_idx, y->q_idx, nv * sizeof(int32_t)) && !memcmp(x->q_bits, y->q_bits, nv * sizeof(int64_t)) &&
+           (nb == 0 || !memcmp(x->bits, y->bits, nb * sizeof(uint64_t)));
+}
+
+/* A custom mask is evaluated while the mask is built, never by the kernel; the mask built
+   on 1 and 2 threads is the same. */
+static void test_mask_evaluation(void)
+{
+    int threads = fx_get_num_threads();
+    fx_block_mask *m1 = NULL, *m2 = NULL;
+    fx_set_num_threads(1);
+    mask_calls = 0;
+    FXT_OK(fx_block_mask_create(&m1, mask_counting, NULL, 2, 2, 150, 140, 32, 48));
+    FXT_CHECK(mask_calls >= 2 * 2 * 150 * 140); /* every block is partial: each element seen */
+    fx_set_num_threads(2);
+    FXT_OK(fx_block_mask_create(&m2, mask_counting, NULL, 2, 2, 150, 140, 32, 48));
+    fx_set_num_threads(threads);
+    if (!m1 || !m2)
+        return;
+    FXT_CHECK(same_mask(m1, m2));
+    fx_attention a = shape(2, 2, 1, 150, 140, 16, 16);
+    a.mask = m2;
+    size_t nq = 2 * 2 * 150 * 16, nk = 2 * 140 * 16;
+    float *q = fxt_random(nq, -1, 1, 1), *k = fxt_random(nk, -1, 1, 2), *v = fxt_random(nk, -1, 1, 3);
+    float *out = fxt_guarded(nq);
+    mask_calls = 0;
+    fx_isa best = fx_get_isa();
+    for (size_t t = 0; t < sizeof all_isas / sizeof all_isas[0]; t++)
+        if (fx_set_isa(all_isas[t]) == FX_OK)
+            FXT_OK(fx_flex_attention(&a, q, k, v, out, NULL));
+    fx_set_isa(best);
+    FXT_EQ_INT(mask_calls, 0);
+    fxt_guarded_free("out", out);
+    free(q), free(k), free(v);
+    fx_block_mask_free(m1);
+    fx_block_mask_free(m2);
+}
+
+static void test_no_leak(void)
+{
+    size_t before, after, peak;
+    fx_mem_stats(&before, &peak);
+    run_masked("leak", fx_mask_causal, NULL, 1, 1, shape(1, 2, 2, 50, 50, 16, 16), 16, 16, 130);
+    fx_mem_stats(&after, &peak);
+    FXT_EQ_INT(after, before);
 }
 
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
+    FXT_RUN(test_mask_causal_structure);
+    FXT_RUN(test_mask_builtin_structure);
+    FXT_RUN(test_mask_analytic);
     FXT_RUN(test_dense);
-    FXT_RUN(test_causal);
+    FXT_RUN(test_builtin_masks);
+    FXT_RUN(test_custom_masks);
+    FXT_RUN(test_gqa);
+    FXT_RUN(test_score_mods);
+    FXT_RUN(test_fully_masked_rows);
+    FXT_RUN(test_large_scores);
+    FXT_RUN(test_q_offset);
+    FXT_RUN(test_lse_optional);
+    FXT_RUN(test_determinism_large);
+    FXT_RUN(test_errors);
+    FXT_RUN(test_random_sweep);
+    FXT_RUN(test_mask_evaluation);
+    FXT_RUN(test_no_leak);
     return fxt_finish();
 }

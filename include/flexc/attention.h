@@ -1,6 +1,17 @@
 /*
  * FlexAttention: attention with user-defined masks and score modifiers, run as a
- * block-sparse kernel (DESIGN.md §3). Implemented by the attention module.
+ * block-sparse kernel (DESIGN.md §3, docs/attention.md).
+ *
+ *     fx_block_mask *m;                                  // once per shape, reused
+ *     fx_mask_sliding_window_ctx w = {.window = 256};
+ *     int rc = fx_block_mask_create(&m, fx_mask_sliding_window, &w, 1, 1, L, L, 0, 0);
+ *     fx_attention a = {.B = 1, .Hq = 8, .Hkv = 2, .Lq = L, .Lkv = L, .D = 64, .Dv = 64, .mask = m};
+ *     rc = fx_flex_attention(&a, q, k, v, out, lse);     // lse may be NULL
+ *     fx_block_mask_free(m);
+ *
+ * Masks are evaluated only while the block mask is built (a custom one in parallel: it must
+ * be pure and thread-safe); empty blocks are skipped, full blocks run unmasked, partial
+ * blocks use a bitmap. Built-in masks and score mods below are recognised by address.
  */
 #ifndef FLEXC_ATTENTION_H
 #define FLEXC_ATTENTION_H

@@ -52,7 +52,8 @@ int fx__attention_check(const fx_attention *a, const float *q, const float *k, c
     if (a->Hq % a->Hkv != 0)
         return fx__error(FX_EINVAL, "Hq = %lld is not a multiple of Hkv = %lld", (long long)a->Hq,
                          (long long)a->Hkv);
-    if (!fits(a->B, a->Hq, a->Lq, a->D > a->Dv ? a->D : a->Dv) || !fits(a->B, a->Hkv, a->Lkv, a->D > a->Dv ? a->D : a->Dv))
+    const int64_t dmax = a->D > a->Dv ? a->D : a->Dv;
+    if (!fits(a->B, a->Hq, a->Lq, dmax) || !fits(a->B, a->Hkv, a->Lkv, dmax))
         return fx__error(FX_EINVAL, "tensor sizes overflow (B = %lld, Hq = %lld, Lq = %lld, Lkv = %lld)",
                          (long long)a->B, (long long)a->Hq, (long long)a->Lq, (long long)a->Lkv);
     if (!isfinite(a->scale))

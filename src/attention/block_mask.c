@@ -160,18 +160,52 @@ int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx, 
         fx__free(m);
         return fx__error(FX_ENOMEM, "block mask: out of memory for %zu block classes", nblocks);
     }
+    /* A document mask: the id range of every block, once per batch row, so each block is
+       classified in O(1). */
+    int64_t *doc = NULL, doc_rows = 0;
+    if (s.kind == FX__MASK_DOCUMENT) {
+        const fx_mask_document_ctx *dc = ctx;
+        doc_rows = B > 1 && dc->batch_stride ? B : 1;
+        doc = fx__alloc((size_t)doc_rows * (size_t)(s.nqb + s.nkb) * 2 * sizeof(int64_t));
+        if (!doc) {
+            fx__free(cls);
+            fx__free(m);
+            return fx__error(FX_ENOMEM, "block mask: out of memory for document id ranges");
+        }
+        for (int64_t row = 0; row < doc_rows; row++) {
+            const int64_t *id = dc->doc_ids + row * dc->batch_stride;
+            int64_t *qr = doc + row * (s.nqb + s.nkb) * 2, *kr = qr + 2 * s.nqb;
+            for (int side = 0; side < 2; side++) {
+                int64_t blk = side ? s.bk : s.bq, len = side ? kv_len : q_len, *dst = side ? kr : qr;
+                for (int64_t i0 = 0; i0 < len; i0 += blk) {
+                    int64_t lo = id[i0], hi = id[i0];
+                    for (int64_t i = i0 + 1; i < i0 + blk && i < len; i++) {
+                        lo = id[i] < lo ? id[i] : lo;
+                        hi = id[i] > hi ? id[i] : hi;
+                    }
+                    dst[2 * (i0 / blk)] = lo, dst[2 * (i0 / blk) + 1] = hi;
+                }
+            }
+        }
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < (int64_t)nrows; r++) {
         int64_t slot = r / s.nqb, qb = r % s.nqb, b = slot / H, h = slot % H;
         int64_t q0 = qb * s.bq, q1 = (q0 + s.bq < q_len ? q0 + s.bq : q_len) - 1;
+        const int64_t *qr = doc ? doc + (doc_rows > 1 ? b : 0) * (s.nqb + s.nkb) * 2 : NULL;
+        const int64_t *kr = qr ? qr + 2 * s.nqb : NULL;
         for (int64_t kb = 0; kb < s.nkb; kb++) {
             int64_t k0 = kb * s.bk, k1 = (k0 + s.bk < kv_len ? k0 + s.bk : kv_len) - 1;
-            int c = fx__mask_classify(mask, ctx, b, h, q0, q1, k0, k1);
+            int c = doc ? fx__classify_document_ranges(qr[2 * qb], qr[2 * qb + 1], kr[2 * kb], kr[2 * kb + 1], q0, q1,
+                                                       k0, k1)
+                        : fx__mask_classify(mask, ctx, b, h, q0, q1, k0, k1);
             if (c < 0 || c == FX__BLOCK_PARTIAL)
                 c = evaluate_block(&s, b, h, q0, q1, k0, k1);
             cls[r * s.nkb + kb] = (uint8_t)c;
         }
     }
+
+    fx__free(doc);
 
     /* Offsets of every row's entries and bitmaps. */
     m->B = B, m->H = H, m->q_len = q_len, m->kv_len = kv_len, m->block_q = s.bq, m->block_kv = s.bk;

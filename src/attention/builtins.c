@@ -98,7 +98,14 @@ static int classify_document(const fx_mask_document_ctx *c, int64_t b, int64_t q
         kmin = id[j] < kmin ? id[j] : kmin;
         kmax = id[j] > kmax ? id[j] : kmax;
     }
-    if (qmax < kmin || kmax < qmin)
+    return fx__classify_document_ranges(qmin, qmax, kmin, kmax, q0, q1, k0, k1);
+}
+
+int fx__classify_document_ranges(int64_t qmin, int64_t qmax, int64_t kmin, int64_t kmax, int64_t q0, int64_t q1,
+                                 int64_t k0, int64_t k1)
+{
+    int causal = classify_causal(q0, q1, k0, k1);
+    if (causal == FX__BLOCK_EMPTY || qmax < kmin || kmax < qmin)
         return FX__BLOCK_EMPTY;
     if (qmin == qmax && kmin == kmax && qmin == kmin)
         return causal;

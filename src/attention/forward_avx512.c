@@ -18,6 +18,8 @@ typedef __mmask16 vm;
 #define V_DIV(a, b) _mm512_div_ps(a, b)
 #define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define V_MAX(a, b) _mm512_max_ps(a, b)
+#define V_MIN(a, b) _mm512_min_ps(a, b)
+#define V_GATHER(t, e) _mm512_i32gather_ps(_mm512_cvtps_epi32(e), t, 4)
 #define V_HMAX(x) _mm512_reduce_max_ps(x)
 #define V_HSUM(x) _mm512_reduce_add_ps(x)
 #define V_LT(a, b) _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ)

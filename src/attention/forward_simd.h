@@ -1,28 +1,26 @@
 /* The vector forward, written once over a small SIMD layer and included by
    forward_avx2.c and forward_avx512.c, which define:
      VL                 floats per vector
-     MR, NC             microkernel tile: MR query rows x NC vectors of keys (or of Dv)
+     NC                 microkernel tile: MRMAX (6) query rows x NC vectors of keys (or of Dv)
      vf                 the vector type
      V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p, x) V_ADD V_MUL V_SUB V_FMA(a, b, c) = a*b+c
-     V_MAX V_HMAX(x) V_HSUM(x)
+     V_DIV V_MAX V_MIN V_ABS V_ROUND V_HMAX(x) V_HSUM(x), V_POW2N(p, n) = p * 2^n,
+     V_COPYSIGN(y, x) = |y| with the sign of x
      V_LT(a, b) -> vm    a < b lanewise, and V_SEL(m, a, b) = m ? a : b
      V_BITS(x, w)        lanes whose bit in w (low VL bits) is 0 become -inf
      V_FROM_I(i0)        (float)(i0 + lane) for int32 i0
+     V_GATHER(t, e)      t[(int)e[lane]] for integral float e
      SIMD_FN(name)       name with the path's suffix
 
    Per work item (b, head group, q-block) and per visited kv-block, K is packed transposed
    once ([D, bkp], zero-padded to whole vectors) and shared by the gs query heads of the
-   group; then, strip of MR rows by strip: S = Q K^T * scale (registers), score mod, mask,
+   group; then, strip of MRMAX rows by strip: S = Q K^T * scale (registers), score mod, mask,
    online softmax in place, O = alpha O + P V (registers). Everything a strip touches stays
-   in L1/L2. */
+   in L1/L2. In a partial block a strip works only on the keys its rows can see. */
 
 #include <string.h>
 
-#ifndef SIMD_HAVE_HELPERS_
-#define SIMD_HAVE_HELPERS_
-#endif
-
-#define MRMAX 6
+#define MRMAX 6 /* query rows per strip */
 
 /* e^x for x <= 0 (and -inf): 2^n * e^r with |r| <= ln2/2 and a degree-7 Taylor polynomial
    (relative error < 1e-8 before rounding); inputs below -87 give exactly 0. */
@@ -61,6 +59,47 @@ static inline vf SIMD_FN(vtanh)(vf x)
     vf small = V_MUL(p, ax);
     vf y = V_SEL(V_LT(ax, V_SET1(0.0625f)), small, big);
     return V_COPYSIGN(y, x);
+}
+
+/* dst[d * ldd + j] = src[j * lds + d] for j < 8, d < 8: the 8 x 8 in-register transpose
+   (AVX is there on both vector paths). */
+static inline void SIMD_FN(transpose8)(const float *src, int64_t lds, float *dst, int64_t ldd)
+{
+    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds), r2 = _mm256_loadu_ps(src + 2 * lds),
+           r3 = _mm256_loadu_ps(src + 3 * lds), r4 = _mm256_loadu_ps(src + 4 * lds),
+           r5 = _mm256_loadu_ps(src + 5 * lds), r6 = _mm256_loadu_ps(src + 6 * lds),
+           r7 = _mm256_loadu_ps(src + 7 * lds);
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+           t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+           t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
+           u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
+           u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+           u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
+    _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+
+/* Kt[d, j] = K[j, d] for j < nk, zero for nk <= j < bkp. */
+static void SIMD_FN(pack_kt)(const float *ks, int64_t D, int64_t nk, float *kt, int64_t bkp)
+{
+    const int64_t j8 = nk / 8 * 8, d8 = D / 8 * 8;
+    for (int64_t j = 0; j < j8; j += 8)
+        for (int64_t d = 0; d < d8; d += 8)
+            SIMD_FN(transpose8)(ks + j * D + d, D, kt + d * bkp + j, bkp);
+    for (int64_t d = 0; d < D; d++) {
+        float *dst = kt + d * bkp;
+        for (int64_t j = d < d8 ? j8 : 0; j < nk; j++)
+            dst[j] = ks[j * D + d];
+        for (int64_t j = nk; j < bkp; j++)
+            dst[j] = 0.0f;
+    }
 }
 
 /* S[r, c0 .. c0 + nc*VL) = scale * sum_d Q[r, d] Kt[d, ...] for r < mr. */
@@ -146,11 +185,13 @@ static inline __attribute__((always_inline)) void SIMD_FN(pv_tile)(int mr, int n
     default: SIMD_NC_CASES(KERNEL, 6, __VA_ARGS__) break;                                          \
     }
 
-static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *kt, int64_t bkp, float *s, float scale)
+/* S[r, 0 .. width) for r < mr; width is a whole number of vectors. */
+static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *kt, int64_t ldk, float *s, int64_t lds,
+                              int64_t width, float scale)
 {
-    for (int64_t c0 = 0; c0 < bkp; c0 += NC * VL) {
-        int nc = (int)((bkp - c0) / VL < NC ? (bkp - c0) / VL : NC);
-#define QK_(MRV, NCV, ...) SIMD_FN(qk_tile)(MRV, NCV, qr, D, kt + c0, bkp, s + c0, bkp, scale)
+    for (int64_t c0 = 0; c0 < width; c0 += NC * VL) {
+        int nc = (int)((width - c0) / VL < NC ? (width - c0) / VL : NC);
+#define QK_(MRV, NCV, ...) SIMD_FN(qk_tile)(MRV, NCV, qr, D, kt + c0, ldk, s + c0, lds, scale)
         SIMD_MR_CASES(QK_, 0)
 #undef QK_
     }
@@ -167,21 +208,36 @@ static void SIMD_FN(pv_strip)(int mr, const float *p, int64_t ldp, const float *
     }
 }
 
-/* Built-in score mods on a strip of mr rows x bkp columns (row r is query qa + r). */
-static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t bkp, int mr, int64_t h, int64_t qa,
-                                   int64_t k0)
+/* Built-in score mods on a strip of mr rows x width columns (row r is query qa + r, column
+   j key k0 + j). */
+static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t lds, int64_t width, int mr, int64_t h,
+                                   int64_t qa, int64_t k0)
 {
     if (kind == FX__SCORE_SOFTCAP) {
         float c = ((const fx_score_softcap_ctx *)ctx)->cap;
         vf vc = V_SET1(c), vinv = V_SET1(1.0f / c);
-        for (int64_t i = 0; i < mr * bkp; i += VL)
-            V_STORE(s + i, V_MUL(vc, SIMD_FN(vtanh)(V_MUL(V_LOAD(s + i), vinv))));
+        for (int r = 0; r < mr; r++)
+            for (int64_t j = 0; j < width; j += VL)
+                V_STORE(s + r * lds + j, V_MUL(vc, SIMD_FN(vtanh)(V_MUL(V_LOAD(s + r * lds + j), vinv))));
+    } else if (kind == FX__SCORE_REL_BIAS) {
+        /* s += table[clamp(q - kv + zero)]: the entry index, exact in float below 2^24, is
+           clamped in float and gathered. */
+        const fx_score_rel_bias_ctx *c = ctx;
+        const float *t = c->table + (c->heads == 1 ? 0 : h) * c->size;
+        const vf hi = V_SET1((float)(c->size - 1)), zero = V_ZERO();
+        for (int r = 0; r < mr; r++)
+            for (int64_t j = 0; j < width; j += VL) {
+                /* -(kv + lane - q - zero) = q - kv + zero for the lanes' keys */
+                vf e = V_SUB(zero, V_FROM_I((int32_t)(k0 + j - (qa + r) - c->zero)));
+                e = V_MIN(V_MAX(e, zero), hi);
+                V_STORE(s + r * lds + j, V_ADD(V_LOAD(s + r * lds + j), V_GATHER(t, e)));
+            }
     } else { /* alibi: s += slope * (kv - q), with the distance exact in int32 then converted */
         vf slope = V_SET1(((const fx_score_alibi_ctx *)ctx)->slopes[h]);
         for (int r = 0; r < mr; r++)
-            for (int64_t j = 0; j < bkp; j += VL) {
+            for (int64_t j = 0; j < width; j += VL) {
                 vf dist = V_FROM_I((int32_t)(k0 + j - (qa + r)));
-                V_STORE(s + r * bkp + j, V_FMA(slope, dist, V_LOAD(s + r * bkp + j)));
+                V_STORE(s + r * lds + j, V_FMA(slope, dist, V_LOAD(s + r * lds + j)));
             }
     }
 }
@@ -196,9 +252,15 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
     const int64_t bkp = (bk + VL - 1) / VL * VL, dvp = (Dv + VL - 1) / VL * VL;
     const bool pack_v = dvp != Dv;
     const int score_kind = fx__score_kind(a->score_mod);
-    /* Alibi positions go through int32; beyond that the generic call is exact. */
-    const bool fast_mod = score_kind == FX__SCORE_SOFTCAP ||
-                          (score_kind == FX__SCORE_ALIBI && a->q_offset + a->Lq < INT32_MAX / 2 && a->Lkv < INT32_MAX / 2);
+    /* Alibi distances go through int32, relative-bias indices through float: beyond those
+       ranges the generic per-tile call is exact. */
+    const int64_t far = a->q_offset + a->Lq > a->Lkv ? a->q_offset + a->Lq : a->Lkv;
+    bool fast_mod = score_kind == FX__SCORE_SOFTCAP || (score_kind == FX__SCORE_ALIBI && far < INT32_MAX / 2);
+    if (score_kind == FX__SCORE_REL_BIAS) {
+        const fx_score_rel_bias_ctx *rb = a->score_ctx;
+        const int64_t lim = (int64_t)1 << 22;
+        fast_mod = far < lim && rb->size < lim && rb->zero < lim && rb->zero > -lim;
+    }
     /* Per-thread scratch, in floats, each part a whole number of 64-byte lines. */
 #define LINES_(n) (((size_t)(n) + 15) / 16 * 16)
     const size_t kt_len = LINES_(D * bkp), vp_len = pack_v ? LINES_(bk * dvp) : 0, s_len = LINES_(MRMAX * bkp),
@@ -240,14 +302,7 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                 continue; /* a mask longer than this call's keys */
             const int64_t nk = a->Lkv - k0 < bk ? a->Lkv - k0 : bk;
             /* K^T of this block, zero columns past nk. */
-            const float *ks = kh + k0 * D;
-            for (int64_t d = 0; d < D; d++) {
-                float *dst = Kt + d * bkp;
-                for (int64_t j = 0; j < nk; j++)
-                    dst[j] = ks[j * D + d];
-                for (int64_t j = nk; j < bkp; j++)
-                    dst[j] = 0.0f;
-            }
+            SIMD_FN(pack_kt)(kh + k0 * D, D, nk, Kt, bkp);
             const float *vb = vh + k0 * Dv;
             int64_t ldv = Dv;
             if (pack_v) {
@@ -262,43 +317,76 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                 const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
                 for (int64_t i0 = 0; i0 < nr; i0 += MRMAX) {
                     const int mr = (int)(nr - i0 < MRMAX ? nr - i0 : MRMAX);
-                    SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt, bkp, S, p.scale);
+                    /* Columns [c0, c1) (whole vectors) hold every key the strip's rows see:
+                       in a partial block the rest is skipped (half of a diagonal block, most
+                       of a sliding window's edge blocks). */
+                    int64_t c0 = 0, c1 = bkp;
+                    if (bits) {
+                        int64_t jlo = INT64_MAX, jhi = -1;
+                        for (int64_t w = 0; w < m->bm_words; w++) {
+                            uint64_t u = 0;
+                            for (int r = 0; r < mr; r++)
+                                u |= bits[(brow + i0 + r) * m->bm_words + w];
+                            if (u) {
+                                jlo = jlo == INT64_MAX ? w * 64 + __builtin_ctzll(u) : jlo;
+                                jhi = w * 64 + 63 - __builtin_clzll(u);
+                            }
+                        }
+                        jhi = jhi < nk ? jhi : nk - 1;
+                        if (jlo > jhi)
+                            continue; /* no key visible to these rows here: their state stays */
+                        c0 = jlo / VL * VL, c1 = (jhi / VL + 1) * VL;
+                    }
+                    const int64_t kend = nk < c1 ? nk : c1; /* keys c0 .. kend - 1 are real */
+                    SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, p.scale);
                     if (a->score_mod) {
                         if (fast_mod)
-                            SIMD_FN(score_builtin)(score_kind, a->score_ctx, S, bkp, mr, h, qa0 + i0, k0);
+                            SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h, qa0 + i0,
+                                                   k0 + c0);
                         else
-                            a->score_mod(S, bkp, mr, nk, b, h, qa0 + i0, k0, a->score_ctx);
+                            a->score_mod(S + c0, bkp, mr, kend - c0, b, h, qa0 + i0, k0 + c0, a->score_ctx);
                     }
+                    /* Row maxima, then every row's rescale factor in one vector exp, then
+                       P = exp(S - m) and its row sums. */
+                    float muse[VL];
+                    for (int r = 0; r < VL; r++)
+                        alpha[r] = 0.0f;
                     for (int r = 0; r < mr; r++) {
                         float *s = S + r * bkp;
                         if (bits) {
                             const uint64_t *row = bits + (brow + i0 + r) * m->bm_words;
-                            for (int64_t j = 0; j < bkp; j += VL)
+                            for (int64_t j = c0; j < c1; j += VL)
                                 V_STORE(s + j, V_BITS(V_LOAD(s + j), (uint32_t)(row[j >> 6] >> (j & 63))));
                         }
-                        for (int64_t j = nk; j < bkp; j++)
+                        for (int64_t j = kend; j < c1; j++)
                             s[j] = -INFINITY;
                         const int64_t ri = g * bq + i0 + r;
-                        vf mx = V_LOAD(s);
-                        for (int64_t j = VL; j < bkp; j += VL)
+                        vf mx = V_LOAD(s + c0);
+                        for (int64_t j = c0 + VL; j < c1; j += VL)
                             mx = V_MAX(mx, V_LOAD(s + j));
                         float mnew = V_HMAX(mx);
                         mnew = mnew > M[ri] ? mnew : M[ri];
-                        /* Nothing visible yet: exponents against 0 give P = 0, alpha = 0. */
-                        const float muse = mnew == -INFINITY ? 0.0f : mnew;
-                        const vf vm_ = V_SET1(muse);
+                        /* Nothing visible yet: exponents against 0 give P = 0 and, from
+                           M = -inf, alpha = 0. */
+                        muse[r] = mnew == -INFINITY ? 0.0f : mnew;
+                        alpha[r] = M[ri] - muse[r];
+                        M[ri] = mnew;
+                    }
+                    V_STORE(alpha, SIMD_FN(vexp)(V_LOAD(alpha)));
+                    for (int r = 0; r < mr; r++) {
+                        float *s = S + r * bkp;
+                        const vf vm_ = V_SET1(muse[r]);
                         vf sum = V_ZERO();
-                        for (int64_t j = 0; j < bkp; j += VL) {
+                        for (int64_t j = c0; j < c1; j += VL) {
                             vf pj = SIMD_FN(vexp)(V_SUB(V_LOAD(s + j), vm_));
                             V_STORE(s + j, pj);
                             sum = V_ADD(sum, pj);
                         }
-                        const float al = M[ri] == -INFINITY ? 0.0f : expf(M[ri] - muse);
-                        alpha[r] = al;
-                        L[ri] = L[ri] * al + V_HSUM(sum);
-                        M[ri] = mnew;
+                        const int64_t ri = g * bq + i0 + r;
+                        L[ri] = L[ri] * alpha[r] + V_HSUM(sum);
                     }
-                    SIMD_FN(pv_strip)(mr, S, bkp, vb, ldv, nk, O + (g * bq + i0) * dvp, dvp, alpha);
+                    SIMD_FN(pv_strip)(mr, S + c0, bkp, vb + c0 * ldv, ldv, kend - c0, O + (g * bq + i0) * dvp, dvp,
+                                      alpha);
                 }
             }
         }

@@ -103,6 +103,12 @@ int fx__score_kind(fx_score_fn fn);
 int fx__mask_classify(fx_mask_fn fn, const void *ctx, int64_t b, int64_t h, int64_t q0, int64_t q1,
                       int64_t k0, int64_t k1);
 
+/* A document-mask block from the id ranges of its queries [qmin, qmax] and keys [kmin, kmax]
+   (q in [q0, q1], kv in [k0, k1]): empty when the ranges miss each other or every key is
+   after every query, the causal class when one id covers both, else partial. */
+int fx__classify_document_ranges(int64_t qmin, int64_t qmax, int64_t kmin, int64_t kmax, int64_t q0, int64_t q1,
+                                 int64_t k0, int64_t k1);
+
 /* ---- attention entry points --------------------------------------------------------------- */
 
 /* Checks everything about a call that does not depend on the direction: a != NULL, sizes > 0,

@@ -8,6 +8,8 @@
 
 #include <stdio.h>
 
+#include "bench_util.h"
+
 typedef enum bench_attn_mask { BENCH_MASK_DENSE, BENCH_MASK_CAUSAL, BENCH_MASK_SLIDING, BENCH_MASK_DOCUMENT } bench_attn_mask;
 
 typedef struct bench_attn_case {
@@ -27,6 +29,7 @@ typedef struct bench_attn_data {
     int64_t *doc_ids;   /* document mask ids [L] */
     fx_mask_sliding_window_ctx sliding;
     fx_mask_document_ctx document;
+    double mask_ms;     /* time fx_block_mask_create took */
 } bench_attn_data;
 
 /* Allocates random inputs and builds the case's mask (block 128). 0, or 1 after printing
@@ -37,5 +40,9 @@ void bench_attn_teardown(bench_attn_data *d);
    the pairs of visited blocks (density). */
 double bench_attn_flops(const fx_attention *a, double density);
 const char *bench_attn_mask_name(bench_attn_mask m);
+/* As bench_pair (a, b, a, b, ... medians of `reps` pairs), but b is warmed up only when a
+   first run of a takes under 50 ms, so a slow peer (a dense 32768 forward) is not run twice
+   for nothing. */
+void bench_attn_pair(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, double *med_a, double *med_b);
 
 #endif
