@@ -1,5 +1,6 @@
 /* fx_flex_attention: argument checks, work plan, and the choice of path. */
 #include "attention/internal.h"
+#include "attention/backward.h"
 
 static bool fits(int64_t a, int64_t b, int64_t c, int64_t d)
 {
@@ -136,5 +137,7 @@ int fx_flex_attention(const fx_attention *a, const float *q, const float *k, con
         return rc;
     if (!out)
         return fx__error(FX_EINVAL, "out is NULL");
+    if (fx__attention_use_decode(a)) /* few query rows, many keys: split-KV (decode.c) */
+        return fx__attention_decode(a, q, k, v, out, lse);
     return fx__flex_forward(a, q, k, v, out, lse);
 }

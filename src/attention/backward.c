@@ -57,6 +57,8 @@ const fx__attn_kernels *fx__attn_kernels_now(void)
 #if !defined(FLEXC_REFERENCE_KERNELS) && defined(__x86_64__)
     if (fx__isa() >= FX_ISA_AVX512)
         return &fx__attn_kernels_avx512;
+    if (fx__isa() == FX_ISA_AVX2)
+        return &fx__attn_kernels_avx2;
 #endif
     return &fx__attn_kernels_scalar;
 }
@@ -107,11 +109,11 @@ static void dscores_scalar(float *dP, const float *P, int64_t ld, int64_t nq, in
 }
 
 static void mask_bits_scalar(float *S, int64_t ld, int64_t nq, int64_t nk, const uint64_t *bits,
-                             int64_t words, int64_t i0)
+                             int64_t words, int64_t i0, int64_t j0)
 {
     for (int64_t i = 0; i < nq; i++)
         for (int64_t j = 0; j < nk; j++)
-            if (!fx__bm_test(bits, words, i0 + i, j))
+            if (!fx__bm_test(bits, words, i0 + i, j0 + j))
                 S[i * ld + j] = -INFINITY;
 }
 
@@ -127,21 +129,37 @@ static void dots_scalar(float *S, int64_t ld, const float *Q, const float *K, in
         }
 }
 
-static void probs_sum_scalar(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, const float *mx,
-                             float *sum)
+static void softmax_chunk_scalar(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, float *m, float *l,
+                                 float *alpha)
 {
     for (int64_t i = 0; i < nq; i++) {
-        if (mx[i] == -INFINITY)
+        float mx = m[i];
+        for (int64_t j = 0; j < nk; j++)
+            mx = S[i * ld + j] > mx ? S[i * ld + j] : mx;
+        if (mx == -INFINITY) {
+            alpha[i] = 1.0f;
+            for (int64_t j = 0; j < nk; j++)
+                P[i * ld + j] = 0.0f;
             continue;
+        }
+        alpha[i] = m[i] == -INFINITY ? 0.0f : expf(m[i] - mx);
         float acc = 0.0f;
         for (int64_t j = 0; j < nk; j++) {
             float s = S[i * ld + j];
-            float p = s == -INFINITY ? 0.0f : expf(s - mx[i]);
+            float p = s == -INFINITY ? 0.0f : expf(s - mx);
             P[i * ld + j] = p;
             acc += p;
         }
-        sum[i] = acc;
+        l[i] = l[i] * alpha[i] + acc;
+        m[i] = mx;
     }
+}
+
+static void transpose_scalar(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[c * ldd + r] = src[r * lds + c];
 }
 
 const fx__attn_kernels fx__attn_kernels_scalar = {
@@ -151,7 +169,8 @@ const fx__attn_kernels fx__attn_kernels_scalar = {
     .dscores = dscores_scalar,
     .mask_bits = mask_bits_scalar,
     .dots = dots_scalar,
-    .probs_sum = probs_sum_scalar,
+    .softmax_chunk = softmax_chunk_scalar,
+    .transpose = transpose_scalar,
 };
 
 /* ---- tiles --------------------------------------------------------------------------------- */
@@ -163,12 +182,8 @@ static void bw_load_kv(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t hk, in
     int64_t c0 = kb * c->bk, nk = a->Lkv - c0 < c->bk ? a->Lkv - c0 : c->bk;
     const float *kp = c->k + ((b * a->Hkv + hk) * a->Lkv + c0) * a->D;
     const float *vp = c->v + ((b * a->Hkv + hk) * a->Lkv + c0) * a->Dv;
-    for (int64_t j = 0; j < nk; j++) {
-        for (int64_t d = 0; d < a->D; d++)
-            s->Kt[d * c->ldk + j] = kp[j * a->D + d];
-        for (int64_t d = 0; d < a->Dv; d++)
-            s->Vt[d * c->ldk + j] = vp[j * a->Dv + d];
-    }
+    c->kr->transpose(s->Kt, c->ldk, kp, a->D, nk, a->D);
+    c->kr->transpose(s->Vt, c->ldk, vp, a->Dv, nk, a->Dv);
 }
 
 /* Adds dS' of a tile to this unit's table gradient, by relative distance. */
@@ -187,6 +202,24 @@ static void bw_table_grad(const bw_ctx *c, double *tab, const float *dS, int64_t
 /* One tile: query rows r0 .. r0+nq-1 (absolute positions) of head h against kv-block kb,
    which bw_load_kv put in s. bits: the block's bitmap (NULL: full), row i0 = r0's row in it.
    Adds into s->dK / s->dV (BW_DKV) and dq (BW_DQ) as want says. tab: the table gradient. */
+/* The keys [*lo, *hi) that rows i0 .. i0+nq-1 of a block bitmap can see, lo rounded down to
+   a multiple of 16 (so bitmap windows of 16 never straddle a word); *lo >= *hi when none. */
+static void bw_visible(const uint64_t *bits, int64_t words, int64_t i0, int64_t nq, int64_t *lo, int64_t *hi)
+{
+    int64_t first = INT64_MAX, last = -1;
+    for (int64_t i = i0; i < i0 + nq; i++)
+        for (int64_t w = 0; w < words; w++) {
+            uint64_t x = bits[i * words + w];
+            if (!x)
+                continue;
+            int64_t f = w * 64 + __builtin_ctzll(x), l = w * 64 + 63 - __builtin_clzll(x);
+            first = f < first ? f : first;
+            last = l > last ? l : last;
+        }
+    *lo = last < 0 ? 0 : first / 16 * 16;
+    *hi = last + 1;
+}
+
 static void bw_tile(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_t r0, int64_t nq,
                     int64_t kb, const uint64_t *bits, int64_t i0, int want, double *tab)
 {
@@ -194,37 +227,47 @@ static void bw_tile(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_
     const fx__attn_kernels *kr = c->kr;
     int64_t ld = c->ldk, D = a->D, Dv = a->Dv;
     int64_t c0 = kb * c->bk, nk = a->Lkv - c0 < c->bk ? a->Lkv - c0 : c->bk;
+    /* A partial block: only the keys these rows can see (the others have P = dS = 0). */
+    int64_t j0 = 0;
+    if (bits) {
+        int64_t j1;
+        bw_visible(bits, c->m->bm_words, i0, nq, &j0, &j1);
+        nk = j1 < nk ? j1 - j0 : nk - j0;
+        if (nk <= 0)
+            return;
+    }
+    int64_t kv0 = c0 + j0;
     int64_t row = (b * a->Hq + h) * a->Lq + (r0 - a->q_offset); /* flat index of local row */
     const float *qr = c->q + row * D;
     const float *dor = c->dout + row * Dv;
 
-    kr->nn(s->S, ld, qr, D, s->Kt, ld, nq, nk, D, c->scale, false);
+    kr->nn(s->S, ld, qr, D, s->Kt + j0, ld, nq, nk, D, c->scale, false);
     if (c->mod) {
         for (int64_t i = 0; i < nq; i++)
             memcpy(s->raw + i * ld, s->S + i * ld, (size_t)nk * sizeof(float));
-        c->mod(s->S, ld, nq, nk, b, h, r0, c0, a->score_ctx);
+        c->mod(s->S, ld, nq, nk, b, h, r0, kv0, a->score_ctx);
     }
     if (bits)
-        kr->mask_bits(s->S, ld, nq, nk, bits, c->m->bm_words, i0);
+        kr->mask_bits(s->S, ld, nq, nk, bits, c->m->bm_words, i0, j0);
     kr->probs(s->P, s->S, ld, nq, nk, c->lse + row);
-    kr->nn(s->dS, ld, dor, Dv, s->Vt, ld, nq, nk, Dv, 1.0f, false);
+    kr->nn(s->dS, ld, dor, Dv, s->Vt + j0, ld, nq, nk, Dv, 1.0f, false);
     bool separate_scale = c->mod_grad || tab;
     kr->dscores(s->dS, s->P, ld, nq, nk, c->Di + row, separate_scale ? 1.0f : c->scale);
     if (tab)
-        bw_table_grad(c, tab, s->dS, ld, nq, nk, r0, c0);
+        bw_table_grad(c, tab, s->dS, ld, nq, nk, r0, kv0);
     if (c->mod_grad)
-        c->mod_grad(s->raw, s->dS, ld, nq, nk, b, h, r0, c0, a->score_ctx);
+        c->mod_grad(s->raw, s->dS, ld, nq, nk, b, h, r0, kv0, a->score_ctx);
     if (separate_scale)
         for (int64_t i = 0; i < nq; i++)
             for (int64_t j = 0; j < nk; j++)
                 s->dS[i * ld + j] *= c->scale;
 
     if (want & BW_DKV) {
-        kr->tn(s->dV, Dv, s->P, ld, dor, Dv, nk, Dv, nq);
-        kr->tn(s->dK, D, s->dS, ld, qr, D, nk, D, nq);
+        kr->tn(s->dV + j0 * Dv, Dv, s->P, ld, dor, Dv, nk, Dv, nq);
+        kr->tn(s->dK + j0 * D, D, s->dS, ld, qr, D, nk, D, nq);
     }
     if (want & BW_DQ) {
-        const float *kp = c->k + ((b * a->Hkv + h / c->G) * a->Lkv + c0) * D;
+        const float *kp = c->k + ((b * a->Hkv + h / c->G) * a->Lkv + kv0) * D;
         kr->nn(c->dq + row * D, D, s->dS, ld, kp, D, nq, D, nk, 1.0f, true);
     }
 }
@@ -274,30 +317,36 @@ static void bw_kv_block(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t hk, i
     memcpy(c->dv + ((b * a->Hkv + hk) * a->Lkv + c0) * a->Dv, s->dV, (size_t)(nk * a->Dv) * sizeof(float));
 }
 
-/* dQ of the rows of absolute q-block qb of head h, over the kv-blocks it visits. */
-static void bw_q_block(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_t qb)
+/* dQ of the rows of absolute q-block qb of heads h0 .. h1-1 (one GQA group, or part of one),
+   over the kv-blocks they visit. The heads must share their block lists (slot of h0), so each
+   kv-block is loaded once for all of them. */
+static void bw_q_block(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h0, int64_t h1, int64_t qb)
 {
     const fx_attention *a = c->a;
     int64_t lo = qb * c->bq, hi = lo + c->bq;
     int64_t r0 = lo > a->q_offset ? lo : a->q_offset;
     int64_t r1 = hi < a->q_offset + a->Lq ? hi : a->q_offset + a->Lq;
-    int64_t row = (b * a->Hq + h) * a->Lq + (r0 - a->q_offset);
-    memset(c->dq + row * a->D, 0, (size_t)((r1 - r0) * a->D) * sizeof(float));
-    int64_t hk = h / c->G;
+    for (int64_t h = h0; h < h1; h++) {
+        int64_t row = (b * a->Hq + h) * a->Lq + (r0 - a->q_offset);
+        memset(c->dq + row * a->D, 0, (size_t)((r1 - r0) * a->D) * sizeof(float));
+    }
+    int64_t hk = h0 / c->G;
     if (c->m) {
         const fx_block_mask *m = c->m;
-        int64_t r = fx__bm_row(m, fx__bm_slot(m, b, h), qb);
+        int64_t r = fx__bm_row(m, fx__bm_slot(m, b, h0), qb);
         for (int64_t e = m->kv_ptr[r]; e < m->kv_ptr[r + 1]; e++) {
             int64_t kb = m->kv_idx[e];
             if (kb >= c->nkb)
                 continue;
             bw_load_kv(c, s, b, hk, kb);
-            bw_qblock(c, s, b, h, qb, kb, fx__bm_bits(m, m->kv_bits[e]), BW_DQ, NULL);
+            for (int64_t h = h0; h < h1; h++)
+                bw_qblock(c, s, b, h, qb, kb, fx__bm_bits(m, m->kv_bits[e]), BW_DQ, NULL);
         }
     } else {
         for (int64_t kb = 0; kb < c->nkb; kb++) {
             bw_load_kv(c, s, b, hk, kb);
-            bw_qblock(c, s, b, h, qb, kb, NULL, BW_DQ, NULL);
+            for (int64_t h = h0; h < h1; h++)
+                bw_qblock(c, s, b, h, qb, kb, NULL, BW_DQ, NULL);
         }
     }
 }
@@ -322,13 +371,7 @@ static int bw_check(const fx_attention *a, const float *q, const float *k, const
     if (kind == FX__SCORE_CUSTOM && !a->score_mod_grad)
         return fx__error(FX_EINVAL, "score_mod is set but score_mod_grad is NULL: the backward pass "
                                     "needs the derivative of a custom score_mod");
-    if (kind == FX__SCORE_REL_BIAS) {
-        const fx_score_rel_bias_ctx *t = a->score_ctx;
-        if (t && t->grad_table && t->heads != 1 && t->heads != a->Hq)
-            return fx__error(FX_EINVAL, "rel_bias heads = %lld must be 1 or Hq = %lld",
-                             (long long)t->heads, (long long)a->Hq);
-    }
-    return FX_OK;
+    return FX_OK; /* rel_bias's table and heads were checked with the other arguments */
 }
 
 /* The derivative the tiles call: NULL when it is the identity (additive built-ins). */
@@ -381,9 +424,8 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
 
     int nt = fx__max_threads();
     int64_t units = a->B * a->Hkv;
-    bool one_pass = bw_mode == FX__BWD_ONE_PASS || (bw_mode == FX__BWD_AUTO && units >= nt) || c.bias;
-    if (bw_mode == FX__BWD_TWO_PASS && !c.bias)
-        one_pass = false;
+    /* The table gradient's partials are per (batch, kv-head) unit: one pass only. */
+    bool one_pass = c.bias || (bw_mode == FX__BWD_AUTO ? units >= nt : bw_mode == FX__BWD_ONE_PASS);
 
     /* Scratch: D_i, per-thread tiles, and the units' table gradients. */
     size_t nrows = (size_t)(a->B * a->Hq * a->Lq);
@@ -436,14 +478,21 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
                     bw_kv_block(&c, &s, b, hk, kb, BW_DKV | BW_DQ, ut);
             }
         } else {
+            /* Round-robin: under a causal mask the work per kv-block (q-block) falls (rises)
+               along the sequence. Which thread runs a unit never changes its result. */
             int64_t n1 = units * c.nkb;
-#pragma omp for schedule(static)
+#pragma omp for schedule(static, 1)
             for (int64_t u = 0; u < n1; u++)
                 bw_kv_block(&c, &s, u / c.nkb / a->Hkv, u / c.nkb % a->Hkv, u % c.nkb, BW_DKV, NULL);
-            int64_t nqb = c.qb_hi - c.qb_lo + 1, n2 = a->B * a->Hq * nqb;
-#pragma omp for schedule(static)
-            for (int64_t u = 0; u < n2; u++)
-                bw_q_block(&c, &s, u / nqb / a->Hq, u / nqb % a->Hq, c.qb_lo + u % nqb);
+            /* Heads that share block lists (a mask broadcast over heads, or none) go by GQA
+               group, so each kv-block is loaded once per group. */
+            int64_t gs = (!c.m || c.m->H == 1) ? c.G : 1;
+            int64_t nqb = c.qb_hi - c.qb_lo + 1, ng = a->Hq / gs, n2 = a->B * ng * nqb;
+#pragma omp for schedule(static, 1)
+            for (int64_t u = 0; u < n2; u++) {
+                int64_t h0 = u / nqb % ng * gs;
+                bw_q_block(&c, &s, u / nqb / ng, h0, h0 + gs, c.qb_lo + u % nqb);
+            }
         }
     }
 

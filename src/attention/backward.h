@@ -20,20 +20,25 @@ typedef struct fx__attn_kernels {
     /* dP[i,j] = P[i,j] * (dP[i,j] - Di[i]) * alpha (in place). */
     void (*dscores)(float *dP, const float *P, int64_t ld, int64_t nq, int64_t nk, const float *Di,
                     float alpha);
-    /* S[i,j] = -inf where bit (i0 + i, j) of a block bitmap is clear. */
+    /* S[i,j] = -inf where bit (i0 + i, j0 + j) of a block bitmap is clear; j0 % 16 == 0. */
     void (*mask_bits)(float *S, int64_t ld, int64_t nq, int64_t nk, const uint64_t *bits,
-                      int64_t words, int64_t i0);
+                      int64_t words, int64_t i0, int64_t j0);
     /* Decoding: S[r, j] = alpha * (Q[r, :] . K[j, :]) for r < R, j < nk; Q [R, D], K [nk, D]
        with row strides D. */
     void (*dots)(float *S, int64_t ld, const float *Q, const float *K, int64_t R, int64_t nk, int64_t D,
                  float alpha);
-    /* Decoding: P[i, j] = exp(S[i, j] - mx[i]) (0 where S is -inf) and sum[i] = sum_j P[i, j],
-       for rows with mx[i] > -inf; other rows are left alone. */
-    void (*probs_sum)(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, const float *mx,
-                      float *sum);
+    /* Decoding, one chunk of the online softmax per row i: m' = max(m[i], max_j S[i, j]);
+       alpha[i] = exp(m[i] - m') (0 when m[i] = -inf, 1 when m' = -inf); P[i, j] = exp(S[i, j] - m')
+       (0 where S is -inf, the whole row when m' = -inf); l[i] = l[i] * alpha[i] + sum_j P[i, j];
+       m[i] = m'. */
+    void (*softmax_chunk)(float *P, const float *S, int64_t ld, int64_t nq, int64_t nk, float *m, float *l,
+                          float *alpha);
+    /* dst[c, r] = src[r, c] for r < rows, c < cols. */
+    void (*transpose)(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols);
 } fx__attn_kernels;
 
 extern const fx__attn_kernels fx__attn_kernels_scalar;
+extern const fx__attn_kernels fx__attn_kernels_avx2;
 extern const fx__attn_kernels fx__attn_kernels_avx512;
 /* The kernels of the current CPU path (fx_get_isa()). */
 const fx__attn_kernels *fx__attn_kernels_now(void);

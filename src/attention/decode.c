@@ -1,10 +1,11 @@
 /* Split-KV decoding: a few query rows (Lq <= 16) against a long KV range.
 
-   The prefill kernel parallelises over query blocks, so with one query row per head it has
-   B*Hq work items that each stream a whole K/V head, and the query heads of a GQA group read
-   the same K/V again. Here a work unit is (batch, kv-head, split): it reads one range of the
-   keys once for every query row of the group, keeping a running (max, sum, accumulator) per
-   row (online softmax). The splits' partial triples are then combined in split order:
+   The prefill kernel parallelises over query blocks; with a single query block per head it
+   has only B * (head groups) work items, each streaming the whole key range, which leaves
+   threads idle when B is small. Here a work unit is (batch, kv-head, split): it reads one
+   range of the keys once for every query row of the GQA group, keeping a running (max, sum,
+   accumulator) per row (online softmax), and its tiles are shaped for a few rows (dot
+   products along D instead of a transposed K). The splits' partial triples are then combined in split order:
        M = max_s m_s,  L = sum_s l_s exp(m_s - M),  out = (sum_s acc_s exp(m_s - M)) / L.
    The split plan depends on the shape only, never on the thread count, so the result is
    bitwise identical for any number of threads. */
@@ -41,7 +42,7 @@ typedef struct dec_plan {
 typedef struct dec_scratch {
     float *S, *P;      /* [R, ld] */
     float *acc;        /* [R, Dv] */
-    float *mx, *sum, *rowmax, *alpha; /* [R] */
+    float *mx, *sum, *rowmax, *alpha; /* [R]: running max and sum, row flags, rescale factors */
     int64_t *cursor;   /* [R]: position in each row's kv-block list */
 } dec_scratch;
 
@@ -95,7 +96,7 @@ static void dec_unit(const dec_plan *p, dec_scratch *s, int64_t b, int64_t hk, i
             const uint64_t *bits;
             int64_t i0 = 0;
             int st = dec_status(p, s, b, hk, r, kb, &bits, &i0);
-            s->rowmax[r] = st == FX__BLOCK_EMPTY ? -INFINITY : 0.0f; /* marks the row for below */
+            s->rowmax[r] = st == FX__BLOCK_EMPTY ? -INFINITY : 0.0f; /* -inf: the row skips this block */
             any |= st != FX__BLOCK_EMPTY;
         }
         if (!any)
@@ -115,31 +116,16 @@ static void dec_unit(const dec_plan *p, dec_scratch *s, int64_t b, int64_t hk, i
                 /* The cursor already sits on kb: this lookup is O(1). */
                 dec_status(p, s, b, hk, r, kb, &bits, &i0);
                 if (bits)
-                    kr->mask_bits(Sr, ld, 1, nk, bits, p->m->bm_words, i0);
+                    kr->mask_bits(Sr, ld, 1, nk, bits, p->m->bm_words, i0, 0);
             }
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < nk; j++)
-                mx = Sr[j] > mx ? Sr[j] : mx;
-            float nm = mx > s->mx[r] ? mx : s->mx[r];
-            /* alpha rescales what was accumulated under the old max. */
-            s->alpha[r] = nm == -INFINITY ? 1.0f : s->mx[r] == -INFINITY ? 0.0f : expf(s->mx[r] - nm);
-            s->rowmax[r] = nm;
         }
-        kr->probs_sum(s->P, s->S, ld, R, nk, s->rowmax, s->rowmax + R);
+        kr->softmax_chunk(s->P, s->S, ld, R, nk, s->mx, s->sum, s->alpha);
         for (int64_t r = 0; r < R; r++) {
-            if (s->rowmax[r] == -INFINITY)
-                continue; /* nothing visible yet: P row unused */
             float al = s->alpha[r];
             if (al != 1.0f)
                 for (int64_t d = 0; d < Dv; d++)
                     s->acc[r * Dv + d] *= al;
-            s->sum[r] = s->sum[r] * al + s->rowmax[R + r];
-            s->mx[r] = s->rowmax[r];
         }
-        /* Rows with nothing visible have P rows of garbage: zero them so one product serves all. */
-        for (int64_t r = 0; r < R; r++)
-            if (s->rowmax[r] == -INFINITY)
-                memset(s->P + r * ld, 0, (size_t)nk * sizeof(float));
         kr->nn(s->acc, Dv, s->P, ld, vh + k0 * Dv, Dv, R, Dv, nk, 1.0f, true);
     }
     float *dst = p->part + ((b * a->Hkv + hk) * p->nsplit + split) * R * (Dv + 2);
@@ -200,7 +186,7 @@ int fx__attention_decode(const fx_attention *a, const float *q, const float *k, 
     p.nsplit = (p.nchunks + p.per_split - 1) / p.per_split;
 
     int nt = fx__max_threads();
-    size_t per_thread_f = (size_t)(2 * p.R * p.ld + p.R * a->Dv + 5 * p.R);
+    size_t per_thread_f = (size_t)(2 * p.R * p.ld + p.R * a->Dv + 4 * p.R);
     size_t part_n = (size_t)(pairs * p.nsplit * p.R * (a->Dv + 2));
     float *scr = fx__alloc((size_t)nt * per_thread_f * sizeof(float));
     int64_t *cur = fx__alloc((size_t)nt * (size_t)p.R * sizeof(int64_t));
@@ -222,10 +208,11 @@ int fx__attention_decode(const fx_attention *a, const float *q, const float *k, 
         s.acc = s.P + p.R * p.ld;
         s.mx = s.acc + p.R * a->Dv;
         s.sum = s.mx + p.R;
-        s.rowmax = s.sum + p.R; /* [2R]: the row maxima, then the chunk's row sums */
-        s.alpha = s.rowmax + 2 * p.R;
+        s.rowmax = s.sum + p.R;
+        s.alpha = s.rowmax + p.R;
         s.cursor = cur + (size_t)t * (size_t)p.R;
-#pragma omp for schedule(static)
+        /* Round-robin: with a sliding window only the last splits of a row have work. */
+#pragma omp for schedule(static, 1)
         for (int64_t u = 0; u < units; u++)
             dec_unit(&p, &s, u / p.nsplit / a->Hkv, u / p.nsplit % a->Hkv, u % p.nsplit);
         int64_t rows = pairs * p.R;

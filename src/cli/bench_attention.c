@@ -2,6 +2,7 @@
    (mask == NULL), timed alternately in one run, with GFLOP/s on visited blocks and the
    fraction of this machine's fp32 FMA peak measured in the same run. */
 #include "bench_attention.h"
+#include "bench_attention_bwd.h"
 
 #include "bench_util.h"
 #include "cli.h"
@@ -211,7 +212,7 @@ int bench_attention(int argc, char **argv)
     int64_t B = 1, H = 8, Hkv = 0, L = 0, D = 64, window = 256, docs = 16, reps = 0;
     const cli_opt opts[] = {
         {"--json", CLI_FLAG, &json, "one JSON object per line"},
-        {"--case", CLI_STRING, &only, "run one default case: sliding32k, sliding8k, causal8k, document16k"},
+        {"--case", CLI_STRING, &only, "run one default case: sliding32k, sliding8k, causal8k, document16k, decode"},
         {"--quick", CLI_FLAG, &quick, "the default cases at a quarter of their length"},
         {"--mask", CLI_STRING, &mask_name, "custom case: dense|causal|sliding|document (needs --L)"},
         {"--L", CLI_INT, &L, "custom case: sequence length"},
@@ -257,7 +258,7 @@ int bench_attention(int argc, char **argv)
                 }
                 n++;
             }
-        if (n == 0) {
+        if (n == 0 && strcmp(only, "decode") != 0) {
             cli_error("bench attention: unknown case '%s'", only);
             return CLI_EXIT_USAGE;
         }
@@ -272,6 +273,15 @@ int bench_attention(int argc, char **argv)
         rc = run_case(&cases[i], peak, json);
         if (rc != CLI_EXIT_OK)
             return rc;
+        if (cases[i].mask == BENCH_MASK_SLIDING && /* backward / forward (bench_attention_bwd.c) */
+            bench_attention_backward_case(cases[i].name, cases[i].B, cases[i].Hq, cases[i].Hkv, cases[i].L,
+                                          cases[i].D, cases[i].window, cases[i].reps + 1, bench_fma_peak_gflops(),
+                                          json))
+            return CLI_EXIT_FAIL;
     }
+    if ((!only || strcmp(only, "decode") == 0) && !mask_name && !L && /* decode case (bench_attention_bwd.c) */
+        bench_attention_decode_case("decode", 8, 32, 8, 1, quick ? 8192 : 32768, 128, reps ? (int)reps : 5,
+                                    bench_triad_gbs(), json))
+        return CLI_EXIT_FAIL;
     return CLI_EXIT_OK;
 }
