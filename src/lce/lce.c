@@ -225,8 +225,10 @@ void openblas_set_num_threads(int num_threads);
    paying a thread hand-off each. A pthreads OpenBLAS is set to one thread for the duration
    of the call (and restored after); an OpenMP OpenBLAS runs one thread inside a parallel
    region by itself. */
+#if defined(_OPENMP) && !defined(FLEXC_REFERENCE_KERNELS)
 static pthread_mutex_t lce_blas_lock = PTHREAD_MUTEX_INITIALIZER;
 static int lce_blas_users, lce_blas_saved;
+#endif
 
 static bool lce_blas_serial_begin(void)
 {
