@@ -69,7 +69,12 @@ const fx__lce_kernels fx__lce_kernels_scalar = {lce_stats_scalar, lce_prep_scala
 
 const fx__lce_kernels *fx__lce_kernels_now(void)
 {
-    return fx__isa() >= FX_ISA_AVX512 ? &fx__lce_kernels_avx512 : &fx__lce_kernels_scalar;
+    switch (fx__isa()) {
+    case FX_ISA_AVX512: return &fx__lce_kernels_avx512;
+    case FX_ISA_AVX2: return &fx__lce_kernels_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return &fx__lce_kernels_scalar;
 }
 
 /* ---- the chunk plan ----------------------------------------------------------------------- */
