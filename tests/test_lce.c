@@ -586,6 +586,12 @@ static void test_errors(void)
     fxt_bitwise_f32("dw untouched", o.dw, pr.dw0, V * D);
     fxt_bitwise_f32("dbias untouched", o.dbias, pr.db0, V);
     FXT_STATUS(fx_linear_cross_entropy_plan(NULL, NULL, NULL, NULL), FX_EINVAL, "is NULL");
+    /* A tile too large to address plans SIZE_MAX bytes: the call fails with FX_ENOMEM before any work. */
+    fx_lce huge = fx_lce_defaults((int64_t)1 << 40, 1, (int64_t)1 << 30);
+    huge.chunk = huge.N;
+    size_t hb = 0;
+    FXT_OK(fx_linear_cross_entropy_plan(&huge, NULL, NULL, &hb));
+    FXT_EQ_INT(hb == SIZE_MAX, 1);
     free(lse_in);
     outputs_free(&o);
     problem_free(&pr);

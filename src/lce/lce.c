@@ -134,6 +134,10 @@ static void lce_plan(const fx_lce *p, int64_t *chunk, int64_t *vchunk, size_t *b
     const size_t nb = (size_t)((vb + LCE_VBLOCK - 1) / LCE_VBLOCK);
     *chunk = c;
     *vchunk = vb;
+    if (4.0 * (double)c * ((double)vb + 16.0) > (double)(SIZE_MAX / 4)) {
+        *bytes = SIZE_MAX; /* no allocation can satisfy it: fx__alloc reports FX_ENOMEM */
+        return;
+    }
     *bytes = lce_tile_bytes(c, vb) + (size_t)c * (sizeof(lce_row) + nb * sizeof(fx__lce_stat));
 }
 
@@ -458,7 +462,7 @@ static int lce_run(lce_call *k)
 
     size_t bytes;
     lce_plan(p, &k->C, &k->Vb, &bytes);
-    unsigned char *scratch = fx__alloc(bytes);
+    unsigned char *scratch = bytes == SIZE_MAX ? NULL : fx__alloc(bytes);
     if (!scratch)
         return fx__error(FX_ENOMEM, "fused cross-entropy: cannot allocate %zu bytes of scratch (chunk %lld x %lld)",
                          bytes, (long long)k->C, (long long)k->Vb);
