@@ -107,11 +107,57 @@ static lce_bench bench_ctx(const fx_lce *p, const inputs *in)
                        .tok_loss = in->tok_loss};
 }
 
-/* Runs one mode once in a child process that allocates its own inputs; reports the growth of
-   the child's maximum resident set over the inputs, and the bytes the library allocated.
-   Returns false if the child failed. */
+/* The child's side of the memory measurement: allocates its own inputs, runs a tiny problem
+   of the same mode (so that the libraries' buffers and thread stacks exist), then the real
+   one, and prints the growth of its maximum resident set and the library's peak bytes. */
+static int rss_child(const fx_lce *p, bool fused)
+{
+    inputs in;
+    if (!inputs_make(&in, p->N, p->D, p->V)) {
+        inputs_free(&in);
+        return CLI_EXIT_FAIL;
+    }
+    /* The warm-up: the first 16 tokens against the first 1024 vocabulary rows, small enough
+       that its own scratch does not raise the baseline. */
+    fx_lce small = *p;
+    small.N = p->N < 16 ? p->N : 16;
+    small.V = p->V < 1024 ? p->V : 1024;
+    small.chunk = 0;
+    int64_t small_target[16];
+    for (int64_t i = 0; i < small.N; i++)
+        small_target[i] = i % small.V;
+    lce_bench w = bench_ctx(&small, &in);
+    w.target = small_target;
+    if (fused)
+        run_fused(&w);
+    else
+        run_unfused(&w);
+    lce_bench b = bench_ctx(p, &in);
+    size_t before = bench_max_rss(), cur0, peak;
+    fx_mem_stats(&cur0, &peak);
+    fx_mem_reset_peak();
+    if (fused)
+        run_fused(&b);
+    else
+        run_unfused(&b);
+    fx_mem_stats(NULL, &peak);
+    size_t after = bench_max_rss();
+    inputs_free(&in);
+    if (b.status != FX_OK || w.status != FX_OK)
+        return cli_fail(b.status != FX_OK ? b.status : w.status, "bench lce");
+    printf("%zu %zu\n", after > before ? after - before : 0, peak - cur0);
+    return CLI_EXIT_OK;
+}
+
+/* Runs one mode once in a fresh process (this program again, not a bare fork: OpenMP's
+   thread pool does not survive a fork) and reads what rss_child printed. */
 static bool measure_child(const fx_lce *p, bool fused, size_t *rss_delta, size_t *lib_bytes)
 {
+    char shape[96], chunk[32];
+    snprintf(shape, sizeof shape, "%lld,%lld,%lld", (long long)p->N, (long long)p->D, (long long)p->V);
+    snprintf(chunk, sizeof chunk, "%lld", (long long)p->chunk);
+    char *argv[] = {"flexc", "bench", "lce", "--rss-child", fused ? "fused" : "unfused", "--shape", shape,
+                    "--chunk", chunk, NULL};
     int fd[2];
     if (pipe(fd) != 0)
         return false;
@@ -122,50 +168,22 @@ static bool measure_child(const fx_lce *p, bool fused, size_t *rss_delta, size_t
         return false;
     }
     if (pid == 0) {
-        close(fd[0]);
-        size_t out[2] = {0, 0};
-        inputs in;
-        int ok = inputs_make(&in, p->N, p->D, p->V);
-        if (ok) {
-            /* A small run of the same mode first, so that the libraries' own buffers and
-               thread stacks are in place before the baseline is taken. */
-            fx_lce small = *p;
-            small.N = p->N < 256 ? p->N : 256;
-            small.V = p->V < 4096 ? p->V : 4096;
-            small.chunk = 0;
-            lce_bench w = bench_ctx(&small, &in);
-            if (fused)
-                run_fused(&w);
-            else
-                run_unfused(&w);
-            lce_bench b = bench_ctx(p, &in);
-            size_t before = bench_max_rss(), cur0, peak;
-            fx_mem_stats(&cur0, &peak);
-            fx_mem_reset_peak();
-            if (fused)
-                run_fused(&b);
-            else
-                run_unfused(&b);
-            fx_mem_stats(NULL, &peak);
-            size_t after = bench_max_rss();
-            out[0] = after > before ? after - before : 0;
-            out[1] = peak - cur0;
-            ok = b.status == FX_OK;
-        }
-        ssize_t wr = ok ? write(fd[1], out, sizeof out) : 0;
-        _exit(wr == (ssize_t)sizeof out ? 0 : 1);
+        dup2(fd[1], STDOUT_FILENO);
+        close(fd[0]), close(fd[1]);
+        execv("/proc/self/exe", argv);
+        _exit(127);
     }
     close(fd[1]);
-    size_t out[2];
-    ssize_t rd = read(fd[0], out, sizeof out);
+    char buf[128];
+    size_t got = 0;
+    ssize_t rd;
+    while (got < sizeof buf - 1 && (rd = read(fd[0], buf + got, sizeof buf - 1 - got)) > 0)
+        got += (size_t)rd;
+    buf[got] = '\0';
     close(fd[0]);
     int st = 0;
     waitpid(pid, &st, 0);
-    if (rd != (ssize_t)sizeof out || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        return false;
-    *rss_delta = out[0];
-    *lib_bytes = out[1];
-    return true;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 && sscanf(buf, "%zu %zu", rss_delta, lib_bytes) == 2;
 }
 
 static double max_rel_diff(const float *a, const float *b, size_t n)
@@ -270,7 +288,7 @@ static int bench_shape(int64_t N, int64_t D, int64_t V, int64_t chunk, int reps,
 int bench_lce(int argc, char **argv)
 {
     bool json = false, quick = false, fresh = false, no_rss = false;
-    const char *shape = NULL;
+    const char *shape = NULL, *child = NULL;
     int64_t reps = 3, chunk = 0;
     const cli_opt opts[] = {
         {"--json", CLI_FLAG, &json, "one JSON object per shape"},
@@ -280,6 +298,7 @@ int bench_lce(int argc, char **argv)
         {"--chunk", CLI_INT, &chunk, "tokens per chunk of the fused path (default automatic)"},
         {"--fresh", CLI_FLAG, &fresh, "the unfused peer allocates its logits in every call"},
         {"--no-rss", CLI_FLAG, &no_rss, "skip the per-mode child processes that measure max RSS"},
+        {"--rss-child", CLI_STRING, &child, NULL}, /* internal: the child of measure_child */
     };
     int rc = cli_parse("bench lce", "[--json] [--quick] [--shape N,D,V] [--reps R] [--chunk C] [--fresh] [--no-rss]",
                        argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
@@ -309,6 +328,11 @@ int bench_lce(int argc, char **argv)
         }
         shapes[0][0] = n, shapes[0][1] = d, shapes[0][2] = v;
         nshapes = 1;
+    }
+    if (child) {
+        fx_lce p = fx_lce_defaults(shapes[0][0], shapes[0][1], shapes[0][2]);
+        p.chunk = chunk;
+        return rss_child(&p, strcmp(child, "fused") == 0);
     }
     for (int s = 0; s < nshapes; s++) {
         rc = bench_shape(shapes[s][0], shapes[s][1], shapes[s][2], chunk, (int)reps, fresh, !no_rss, json);

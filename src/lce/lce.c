@@ -312,11 +312,14 @@ typedef struct lce_call {
     bool serial;               /* the BLAS runs one thread per call */
 } lce_call;
 
-/* Columns of h-size blocks of dh: a fixed count (at most 8, 16-wide multiples) so that 1, 2,
-   4 or 8 threads share them evenly, independent of the thread count. */
+/* Columns per block of dh: a fixed count of blocks (at most 4, widths multiples of 16),
+   independent of the thread count, that 1, 2 or 4 threads share evenly; each block's GEMM
+   packs all of G again, so more blocks would cost more than they balance. */
+enum { LCE_DBLOCKS = 4 };
+
 static int64_t lce_dblock(int64_t D)
 {
-    int64_t nb = (D + 15) / 16 < 8 ? (D + 15) / 16 : 8;
+    int64_t nb = (D + 15) / 16 < LCE_DBLOCKS ? (D + 15) / 16 : LCE_DBLOCKS;
     return ((D + nb - 1) / nb + 15) / 16 * 16;
 }
 
