@@ -59,7 +59,7 @@ static double ref_token(const fx_lce *p, const float *h, const float *w, const f
             gz[j] = scale * g;
         }
     }
-    return lse - (1.0 - eps) * zbuf[y] - eps * sz / (double)V + zl * lse * lse;
+    return lse - (1.0 - eps) * zbuf[y] - (eps > 0 ? eps * sz / (double)V : 0.0) + zl * lse * lse;
 }
 
 /* grad_loss: NULL for the forward call's gradients, else the backward's upstream gradient. */
@@ -283,6 +283,31 @@ static void test_odd_sizes(void)
         check_problem(&pr, label);
         problem_free(&pr);
     }
+    /* Vocabulary entries masked with a -inf bias (a padded vocabulary), a whole block of them
+       included: they take no probability and the loss stays finite. */
+    const fx_isa best = fx_get_isa();
+    for (int isa = 0; isa <= (int)best; isa++) {
+        fx_set_isa((fx_isa)isa);
+        problem pm = problem_make(6, 4, 2100, 1.0f, true, 0, 260);
+        for (int64_t j = 0; j < 1100; j++)
+            pm.bias[j] = -INFINITY;
+        for (int64_t i = 0; i < pm.p.N; i++)
+            pm.t[i] = 1100 + i * 37;
+        pm.p.reduction = FX_REDUCTION_SUM;
+        outputs o = outputs_make(&pm);
+        FXT_OK(fx_linear_cross_entropy(&pm.p, pm.h, pm.w, pm.bias, pm.t, o.loss, o.lse, o.dh, o.dw, o.dbias));
+        ref_out r = ref_lce(&pm.p, pm.h, pm.w, pm.bias, pm.t, NULL, pm.dw0, pm.db0);
+        FXT_CHECK(isfinite(o.loss[0]));
+        close_scaled("masked loss", o.loss, &r.loss, 1, TOL);
+        close_scaled("masked lse", o.lse, r.lse, (size_t)pm.p.N, TOL);
+        close_scaled("masked dh", o.dh, r.dh, (size_t)(pm.p.N * pm.p.D), TOL);
+        close_scaled("masked dw", o.dw, r.dw, (size_t)(pm.p.V * pm.p.D), TOL);
+        close_scaled("masked dbias", o.dbias, r.dbias, (size_t)pm.p.V, TOL);
+        ref_free(&r);
+        outputs_free(&o);
+        problem_free(&pm);
+    }
+    fx_set_isa(best);
     /* ignore_index may name a class: that class's tokens are skipped. */
     problem pr = problem_make(20, 6, 11, 1.0f, false, 0, 250);
     pr.p.ignore_index = pr.t[0];

@@ -40,6 +40,9 @@ static void lce_stats_scalar(float *z, int64_t n, const float *bias, float cap, 
             bm = x > bm ? x : bm; /* a NaN reaches the result through the sum of exps */
             bz += x;
         }
+        st->sum_z += bz;
+        if (bm == -INFINITY)
+            continue; /* a block of masked entries adds nothing to the sum of exps */
         if (bm > st->m) {
             st->s *= exp((double)st->m - (double)bm);
             st->m = bm;
@@ -48,7 +51,6 @@ static void lce_stats_scalar(float *z, int64_t n, const float *bias, float cap, 
         for (int64_t j = j0; j < j1; j++)
             bs += expf(z[j] - st->m);
         st->s += bs;
-        st->sum_z += bz;
     }
 }
 
@@ -356,11 +358,11 @@ static void lce_row_merge(const lce_call *k, int64_t r, int64_t nb)
     for (int64_t b = 0; b < nb; b++) {
         const fx__lce_stat *q = &k->part[r * nb + b];
         const float m = q->m > st->m ? q->m : st->m;
+        st->sum_z += q->sum_z;
         if (m == -INFINITY)
-            continue; /* nothing but -inf so far: keep s = 0 */
+            continue; /* nothing but -inf so far (masked entries): keep s = 0 */
         st->s = st->s * exp((double)st->m - (double)m) + q->s * exp((double)q->m - (double)m);
         st->m = m;
-        st->sum_z += q->sum_z;
     }
 }
 
@@ -503,9 +505,11 @@ static int lce_run(lce_call *k)
                 double lse = (double)row->st.m + log(row->st.s);
                 row->lse = (float)lse;
                 row->loss = 0.0;
-                if (row->valid)
-                    row->loss = lse - (1.0 - (double)eps) * (double)row->z_y -
-                                (double)eps * row->st.sum_z / (double)V + (double)zl * lse * lse;
+                if (row->valid) {
+                    row->loss = lse - (1.0 - (double)eps) * (double)row->z_y + (double)zl * lse * lse;
+                    if (eps > 0.0f) /* sum_z is -inf when entries are masked with -inf */
+                        row->loss -= (double)eps * row->st.sum_z / (double)V;
+                }
                 if (k->lse_out)
                     k->lse_out[n0 + r] = row->lse;
                 if (k->loss && p->reduction == FX_REDUCTION_NONE)

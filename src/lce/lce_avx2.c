@@ -110,6 +110,9 @@ static void lce_stats_avx2(float *z, int64_t n, const float *bias, float cap, fx
             vz = _mm256_add_ps(vz, _mm256_and_ps(x, on));
         }
         const float bm = hmax256(vm);
+        st->sum_z += (double)hsum256(vz);
+        if (bm == -INFINITY)
+            continue; /* a block of masked entries adds nothing to the sum of exps */
         if (bm > st->m) {
             st->s *= exp((double)st->m - (double)bm);
             st->m = bm;
@@ -122,7 +125,6 @@ static void lce_stats_avx2(float *z, int64_t n, const float *bias, float cap, fx
             vs = _mm256_add_ps(vs, _mm256_and_ps(e, _mm256_castsi256_ps(k)));
         }
         st->s += (double)hsum256(vs);
-        st->sum_z += (double)hsum256(vz);
     }
 }
 
