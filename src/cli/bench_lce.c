@@ -80,7 +80,7 @@ static bool inputs_make(inputs *in, int64_t N, int64_t D, int64_t V)
     in->h = malloc((size_t)(N * D) * sizeof(float));
     in->w = malloc((size_t)(V * D) * sizeof(float));
     in->dh = malloc((size_t)(N * D) * sizeof(float));
-    in->dw = calloc((size_t)(V * D), sizeof(float));
+    in->dw = malloc((size_t)(V * D) * sizeof(float));
     in->target = malloc((size_t)N * sizeof(int64_t));
     in->tok_loss = malloc((size_t)N * sizeof(double));
     if (!in->h || !in->w || !in->dh || !in->dw || !in->target || !in->tok_loss)
@@ -89,7 +89,10 @@ static bool inputs_make(inputs *in, int64_t N, int64_t D, int64_t V)
     const float a = 2.0f / sqrtf((float)D);
     fx_rng_fill_uniform(in->h, N * D, -1.0f, 1.0f, 11, 0);
     fx_rng_fill_uniform(in->w, V * D, -a, a, 12, 0);
+    /* Every page written now, so that the RSS baseline of a child holds all of the inputs and
+       outputs and its growth is the computation's own memory. */
     memset(in->dh, 0, (size_t)(N * D) * sizeof(float));
+    memset(in->dw, 0, (size_t)(V * D) * sizeof(float));
     memset(in->tok_loss, 0, (size_t)N * sizeof(double));
     for (int64_t i = 0; i < N; i++)
         in->target[i] = (int64_t)((uint64_t)(i * 2654435761u) % (uint64_t)V);
