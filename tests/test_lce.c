@@ -5,6 +5,7 @@
 #include "harness.h"
 
 #include "core/core.h"
+#include "lce/lce_internal.h"
 
 /* ---- the float64 reference ------------------------------------------------------------------ */
 
@@ -58,7 +59,7 @@ static double ref_token(const fx_lce *p, const float *h, const float *w, const f
             gz[j] = scale * g;
         }
     }
-    return lse - (1.0 - eps) * zbuf[y] - eps * sz / (double)V + zl * lse * lse;
+    return lse - (1.0 - eps) * zbuf[y] - (eps > 0 ? eps * sz / (double)V : 0.0) + zl * lse * lse;
 }
 
 /* grad_loss: NULL for the forward call's gradients, else the backward's upstream gradient. */
@@ -229,8 +230,8 @@ static void test_all_options(void)
     const int64_t chunks[][2] = {{0, 0}, {4, 0}, {5, 7}, {13, 37}};
     const fx_isa best = fx_get_isa();
     int cases = 0;
-    for (int isa = 0; isa < 2; isa++) {
-        fx_set_isa(isa ? best : FX_ISA_SCALAR);
+    for (int isa = 0; isa <= (int)best; isa++) {
+        fx_set_isa((fx_isa)isa);
         for (int bias = 0; bias < 2; bias++) {
             for (int ign = 0; ign < 2; ign++) {
                 problem pr = problem_make(13, 17, 37, 1.0f, bias, ign ? 3 : 0, 100 + (uint64_t)(bias * 2 + ign));
@@ -259,7 +260,7 @@ static void test_all_options(void)
         }
     }
     fx_set_isa(best);
-    FXT_EQ_INT(cases, 2 * 2 * 2 * 3 * 2 * 2 * 2 * 4);
+    FXT_EQ_INT(cases, ((int)best + 1) * 2 * 2 * 3 * 2 * 2 * 2 * 4);
 }
 
 /* V not a multiple of the tile, N below the chunk, a single class, D = 1, ignore_index a class. */
@@ -282,6 +283,31 @@ static void test_odd_sizes(void)
         check_problem(&pr, label);
         problem_free(&pr);
     }
+    /* Vocabulary entries masked with a -inf bias (a padded vocabulary), a whole block of them
+       included: they take no probability and the loss stays finite. */
+    const fx_isa best = fx_get_isa();
+    for (int isa = 0; isa <= (int)best; isa++) {
+        fx_set_isa((fx_isa)isa);
+        problem pm = problem_make(6, 4, 2100, 1.0f, true, 0, 260);
+        for (int64_t j = 0; j < 1100; j++)
+            pm.bias[j] = -INFINITY;
+        for (int64_t i = 0; i < pm.p.N; i++)
+            pm.t[i] = 1100 + i * 37;
+        pm.p.reduction = FX_REDUCTION_SUM;
+        outputs o = outputs_make(&pm);
+        FXT_OK(fx_linear_cross_entropy(&pm.p, pm.h, pm.w, pm.bias, pm.t, o.loss, o.lse, o.dh, o.dw, o.dbias));
+        ref_out r = ref_lce(&pm.p, pm.h, pm.w, pm.bias, pm.t, NULL, pm.dw0, pm.db0);
+        FXT_CHECK(isfinite(o.loss[0]));
+        close_scaled("masked loss", o.loss, &r.loss, 1, TOL);
+        close_scaled("masked lse", o.lse, r.lse, (size_t)pm.p.N, TOL);
+        close_scaled("masked dh", o.dh, r.dh, (size_t)(pm.p.N * pm.p.D), TOL);
+        close_scaled("masked dw", o.dw, r.dw, (size_t)(pm.p.V * pm.p.D), TOL);
+        close_scaled("masked dbias", o.dbias, r.dbias, (size_t)pm.p.V, TOL);
+        ref_free(&r);
+        outputs_free(&o);
+        problem_free(&pm);
+    }
+    fx_set_isa(best);
     /* ignore_index may name a class: that class's tokens are skipped. */
     problem pr = problem_make(20, 6, 11, 1.0f, false, 0, 250);
     pr.p.ignore_index = pr.t[0];
@@ -357,8 +383,8 @@ static void test_all_ignored(void)
 static void test_large_logits(void)
 {
     const fx_isa best = fx_get_isa();
-    for (int isa = 0; isa < 2; isa++) {
-        fx_set_isa(isa ? best : FX_ISA_SCALAR);
+    for (int isa = 0; isa <= (int)best; isa++) {
+        fx_set_isa((fx_isa)isa);
         problem pr = problem_make(9, 4, 33, 70.0f, false, 0, 500); /* |z| up to 4 * 70^2 ~ 2e4 */
         for (int64_t i = 0; i < pr.p.N; i++)
             pr.t[i] = (i * 7) % pr.p.V;
@@ -585,6 +611,12 @@ static void test_errors(void)
     fxt_bitwise_f32("dw untouched", o.dw, pr.dw0, V * D);
     fxt_bitwise_f32("dbias untouched", o.dbias, pr.db0, V);
     FXT_STATUS(fx_linear_cross_entropy_plan(NULL, NULL, NULL, NULL), FX_EINVAL, "is NULL");
+    /* A tile too large to address plans SIZE_MAX bytes: the call fails with FX_ENOMEM before any work. */
+    fx_lce huge = fx_lce_defaults((int64_t)1 << 40, 1, (int64_t)1 << 30);
+    huge.chunk = huge.N;
+    size_t hb = 0;
+    FXT_OK(fx_linear_cross_entropy_plan(&huge, NULL, NULL, &hb));
+    FXT_EQ_INT(hb == SIZE_MAX, 1);
     free(lse_in);
     outputs_free(&o);
     problem_free(&pr);
@@ -639,10 +671,71 @@ static void test_plan(void)
     problem_free(&pr);
 }
 
+/* The vector row kernels against the scalar reference: tails of every length, a bias, the
+   cap, values whose exponentials underflow, and NaN propagation. */
+static void test_row_kernels(void)
+{
+    const fx_isa best = fx_get_isa();
+    const fx__lce_kernels *vec[] = {&fx__lce_kernels_avx2, &fx__lce_kernels_avx512};
+    const size_t lens[] = {1, 7, 8, 9, 15, 16, 17, 100, 1023, 1024, 1025, 3001};
+    float *bias = fxt_random(4096, -2.0f, 2.0f, 1100);
+    for (int v = 0; v < 2; v++) {
+        if ((int)best < v + 1)
+            break; /* this CPU cannot run that path */
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const size_t un = lens[li];
+            const int64_t n = (int64_t)un;
+            if (un == 0 || un > 4096) /* bounds the sizes for the compiler's overflow analysis */
+                continue;
+            for (int cfg = 0; cfg < 4; cfg++) {
+                const float cap = cfg & 1 ? 7.5f : 0.0f;
+                const float *b = cfg & 2 ? bias : NULL;
+                float *z0 = fxt_random(un, -40.0f, 40.0f, 1200 + (uint64_t)n);
+                z0[n / 2] = -200.0f; /* exp underflows to 0 */
+                float *zs = fxt_guarded_copy(z0, un), *zv = fxt_guarded_copy(z0, un);
+                fx__lce_stat ss = {-INFINITY, 0.0, 0.0}, sv = ss;
+                fx__lce_kernels_scalar.stats(zs, n, b, cap, &ss);
+                vec[v]->stats(zv, n, b, cap, &sv);
+                double *ref = fxt_alloc_f64(un);
+                for (int64_t j = 0; j < n; j++)
+                    ref[j] = zs[j];
+                fxt_close_f32("transformed logits", zv, ref, un, 1e-5 * (cap > 0 ? cap : 1.0), 1e-6);
+                FXT_NEAR(sv.m, ss.m, 1e-5, 1e-6);
+                FXT_NEAR(sv.s, ss.s, 0.0, 1e-5);
+                FXT_NEAR(sv.sum_z, ss.sum_z, 1e-4 * (double)n, 1e-5);
+                const float lse = (float)(ss.m + log(ss.s));
+                fx__lce_kernels_scalar.grad(zs, n, lse, 0.7f, 0.01f, cap);
+                vec[v]->grad(zv, n, lse, 0.7f, 0.01f, cap);
+                for (int64_t j = 0; j < n; j++)
+                    ref[j] = zs[j];
+                fxt_close_f32("gradient", zv, ref, un, 1e-6, 1e-5);
+                /* prep is the transform of stats without the statistics */
+                float *zp = fxt_guarded_copy(z0, un), *zq = fxt_guarded_copy(z0, un);
+                vec[v]->prep(zp, n, b, cap);
+                fx__lce_stat dummy = {-INFINITY, 0.0, 0.0};
+                vec[v]->stats(zq, n, b, cap, &dummy);
+                fxt_bitwise_f32("prep == stats transform", zp, zq, un);
+                free(ref), free(z0);
+                fxt_guarded_free("zs", zs), fxt_guarded_free("zv", zv), fxt_guarded_free("zp", zp), fxt_guarded_free("zq", zq);
+            }
+        }
+        /* A NaN logit makes the row's statistics NaN on every path. */
+        float z[20];
+        for (int j = 0; j < 20; j++)
+            z[j] = (float)j;
+        z[11] = NAN;
+        fx__lce_stat st = {-INFINITY, 0.0, 0.0};
+        vec[v]->stats(z, 20, NULL, 0.0f, &st);
+        FXT_CHECK(isnan(st.s) || isnan(st.m));
+    }
+    free(bias);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
     FXT_RUN(test_reference_gradients);
+    FXT_RUN(test_row_kernels);
     FXT_RUN(test_all_options);
     FXT_RUN(test_odd_sizes);
     FXT_RUN(test_per_token_grad);

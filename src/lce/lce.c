@@ -4,6 +4,7 @@
 #include "lce_internal.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <math.h>
 #include <string.h>
 
@@ -39,6 +40,9 @@ static void lce_stats_scalar(float *z, int64_t n, const float *bias, float cap, 
             bm = x > bm ? x : bm; /* a NaN reaches the result through the sum of exps */
             bz += x;
         }
+        st->sum_z += bz;
+        if (bm == -INFINITY)
+            continue; /* a block of masked entries adds nothing to the sum of exps */
         if (bm > st->m) {
             st->s *= exp((double)st->m - (double)bm);
             st->m = bm;
@@ -47,7 +51,6 @@ static void lce_stats_scalar(float *z, int64_t n, const float *bias, float cap, 
         for (int64_t j = j0; j < j1; j++)
             bs += expf(z[j] - st->m);
         st->s += bs;
-        st->sum_z += bz;
     }
 }
 
@@ -68,7 +71,12 @@ const fx__lce_kernels fx__lce_kernels_scalar = {lce_stats_scalar, lce_prep_scala
 
 const fx__lce_kernels *fx__lce_kernels_now(void)
 {
-    return fx__isa() >= FX_ISA_AVX512 ? &fx__lce_kernels_avx512 : &fx__lce_kernels_scalar;
+    switch (fx__isa()) {
+    case FX_ISA_AVX512: return &fx__lce_kernels_avx512;
+    case FX_ISA_AVX2: return &fx__lce_kernels_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return &fx__lce_kernels_scalar;
 }
 
 /* ---- the chunk plan ----------------------------------------------------------------------- */
@@ -95,6 +103,16 @@ enum { LCE_ROWS_MIN = 16, LCE_ROWS_VTILED = 64 };
 static int64_t lce_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t lce_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* Vocabulary entries per block of a tile: a block's logits of a 64-token chunk (256 KB) are
+   still in L2 when its statistics or gradients are taken and its dw GEMM runs. */
+enum { LCE_VBLOCK = 1024 };
+
+static size_t lce_tile_bytes(int64_t c, int64_t vb)
+{
+    size_t tile = (size_t)c * (size_t)vb * sizeof(float);
+    return (tile + 63) & ~(size_t)63;
+}
+
 static void lce_plan(const fx_lce *p, int64_t *chunk, int64_t *vchunk, size_t *bytes)
 {
     const int64_t N = p->N, V = p->V;
@@ -107,18 +125,22 @@ static void lce_plan(const fx_lce *p, int64_t *chunk, int64_t *vchunk, size_t *b
     } else {
         double logits = 4.0 * (double)N * (double)V;
         double budget = fmin(LCE_TILE_TARGET, fmax(LCE_TILE_MIN, logits / 32.0));
-        double per_row = 4.0 * (double)vb + (double)sizeof(lce_row);
+        double per_row = 4.0 * (double)vb + (double)sizeof(lce_row) +
+                         (double)((vb + LCE_VBLOCK - 1) / LCE_VBLOCK) * (double)sizeof(fx__lce_stat);
         c = (int64_t)(budget / per_row);
         c = lce_min64(lce_max64(c, lce_min64(N, LCE_ROWS_MIN)), N);
     }
     c = lce_min64(c, INT_MAX);
     /* Sizes were checked to fit; the tile of a user's chunk may still be huge, and then the
        allocation fails cleanly. */
-    size_t tile = (size_t)c * (size_t)vb * sizeof(float);
-    tile = (tile + 63) & ~(size_t)63;
+    const size_t nb = (size_t)((vb + LCE_VBLOCK - 1) / LCE_VBLOCK);
     *chunk = c;
     *vchunk = vb;
-    *bytes = tile + (size_t)c * sizeof(lce_row);
+    if (4.0 * (double)c * ((double)vb + 16.0) > (double)(SIZE_MAX / 4)) {
+        *bytes = SIZE_MAX; /* no allocation can satisfy it: fx__alloc reports FX_ENOMEM */
+        return;
+    }
+    *bytes = lce_tile_bytes(c, vb) + (size_t)c * (sizeof(lce_row) + nb * sizeof(fx__lce_stat));
 }
 
 /* ---- checks ------------------------------------------------------------------------------- */
@@ -200,6 +222,80 @@ static int lce_check_targets(const fx_lce *p, const int64_t *target, int64_t *n_
     return FX_OK;
 }
 
+/* ---- threads and GEMMs -------------------------------------------------------------------- */
+
+/* OpenBLAS's own controls, declared here because not every cblas.h declares them. */
+int openblas_get_parallel(void);
+int openblas_get_num_threads(void);
+void openblas_set_num_threads(int num_threads);
+
+/* With OpenMP, the work of a chunk is split into vocabulary blocks and hidden-size blocks
+   that OpenMP threads share out, each calling a one-thread GEMM: the blocks are the same for
+   any thread count, so every element is computed the same way whatever the count, and the
+   small GEMMs of a chunk run at the speed of independent single-core GEMMs instead of
+   paying a thread hand-off each. A pthreads OpenBLAS is set to one thread for the duration
+   of the call (and restored after); an OpenMP OpenBLAS runs one thread inside a parallel
+   region by itself. */
+#if defined(_OPENMP) && !defined(FLEXC_REFERENCE_KERNELS)
+static pthread_mutex_t lce_blas_lock = PTHREAD_MUTEX_INITIALIZER;
+static int lce_blas_users, lce_blas_saved;
+#endif
+
+static bool lce_blas_serial_begin(void)
+{
+#if defined(_OPENMP) && !defined(FLEXC_REFERENCE_KERNELS)
+    const int kind = openblas_get_parallel();
+    if (kind == 0)
+        return true;
+    if (kind != 1)
+        return false;
+    pthread_mutex_lock(&lce_blas_lock);
+    if (lce_blas_users++ == 0) {
+        lce_blas_saved = openblas_get_num_threads();
+        if (lce_blas_saved > 1)
+            openblas_set_num_threads(1);
+    }
+    pthread_mutex_unlock(&lce_blas_lock);
+    return true;
+#else
+    return false;
+#endif
+}
+
+static void lce_blas_serial_end(bool serial)
+{
+#if defined(_OPENMP) && !defined(FLEXC_REFERENCE_KERNELS)
+    if (!serial || openblas_get_parallel() != 1)
+        return;
+    pthread_mutex_lock(&lce_blas_lock);
+    if (--lce_blas_users == 0 && lce_blas_saved > 1)
+        openblas_set_num_threads(lce_blas_saved);
+    pthread_mutex_unlock(&lce_blas_lock);
+#else
+    (void)serial;
+#endif
+}
+
+/* When the GEMMs may run on several BLAS threads, their K is cut into blocks of at most
+   LCE_KBLOCK, added in order: OpenBLAS splits K differently on one thread than on several
+   once K exceeds its GEMM_Q (384 on current x86 cores, 256 or more everywhere), and a GEMM
+   whose K fits one block is computed the same way on any number of threads. */
+enum { LCE_KBLOCK = 256 };
+
+/* Tiles smaller than this run on one thread: waking the team would cost more. */
+enum { LCE_PAR_MIN = 1 << 16 };
+
+static void lce_sgemm(bool serial, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    const int64_t step = serial ? K : LCE_KBLOCK;
+    for (int64_t k0 = 0; k0 < K; k0 += step) {
+        const int64_t kb = K - k0 < step ? K - k0 : step;
+        fx__sgemm(ta, tb, M, N, kb, 1.0f, ta ? A + k0 * lda : A + k0, lda, tb ? B + k0 : B + k0 * ldb, ldb,
+                  k0 == 0 ? beta : 1.0f, C, ldc);
+    }
+}
+
 /* ---- the fused pass ----------------------------------------------------------------------- */
 
 typedef struct lce_call {
@@ -213,114 +309,149 @@ typedef struct lce_call {
     int64_t n_valid, C, Vb;
     float *tile;               /* [C, Vb] */
     lce_row *rows;             /* [C] */
+    fx__lce_stat *part;        /* [C, blocks of a tile]: statistics per vocabulary block */
+    const fx__lce_kernels *kern;
+    bool serial;               /* the BLAS runs one thread per call */
 } lce_call;
 
-/* C = op(A) op(B) + beta C with K cut into blocks of at most LCE_KBLOCK, added in order.
-   OpenBLAS splits K differently on one thread than on several once K exceeds its GEMM_Q
-   (384 on current x86 cores, 256 or more everywhere), so a GEMM with a longer K would give
-   results that depend on the thread count; one whose K fits a block is computed the same
-   way on any number of threads (M and N splits do not change any element's sum). */
-enum { LCE_KBLOCK = 256 };
+/* Columns per block of dh: a fixed count of blocks (at most 4, widths multiples of 16),
+   independent of the thread count, that 1, 2 or 4 threads share evenly; each block's GEMM
+   packs all of G again, so more blocks would cost more than they balance. */
+enum { LCE_DBLOCKS = 4 };
 
-/* Tiles smaller than this run their row loops on one thread: waking the team costs more. */
-enum { LCE_PAR_MIN = 1 << 15 };
-
-static void lce_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                      const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+static int64_t lce_dblock(int64_t D)
 {
-    for (int64_t k0 = 0; k0 < K; k0 += LCE_KBLOCK) {
-        const int64_t kb = K - k0 < LCE_KBLOCK ? K - k0 : LCE_KBLOCK;
-        fx__sgemm(ta, tb, M, N, kb, 1.0f, ta ? A + k0 * lda : A + k0, lda, tb ? B + k0 : B + k0 * ldb, ldb,
-                  k0 == 0 ? beta : 1.0f, C, ldc);
-    }
+    int64_t nb = (D + 15) / 16 < LCE_DBLOCKS ? (D + 15) / 16 : LCE_DBLOCKS;
+    return ((D + nb - 1) / nb + 15) / 16 * 16;
 }
 
-/* One tile of logits: tile[r, j] = h[n0 + r] . w[v0 + j] (bias and cap applied by the kernels). */
-static void lce_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb)
-{
-    const int64_t D = k->p->D;
-    lce_sgemm(false, true, c, vb, D, k->h + n0 * D, D, k->w + v0 * D, D, 0.0f, k->tile, vb);
-}
-
-/* Statistics of chunk [n0, n0+c) over every vocabulary tile; the last tile stays in k->tile. */
-static void lce_chunk_stats(const lce_call *k, const fx__lce_kernels *kern, int64_t n0, int64_t c)
+/* Tile [v0, v0+vb) of chunk [n0, n0+c): logits of each vocabulary block (one GEMM), then
+   either its statistics per row (into k->part) or just the bias and cap (recomputation). */
+static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, int64_t b,
+                             bool stats)
 {
     const fx_lce *p = k->p;
-    const float cap = p->softcap;
+    const int64_t D = p->D, j0 = b * LCE_VBLOCK, n = lce_min64(LCE_VBLOCK, vb - j0);
+    const int64_t nb = (vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
+    float *Z = k->tile + j0;
+    lce_sgemm(k->serial, false, true, c, n, D, k->h + n0 * D, D, k->w + (v0 + j0) * D, D, 0.0f, Z, vb);
+    const float *bias = k->bias ? k->bias + v0 + j0 : NULL;
     for (int64_t r = 0; r < c; r++) {
-        k->rows[r].st = (fx__lce_stat){-INFINITY, 0.0, 0.0};
-        k->rows[r].z_y = 0.0f;
-    }
-    for (int64_t v0 = 0; v0 < p->V; v0 += k->Vb) {
-        const int64_t vb = lce_min64(k->Vb, p->V - v0);
-        lce_logits(k, n0, c, v0, vb);
-        const float *bias = k->bias ? k->bias + v0 : NULL;
-#pragma omp parallel for schedule(static) if (c * vb >= LCE_PAR_MIN)
-        for (int64_t r = 0; r < c; r++) {
-            float *z = k->tile + r * vb;
-            kern->stats(z, vb, bias, cap, &k->rows[r].st);
-            int64_t y = k->target[n0 + r];
-            if (y != p->ignore_index && y >= v0 && y < v0 + vb)
-                k->rows[r].z_y = z[y - v0];
+        float *z = Z + r * vb;
+        if (!stats) {
+            k->kern->prep(z, n, bias, p->softcap);
+            continue;
         }
+        fx__lce_stat *st = &k->part[r * nb + b];
+        *st = (fx__lce_stat){-INFINITY, 0.0, 0.0};
+        k->kern->stats(z, n, bias, p->softcap, st);
+        const int64_t y = k->target[n0 + r];
+        if (y != p->ignore_index && y >= v0 + j0 && y < v0 + j0 + n)
+            k->rows[r].z_y = z[y - v0 - j0];
     }
 }
 
-/* Gradients w.r.t. the raw logits of one tile, in place; rows of ignored tokens become 0. */
-static void lce_tile_grad(const lce_call *k, const fx__lce_kernels *kern, int64_t n0, int64_t c, int64_t v0,
-                          int64_t vb)
+/* Folds the block statistics of a tile into each row's running statistics, in block order. */
+static void lce_row_merge(const lce_call *k, int64_t r, int64_t nb)
+{
+    fx__lce_stat *st = &k->rows[r].st;
+    for (int64_t b = 0; b < nb; b++) {
+        const fx__lce_stat *q = &k->part[r * nb + b];
+        const float m = q->m > st->m ? q->m : st->m;
+        st->sum_z += q->sum_z;
+        if (m == -INFINITY)
+            continue; /* nothing but -inf so far (masked entries): keep s = 0 */
+        st->s = st->s * exp((double)st->m - (double)m) + q->s * exp((double)q->m - (double)m);
+        st->m = m;
+    }
+}
+
+/* Gradients of one vocabulary block of a tile, in place, and its dw and dbias updates. */
+static void lce_block_grad(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, int64_t b)
 {
     const fx_lce *p = k->p;
+    const int64_t D = p->D, j0 = b * LCE_VBLOCK, n = lce_min64(LCE_VBLOCK, vb - j0);
     const float cap = p->softcap, eps = p->label_smoothing, zl = p->z_loss;
     const float inv_v = (float)(1.0 / (double)p->V);
-#pragma omp parallel for schedule(static) if (c * vb >= LCE_PAR_MIN)
+    float *G = k->tile + j0;
     for (int64_t r = 0; r < c; r++) {
-        float *z = k->tile + r * vb;
+        float *z = G + r * vb;
         const lce_row *row = &k->rows[r];
         if (!row->valid) {
-            memset(z, 0, (size_t)vb * sizeof *z);
+            memset(z, 0, (size_t)n * sizeof *z);
             continue;
         }
         const float sc = row->scale, lse = row->lse;
         /* d loss / d z_j = p_j (1 + 2 s lse) - eps/V - (1-eps) [j == y] */
-        const float a = sc * (1.0f + 2.0f * zl * lse), b = sc * eps * inv_v, t = sc * (1.0f - eps);
-        const int64_t y = k->target[n0 + r];
-        const bool has_y = y >= v0 && y < v0 + vb;
-        const float zy = has_y ? z[y - v0] : 0.0f;
-        kern->grad(z, vb, lse, a, b, cap);
+        const float a = sc * (1.0f + 2.0f * zl * lse), bb = sc * eps * inv_v, t = sc * (1.0f - eps);
+        const int64_t y = k->target[n0 + r] - v0 - j0;
+        const bool has_y = y >= 0 && y < n;
+        const float zy = has_y ? z[y] : 0.0f;
+        k->kern->grad(z, n, lse, a, bb, cap);
         if (has_y) {
             float d = 1.0f;
             if (cap > 0.0f) {
                 float u = zy / cap;
                 d = 1.0f - u * u;
             }
-            z[y - v0] = (a * expf(zy - lse) - b - t) * d;
+            z[y] = (a * expf(zy - lse) - bb - t) * d;
+        }
+    }
+    if (k->dw)
+        lce_sgemm(k->serial, true, false, n, D, c, G, vb, k->h + n0 * D, D, 1.0f, k->dw + (v0 + j0) * D, D);
+    if (k->dbias) {
+        float *db = k->dbias + v0 + j0;
+        for (int64_t r = 0; r < c; r++) {
+            const float *g = G + r * vb;
+            for (int64_t j = 0; j < n; j++)
+                db[j] += g[j];
         }
     }
 }
 
-/* The gradient GEMMs of one tile: dh[n0:n0+c] (+)= G w[v0:v0+vb], dw[v0:v0+vb] += G^T h[n0:n0+c],
-   dbias[v0:v0+vb] += column sums of G. dh is overwritten by the first tile (v0 == 0). */
-static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb)
+/* Statistics of chunk [n0, n0+c) over every tile; the last tile's logits stay in k->tile. */
+static void lce_chunk_stats(const lce_call *k, int64_t n0, int64_t c)
 {
-    const int64_t D = k->p->D;
-    const float *G = k->tile;
-    if (k->dh)
-        lce_sgemm(false, false, c, D, vb, G, vb, k->w + v0 * D, D, v0 == 0 ? 0.0f : 1.0f, k->dh + n0 * D, D);
-    if (k->dw)
-        lce_sgemm(true, false, vb, D, c, G, vb, k->h + n0 * D, D, 1.0f, k->dw + v0 * D, D);
-    if (k->dbias) {
-        /* Columns split across threads; each sums its rows in order. */
-        enum { COLS = 512 };
-        const int64_t nb = (vb + COLS - 1) / COLS;
-        float *db = k->dbias + v0;
-#pragma omp parallel for schedule(static) if (c * vb >= LCE_PAR_MIN)
-        for (int64_t jb = 0; jb < nb; jb++) {
-            const int64_t j0 = jb * COLS, j1 = lce_min64(j0 + COLS, vb);
-            for (int64_t r = 0; r < c; r++) {
-                const float *g = G + r * vb;
-                for (int64_t j = j0; j < j1; j++)
-                    db[j] += g[j];
+    const fx_lce *p = k->p;
+    for (int64_t r = 0; r < c; r++) {
+        k->rows[r].st = (fx__lce_stat){-INFINITY, 0.0, 0.0};
+        k->rows[r].z_y = 0.0f;
+    }
+    for (int64_t v0 = 0; v0 < p->V; v0 += k->Vb) {
+        const int64_t vb = lce_min64(k->Vb, p->V - v0), nb = (vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
+#pragma omp parallel if (c * vb >= LCE_PAR_MIN)
+        {
+#pragma omp for schedule(static)
+            for (int64_t b = 0; b < nb; b++)
+                lce_block_logits(k, n0, c, v0, vb, b, true);
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < c; r++)
+                lce_row_merge(k, r, nb);
+        }
+    }
+}
+
+/* Gradients of tile [v0, v0+vb) of chunk [n0, n0+c): recomputed logits unless resident,
+   then dw, dbias per vocabulary block and dh (+)= G w[v0:v0+vb] per block of columns
+   (overwritten by the first tile). */
+static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, bool resident)
+{
+    const int64_t D = k->p->D, nb = (vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
+    const int64_t db = lce_dblock(D), nd = (D + db - 1) / db;
+#pragma omp parallel if (c * vb >= LCE_PAR_MIN)
+    {
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < nb; b++) {
+            if (!resident)
+                lce_block_logits(k, n0, c, v0, vb, b, false);
+            lce_block_grad(k, n0, c, v0, vb, b);
+        }
+        if (k->dh) {
+#pragma omp for schedule(static)
+            for (int64_t q = 0; q < nd; q++) {
+                const int64_t d0 = q * db, dn = lce_min64(db, D - d0);
+                lce_sgemm(k->serial, false, false, c, dn, vb, k->tile, vb, k->w + v0 * D + d0, D, v0 == 0 ? 0.0f : 1.0f,
+                          k->dh + n0 * D + d0, D);
             }
         }
     }
@@ -329,7 +460,6 @@ static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t 
 static int lce_run(lce_call *k)
 {
     const fx_lce *p = k->p;
-    const fx__lce_kernels *kern = fx__lce_kernels_now();
     const bool forward = k->lse_in == NULL;
     const bool grads = k->dh || k->dw || k->dbias;
     const float eps = p->label_smoothing, zl = p->z_loss;
@@ -337,13 +467,16 @@ static int lce_run(lce_call *k)
 
     size_t bytes;
     lce_plan(p, &k->C, &k->Vb, &bytes);
-    const size_t tile_bytes = bytes - (size_t)k->C * sizeof(lce_row);
-    unsigned char *scratch = fx__alloc(bytes);
+    unsigned char *scratch = bytes == SIZE_MAX ? NULL : fx__alloc(bytes);
     if (!scratch)
         return fx__error(FX_ENOMEM, "fused cross-entropy: cannot allocate %zu bytes of scratch (chunk %lld x %lld)",
                          bytes, (long long)k->C, (long long)k->Vb);
+    const size_t tile_bytes = lce_tile_bytes(k->C, k->Vb);
     k->tile = (float *)scratch;
     k->rows = (lce_row *)(scratch + tile_bytes);
+    k->part = (fx__lce_stat *)(scratch + tile_bytes + (size_t)k->C * sizeof(lce_row));
+    k->kern = fx__lce_kernels_now();
+    k->serial = lce_blas_serial_begin();
 
     /* d(reduced loss)/d(token loss) times the upstream gradient, for MEAN and SUM. */
     double gscale = 1.0;
@@ -366,15 +499,17 @@ static int lce_run(lce_call *k)
                 row->scale = (float)gscale;
         }
         if (forward) {
-            lce_chunk_stats(k, kern, n0, c);
+            lce_chunk_stats(k, n0, c);
             for (int64_t r = 0; r < c; r++) {
                 lce_row *row = &k->rows[r];
                 double lse = (double)row->st.m + log(row->st.s);
                 row->lse = (float)lse;
                 row->loss = 0.0;
-                if (row->valid)
-                    row->loss = lse - (1.0 - (double)eps) * (double)row->z_y -
-                                (double)eps * row->st.sum_z / (double)V + (double)zl * lse * lse;
+                if (row->valid) {
+                    row->loss = lse - (1.0 - (double)eps) * (double)row->z_y + (double)zl * lse * lse;
+                    if (eps > 0.0f) /* sum_z is -inf when entries are masked with -inf */
+                        row->loss -= (double)eps * row->st.sum_z / (double)V;
+                }
                 if (k->lse_out)
                     k->lse_out[n0 + r] = row->lse;
                 if (k->loss && p->reduction == FX_REDUCTION_NONE)
@@ -393,21 +528,10 @@ static int lce_run(lce_call *k)
                 memset(k->dh + n0 * D, 0, (size_t)(c * D) * sizeof(float));
             continue;
         }
-        const bool resident = forward && k->Vb >= V; /* the only tile is still in the buffer */
-        for (int64_t v0 = 0; v0 < V; v0 += k->Vb) {
-            const int64_t vb = lce_min64(k->Vb, V - v0);
-            if (!resident) {
-                lce_logits(k, n0, c, v0, vb);
-                const float *bias = k->bias ? k->bias + v0 : NULL;
-                if (bias || p->softcap > 0.0f) {
-#pragma omp parallel for schedule(static) if (c * vb >= LCE_PAR_MIN)
-                    for (int64_t r = 0; r < c; r++)
-                        kern->prep(k->tile + r * vb, vb, bias, p->softcap);
-                }
-            }
-            lce_tile_grad(k, kern, n0, c, v0, vb);
-            lce_tile_backprop(k, n0, c, v0, vb);
-        }
+        /* With one tile per chunk, the forward's logits are still in the buffer. */
+        const bool resident = forward && k->Vb >= V;
+        for (int64_t v0 = 0; v0 < V; v0 += k->Vb)
+            lce_tile_backprop(k, n0, c, v0, lce_min64(k->Vb, V - v0), resident);
     }
     if (forward && k->loss && p->reduction != FX_REDUCTION_NONE) {
         if (p->reduction == FX_REDUCTION_MEAN)
@@ -415,6 +539,7 @@ static int lce_run(lce_call *k)
         else
             k->loss[0] = (float)total;
     }
+    lce_blas_serial_end(k->serial);
     fx__free(scratch);
     return FX_OK;
 }

@@ -88,6 +88,9 @@ static void lce_stats_avx512(float *z, int64_t n, const float *bias, float cap, 
             vz = _mm512_mask_add_ps(vz, k, vz, x);
         }
         const float bm = _mm512_reduce_max_ps(vm);
+        st->sum_z += (double)_mm512_reduce_add_ps(vz);
+        if (bm == -INFINITY)
+            continue; /* a block of masked entries adds nothing to the sum of exps */
         if (bm > st->m) {
             st->s *= exp((double)st->m - (double)bm);
             st->m = bm;
@@ -100,7 +103,6 @@ static void lce_stats_avx512(float *z, int64_t n, const float *bias, float cap, 
             vs = _mm512_mask_add_ps(vs, k, vs, e);
         }
         st->s += (double)_mm512_reduce_add_ps(vs);
-        st->sum_z += (double)_mm512_reduce_add_ps(vz);
     }
 }
 

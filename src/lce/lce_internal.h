@@ -1,5 +1,5 @@
 /* Internal pieces of the fused linear + cross-entropy: the per-row kernels (a scalar
-   reference and an AVX-512 twin), shared with the benchmark's unfused peer. */
+   reference, AVX2 and AVX-512 twins), shared with the benchmark's unfused peer. */
 #ifndef FX_LCE_INTERNAL_H
 #define FX_LCE_INTERNAL_H
 
@@ -24,6 +24,7 @@ typedef struct fx__lce_kernels {
 } fx__lce_kernels;
 
 extern const fx__lce_kernels fx__lce_kernels_scalar;
+extern const fx__lce_kernels fx__lce_kernels_avx2;
 extern const fx__lce_kernels fx__lce_kernels_avx512;
 
 /* The kernels for the current CPU path (fx_get_isa()). */
