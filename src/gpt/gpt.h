@@ -105,6 +105,9 @@ typedef struct fx__gpt_layout {
 
 /* ---- the model ------------------------------------------------------------------------- */
 
+/* Called by fx__gpt_backward as a region of the gradient buffer becomes final for this
+   micro-batch: layer = L for the final norm (first), L-1 .. 0 for each layer's tensors
+   (contiguous), then -1 for the embedding (last: the loss and the inputs both add to it). */
 typedef void (*fx__gpt_grad_hook)(int layer, float *grad, size_t numel, void *user);
 
 typedef struct fx__gpt {
