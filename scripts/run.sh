@@ -1,5 +1,28 @@
 #!/usr/bin/env bash
-# The main job of `make run`. Until the trainer lands: a short benchmark of this machine.
+# The main job of `make run`: train the default GPT (`small`, about 10M parameters) on the
+# default corpus (the Debian fortunes) for a few minutes on 2 cores, then generate a sample
+# from the trained model. Set RUN_STEPS / RUN_OUT / RUN_THREADS to change the defaults.
 set -euo pipefail
 build=${1:-build}
-"$build/flexc" bench machine
+flexc="$build/flexc"
+out=${RUN_OUT:-out/run}
+steps=${RUN_STEPS:-250}
+threads=${RUN_THREADS:-2}
+# Idle OpenMP threads sleep instead of spinning, so they leave the cores to OpenBLAS's
+# threads between the layers' GEMMs (two thread pools share the 2 cores).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+
+if [[ ! -d /usr/share/games/fortunes ]]; then
+    echo "flexc: error: the default corpus /usr/share/games/fortunes is missing;" >&2
+    echo "  run scripts/deps.sh (installs the 'fortunes' package) or train with --data FILE" >&2
+    exit 1
+fi
+
+echo "== training the default model on the fortunes corpus ($steps steps, $threads threads)"
+"$flexc" train --model small --batch 4 --seq 256 --steps "$steps" --lr 2e-3 --warmup 15 \
+    --eval-every 50 --log-every 25 --threads "$threads" --out "$out" --force
+echo
+for seed in 1 2 3; do
+    echo "== a sample (flexc generate --ckpt $out --prompt 'The ' --temperature 0.7 --seed $seed)"
+    "$flexc" generate --ckpt "$out" --prompt "The " --tokens 400 --temperature 0.7 --seed "$seed" --threads "$threads"
+done

@@ -1,6 +1,29 @@
 /*
  * Fused linear + cross-entropy: the loss of logits = h W^T + bias and its gradients,
- * without ever holding the [N, V] logits (DESIGN.md §4). Implemented by the lce module.
+ * without ever holding the [N, V] logits (DESIGN.md §4). See docs/lce.md.
+ *
+ *     fx_lce p = fx_lce_defaults(N, D, V);      // MEAN, ignore_index -100, automatic chunk
+ *     float loss;
+ *     int rc = fx_linear_cross_entropy(&p, h, w, NULL, target, &loss, NULL, dh, dw, NULL);
+ *     if (rc != FX_OK)
+ *         fprintf(stderr, "%s: %s\n", fx_strerror(rc), fx_last_error());
+ *
+ * Tokens are processed in chunks of `chunk` rows: a chunk's logits are computed with one
+ * GEMM, turned into gradients in place, and fed to two more GEMMs (dh and dw), so the
+ * working set is chunk x V floats. When even a small chunk of whole rows would be too large,
+ * the vocabulary is tiled as well (vocab_chunk) and the logits of each tile are computed
+ * twice: once for the log-sum-exp, once for the gradients.
+ *
+ * Per-token loss, with z the (soft-capped) logits and y the target:
+ *     (1 - eps) (lse - z_y) + eps (lse - mean_j z_j) + s lse^2
+ * MEAN divides the sum by the number of tokens whose target is not ignore_index; when all
+ * are ignored the loss is NaN and the gradients are zero (as in PyTorch). Ignored tokens
+ * have loss 0 under NONE and contribute no gradient.
+ *
+ * Results are bitwise identical for any thread count: the chunk plan depends only on the
+ * sizes, chunks run in order, and threads share fixed vocabulary and hidden-size blocks,
+ * each computed whole by one thread. With a pthreads OpenBLAS, the call runs OpenBLAS on
+ * one thread per block (restoring its thread count on return).
  */
 #ifndef FLEXC_LCE_H
 #define FLEXC_LCE_H
@@ -21,19 +44,35 @@ typedef struct fx_lce {
     float z_loss;          /* s: adds s * lse^2 per (non-ignored) token */
     float softcap;         /* 0: off; else logits = softcap * tanh(logits / softcap) */
     int64_t chunk;         /* tokens per chunk; 0: automatic */
+    int64_t vocab_chunk;   /* vocabulary entries per tile; 0: automatic (whole rows unless a
+                              chunk of whole rows would be too large) */
 } fx_lce;
+
+/* N, D, V with PyTorch's defaults: MEAN, ignore_index -100, no smoothing, z-loss or cap,
+   automatic chunking. */
+FX_API fx_lce fx_lce_defaults(int64_t N, int64_t D, int64_t V);
 
 /* h [N,D], w [V,D], bias [V] or NULL, target [N] -> loss [1] (MEAN, SUM) or [N] (NONE), lse [N] or NULL.
    dh [N,D] is overwritten; dw [V,D] and dbias [V] are accumulated (+=), so a tied embedding works.
-   Any gradient pointer may be NULL. Gradients are those of the reduced loss (NONE: of its sum). */
+   Any gradient pointer may be NULL, and so may loss. Gradients are those of the reduced loss
+   (NONE: of its sum). lse is the natural log-sum-exp of each token's (soft-capped) logits,
+   ignored tokens included. Outputs must not overlap inputs or each other. */
 FX_API int fx_linear_cross_entropy(const fx_lce *p, const float *h, const float *w, const float *bias,
                                    const int64_t *target, float *loss, float *lse,
                                    float *dh, float *dw, float *dbias);
-/* General upstream gradient: grad_loss [1] (MEAN, SUM) or [N] (NONE); lse from the forward call. */
+/* General upstream gradient: grad_loss [1] (MEAN, SUM) or [N] (NONE); lse from the forward call.
+   Recomputes the logits chunk by chunk; dh overwritten, dw and dbias accumulated as above.
+   With grad_loss = 1 the gradients are bitwise those of the forward call. */
 FX_API int fx_linear_cross_entropy_backward(const fx_lce *p, const float *h, const float *w,
                                             const float *bias, const int64_t *target,
                                             const float *lse, const float *grad_loss,
                                             float *dh, float *dw, float *dbias);
+
+/* The chunk plan for p: tokens per chunk, vocabulary entries per tile, and the scratch bytes
+   a call allocates (the whole extra memory of a call). Any output pointer may be NULL.
+   FX_EINVAL for the same bad sizes or options the calls reject. */
+FX_API int fx_linear_cross_entropy_plan(const fx_lce *p, int64_t *chunk, int64_t *vocab_chunk,
+                                        size_t *workspace_bytes);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,203 @@
-/* flexc bench train: arrives with the trainer. */
+/* flexc bench train: training throughput and memory of the GPT with block-sparse flex
+   attention and the fused loss, against the same model with dense attention and the
+   unfused (materialised logits) loss, measured side by side in one run (BENCH.md). */
 #include "cli.h"
+
+#include "bench_util.h"
+#include "gpt/gpt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct variant {
+    const char *name;
+    fx__gpt *m;
+    fx__gpt_train_state s;
+    size_t own_bytes;  /* the model's buffers: parameters, gradients, Adam, activations */
+    size_t step_peak;  /* the most the library held during a step, beyond what was held before */
+    int rc;
+} variant;
+
+typedef struct bench_ctx {
+    variant *v;
+    const fx__gpt_data *d;
+    int32_t *tok, *tgt;
+} bench_ctx;
+
+static void run_step(void *p)
+{
+    bench_ctx *c = p;
+    variant *v = c->v;
+    if (v->rc)
+        return;
+    size_t cur, peak;
+    fx_mem_stats(&cur, &peak);
+    fx_mem_reset_peak();
+    v->rc = fx__gpt_train_step(v->m, c->d, &v->s, c->tok, c->tgt, NULL);
+    size_t cur2, peak2;
+    fx_mem_stats(&cur2, &peak2);
+    if (peak2 - cur > v->step_peak)
+        v->step_peak = peak2 - cur;
+}
 
 int bench_train(int argc, char **argv)
 {
-    (void)argc, (void)argv;
-    return cli_not_yet("bench train");
+    const char *model = "small", *attn = "causal", *only = NULL;
+    int64_t batch = 4, seq = 0, steps = 5, vocab = 0, threads = 0, accum = 1;
+    bool json = false, adam_bf16 = false, recompute = false;
+    const cli_opt opts[] = {
+        {"--model", CLI_STRING, &model, "tiny | small | gpt2 (default small)"},
+        {"--attn", CLI_STRING, &attn, "mask of the flex variant: causal | sliding:W | document (default causal)"},
+        {"--batch", CLI_INT, &batch, "sequences per step (default 4)"},
+        {"--seq", CLI_INT, &seq, "sequence length (default: the model's context)"},
+        {"--vocab", CLI_INT, &vocab, "vocabulary size (default 257, bytes; 50257 for a GPT-2 comparison)"},
+        {"--steps", CLI_INT, &steps, "timed step pairs (default 5)"},
+        {"--threads", CLI_INT, &threads, "threads (default: all cores)"},
+        {"--only", CLI_STRING, &only, "flex | baseline: build and time one variant (its process max RSS is then its own)"},
+        {"--adam-bf16", CLI_FLAG, &adam_bf16, "both variants keep the Adam moments in bfloat16"},
+        {"--recompute", CLI_FLAG, &recompute, "the flex variant recomputes activations in backward"},
+        {"--json", CLI_FLAG, &json, "one JSON object"},
+    };
+    int rc = cli_parse("bench train", "[options]", argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
+    if (rc == CLI_PARSE_HELP)
+        return CLI_EXIT_OK;
+    if (rc != CLI_PARSE_OK)
+        return rc;
+    if (threads && fx_set_num_threads((int)threads) != FX_OK) {
+        cli_error("bench train --threads %lld: %s", (long long)threads, fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    fx__gpt_config cfg;
+    if (fx__gpt_preset(&cfg, model) != FX_OK) {
+        cli_error("bench train --model: %s", fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    if (vocab)
+        cfg.vocab = vocab;
+    if (seq == 0)
+        seq = cfg.ctx;
+    fx__gpt_mask mask;
+    int64_t window;
+    if (fx__gpt_config_check(&cfg) != FX_OK || fx__gpt_mask_parse(attn, &mask, &window) != FX_OK) {
+        cli_error("bench train: %s", fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    int first = 0, last = 1;
+    if (only && !strcmp(only, "flex"))
+        last = 0;
+    else if (only && !strcmp(only, "baseline"))
+        first = 1;
+    else if (only) {
+        cli_error("bench train --only: '%s' is not flex or baseline", only);
+        return CLI_EXIT_USAGE;
+    }
+    if (seq < 1 || seq > cfg.ctx || batch < 1 || batch > 4096 || steps < 1 || steps > 64) {
+        cli_error("bench train: --seq must be in [1, %lld], --batch in [1, 4096], --steps in [1, 64]",
+                  (long long)cfg.ctx);
+        return CLI_EXIT_USAGE;
+    }
+
+    /* Random tokens: the speed and memory do not depend on the text. */
+    fx__gpt_data d = {.n = 1 << 20};
+    d.n_train = d.n - (seq + 1);
+    d.tok = malloc((size_t)d.n * sizeof *d.tok);
+    int32_t *tok = malloc((size_t)(batch * seq) * sizeof *tok), *tgt = malloc((size_t)(batch * seq) * sizeof *tgt);
+    if (!d.tok || !tok || !tgt || cfg.vocab > 65535) {
+        cli_error("bench train: out of memory, or --vocab above 65535");
+        free(d.tok), free(tok), free(tgt);
+        return CLI_EXIT_FAIL;
+    }
+    fx_rng r;
+    fx_rng_init(&r, 7, 0);
+    for (int64_t i = 0; i < d.n; i++)
+        d.tok[i] = (uint16_t)(fx_rng_u32(&r) % (uint32_t)cfg.vocab);
+
+    variant v[2] = {{.name = "flex+fused"}, {.name = "dense+unfused"}};
+    int exit_code = CLI_EXIT_FAIL;
+    for (int i = first; i <= last; i++) {
+        size_t before, peak;
+        fx_mem_stats(&before, &peak);
+        if ((rc = fx__gpt_create(&v[i].m, &cfg, 1)) != FX_OK) {
+            cli_fail(rc, "bench train");
+            goto done;
+        }
+        v[i].m->adam_bf16 = adam_bf16;
+        v[i].m->recompute = recompute && i == 0;
+        if ((rc = fx__gpt_alloc_train(v[i].m)) != FX_OK) {
+            cli_fail(rc, "bench train");
+            goto done;
+        }
+        v[i].m->mask = i == 0 ? mask : FX__GPT_MASK_DENSE;
+        v[i].m->window = window;
+        v[i].m->loss_impl = i == 0 ? FX__GPT_LOSS_FUSED : FX__GPT_LOSS_UNFUSED;
+        if ((rc = fx__gpt_set_batch(v[i].m, batch, seq)) != FX_OK) {
+            cli_fail(rc, "bench train");
+            goto done;
+        }
+        size_t after;
+        fx_mem_stats(&after, &peak);
+        v[i].own_bytes = after - before;
+        v[i].s = (fx__gpt_train_state){.steps = 1000, .warmup = 10, .batch = batch, .seq = seq, .accum = accum,
+                                       .lr = 1e-4f, .min_lr = 1e-5f, .weight_decay = 0.1f, .clip = 1.0f,
+                                       .beta1 = 0.9f, .beta2 = 0.95f};
+        fx_rng_init(&v[i].s.rng, 1, 1);
+    }
+    bench_ctx ca = {&v[0], &d, tok, tgt}, cb = {&v[1], &d, tok, tgt};
+    double ta = 0, tb = 0;
+    if (first == 0 && last == 1)
+        bench_pair(run_step, &ca, run_step, &cb, (int)steps, &ta, &tb);
+    else if (first == 0)
+        ta = bench_time(run_step, &ca, (int)steps);
+    else
+        tb = bench_time(run_step, &cb, (int)steps);
+    for (int i = first; i <= last; i++)
+        if (v[i].rc) {
+            cli_fail(v[i].rc, v[i].name);
+            goto done;
+        }
+    double tokens = (double)(batch * seq);
+    double mem_a = (double)(v[0].own_bytes + v[0].step_peak), mem_b = (double)(v[1].own_bytes + v[1].step_peak);
+    double params = (double)v[first].m->lay.total;
+    if (first == last) {
+        variant *x = &v[first];
+        double t = first == 0 ? ta : tb, mem = (double)(x->own_bytes + x->step_peak);
+        if (json)
+            printf("{\"case\":\"train\",\"variant\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"vocab\":%lld,"
+                   "\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"tokens_per_s\":%.1f,\"peak_bytes\":%.0f,"
+                   "\"max_rss_bytes\":%zu}\n",
+                   x->name, x->m->recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.vocab, (long long)batch, (long long)seq,
+                   fx_get_num_threads(), tokens / t, mem, bench_max_rss());
+        else
+            printf("train %s (%s): %.2fM params, batch %lld x %lld, %d threads: %.1f tokens/s, library peak %.1f MB, "
+                   "process max RSS %.1f MB\n",
+                   model, x->name, params / 1e6, (long long)batch, (long long)seq, fx_get_num_threads(), tokens / t,
+                   mem / 1048576.0, (double)bench_max_rss() / 1048576.0);
+        exit_code = CLI_EXIT_OK;
+        goto done;
+    }
+    char an[32];
+    fx__gpt_mask_name(mask, window, an, sizeof an);
+    if (json) {
+        printf("{\"case\":\"train\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"layers\":%lld,\"dim\":%lld,\"heads\":%lld,"
+               "\"kv_heads\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"attn\":\"%s\","
+               "\"tokens_per_s\":%.1f,\"baseline_tokens_per_s\":%.1f,\"speedup\":%.3f,"
+               "\"peak_bytes\":%.0f,\"baseline_peak_bytes\":%.0f,\"memory_ratio\":%.3f,\"max_rss_bytes\":%zu}\n",
+               recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
+               (long long)cfg.kv_heads, (long long)cfg.vocab, (long long)batch, (long long)seq, fx_get_num_threads(),
+               an, tokens / ta, tokens / tb, tb / ta, mem_a, mem_b, mem_a / mem_b, bench_max_rss());
+    } else {
+        printf("train %s: %.2fM params, vocab %lld, batch %lld x %lld, %d threads (median of %lld step pairs)\n",
+               model, params / 1e6, (long long)cfg.vocab, (long long)batch, (long long)seq, fx_get_num_threads(),
+               (long long)steps);
+        printf("  %-28s %10.1f tokens/s  peak %8.1f MB\n", "flex (" "attention mask) + fused", tokens / ta,
+               mem_a / 1048576.0);
+        printf("  %-28s %10.1f tokens/s  peak %8.1f MB\n", "dense + unfused loss", tokens / tb, mem_b / 1048576.0);
+        printf("  speedup %.2fx, memory %.2fx of the baseline (mask %s); process max RSS %.1f MB\n", tb / ta,
+               mem_a / mem_b, an, (double)bench_max_rss() / 1048576.0);
+    }
+    exit_code = CLI_EXIT_OK;
+done:
+    fx__gpt_free(v[0].m), fx__gpt_free(v[1].m);
+    free(d.tok), free(tok), free(tgt);
+    return exit_code;
 }

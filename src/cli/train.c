@@ -1,8 +1,490 @@
-/* flexc train: arrives with the trainer. */
+/* flexc train: trains the GPT of src/gpt on a text file or the default corpus, with
+   checkpoints, resume, progress and metrics. See docs/train.md. */
 #include "cli.h"
+
+#include "bench_util.h"
+#include "gpt/gpt.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define DEFAULT_CORPUS "/usr/share/games/fortunes"
+
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+typedef struct train_opts {
+    const char *data, *model, *attn, *out;
+    int64_t steps, batch, seq, seed, threads, accum, warmup, save_every, eval_every, eval_batches, log_every, until;
+    int64_t layers, dim, heads, kv_heads;
+    double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac;
+    bool resume, quiet, bf16, force, adam_bf16, recompute;
+} train_opts;
+
+/* "-1" marks an option the user did not give. */
+#define UNSET (-1)
+
+static int mkdir_p(const char *dir)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return -1;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+            return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return -1;
+    struct stat st;
+    return stat(buf, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+}
+
+/* The output directory must exist (or be creatable) and take a file, before any work. */
+static int check_out_dir(const char *dir)
+{
+    if (mkdir_p(dir) != 0) {
+        cli_error("--out %s: cannot create the directory: %s", dir, strerror(errno ? errno : ENOTDIR));
+        return CLI_EXIT_FAIL;
+    }
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/.flexc-write-test.%d", dir, (int)getpid());
+    FILE *f = fopen(probe, "wb");
+    if (!f) {
+        cli_error("--out %s: the directory is not writable: %s", dir, strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
+    fclose(f);
+    remove(probe);
+    return CLI_EXIT_OK;
+}
+
+static bool file_exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void fmt_duration(char *buf, size_t n, double s)
+{
+    if (!(s >= 0) || s > 1e7)
+        snprintf(buf, n, "--");
+    else if (s >= 3600)
+        snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)fmod(s / 60, 60));
+    else if (s >= 60)
+        snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)fmod(s, 60));
+    else
+        snprintf(buf, n, "%ds", (int)s);
+}
+
+/* Keeps the metrics lines of steps <= last (a resumed run rewrites what came after its
+   checkpoint); a fresh run starts an empty file. */
+static int metrics_open(FILE **out, const char *path, int64_t last, bool resume)
+{
+    if (resume && file_exists(path)) {
+        FILE *in = fopen(path, "rb");
+        if (!in) {
+            cli_error("cannot read %s: %s", path, strerror(errno));
+            return CLI_EXIT_FAIL;
+        }
+        char tmp[4300];
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        FILE *o = fopen(tmp, "wb");
+        if (!o) {
+            fclose(in);
+            cli_error("cannot write %s: %s", tmp, strerror(errno));
+            return CLI_EXIT_FAIL;
+        }
+        char line[4096];
+        while (fgets(line, sizeof line, in)) {
+            const char *p = strstr(line, "\"step\":");
+            if (p && strtoll(p + 7, NULL, 10) <= last)
+                fputs(line, o);
+        }
+        fclose(in);
+        if (fclose(o) != 0 || rename(tmp, path) != 0) {
+            cli_error("cannot rewrite %s: %s", path, strerror(errno));
+            return CLI_EXIT_FAIL;
+        }
+    }
+    *out = fopen(path, resume ? "ab" : "wb");
+    if (!*out) {
+        cli_error("cannot write %s: %s", path, strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
+    return CLI_EXIT_OK;
+}
+
+/* On resume, an option given on the command line must agree with the checkpoint. */
+static int resume_mismatch(const char *opt, long long given, long long saved)
+{
+    cli_error("--resume: the checkpoint was trained with %s %lld, not %lld (drop %s, or start a new run "
+              "in another --out)",
+              opt, saved, given, opt);
+    return CLI_EXIT_USAGE;
+}
+
+static int save_all(const fx__gpt *m, const fx__gpt_train_state *s, const char *out, bool bf16)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/checkpoint.safetensors", out);
+    int rc = fx__gpt_save_checkpoint(m, s, path);
+    if (rc)
+        return cli_fail(rc, "saving the checkpoint");
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    rc = fx__gpt_save_model(m, path, bf16);
+    if (rc)
+        return cli_fail(rc, "saving the model");
+    return CLI_EXIT_OK;
+}
 
 int cmd_train(int argc, char **argv)
 {
-    (void)argc, (void)argv;
-    return cli_not_yet("train");
+    train_opts o = {.model = NULL, .attn = NULL, .out = "out", .steps = UNSET, .batch = UNSET, .seq = UNSET,
+                    .seed = 1337, .threads = 0, .accum = UNSET, .warmup = UNSET, .save_every = 0,
+                    .eval_every = UNSET, .eval_batches = 4, .log_every = UNSET, .until = UNSET, .layers = UNSET,
+                    .dim = UNSET, .heads = UNSET, .kv_heads = UNSET, .lr = NAN, .min_lr = NAN,
+                    .weight_decay = 0.1, .clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .val_frac = 0.05};
+    const cli_opt opts[] = {
+        {"--data", CLI_STRING, &o.data, "UTF-8 text to train on (default: the fortunes corpus)"},
+        {"--model", CLI_STRING, &o.model, "tiny | small | gpt2 (default small)"},
+        {"--layers", CLI_INT, &o.layers, "override the preset's layer count"},
+        {"--dim", CLI_INT, &o.dim, "override the model width"},
+        {"--heads", CLI_INT, &o.heads, "override the query heads"},
+        {"--kv-heads", CLI_INT, &o.kv_heads, "override the key/value heads (GQA)"},
+        {"--seq", CLI_INT, &o.seq, "sequence length T (default: the model's context)"},
+        {"--attn", CLI_STRING, &o.attn, "causal | sliding:W | document | dense (default causal)"},
+        {"--steps", CLI_INT, &o.steps, "optimizer steps (default 1000)"},
+        {"--batch", CLI_INT, &o.batch, "sequences per micro-batch (default 8)"},
+        {"--accum", CLI_INT, &o.accum, "micro-batches per step (default 1)"},
+        {"--lr", CLI_FLOAT, &o.lr, "peak learning rate (default 1e-3)"},
+        {"--min-lr", CLI_FLOAT, &o.min_lr, "final learning rate of the cosine (default lr/10)"},
+        {"--warmup", CLI_INT, &o.warmup, "linear warmup steps (default steps/20, at most 100)"},
+        {"--weight-decay", CLI_FLOAT, &o.weight_decay, "AdamW decay on matrices (default 0.1)"},
+        {"--clip", CLI_FLOAT, &o.clip, "gradient norm clip, 0 = off (default 1.0)"},
+        {"--seed", CLI_INT, &o.seed, "initialisation and sampling seed (default 1337)"},
+        {"--out", CLI_STRING, &o.out, "output directory (default out)"},
+        {"--resume", CLI_FLAG, &o.resume, "continue from OUT/checkpoint.safetensors"},
+        {"--force", CLI_FLAG, &o.force, "start over even if OUT holds a checkpoint"},
+        {"--until", CLI_INT, &o.until, "stop after this step (checkpoint saved), keeping the schedule of --steps"},
+        {"--save-every", CLI_INT, &o.save_every, "checkpoint every N steps (default: at the end)"},
+        {"--eval-every", CLI_INT, &o.eval_every, "validation loss every N steps (default steps/10)"},
+        {"--eval-batches", CLI_INT, &o.eval_batches, "validation batches per evaluation (default 4)"},
+        {"--log-every", CLI_INT, &o.log_every, "progress line every N steps when not on a terminal"},
+        {"--bf16", CLI_FLAG, &o.bf16, "write model.safetensors in bfloat16"},
+        {"--adam-bf16", CLI_FLAG, &o.adam_bf16, "keep the Adam moments in bfloat16 (half the optimizer memory)"},
+        {"--recompute", CLI_FLAG, &o.recompute, "keep only layer inputs, recompute the rest in backward"},
+        {"--threads", CLI_INT, &o.threads, "threads (default: all cores)"},
+        {"--quiet", CLI_FLAG, &o.quiet, "no progress output"},
+    };
+    int rc = cli_parse("train", "[options]", argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
+    if (rc == CLI_PARSE_HELP)
+        return CLI_EXIT_OK;
+    if (rc != CLI_PARSE_OK)
+        return rc;
+    if (o.threads && (rc = fx_set_num_threads((int)o.threads)) != FX_OK) {
+        cli_error("--threads %lld: %s", (long long)o.threads, fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+
+    /* ---- configuration: a preset with overrides, or the checkpoint's on resume ---- */
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", o.out);
+    fx__gpt_config cfg;
+    fx__gpt_train_state st;
+    memset(&st, 0, sizeof st);
+    if (o.resume) {
+        if (!file_exists(ckpt)) {
+            cli_error("--resume: no checkpoint at %s", ckpt);
+            return CLI_EXIT_FAIL;
+        }
+        bool adam = false;
+        if ((rc = fx__gpt_read_config(ckpt, &cfg, &st, &adam)) != FX_OK)
+            return cli_fail(rc, "--resume");
+        if (!adam) {
+            cli_error("--resume: %s holds no optimizer state", ckpt);
+            return CLI_EXIT_FAIL;
+        }
+        if (o.model) {
+            fx__gpt_config p;
+            if (fx__gpt_preset(&p, o.model) != FX_OK) {
+                cli_error("--model: %s", fx_last_error());
+                return CLI_EXIT_USAGE;
+            }
+            p.layers = o.layers != UNSET ? o.layers : p.layers;
+            p.dim = o.dim != UNSET ? o.dim : p.dim;
+            p.heads = o.heads != UNSET ? o.heads : p.heads;
+            p.kv_heads = o.kv_heads != UNSET ? o.kv_heads : p.kv_heads;
+            if (fx__gpt_config_check(&p) != FX_OK || p.layers != cfg.layers || p.dim != cfg.dim ||
+                p.heads != cfg.heads || p.kv_heads != cfg.kv_heads || p.ctx != cfg.ctx) {
+                cli_error("--resume: %s holds a model with %lld layers, dim %lld, %lld/%lld heads, context %lld, "
+                          "not --model %s",
+                          ckpt, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
+                          (long long)cfg.kv_heads, (long long)cfg.ctx, o.model);
+                return CLI_EXIT_USAGE;
+            }
+        }
+        const struct { const char *name; int64_t given, saved; } chk[] = {
+            {"--layers", o.layers, cfg.layers}, {"--dim", o.dim, cfg.dim}, {"--heads", o.heads, cfg.heads},
+            {"--kv-heads", o.kv_heads, cfg.kv_heads}, {"--batch", o.batch, st.batch}, {"--seq", o.seq, st.seq},
+            {"--accum", o.accum, st.accum}, {"--warmup", o.warmup, st.warmup}};
+        for (size_t i = 0; i < sizeof chk / sizeof chk[0]; i++)
+            if (chk[i].given != UNSET && chk[i].given != chk[i].saved)
+                return resume_mismatch(chk[i].name, chk[i].given, chk[i].saved);
+        if (o.attn && strcmp(o.attn, st.attn) != 0) {
+            cli_error("--resume: the checkpoint was trained with --attn %s, not %s", st.attn, o.attn);
+            return CLI_EXIT_USAGE;
+        }
+        if (!isnan(o.lr) && (float)o.lr != st.lr) {
+            cli_error("--resume: the checkpoint was trained with --lr %g, not %g", (double)st.lr, o.lr);
+            return CLI_EXIT_USAGE;
+        }
+        if (o.adam_bf16 && !st.adam_bf16) {
+            cli_error("--resume: the checkpoint keeps its Adam moments in float32; drop --adam-bf16");
+            return CLI_EXIT_USAGE;
+        }
+        if (o.steps != UNSET)
+            st.steps = o.steps; /* extending (or shortening) the schedule is allowed */
+    } else {
+        if (file_exists(ckpt) && !o.force) {
+            cli_error("%s already exists: pass --resume to continue it, --force to start over, or another --out",
+                      ckpt);
+            return CLI_EXIT_USAGE;
+        }
+        if (fx__gpt_preset(&cfg, o.model ? o.model : "small") != FX_OK) {
+            cli_error("--model: %s", fx_last_error());
+            return CLI_EXIT_USAGE;
+        }
+        if (o.layers != UNSET)
+            cfg.layers = o.layers;
+        if (o.dim != UNSET)
+            cfg.dim = o.dim, cfg.ffn = 0;
+        if (o.heads != UNSET)
+            cfg.heads = o.heads;
+        if (o.kv_heads != UNSET)
+            cfg.kv_heads = o.kv_heads;
+        else if (o.heads != UNSET && cfg.heads % cfg.kv_heads)
+            cfg.kv_heads = cfg.heads;
+        if (fx__gpt_config_check(&cfg) != FX_OK) {
+            cli_error("model: %s", fx_last_error());
+            return CLI_EXIT_USAGE;
+        }
+        st.steps = o.steps != UNSET ? o.steps : 1000;
+        st.batch = o.batch != UNSET ? o.batch : 8;
+        st.seq = o.seq != UNSET ? o.seq : cfg.ctx;
+        st.accum = o.accum != UNSET ? o.accum : 1;
+        st.lr = isnan(o.lr) ? 1e-3f : (float)o.lr;
+        st.min_lr = isnan(o.min_lr) ? st.lr / 10.0f : (float)o.min_lr;
+        st.warmup = o.warmup != UNSET ? o.warmup : (st.steps / 20 < 100 ? st.steps / 20 : 100);
+        st.weight_decay = (float)o.weight_decay;
+        st.clip = (float)o.clip;
+        st.beta1 = (float)o.beta1;
+        st.beta2 = (float)o.beta2;
+        st.seed = (uint64_t)o.seed;
+        st.adam_bf16 = o.adam_bf16;
+        fx_rng_init(&st.rng, st.seed, 1);
+        fx__gpt_mask mk;
+        int64_t w;
+        if (fx__gpt_mask_parse(o.attn ? o.attn : "causal", &mk, &w) != FX_OK) {
+            cli_error("--attn: %s", fx_last_error());
+            return CLI_EXIT_USAGE;
+        }
+        fx__gpt_mask_name(mk, w, st.attn, sizeof st.attn);
+        /* Checks that need the config. */
+        if (st.seq < 1 || st.seq > cfg.ctx) {
+            cli_error("--seq %lld is outside [1, %lld]: the model's context is %lld tokens", (long long)st.seq,
+                      (long long)cfg.ctx, (long long)cfg.ctx);
+            return CLI_EXIT_USAGE;
+        }
+        if (st.steps < 1 || st.batch < 1 || st.batch > 65536 || st.accum < 1 || st.accum > 65536 || st.warmup < 0) {
+            cli_error("--steps, --batch and --accum must be >= 1 (batch, accum <= 65536), --warmup >= 0");
+            return CLI_EXIT_USAGE;
+        }
+        if (!(st.lr > 0) || !(st.min_lr >= 0) || !(st.weight_decay >= 0) || !(st.clip >= 0) ||
+            !(st.beta1 >= 0 && st.beta1 < 1) || !(st.beta2 >= 0 && st.beta2 < 1)) {
+            cli_error("--lr must be > 0; --min-lr, --weight-decay, --clip >= 0; betas in [0, 1)");
+            return CLI_EXIT_USAGE;
+        }
+    }
+    if (o.save_every < 0 || o.eval_batches < 1 || (o.eval_every != UNSET && o.eval_every < 0) ||
+        (o.log_every != UNSET && o.log_every < 1) || !(o.val_frac > 0 && o.val_frac < 1)) {
+        cli_error("--save-every, --eval-every >= 0; --eval-batches, --log-every >= 1");
+        return CLI_EXIT_USAGE;
+    }
+    int64_t until = o.until != UNSET ? (o.until < st.steps ? o.until : st.steps) : st.steps;
+    int64_t eval_every = o.eval_every != UNSET ? o.eval_every : (st.steps / 10 > 0 ? st.steps / 10 : 1);
+    int64_t log_every = o.log_every != UNSET ? o.log_every : (st.steps / 50 > 0 ? st.steps / 50 : 1);
+    if (log_every > 50)
+        log_every = 50;
+
+    if ((rc = check_out_dir(o.out)) != CLI_EXIT_OK)
+        return rc;
+
+    /* ---- data and model ---- */
+    /* A resumed run reads its checkpoint's data unless told otherwise, and checks it is
+       the same text. */
+    const char *data_path = o.data;
+    if (o.resume && !o.data && st.data[0])
+        data_path = st.data;
+    fx__gpt_data data;
+    if ((rc = fx__gpt_data_load(&data, data_path, DEFAULT_CORPUS, o.val_frac, st.seq + 1)) != FX_OK)
+        return cli_fail(rc, data_path ? "--data" : "default corpus");
+    if (o.resume && data.hash != st.data_hash) {
+        if (!o.data) {
+            cli_error("--resume: %s is not the text the checkpoint was trained on (it changed); pass --data to "
+                      "continue on other text",
+                      data.source);
+            fx__gpt_data_free(&data);
+            return CLI_EXIT_FAIL;
+        }
+        if (!o.quiet)
+            printf("note: --data %s differs from the checkpoint's training text; continuing on it\n", o.data);
+    }
+    if (data_path != st.data) {
+        char abs[4096];
+        const char *keep = data_path && realpath(data_path, abs) ? abs : data_path;
+        snprintf(st.data, sizeof st.data, "%s", keep ? keep : "");
+    }
+    st.data_hash = data.hash;
+    fx__gpt *m = NULL;
+    int32_t *tokens = NULL, *targets = NULL;
+    FILE *metrics = NULL;
+    int exit_code = CLI_EXIT_FAIL;
+    if ((rc = fx__gpt_create(&m, &cfg, st.seed)) != FX_OK) {
+        cli_fail(rc, "model");
+        goto done;
+    }
+    m->adam_bf16 = st.adam_bf16;
+    m->recompute = o.recompute;
+    if ((rc = fx__gpt_alloc_train(m)) != FX_OK) {
+        cli_fail(rc, "model");
+        goto done;
+    }
+    fx__gpt_mask_parse(st.attn, &m->mask, &m->window);
+    if (o.resume && (rc = fx__gpt_load(m, ckpt, true)) != FX_OK) {
+        cli_fail(rc, "--resume");
+        goto done;
+    }
+    if ((rc = fx__gpt_set_batch(m, st.batch, st.seq)) != FX_OK) {
+        cli_fail(rc, "model");
+        goto done;
+    }
+    tokens = malloc((size_t)(st.batch * st.seq) * sizeof *tokens);
+    targets = malloc((size_t)(st.batch * st.seq) * sizeof *targets);
+    if (!tokens || !targets) {
+        cli_error("out of memory");
+        goto done;
+    }
+    char mpath[4200];
+    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o.out);
+    if ((rc = metrics_open(&metrics, mpath, st.step, o.resume)) != CLI_EXIT_OK)
+        goto done;
+
+    bool tty = isatty(STDOUT_FILENO);
+    if (!o.quiet) {
+        printf("flexc train: %.2fM parameters (%lld layers, dim %lld, %lld/%lld heads, ffn %lld, context %lld), "
+               "attention %s\n",
+               (double)m->lay.total / 1e6, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
+               (long long)cfg.kv_heads, (long long)cfg.ffn, (long long)cfg.ctx, st.attn);
+        printf("data: %s: %lld tokens, %lld documents (%lld train, %lld validation)\n", data.source,
+               (long long)data.n, (long long)data.docs, (long long)data.n_train, (long long)(data.n - data.n_train));
+        printf("steps %lld..%lld of %lld, batch %lld x %lld tokens x accum %lld, lr %g (warmup %lld, cosine to %g), "
+               "%d threads, out %s\n",
+               (long long)st.step + 1, (long long)until, (long long)st.steps, (long long)st.batch, (long long)st.seq,
+               (long long)st.accum, (double)st.lr, (long long)st.warmup, (double)st.min_lr, fx_get_num_threads(),
+               o.out);
+        fflush(stdout);
+    }
+
+    signal(SIGINT, on_sigint);
+    signal(SIGTERM, on_sigint);
+    double t_start = bench_now(), tok_per_step = (double)(st.batch * st.seq * st.accum);
+    int64_t first = st.step;
+    float first_loss = NAN, last_loss = NAN;
+    while (st.step < until && !interrupted) {
+        double t0 = bench_now();
+        fx__gpt_step_info info;
+        if ((rc = fx__gpt_train_step(m, &data, &st, tokens, targets, &info)) != FX_OK) {
+            cli_fail(rc, "training step");
+            goto done;
+        }
+        double dt = bench_now() - t0, tps = tok_per_step / dt;
+        if (!isfinite(info.loss)) {
+            cli_error("step %lld: the loss is %g; lower --lr", (long long)st.step, (double)info.loss);
+            goto done;
+        }
+        if (isnan(first_loss))
+            first_loss = info.loss;
+        last_loss = info.loss;
+        bool eval = st.step == until || (eval_every > 0 && st.step % eval_every == 0);
+        float val = NAN;
+        if (eval && (rc = fx__gpt_eval(m, &data, o.eval_batches, tokens, targets, &val)) != FX_OK) {
+            cli_fail(rc, "validation");
+            goto done;
+        }
+        double elapsed = bench_now() - t_start;
+        fprintf(metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
+                         "\"time_s\":%.3f",
+                (long long)st.step, (double)info.loss, (double)info.lr, (double)info.grad_norm, tps, elapsed);
+        if (eval)
+            fprintf(metrics, ",\"val_loss\":%.9g", (double)val);
+        fprintf(metrics, "}\n");
+        fflush(metrics);
+        if (!o.quiet) {
+            double avg = (double)(st.step - first) * tok_per_step / elapsed;
+            char eta[32];
+            fmt_duration(eta, sizeof eta, (double)(until - st.step) * tok_per_step / avg);
+            double mem = (double)bench_max_rss() / (1 << 20);
+            if (tty) {
+                printf("\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s | mem %.0f MB",
+                       (long long)st.step, (long long)st.steps, (double)info.loss, (double)info.lr, avg, eta, mem);
+                if (eval)
+                    printf(" | val %.4f\n", (double)val);
+                fflush(stdout);
+            } else if (eval || st.step % log_every == 0 || st.step == first + 1) {
+                printf("step %lld/%lld loss %.4f lr %.2e %.0f tok/s eta %s mem %.0fMB", (long long)st.step,
+                       (long long)st.steps, (double)info.loss, (double)info.lr, avg, eta, mem);
+                if (eval)
+                    printf(" val_loss %.4f", (double)val);
+                printf("\n");
+                fflush(stdout);
+            }
+        }
+        if (o.save_every > 0 && st.step % o.save_every == 0 && st.step < until &&
+            (rc = save_all(m, &st, o.out, o.bf16)) != CLI_EXIT_OK)
+            goto done;
+    }
+    if ((rc = save_all(m, &st, o.out, o.bf16)) != CLI_EXIT_OK)
+        goto done;
+    if (!o.quiet) {
+        if (tty)
+            printf("\r\033[K");
+        if (interrupted)
+            printf("interrupted at step %lld; ", (long long)st.step);
+        printf("saved %s/checkpoint.safetensors and %s/model.safetensors at step %lld", o.out, o.out,
+               (long long)st.step);
+        if (!isnan(first_loss))
+            printf(" (loss %.4f -> %.4f)", (double)first_loss, (double)last_loss);
+        printf("\n");
+    }
+    exit_code = interrupted ? 130 : CLI_EXIT_OK;
+done:
+    if (metrics)
+        fclose(metrics);
+    free(tokens), free(targets);
+    fx__gpt_free(m);
+    fx__gpt_data_free(&data);
+    return exit_code;
 }

@@ -1,0 +1,327 @@
+/* Checkpoints and model files: safetensors with the config (and training state) in the
+   metadata. Everything read is checked against the config before a byte is copied. */
+#include "gpt.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FX__FORMAT "flexc-gpt"
+#define FX__FORMAT_VERSION "1"
+
+enum { FX__META_MAX = 48, FX__META_LEN = 96 };
+
+typedef struct fx__meta {
+    const char *kv[2 * FX__META_MAX + 1];
+    char val[FX__META_MAX][FX__META_LEN];
+    int n;
+} fx__meta;
+
+static void fx__meta_add(fx__meta *m, const char *key, const char *fmt, ...) FX__PRINTF(3, 4);
+static void fx__meta_add(fx__meta *m, const char *key, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->val[m->n], FX__META_LEN, fmt, ap);
+    va_end(ap);
+    m->kv[2 * m->n] = key;
+    m->kv[2 * m->n + 1] = m->val[m->n];
+    m->n++;
+    m->kv[2 * m->n] = NULL;
+}
+
+static void fx__meta_config(fx__meta *md, const fx__gpt *m, const char *kind)
+{
+    const fx__gpt_config *c = &m->c;
+    char attn[32];
+    fx__gpt_mask_name(m->mask, m->window, attn, sizeof attn);
+    fx__meta_add(md, "format", FX__FORMAT);
+    fx__meta_add(md, "format_version", FX__FORMAT_VERSION);
+    fx__meta_add(md, "kind", "%s", kind);
+    fx__meta_add(md, "vocab", "%lld", (long long)c->vocab);
+    fx__meta_add(md, "ctx", "%lld", (long long)c->ctx);
+    fx__meta_add(md, "layers", "%lld", (long long)c->layers);
+    fx__meta_add(md, "dim", "%lld", (long long)c->dim);
+    fx__meta_add(md, "heads", "%lld", (long long)c->heads);
+    fx__meta_add(md, "kv_heads", "%lld", (long long)c->kv_heads);
+    fx__meta_add(md, "ffn", "%lld", (long long)c->ffn);
+    fx__meta_add(md, "rope_theta", "%.9g", (double)c->rope_theta);
+    fx__meta_add(md, "norm_eps", "%.9g", (double)c->norm_eps);
+    fx__meta_add(md, "attn", "%s", attn);
+    fx__meta_add(md, "tokenizer", "bytes+eot");
+}
+
+static fx_tensor_view fx__view(const fx__gpt_tensor *t, const void *data, fx_dtype dt, size_t esize)
+{
+    fx_tensor_view v = {.name = t->name, .dtype = dt, .ndim = t->ndim, .data = data, .nbytes = t->numel * esize};
+    v.shape[0] = t->shape[0];
+    v.shape[1] = t->shape[1];
+    return v;
+}
+
+int fx__gpt_save_checkpoint(const fx__gpt *m, const fx__gpt_train_state *s, const char *path)
+{
+    if (!m->adam && !m->adam16)
+        return fx__error(FX_EINVAL, "checkpoint '%s': the model has no optimizer state", path);
+    size_t n = m->lay.n + 2, P = m->lay.total;
+    fx_dtype adt = m->adam16 ? FX_DT_BF16 : FX_DT_F32;
+    size_t aes = m->adam16 ? 2 : 4;
+    const char *am = m->adam16 ? (const char *)m->adam16 : (const char *)m->adam;
+    fx_tensor_view *v = fx__calloc(n, sizeof *v);
+    if (!v)
+        return FX_ENOMEM;
+    for (size_t i = 0; i < m->lay.n; i++)
+        v[i] = fx__view(&m->lay.t[i], m->params + m->lay.t[i].offset, FX_DT_F32, 4);
+    v[n - 2] = (fx_tensor_view){.name = "optim.m", .dtype = adt, .ndim = 1, .shape = {(int64_t)P},
+                                .data = am, .nbytes = P * aes};
+    v[n - 1] = (fx_tensor_view){.name = "optim.v", .dtype = adt, .ndim = 1, .shape = {(int64_t)P},
+                                .data = am + P * aes, .nbytes = P * aes};
+    fx__meta md = {0};
+    fx__meta_config(&md, m, "checkpoint");
+    fx__meta_add(&md, "step", "%lld", (long long)s->step);
+    fx__meta_add(&md, "data_pos", "%lld", (long long)s->data_pos);
+    fx__meta_add(&md, "rng", "%llu:%llu:%llu:%u:%u:%u:%u:%u", (unsigned long long)s->rng.seed,
+                 (unsigned long long)s->rng.stream, (unsigned long long)s->rng.counter, s->rng.buf[0], s->rng.buf[1],
+                 s->rng.buf[2], s->rng.buf[3], s->rng.used);
+    fx__meta_add(&md, "steps", "%lld", (long long)s->steps);
+    fx__meta_add(&md, "warmup", "%lld", (long long)s->warmup);
+    fx__meta_add(&md, "batch", "%lld", (long long)s->batch);
+    fx__meta_add(&md, "seq", "%lld", (long long)s->seq);
+    fx__meta_add(&md, "accum", "%lld", (long long)s->accum);
+    fx__meta_add(&md, "lr", "%.9g", (double)s->lr);
+    fx__meta_add(&md, "min_lr", "%.9g", (double)s->min_lr);
+    fx__meta_add(&md, "weight_decay", "%.9g", (double)s->weight_decay);
+    fx__meta_add(&md, "clip", "%.9g", (double)s->clip);
+    fx__meta_add(&md, "beta1", "%.9g", (double)s->beta1);
+    fx__meta_add(&md, "beta2", "%.9g", (double)s->beta2);
+    fx__meta_add(&md, "seed", "%llu", (unsigned long long)s->seed);
+    fx__meta_add(&md, "data_hash", "%016llx", (unsigned long long)s->data_hash);
+    md.kv[2 * md.n] = "data"; /* a path may be longer than the other values */
+    md.kv[2 * md.n + 1] = s->data;
+    md.kv[2 * md.n + 2] = NULL;
+    int rc = fx_safetensors_save(path, v, n, md.kv);
+    fx__free(v);
+    return rc;
+}
+
+int fx__gpt_save_model(const fx__gpt *m, const char *path, bool bf16)
+{
+    size_t n = m->lay.n, P = m->lay.total;
+    fx_tensor_view *v = fx__calloc(n, sizeof *v);
+    uint16_t *h = bf16 ? fx__alloc(P * sizeof(uint16_t)) : NULL;
+    if (!v || (bf16 && !h)) {
+        fx__free(v), fx__free(h);
+        return FX_ENOMEM;
+    }
+    if (bf16)
+        for (size_t i = 0; i < P; i++)
+            h[i] = fx_f32_to_bf16(m->params[i]);
+    for (size_t i = 0; i < n; i++) {
+        const fx__gpt_tensor *t = &m->lay.t[i];
+        v[i] = bf16 ? fx__view(t, h + t->offset, FX_DT_BF16, 2) : fx__view(t, m->params + t->offset, FX_DT_F32, 4);
+    }
+    fx__meta md = {0};
+    fx__meta_config(&md, m, "model");
+    int rc = fx_safetensors_save(path, v, n, md.kv);
+    fx__free(v), fx__free(h);
+    return rc;
+}
+
+/* ---- reading ------------------------------------------------------------------------------------ */
+
+static int fx__meta_i64(const fx_safetensors *f, const char *path, const char *key, int64_t *out)
+{
+    const char *s = fx_safetensors_metadata(f, key);
+    if (!s)
+        return fx__error(FX_EFORMAT, "'%s': metadata has no '%s'", path, key);
+    char *end = NULL;
+    errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (errno || end == s || *end)
+        return fx__error(FX_EFORMAT, "'%s': metadata '%s' = '%s' is not an integer", path, key, s);
+    *out = x;
+    return FX_OK;
+}
+
+static int fx__meta_f32(const fx_safetensors *f, const char *path, const char *key, float *out)
+{
+    const char *s = fx_safetensors_metadata(f, key);
+    if (!s)
+        return fx__error(FX_EFORMAT, "'%s': metadata has no '%s'", path, key);
+    char *end = NULL;
+    errno = 0;
+    float x = strtof(s, &end);
+    if (errno || end == s || *end || !isfinite(x))
+        return fx__error(FX_EFORMAT, "'%s': metadata '%s' = '%s' is not a finite number", path, key, s);
+    *out = x;
+    return FX_OK;
+}
+
+static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__gpt_config *c,
+                                fx__gpt_train_state *s, bool *has_adam)
+{
+    const char *fmt = fx_safetensors_metadata(f, "format");
+    if (!fmt || strcmp(fmt, FX__FORMAT) != 0)
+        return fx__error(FX_EFORMAT, "'%s' is not a flexc GPT checkpoint or model (metadata format = '%s')", path,
+                         fmt ? fmt : "(none)");
+    const char *ver = fx_safetensors_metadata(f, "format_version");
+    if (!ver || strcmp(ver, FX__FORMAT_VERSION) != 0)
+        return fx__error(FX_EFORMAT, "'%s': format version '%s' is not supported (this flexc reads %s)", path,
+                         ver ? ver : "(none)", FX__FORMAT_VERSION);
+    fx__gpt_config cc = {0};
+    int rc;
+    if ((rc = fx__meta_i64(f, path, "vocab", &cc.vocab)) || (rc = fx__meta_i64(f, path, "ctx", &cc.ctx)) ||
+        (rc = fx__meta_i64(f, path, "layers", &cc.layers)) || (rc = fx__meta_i64(f, path, "dim", &cc.dim)) ||
+        (rc = fx__meta_i64(f, path, "heads", &cc.heads)) || (rc = fx__meta_i64(f, path, "kv_heads", &cc.kv_heads)) ||
+        (rc = fx__meta_i64(f, path, "ffn", &cc.ffn)) || (rc = fx__meta_f32(f, path, "rope_theta", &cc.rope_theta)) ||
+        (rc = fx__meta_f32(f, path, "norm_eps", &cc.norm_eps)))
+        return rc;
+    if (cc.ffn == 0)
+        return fx__error(FX_EFORMAT, "'%s': metadata ffn = 0", path);
+    if ((rc = fx__gpt_config_check(&cc)) != FX_OK)
+        return fx__error_context(FX_EFORMAT, "'%s': config", path);
+    if (cc.vocab != FX__GPT_VOCAB)
+        return fx__error(FX_EFORMAT, "'%s': vocab = %lld, but flexc's byte tokenizer has %d tokens", path,
+                         (long long)cc.vocab, FX__GPT_VOCAB);
+    bool adam = fx_safetensors_find(f, "optim.m") != NULL;
+    if (s) {
+        const char *attn = fx_safetensors_metadata(f, "attn");
+        fx__gpt_mask mk;
+        int64_t w;
+        if (!attn || fx__gpt_mask_parse(attn, &mk, &w) != FX_OK)
+            return fx__error(FX_EFORMAT, "'%s': metadata attn = '%s' is not a known mask", path, attn ? attn : "(none)");
+        memset(s, 0, sizeof *s);
+        snprintf(s->attn, sizeof s->attn, "%s", attn);
+        if (adam) {
+            int64_t seed = 0;
+            const char *r = fx_safetensors_metadata(f, "rng");
+            unsigned long long a0, a1, a2;
+            unsigned b0, b1, b2, b3, used;
+            char tail;
+            if (!r || sscanf(r, "%llu:%llu:%llu:%u:%u:%u:%u:%u%c", &a0, &a1, &a2, &b0, &b1, &b2, &b3, &used, &tail) != 8 ||
+                used > 4)
+                return fx__error(FX_EFORMAT, "'%s': metadata rng = '%s' is not a generator state", path,
+                                 r ? r : "(none)");
+            s->rng = (fx_rng){.seed = a0, .stream = a1, .counter = a2, .buf = {b0, b1, b2, b3}, .used = used};
+            if ((rc = fx__meta_i64(f, path, "step", &s->step)) || (rc = fx__meta_i64(f, path, "data_pos", &s->data_pos)) ||
+                (rc = fx__meta_i64(f, path, "steps", &s->steps)) || (rc = fx__meta_i64(f, path, "warmup", &s->warmup)) ||
+                (rc = fx__meta_i64(f, path, "batch", &s->batch)) || (rc = fx__meta_i64(f, path, "seq", &s->seq)) ||
+                (rc = fx__meta_i64(f, path, "accum", &s->accum)) || (rc = fx__meta_f32(f, path, "lr", &s->lr)) ||
+                (rc = fx__meta_f32(f, path, "min_lr", &s->min_lr)) ||
+                (rc = fx__meta_f32(f, path, "weight_decay", &s->weight_decay)) ||
+                (rc = fx__meta_f32(f, path, "clip", &s->clip)) || (rc = fx__meta_f32(f, path, "beta1", &s->beta1)) ||
+                (rc = fx__meta_f32(f, path, "beta2", &s->beta2)) || (rc = fx__meta_i64(f, path, "seed", &seed)))
+                return rc;
+            s->seed = (uint64_t)seed;
+            const char *data = fx_safetensors_metadata(f, "data"), *dh = fx_safetensors_metadata(f, "data_hash");
+            if (!data || !dh || strlen(data) >= sizeof s->data || sscanf(dh, "%16llx%c", &a0, &tail) != 1)
+                return fx__error(FX_EFORMAT, "'%s': metadata 'data' or 'data_hash' is missing or malformed", path);
+            snprintf(s->data, sizeof s->data, "%s", data);
+            s->data_hash = a0;
+            s->adam_bf16 = fx_safetensors_find(f, "optim.m")->dtype == FX_DT_BF16;
+            if (s->step < 0 || s->data_pos < 0 || s->batch < 1 || s->seq < 1 || s->seq > cc.ctx || s->accum < 1 ||
+                s->steps < 0 || s->warmup < 0)
+                return fx__error(FX_EFORMAT, "'%s': training state out of range (step %lld, batch %lld, seq %lld)", path,
+                                 (long long)s->step, (long long)s->batch, (long long)s->seq);
+        }
+    }
+    *c = cc;
+    if (has_adam)
+        *has_adam = adam;
+    return FX_OK;
+}
+
+int fx__gpt_read_config(const char *path, fx__gpt_config *c, fx__gpt_train_state *s, bool *has_adam)
+{
+    fx_safetensors *f = NULL;
+    int rc = fx_safetensors_open(&f, path);
+    if (rc)
+        return rc;
+    rc = fx__read_config_open(f, path, c, s, has_adam);
+    fx_safetensors_close(f);
+    return rc;
+}
+
+static int fx__check_view(const char *path, const fx_tensor_view *v, const char *name, int ndim, const int64_t *shape,
+                          bool allow_bf16)
+{
+    if (!v)
+        return fx__error(FX_EFORMAT, "'%s' has no tensor '%s'", path, name);
+    if (v->dtype != FX_DT_F32 && !(allow_bf16 && v->dtype == FX_DT_BF16))
+        return fx__error(FX_EFORMAT, "'%s': tensor '%s' has dtype %d, not F32%s", path, name, (int)v->dtype,
+                         allow_bf16 ? " or BF16" : "");
+    bool same = v->ndim == ndim;
+    for (int d = 0; same && d < ndim; d++)
+        same = v->shape[d] == shape[d];
+    if (!same)
+        return fx__error(FX_EFORMAT, "'%s': tensor '%s' has shape [%lld%s...], the config says [%lld, %lld]", path,
+                         name, (long long)(v->ndim > 0 ? v->shape[0] : 0), v->ndim > 1 ? ", " : "",
+                         (long long)shape[0], (long long)(ndim > 1 ? shape[1] : 0));
+    return FX_OK;
+}
+
+int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
+{
+    fx_safetensors *f = NULL;
+    int rc = fx_safetensors_open(&f, path);
+    if (rc)
+        return rc;
+    fx__gpt_config c;
+    bool adam = false;
+    if ((rc = fx__read_config_open(f, path, &c, NULL, &adam)) != FX_OK)
+        goto done;
+    if (c.layers != m->c.layers || c.dim != m->c.dim || c.heads != m->c.heads || c.kv_heads != m->c.kv_heads ||
+        c.ffn != m->c.ffn || c.vocab != m->c.vocab || c.ctx != m->c.ctx) {
+        rc = fx__error(FX_EINVAL,
+                       "'%s' holds a model with layers=%lld dim=%lld heads=%lld kv_heads=%lld ffn=%lld ctx=%lld, not "
+                       "layers=%lld dim=%lld heads=%lld kv_heads=%lld ffn=%lld ctx=%lld",
+                       path, (long long)c.layers, (long long)c.dim, (long long)c.heads, (long long)c.kv_heads,
+                       (long long)c.ffn, (long long)c.ctx, (long long)m->c.layers, (long long)m->c.dim,
+                       (long long)m->c.heads, (long long)m->c.kv_heads, (long long)m->c.ffn, (long long)m->c.ctx);
+        goto done;
+    }
+    if (load_adam && (!adam || (!m->adam && !m->adam16))) {
+        rc = fx__error(FX_EFORMAT, "'%s' holds no optimizer state (a model file, not a checkpoint)", path);
+        goto done;
+    }
+    /* Check everything, then copy. */
+    size_t expect = m->lay.n + (adam ? 2 : 0);
+    if (fx_safetensors_count(f) != expect) {
+        rc = fx__error(FX_EFORMAT, "'%s' holds %zu tensors; the config needs %zu", path, fx_safetensors_count(f), expect);
+        goto done;
+    }
+    for (size_t i = 0; i < m->lay.n && !rc; i++) {
+        const fx__gpt_tensor *t = &m->lay.t[i];
+        rc = fx__check_view(path, fx_safetensors_find(f, t->name), t->name, t->ndim, t->shape, true);
+    }
+    int64_t P = (int64_t)m->lay.total;
+    if (!rc && adam) {
+        rc = fx__check_view(path, fx_safetensors_find(f, "optim.m"), "optim.m", 1, &P, true);
+        if (!rc)
+            rc = fx__check_view(path, fx_safetensors_find(f, "optim.v"), "optim.v", 1, &P, true);
+        fx_dtype want = m->adam16 ? FX_DT_BF16 : FX_DT_F32;
+        if (!rc && load_adam &&
+            (fx_safetensors_find(f, "optim.m")->dtype != want || fx_safetensors_find(f, "optim.v")->dtype != want))
+            rc = fx__error(FX_EINVAL, "'%s' holds %s Adam moments; the model keeps them in %s", path,
+                           want == FX_DT_BF16 ? "float32" : "bfloat16", want == FX_DT_BF16 ? "bfloat16" : "float32");
+    }
+    if (rc)
+        goto done;
+    for (size_t i = 0; i < m->lay.n; i++) {
+        const fx__gpt_tensor *t = &m->lay.t[i];
+        const fx_tensor_view *v = fx_safetensors_find(f, t->name);
+        if ((rc = fx_tensor_to_f32(m->params + t->offset, t->numel, v)) != FX_OK)
+            goto done; /* not reached: dtype and size were checked above */
+    }
+    if (load_adam) {
+        size_t es = m->adam16 ? 2 : 4;
+        char *dst = m->adam16 ? (char *)m->adam16 : (char *)m->adam;
+        memcpy(dst, fx_safetensors_find(f, "optim.m")->data, (size_t)P * es);
+        memcpy(dst + (size_t)P * es, fx_safetensors_find(f, "optim.v")->data, (size_t)P * es);
+    }
+done:
+    fx_safetensors_close(f);
+    return rc;
+}

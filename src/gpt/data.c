@@ -1,0 +1,288 @@
+/* Training text: byte tokens with end-of-text between documents, a train/validation split,
+   and batches drawn from a saveable counter-based generator. */
+#include "gpt.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int64_t fx__utf8_invalid_at(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        size_t len;
+        uint32_t cp, min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xE0) == 0xC0) {
+            len = 2, cp = c & 0x1F, min = 0x80;
+        } else if ((c & 0xF0) == 0xE0) {
+            len = 3, cp = c & 0x0F, min = 0x800;
+        } else if ((c & 0xF8) == 0xF0) {
+            len = 4, cp = c & 0x07, min = 0x10000;
+        } else {
+            return (int64_t)i;
+        }
+        if (i + len > n)
+            return (int64_t)i;
+        for (size_t k = 1; k < len; k++) {
+            if ((s[i + k] & 0xC0) != 0x80)
+                return (int64_t)i;
+            cp = (cp << 6) | (s[i + k] & 0x3F);
+        }
+        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+            return (int64_t)i;
+        i += len;
+    }
+    return -1;
+}
+
+/* A growable token array. */
+typedef struct fx__toks {
+    uint16_t *p;
+    int64_t n, cap;
+    int64_t docs;
+} fx__toks;
+
+static int fx__toks_push(fx__toks *t, uint16_t v)
+{
+    if (t->n == t->cap) {
+        int64_t cap = t->cap ? 2 * t->cap : 1 << 16;
+        uint16_t *p = realloc(t->p, (size_t)cap * sizeof *p);
+        if (!p)
+            return fx__error(FX_ENOMEM, "cannot hold %lld tokens", (long long)cap);
+        t->p = p, t->cap = cap;
+    }
+    t->p[t->n++] = v;
+    if (v == FX__GPT_EOT)
+        t->docs++;
+    return FX_OK;
+}
+
+/* Appends the tokens of text s[0..n): bytes, except that a line holding only "%" (the
+   fortune separator) or the text <|endoftext|> becomes one end-of-text token. The text
+   itself ends a document too. */
+static int fx__tokenize(fx__toks *t, const unsigned char *s, size_t n)
+{
+    static const char eot[] = "<|endoftext|>";
+    const size_t eot_len = sizeof eot - 1;
+    size_t i = 0;
+    int rc;
+    while (i < n) {
+        bool line_start = i == 0 || s[i - 1] == '\n';
+        if (line_start && s[i] == '%') {
+            size_t j = i + 1;
+            if (j < n && s[j] == '\r')
+                j++;
+            if (j == n || s[j] == '\n') {
+                if (t->n > 0 && t->p[t->n - 1] != FX__GPT_EOT && (rc = fx__toks_push(t, FX__GPT_EOT)))
+                    return rc;
+                i = j < n ? j + 1 : j;
+                continue;
+            }
+        }
+        if (s[i] == '<' && n - i >= eot_len && !memcmp(s + i, eot, eot_len)) {
+            if ((rc = fx__toks_push(t, FX__GPT_EOT)))
+                return rc;
+            i += eot_len;
+            continue;
+        }
+        if ((rc = fx__toks_push(t, s[i])))
+            return rc;
+        i++;
+    }
+    if (t->n > 0 && t->p[t->n - 1] != FX__GPT_EOT)
+        return fx__toks_push(t, FX__GPT_EOT);
+    return FX_OK;
+}
+
+static int fx__read_file(const char *path, unsigned char **out, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return fx__error(FX_EIO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return fx__error(FX_EIO, "'%s' is not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    unsigned char *buf = malloc(size ? size : 1);
+    if (!buf) {
+        fclose(f);
+        return fx__error(FX_ENOMEM, "cannot hold '%s' (%zu bytes)", path, size);
+    }
+    size_t got = fread(buf, 1, size, f);
+    int err = ferror(f);
+    fclose(f);
+    if (err || got != size) {
+        free(buf);
+        return fx__error(FX_EIO, "cannot read '%s'", path);
+    }
+    *out = buf;
+    *n = size;
+    return FX_OK;
+}
+
+static int fx__cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every fortune text file of dir (not the .dat indexes, not the .u8 links), in name order. */
+static int fx__load_fortunes(fx__toks *t, const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return fx__error(FX_EIO,
+                         "the default corpus '%s' is missing (%s): install the Debian package 'fortunes' "
+                         "(scripts/deps.sh does) or pass --data FILE with any UTF-8 text",
+                         dir, strerror(errno));
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = FX_OK;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        const char *nm = e->d_name;
+        if (nm[0] == '.' || strchr(nm, '.'))
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, nm);
+        struct stat st;
+        if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **p = realloc(names, cap * sizeof *p);
+            if (!p) {
+                rc = fx__error(FX_ENOMEM, "listing '%s'", dir);
+                break;
+            }
+            names = p;
+        }
+        if (!(names[n] = strdup(nm))) {
+            rc = fx__error(FX_ENOMEM, "listing '%s'", dir);
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    if (rc == FX_OK && n == 0)
+        rc = fx__error(FX_EIO,
+                       "the default corpus '%s' holds no fortune files: install the Debian package 'fortunes' "
+                       "or pass --data FILE",
+                       dir);
+    if (rc == FX_OK)
+        qsort(names, n, sizeof *names, fx__cmp_str);
+    for (size_t i = 0; i < n && rc == FX_OK; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        unsigned char *buf;
+        size_t len;
+        if ((rc = fx__read_file(path, &buf, &len)) != FX_OK)
+            break;
+        rc = fx__tokenize(t, buf, len);
+        free(buf);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return rc;
+}
+
+int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir, double val_frac,
+                      int64_t min_tokens)
+{
+    memset(d, 0, sizeof *d);
+    if (!(val_frac > 0.0 && val_frac < 1.0))
+        return fx__error(FX_EINVAL, "validation fraction %g is outside (0, 1)", val_frac);
+    fx__toks t = {0};
+    int rc;
+    if (path) {
+        unsigned char *buf;
+        size_t len;
+        if ((rc = fx__read_file(path, &buf, &len)) != FX_OK)
+            return rc;
+        if (len == 0) {
+            free(buf);
+            return fx__error(FX_EINVAL, "data file '%s' is empty", path);
+        }
+        int64_t bad = fx__utf8_invalid_at(buf, len);
+        if (bad >= 0) {
+            unsigned byte = buf[bad];
+            free(buf);
+            return fx__error(FX_EFORMAT, "data file '%s' is not UTF-8 text: invalid byte 0x%02x at offset %lld", path,
+                             byte, (long long)bad);
+        }
+        rc = fx__tokenize(&t, buf, len);
+        free(buf);
+        snprintf(d->source, sizeof d->source, "%s", path);
+    } else {
+        rc = fx__load_fortunes(&t, default_dir);
+        snprintf(d->source, sizeof d->source, "%s", default_dir);
+    }
+    if (rc) {
+        free(t.p);
+        return rc;
+    }
+    /* Each part needs at least one window of min_tokens. */
+    int64_t n_val = (int64_t)((double)t.n * val_frac);
+    if (n_val < min_tokens)
+        n_val = min_tokens;
+    if (t.n - n_val < min_tokens) {
+        free(t.p);
+        return fx__error(FX_EINVAL,
+                         "%s holds %lld tokens; training needs at least %lld (one window of %lld for training and "
+                         "one for validation): give more text or a smaller --seq",
+                         d->source, (long long)t.n, (long long)(2 * min_tokens), (long long)min_tokens);
+    }
+    d->tok = t.p;
+    d->n = t.n;
+    d->n_train = t.n - n_val;
+    d->docs = t.docs;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t i = 0; i < t.n; i++) {
+        h = (h ^ (t.p[i] & 0xff)) * 0x100000001b3ull;
+        h = (h ^ (t.p[i] >> 8)) * 0x100000001b3ull;
+    }
+    d->hash = h;
+    return FX_OK;
+}
+
+void fx__gpt_data_free(fx__gpt_data *d)
+{
+    free(d->tok);
+    d->tok = NULL;
+}
+
+static void fx__window(const uint16_t *src, int64_t T, int32_t *tokens, int32_t *targets)
+{
+    for (int64_t t = 0; t < T; t++) {
+        tokens[t] = src[t];
+        targets[t] = src[t + 1];
+    }
+}
+
+void fx__gpt_data_batch(const fx__gpt_data *d, fx_rng *rng, int64_t B, int64_t T, int32_t *tokens, int32_t *targets)
+{
+    uint64_t range = (uint64_t)(d->n_train - T); /* offsets 0 .. n_train - T - 1 */
+    for (int64_t b = 0; b < B; b++) {
+        uint64_t r = ((uint64_t)fx_rng_u32(rng) << 32) | fx_rng_u32(rng);
+        int64_t off = (int64_t)(r % range);
+        fx__window(d->tok + off, T, tokens + b * T, targets + b * T);
+    }
+}
+
+void fx__gpt_data_val_batch(const fx__gpt_data *d, int64_t i, int64_t B, int64_t T, int32_t *tokens, int32_t *targets)
+{
+    int64_t nval = d->n - d->n_train, windows = (nval - 1) / T;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t w = (i * B + b) % windows;
+        fx__window(d->tok + d->n_train + w * T, T, tokens + b * T, targets + b * T);
+    }
+}

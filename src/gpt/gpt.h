@@ -1,0 +1,317 @@
+/*
+ * The GPT of `flexc train` / `flexc generate`: a decoder-only transformer written by hand,
+ * forward and backward, over flat buffers (internal to the library; the CLI and tests use it).
+ *
+ *   tokens -> wte (tied with the LM head)
+ *          -> L x [ x += Wo . attn(rope(Wq . rms1(x)), rope(Wk . rms1(x)), Wv . rms1(x))
+ *                   x += W2 . (silu(W1 . rms2(x)) * (W3 . rms2(x))) ]
+ *          -> rmsf -> fused linear + cross-entropy against wte
+ *
+ * Memory (llm.c style): every parameter lives in one contiguous buffer, carved into named
+ * views by a size table (fx__gpt_tensor); gradients and the two Adam moments are buffers of
+ * the same layout, so the optimizer is one flat loop and a checkpoint is a list of views.
+ * Activations are one more buffer sized up front for (B, T).
+ *
+ * A training step is, in order (the points where a multi-process trainer hooks in):
+ *   fx__gpt_zero_grad; for each micro-batch: fx__gpt_forward, fx__gpt_backward (which calls
+ *   the optional per-layer gradient hook as each layer's gradients become final);
+ *   the gradient norm, then fx__gpt_adamw over the flat buffers (averaging and clipping
+ *   folded into its gradient scale).
+ */
+#ifndef FX_GPT_H
+#define FX_GPT_H
+
+#include "core/core.h"
+
+/* ---- tokens ---------------------------------------------------------------------------- */
+
+/* Byte-level vocabulary: ids 0..255 are bytes, then the special tokens. */
+enum { FX__GPT_EOT = 256, FX__GPT_VOCAB = 257 };
+
+/* ---- configuration --------------------------------------------------------------------- */
+
+typedef struct fx__gpt_config {
+    int64_t vocab;    /* V */
+    int64_t ctx;      /* the model's context: the longest sequence it is built for */
+    int64_t layers;   /* L */
+    int64_t dim;      /* C */
+    int64_t heads;    /* Hq */
+    int64_t kv_heads; /* Hkv (GQA: Hq % Hkv == 0) */
+    int64_t ffn;      /* F: SwiGLU hidden size */
+    float rope_theta;
+    float norm_eps;
+} fx__gpt_config;
+
+/* "tiny", "small", "gpt2": FX_EINVAL for another name. */
+int fx__gpt_preset(fx__gpt_config *c, const char *name);
+/* Checks sizes and divisibility; fills ffn when 0 (8/3 C rounded up to 32). */
+int fx__gpt_config_check(fx__gpt_config *c);
+
+/* ---- attention mask and loss paths ----------------------------------------------------- */
+
+typedef enum fx__gpt_mask {
+    FX__GPT_MASK_CAUSAL = 0,
+    FX__GPT_MASK_SLIDING = 1,  /* causal, keys within `window` positions back */
+    FX__GPT_MASK_DOCUMENT = 2, /* causal within documents split at end-of-text */
+    FX__GPT_MASK_DENSE = 3     /* causal, but computed densely (no block skipping): the baseline */
+} fx__gpt_mask;
+
+/* "causal" | "sliding:W" | "document" | "dense" -> mask, window. */
+int fx__gpt_mask_parse(const char *s, fx__gpt_mask *mask, int64_t *window);
+/* The canonical spelling back ("sliding:256"). */
+void fx__gpt_mask_name(fx__gpt_mask mask, int64_t window, char *buf, size_t n);
+
+typedef enum fx__gpt_attn_impl {
+    FX__GPT_ATTN_FLEX = 0, /* fx_flex_attention / fx_flex_attention_backward */
+    FX__GPT_ATTN_REF = 1   /* materialised scores, float64 softmax: the tests' reference */
+} fx__gpt_attn_impl;
+
+typedef enum fx__gpt_loss_impl {
+    FX__GPT_LOSS_FUSED = 0,  /* fx_linear_cross_entropy: no [N, V] logits */
+    FX__GPT_LOSS_UNFUSED = 1 /* materialised logits + softmax: the baseline */
+} fx__gpt_loss_impl;
+
+/* The contexts of the built-in masks the model uses (fx_mask_causal, fx_mask_sliding_window,
+   fx_mask_document); fx__gpt_mask_fn picks the function and its context. */
+typedef struct fx__gpt_mask_ctx {
+    fx_mask_sliding_window_ctx sliding;
+    fx_mask_document_ctx document;
+} fx__gpt_mask_ctx;
+fx_mask_fn fx__gpt_mask_fn(fx__gpt_mask mask, const fx__gpt_mask_ctx *mc, const void **ctx);
+
+/* ---- parameters ------------------------------------------------------------------------ */
+
+/* Per-layer tensors, in buffer order. */
+enum {
+    FX__GPT_LN1, FX__GPT_WQ, FX__GPT_WK, FX__GPT_WV, FX__GPT_WO,
+    FX__GPT_LN2, FX__GPT_W1, FX__GPT_W3, FX__GPT_W2, FX__GPT_PER_LAYER
+};
+
+typedef struct fx__gpt_tensor {
+    char name[48];     /* "wte", "layers.3.attn.wq", "norm" */
+    int ndim;
+    int64_t shape[2];
+    size_t offset;     /* in floats, from the start of the buffer */
+    size_t numel;
+    bool decay;        /* weight decay applies (matrices only) */
+} fx__gpt_tensor;
+
+/* The view table of a configuration: 1 + L*FX__GPT_PER_LAYER + 1 tensors. */
+typedef struct fx__gpt_layout {
+    fx__gpt_tensor *t;
+    size_t n;
+    size_t total; /* floats */
+} fx__gpt_layout;
+
+/* ---- the model ------------------------------------------------------------------------- */
+
+/* Called by fx__gpt_backward as a region of the gradient buffer becomes final for this
+   micro-batch: layer = L for the final norm (first), L-1 .. 0 for each layer's tensors
+   (contiguous), then -1 for the embedding (last: the loss and the inputs both add to it). */
+typedef void (*fx__gpt_grad_hook)(int layer, float *grad, size_t numel, void *user);
+
+typedef struct fx__gpt {
+    fx__gpt_config c;
+    fx__gpt_layout lay;
+    float *params;    /* [P] */
+    float *grads;     /* [P], NULL until fx__gpt_alloc_train */
+    float *adam;      /* [2P]: m then v, float32 ... */
+    uint16_t *adam16; /* ... or bfloat16 when adam_bf16 (exactly one of the two is set) */
+    bool adam_bf16;   /* set before fx__gpt_alloc_train: half the optimizer memory and traffic */
+    float *rope;      /* [ctx, hd/2, 2] cos, sin */
+
+    /* Per-step settings. */
+    fx__gpt_mask mask;
+    int64_t window;
+    fx__gpt_attn_impl attn_impl;
+    fx__gpt_loss_impl loss_impl;
+    bool recompute;   /* keep only each layer's input; backward recomputes the rest (set before
+                         fx__gpt_set_batch): activation memory / (about) L, one more forward */
+
+    /* Activations for (B, T) and backward scratch: one buffer. */
+    int64_t B, T;
+    float *acts;
+    size_t acts_floats;
+    int64_t *targets;     /* [B*T] */
+    int32_t *tokens;      /* [B*T] */
+    int64_t *doc;         /* [B*T] document id of each position */
+    fx_block_mask *bmask; /* built per batch for document masks, once per shape otherwise */
+    fx__gpt_mask bmask_mask; /* what bmask was built for */
+    int64_t bmask_window;
+    fx__gpt_mask_ctx mctx;
+    double *norm_parts;   /* per-chunk partial sums of the gradient norm */
+    bool grad_ready;      /* a forward with grad ran, and its backward has not */
+
+    fx__gpt_grad_hook hook; /* called in backward when a layer's gradients are final */
+    void *hook_user;
+} fx__gpt;
+
+/* Allocates and initialises parameters (N(0, 0.02), output projections scaled by
+   1/sqrt(2L), norms = 1) from seed. */
+int fx__gpt_create(fx__gpt **out, const fx__gpt_config *c, uint64_t seed);
+void fx__gpt_free(fx__gpt *m);
+/* Gradient and Adam buffers (zeroed). */
+int fx__gpt_alloc_train(fx__gpt *m);
+/* Activation buffers for batches of B sequences of T tokens (T <= ctx). Reallocates when
+   the shape changes. */
+int fx__gpt_set_batch(fx__gpt *m, int64_t B, int64_t T);
+/* Floats of the activation buffer for (B, T) with the current paths. */
+size_t fx__gpt_acts_floats(const fx__gpt *m, int64_t B, int64_t T);
+
+const fx__gpt_tensor *fx__gpt_find(const fx__gpt *m, const char *name);
+
+/* tokens [B,T], targets [B,T] (ids in [0,V), or -100 to ignore) -> *loss (mean over
+   targets), keeping what backward needs. With grad, the loss's own gradient is made in the
+   same pass (the fused loss produces it with the loss): dwte is accumulated into grads
+   then, and fx__gpt_backward must follow before the next forward with grad. */
+int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad);
+/* Accumulates (+=) the gradients of the last forward's mean loss into grads. */
+int fx__gpt_backward(fx__gpt *m);
+void fx__gpt_zero_grad(fx__gpt *m);
+
+/* ---- optimizer ------------------------------------------------------------------------- */
+
+typedef struct fx__adamw {
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale; /* the gradient used is grads * grad_scale (0 means 1): averaging over
+                         micro-batches and clipping, without a pass of their own */
+} fx__adamw;
+
+/* sqrt(sum g^2) over the whole gradient buffer, in a fixed order. */
+double fx__gpt_grad_norm(const fx__gpt *m);
+void fx__gpt_grad_scale(fx__gpt *m, float s);
+/* One AdamW step (t counts from 1) over the flat buffers; decay on matrices only. With
+   bfloat16 moments, each is widened, updated in float32 and rounded to nearest even (fine
+   for beta2 <= 0.99: smaller relative updates than bfloat16's 2^-8 would be lost). */
+void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t);
+/* Linear warmup to lr, then cosine down to min_lr at step `total`. step counts from 0. */
+float fx__lr_schedule(int64_t step, int64_t warmup, int64_t total, float lr, float min_lr);
+
+/* ---- layers (exposed for the tests) ------------------------------------------------------ */
+
+/* out [N,C], rstd [N] <- inp [N,C], w [C] */
+void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int64_t N, int64_t C, float eps);
+/* dinp [N,C] (+=), dw [C] (+=) <- dout [N,C], inp [N,C], w [C], rstd [N] */
+void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                          const float *rstd, int64_t N, int64_t C);
+/* Rotates x [B,T,H,hd] (token-major, as a projection writes it) by position t and writes it
+   head-major to out [B,H,T,hd]. rope [ctx, hd/2, 2]. */
+void fx__rope_forward(float *out, const float *x, const float *rope, int64_t B, int64_t T, int64_t H, int64_t hd,
+                      int64_t pos0);
+/* The transpose: dx [B,T,H,hd] (overwritten) <- dout [B,H,T,hd]. */
+void fx__rope_backward(float *dx, const float *dout, const float *rope, int64_t B, int64_t T, int64_t H, int64_t hd);
+/* Plain transposes [B,T,H,hd] <-> [B,H,T,hd] (the V projection and the attention output). */
+void fx__to_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd);
+void fx__from_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd);
+void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta);
+/* out [N,F] = silu(a) * b */
+void fx__swiglu_forward(float *out, const float *a, const float *b, int64_t n);
+/* da, db [N,F] (overwritten) <- dout */
+void fx__swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
+/* out [N,C] = wte[tokens] */
+void fx__embed_forward(float *out, const int32_t *tokens, const float *wte, int64_t N, int64_t C);
+/* dwte [V,C] (+=) <- dout [N,C]; fixed order over tokens. */
+void fx__embed_backward(float *dwte, const float *dout, const int32_t *tokens, int64_t N, int64_t C);
+
+/* The reference attention: same contract as fx_flex_attention(_backward) for the model's
+   masks (mask_fn on absolute positions; NULL = all visible). */
+typedef struct fx__attn_ref {
+    int64_t B, Hq, Hkv, Lq, Lkv, D, q_offset;
+    fx_mask_fn mask;
+    const void *ctx;
+} fx__attn_ref;
+void fx__attn_ref_forward(const fx__attn_ref *a, const float *q, const float *k, const float *v, float *out, float *lse);
+void fx__attn_ref_backward(const fx__attn_ref *a, const float *q, const float *k, const float *v,
+                           const float *out, const float *lse, const float *dout, float *dq, float *dk, float *dv);
+
+
+/* The unfused loss: logits [N,V] materialised in `logits`, row_loss [N] scratch. dh
+   overwritten, dw accumulated; either may be NULL. Returns the mean loss over targets >= 0. */
+float fx__loss_unfused(float *logits, float *row_loss, const float *h, const float *w, const int64_t *target,
+                       int64_t N, int64_t D, int64_t V, float *dh, float *dw);
+
+/* ---- decoding ---------------------------------------------------------------------------- */
+
+typedef struct fx__gpt_cache {
+    int64_t len;      /* positions held */
+    float *k, *v;     /* [L, Hkv, ctx, hd] each */
+    float *scratch;
+    int64_t *doc;         /* [ctx] document ids by position */
+    fx__gpt_mask_ctx mctx;
+    fx_block_mask *bmask; /* [ctx, ctx] over absolute positions, built when len == 0 */
+} fx__gpt_cache;
+
+int fx__gpt_cache_create(fx__gpt_cache **out, const fx__gpt *m);
+void fx__gpt_cache_free(fx__gpt_cache *c);
+/* Feeds n tokens at positions len..len+n-1 (len+n <= ctx) and writes the logits of the
+   last one to logits [V]. Set len = 0 to start over. */
+int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *c, const int32_t *tokens, int64_t n, float *logits);
+
+/* ---- data -------------------------------------------------------------------------------- */
+
+typedef struct fx__gpt_data {
+    uint16_t *tok;    /* all tokens; train = [0, n_train), val = [n_train, n) */
+    int64_t n, n_train;
+    int64_t docs;
+    uint64_t hash;    /* FNV-1a of the tokens: a resumed run checks it reads the same data */
+    char source[512]; /* what was read, for messages and checkpoints */
+} fx__gpt_data;
+
+/* Reads a UTF-8 text file (or every fortune file of the default corpus when path is NULL):
+   bytes become tokens; a line holding only "%", or the text <|endoftext|>, ends a
+   document (FX__GPT_EOT). val_frac of the tokens (at least one window) go to validation. */
+int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir, double val_frac,
+                      int64_t min_tokens);
+void fx__gpt_data_free(fx__gpt_data *d);
+/* B windows of T+1 tokens from the training part at offsets drawn from rng. */
+void fx__gpt_data_batch(const fx__gpt_data *d, fx_rng *rng, int64_t B, int64_t T, int32_t *tokens, int32_t *targets);
+/* Validation window i (sequential, wraps). */
+void fx__gpt_data_val_batch(const fx__gpt_data *d, int64_t i, int64_t B, int64_t T, int32_t *tokens, int32_t *targets);
+/* Index of the first byte that is not valid UTF-8, or -1. */
+int64_t fx__utf8_invalid_at(const unsigned char *s, size_t n);
+
+/* ---- checkpoints ------------------------------------------------------------------------- */
+
+/* Training state besides the buffers. */
+typedef struct fx__gpt_train_state {
+    int64_t step;      /* optimizer steps done */
+    int64_t data_pos;  /* training windows drawn */
+    fx_rng rng;        /* the data sampler */
+    char attn[32];     /* mask name */
+    char data[4096];   /* the --data file, absolute ("" for the default corpus) */
+    bool adam_bf16;    /* the checkpoint's Adam moments are bfloat16 */
+    uint64_t data_hash;
+    /* Hyper-parameters, kept so a resume continues the same schedule. */
+    int64_t steps, warmup, batch, seq, accum;
+    float lr, min_lr, weight_decay, clip, beta1, beta2;
+    uint64_t seed;
+} fx__gpt_train_state;
+
+/* DIR/checkpoint.safetensors: parameters, Adam moments, state and config. Atomic. */
+int fx__gpt_save_checkpoint(const fx__gpt *m, const fx__gpt_train_state *s, const char *path);
+/* The weights alone, float32 or bfloat16, with the config in metadata. Atomic. */
+int fx__gpt_save_model(const fx__gpt *m, const char *path, bool bf16);
+/* Reads the config (and state, when s != NULL) of a checkpoint or model file. */
+int fx__gpt_read_config(const char *path, fx__gpt_config *c, fx__gpt_train_state *s, bool *has_adam);
+/* Loads a file's parameters (and Adam moments when the model has them and load_adam) into a
+   model of the same config; every tensor is checked before anything is copied. */
+int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam);
+
+/* ---- the training step ------------------------------------------------------------------- */
+
+typedef struct fx__gpt_step_info {
+    float loss;       /* mean over the micro-batches */
+    float lr;
+    float grad_norm;  /* before clipping */
+} fx__gpt_step_info;
+
+/* One optimizer step from state s: accum micro-batches of (batch, seq) drawn from d with
+   s->rng, the gradient averaged, clipped to s->clip (0: off), AdamW at the scheduled lr.
+   Advances s->step and s->data_pos. tokens, targets: [batch * seq] scratch. */
+int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s, int32_t *tokens,
+                       int32_t *targets, fx__gpt_step_info *info);
+/* Mean loss over `batches` validation batches (no gradients). */
+int fx__gpt_eval(fx__gpt *m, const fx__gpt_data *d, int64_t batches, int32_t *tokens, int32_t *targets,
+                 float *loss);
+
+#endif

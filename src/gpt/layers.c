@@ -1,0 +1,368 @@
+/* The GPT's layers: RMSNorm, RoPE, SwiGLU, embedding, the reference attention and the
+   unfused loss. Plain C, parallel over rows; every reduction over tokens runs in a fixed
+   order so results do not depend on the thread count. */
+#include "gpt.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Channels per task when a reduction runs over tokens: each task owns a slice of channels
+   and walks the tokens in order. */
+enum { FX__CBLOCK = 64 };
+
+/* ---- RMSNorm --------------------------------------------------------------------------- */
+
+void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int64_t N, int64_t C, float eps)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C;
+        float *y = out + n * C;
+        double ss = 0.0;
+        for (int64_t c = 0; c < C; c++)
+            ss += (double)x[c] * x[c];
+        float r = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
+        for (int64_t c = 0; c < C; c++)
+            y[c] = x[c] * r * w[c];
+        rstd[n] = r;
+    }
+}
+
+void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
+                          const float *rstd, int64_t N, int64_t C)
+{
+    /* y = x r w with r = (mean x^2 + eps)^-1/2:
+       dx = r (dy w) - x r^3 mean(dy w x),  dw = sum_n dy x r. */
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *x = inp + n * C, *dy = dout + n * C;
+        float *dx = dinp + n * C;
+        float r = rstd[n];
+        double dot = 0.0;
+        for (int64_t c = 0; c < C; c++)
+            dot += (double)dy[c] * w[c] * x[c];
+        float k = (float)(dot / (double)C) * r * r * r;
+        for (int64_t c = 0; c < C; c++)
+            dx[c] += r * dy[c] * w[c] - k * x[c];
+    }
+    int64_t nblk = (C + FX__CBLOCK - 1) / FX__CBLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t c0 = blk * FX__CBLOCK, c1 = c0 + FX__CBLOCK < C ? c0 + FX__CBLOCK : C;
+        float acc[FX__CBLOCK] = {0};
+        for (int64_t n = 0; n < N; n++) {
+            const float *x = inp + n * C, *dy = dout + n * C;
+            float r = rstd[n];
+            for (int64_t c = c0; c < c1; c++)
+                acc[c - c0] += dy[c] * x[c] * r;
+        }
+        for (int64_t c = c0; c < c1; c++)
+            dw[c] += acc[c - c0];
+    }
+}
+
+/* ---- RoPE ---------------------------------------------------------------------------------- */
+
+void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta)
+{
+    int64_t half = hd / 2;
+    for (int64_t t = 0; t < ctx; t++)
+        for (int64_t i = 0; i < half; i++) {
+            double freq = pow((double)theta, -2.0 * (double)i / (double)hd);
+            double ang = (double)t * freq;
+            rope[(t * half + i) * 2 + 0] = (float)cos(ang);
+            rope[(t * half + i) * 2 + 1] = (float)sin(ang);
+        }
+}
+
+void fx__rope_forward(float *out, const float *x, const float *rope, int64_t B, int64_t T, int64_t H, int64_t hd,
+                      int64_t pos0)
+{
+    int64_t half = hd / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        int64_t b = bt / T, t = bt % T;
+        const float *cs = rope + (pos0 + t) * half * 2;
+        for (int64_t h = 0; h < H; h++) {
+            const float *src = x + (bt * H + h) * hd;
+            float *dst = out + ((b * H + h) * T + t) * hd;
+            for (int64_t i = 0; i < half; i++) {
+                float c = cs[2 * i], s = cs[2 * i + 1];
+                float x0 = src[2 * i], x1 = src[2 * i + 1];
+                dst[2 * i] = x0 * c - x1 * s;
+                dst[2 * i + 1] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
+
+void fx__rope_backward(float *dx, const float *dout, const float *rope, int64_t B, int64_t T, int64_t H, int64_t hd)
+{
+    int64_t half = hd / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        int64_t b = bt / T, t = bt % T;
+        const float *cs = rope + t * half * 2;
+        for (int64_t h = 0; h < H; h++) {
+            const float *src = dout + ((b * H + h) * T + t) * hd;
+            float *dst = dx + (bt * H + h) * hd;
+            for (int64_t i = 0; i < half; i++) {
+                float c = cs[2 * i], s = cs[2 * i + 1];
+                float d0 = src[2 * i], d1 = src[2 * i + 1];
+                dst[2 * i] = d0 * c + d1 * s;
+                dst[2 * i + 1] = -d0 * s + d1 * c;
+            }
+        }
+    }
+}
+
+void fx__to_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        int64_t b = bt / T, t = bt % T;
+        for (int64_t h = 0; h < H; h++)
+            memcpy(out + ((b * H + h) * T + t) * hd, x + (bt * H + h) * hd, (size_t)hd * sizeof(float));
+    }
+}
+
+void fx__from_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        int64_t b = bt / T, t = bt % T;
+        for (int64_t h = 0; h < H; h++)
+            memcpy(out + (bt * H + h) * hd, x + ((b * H + h) * T + t) * hd, (size_t)hd * sizeof(float));
+    }
+}
+
+/* ---- SwiGLU ------------------------------------------------------------------------------- */
+
+void fx__swiglu_forward(float *out, const float *a, const float *b, int64_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-a[i]));
+        out[i] = a[i] * s * b[i];
+    }
+}
+
+void fx__swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + expf(-a[i]));
+        float silu = a[i] * s;
+        da[i] = dout[i] * b[i] * (s + a[i] * s * (1.0f - s));
+        db[i] = dout[i] * silu;
+    }
+}
+
+/* ---- embedding ------------------------------------------------------------------------------- */
+
+void fx__embed_forward(float *out, const int32_t *tokens, const float *wte, int64_t N, int64_t C)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        memcpy(out + n * C, wte + (int64_t)tokens[n] * C, (size_t)C * sizeof(float));
+}
+
+void fx__embed_backward(float *dwte, const float *dout, const int32_t *tokens, int64_t N, int64_t C)
+{
+    /* Tokens repeat, so rows of dwte collect several updates: each task owns a slice of
+       channels and adds the tokens in order. */
+    int64_t nblk = (C + FX__CBLOCK - 1) / FX__CBLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t c0 = blk * FX__CBLOCK, c1 = c0 + FX__CBLOCK < C ? c0 + FX__CBLOCK : C;
+        for (int64_t n = 0; n < N; n++) {
+            float *d = dwte + (int64_t)tokens[n] * C;
+            const float *g = dout + n * C;
+            for (int64_t c = c0; c < c1; c++)
+                d[c] += g[c];
+        }
+    }
+}
+
+/* ---- masks ------------------------------------------------------------------------------------ */
+
+fx_mask_fn fx__gpt_mask_fn(fx__gpt_mask mask, const fx__gpt_mask_ctx *mc, const void **ctx)
+{
+    switch (mask) {
+    case FX__GPT_MASK_SLIDING:
+        *ctx = &mc->sliding;
+        return fx_mask_sliding_window;
+    case FX__GPT_MASK_DOCUMENT:
+        *ctx = &mc->document;
+        return fx_mask_document;
+    case FX__GPT_MASK_CAUSAL:
+    case FX__GPT_MASK_DENSE:
+        break;
+    }
+    *ctx = NULL;
+    return fx_mask_causal;
+}
+
+/* ---- reference attention ---------------------------------------------------------------------- */
+
+void fx__attn_ref_forward(const fx__attn_ref *a, const float *q, const float *k, const float *v, float *out, float *lse)
+{
+    int64_t G = a->Hq / a->Hkv, D = a->D, Lq = a->Lq, Lkv = a->Lkv;
+    double scale = 1.0 / sqrt((double)D);
+#pragma omp parallel for schedule(static)
+    for (int64_t bhi = 0; bhi < a->B * a->Hq * Lq; bhi++) {
+        int64_t b = bhi / (a->Hq * Lq), h = (bhi / Lq) % a->Hq, i = bhi % Lq;
+        int64_t pos = a->q_offset + i;
+        const float *qi = q + bhi * D;
+        const float *kb = k + (b * a->Hkv + h / G) * Lkv * D;
+        const float *vb = v + (b * a->Hkv + h / G) * Lkv * D;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < Lkv; j++) {
+            if (a->mask && !a->mask(b, h, pos, j, a->ctx))
+                continue;
+            double s = 0.0;
+            for (int64_t d = 0; d < D; d++)
+                s += (double)qi[d] * kb[j * D + d];
+            s *= scale;
+            if (s > mx)
+                mx = s;
+        }
+        float *o = out + bhi * D;
+        if (mx == -INFINITY) {
+            memset(o, 0, (size_t)D * sizeof(float));
+            if (lse)
+                lse[bhi] = -INFINITY;
+            continue;
+        }
+        double sum = 0.0, acc[512] = {0}; /* D <= 512 is checked by the model config */
+        for (int64_t j = 0; j < Lkv; j++) {
+            if (a->mask && !a->mask(b, h, pos, j, a->ctx))
+                continue;
+            double s = 0.0;
+            for (int64_t d = 0; d < D; d++)
+                s += (double)qi[d] * kb[j * D + d];
+            double p = exp(s * scale - mx);
+            sum += p;
+            for (int64_t d = 0; d < D; d++)
+                acc[d] += p * vb[j * D + d];
+        }
+        for (int64_t d = 0; d < D; d++)
+            o[d] = (float)(acc[d] / sum);
+        if (lse)
+            lse[bhi] = (float)(mx + log(sum));
+    }
+}
+
+/* The score, probability and dS of query row (b, h, i) against key j; false when masked. */
+static bool fx__ref_pair(const fx__attn_ref *a, int64_t b, int64_t h, int64_t i, int64_t j, const float *q,
+                         const float *k, const float *v, const float *lse, const float *dout, double Di,
+                         double *p_out, double *ds_out)
+{
+    int64_t G = a->Hq / a->Hkv, D = a->D;
+    int64_t row = (b * a->Hq + h) * a->Lq + i;
+    if (lse[row] == -INFINITY || (a->mask && !a->mask(b, h, a->q_offset + i, j, a->ctx)))
+        return false;
+    const float *qi = q + row * D, *doi = dout + row * D;
+    const float *kj = k + ((b * a->Hkv + h / G) * a->Lkv + j) * D;
+    const float *vj = v + ((b * a->Hkv + h / G) * a->Lkv + j) * D;
+    double s = 0.0, dp = 0.0;
+    for (int64_t d = 0; d < D; d++) {
+        s += (double)qi[d] * kj[d];
+        dp += (double)doi[d] * vj[d];
+    }
+    double scale = 1.0 / sqrt((double)D);
+    double p = exp(s * scale - (double)lse[row]);
+    *p_out = p;
+    *ds_out = p * (dp - Di) * scale;
+    return true;
+}
+
+static double fx__ref_delta(const fx__attn_ref *a, int64_t row, const float *out, const float *dout)
+{
+    double Di = 0.0;
+    for (int64_t d = 0; d < a->D; d++)
+        Di += (double)dout[row * a->D + d] * out[row * a->D + d];
+    return Di;
+}
+
+void fx__attn_ref_backward(const fx__attn_ref *a, const float *q, const float *k, const float *v,
+                           const float *out, const float *lse, const float *dout, float *dq, float *dk, float *dv)
+{
+    int64_t G = a->Hq / a->Hkv, D = a->D, Lq = a->Lq, Lkv = a->Lkv;
+    /* dq: one query row per task. */
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < a->B * a->Hq * Lq; row++) {
+        int64_t b = row / (a->Hq * Lq), h = (row / Lq) % a->Hq, i = row % Lq;
+        double Di = fx__ref_delta(a, row, out, dout), gq[512] = {0}, p, ds;
+        const float *kb = k + (b * a->Hkv + h / G) * Lkv * D;
+        for (int64_t j = 0; j < Lkv; j++)
+            if (fx__ref_pair(a, b, h, i, j, q, k, v, lse, dout, Di, &p, &ds))
+                for (int64_t d = 0; d < D; d++)
+                    gq[d] += ds * kb[j * D + d];
+        for (int64_t d = 0; d < D; d++)
+            dq[row * D + d] = (float)gq[d];
+    }
+    /* dk, dv: one key per task, summing its query heads and rows in order. */
+#pragma omp parallel for schedule(static)
+    for (int64_t kr = 0; kr < a->B * a->Hkv * Lkv; kr++) {
+        int64_t b = kr / (a->Hkv * Lkv), hk = (kr / Lkv) % a->Hkv, j = kr % Lkv;
+        double gk[512] = {0}, gv[512] = {0}, p, ds;
+        for (int64_t h = hk * G; h < (hk + 1) * G; h++)
+            for (int64_t i = 0; i < Lq; i++) {
+                int64_t row = (b * a->Hq + h) * Lq + i;
+                double Di = fx__ref_delta(a, row, out, dout);
+                if (!fx__ref_pair(a, b, h, i, j, q, k, v, lse, dout, Di, &p, &ds))
+                    continue;
+                for (int64_t d = 0; d < D; d++) {
+                    gk[d] += ds * q[row * D + d];
+                    gv[d] += p * dout[row * D + d];
+                }
+            }
+        for (int64_t d = 0; d < D; d++) {
+            dk[kr * D + d] = (float)gk[d];
+            dv[kr * D + d] = (float)gv[d];
+        }
+    }
+}
+
+/* ---- unfused loss ------------------------------------------------------------------------------ */
+
+float fx__loss_unfused(float *logits, float *row_loss, const float *h, const float *w, const int64_t *target,
+                       int64_t N, int64_t D, int64_t V, float *dh, float *dw)
+{
+    fx__sgemm(false, true, N, V, D, 1.0f, h, D, w, D, 0.0f, logits, V);
+    int64_t count = 0;
+    for (int64_t n = 0; n < N; n++)
+        count += target[n] >= 0;
+    float inv = count ? 1.0f / (float)count : 0.0f;
+    /* Each row becomes its gradient (softmax - onehot) / count in place. */
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        float *z = logits + n * V;
+        row_loss[n] = 0.0f;
+        if (target[n] < 0) {
+            memset(z, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < V; j++)
+            mx = z[j] > mx ? z[j] : mx;
+        double sum = 0.0;
+        for (int64_t j = 0; j < V; j++)
+            sum += exp((double)z[j] - mx);
+        double lse = mx + log(sum);
+        row_loss[n] = (float)(lse - z[target[n]]);
+        for (int64_t j = 0; j < V; j++)
+            z[j] = (float)exp((double)z[j] - lse) * inv;
+        z[target[n]] -= inv;
+    }
+    double total = 0.0;
+    for (int64_t n = 0; n < N; n++)
+        total += row_loss[n];
+    if (dh)
+        fx__sgemm(false, false, N, D, V, 1.0f, logits, V, w, D, 0.0f, dh, D);
+    if (dw)
+        fx__sgemm(true, false, V, D, N, 1.0f, logits, V, h, D, 1.0f, dw, D);
+    return count ? (float)(total / (double)count) : NAN;
+}

@@ -1,0 +1,54 @@
+/* The training step and evaluation, shared by `flexc train`, the benchmark and the tests. */
+#include "gpt.h"
+
+#include <math.h>
+
+int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s, int32_t *tokens,
+                       int32_t *targets, fx__gpt_step_info *info)
+{
+    if (!m->grads)
+        return fx__error(FX_EINVAL, "fx__gpt_train_step: no gradient buffers (fx__gpt_alloc_train)");
+    int rc = fx__gpt_set_batch(m, s->batch, s->seq);
+    if (rc)
+        return rc;
+    fx__gpt_zero_grad(m);
+    double loss = 0.0;
+    for (int64_t a = 0; a < s->accum; a++) {
+        fx__gpt_data_batch(d, &s->rng, s->batch, s->seq, tokens, targets);
+        s->data_pos += s->batch;
+        float l;
+        if ((rc = fx__gpt_forward(m, tokens, targets, &l, true)) != FX_OK)
+            return rc;
+        if ((rc = fx__gpt_backward(m)) != FX_OK)
+            return rc;
+        loss += l;
+    }
+    /* The gradient of the mean over micro-batches, clipped to the global norm: one scale
+       that AdamW applies as it reads the gradients. */
+    double norm = fx__gpt_grad_norm(m) / (double)s->accum, scale = 1.0 / (double)s->accum;
+    if (s->clip > 0.0f && norm > s->clip)
+        scale *= s->clip / norm;
+    float lr = fx__lr_schedule(s->step, s->warmup, s->steps, s->lr, s->min_lr);
+    fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f, .weight_decay = s->weight_decay,
+                   .grad_scale = (float)scale};
+    fx__gpt_adamw(m, &o, s->step + 1);
+    s->step++;
+    if (info)
+        *info = (fx__gpt_step_info){.loss = (float)(loss / (double)s->accum), .lr = lr, .grad_norm = (float)norm};
+    return FX_OK;
+}
+
+int fx__gpt_eval(fx__gpt *m, const fx__gpt_data *d, int64_t batches, int32_t *tokens, int32_t *targets, float *loss)
+{
+    double sum = 0.0;
+    for (int64_t i = 0; i < batches; i++) {
+        fx__gpt_data_val_batch(d, i, m->B, m->T, tokens, targets);
+        float l;
+        int rc = fx__gpt_forward(m, tokens, targets, &l, false);
+        if (rc)
+            return rc;
+        sum += l;
+    }
+    *loss = (float)(sum / (double)batches);
+    return FX_OK;
+}

@@ -1,0 +1,749 @@
+/* Fused linear + cross-entropy against a float64 reference: every option combination, chunk
+   and tile shapes that do not divide the sizes, upstream gradients, ignored tokens, huge
+   logits, accumulation into a tied weight, determinism across thread counts, guard zones,
+   and the argument checks. */
+#include "harness.h"
+
+#include "core/core.h"
+#include "lce/lce_internal.h"
+
+/* ---- the float64 reference ------------------------------------------------------------------ */
+
+typedef struct ref_out {
+    double *loss_tok; /* [N]: 0 for ignored tokens */
+    double *lse;      /* [N] */
+    double *dh;       /* [N,D] */
+    double *dw;       /* [V,D]: dw0 + gradient */
+    double *dbias;    /* [V]: db0 + gradient */
+    double loss;      /* reduced (MEAN, SUM; NONE: sum) */
+    int64_t n_valid;
+} ref_out;
+
+static void ref_free(ref_out *r)
+{
+    free(r->loss_tok), free(r->lse), free(r->dh), free(r->dw), free(r->dbias);
+}
+
+/* The loss of token i and, if gz is not NULL, d(loss_i)/d(raw logits) times scale into gz [V]. */
+static double ref_token(const fx_lce *p, const float *h, const float *w, const float *bias, int64_t i, int64_t y,
+                        double scale, double *lse_out, double *gz, double *zbuf)
+{
+    const int64_t D = p->D, V = p->V;
+    double m = -INFINITY;
+    for (int64_t j = 0; j < V; j++) {
+        double z = 0.0;
+        for (int64_t k = 0; k < D; k++)
+            z += (double)h[i * D + k] * (double)w[j * D + k];
+        if (bias)
+            z += bias[j];
+        if (p->softcap > 0)
+            z = p->softcap * tanh(z / p->softcap);
+        zbuf[j] = z;
+        m = z > m ? z : m;
+    }
+    double s = 0.0, sz = 0.0;
+    for (int64_t j = 0; j < V; j++)
+        s += exp(zbuf[j] - m), sz += zbuf[j];
+    const double lse = m + log(s), eps = p->label_smoothing, zl = p->z_loss;
+    *lse_out = lse;
+    if (y == p->ignore_index)
+        return 0.0;
+    if (gz) {
+        for (int64_t j = 0; j < V; j++) {
+            double pj = exp(zbuf[j] - lse);
+            double g = pj * (1.0 + 2.0 * zl * lse) - eps / (double)V - (j == y ? 1.0 - eps : 0.0);
+            if (p->softcap > 0) {
+                double t = zbuf[j] / p->softcap;
+                g *= 1.0 - t * t;
+            }
+            gz[j] = scale * g;
+        }
+    }
+    return lse - (1.0 - eps) * zbuf[y] - (eps > 0 ? eps * sz / (double)V : 0.0) + zl * lse * lse;
+}
+
+/* grad_loss: NULL for the forward call's gradients, else the backward's upstream gradient. */
+static ref_out ref_lce(const fx_lce *p, const float *h, const float *w, const float *bias, const int64_t *t,
+                       const float *grad_loss, const float *dw0, const float *db0)
+{
+    const int64_t N = p->N, D = p->D, V = p->V;
+    ref_out r = {fxt_alloc_f64(N), fxt_alloc_f64(N), fxt_alloc_f64(N * D), fxt_alloc_f64(V * D), fxt_alloc_f64(V), 0, 0};
+    for (int64_t i = 0; i < N; i++)
+        r.n_valid += t[i] != p->ignore_index;
+    for (int64_t j = 0; j < V * D; j++)
+        r.dw[j] = dw0 ? dw0[j] : 0.0;
+    for (int64_t j = 0; j < V; j++)
+        r.dbias[j] = db0 ? db0[j] : 0.0;
+    double *gz = fxt_alloc_f64(V), *zbuf = fxt_alloc_f64(V);
+    for (int64_t i = 0; i < N; i++) {
+        double scale = 1.0;
+        if (grad_loss)
+            scale = p->reduction == FX_REDUCTION_NONE ? grad_loss[i] : grad_loss[0];
+        if (p->reduction == FX_REDUCTION_MEAN)
+            scale = r.n_valid ? scale / (double)r.n_valid : 0.0;
+        for (int64_t j = 0; j < V; j++)
+            gz[j] = 0.0;
+        r.loss_tok[i] = ref_token(p, h, w, bias, i, t[i], scale, &r.lse[i], gz, zbuf);
+        r.loss += r.loss_tok[i];
+        for (int64_t j = 0; j < V; j++) {
+            if (gz[j] == 0.0)
+                continue;
+            for (int64_t k = 0; k < D; k++) {
+                r.dh[i * D + k] += gz[j] * w[j * D + k];
+                r.dw[j * D + k] += gz[j] * h[i * D + k];
+            }
+            r.dbias[j] += gz[j];
+        }
+    }
+    if (p->reduction == FX_REDUCTION_MEAN)
+        r.loss = r.n_valid ? r.loss / (double)r.n_valid : NAN;
+    free(gz), free(zbuf);
+    return r;
+}
+
+/* ---- helpers ---------------------------------------------------------------------------------- */
+
+static double max_abs(const double *x, size_t n)
+{
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++)
+        m = fabs(x[i]) > m ? fabs(x[i]) : m;
+    return m;
+}
+
+/* Float32 rounding of the inputs and of GEMMs over K terms: errors relative to the largest value. */
+static bool close_scaled(const char *what, const float *got, const double *ref, size_t n, double rel)
+{
+    return fxt_close_f32(what, got, ref, n, rel * (max_abs(ref, n) + 1e-2), rel);
+}
+
+static int64_t *make_targets(int64_t N, int64_t V, uint64_t seed, int64_t ignore_index, int every_ignored)
+{
+    int64_t *t = malloc((size_t)N * sizeof *t);
+    float *u = fxt_random((size_t)N, 0.0f, 1.0f, seed);
+    for (int64_t i = 0; i < N; i++) {
+        t[i] = (int64_t)(u[i] * (float)V);
+        t[i] = t[i] >= V ? V - 1 : t[i];
+        if (every_ignored && i % every_ignored == every_ignored - 1)
+            t[i] = ignore_index;
+    }
+    free(u);
+    return t;
+}
+
+typedef struct problem {
+    fx_lce p;
+    float *h, *w, *bias;
+    int64_t *t;
+    float *dw0, *db0, *grad; /* starting dw and dbias, upstream gradient [N] */
+} problem;
+
+static problem problem_make(int64_t N, int64_t D, int64_t V, float scale, bool with_bias, int every_ignored, uint64_t seed)
+{
+    problem pr = {.p = fx_lce_defaults(N, D, V)};
+    pr.h = fxt_random((size_t)(N * D), -scale, scale, seed);
+    pr.w = fxt_random((size_t)(V * D), -scale, scale, seed + 1);
+    pr.bias = with_bias ? fxt_random((size_t)V, -1.0f, 1.0f, seed + 2) : NULL;
+    pr.t = make_targets(N, V, seed + 3, pr.p.ignore_index, every_ignored);
+    pr.dw0 = fxt_random((size_t)(V * D), -0.5f, 0.5f, seed + 4);
+    pr.db0 = fxt_random((size_t)V, -0.5f, 0.5f, seed + 5);
+    pr.grad = fxt_random((size_t)N, -2.0f, 2.0f, seed + 6);
+    return pr;
+}
+
+static void problem_free(problem *pr)
+{
+    free(pr->h), free(pr->w), free(pr->bias), free(pr->t), free(pr->dw0), free(pr->db0), free(pr->grad);
+}
+
+typedef struct outputs {
+    float *loss, *lse, *dh, *dw, *dbias;
+} outputs;
+
+static outputs outputs_make(const problem *pr)
+{
+    const fx_lce *p = &pr->p;
+    outputs o;
+    o.loss = fxt_guarded(p->reduction == FX_REDUCTION_NONE ? (size_t)p->N : 1);
+    o.lse = fxt_guarded((size_t)p->N);
+    o.dh = fxt_guarded((size_t)(p->N * p->D)); /* garbage: must be overwritten */
+    o.dw = fxt_guarded_copy(pr->dw0, (size_t)(p->V * p->D));
+    o.dbias = fxt_guarded_copy(pr->db0, (size_t)p->V);
+    return o;
+}
+
+static void outputs_free(outputs *o)
+{
+    fxt_guarded_free("loss", o->loss), fxt_guarded_free("lse", o->lse), fxt_guarded_free("dh", o->dh);
+    fxt_guarded_free("dw", o->dw), fxt_guarded_free("dbias", o->dbias);
+}
+
+static const double TOL = 2e-5;
+
+/* The forward call with every output, and the backward call with pr->grad, against the reference. */
+static bool check_problem(const problem *pr, const char *label)
+{
+    const fx_lce *p = &pr->p;
+    const size_t N = (size_t)p->N, D = (size_t)p->D, V = (size_t)p->V;
+    const int fails = fxt_failed_checks;
+    outputs o = outputs_make(pr);
+    FXT_OK(fx_linear_cross_entropy(p, pr->h, pr->w, pr->bias, pr->t, o.loss, o.lse, o.dh, o.dw,
+                                   pr->bias ? o.dbias : NULL));
+    ref_out r = ref_lce(p, pr->h, pr->w, pr->bias, pr->t, NULL, pr->dw0, pr->db0);
+    if (p->reduction == FX_REDUCTION_NONE)
+        close_scaled("loss[]", o.loss, r.loss_tok, N, TOL);
+    else
+        close_scaled("loss", o.loss, &r.loss, 1, TOL);
+    close_scaled("lse", o.lse, r.lse, N, TOL);
+    close_scaled("dh", o.dh, r.dh, N * D, TOL);
+    close_scaled("dw", o.dw, r.dw, V * D, TOL);
+    if (pr->bias)
+        close_scaled("dbias", o.dbias, r.dbias, V, TOL);
+    ref_free(&r);
+
+    /* Backward from the saved lse with a general upstream gradient. */
+    outputs b = outputs_make(pr);
+    FXT_OK(fx_linear_cross_entropy_backward(p, pr->h, pr->w, pr->bias, pr->t, o.lse, pr->grad, b.dh, b.dw,
+                                            pr->bias ? b.dbias : NULL));
+    r = ref_lce(p, pr->h, pr->w, pr->bias, pr->t, pr->grad, pr->dw0, pr->db0);
+    close_scaled("backward dh", b.dh, r.dh, N * D, TOL);
+    close_scaled("backward dw", b.dw, r.dw, V * D, TOL);
+    if (pr->bias)
+        close_scaled("backward dbias", b.dbias, r.dbias, V, TOL);
+    ref_free(&r);
+    outputs_free(&b);
+    outputs_free(&o);
+    if (fxt_failed_checks != fails) {
+        fprintf(stderr, "  in case: %s\n", label);
+        return false;
+    }
+    return true;
+}
+
+/* ---- tests ------------------------------------------------------------------------------------ */
+
+/* Reductions x smoothing x z-loss x cap x bias x ignored tokens x chunk plans x CPU paths. */
+static void test_all_options(void)
+{
+    const fx_reduction reds[] = {FX_REDUCTION_MEAN, FX_REDUCTION_SUM, FX_REDUCTION_NONE};
+    const float epss[] = {0.0f, 0.1f}, zls[] = {0.0f, 1e-3f}, caps[] = {0.0f, 2.5f};
+    const int64_t chunks[][2] = {{0, 0}, {4, 0}, {5, 7}, {13, 37}};
+    const fx_isa best = fx_get_isa();
+    int cases = 0;
+    for (int isa = 0; isa <= (int)best; isa++) {
+        fx_set_isa((fx_isa)isa);
+        for (int bias = 0; bias < 2; bias++) {
+            for (int ign = 0; ign < 2; ign++) {
+                problem pr = problem_make(13, 17, 37, 1.0f, bias, ign ? 3 : 0, 100 + (uint64_t)(bias * 2 + ign));
+                for (size_t ri = 0; ri < 3; ri++)
+                    for (size_t ei = 0; ei < 2; ei++)
+                        for (size_t zi = 0; zi < 2; zi++)
+                            for (size_t ci = 0; ci < 2; ci++)
+                                for (size_t ki = 0; ki < 4; ki++) {
+                                    pr.p.reduction = reds[ri];
+                                    pr.p.label_smoothing = epss[ei];
+                                    pr.p.z_loss = zls[zi];
+                                    pr.p.softcap = caps[ci];
+                                    pr.p.chunk = chunks[ki][0];
+                                    pr.p.vocab_chunk = chunks[ki][1];
+                                    char label[160];
+                                    snprintf(label, sizeof label,
+                                             "isa %s bias %d ignored %d reduction %d eps %g z %g cap %g chunk %lld x %lld",
+                                             fx_isa_name(fx_get_isa()), bias, ign, (int)reds[ri], (double)epss[ei],
+                                             (double)zls[zi], (double)caps[ci], (long long)chunks[ki][0],
+                                             (long long)chunks[ki][1]);
+                                    check_problem(&pr, label);
+                                    cases++;
+                                }
+                problem_free(&pr);
+            }
+        }
+    }
+    fx_set_isa(best);
+    FXT_EQ_INT(cases, ((int)best + 1) * 2 * 2 * 3 * 2 * 2 * 2 * 4);
+}
+
+/* V not a multiple of the tile, N below the chunk, a single class, D = 1, ignore_index a class. */
+static void test_odd_sizes(void)
+{
+    const int64_t shapes[][5] = {
+        /* N, D, V, chunk, vocab_chunk */
+        {5, 9, 1000, 16, 300}, {3, 31, 257, 0, 0}, {1, 1, 1, 0, 0}, {7, 1, 5, 3, 2}, {40, 8, 67, 9, 16},
+    };
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        problem pr = problem_make(shapes[s][0], shapes[s][1], shapes[s][2], 1.0f, true, 4, 200 + s);
+        pr.p.chunk = shapes[s][3];
+        pr.p.vocab_chunk = shapes[s][4];
+        pr.p.label_smoothing = 0.05f;
+        pr.p.softcap = 3.0f;
+        char label[64];
+        snprintf(label, sizeof label, "shape %zu", s);
+        check_problem(&pr, label);
+        pr.p.reduction = FX_REDUCTION_NONE;
+        check_problem(&pr, label);
+        problem_free(&pr);
+    }
+    /* Vocabulary entries masked with a -inf bias (a padded vocabulary), a whole block of them
+       included: they take no probability and the loss stays finite. */
+    const fx_isa best = fx_get_isa();
+    for (int isa = 0; isa <= (int)best; isa++) {
+        fx_set_isa((fx_isa)isa);
+        problem pm = problem_make(6, 4, 2100, 1.0f, true, 0, 260);
+        for (int64_t j = 0; j < 1100; j++)
+            pm.bias[j] = -INFINITY;
+        for (int64_t i = 0; i < pm.p.N; i++)
+            pm.t[i] = 1100 + i * 37;
+        pm.p.reduction = FX_REDUCTION_SUM;
+        outputs o = outputs_make(&pm);
+        FXT_OK(fx_linear_cross_entropy(&pm.p, pm.h, pm.w, pm.bias, pm.t, o.loss, o.lse, o.dh, o.dw, o.dbias));
+        ref_out r = ref_lce(&pm.p, pm.h, pm.w, pm.bias, pm.t, NULL, pm.dw0, pm.db0);
+        FXT_CHECK(isfinite(o.loss[0]));
+        close_scaled("masked loss", o.loss, &r.loss, 1, TOL);
+        close_scaled("masked lse", o.lse, r.lse, (size_t)pm.p.N, TOL);
+        close_scaled("masked dh", o.dh, r.dh, (size_t)(pm.p.N * pm.p.D), TOL);
+        close_scaled("masked dw", o.dw, r.dw, (size_t)(pm.p.V * pm.p.D), TOL);
+        close_scaled("masked dbias", o.dbias, r.dbias, (size_t)pm.p.V, TOL);
+        ref_free(&r);
+        outputs_free(&o);
+        problem_free(&pm);
+    }
+    fx_set_isa(best);
+    /* ignore_index may name a class: that class's tokens are skipped. */
+    problem pr = problem_make(20, 6, 11, 1.0f, false, 0, 250);
+    pr.p.ignore_index = pr.t[0];
+    check_problem(&pr, "ignore_index = a class");
+    problem_free(&pr);
+}
+
+/* reduction = NONE with per-token upstream gradients (zeros and negatives included), over
+   several chunks: the gradient of each token must carry its own weight. */
+static void test_per_token_grad(void)
+{
+    problem pr = problem_make(29, 12, 50, 1.0f, true, 5, 300);
+    pr.p.reduction = FX_REDUCTION_NONE;
+    pr.p.chunk = 4;
+    for (int64_t i = 0; i < pr.p.N; i += 3)
+        pr.grad[i] = 0.0f;
+    check_problem(&pr, "per-token");
+    pr.p.vocab_chunk = 9;
+    pr.p.z_loss = 1e-2f;
+    check_problem(&pr, "per-token, tiled");
+    /* A single token's weight moves only its own dh row. */
+    outputs o = outputs_make(&pr);
+    FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, pr.bias, pr.t, o.loss, o.lse, NULL, NULL, NULL));
+    float *g = calloc((size_t)pr.p.N, sizeof *g);
+    g[1] = 1.0f;
+    FXT_OK(fx_linear_cross_entropy_backward(&pr.p, pr.h, pr.w, pr.bias, pr.t, o.lse, g, o.dh, NULL, NULL));
+    int nonzero_rows = 0;
+    for (int64_t i = 0; i < pr.p.N; i++) {
+        bool nz = false;
+        for (int64_t k = 0; k < pr.p.D; k++)
+            nz |= o.dh[i * pr.p.D + k] != 0.0f;
+        nonzero_rows += nz;
+    }
+    FXT_EQ_INT(nonzero_rows, 1);
+    free(g);
+    outputs_free(&o);
+    problem_free(&pr);
+}
+
+/* Every target ignored: MEAN gives NaN and zero gradients, SUM 0, NONE zeros; lse is still there. */
+static void test_all_ignored(void)
+{
+    problem pr = problem_make(10, 8, 21, 1.0f, true, 1, 400);
+    for (int red = 0; red < 3; red++) {
+        pr.p.reduction = (fx_reduction)red;
+        pr.p.label_smoothing = 0.1f;
+        pr.p.chunk = 3;
+        outputs o = outputs_make(&pr);
+        FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, pr.bias, pr.t, o.loss, o.lse, o.dh, o.dw, o.dbias));
+        if (red == FX_REDUCTION_MEAN)
+            FXT_CHECK(isnan(o.loss[0]));
+        else if (red == FX_REDUCTION_SUM)
+            FXT_EQ_INT(o.loss[0] == 0.0f, 1);
+        else
+            for (int64_t i = 0; i < pr.p.N; i++)
+                FXT_EQ_INT(o.loss[i] == 0.0f, 1);
+        for (int64_t i = 0; i < pr.p.N * pr.p.D; i++)
+            if (o.dh[i] != 0.0f) {
+                FXT_FAIL("dh[%lld] = %g, expected 0", (long long)i, (double)o.dh[i]);
+                break;
+            }
+        fxt_bitwise_f32("dw unchanged", o.dw, pr.dw0, (size_t)(pr.p.V * pr.p.D));
+        fxt_bitwise_f32("dbias unchanged", o.dbias, pr.db0, (size_t)pr.p.V);
+        ref_out r = ref_lce(&pr.p, pr.h, pr.w, pr.bias, pr.t, NULL, NULL, NULL);
+        close_scaled("lse", o.lse, r.lse, (size_t)pr.p.N, TOL);
+        ref_free(&r);
+        outputs_free(&o);
+    }
+    problem_free(&pr);
+}
+
+/* Logits around +-1e4: no overflow, no NaN; errors relative to the logits' size. */
+static void test_large_logits(void)
+{
+    const fx_isa best = fx_get_isa();
+    for (int isa = 0; isa <= (int)best; isa++) {
+        fx_set_isa((fx_isa)isa);
+        problem pr = problem_make(9, 4, 33, 70.0f, false, 0, 500); /* |z| up to 4 * 70^2 ~ 2e4 */
+        for (int64_t i = 0; i < pr.p.N; i++)
+            pr.t[i] = (i * 7) % pr.p.V;
+        pr.p.reduction = FX_REDUCTION_SUM;
+        pr.p.label_smoothing = 0.1f;
+        pr.p.z_loss = 1e-6f;
+        pr.p.chunk = 4;
+        outputs o = outputs_make(&pr);
+        FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, o.loss, o.lse, o.dh, o.dw, NULL));
+        ref_out r = ref_lce(&pr.p, pr.h, pr.w, NULL, pr.t, NULL, pr.dw0, NULL);
+        FXT_CHECK(max_abs(r.lse, (size_t)pr.p.N) > 5e3);
+        FXT_CHECK(isfinite(o.loss[0]));
+        /* A float32 logit of 1e4 carries an error of ~1e-3: compare at that scale. */
+        fxt_close_f32("loss", o.loss, &r.loss, 1, 1e-6 * 2e4 * (double)pr.p.N, 1e-5);
+        fxt_close_f32("lse", o.lse, r.lse, (size_t)pr.p.N, 1e-6 * 2e4, 1e-6);
+        close_scaled("dh", o.dh, r.dh, (size_t)(pr.p.N * pr.p.D), 1e-4);
+        close_scaled("dw", o.dw, r.dw, (size_t)(pr.p.V * pr.p.D), 1e-4);
+        ref_free(&r);
+        outputs_free(&o);
+        problem_free(&pr);
+    }
+    fx_set_isa(best);
+}
+
+/* The trainer's use: w is the token embedding, and dw is the embedding's gradient that the
+   lookup has already written into; the loss adds its share. */
+static void test_tied_weight(void)
+{
+    problem pr = problem_make(24, 10, 40, 1.0f, false, 0, 600);
+    const int64_t N = pr.p.N, D = pr.p.D, V = pr.p.V;
+    float *demb = fxt_guarded((size_t)(V * D));
+    memset(demb, 0, (size_t)(V * D) * sizeof(float));
+    float *dx = fxt_random((size_t)(N * D), -1.0f, 1.0f, 601);
+    int64_t *tokens = make_targets(N, V, 602, -100, 0);
+    for (int64_t i = 0; i < N; i++) /* the embedding lookup's backward */
+        for (int64_t k = 0; k < D; k++)
+            demb[tokens[i] * D + k] += dx[i * D + k];
+    float *before = malloc((size_t)(V * D) * sizeof(float));
+    memcpy(before, demb, (size_t)(V * D) * sizeof(float));
+    float loss;
+    FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, &loss, NULL, NULL, demb, NULL));
+    ref_out r = ref_lce(&pr.p, pr.h, pr.w, NULL, pr.t, NULL, before, NULL);
+    close_scaled("tied dw", demb, r.dw, (size_t)(V * D), TOL);
+    /* A second call adds the same gradient again. */
+    FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, &loss, NULL, NULL, demb, NULL));
+    for (int64_t j = 0; j < V * D; j++)
+        r.dw[j] = 2.0 * r.dw[j] - before[j];
+    close_scaled("tied dw, twice", demb, r.dw, (size_t)(V * D), TOL);
+    ref_free(&r);
+    fxt_guarded_free("demb", demb);
+    free(dx), free(tokens), free(before);
+    problem_free(&pr);
+}
+
+/* Every output bitwise equal at 1 and 2 threads, in whole-row and tiled plans, forward and
+   backward; and the forward's gradients bitwise equal to a backward with grad_loss = 1. */
+static void test_threads_bitwise(void)
+{
+    /* D, V and one chunk above 384, OpenBLAS's K block: the sizes where its 1-thread and
+       multi-thread paths would sum differently. */
+    problem pr = problem_make(400, 400, 500, 0.2f, true, 7, 700);
+    pr.p.label_smoothing = 0.1f;
+    pr.p.z_loss = 1e-4f;
+    pr.p.softcap = 15.0f;
+    const size_t N = (size_t)pr.p.N, D = (size_t)pr.p.D, V = (size_t)pr.p.V;
+    const int64_t plans[][2] = {{0, 0}, {390, 0}, {100, 390}};
+    const int threads0 = fx_get_num_threads();
+    for (size_t pl = 0; pl < 3; pl++) {
+        for (int red = 0; red < 3; red += 2) { /* MEAN and NONE */
+            pr.p.chunk = plans[pl][0];
+            pr.p.vocab_chunk = plans[pl][1];
+            pr.p.reduction = (fx_reduction)red;
+            outputs o[2], b[2];
+            for (int run = 0; run < 2; run++) {
+                fx_set_num_threads(run + 1);
+                o[run] = outputs_make(&pr);
+                b[run] = outputs_make(&pr);
+                FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, pr.bias, pr.t, o[run].loss, o[run].lse, o[run].dh,
+                                               o[run].dw, o[run].dbias));
+                FXT_OK(fx_linear_cross_entropy_backward(&pr.p, pr.h, pr.w, pr.bias, pr.t, o[run].lse, pr.grad,
+                                                        b[run].dh, b[run].dw, b[run].dbias));
+            }
+            const size_t nl = red == FX_REDUCTION_NONE ? N : 1;
+            fxt_bitwise_f32("loss", o[0].loss, o[1].loss, nl);
+            fxt_bitwise_f32("lse", o[0].lse, o[1].lse, N);
+            fxt_bitwise_f32("dh", o[0].dh, o[1].dh, N * D);
+            fxt_bitwise_f32("dw", o[0].dw, o[1].dw, V * D);
+            fxt_bitwise_f32("dbias", o[0].dbias, o[1].dbias, V);
+            fxt_bitwise_f32("backward dh", b[0].dh, b[1].dh, N * D);
+            fxt_bitwise_f32("backward dw", b[0].dw, b[1].dw, V * D);
+            fxt_bitwise_f32("backward dbias", b[0].dbias, b[1].dbias, V);
+
+            /* grad_loss = 1: the backward reproduces the forward's gradients exactly. */
+            float *ones = malloc(N * sizeof *ones);
+            for (size_t i = 0; i < N; i++)
+                ones[i] = 1.0f;
+            outputs c = outputs_make(&pr);
+            FXT_OK(fx_linear_cross_entropy_backward(&pr.p, pr.h, pr.w, pr.bias, pr.t, o[1].lse, ones, c.dh, c.dw,
+                                                    c.dbias));
+            fxt_bitwise_f32("forward vs backward dh", o[1].dh, c.dh, N * D);
+            fxt_bitwise_f32("forward vs backward dw", o[1].dw, c.dw, V * D);
+            fxt_bitwise_f32("forward vs backward dbias", o[1].dbias, c.dbias, V);
+            outputs_free(&c);
+            free(ones);
+            for (int run = 0; run < 2; run++)
+                outputs_free(&o[run]), outputs_free(&b[run]);
+        }
+    }
+    fx_set_num_threads(threads0);
+    problem_free(&pr);
+}
+
+/* The reference's gradients against central differences of its own loss, so that the
+   formulas (smoothing, z-loss, cap, bias) are checked independently of the code under test. */
+static void test_reference_gradients(void)
+{
+    problem pr = problem_make(4, 3, 6, 1.0f, true, 0, 800);
+    pr.p.reduction = FX_REDUCTION_SUM;
+    pr.p.label_smoothing = 0.2f;
+    pr.p.z_loss = 0.05f;
+    pr.p.softcap = 1.5f;
+    ref_out r = ref_lce(&pr.p, pr.h, pr.w, pr.bias, pr.t, NULL, NULL, NULL);
+    /* Perturb in float64 by evaluating the loss with a modified copy (float inputs, so the step
+       is representable: h = 2^-10 granularity). */
+    const float step = 1.0f / 1024.0f;
+    struct { float *x; const double *g; int64_t n; const char *name; } params[] = {
+        {pr.h, r.dh, pr.p.N * pr.p.D, "h"}, {pr.w, r.dw, pr.p.V * pr.p.D, "w"}, {pr.bias, r.dbias, pr.p.V, "bias"}};
+    for (size_t q = 0; q < 3; q++) {
+        for (int64_t i = 0; i < params[q].n; i++) {
+            float keep = params[q].x[i];
+            params[q].x[i] = keep + step;
+            ref_out a = ref_lce(&pr.p, pr.h, pr.w, pr.bias, pr.t, NULL, NULL, NULL);
+            params[q].x[i] = keep - step;
+            ref_out b = ref_lce(&pr.p, pr.h, pr.w, pr.bias, pr.t, NULL, NULL, NULL);
+            params[q].x[i] = keep;
+            double fd = (a.loss - b.loss) / (2.0 * (double)step);
+            if (fabs(fd - params[q].g[i]) > 1e-5 + 1e-4 * fabs(fd))
+                FXT_FAIL("d loss / d %s[%lld]: analytic %.9g vs central difference %.9g", params[q].name, (long long)i,
+                         params[q].g[i], fd);
+            ref_free(&a), ref_free(&b);
+        }
+    }
+    ref_free(&r);
+    problem_free(&pr);
+}
+
+/* Errors: each bad argument is reported by name, with FX_ERANGE for a target, and no output
+   is touched. */
+static void test_errors(void)
+{
+    problem pr = problem_make(6, 4, 9, 1.0f, true, 0, 900);
+    outputs o = outputs_make(&pr);
+    const size_t N = 6, D = 4, V = 9;
+    float *lse_in = fxt_random(N, 1.0f, 2.0f, 901);
+    fx_lce p;
+#define CALL(pp) fx_linear_cross_entropy(pp, pr.h, pr.w, pr.bias, pr.t, o.loss, o.lse, o.dh, o.dw, o.dbias)
+#define BWD(pp) fx_linear_cross_entropy_backward(pp, pr.h, pr.w, pr.bias, pr.t, lse_in, pr.grad, o.dh, o.dw, o.dbias)
+    FXT_STATUS(CALL(NULL), FX_EINVAL, "p (the fx_lce parameters) is NULL");
+    p = pr.p, p.N = 0;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "N = 0 must be > 0");
+    p = pr.p, p.D = -3;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "D = -3 must be > 0");
+    p = pr.p, p.V = 0;
+    FXT_STATUS(BWD(&p), FX_EINVAL, "V = 0 must be > 0");
+    p = pr.p, p.V = (int64_t)1 << 40;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "V = 1099511627776 exceeds");
+    p = pr.p, p.N = (int64_t)1 << 62;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "overflow");
+    p = pr.p, p.reduction = (fx_reduction)7;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "reduction = 7");
+    p = pr.p, p.label_smoothing = 1.5f;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "label_smoothing = 1.5 must be in [0, 1]");
+    p = pr.p, p.label_smoothing = -0.1f;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "label_smoothing = -0.1");
+    p = pr.p, p.label_smoothing = NAN;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "label_smoothing = nan");
+    p = pr.p, p.z_loss = -1.0f;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "z_loss = -1 must be finite and >= 0");
+    p = pr.p, p.softcap = -2.0f;
+    FXT_STATUS(BWD(&p), FX_EINVAL, "softcap = -2");
+    p = pr.p, p.softcap = INFINITY;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "softcap = inf");
+    p = pr.p, p.chunk = -1;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "chunk = -1 must be >= 0");
+    p = pr.p, p.vocab_chunk = -5;
+    FXT_STATUS(CALL(&p), FX_EINVAL, "vocab_chunk = -5");
+    FXT_STATUS(fx_linear_cross_entropy(&pr.p, NULL, pr.w, NULL, pr.t, o.loss, NULL, NULL, NULL, NULL), FX_EINVAL, "h is NULL");
+    FXT_STATUS(fx_linear_cross_entropy(&pr.p, pr.h, NULL, NULL, pr.t, o.loss, NULL, NULL, NULL, NULL), FX_EINVAL, "w is NULL");
+    FXT_STATUS(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, NULL, o.loss, NULL, NULL, NULL, NULL), FX_EINVAL,
+               "target is NULL");
+    FXT_STATUS(fx_linear_cross_entropy_backward(&pr.p, pr.h, pr.w, NULL, pr.t, NULL, pr.grad, o.dh, NULL, NULL),
+               FX_EINVAL, "lse is NULL");
+    FXT_STATUS(fx_linear_cross_entropy_backward(&pr.p, pr.h, pr.w, NULL, pr.t, lse_in, NULL, o.dh, NULL, NULL),
+               FX_EINVAL, "grad_loss is NULL");
+    /* Aliasing: dh on top of h, dw on top of w, two outputs sharing memory. */
+    FXT_STATUS(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, o.loss, NULL, pr.h, NULL, NULL), FX_EINVAL,
+               "dh overlaps the input h");
+    FXT_STATUS(fx_linear_cross_entropy_backward(&pr.p, pr.h, pr.w, NULL, pr.t, lse_in, pr.grad, o.dh, pr.w + 4, NULL),
+               FX_EINVAL, "dw overlaps the input w");
+    FXT_STATUS(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, o.loss, o.dh + 2, o.dh, NULL, NULL), FX_EINVAL,
+               "dh overlaps lse");
+    /* Targets: the first bad one is named; ignore_index is fine anywhere. */
+    pr.t[2] = -100;
+    pr.t[3] = 9;
+    pr.t[5] = -1;
+    FXT_STATUS(CALL(&pr.p), FX_ERANGE, "target[3] = 9 is outside [0, 9) and is not ignore_index (-100)");
+    FXT_STATUS(BWD(&pr.p), FX_ERANGE, "target[3] = 9");
+    pr.t[3] = 0;
+    FXT_STATUS(CALL(&pr.p), FX_ERANGE, "target[5] = -1 is outside [0, 9)");
+    p = pr.p, p.ignore_index = -1;
+    FXT_STATUS(CALL(&p), FX_ERANGE, "target[2] = -100");
+#undef CALL
+#undef BWD
+    /* Nothing was written: every output still holds its starting contents. */
+    const uint32_t guard = FXT_GUARD_BITS;
+    float g;
+    memcpy(&g, &guard, sizeof g);
+    for (size_t i = 0; i < N; i++) {
+        FXT_CHECK(memcmp(&o.lse[i], &g, sizeof g) == 0);
+        FXT_CHECK(memcmp(&o.loss[i < 1 ? i : 0], &g, sizeof g) == 0);
+    }
+    for (size_t i = 0; i < N * D; i++)
+        FXT_CHECK(memcmp(&o.dh[i], &g, sizeof g) == 0);
+    fxt_bitwise_f32("dw untouched", o.dw, pr.dw0, V * D);
+    fxt_bitwise_f32("dbias untouched", o.dbias, pr.db0, V);
+    FXT_STATUS(fx_linear_cross_entropy_plan(NULL, NULL, NULL, NULL), FX_EINVAL, "is NULL");
+    /* A tile too large to address plans SIZE_MAX bytes: the call fails with FX_ENOMEM before any work. */
+    fx_lce huge = fx_lce_defaults((int64_t)1 << 40, 1, (int64_t)1 << 30);
+    huge.chunk = huge.N;
+    size_t hb = 0;
+    FXT_OK(fx_linear_cross_entropy_plan(&huge, NULL, NULL, &hb));
+    FXT_EQ_INT(hb == SIZE_MAX, 1);
+    free(lse_in);
+    outputs_free(&o);
+    problem_free(&pr);
+}
+
+/* The automatic plan: the bench shapes stay within 1/32 of their logits, a huge vocabulary
+   is tiled, a given chunk is kept, and the scratch a call takes is what the plan says. */
+static void test_plan(void)
+{
+    const int64_t shapes[][3] = {{4096, 1024, 32768}, {2048, 1024, 128256}, {8192, 768, 50257}, {64, 512, 32768}};
+    for (size_t s = 0; s < 4; s++) {
+        fx_lce p = fx_lce_defaults(shapes[s][0], shapes[s][1], shapes[s][2]);
+        int64_t c, vb;
+        size_t bytes;
+        FXT_OK(fx_linear_cross_entropy_plan(&p, &c, &vb, &bytes));
+        double logits = 4.0 * (double)p.N * (double)p.V;
+        FXT_EQ_INT(vb, p.V);
+        FXT_CHECK(c >= 16 && c <= p.N);
+        if (p.N >= 1024)
+            FXT_CHECK((double)bytes <= logits / 32.0);
+    }
+    fx_lce p = fx_lce_defaults(4096, 64, 4000000);
+    int64_t c, vb;
+    size_t bytes;
+    FXT_OK(fx_linear_cross_entropy_plan(&p, &c, &vb, &bytes));
+    FXT_CHECK(vb < p.V);
+    FXT_CHECK(bytes <= ((size_t)64 << 20));
+    p = fx_lce_defaults(100, 8, 50);
+    p.chunk = 7;
+    FXT_OK(fx_linear_cross_entropy_plan(&p, &c, &vb, &bytes));
+    FXT_EQ_INT(c, 7);
+    FXT_EQ_INT(vb, 50);
+    p.chunk = 1000;
+    FXT_OK(fx_linear_cross_entropy_plan(&p, &c, NULL, NULL));
+    FXT_EQ_INT(c, 100);
+
+    /* The library's own allocation during a call is exactly the plan's workspace, and is freed. */
+    problem pr = problem_make(50, 16, 300, 1.0f, false, 0, 1000);
+    pr.p.chunk = 8;
+    FXT_OK(fx_linear_cross_entropy_plan(&pr.p, NULL, NULL, &bytes));
+    size_t cur0, peak;
+    fx_mem_stats(&cur0, &peak);
+    fx_mem_reset_peak();
+    float loss;
+    float *dh = malloc((size_t)(50 * 16) * sizeof *dh);
+    FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, &loss, NULL, dh, NULL, NULL));
+    size_t cur1;
+    fx_mem_stats(&cur1, &peak);
+    FXT_EQ_INT(cur1, cur0);
+    FXT_EQ_INT(peak - cur0, bytes);
+    free(dh);
+    problem_free(&pr);
+}
+
+/* The vector row kernels against the scalar reference: tails of every length, a bias, the
+   cap, values whose exponentials underflow, and NaN propagation. */
+static void test_row_kernels(void)
+{
+    const fx_isa best = fx_get_isa();
+    const fx__lce_kernels *vec[] = {&fx__lce_kernels_avx2, &fx__lce_kernels_avx512};
+    const size_t lens[] = {1, 7, 8, 9, 15, 16, 17, 100, 1023, 1024, 1025, 3001};
+    float *bias = fxt_random(4096, -2.0f, 2.0f, 1100);
+    for (int v = 0; v < 2; v++) {
+        if ((int)best < v + 1)
+            break; /* this CPU cannot run that path */
+        for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+            const size_t un = lens[li];
+            const int64_t n = (int64_t)un;
+            if (un == 0 || un > 4096) /* bounds the sizes for the compiler's overflow analysis */
+                continue;
+            for (int cfg = 0; cfg < 4; cfg++) {
+                const float cap = cfg & 1 ? 7.5f : 0.0f;
+                const float *b = cfg & 2 ? bias : NULL;
+                float *z0 = fxt_random(un, -40.0f, 40.0f, 1200 + (uint64_t)n);
+                z0[n / 2] = -200.0f; /* exp underflows to 0 */
+                float *zs = fxt_guarded_copy(z0, un), *zv = fxt_guarded_copy(z0, un);
+                fx__lce_stat ss = {-INFINITY, 0.0, 0.0}, sv = ss;
+                fx__lce_kernels_scalar.stats(zs, n, b, cap, &ss);
+                vec[v]->stats(zv, n, b, cap, &sv);
+                double *ref = fxt_alloc_f64(un);
+                for (int64_t j = 0; j < n; j++)
+                    ref[j] = zs[j];
+                fxt_close_f32("transformed logits", zv, ref, un, 1e-5 * (cap > 0 ? cap : 1.0), 1e-6);
+                FXT_NEAR(sv.m, ss.m, 1e-5, 1e-6);
+                FXT_NEAR(sv.s, ss.s, 0.0, 1e-5);
+                FXT_NEAR(sv.sum_z, ss.sum_z, 1e-4 * (double)n, 1e-5);
+                const float lse = (float)(ss.m + log(ss.s));
+                fx__lce_kernels_scalar.grad(zs, n, lse, 0.7f, 0.01f, cap);
+                vec[v]->grad(zv, n, lse, 0.7f, 0.01f, cap);
+                for (int64_t j = 0; j < n; j++)
+                    ref[j] = zs[j];
+                fxt_close_f32("gradient", zv, ref, un, 1e-6, 1e-5);
+                /* prep is the transform of stats without the statistics */
+                float *zp = fxt_guarded_copy(z0, un), *zq = fxt_guarded_copy(z0, un);
+                vec[v]->prep(zp, n, b, cap);
+                fx__lce_stat dummy = {-INFINITY, 0.0, 0.0};
+                vec[v]->stats(zq, n, b, cap, &dummy);
+                fxt_bitwise_f32("prep == stats transform", zp, zq, un);
+                free(ref), free(z0);
+                fxt_guarded_free("zs", zs), fxt_guarded_free("zv", zv), fxt_guarded_free("zp", zp), fxt_guarded_free("zq", zq);
+            }
+        }
+        /* A NaN logit makes the row's statistics NaN on every path. */
+        float z[20];
+        for (int j = 0; j < 20; j++)
+            z[j] = (float)j;
+        z[11] = NAN;
+        fx__lce_stat st = {-INFINITY, 0.0, 0.0};
+        vec[v]->stats(z, 20, NULL, 0.0f, &st);
+        FXT_CHECK(isnan(st.s) || isnan(st.m));
+    }
+    free(bias);
+}
+
+int main(int argc, char **argv)
+{
+    FXT_INIT(argc, argv);
+    FXT_RUN(test_reference_gradients);
+    FXT_RUN(test_row_kernels);
+    FXT_RUN(test_all_options);
+    FXT_RUN(test_odd_sizes);
+    FXT_RUN(test_per_token_grad);
+    FXT_RUN(test_all_ignored);
+    FXT_RUN(test_large_logits);
+    FXT_RUN(test_tied_weight);
+    FXT_RUN(test_threads_bitwise);
+    FXT_RUN(test_errors);
+    FXT_RUN(test_plan);
+    return fxt_finish();
+}
