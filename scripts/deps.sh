@@ -6,7 +6,7 @@
 # otherwise it prints the apt-get line to run and fails.
 set -euo pipefail
 
-packages=(build-essential cmake pkg-config libopenblas-dev libopenmpi-dev openmpi-bin
+packages=(build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
           libjansson-dev fortunes-min fortunes)
 if [[ "${1:-}" == ci ]]; then
     packages+=(clang libclang-rt-14-dev python3)
