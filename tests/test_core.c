@@ -257,6 +257,31 @@ static void test_rng_fill_thread_independent(void)
     fxt_guarded_free("c", c);
 }
 
+/* Long K (which OpenBLAS splits differently on one thread than on several), both split
+   directions and transposes: bitwise equal at 1 and 2 threads. */
+static void test_gemm_thread_independent(void)
+{
+    const int64_t shapes[][3] = {{300, 70, 1000}, {70, 300, 1000}, {1, 2000, 777}, {513, 129, 2049}};
+    int before = fx_get_num_threads();
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            float *A = fxt_random((size_t)(M * K), -1, 1, 10 + s), *B = fxt_random((size_t)(K * N), -1, 1, 20 + s);
+            float *C1 = fxt_guarded((size_t)(M * N)), *C2 = fxt_guarded((size_t)(M * N));
+            fx_set_num_threads(1);
+            fx__sgemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, C1, N);
+            fx_set_num_threads(2);
+            fx__sgemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, C2, N);
+            fxt_bitwise_f32("sgemm 1 vs 2 threads", C1, C2, (size_t)(M * N));
+            fxt_guarded_free("C1", C1);
+            fxt_guarded_free("C2", C2);
+            free(A), free(B);
+        }
+    }
+    fx_set_num_threads(before);
+}
+
 /* The harness itself: a guard that is overwritten must be caught. */
 static void test_harness_catches_guard_overwrite(void)
 {
@@ -285,6 +310,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_alloc_accounting);
     FXT_RUN(test_gemm_against_reference);
     FXT_RUN(test_gemm_beta_zero);
+    FXT_RUN(test_gemm_thread_independent);
     FXT_RUN(test_philox_known_answers);
     FXT_RUN(test_rng_streams);
     FXT_RUN(test_rng_fill_thread_independent);

@@ -30,13 +30,16 @@ void fx__free(void *p);
 /* Threads: the OpenMP team size kernels use, and this thread's index in a team. */
 int fx__max_threads(void);
 int fx__thread_id(void);
+/* True inside an OpenMP parallel region. */
+bool fx__in_parallel(void);
 
 /* The CPU path kernels take now (fx_get_isa()). */
 static inline fx_isa fx__isa(void) { return fx_get_isa(); }
 
 /* Row-major C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C; op transposes when ta/tb.
    lda/ldb/ldc are the row strides of A, B and C as stored. Goes to CBLAS (OpenBLAS), or to
-   the reference below when built with FLEXC_REFERENCE_KERNELS. */
+   the reference below when built with FLEXC_REFERENCE_KERNELS. Bitwise identical for any
+   thread count (see gemm.c). */
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc);

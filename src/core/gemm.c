@@ -6,6 +6,25 @@
 
 #include <cblas.h>
 
+/* OpenBLAS's threading model: 0 sequential, 1 pthreads, 2 OpenMP. */
+int openblas_get_parallel(void);
+
+static void fx__cblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    /* CBLAS takes int; callers size their chunks so that this holds. */
+    assert(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* OpenBLAS splits K differently on one thread than on several (past K of a few hundred), so
+   a multi-threaded call is not bitwise reproducible across thread counts. Instead, C is cut
+   into a fixed number of row (or column) blocks that depends on the shape only, and OpenMP
+   threads share them out, each block a one-thread GEMM (an OpenMP OpenBLAS runs one thread
+   inside a parallel region). Every element is then computed the same way at any count. */
+enum { FX__GEMM_MIN_BLOCK = 64, FX__GEMM_MAX_BLOCKS = 16 };
+
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc)
@@ -13,12 +32,37 @@ void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
 #ifdef FLEXC_REFERENCE_KERNELS
     fx__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else
-    /* CBLAS takes int; callers size their chunks so that this holds. */
-    assert(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
     if (M == 0 || N == 0)
         return;
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    const bool split_rows = M >= N;
+    const int64_t dim = split_rows ? M : N;
+    int64_t bs = (dim + FX__GEMM_MAX_BLOCKS - 1) / FX__GEMM_MAX_BLOCKS;
+    bs = bs < FX__GEMM_MIN_BLOCK ? FX__GEMM_MIN_BLOCK : (bs + 15) / 16 * 16;
+    const int64_t nblocks = (dim + bs - 1) / bs;
+    /* A pthreads OpenBLAS would not stay on one thread per block; it runs whole calls on its
+       own threads instead, with K cut into blocks short enough that it never splits them,
+       added in order. */
+    if (openblas_get_parallel() == 1) {
+        enum { KBLOCK = 256 };
+        for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += KBLOCK) {
+            const int64_t kn = K - k0 < KBLOCK ? K - k0 : KBLOCK;
+            fx__cblas(ta, tb, M, N, kn, alpha, ta ? A + k0 * lda : A + k0, lda, tb ? B + k0 : B + k0 * ldb, ldb,
+                      k0 ? 1.0f : beta, C, ldc);
+        }
+        return;
+    }
+    if (nblocks == 1 || fx__in_parallel()) {
+        fx__cblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+        const int64_t lo = blk * bs, n = dim - lo < bs ? dim - lo : bs;
+        if (split_rows)
+            fx__cblas(ta, tb, n, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
+        else
+            fx__cblas(ta, tb, M, n, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+    }
 #endif
 }
 

@@ -19,8 +19,10 @@ int fx_set_num_threads(int n)
         return fx__error(FX_EINVAL, "thread count %d must be >= 1", n);
 #ifdef _OPENMP
     omp_set_num_threads(n);
-#endif
     openblas_set_num_threads(n);
+#endif
+    /* Without OpenMP the kernels run on one thread and OpenBLAS keeps its own count
+       (OPENBLAS_NUM_THREADS), so results do not depend on n either. */
     return FX_OK;
 }
 
@@ -32,6 +34,15 @@ int fx__max_threads(void)
     return omp_get_max_threads();
 #else
     return 1;
+#endif
+}
+
+bool fx__in_parallel(void)
+{
+#ifdef _OPENMP
+    return omp_in_parallel();
+#else
+    return false;
 #endif
 }
 
