@@ -121,5 +121,6 @@ FX_API void fx_mem_reset_peak(void);
 #include "flexc/safetensors.h"
 #include "flexc/attention.h"
 #include "flexc/lce.h"
+#include "flexc/comm.h"
 
 #endif /* FLEXC_H */
