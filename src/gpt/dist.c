@@ -100,6 +100,11 @@ static void fx__progress(fx__dist *d)
     fx__fail(d, rc);
 }
 
+static void fx__progress_hook(void *user)
+{
+    fx__progress(user);
+}
+
 /* A blocking all-reduce, timed as a wait. */
 static int fx__all_reduce(fx__dist *d, float *buf, int64_t n)
 {
@@ -316,6 +321,7 @@ static int fx__fsdp_create(fx__dist *d)
     m->layer_params = d->lp, m->layer_grads = d->lg;
     m->layer_hook = fx__fsdp_layer_hook;
     m->hook = fx__fsdp_grad_hook;
+    m->progress = fx__progress_hook;
     m->hook_user = d;
     return fx_comm_dup(&d->rs, d->world, "reduce_scatter");
 }
@@ -430,6 +436,7 @@ int fx__dist_create(fx__dist **out, fx__gpt *m, fx_comm *world, fx__par mode, bo
             goto fail;
         }
         m->hook = fx__ddp_hook;
+        m->progress = fx__progress_hook;
         m->hook_user = d;
     } else if (mode == FX__PAR_FSDP) {
         if ((rc = fx__fsdp_create(d)) != FX_OK)
@@ -460,7 +467,7 @@ void fx__dist_free(fx__dist *d)
     fx_comm_work_free(d->w_rs_wte), fx_comm_work_free(d->w_rs_norm);
     fx_comm_free(d->rs);
     if (m->hook_user == d) {
-        m->hook = NULL, m->layer_hook = NULL, m->hook_user = NULL;
+        m->hook = NULL, m->layer_hook = NULL, m->progress = NULL, m->hook_user = NULL;
         m->layer_params = m->layer_grads = NULL;
     }
     fx__free(d->works), fx__free(d->stack), fx__free(d->acc), fx__free(d->stack_n);

@@ -529,6 +529,8 @@ static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call 
     fx__from_heads(a->sx, x.att, B, T, Hq, hd);
     memcpy(x.resm, x.res, (size_t)(N * C) * sizeof(float));
     fx__linear(x.resm, a->sx, p.wo, N, QD, C, true);
+    if (m->progress)
+        m->progress(m->hook_user);
 
     fx__rmsnorm_forward(x.xn2, x.rstd2, x.resm, p.ln2, N, C, c->norm_eps);
     fx__linear(x.h1, x.xn2, p.w1, N, C, F, false);
@@ -654,6 +656,8 @@ int fx__gpt_backward(fx__gpt *m)
         fx__linear_backward(a.dxn, g.w1, dh1, xn2, p.w1, N, C, F, false);
         fx__linear_backward(a.dxn, g.w3, dh3, xn2, p.w3, N, C, F, true);
         fx__rmsnorm_backward(a.dres, g.ln2, a.dxn, resm, p.ln2, rstd2, N, C);
+        if (m->progress)
+            m->progress(m->hook_user);
 
         /* Attention: resm = res + from_heads(att) Wo^T, dres holds d(resm). */
         fx__from_heads(a.sx, att, B, T, Hq, hd);
