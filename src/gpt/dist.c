@@ -94,9 +94,11 @@ static void fx__progress(fx__dist *d)
 {
     if (d->err)
         return;
+    double t0 = fx__now();
     int rc = fx_comm_progress(d->world);
     if (!rc && d->rs)
         rc = fx_comm_progress(d->rs);
+    d->cur.progress_s += fx__now() - t0;
     fx__fail(d, rc);
 }
 

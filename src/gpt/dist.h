@@ -40,6 +40,8 @@ typedef struct fx__dist_stats {
     double comm_bytes;   /* bytes of the collectives' buffers in the last step (all-gather: the
                             gathered output; reduce-scatter: the input; all-reduce: the buffer) */
     double wait_s;       /* seconds blocked waiting for collectives in the last step */
+    double progress_s;   /* seconds inside progress calls between layers (MPI's copies of
+                            collectives in flight happen there, on this rank's core) */
     int64_t collectives; /* started in the last step */
 } fx__dist_stats;
 
