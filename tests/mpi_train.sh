@@ -4,9 +4,10 @@
 #              and bitwise (weights and losses) with --deterministic; only rank 0 prints/writes
 #   resume     checkpoints do not depend on the process count: 2 ranks -> 1 and 1 -> 2
 #              continue bitwise as an uninterrupted --deterministic run
-#   kill       rank 1 killed with SIGKILL mid-training (mpirun --enable-recovery): rank 0
-#              exits non-zero naming rank 1 within --comm-timeout + 5 s, dumps the flight
-#              recorder, the last checkpoint stays intact and 1 process resumes from it
+#   kill       rank 1 killed with SIGKILL (ddp), or stopped with SIGSTOP (fsdp: a hang),
+#              mid-training (mpirun --enable-recovery): rank 0 exits non-zero naming rank 1
+#              within --comm-timeout + 5 s, dumps the flight recorder, the last checkpoint
+#              stays intact and 1 process resumes from it
 #   nompi      (a build without MPI) --parallel refuses with a clear error
 #   errors     --batch not a multiple of the processes, fsdp --deterministic with more than one
 #              sequence per rank, mpirun without --parallel: clear errors, nothing written
@@ -83,39 +84,46 @@ resume)
     same resume-1-to-2-losses "$tmp/s.l" "$tmp/b.l"
     ;;
 kill)
-    timeout=2
-    mkdir -p "$tmp/k"
-    # Each rank runs under a small shell that records flexc's pid and exit status (mpirun's
-    # own status says nothing about the survivor in recovery mode).
-    "$mpirun" --allow-run-as-root --oversubscribe --enable-recovery -np 2 bash -c \
-        'd=$1; shift; "$@" & p=$!; echo $p >"$d/pid.$OMPI_COMM_WORLD_RANK"; wait $p; echo $? >"$d/rc.$OMPI_COMM_WORLD_RANK"' \
-        _ "$tmp/k" "$flexc" train "${common[@]}" --comm-timeout $timeout --batch 4 --steps 100000 --save-every 10 \
-        --eval-every 0 --log-every 100000 --parallel ddp --out "$tmp/k/o" >"$tmp/out" 2>"$tmp/err" &
-    job=$!
-    for _ in $(seq 300); do [[ -f $tmp/k/o/checkpoint.safetensors && -f $tmp/k/pid.1 ]] && break; sleep 0.1; done
-    sleep 0.5
-    if [[ ! -f $tmp/k/pid.1 ]]; then
-        bad "the job did not start: $(cat "$tmp/err")"
-        kill "$job" 2>/dev/null
-    else
-        kill -9 "$(cat "$tmp/k/pid.1")"
+    # rank_lost SIGNAL PARALLEL: rank 1 gets SIGNAL mid-training (KILL: dies; STOP: hangs)
+    rank_lost() {
+        local sig=$1 par=$2 timeout=2 k="$tmp/k-$1"
+        mkdir -p "$k"
+        # Each rank runs under a small shell that records flexc's pid and exit status (mpirun's
+        # own status says nothing about the survivor in recovery mode).
+        "$mpirun" --allow-run-as-root --oversubscribe --enable-recovery -np 2 bash -c \
+            'd=$1; shift; "$@" & p=$!; echo $p >"$d/pid.$OMPI_COMM_WORLD_RANK"; wait $p; echo $? >"$d/rc.$OMPI_COMM_WORLD_RANK"' \
+            _ "$k" "$flexc" train "${common[@]}" --comm-timeout $timeout --batch 4 --steps 100000 --save-every 10 \
+            --eval-every 0 --log-every 100000 --parallel "$par" --out "$k/o" >"$k/out" 2>"$k/err" &
+        local job=$!
+        for _ in $(seq 300); do [[ -f $k/o/checkpoint.safetensors && -f $k/pid.1 ]] && break; sleep 0.1; done
+        sleep 0.5
+        if [[ ! -f $k/pid.1 ]]; then
+            bad "$sig: the job did not start: $(cat "$k/err")"
+            kill "$job" 2>/dev/null
+            return
+        fi
+        kill -"$sig" "$(cat "$k/pid.1")"
+        local t0 took_ms rc0 step first
         t0=$(date +%s%N)
-        for _ in $(seq 300); do [[ -f $tmp/k/rc.0 ]] && break; sleep 0.05; done
+        for _ in $(seq 300); do [[ -f $k/rc.0 ]] && break; sleep 0.05; done
         took_ms=$((($(date +%s%N) - t0) / 1000000))
+        [[ $sig == STOP ]] && kill -KILL "$(cat "$k/pid.1")"
         wait "$job"
-        rc0=$(cat "$tmp/k/rc.0" 2>/dev/null || echo none)
-        [[ $rc0 == 1 ]] && ok || bad "survivor exit status '$rc0', expected 1"
-        ((took_ms <= (timeout + 5) * 1000)) && ok || bad "survivor took $took_ms ms (timeout $timeout s + 5 s)"
-        echo "kill: survivor exited $took_ms ms after rank 1 was killed (timeout $timeout s)"
-        grep -q '^flexc: error: .*timed out after.*rank 1' "$tmp/err" && ok ||
-            bad "no error naming rank 1: $(tail -2 "$tmp/err")"
-        grep -q '"flight_recorder":"world"' "$tmp/err" && ok || bad "no flight recorder dump"
+        rc0=$(cat "$k/rc.0" 2>/dev/null || echo none)
+        [[ $rc0 == 1 ]] && ok || bad "$sig: survivor exit status '$rc0', expected 1"
+        ((took_ms <= (timeout + 5) * 1000)) && ok || bad "$sig: survivor took $took_ms ms (timeout $timeout s + 5 s)"
+        echo "$sig ($par): survivor exited $took_ms ms after rank 1 was signalled (timeout $timeout s)"
+        [[ $(grep -c '^flexc: error: ' "$k/err") == 1 ]] && grep -q '^flexc: error: .*timed out after.*rank 1' "$k/err" &&
+            ok || bad "$sig: not one error naming rank 1: $(grep '^flexc' "$k/err")"
+        grep -q '"flight_recorder":"world"' "$k/err" && ok || bad "$sig: no flight recorder dump"
         # The last checkpoint is intact: one process resumes from it.
-        step=$(head -c 65536 "$tmp/k/o/checkpoint.safetensors" | tr -d '\0' | grep -ao '"step":"[0-9]*"' | tr -dc 0-9)
-        "$flexc" train --resume --threads 1 --quiet --out "$tmp/k/o" --until $((step + 2)) || bad "resume on 1 process"
-        first=$(tail -2 "$tmp/k/o/metrics.jsonl" | head -1 | sed 's/{"step":\([0-9]*\).*/\1/')
-        [[ $first == $((step + 1)) ]] && ok || bad "resumed at step $first, checkpoint step $step"
-    fi
+        step=$(head -c 65536 "$k/o/checkpoint.safetensors" | tr -d '\0' | grep -ao '"step":"[0-9]*"' | tr -dc 0-9)
+        "$flexc" train --resume --threads 1 --quiet --out "$k/o" --until $((step + 2)) || bad "$sig: resume on 1 process"
+        first=$(tail -2 "$k/o/metrics.jsonl" | head -1 | sed 's/{"step":\([0-9]*\).*/\1/')
+        [[ $first == $((step + 1)) ]] && ok || bad "$sig: resumed at step $first, checkpoint step $step"
+    }
+    rank_lost KILL ddp
+    rank_lost STOP fsdp
     ;;
 errors)
     run2 "$flexc" train "${common[@]}" --batch 3 --steps 2 --parallel ddp --out "$tmp/e1" >"$tmp/out" 2>"$tmp/err"

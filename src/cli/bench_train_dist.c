@@ -116,7 +116,7 @@ int bench_train_dist(int argc, char **argv)
             double t0 = bench_now();
             rc = fx__dist_step(dist, &d, &s, tok, tgt, NULL, NULL);
             double dt = bench_now() - t0;
-            if (rc && fx_comm_status(world) != FX_OK)
+            if (rc && (fx_comm_status(world) != FX_OK || fx__dist_status(dist) != FX_OK))
                 bench_comm_failed();
             if (rc) {
                 cli_fail(rc, "bench train");

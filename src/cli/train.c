@@ -24,7 +24,7 @@ static void on_sigint(int sig)
 }
 
 typedef struct train_opts {
-    const char *data, *model, *attn, *out, *parallel;
+    const char *data, *model, *attn, *out, *parallel, *comm_log;
     int64_t steps, batch, seq, seed, threads, accum, warmup, save_every, eval_every, eval_batches, log_every, until;
     int64_t layers, dim, heads, kv_heads;
     double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac, comm_timeout;
@@ -147,6 +147,11 @@ static _Noreturn void comm_failed(void)
     exit(CLI_EXIT_FAIL);
 }
 
+static bool comm_broken(fx_comm *world, const fx__dist *dist)
+{
+    return world && (fx_comm_status(world) != FX_OK || fx__dist_status(dist) != FX_OK);
+}
+
 /* Whether every rank reports ok (a collective: all ranks call it at the same point). */
 static bool all_ok(fx_comm *world, bool ok)
 {
@@ -182,7 +187,7 @@ static int save_dist(fx__gpt *m, fx__dist *dist, fx_comm *world, const fx__gpt_t
         return save_all(m, s, out, bf16);
     fx__gpt *full = NULL;
     int rc = fx__dist_full(dist, &full);
-    if (rc && world && fx_comm_status(world) != FX_OK)
+    if (rc && comm_broken(world, dist))
         comm_failed();
     if (rc)
         return cli_fail(rc, "gathering the checkpoint");
@@ -235,6 +240,7 @@ int cmd_train(int argc, char **argv)
         {"--parallel", CLI_STRING, &o.parallel, "none | ddp | fsdp: training over the processes of mpirun"},
         {"--deterministic", CLI_FLAG, &o.deterministic, "bitwise the same results at any process count"},
         {"--comm-timeout", CLI_FLOAT, &o.comm_timeout, "seconds before a collective fails (default 600)"},
+        {"--comm-log", CLI_STRING, &o.comm_log, "JSON-lines log of every collective, per rank ({rank} in FILE)"},
     };
     int rc = cli_parse("train", "[options]", argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
     if (rc == CLI_PARSE_HELP)
@@ -270,10 +276,15 @@ int cmd_train(int argc, char **argv)
         fx_comm_set_timeout(world, o.comm_timeout);
         fx_comm_set_dump_fd(2);
         fx_comm_install_sigusr1();
+        if (o.comm_log && (rc = fx_comm_log_open(o.comm_log)) != FX_OK) {
+            fx_comm_free(world);
+            return cli_fail(rc, "--comm-log");
+        }
         if (rank != 0)
             o.quiet = true; /* only rank 0 prints and writes */
     }
     rc = train_run(&o, par, world, rank, nproc);
+    fx_comm_log_close();
     fx_comm_free(world);
     if (world && fx_comm_finalize() != FX_OK)
         comm_failed();
@@ -472,7 +483,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     }
     if ((par != FX__PAR_NONE || o.deterministic) &&
         (rc = fx__dist_create(&dist, m, world, par, o.deterministic, st.batch)) != FX_OK) {
-        if (world && fx_comm_status(world) != FX_OK)
+        if (comm_broken(world, dist))
             comm_failed();
         cli_fail(rc, par == FX__PAR_NONE ? "--deterministic" : o.parallel);
         goto done;
@@ -523,7 +534,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         bool stop = interrupted;
         rc = dist ? fx__dist_step(dist, &data, &st, tokens, targets, &info, &stop)
                   : fx__gpt_train_step(m, &data, &st, tokens, targets, &info);
-        if (rc && world && fx_comm_status(world) != FX_OK)
+        if (rc && comm_broken(world, dist))
             comm_failed();
         if (rc) {
             cli_fail(rc, "training step");
@@ -544,7 +555,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         if (eval) {
             rc = dist ? fx__dist_eval(dist, &data, o.eval_batches, st.seq, tokens, targets, &val)
                       : fx__gpt_eval(m, &data, o.eval_batches, tokens, targets, &val);
-            if (rc && world && fx_comm_status(world) != FX_OK)
+            if (rc && comm_broken(world, dist))
                 comm_failed();
             if (rc) {
                 cli_fail(rc, "validation");

@@ -478,6 +478,11 @@ void fx__dist_free(fx__dist *d)
     fx__free(d);
 }
 
+int fx__dist_status(const fx__dist *d)
+{
+    return d ? d->err : FX_OK;
+}
+
 void fx__dist_set_serial(fx__dist *d, bool on)
 {
     d->serial = on;

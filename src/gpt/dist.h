@@ -66,6 +66,9 @@ int fx__dist_eval(fx__dist *d, const fx__gpt_data *data, int64_t batches, int64_
    others); otherwise *full is the model itself. Release with fx__dist_full_release. */
 int fx__dist_full(fx__dist *d, fx__gpt **full);
 void fx__dist_full_release(fx__dist *d, fx__gpt *full);
+/* FX_OK, or the status of the communication failure (on any of its communicators) that
+   makes further training impossible: the process should report fx_last_error() and exit. */
+int fx__dist_status(const fx__dist *d);
 /* Benchmark switch: wait for every collective as soon as it starts and prefetch nothing (the
    same step with communication serialised). */
 void fx__dist_set_serial(fx__dist *d, bool on);
