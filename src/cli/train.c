@@ -282,6 +282,12 @@ int cmd_train(int argc, char **argv)
         }
         if (rank != 0)
             o.quiet = true; /* only rank 0 prints and writes */
+        /* Without --threads, the processes on one node share its cores. */
+        const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        if (!o.threads && local && atoi(local) > 1) {
+            int t = fx_get_num_threads() / atoi(local);
+            fx_set_num_threads(t > 1 ? t : 1);
+        }
     }
     rc = train_run(&o, par, world, rank, nproc);
     fx_comm_log_close();
