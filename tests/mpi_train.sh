@@ -55,8 +55,17 @@ equal_case() { # ddp | fsdp
     local det=(--batch 4 --steps 6)
     [[ $par == fsdp ]] && det=(--batch 2 --accum 2 --steps 6)
     "$flexc" train "${common[@]}" --quiet "${det[@]}" --deterministic --out "$tmp/det1" || bad "1-process deterministic"
-    run2 "$flexc" train "${common[@]}" --quiet "${det[@]}" --deterministic --parallel "$par" --out "$tmp/det2" ||
-        bad "2-rank deterministic"
+    local det2=("$flexc" train "${common[@]}" --quiet "${det[@]}" --deterministic --parallel "$par" --out "$tmp/det2")
+    if strace -f -qq -o /dev/null true 2>/dev/null; then
+        # rank 1 must not open or rename anything in the output directory (rank 0 writes)
+        run2 bash -c 'o=$1; shift; exec strace -f -qq -e trace=openat,open,creat,rename,renameat,renameat2 \
+            -o "$o.$OMPI_COMM_WORLD_RANK" "$@"' _ "$tmp/trace" "${det2[@]}" || bad "2-rank deterministic"
+        if grep -q "$tmp/det2" "$tmp/trace.1"; then bad "rank 1 touched --out: $(grep "$tmp/det2" "$tmp/trace.1")"; else ok; fi
+        grep -q "$tmp/det2/checkpoint" "$tmp/trace.0" && ok || bad "rank 0's trace shows no checkpoint write"
+    else
+        run2 "${det2[@]}" || bad "2-rank deterministic"
+        echo "note: strace does not work here; rank 1's writes are not checked"
+    fi
     same "$par-deterministic-checkpoint" "$tmp/det1/checkpoint.safetensors" "$tmp/det2/checkpoint.safetensors"
     losses "$tmp/det1/metrics.jsonl" | sed 's/,"val_loss":[^}]*//' >"$tmp/d1"
     losses "$tmp/det2/metrics.jsonl" | sed 's/,"val_loss":[^}]*//' >"$tmp/d2"

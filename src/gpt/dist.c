@@ -402,7 +402,7 @@ int fx__dist_create(fx__dist **out, fx__gpt *m, fx_comm *world, fx__par mode, bo
                          "--deterministic with fsdp needs one sequence per process per micro-batch (--batch %d "
                          "for %d processes; use --accum for more), not --batch %lld",
                          size, size, (long long)batch);
-    if (deterministic && mode == FX__PAR_DDP && (local & (local - 1)))
+    if (deterministic && mode == FX__PAR_DDP && size > 1 && (local & (local - 1)))
         return fx__error(FX_EINVAL,
                          "--deterministic needs --batch / processes to be a power of two; --batch %lld over %d "
                          "processes gives %lld",
@@ -660,7 +660,7 @@ int fx__dist_full(fx__dist *d, fx__gpt **full)
 {
     *full = NULL;
     if (d->mode != FX__PAR_FSDP) {
-        *full = d->m;
+        *full = d->rank == 0 ? d->m : NULL; /* every rank holds it; rank 0 writes */
         return FX_OK;
     }
     fx__gpt *m = d->m, *f = NULL;

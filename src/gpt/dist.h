@@ -62,8 +62,9 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
 int fx__dist_eval(fx__dist *d, const fx__gpt_data *data, int64_t batches, int64_t seq, int32_t *tokens,
                   int32_t *targets, float *loss);
 /* The whole model (parameters and Adam moments) for a checkpoint. Collective under FSDP: the
-   shards are gathered into a temporary model that only rank 0 receives (*full NULL on the
-   others); otherwise *full is the model itself. Release with fx__dist_full_release. */
+   shards are gathered into a temporary model that only rank 0 receives; otherwise *full is
+   the model itself on rank 0. NULL on the other ranks: only rank 0 writes checkpoints.
+   Release with fx__dist_full_release. */
 int fx__dist_full(fx__dist *d, fx__gpt **full);
 void fx__dist_full_release(fx__dist *d, fx__gpt *full);
 /* FX_OK, or the status of the communication failure (on any of its communicators) that
