@@ -506,7 +506,8 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     }
     char mpath[4200];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o.out);
-    if (rank == 0 && (rc = metrics_open(&metrics, mpath, st.step, o.resume)) != CLI_EXIT_OK)
+    rc = rank == 0 ? metrics_open(&metrics, mpath, st.step, o.resume) : CLI_EXIT_OK;
+    if (!all_ok(world, rc == CLI_EXIT_OK))
         goto done;
 
     bool tty = isatty(STDOUT_FILENO);
