@@ -6,7 +6,7 @@ set -euo pipefail
 build=${1:-build}
 flexc="$build/flexc"
 out=${RUN_OUT:-out/run}
-steps=${RUN_STEPS:-150}
+steps=${RUN_STEPS:-250}
 threads=${RUN_THREADS:-2}
 # Idle OpenMP threads sleep instead of spinning, so they leave the cores to OpenBLAS's
 # threads between the layers' GEMMs (two thread pools share the 2 cores).
@@ -20,7 +20,9 @@ fi
 
 echo "== training the default model on the fortunes corpus ($steps steps, $threads threads)"
 "$flexc" train --model small --batch 4 --seq 256 --steps "$steps" --lr 2e-3 --warmup 15 \
-    --eval-every 50 --log-every 10 --threads "$threads" --out "$out" --force
+    --eval-every 50 --log-every 25 --threads "$threads" --out "$out" --force
 echo
-echo "== a sample (flexc generate --ckpt $out --prompt 'The ' --tokens 400 --seed 1)"
-"$flexc" generate --ckpt "$out" --prompt "The " --tokens 400 --seed 1 --threads "$threads"
+for seed in 1 2 3; do
+    echo "== a sample (flexc generate --ckpt $out --prompt 'The ' --temperature 0.7 --seed $seed)"
+    "$flexc" generate --ckpt "$out" --prompt "The " --tokens 400 --temperature 0.7 --seed "$seed" --threads "$threads"
+done

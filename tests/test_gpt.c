@@ -432,6 +432,59 @@ static void test_recompute_bitwise(void)
     }
 }
 
+/* The gradient hook sees every region once, in the documented order, after it is final. */
+typedef struct hook_log {
+    int n, layer[64];
+    size_t off[64], numel[64];
+    const float *base;
+    float first[64]; /* the region's first gradient when the hook saw it */
+} hook_log;
+
+static void record_hook(int layer, float *grad, size_t numel, void *user)
+{
+    hook_log *h = user;
+    if (h->n < 64) {
+        h->layer[h->n] = layer, h->off[h->n] = (size_t)(grad - h->base), h->numel[h->n] = numel;
+        h->first[h->n] = grad[0];
+        h->n++;
+    }
+}
+
+static void test_grad_hook(void)
+{
+    fx__gpt_config c = small_cfg();
+    fx__gpt *m = NULL;
+    FXT_OK(fx__gpt_create(&m, &c, 3));
+    if (!m)
+        return;
+    FXT_OK(fx__gpt_alloc_train(m));
+    FXT_OK(fx__gpt_set_batch(m, 2, 8));
+    hook_log h = {.base = m->grads};
+    m->hook = record_hook, m->hook_user = &h;
+    int32_t tok[16], tgt[16];
+    make_batch(2, 8, c.vocab, 3, tok, tgt, false);
+    float loss;
+    FXT_OK(fx__gpt_forward(m, tok, tgt, &loss, true));
+    FXT_OK(fx__gpt_backward(m));
+    FXT_EQ_INT(h.n, c.layers + 2);
+    if (h.n != c.layers + 2)
+        return;
+    FXT_EQ_INT(h.layer[0], c.layers);
+    FXT_EQ_INT(h.layer[h.n - 1], -1);
+    size_t covered = 0;
+    for (int i = 0; i < h.n; i++) {
+        if (i > 0 && i < h.n - 1)
+            FXT_EQ_INT(h.layer[i], c.layers - i);
+        covered += h.numel[i];
+        /* Final when seen: the backward does not change it afterwards. */
+        FXT_CHECK(memcmp(&h.first[i], m->grads + h.off[i], sizeof(float)) == 0);
+    }
+    FXT_EQ_INT(covered, m->lay.total);
+    FXT_EQ_INT(h.off[h.n - 1], 0);
+    FXT_EQ_INT(h.off[0] + h.numel[0], m->lay.total);
+    fx__gpt_free(m);
+}
+
 /* Decoding token by token (KV cache, q_offset, Lq = 1) gives the forward pass's loss. */
 static void decode_check(fx__gpt_attn_impl ai, const char *mask)
 {
@@ -865,6 +918,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_gradcheck_flex);
     FXT_RUN(test_flex_matches_reference);
     FXT_RUN(test_recompute_bitwise);
+    FXT_RUN(test_grad_hook);
     FXT_RUN(test_decode_flex);
     FXT_RUN(test_resume_bitwise);
     FXT_RUN(test_threads_bitwise);

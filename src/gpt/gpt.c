@@ -721,6 +721,25 @@ void fx__gpt_grad_scale(fx__gpt *m, float s)
         g[i] *= s;
 }
 
+/* bfloat16 <-> float32 inline in the optimizer's loop (the same rounding as
+   fx_f32_to_bf16: nearest even, NaN kept quiet). */
+static inline float fx__bf16_load(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t fx__bf16_store(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
 {
     float bc1 = 1.0f - powf(o->beta1, (float)t), bc2 = 1.0f - powf(o->beta2, (float)t);
@@ -736,10 +755,10 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
 #pragma omp parallel for schedule(static)
             for (int64_t i = 0; i < n; i++) {
                 float gi = g[i] * gs;
-                float mi = o->beta1 * fx_bf16_to_f32(mm[i]) + (1.0f - o->beta1) * gi;
-                float vi = o->beta2 * fx_bf16_to_f32(vv[i]) + (1.0f - o->beta2) * gi * gi;
-                mm[i] = fx_f32_to_bf16(mi);
-                vv[i] = fx_f32_to_bf16(vi);
+                float mi = o->beta1 * fx__bf16_load(mm[i]) + (1.0f - o->beta1) * gi;
+                float vi = o->beta2 * fx__bf16_load(vv[i]) + (1.0f - o->beta2) * gi * gi;
+                mm[i] = fx__bf16_store(mi);
+                vv[i] = fx__bf16_store(vi);
                 p[i] -= o->lr * (mi / bc1 / (sqrtf(vi / bc2) + o->eps) + wd * p[i]);
             }
             continue;
