@@ -89,10 +89,14 @@ int bench_train_dist(int argc, char **argv)
     fx_rng_init(&r, 7, 0);
     for (int64_t i = 0; i < d.n; i++)
         d.tok[i] = (uint16_t)(fx_rng_u32(&r) % (uint32_t)cfg.vocab);
+    /* The library's allocation counter: the whole model before sharding, what stays after. */
+    size_t mem0, mem_whole, mem_sharded, peak;
+    fx_mem_stats(&mem0, &peak);
     if ((rc = fx__gpt_create(&m, &cfg, 1)) != FX_OK || (rc = fx__gpt_alloc_train(m)) != FX_OK) {
         cli_fail(rc, "bench train");
         goto done;
     }
+    fx_mem_stats(&mem_whole, &peak);
     size_t full_state = 4 * m->lay.total * sizeof(float);
     if ((rc = fx__dist_create(&dist, m, world, par, false, batch)) != FX_OK) {
         if (fx_comm_status(world) != FX_OK)
@@ -100,6 +104,7 @@ int bench_train_dist(int argc, char **argv)
         cli_fail(rc, "bench train");
         goto done;
     }
+    fx_mem_stats(&mem_sharded, &peak);
     fx__gpt_train_state s = {.steps = 1000, .warmup = 10, .batch = batch, .seq = seq, .accum = 1, .lr = 1e-4f,
                              .min_lr = 1e-5f, .weight_decay = 0.1f, .clip = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f};
     fx_rng_init(&s.rng, 1, 1);
@@ -156,10 +161,11 @@ int bench_train_dist(int argc, char **argv)
                    "\"speedup\":%.3f,\"wait_s\":%.6f,\"serial_wait_s\":%.6f,\"progress_s\":%.6f,"
                    "\"serial_progress_s\":%.6f,\"hidden_fraction\":%.3f,\"wait_reduction\":%.3f,"
                    "\"bytes_per_step\":%.0f,\"collectives_per_step\":%lld,\"state_bytes\":%zu,"
-                   "\"one_process_state_bytes\":%zu,\"state_ratio\":%.3f}\n",
+                   "\"one_process_state_bytes\":%zu,\"state_ratio\":%.3f,\"allocated_bytes\":%zu,"
+                   "\"one_process_allocated_bytes\":%zu}\n",
                    parallel, model, m->lay.total, N, (long long)batch, (long long)seq, fx_get_num_threads(), t_ov,
                    t_se, t_se / t_ov, w_ov, w_se, p_ov, p_se, hidden, wait_cut, bytes, (long long)ncoll, state,
-                   full_state, (double)state / (double)full_state);
+                   full_state, (double)state / (double)full_state, mem_sharded - mem0, mem_whole - mem0);
         else {
             printf("train --parallel %s, %s: %.2fM params, %d processes, batch %lld x %lld, %d threads each "
                    "(median of %lld alternating pairs, slowest rank)\n",
@@ -176,6 +182,10 @@ int bench_train_dist(int argc, char **argv)
                    "%.2f MB per rank vs %.2f MB in one process (%.2fx)\n",
                    bytes / 1e6, (long long)ncoll, (double)state / 1e6, (double)full_state / 1e6,
                    (double)state / (double)full_state);
+            printf("  allocated by the model before the first step (library counter): %.2f MB per rank vs %.2f MB "
+                   "for the whole model (%.2fx)\n",
+                   (double)(mem_sharded - mem0) / 1e6, (double)(mem_whole - mem0) / 1e6,
+                   (double)(mem_sharded - mem0) / (double)(mem_whole - mem0));
         }
     }
     exit_code = CLI_EXIT_OK;
