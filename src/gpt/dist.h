@@ -19,7 +19,8 @@
  * left-aligned pairwise tree of fx_comm_sum_pairwise: each rank sums its K = batch/N slices
  * (K a power of two), the deterministic all-reduce / reduce-scatter sums the ranks' partial
  * sums with the same tree, and 1 process sums all `batch` slices at once, which is the same
- * tree. See docs/distributed.md.
+ * tree. FSDP reduces each layer as its backward ends, so it takes one slice per rank per
+ * micro-batch (batch == N; --accum for more). See docs/distributed.md.
  */
 #ifndef FX_GPT_DIST_H
 #define FX_GPT_DIST_H
