@@ -3,6 +3,7 @@
    unfused (materialised logits) loss, measured side by side in one run (BENCH.md). */
 #include "cli.h"
 
+#include "bench_train_dist.h"
 #include "bench_util.h"
 #include "gpt/gpt.h"
 
@@ -45,6 +46,9 @@ int bench_train(int argc, char **argv)
     const char *model = "small", *attn = "causal", *only = NULL;
     int64_t batch = 4, seq = 0, steps = 5, vocab = 0, threads = 0, accum = 1;
     bool json = false, adam_bf16 = false, recompute = false;
+    for (int i = 0; i < argc; i++) /* over MPI processes: a benchmark of its own */
+        if (!strcmp(argv[i], "--parallel"))
+            return bench_train_dist(argc, argv);
     const cli_opt opts[] = {
         {"--model", CLI_STRING, &model, "tiny | small | gpt2 (default small)"},
         {"--attn", CLI_STRING, &attn, "mask of the flex variant: causal | sliding:W | document (default causal)"},

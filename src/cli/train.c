@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include "bench_util.h"
+#include "gpt/dist.h"
 #include "gpt/gpt.h"
 
 #include <errno.h>
@@ -23,11 +24,11 @@ static void on_sigint(int sig)
 }
 
 typedef struct train_opts {
-    const char *data, *model, *attn, *out;
+    const char *data, *model, *attn, *out, *parallel, *comm_log;
     int64_t steps, batch, seq, seed, threads, accum, warmup, save_every, eval_every, eval_batches, log_every, until;
     int64_t layers, dim, heads, kv_heads;
-    double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac;
-    bool resume, quiet, bf16, force, adam_bf16, recompute;
+    double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac, comm_timeout;
+    bool resume, quiet, bf16, force, adam_bf16, recompute, deterministic;
 } train_opts;
 
 /* "-1" marks an option the user did not give. */
@@ -136,6 +137,32 @@ static int resume_mismatch(const char *opt, long long given, long long saved)
     return CLI_EXIT_USAGE;
 }
 
+/* After a communication failure (a lost or diverging peer) the process reports and exits at
+   once: MPI may still write the buffers of the failed collectives, and finalising with a
+   lost peer can hang. */
+static _Noreturn void comm_failed(void)
+{
+    fflush(stdout);
+    cli_error("%s", fx_last_error());
+    exit(CLI_EXIT_FAIL);
+}
+
+static bool comm_broken(fx_comm *world, const fx__dist *dist)
+{
+    return world && (fx_comm_status(world) != FX_OK || fx__dist_status(dist) != FX_OK);
+}
+
+/* Whether every rank reports ok (a collective: all ranks call it at the same point). */
+static bool all_ok(fx_comm *world, bool ok)
+{
+    if (!world)
+        return ok;
+    float bad = ok ? 0.0f : 1.0f;
+    if (fx_comm_all_reduce(world, &bad, 1, NULL) != FX_OK)
+        comm_failed();
+    return bad == 0.0f;
+}
+
 static int save_all(const fx__gpt *m, const fx__gpt_train_state *s, const char *out, bool bf16)
 {
     char path[4200];
@@ -150,13 +177,35 @@ static int save_all(const fx__gpt *m, const fx__gpt_train_state *s, const char *
     return CLI_EXIT_OK;
 }
 
+static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int nproc);
+
+/* Saves from rank 0; under FSDP every rank takes part in gathering the shards first. */
+static int save_dist(fx__gpt *m, fx__dist *dist, fx_comm *world, const fx__gpt_train_state *s, const char *out,
+                     bool bf16)
+{
+    if (!dist)
+        return save_all(m, s, out, bf16);
+    fx__gpt *full = NULL;
+    int rc = fx__dist_full(dist, &full);
+    if (rc && comm_broken(world, dist))
+        comm_failed();
+    if (rc)
+        return cli_fail(rc, "gathering the checkpoint");
+    int ret = CLI_EXIT_OK;
+    if (full)
+        ret = save_all(full, s, out, bf16);
+    fx__dist_full_release(dist, full);
+    return all_ok(world, ret == CLI_EXIT_OK) ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+}
+
 int cmd_train(int argc, char **argv)
 {
     train_opts o = {.model = NULL, .attn = NULL, .out = "out", .steps = UNSET, .batch = UNSET, .seq = UNSET,
                     .seed = 1337, .threads = 0, .accum = UNSET, .warmup = UNSET, .save_every = 0,
                     .eval_every = UNSET, .eval_batches = 4, .log_every = UNSET, .until = UNSET, .layers = UNSET,
                     .dim = UNSET, .heads = UNSET, .kv_heads = UNSET, .lr = NAN, .min_lr = NAN,
-                    .weight_decay = 0.1, .clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .val_frac = 0.05};
+                    .weight_decay = 0.1, .clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .val_frac = 0.05,
+                    .parallel = "none", .comm_timeout = FX_COMM_DEFAULT_TIMEOUT};
     const cli_opt opts[] = {
         {"--data", CLI_STRING, &o.data, "UTF-8 text to train on (default: the fortunes corpus)"},
         {"--model", CLI_STRING, &o.model, "tiny | small | gpt2 (default small)"},
@@ -188,6 +237,10 @@ int cmd_train(int argc, char **argv)
         {"--recompute", CLI_FLAG, &o.recompute, "keep only layer inputs, recompute the rest in backward"},
         {"--threads", CLI_INT, &o.threads, "threads (default: all cores)"},
         {"--quiet", CLI_FLAG, &o.quiet, "no progress output"},
+        {"--parallel", CLI_STRING, &o.parallel, "none | ddp | fsdp: training over the processes of mpirun"},
+        {"--deterministic", CLI_FLAG, &o.deterministic, "bitwise the same results at any process count"},
+        {"--comm-timeout", CLI_FLOAT, &o.comm_timeout, "seconds before a collective fails (default 600)"},
+        {"--comm-log", CLI_STRING, &o.comm_log, "JSON-lines log of every collective, per rank ({rank} in FILE)"},
     };
     int rc = cli_parse("train", "[options]", argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
     if (rc == CLI_PARSE_HELP)
@@ -198,6 +251,56 @@ int cmd_train(int argc, char **argv)
         cli_error("--threads %lld: %s", (long long)o.threads, fx_last_error());
         return CLI_EXIT_USAGE;
     }
+    fx__par par;
+    if (fx__par_parse(o.parallel, &par) != FX_OK) {
+        cli_error("%s", fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    if (!(o.comm_timeout > 0)) {
+        cli_error("--comm-timeout %g must be > 0 seconds", o.comm_timeout);
+        return CLI_EXIT_USAGE;
+    }
+    /* Several processes started by mpirun without --parallel would each train alone and
+       overwrite each other's files. */
+    const char *np_env = getenv("OMPI_COMM_WORLD_SIZE");
+    if (par == FX__PAR_NONE && np_env && atoi(np_env) > 1) {
+        cli_error("running as one of %s processes (mpirun): pass --parallel ddp or fsdp", np_env);
+        return CLI_EXIT_USAGE;
+    }
+    fx_comm *world = NULL;
+    int rank = 0, nproc = 1;
+    if (par != FX__PAR_NONE) {
+        if ((rc = fx_comm_init(&world, NULL, NULL)) != FX_OK)
+            return cli_fail(rc, o.parallel[0] == 'd' ? "--parallel ddp" : "--parallel fsdp");
+        rank = fx_comm_rank(world), nproc = fx_comm_size(world);
+        fx_comm_set_timeout(world, o.comm_timeout);
+        fx_comm_set_dump_fd(2);
+        fx_comm_install_sigusr1();
+        if (o.comm_log && (rc = fx_comm_log_open(o.comm_log)) != FX_OK) {
+            fx_comm_free(world);
+            return cli_fail(rc, "--comm-log");
+        }
+        if (rank != 0)
+            o.quiet = true; /* only rank 0 prints and writes */
+        /* Without --threads, the processes on one node share its cores. */
+        const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        if (!o.threads && local && atoi(local) > 1) {
+            int t = fx_get_num_threads() / atoi(local);
+            fx_set_num_threads(t > 1 ? t : 1);
+        }
+    }
+    rc = train_run(&o, par, world, rank, nproc);
+    fx_comm_log_close();
+    fx_comm_free(world);
+    if (world && fx_comm_finalize() != FX_OK)
+        comm_failed();
+    return rc;
+}
+
+static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int nproc)
+{
+    train_opts o = *op;
+    int rc;
 
     /* ---- configuration: a preset with overrides, or the checkpoint's on resume ---- */
     char ckpt[4200];
@@ -329,8 +432,14 @@ int cmd_train(int argc, char **argv)
     if (log_every > 50)
         log_every = 50;
 
-    if ((rc = check_out_dir(o.out)) != CLI_EXIT_OK)
-        return rc;
+    if (st.batch % nproc) {
+        cli_error("--batch %lld is the global batch and must be a multiple of the %d processes", (long long)st.batch,
+                  nproc);
+        return CLI_EXIT_USAGE;
+    }
+    rc = rank == 0 ? check_out_dir(o.out) : CLI_EXIT_OK;
+    if (!all_ok(world, rc == CLI_EXIT_OK))
+        return rc != CLI_EXIT_OK ? rc : CLI_EXIT_FAIL;
 
     /* ---- data and model ---- */
     /* A resumed run reads its checkpoint's data unless told otherwise, and checks it is
@@ -359,6 +468,7 @@ int cmd_train(int argc, char **argv)
     }
     st.data_hash = data.hash;
     fx__gpt *m = NULL;
+    fx__dist *dist = NULL;
     int32_t *tokens = NULL, *targets = NULL;
     FILE *metrics = NULL;
     int exit_code = CLI_EXIT_FAIL;
@@ -377,7 +487,14 @@ int cmd_train(int argc, char **argv)
         cli_fail(rc, "--resume");
         goto done;
     }
-    if ((rc = fx__gpt_set_batch(m, st.batch, st.seq)) != FX_OK) {
+    if ((par != FX__PAR_NONE || o.deterministic) &&
+        (rc = fx__dist_create(&dist, m, world, par, o.deterministic, st.batch)) != FX_OK) {
+        if (comm_broken(world, dist))
+            comm_failed();
+        cli_fail(rc, par == FX__PAR_NONE ? "--deterministic" : o.parallel);
+        goto done;
+    }
+    if (!dist && (rc = fx__gpt_set_batch(m, st.batch, st.seq)) != FX_OK) {
         cli_fail(rc, "model");
         goto done;
     }
@@ -389,7 +506,8 @@ int cmd_train(int argc, char **argv)
     }
     char mpath[4200];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o.out);
-    if ((rc = metrics_open(&metrics, mpath, st.step, o.resume)) != CLI_EXIT_OK)
+    rc = rank == 0 ? metrics_open(&metrics, mpath, st.step, o.resume) : CLI_EXIT_OK;
+    if (!all_ok(world, rc == CLI_EXIT_OK))
         goto done;
 
     bool tty = isatty(STDOUT_FILENO);
@@ -405,6 +523,10 @@ int cmd_train(int argc, char **argv)
                (long long)st.step + 1, (long long)until, (long long)st.steps, (long long)st.batch, (long long)st.seq,
                (long long)st.accum, (double)st.lr, (long long)st.warmup, (double)st.min_lr, fx_get_num_threads(),
                o.out);
+        if (world)
+            printf("parallel %s over %d processes (%lld sequences each)%s, communication timeout %g s\n", o.parallel,
+                   nproc, (long long)(st.batch / nproc), o.deterministic ? ", deterministic" : "",
+                   fx_comm_timeout(world));
         fflush(stdout);
     }
 
@@ -416,10 +538,17 @@ int cmd_train(int argc, char **argv)
     while (st.step < until && !interrupted) {
         double t0 = bench_now();
         fx__gpt_step_info info;
-        if ((rc = fx__gpt_train_step(m, &data, &st, tokens, targets, &info)) != FX_OK) {
+        bool stop = interrupted;
+        rc = dist ? fx__dist_step(dist, &data, &st, tokens, targets, &info, &stop)
+                  : fx__gpt_train_step(m, &data, &st, tokens, targets, &info);
+        if (rc && comm_broken(world, dist))
+            comm_failed();
+        if (rc) {
             cli_fail(rc, "training step");
             goto done;
         }
+        if (stop)
+            interrupted = 1;
         double dt = bench_now() - t0, tps = tok_per_step / dt;
         if (!isfinite(info.loss)) {
             cli_error("step %lld: the loss is %g; lower --lr", (long long)st.step, (double)info.loss);
@@ -430,18 +559,26 @@ int cmd_train(int argc, char **argv)
         last_loss = info.loss;
         bool eval = st.step == until || (eval_every > 0 && st.step % eval_every == 0);
         float val = NAN;
-        if (eval && (rc = fx__gpt_eval(m, &data, o.eval_batches, tokens, targets, &val)) != FX_OK) {
-            cli_fail(rc, "validation");
-            goto done;
+        if (eval) {
+            rc = dist ? fx__dist_eval(dist, &data, o.eval_batches, st.seq, tokens, targets, &val)
+                      : fx__gpt_eval(m, &data, o.eval_batches, tokens, targets, &val);
+            if (rc && comm_broken(world, dist))
+                comm_failed();
+            if (rc) {
+                cli_fail(rc, "validation");
+                goto done;
+            }
         }
         double elapsed = bench_now() - t_start;
-        fprintf(metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
-                         "\"time_s\":%.3f",
-                (long long)st.step, (double)info.loss, (double)info.lr, (double)info.grad_norm, tps, elapsed);
-        if (eval)
-            fprintf(metrics, ",\"val_loss\":%.9g", (double)val);
-        fprintf(metrics, "}\n");
-        fflush(metrics);
+        if (metrics) {
+            fprintf(metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
+                             "\"time_s\":%.3f",
+                    (long long)st.step, (double)info.loss, (double)info.lr, (double)info.grad_norm, tps, elapsed);
+            if (eval)
+                fprintf(metrics, ",\"val_loss\":%.9g", (double)val);
+            fprintf(metrics, "}\n");
+            fflush(metrics);
+        }
         if (!o.quiet) {
             double avg = (double)(st.step - first) * tok_per_step / elapsed;
             char eta[32];
@@ -463,10 +600,10 @@ int cmd_train(int argc, char **argv)
             }
         }
         if (o.save_every > 0 && st.step % o.save_every == 0 && st.step < until &&
-            (rc = save_all(m, &st, o.out, o.bf16)) != CLI_EXIT_OK)
+            (rc = save_dist(m, dist, world, &st, o.out, o.bf16)) != CLI_EXIT_OK)
             goto done;
     }
-    if ((rc = save_all(m, &st, o.out, o.bf16)) != CLI_EXIT_OK)
+    if ((rc = save_dist(m, dist, world, &st, o.out, o.bf16)) != CLI_EXIT_OK)
         goto done;
     if (!o.quiet) {
         if (tty)
@@ -484,6 +621,7 @@ done:
     if (metrics)
         fclose(metrics);
     free(tokens), free(targets);
+    fx__dist_free(dist);
     fx__gpt_free(m);
     fx__gpt_data_free(&data);
     return exit_code;

@@ -461,12 +461,31 @@ typedef struct fx__layer_params {
     float *ln1, *wq, *wk, *wv, *wo, *ln2, *w1, *w3, *w2;
 } fx__layer_params;
 
-static fx__layer_params fx__layer(const fx__gpt *m, float *buf, int64_t l)
+/* Layer l's first float (l == layers: the final norm) in the parameters or the gradients:
+   in the flat buffer, or in the layer's own buffer when sharded training set one. */
+static float *fx__layer_base(const fx__gpt *m, bool grads, int64_t l)
+{
+    float **own = grads ? m->layer_grads : m->layer_params;
+    if (own)
+        return own[l];
+    return (grads ? m->grads : m->params) + fx__layer_first(m, l)->offset;
+}
+
+static fx__layer_params fx__layer(const fx__gpt *m, bool grads, int64_t l)
 {
     const fx__gpt_tensor *t = fx__layer_first(m, l);
-    return (fx__layer_params){buf + t[FX__GPT_LN1].offset, buf + t[FX__GPT_WQ].offset, buf + t[FX__GPT_WK].offset,
-                              buf + t[FX__GPT_WV].offset, buf + t[FX__GPT_WO].offset, buf + t[FX__GPT_LN2].offset,
-                              buf + t[FX__GPT_W1].offset, buf + t[FX__GPT_W3].offset, buf + t[FX__GPT_W2].offset};
+    float *buf = fx__layer_base(m, grads, l);
+    size_t o = t->offset;
+    return (fx__layer_params){buf + (t[FX__GPT_LN1].offset - o), buf + (t[FX__GPT_WQ].offset - o),
+                              buf + (t[FX__GPT_WK].offset - o), buf + (t[FX__GPT_WV].offset - o),
+                              buf + (t[FX__GPT_WO].offset - o), buf + (t[FX__GPT_LN2].offset - o),
+                              buf + (t[FX__GPT_W1].offset - o), buf + (t[FX__GPT_W3].offset - o),
+                              buf + (t[FX__GPT_W2].offset - o)};
+}
+
+static int fx__layer_hook(fx__gpt *m, int64_t l, bool backward)
+{
+    return m->layer_hook ? m->layer_hook((int)l, backward, m->hook_user) : FX_OK;
 }
 
 /* Layer l's saved activations: slot l, or slot 0 when they are recomputed. */
@@ -493,7 +512,7 @@ static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call 
     const fx__gpt_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
     int64_t Hq = c->heads, Hkv = c->kv_heads, hd = C / Hq, QD = Hq * hd, KD = Hkv * hd;
-    fx__layer_params p = fx__layer(m, m->params, l);
+    fx__layer_params p = fx__layer(m, false, l);
     fx__layer_acts x = fx__layer_acts_at(m, a, l);
 
     fx__rmsnorm_forward(x.xn1, x.rstd1, x.res, p.ln1, N, C, c->norm_eps);
@@ -510,6 +529,8 @@ static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call 
     fx__from_heads(a->sx, x.att, B, T, Hq, hd);
     memcpy(x.resm, x.res, (size_t)(N * C) * sizeof(float));
     fx__linear(x.resm, a->sx, p.wo, N, QD, C, true);
+    if (m->progress)
+        m->progress(m->hook_user);
 
     fx__rmsnorm_forward(x.xn2, x.rstd2, x.resm, p.ln2, N, C, c->norm_eps);
     fx__linear(x.h1, x.xn2, p.w1, N, C, F, false);
@@ -558,10 +579,12 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
 
     fx__embed_forward(a.res, tokens, m->params, N, C);
     for (int64_t l = 0; l < c->layers; l++)
-        if ((rc = fx__layer_forward(m, &a, &call, l, true)) != FX_OK)
+        if ((rc = fx__layer_hook(m, l, false)) != FX_OK || (rc = fx__layer_forward(m, &a, &call, l, true)) != FX_OK)
             return rc;
-    const fx__gpt_tensor *tn = fx__layer_first(m, c->layers);
-    fx__rmsnorm_forward(a.xnf, a.rstdf, a.res + c->layers * N * C, m->params + tn->offset, N, C, c->norm_eps);
+    if ((rc = fx__layer_hook(m, c->layers, false)) != FX_OK)
+        return rc;
+    fx__rmsnorm_forward(a.xnf, a.rstdf, a.res + c->layers * N * C, fx__layer_base(m, false, c->layers), N, C,
+                        c->norm_eps);
     if (!targets)
         return FX_OK;
 
@@ -583,10 +606,10 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
 
 /* ---- backward ---------------------------------------------------------------------------------------- */
 
-static void fx__hook(fx__gpt *m, int layer, size_t offset, size_t numel)
+static void fx__hook(fx__gpt *m, int layer, float *grad, size_t numel)
 {
     if (m->hook)
-        m->hook(layer, m->grads + offset, numel, m->hook_user);
+        m->hook(layer, grad, numel, m->hook_user);
 }
 
 int fx__gpt_backward(fx__gpt *m)
@@ -607,12 +630,17 @@ int fx__gpt_backward(fx__gpt *m)
     /* The final norm: its input gradient d(xnf) came with the loss. */
     const fx__gpt_tensor *tn = fx__layer_first(m, c->layers);
     memset(a.dres, 0, (size_t)(N * C) * sizeof(float));
-    fx__rmsnorm_backward(a.dres, m->grads + tn->offset, a.dxn, a.res + c->layers * N * C, m->params + tn->offset,
-                         a.rstdf, N, C);
-    fx__hook(m, (int)c->layers, tn->offset, tn->numel);
+    if ((rc = fx__layer_hook(m, c->layers, true)) != FX_OK)
+        return rc;
+    float *gn = fx__layer_base(m, true, c->layers);
+    fx__rmsnorm_backward(a.dres, gn, a.dxn, a.res + c->layers * N * C, fx__layer_base(m, false, c->layers), a.rstdf,
+                         N, C);
+    fx__hook(m, (int)c->layers, gn, tn->numel);
 
     for (int64_t l = c->layers - 1; l >= 0; l--) {
-        fx__layer_params p = fx__layer(m, m->params, l), g = fx__layer(m, m->grads, l);
+        if ((rc = fx__layer_hook(m, l, true)) != FX_OK)
+            return rc;
+        fx__layer_params p = fx__layer(m, false, l), g = fx__layer(m, true, l);
         if (m->recompute && (rc = fx__layer_forward(m, &a, &call, l, false)) != FX_OK)
             return rc;
         fx__layer_acts x = fx__layer_acts_at(m, &a, l);
@@ -628,6 +656,8 @@ int fx__gpt_backward(fx__gpt *m)
         fx__linear_backward(a.dxn, g.w1, dh1, xn2, p.w1, N, C, F, false);
         fx__linear_backward(a.dxn, g.w3, dh3, xn2, p.w3, N, C, F, true);
         fx__rmsnorm_backward(a.dres, g.ln2, a.dxn, resm, p.ln2, rstd2, N, C);
+        if (m->progress)
+            m->progress(m->hook_user);
 
         /* Attention: resm = res + from_heads(att) Wo^T, dres holds d(resm). */
         fx__from_heads(a.sx, att, B, T, Hq, hd);
@@ -648,10 +678,10 @@ int fx__gpt_backward(fx__gpt *m)
 
         const fx__gpt_tensor *t0 = fx__layer_first(m, l);
         size_t numel = fx__layer_first(m, l + 1)->offset - t0->offset;
-        fx__hook(m, (int)l, t0->offset, numel);
+        fx__hook(m, (int)l, fx__layer_base(m, true, l), numel);
     }
     fx__embed_backward(m->grads, a.dres, m->tokens, N, C);
-    fx__hook(m, -1, 0, m->lay.t[0].numel);
+    fx__hook(m, -1, m->grads, m->lay.t[0].numel);
     return FX_OK;
 }
 
@@ -733,17 +763,23 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
             }
             continue;
         }
-        float *mm = m->adam + tt->offset, *vv = m->adam + P + tt->offset;
+        fx__adamw_f32(p, g, m->adam + tt->offset, m->adam + P + tt->offset, n, o, wd, t);
+    }
+}
+
+void fx__adamw_f32(float *p, const float *g, float *mm, float *vv, int64_t n, const fx__adamw *o, float wd, int64_t t)
+{
+    float bc1 = 1.0f - powf(o->beta1, (float)t), bc2 = 1.0f - powf(o->beta2, (float)t);
+    float gs = o->grad_scale != 0.0f ? o->grad_scale : 1.0f;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < n; i++) {
-            float gi = g[i] * gs;
-            float mi = o->beta1 * mm[i] + (1.0f - o->beta1) * gi;
-            float vi = o->beta2 * vv[i] + (1.0f - o->beta2) * gi * gi;
-            mm[i] = mi;
-            vv[i] = vi;
-            float mhat = mi / bc1, vhat = vi / bc2;
-            p[i] -= o->lr * (mhat / (sqrtf(vhat) + o->eps) + wd * p[i]);
-        }
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i] * gs;
+        float mi = o->beta1 * mm[i] + (1.0f - o->beta1) * gi;
+        float vi = o->beta2 * vv[i] + (1.0f - o->beta2) * gi * gi;
+        mm[i] = mi;
+        vv[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        p[i] -= o->lr * (mhat / (sqrtf(vhat) + o->eps) + wd * p[i]);
     }
 }
 
@@ -831,7 +867,7 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t
 
     fx__embed_forward(x, tokens, m->params, n, C);
     for (int64_t l = 0; l < c->layers; l++) {
-        fx__layer_params p = fx__layer(m, m->params, l);
+        fx__layer_params p = fx__layer(m, false, l);
         float *kl = kc->k + l * KD * ctx, *vl = kc->v + l * KD * ctx;
         fx__rmsnorm_forward(xn, rstd, x, p.ln1, n, C, c->norm_eps);
         fx__linear(qt, xn, p.wq, n, C, QD, false);

@@ -144,6 +144,19 @@ typedef struct fx__gpt {
 
     fx__gpt_grad_hook hook; /* called in backward when a layer's gradients are final */
     void *hook_user;
+
+    /* Sharded training (FSDP): layer l's parameters and gradients (l == layers: the final
+       norm) live in buffers of their own, laid out as in the flat buffer from the layer's
+       first tensor; the embedding stays at params / grads offset 0. NULL: the flat buffers. */
+    float **layer_params, **layer_grads;
+    /* Called before layer l's forward (backward false) and before its backward (l == layers:
+       the final norm), with hook_user: where FSDP gathers the layer. Non-zero aborts the pass
+       with that status. */
+    int (*layer_hook)(int layer, bool backward, void *user);
+    /* Called between the attention and MLP halves of each layer, forward and backward, with
+       hook_user: where collectives in flight are driven forward (MPI advances them only
+       inside its calls). */
+    void (*progress)(void *user);
 } fx__gpt;
 
 /* Allocates and initialises parameters (N(0, 0.02), output projections scaled by
@@ -184,6 +197,9 @@ void fx__gpt_grad_scale(fx__gpt *m, float s);
    bfloat16 moments, each is widened, updated in float32 and rounded to nearest even (fine
    for beta2 <= 0.99: smaller relative updates than bfloat16's 2^-8 would be lost). */
 void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t);
+/* The float32 AdamW update of n elements at step t with decay wd (the loop of fx__gpt_adamw;
+   sharded training runs it on its shard, with the same results element for element). */
+void fx__adamw_f32(float *p, const float *g, float *m, float *v, int64_t n, const fx__adamw *o, float wd, int64_t t);
 /* Linear warmup to lr, then cosine down to min_lr at step `total`. step counts from 0. */
 float fx__lr_schedule(int64_t step, int64_t warmup, int64_t total, float lr, float min_lr);
 

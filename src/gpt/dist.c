@@ -1,0 +1,704 @@
+/* Training over several processes: DDP, FSDP and the deterministic sliced step (dist.h). */
+#include "dist.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+struct fx__dist {
+    fx__gpt *m;
+    fx_comm *world, *rs; /* rs: FSDP's reduce-scatter communicator */
+    fx__par mode;
+    bool det, serial;
+    int rank, size;
+    int64_t batch, local; /* global and per-rank sequences per micro-batch */
+    int err;              /* first communication failure seen inside a hook */
+    fx__dist_stats cur, last;
+
+    /* DDP: the all-reduces started by the gradient hook during the last micro-batch. */
+    bool reducing;
+    fx_comm_work **works;
+    int nworks, cap;
+
+    /* Deterministic: one row per slice (its gradient, then its loss), summed by a stack that
+       builds the left-aligned pairwise tree as slices arrive. */
+    size_t row;
+    float *stack, *acc;
+    int64_t *stack_n;
+    int levels;
+
+    /* FSDP: unit u = 0 the embedding, 1..L layer u-1, L+1 the final norm. */
+    int64_t units;
+    size_t *uoff, *unum, *ush, *soff; /* flat offset, size, shard size, offset in the shards */
+    size_t S, maxsh;
+    float *sp, *sg, *sm, *sv;          /* the shards: parameters, gradients, Adam m and v */
+    float *gp[2], *gg[2], *rsout[2];   /* two gathered layers, two layer gradients in flight */
+    int pslot[2], gslot[2];            /* the layer each slot holds (-1: none) */
+    fx_comm_work *pw[2], *gw[2];
+    float *normp, *normg, *rs_wte, *rs_norm;
+    fx_comm_work *w_wte, *w_norm, *w_rs_wte, *w_rs_norm;
+    float **lp, **lg;                  /* m->layer_params / layer_grads */
+};
+
+int fx__par_parse(const char *s, fx__par *out)
+{
+    if (s && !strcmp(s, "none"))
+        *out = FX__PAR_NONE;
+    else if (s && !strcmp(s, "ddp"))
+        *out = FX__PAR_DDP;
+    else if (s && !strcmp(s, "fsdp"))
+        *out = FX__PAR_FSDP;
+    else
+        return fx__error(FX_EINVAL, "--parallel '%s' is not none, ddp or fsdp", s ? s : "(null)");
+    return FX_OK;
+}
+
+static double fx__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- collectives with bookkeeping ------------------------------------------------------------- */
+
+static int fx__fail(fx__dist *d, int rc)
+{
+    if (rc && !d->err)
+        d->err = rc;
+    return rc;
+}
+
+static int fx__wait(fx__dist *d, fx_comm_work **w)
+{
+    if (!*w)
+        return FX_OK;
+    double t0 = fx__now();
+    int rc = fx_comm_work_wait(*w, -1.0);
+    d->cur.wait_s += fx__now() - t0;
+    fx_comm_work_free(*w);
+    *w = NULL;
+    return fx__fail(d, rc);
+}
+
+static int fx__started(fx__dist *d, int rc, double bytes)
+{
+    if (rc)
+        return fx__fail(d, rc);
+    d->cur.comm_bytes += bytes;
+    d->cur.collectives++;
+    return FX_OK;
+}
+
+static void fx__progress(fx__dist *d)
+{
+    if (d->err)
+        return;
+    double t0 = fx__now();
+    int rc = fx_comm_progress(d->world);
+    if (!rc && d->rs)
+        rc = fx_comm_progress(d->rs);
+    d->cur.progress_s += fx__now() - t0;
+    fx__fail(d, rc);
+}
+
+static void fx__progress_hook(void *user)
+{
+    fx__progress(user);
+}
+
+/* A blocking all-reduce, timed as a wait. */
+static int fx__all_reduce(fx__dist *d, float *buf, int64_t n)
+{
+    if (d->err)
+        return d->err;
+    double t0 = fx__now();
+    int rc = fx_comm_all_reduce(d->world, buf, n, NULL);
+    d->cur.wait_s += fx__now() - t0;
+    return fx__started(d, rc, 4.0 * (double)n);
+}
+
+/* ---- DDP: all-reduce each layer's gradients as the backward pass finishes them ---------------- */
+
+static void fx__ddp_hook(int layer, float *grad, size_t numel, void *user)
+{
+    fx__dist *d = user;
+    (void)layer;
+    if (!d->reducing || d->err)
+        return;
+    fx_comm_work *w = NULL;
+    if (fx__started(d, fx_comm_all_reduce(d->world, grad, (int64_t)numel, &w), 4.0 * (double)numel))
+        return;
+    d->works[d->nworks++] = w;
+    if (d->serial)
+        fx__wait(d, &d->works[--d->nworks]);
+    fx__progress(d);
+}
+
+/* ---- FSDP -------------------------------------------------------------------------------------- */
+
+static int fx__gather(fx__dist *d, int64_t u, float *out, fx_comm_work **w)
+{
+    if (d->err)
+        return d->err;
+    int rc = fx_comm_all_gather_single(d->world, out, d->sp + d->soff[u], (int64_t)d->ush[u], w);
+    if (fx__started(d, rc, 4.0 * (double)(d->ush[u] * (size_t)d->size)))
+        return rc;
+    return d->serial ? fx__wait(d, w) : FX_OK;
+}
+
+/* Waits for a reduce-scatter of unit u and adds this rank's block into the gradient shard. */
+static int fx__rs_finish(fx__dist *d, fx_comm_work **w, const float *out, int64_t u)
+{
+    if (!*w)
+        return FX_OK;
+    int rc = fx__wait(d, w);
+    if (rc)
+        return rc;
+    float *g = d->sg + d->soff[u];
+    for (size_t i = 0; i < d->ush[u]; i++)
+        g[i] += out[i];
+    return FX_OK;
+}
+
+static int fx__rs_finish_all(fx__dist *d)
+{
+    int64_t L = d->m->c.layers;
+    for (int s = 0; s < 2; s++)
+        if (fx__rs_finish(d, &d->gw[s], d->rsout[s], d->gslot[s] + 1))
+            return d->err;
+    if (fx__rs_finish(d, &d->w_rs_norm, d->rs_norm, L + 1) || fx__rs_finish(d, &d->w_rs_wte, d->rs_wte, 0))
+        return d->err;
+    return FX_OK;
+}
+
+/* Layer l's parameters gathered into a slot (started earlier or now); returns the slot. */
+static int fx__slot_of(fx__dist *d, int l, int avoid)
+{
+    for (int s = 0; s < 2; s++)
+        if (d->pslot[s] == l)
+            return s;
+    int s = avoid == 0 ? 1 : 0;
+    if (fx__wait(d, &d->pw[s]))
+        return -1;
+    d->pslot[s] = l;
+    if (fx__gather(d, l + 1, d->gp[s], &d->pw[s])) {
+        d->pslot[s] = -1;
+        return -1;
+    }
+    return s;
+}
+
+static int fx__fsdp_layer_hook(int layer, bool backward, void *user)
+{
+    fx__dist *d = user;
+    fx__gpt *m = d->m;
+    int64_t L = m->c.layers;
+    if (d->err)
+        return d->err;
+    if (layer == L) { /* the final norm: gathered with the embedding at the start */
+        fx__wait(d, &d->w_norm);
+        return d->err;
+    }
+    int s = fx__slot_of(d, layer, -1);
+    if (s < 0 || fx__wait(d, &d->pw[s]))
+        return d->err;
+    d->lp[layer] = d->gp[s];
+    int next = backward ? layer - 1 : layer + 1;
+    if (!d->serial && next >= 0 && next < L && fx__slot_of(d, next, s) < 0)
+        return d->err;
+    if (backward) {
+        /* The gradient slot's previous reduce-scatter (two layers up) must be done first. */
+        int g = layer & 1;
+        if (fx__rs_finish(d, &d->gw[g], d->rsout[g], d->gslot[g] + 1))
+            return d->err;
+        d->gslot[g] = layer;
+        memset(d->gg[g], 0, d->ush[layer + 1] * (size_t)d->size * sizeof(float));
+        d->lg[layer] = d->gg[g];
+    }
+    fx__progress(d);
+    return d->err;
+}
+
+static void fx__fsdp_grad_hook(int layer, float *grad, size_t numel, void *user)
+{
+    fx__dist *d = user;
+    int64_t L = d->m->c.layers, u = layer + 1;
+    (void)numel;
+    if (d->err)
+        return;
+    float *out;
+    fx_comm_work **w;
+    if (u == 0)
+        out = d->rs_wte, w = &d->w_rs_wte;
+    else if (u == L + 1)
+        out = d->rs_norm, w = &d->w_rs_norm;
+    else
+        out = d->rsout[layer & 1], w = &d->gw[layer & 1];
+    int rc = fx_comm_reduce_scatter_single(d->rs, out, grad, (int64_t)d->ush[u], w);
+    if (fx__started(d, rc, 4.0 * (double)(d->ush[u] * (size_t)d->size)))
+        return;
+    if (d->serial)
+        fx__rs_finish(d, w, out, u);
+    fx__progress(d);
+}
+
+/* New parameters: forget the gathered layers, gather the embedding and the norm (and
+   prefetch layer 0), and wait for the embedding, which the forward pass needs first. */
+static int fx__fsdp_begin(fx__dist *d)
+{
+    int64_t L = d->m->c.layers;
+    for (int s = 0; s < 2; s++) {
+        if (fx__wait(d, &d->pw[s]))
+            return d->err;
+        d->pslot[s] = -1;
+    }
+    if (fx__gather(d, 0, d->m->params, &d->w_wte) || fx__gather(d, L + 1, d->normp, &d->w_norm))
+        return d->err;
+    if (!d->serial && fx__slot_of(d, 0, -1) < 0)
+        return d->err;
+    return fx__wait(d, &d->w_wte);
+}
+
+static int fx__fsdp_create(fx__dist *d)
+{
+    fx__gpt *m = d->m;
+    int64_t L = m->c.layers, N = d->size;
+    d->units = L + 2;
+    size_t U = (size_t)d->units;
+    d->uoff = fx__calloc(4 * U, sizeof(size_t));
+    d->lp = fx__calloc((size_t)L + 1, sizeof(float *));
+    d->lg = fx__calloc((size_t)L + 1, sizeof(float *));
+    if (!d->uoff || !d->lp || !d->lg)
+        return FX_ENOMEM;
+    d->unum = d->uoff + U, d->ush = d->uoff + 2 * U, d->soff = d->uoff + 3 * U;
+    const fx__gpt_layout *lay = &m->lay;
+    for (int64_t u = 0; u < d->units; u++) {
+        size_t first = u == 0 ? 0 : 1 + (size_t)(u - 1) * FX__GPT_PER_LAYER;
+        size_t end = u == 0 ? 1 : u == L + 1 ? lay->n : first + FX__GPT_PER_LAYER;
+        d->uoff[u] = lay->t[first].offset;
+        d->unum[u] = lay->t[end - 1].offset + lay->t[end - 1].numel - d->uoff[u];
+        d->ush[u] = (d->unum[u] + (size_t)N - 1) / (size_t)N;
+        d->soff[u] = d->S;
+        d->S += d->ush[u];
+        if (u >= 1 && u <= L && d->ush[u] > d->maxsh)
+            d->maxsh = d->ush[u];
+    }
+    size_t S = d->S, full = d->maxsh * (size_t)N;
+    d->sp = fx__calloc(4 * S, sizeof(float));
+    for (int s = 0; s < 2; s++) {
+        d->gp[s] = fx__alloc(full * sizeof(float));
+        d->gg[s] = fx__alloc(full * sizeof(float));
+        d->rsout[s] = fx__alloc(d->maxsh * sizeof(float));
+        d->pslot[s] = d->gslot[s] = -1;
+    }
+    float *wte = fx__calloc(d->ush[0] * (size_t)N, sizeof(float));
+    float *wteg = fx__calloc(d->ush[0] * (size_t)N, sizeof(float));
+    d->normp = fx__calloc(d->ush[L + 1] * (size_t)N, sizeof(float));
+    d->normg = fx__calloc(d->ush[L + 1] * (size_t)N, sizeof(float));
+    d->rs_wte = fx__alloc(d->ush[0] * sizeof(float));
+    d->rs_norm = fx__alloc(d->ush[L + 1] * sizeof(float));
+    bool ok = d->sp && wte && wteg && d->normp && d->normg && d->rs_wte && d->rs_norm;
+    for (int s = 0; s < 2; s++)
+        ok = ok && d->gp[s] && d->gg[s] && d->rsout[s];
+    if (!ok) {
+        fx__free(wte), fx__free(wteg);
+        return FX_ENOMEM;
+    }
+    d->sg = d->sp + S, d->sm = d->sp + 2 * S, d->sv = d->sp + 3 * S;
+    /* This rank's shard of each unit (the padding stays zero), then the whole buffers go. */
+    size_t P = lay->total;
+    for (int64_t u = 0; u < d->units; u++) {
+        size_t lo = (size_t)d->rank * d->ush[u];
+        for (size_t i = 0; i < d->ush[u] && lo + i < d->unum[u]; i++) {
+            size_t src = d->uoff[u] + lo + i, dst = d->soff[u] + i;
+            d->sp[dst] = m->params[src];
+            d->sm[dst] = m->adam[src];
+            d->sv[dst] = m->adam[P + src];
+        }
+    }
+    fx__free(m->params), fx__free(m->grads), fx__free(m->adam);
+    m->params = wte, m->grads = wteg, m->adam = NULL;
+    d->lp[L] = d->normp, d->lg[L] = d->normg;
+    m->layer_params = d->lp, m->layer_grads = d->lg;
+    m->layer_hook = fx__fsdp_layer_hook;
+    m->hook = fx__fsdp_grad_hook;
+    m->progress = fx__progress_hook;
+    m->hook_user = d;
+    return fx_comm_dup(&d->rs, d->world, "reduce_scatter");
+}
+
+/* AdamW on this rank's shard: each tensor's part of it, with the tensor's decay. */
+static void fx__fsdp_adamw(fx__dist *d, const fx__adamw *o, int64_t t)
+{
+    const fx__gpt_layout *lay = &d->m->lay;
+    int64_t L = d->m->c.layers;
+    for (size_t ti = 0; ti < lay->n; ti++) {
+        const fx__gpt_tensor *tt = &lay->t[ti];
+        int64_t u = ti == 0 ? 0 : ti == lay->n - 1 ? L + 1 : 1 + (int64_t)(ti - 1) / FX__GPT_PER_LAYER;
+        size_t a = tt->offset - d->uoff[u], b = a + tt->numel; /* within the unit */
+        size_t lo = (size_t)d->rank * d->ush[u], hi = lo + d->ush[u];
+        size_t x = a > lo ? a : lo, y = b < hi ? b : hi;
+        if (x >= y)
+            continue;
+        size_t k = d->soff[u] + (x - lo);
+        fx__adamw_f32(d->sp + k, d->sg + k, d->sm + k, d->sv + k, (int64_t)(y - x), o,
+                      tt->decay ? o->weight_decay : 0.0f, t);
+    }
+}
+
+/* ---- deterministic slices ----------------------------------------------------------------------- */
+
+static void fx__rows_add(float *a, const float *b, size_t n)
+{
+#pragma omp parallel for schedule(static) if (n >= 65536)
+    for (size_t i = 0; i < n; i++)
+        a[i] += b[i];
+}
+
+/* The gradient of `count` slices of one sequence each, starting at sequence first of the
+   batch, summed by the left-aligned pairwise tree into row 0 of the stack (loss last). */
+static int fx__slices(fx__dist *d, const int32_t *tokens, const int32_t *targets, int64_t first, int64_t count,
+                      int64_t T)
+{
+    fx__gpt *m = d->m;
+    size_t P = m->lay.total, R = d->row;
+    int depth = 0, rc;
+    for (int64_t k = 0; k < count; k++) {
+        fx__gpt_zero_grad(m);
+        float l;
+        const int32_t *tk = tokens + (first + k) * T, *tg = targets + (first + k) * T;
+        if ((rc = fx__gpt_forward(m, tk, tg, &l, true)) != FX_OK || (rc = fx__gpt_backward(m)) != FX_OK)
+            return rc;
+        float *r = d->stack + (size_t)depth * R;
+        memcpy(r, m->grads, P * sizeof(float));
+        r[P] = l;
+        d->stack_n[depth++] = 1;
+        while (depth >= 2 && d->stack_n[depth - 1] == d->stack_n[depth - 2]) {
+            fx__rows_add(d->stack + (size_t)(depth - 2) * R, d->stack + (size_t)(depth - 1) * R, R);
+            d->stack_n[depth - 2] *= 2;
+            depth--;
+        }
+    }
+    /* The blocks left are powers of two, largest first: fold them from the right. */
+    for (; depth >= 2; depth--)
+        fx__rows_add(d->stack + (size_t)(depth - 2) * R, d->stack + (size_t)(depth - 1) * R, R);
+    return FX_OK;
+}
+
+/* ---- create / free --------------------------------------------------------------------------------- */
+
+int fx__dist_create(fx__dist **out, fx__gpt *m, fx_comm *world, fx__par mode, bool deterministic, int64_t batch)
+{
+    if (!out || !m || !m->grads || (mode != FX__PAR_NONE && !world) || (mode == FX__PAR_NONE && !deterministic))
+        return fx__error(FX_EINVAL, "fx__dist_create: needs a model with gradients, and a communicator for ddp/fsdp");
+    int size = world ? fx_comm_size(world) : 1, rank = world ? fx_comm_rank(world) : 0;
+    if (batch < 1 || batch % size)
+        return fx__error(FX_EINVAL, "--batch %lld is not a multiple of the %d processes (it is the global batch)",
+                         (long long)batch, size);
+    int64_t local = batch / size;
+    if (deterministic && mode == FX__PAR_FSDP && local != 1)
+        return fx__error(FX_EINVAL,
+                         "--deterministic with fsdp needs one sequence per process per micro-batch (--batch %d "
+                         "for %d processes; use --accum for more), not --batch %lld",
+                         size, size, (long long)batch);
+    if (deterministic && mode == FX__PAR_DDP && size > 1 && (local & (local - 1)))
+        return fx__error(FX_EINVAL,
+                         "--deterministic needs --batch / processes to be a power of two; --batch %lld over %d "
+                         "processes gives %lld",
+                         (long long)batch, size, (long long)local);
+    if (mode == FX__PAR_FSDP && m->adam_bf16)
+        return fx__error(FX_EUNSUPPORTED, "--parallel fsdp keeps float32 Adam moments; drop --adam-bf16");
+    fx__dist *d = fx__calloc(1, sizeof *d);
+    if (!d)
+        return FX_ENOMEM;
+    *d = (fx__dist){.m = m, .world = world, .mode = mode, .det = deterministic, .rank = rank, .size = size,
+                    .batch = batch, .local = local};
+    int rc = FX_OK;
+    if (world && deterministic && (rc = fx_comm_set_deterministic(world, true)) != FX_OK)
+        goto fail;
+    if (deterministic && mode != FX__PAR_FSDP) {
+        d->row = m->lay.total + 1;
+        int64_t slices = mode == FX__PAR_NONE ? batch : local;
+        while ((int64_t)1 << d->levels < slices)
+            d->levels++;
+        d->levels += 1;
+        d->stack = fx__alloc((size_t)d->levels * d->row * sizeof(float));
+        d->acc = fx__alloc(d->row * sizeof(float));
+        d->stack_n = fx__calloc((size_t)d->levels, sizeof(int64_t));
+        if (!d->stack || !d->acc || !d->stack_n) {
+            rc = FX_ENOMEM;
+            goto fail;
+        }
+    } else if (mode == FX__PAR_DDP) {
+        d->cap = (int)m->c.layers + 2;
+        d->works = fx__calloc((size_t)d->cap, sizeof *d->works);
+        if (!d->works) {
+            rc = FX_ENOMEM;
+            goto fail;
+        }
+        m->hook = fx__ddp_hook;
+        m->progress = fx__progress_hook;
+        m->hook_user = d;
+    } else if (mode == FX__PAR_FSDP) {
+        if ((rc = fx__fsdp_create(d)) != FX_OK)
+            goto fail;
+    }
+    *out = d;
+    return FX_OK;
+fail:
+    fx__dist_free(d);
+    return rc;
+}
+
+void fx__dist_free(fx__dist *d)
+{
+    if (!d)
+        return;
+    /* After a failure MPI may still write the buffers of collectives in flight: leave them. */
+    if (d->err)
+        return;
+    fx__gpt *m = d->m;
+    for (int i = 0; i < d->nworks; i++)
+        fx_comm_work_free(d->works[i]);
+    for (int s = 0; s < 2; s++) {
+        fx_comm_work_free(d->pw[s]), fx_comm_work_free(d->gw[s]);
+        fx__free(d->gp[s]), fx__free(d->gg[s]), fx__free(d->rsout[s]);
+    }
+    fx_comm_work_free(d->w_wte), fx_comm_work_free(d->w_norm);
+    fx_comm_work_free(d->w_rs_wte), fx_comm_work_free(d->w_rs_norm);
+    fx_comm_free(d->rs);
+    if (m->hook_user == d) {
+        m->hook = NULL, m->layer_hook = NULL, m->progress = NULL, m->hook_user = NULL;
+        m->layer_params = m->layer_grads = NULL;
+    }
+    fx__free(d->works), fx__free(d->stack), fx__free(d->acc), fx__free(d->stack_n);
+    fx__free(d->uoff), fx__free(d->lp), fx__free(d->lg), fx__free(d->sp);
+    fx__free(d->normp), fx__free(d->normg), fx__free(d->rs_wte), fx__free(d->rs_norm);
+    fx__free(d);
+}
+
+int fx__dist_status(const fx__dist *d)
+{
+    return d ? d->err : FX_OK;
+}
+
+void fx__dist_set_serial(fx__dist *d, bool on)
+{
+    d->serial = on;
+}
+
+fx__dist_stats fx__dist_last_stats(const fx__dist *d)
+{
+    return d->last;
+}
+
+size_t fx__dist_state_bytes(const fx__dist *d)
+{
+    const fx__gpt *m = d->m;
+    if (d->mode != FX__PAR_FSDP)
+        return 4 * m->lay.total * sizeof(float);
+    int64_t L = m->c.layers;
+    size_t N = (size_t)d->size;
+    size_t floats = 4 * d->S + 2 * N * (d->ush[0] + d->ush[L + 1]) + 4 * N * d->maxsh + 2 * d->maxsh + d->ush[0] +
+                    d->ush[L + 1];
+    return floats * sizeof(float);
+}
+
+/* ---- the step ------------------------------------------------------------------------------------------ */
+
+/* The clip-and-average scale of fx__gpt_train_step for a gradient sum over `parts` means. */
+static void fx__finish(fx__dist *d, fx__gpt_train_state *s, double sumsq, double parts, float loss,
+                       fx__gpt_step_info *info)
+{
+    double norm = sqrt(sumsq) / parts, scale = 1.0 / parts;
+    if (s->clip > 0.0f && norm > s->clip)
+        scale *= s->clip / norm;
+    float lr = fx__lr_schedule(s->step, s->warmup, s->steps, s->lr, s->min_lr);
+    fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f, .weight_decay = s->weight_decay,
+                   .grad_scale = (float)scale};
+    if (d->mode == FX__PAR_FSDP)
+        fx__fsdp_adamw(d, &o, s->step + 1);
+    else
+        fx__gpt_adamw(d->m, &o, s->step + 1);
+    s->step++;
+    if (info)
+        *info = (fx__gpt_step_info){.loss = loss, .lr = lr, .grad_norm = (float)norm};
+}
+
+int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s, int32_t *tokens,
+                  int32_t *targets, fx__gpt_step_info *info, bool *stop)
+{
+    fx__gpt *m = d->m;
+    if (s->batch != d->batch)
+        return fx__error(FX_EINVAL, "fx__dist_step: batch %lld, but set up for %lld", (long long)s->batch,
+                         (long long)d->batch);
+    if (d->err)
+        return fx__error(d->err, "%s", fx_last_error());
+    d->cur = (fx__dist_stats){0};
+    int64_t T = s->seq, first = (int64_t)d->rank * d->local;
+    int rc = fx__gpt_set_batch(m, d->det && d->mode != FX__PAR_FSDP ? 1 : d->local, T);
+    if (rc)
+        return rc;
+    double loss = 0.0, sumsq = 0.0, parts;
+    float lossf = 0.0f;
+    if (d->det && d->mode != FX__PAR_FSDP) {
+        /* Per micro-batch: this rank's slices summed by the tree, the ranks' sums by the same
+           tree (the deterministic all-reduce), then added to the step's sum. */
+        size_t R = d->row, P = m->lay.total;
+        memset(d->acc, 0, R * sizeof(float));
+        for (int64_t a = 0; a < s->accum; a++) {
+            fx__gpt_data_batch(data, &s->rng, s->batch, T, tokens, targets);
+            s->data_pos += s->batch;
+            if ((rc = fx__slices(d, tokens, targets, first, d->local, T)) != FX_OK)
+                return rc;
+            if (d->size > 1 && (rc = fx__all_reduce(d, d->stack, (int64_t)R)) != FX_OK)
+                return rc;
+            fx__rows_add(d->acc, d->stack, R);
+        }
+        memcpy(m->grads, d->acc, P * sizeof(float));
+        lossf = d->acc[P];
+        parts = (double)(s->accum * s->batch);
+    } else {
+        if (d->mode == FX__PAR_FSDP) {
+            memset(d->sg, 0, d->S * sizeof(float));
+            if ((rc = fx__fsdp_begin(d)) != FX_OK)
+                return rc;
+        } else {
+            fx__gpt_zero_grad(m);
+        }
+        for (int64_t a = 0; a < s->accum; a++) {
+            fx__gpt_data_batch(data, &s->rng, s->batch, T, tokens, targets);
+            s->data_pos += s->batch;
+            if (d->mode == FX__PAR_FSDP) {
+                memset(m->grads, 0, d->ush[0] * (size_t)d->size * sizeof(float));
+                memset(d->normg, 0, d->ush[m->c.layers + 1] * (size_t)d->size * sizeof(float));
+            }
+            d->reducing = a == s->accum - 1;
+            float l;
+            if ((rc = fx__gpt_forward(m, tokens + first * T, targets + first * T, &l, true)) != FX_OK)
+                return d->err ? d->err : rc;
+            if ((rc = fx__gpt_backward(m)) != FX_OK || d->err)
+                return d->err ? d->err : rc;
+            if (d->mode == FX__PAR_FSDP && (rc = fx__rs_finish_all(d)) != FX_OK)
+                return rc;
+            if (d->det) { /* fsdp: one slice per rank, the ranks' losses by the tree */
+                if ((rc = fx__all_reduce(d, &l, 1)) != FX_OK)
+                    return rc;
+                lossf += l;
+            }
+            loss += l;
+        }
+        for (int i = 0; i < d->nworks; i++)
+            if ((rc = fx__wait(d, &d->works[i])) != FX_OK)
+                return rc;
+        d->nworks = 0;
+        parts = (double)(s->accum * (d->det ? s->batch : d->size));
+    }
+    /* The squared gradient norm: whole on every rank, or summed from the shards in rank order. */
+    if (d->mode == FX__PAR_FSDP) {
+        double part = 0.0;
+        for (size_t i = 0; i < d->S; i++)
+            part += (double)d->sg[i] * d->sg[i];
+        double all[64], *allp = d->size <= 64 ? all : fx__alloc((size_t)d->size * sizeof(double));
+        if (!allp)
+            return FX_ENOMEM;
+        float pf[2];
+        memcpy(pf, &part, sizeof part);
+        rc = fx_comm_all_gather_single(d->world, (float *)allp, pf, 2, NULL);
+        if (!fx__fail(d, fx__started(d, rc, 8.0 * d->size)))
+            for (int r = 0; r < d->size; r++)
+                sumsq += allp[r];
+        if (allp != all)
+            fx__free(allp);
+        if (d->err)
+            return d->err;
+    } else {
+        double n = fx__gpt_grad_norm(m);
+        sumsq = n * n;
+    }
+    /* The loss for printing, and whether any rank was asked to stop. */
+    float fin[2] = {(float)loss, stop && *stop ? 1.0f : 0.0f};
+    if (d->size > 1 && (rc = fx__all_reduce(d, fin, 2)) != FX_OK)
+        return rc;
+    if (stop)
+        *stop = fin[1] > 0.0f;
+    float shown = d->det ? (float)((double)lossf / parts) : (float)((double)fin[0] / (double)(s->accum * d->size));
+    fx__finish(d, s, sumsq, parts, shown, info);
+    d->last = d->cur;
+    return FX_OK;
+}
+
+int fx__dist_eval(fx__dist *d, const fx__gpt_data *data, int64_t batches, int64_t seq, int32_t *tokens,
+                  int32_t *targets, float *loss)
+{
+    fx__gpt *m = d->m;
+    int rc = fx__gpt_set_batch(m, d->local, seq);
+    if (rc)
+        return rc;
+    if (d->mode == FX__PAR_FSDP && (rc = fx__fsdp_begin(d)) != FX_OK)
+        return rc;
+    int64_t first = (int64_t)d->rank * d->local;
+    double sum = 0.0;
+    for (int64_t i = 0; i < batches; i++) {
+        fx__gpt_data_val_batch(data, i, d->batch, seq, tokens, targets);
+        float l;
+        if ((rc = fx__gpt_forward(m, tokens + first * seq, targets + first * seq, &l, false)) != FX_OK)
+            return d->err ? d->err : rc;
+        sum += l;
+    }
+    float x = (float)sum;
+    if (d->size > 1 && (rc = fx__all_reduce(d, &x, 1)) != FX_OK)
+        return rc;
+    *loss = d->size > 1 ? (float)((double)x / (double)(d->size * batches)) : (float)(sum / (double)batches);
+    return FX_OK;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------------------- */
+
+int fx__dist_full(fx__dist *d, fx__gpt **full)
+{
+    *full = NULL;
+    if (d->mode != FX__PAR_FSDP) {
+        *full = d->rank == 0 ? d->m : NULL; /* every rank holds it; rank 0 writes */
+        return FX_OK;
+    }
+    fx__gpt *m = d->m, *f = NULL;
+    int rc = FX_OK;
+    if (d->rank == 0) {
+        if ((rc = fx__gpt_create(&f, &m->c, 0)) != FX_OK || (rc = fx__gpt_alloc_train(f)) != FX_OK) {
+            fx__gpt_free(f);
+            return rc;
+        }
+        f->mask = m->mask, f->window = m->window;
+    }
+    size_t N = (size_t)d->size, P = m->lay.total, bigsh = d->ush[0] > d->maxsh ? d->ush[0] : d->maxsh;
+    float *tmp = fx__alloc(bigsh * N * sizeof(float));
+    if (!tmp) {
+        fx__gpt_free(f);
+        return FX_ENOMEM;
+    }
+    const float *src[3] = {d->sp, d->sm, d->sv};
+    for (int64_t u = 0; u < d->units && !rc; u++)
+        for (int k = 0; k < 3 && !rc; k++) {
+            rc = fx_comm_all_gather_single(d->world, tmp, src[k] + d->soff[u], (int64_t)d->ush[u], NULL);
+            if (fx__fail(d, rc) || !f)
+                continue;
+            float *dst = k == 0 ? f->params : k == 1 ? f->adam : f->adam + P;
+            /* Rank r's block holds the unit's elements [r * ush, (r+1) * ush): contiguous. */
+            memcpy(dst + d->uoff[u], tmp, d->unum[u] * sizeof(float));
+        }
+    fx__free(tmp);
+    if (rc) {
+        fx__gpt_free(f);
+        return rc;
+    }
+    *full = f;
+    return FX_OK;
+}
+
+void fx__dist_full_release(fx__dist *d, fx__gpt *full)
+{
+    if (full && full != d->m)
+        fx__gpt_free(full);
+}

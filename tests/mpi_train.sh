@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# flexc train over 2 MPI processes. usage: mpi_train.sh MPIRUN FLEXC CASE
+#   ddp, fsdp  the loss of 2 ranks equals the 1-process run within float32 reduction error,
+#              and bitwise (weights and losses) with --deterministic; only rank 0 prints/writes
+#   resume     checkpoints do not depend on the process count: 2 ranks -> 1 and 1 -> 2
+#              continue bitwise as an uninterrupted --deterministic run
+#   kill       rank 1 killed with SIGKILL (ddp), or stopped with SIGSTOP (fsdp: a hang),
+#              mid-training (mpirun --enable-recovery): rank 0 exits non-zero naming rank 1
+#              within --comm-timeout + 5 s, dumps the flight recorder, the last checkpoint
+#              stays intact and 1 process resumes from it
+#   nompi      (a build without MPI) --parallel refuses with a clear error
+#   errors     --batch not a multiple of the processes, fsdp --deterministic with more than one
+#              sequence per rank, mpirun without --parallel: clear errors, nothing written
+set -u
+mpirun=$1
+flexc=$2
+case=$3
+tmp=$(mktemp -d /tmp/flexc_mpi_train.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fails=0 passes=0
+ok() { passes=$((passes + 1)); }
+bad() { echo "FAIL $case: $*"; fails=$((fails + 1)); }
+run2() { "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$@"; }
+same() { if cmp -s "$2" "$3"; then ok; else bad "$1: $2 and $3 differ"; fi; }
+# metrics without the timing fields
+losses() { sed -e 's/"tokens_per_s":[^,]*,//' -e 's/"time_s":[^,}]*//' "$1"; }
+# every number of two metrics files agrees within a relative tolerance
+close() { # name, a, b, rtol
+    if paste -d'\n' <(losses "$2") <(losses "$3") | awk -v tol="$4" '
+        { gsub(/[{}"]/, ""); n = split($0, f, ","); line[NR % 2] = $0; cnt[NR % 2] = n
+          for (i = 1; i <= n; i++) { split(f[i], kv, ":"); v[NR % 2, i] = kv[2] } }
+        NR % 2 == 0 { if (cnt[0] != cnt[1]) { bad = 1; next }
+          for (i = 1; i <= cnt[0]; i++) { a = v[1, i]; b = v[0, i]; d = a - b; if (d < 0) d = -d
+            m = a < 0 ? -a : a; if (d > tol * m + 1e-6) { print "  " line[1] "\n  " line[0]; bad = 1 } } }
+        END { exit bad }'; then ok; else bad "$1: $2 and $3 differ beyond rtol $4"; fi
+}
+
+for i in $(seq 1 300); do
+    echo "the quick brown fox $((i % 10)) jumps over the lazy dog."
+    ((i % 7 == 0)) && echo "%"
+done >"$tmp/corpus.txt"
+common=(--model tiny --data "$tmp/corpus.txt" --seq 32 --lr 3e-3 --threads 1 --comm-timeout 30)
+
+equal_case() { # ddp | fsdp
+    local par=$1
+    "$flexc" train "${common[@]}" --quiet --batch 4 --steps 6 --out "$tmp/one" || bad "1-process run"
+    run2 "$flexc" train "${common[@]}" --batch 4 --steps 6 --parallel "$par" --out "$tmp/two" >"$tmp/out" 2>"$tmp/err" ||
+        bad "2-rank run: $(cat "$tmp/err")"
+    close "$par-loss" "$tmp/one/metrics.jsonl" "$tmp/two/metrics.jsonl" 1e-4
+    [[ $(grep -c '^flexc train:' "$tmp/out") == 1 ]] && ok || bad "expected one banner (rank 0 only): $(cat "$tmp/out")"
+    [[ $(ls "$tmp/two" | tr '\n' ' ') == "checkpoint.safetensors metrics.jsonl model.safetensors " ]] && ok ||
+        bad "unexpected files: $(ls -a "$tmp/two")"
+    [[ $(wc -l <"$tmp/two/metrics.jsonl") == 6 ]] && ok || bad "metrics written more than once"
+    # --deterministic: bitwise. FSDP needs one sequence per rank per micro-batch.
+    local det=(--batch 4 --steps 6)
+    [[ $par == fsdp ]] && det=(--batch 2 --accum 2 --steps 6)
+    "$flexc" train "${common[@]}" --quiet "${det[@]}" --deterministic --out "$tmp/det1" || bad "1-process deterministic"
+    local det2=("$flexc" train "${common[@]}" --quiet "${det[@]}" --deterministic --parallel "$par" --out "$tmp/det2")
+    if strace -f -qq -o /dev/null true 2>/dev/null; then
+        # rank 1 must not open or rename anything in the output directory (rank 0 writes).
+        # LeakSanitizer cannot run under ptrace: off for this run in sanitizer builds.
+        run2 bash -c 'o=$1; shift; export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+            exec strace -f -qq -e trace=openat,open,creat,rename,renameat,renameat2 -o "$o.$OMPI_COMM_WORLD_RANK" "$@"' \
+            _ "$tmp/trace" "${det2[@]}" || bad "2-rank deterministic"
+        if grep -q "$tmp/det2" "$tmp/trace.1"; then bad "rank 1 touched --out: $(grep "$tmp/det2" "$tmp/trace.1")"; else ok; fi
+        grep -q "$tmp/det2/checkpoint" "$tmp/trace.0" && ok || bad "rank 0's trace shows no checkpoint write"
+    else
+        run2 "${det2[@]}" || bad "2-rank deterministic"
+        echo "note: strace does not work here; rank 1's writes are not checked"
+    fi
+    same "$par-deterministic-checkpoint" "$tmp/det1/checkpoint.safetensors" "$tmp/det2/checkpoint.safetensors"
+    losses "$tmp/det1/metrics.jsonl" | sed 's/,"val_loss":[^}]*//' >"$tmp/d1"
+    losses "$tmp/det2/metrics.jsonl" | sed 's/,"val_loss":[^}]*//' >"$tmp/d2"
+    same "$par-deterministic-losses" "$tmp/d1" "$tmp/d2"
+    # the same training within rounding (validation batches differ with the batch shape)
+    sed 's/,"val_loss":[^}]*//' "$tmp/one/metrics.jsonl" >"$tmp/p1"
+    close "$par-deterministic-vs-plain" "$tmp/p1" "$tmp/d1" 1e-4
+}
+
+case $case in
+ddp | fsdp) equal_case "$case" ;;
+resume)
+    det=(--batch 2 --accum 2 --steps 6 --deterministic --quiet)
+    "$flexc" train "${common[@]}" "${det[@]}" --out "$tmp/straight" || bad "straight run"
+    # 2 ranks (fsdp) to step 3, then 1 process to the end
+    run2 "$flexc" train "${common[@]}" "${det[@]}" --parallel fsdp --until 3 --out "$tmp/a" || bad "2-rank first half"
+    "$flexc" train --resume --deterministic --quiet --threads 1 --out "$tmp/a" || bad "1-process second half"
+    same resume-2-to-1 "$tmp/straight/checkpoint.safetensors" "$tmp/a/checkpoint.safetensors"
+    # 1 process to step 3, then 2 ranks (ddp)
+    "$flexc" train "${common[@]}" "${det[@]}" --until 3 --out "$tmp/b" || bad "1-process first half"
+    run2 "$flexc" train --resume --deterministic --quiet --threads 1 --parallel ddp --out "$tmp/b" || bad "2-rank second half"
+    same resume-1-to-2 "$tmp/straight/checkpoint.safetensors" "$tmp/b/checkpoint.safetensors"
+    losses "$tmp/straight/metrics.jsonl" >"$tmp/s.l"
+    losses "$tmp/b/metrics.jsonl" >"$tmp/b.l"
+    same resume-1-to-2-losses "$tmp/s.l" "$tmp/b.l"
+    ;;
+kill)
+    # rank_lost SIGNAL PARALLEL: rank 1 gets SIGNAL mid-training (KILL: dies; STOP: hangs)
+    rank_lost() {
+        local sig=$1 par=$2 timeout=2 k="$tmp/k-$1"
+        mkdir -p "$k"
+        # Each rank runs under a small shell that records flexc's pid and exit status (mpirun's
+        # own status says nothing about the survivor in recovery mode).
+        "$mpirun" --allow-run-as-root --oversubscribe --enable-recovery -np 2 bash -c \
+            'd=$1; shift; "$@" & p=$!; echo $p >"$d/pid.$OMPI_COMM_WORLD_RANK"; wait $p; echo $? >"$d/rc.$OMPI_COMM_WORLD_RANK"' \
+            _ "$k" "$flexc" train "${common[@]}" --comm-timeout $timeout --batch 4 --steps 100000 --save-every 10 \
+            --eval-every 0 --log-every 100000 --parallel "$par" --out "$k/o" >"$k/out" 2>"$k/err" &
+        local job=$!
+        for _ in $(seq 300); do [[ -f $k/o/checkpoint.safetensors && -f $k/pid.1 ]] && break; sleep 0.1; done
+        sleep 0.5
+        if [[ ! -f $k/pid.1 ]]; then
+            bad "$sig: the job did not start: $(cat "$k/err")"
+            kill "$job" 2>/dev/null
+            return
+        fi
+        kill -"$sig" "$(cat "$k/pid.1")"
+        local t0 took_ms rc0 step first
+        t0=$(date +%s%N)
+        for _ in $(seq 300); do [[ -f $k/rc.0 ]] && break; sleep 0.05; done
+        took_ms=$((($(date +%s%N) - t0) / 1000000))
+        [[ $sig == STOP ]] && kill -KILL "$(cat "$k/pid.1")"
+        wait "$job"
+        rc0=$(cat "$k/rc.0" 2>/dev/null || echo none)
+        [[ $rc0 == 1 ]] && ok || bad "$sig: survivor exit status '$rc0', expected 1"
+        ((took_ms <= (timeout + 5) * 1000)) && ok || bad "$sig: survivor took $took_ms ms (timeout $timeout s + 5 s)"
+        echo "$sig ($par): survivor exited $took_ms ms after rank 1 was signalled (timeout $timeout s)"
+        [[ $(grep -c '^flexc: error: ' "$k/err") == 1 ]] && grep -q '^flexc: error: .*timed out after.*rank 1' "$k/err" &&
+            ok || bad "$sig: not one error naming rank 1: $(grep '^flexc' "$k/err")"
+        grep -q '"flight_recorder":"world"' "$k/err" && ok || bad "$sig: no flight recorder dump"
+        # The last checkpoint is intact: one process resumes from it.
+        step=$(head -c 65536 "$k/o/checkpoint.safetensors" | tr -d '\0' | grep -ao '"step":"[0-9]*"' | tr -dc 0-9)
+        "$flexc" train --resume --threads 1 --quiet --out "$k/o" --until $((step + 2)) || bad "$sig: resume on 1 process"
+        first=$(tail -2 "$k/o/metrics.jsonl" | head -1 | sed 's/{"step":\([0-9]*\).*/\1/')
+        [[ $first == $((step + 1)) ]] && ok || bad "$sig: resumed at step $first, checkpoint step $step"
+    }
+    rank_lost KILL ddp
+    rank_lost STOP fsdp
+    ;;
+errors)
+    run2 "$flexc" train "${common[@]}" --batch 3 --steps 2 --parallel ddp --out "$tmp/e1" >"$tmp/out" 2>"$tmp/err"
+    grep -q 'flexc: error: --batch 3 is the global batch and must be a multiple of the 2 processes' "$tmp/err" && ok ||
+        bad "batch 3 over 2: $(cat "$tmp/err")"
+    [[ ! -e $tmp/e1/checkpoint.safetensors ]] && ok || bad "a checkpoint was written"
+    run2 "$flexc" train "${common[@]}" --batch 4 --steps 2 --parallel fsdp --deterministic --out "$tmp/e2" >"$tmp/out" 2>"$tmp/err"
+    grep -q 'deterministic with fsdp needs one sequence per process' "$tmp/err" && ok || bad "fsdp det: $(cat "$tmp/err")"
+    run2 "$flexc" train "${common[@]}" --batch 4 --steps 2 --out "$tmp/e3" >"$tmp/out" 2>"$tmp/err"
+    grep -q 'pass --parallel ddp or fsdp' "$tmp/err" && ok || bad "no --parallel: $(cat "$tmp/err")"
+    [[ ! -e $tmp/e3/checkpoint.safetensors ]] && ok || bad "a checkpoint was written"
+    ;;
+nompi) # a build without MPI
+    "$flexc" train "${common[@]}" --batch 4 --steps 1 --parallel ddp --out "$tmp/n" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    [[ $rc == 1 ]] && ok || bad "exit status $rc, expected 1"
+    grep -q '^flexc: error: --parallel ddp: flexc was built without MPI' "$tmp/err" && ok || bad "$(cat "$tmp/err")"
+    ;;
+*) bad "unknown case" ;;
+esac
+echo "mpi_train $case: $passes passed, $fails failed"
+exit $((fails > 0))
