@@ -6,7 +6,7 @@ set -euo pipefail
 build=${1:-build}
 flexc="$build/flexc"
 out=${RUN_OUT:-out/run}
-steps=${RUN_STEPS:-250}
+steps=${RUN_STEPS:-500}
 threads=${RUN_THREADS:-2}
 # Idle OpenMP threads sleep instead of spinning, so they leave the cores to OpenBLAS's
 # threads between the layers' GEMMs (two thread pools share the 2 cores).
