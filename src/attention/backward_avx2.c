@@ -3,8 +3,7 @@
    and summation orders as the scalar twins. */
 #include "attention/backward.h"
 #include "attention/backward_transpose.h"
-
-#include <immintrin.h>
+#include "attention/simd_avx2.h"
 
 #define MK_INLINE static inline __attribute__((always_inline))
 
@@ -16,43 +15,6 @@ static inline __m256i lanes(int64_t n)
 {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)), idx);
-}
-
-/* exp(x) as fx__exp512, with 2^n built in the exponent field (n stays in [-126, 127]). */
-static inline __m256 exp256(__m256 x)
-{
-    const __m256 lo = _mm256_set1_ps(-87.0f);
-    __m256 ok = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), ok);
-}
-
-static inline float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline float hmax256(__m256 v)
-{
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* C[mr, 8*nv] block; a(i, k) = A[i*sa_m + k*sa_k]. acc: C += A B, else C = alpha * A B. */
@@ -139,7 +101,7 @@ static void probs_avx2(float *P, const float *S, int64_t ld, int64_t nq, int64_t
         for (int64_t j = 0; j < nk; j += 8) {
             __m256i t = lanes(nk - j);
             __m256 p = l == -INFINITY ? _mm256_setzero_ps()
-                                      : exp256(_mm256_sub_ps(_mm256_maskload_ps(S + i * ld + j, t), lv));
+                                      : vexp_avx2(_mm256_sub_ps(_mm256_maskload_ps(S + i * ld + j, t), lv));
             _mm256_maskstore_ps(P + i * ld + j, t, p);
         }
     }
@@ -235,7 +197,7 @@ static void softmax_chunk_avx2(float *P, const float *S, int64_t ld, int64_t nq,
             __m256 s = _mm256_blendv_ps(ninf, _mm256_maskload_ps(S + i * ld + j, t), _mm256_castsi256_ps(t));
             mv = _mm256_max_ps(mv, s);
         }
-        float mx = hmax256(mv);
+        float mx = hmax_avx2(mv);
         if (mx == -INFINITY) {
             alpha[i] = 1.0f;
             for (int64_t j = 0; j < nk; j += 8)
@@ -246,12 +208,12 @@ static void softmax_chunk_avx2(float *P, const float *S, int64_t ld, int64_t nq,
         __m256 mm = _mm256_set1_ps(mx), acc = _mm256_setzero_ps();
         for (int64_t j = 0; j < nk; j += 8) {
             __m256i t = lanes(nk - j);
-            __m256 p = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_maskload_ps(S + i * ld + j, t), mm)),
+            __m256 p = _mm256_and_ps(vexp_avx2(_mm256_sub_ps(_mm256_maskload_ps(S + i * ld + j, t), mm)),
                                      _mm256_castsi256_ps(t));
             _mm256_maskstore_ps(P + i * ld + j, t, p);
             acc = _mm256_add_ps(acc, p);
         }
-        l[i] = l[i] * alpha[i] + hsum256(acc);
+        l[i] = l[i] * alpha[i] + hsum_avx2(acc);
         m[i] = mx;
     }
 }

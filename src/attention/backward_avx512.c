@@ -3,7 +3,7 @@
    only by FMA rounding. */
 #include "attention/backward.h"
 #include "attention/backward_transpose.h"
-#include "attention/backward_simd512.h"
+#include "attention/simd_avx512.h"
 
 #define MK_INLINE static inline __attribute__((always_inline))
 
@@ -101,7 +101,7 @@ static void probs_avx512(float *P, const float *S, int64_t ld, int64_t nq, int64
         for (int64_t j = 0; j < nk; j += 16) {
             __mmask16 t = tail_mask(nk - j);
             __m512 s = _mm512_maskz_loadu_ps(t, S + i * ld + j);
-            _mm512_mask_storeu_ps(P + i * ld + j, t, fx__exp512(_mm512_sub_ps(s, lv)));
+            _mm512_mask_storeu_ps(P + i * ld + j, t, vexp_avx512(_mm512_sub_ps(s, lv)));
         }
     }
 }
@@ -221,7 +221,7 @@ static void softmax_chunk_avx512(float *P, const float *S, int64_t ld, int64_t n
         for (int64_t j = 0; j < nk; j += 16) {
             __mmask16 t = tail_mask(nk - j);
             __m512 s = _mm512_maskz_loadu_ps(t, S + i * ld + j);
-            __m512 p = _mm512_maskz_mov_ps(t, fx__exp512(_mm512_sub_ps(s, mm)));
+            __m512 p = _mm512_maskz_mov_ps(t, vexp_avx512(_mm512_sub_ps(s, mm)));
             _mm512_mask_storeu_ps(P + i * ld + j, t, p);
             acc = _mm512_add_ps(acc, p);
         }

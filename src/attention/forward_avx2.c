@@ -1,68 +1,7 @@
 /* The forward's AVX2 path: forward_simd.h over 8-float vectors, 6 x 2 register tiles. */
 #include "attention/internal.h"
+#include "attention/simd_avx2.h"
 
-#include <immintrin.h>
-
-typedef __m256 vf;
-typedef __m256 vm;
-#define VL 8
 #define NC 2
-#define SIMD_FN(name) name##_avx2
-
-static inline float hmax_avx2(__m256 x)
-{
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-/* Fixed order (halves, then pairs), so the sum is the same on every call. */
-static inline float hsum_avx2(__m256 x)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* p * 2^n for integral n in [-126, 127]: n added to the exponent field. */
-static inline __m256 pow2n_avx2(__m256 p, __m256 n)
-{
-    __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
-}
-
-/* Lanes whose bit in w is clear become -inf. */
-static inline __m256 bits_avx2(__m256 x, uint32_t w)
-{
-    const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    __m256i on = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)(w & 0xffu)), sel), sel);
-    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(on));
-}
-
-#define V_ZERO() _mm256_setzero_ps()
-#define V_SET1(x) _mm256_set1_ps(x)
-#define V_LOAD(p) _mm256_loadu_ps(p)
-#define V_STORE(p, x) _mm256_storeu_ps(p, x)
-#define V_ADD(a, b) _mm256_add_ps(a, b)
-#define V_SUB(a, b) _mm256_sub_ps(a, b)
-#define V_MUL(a, b) _mm256_mul_ps(a, b)
-#define V_DIV(a, b) _mm256_div_ps(a, b)
-#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define V_MAX(a, b) _mm256_max_ps(a, b)
-#define V_MIN(a, b) _mm256_min_ps(a, b)
-#define V_GATHER(t, e) _mm256_i32gather_ps(t, _mm256_cvtps_epi32(e), 4)
-#define V_HMAX(x) hmax_avx2(x)
-#define V_HSUM(x) hsum_avx2(x)
-#define V_LT(a, b) _mm256_cmp_ps(a, b, _CMP_LT_OQ)
-#define V_SEL(m, a, b) _mm256_blendv_ps(b, a, m)
-#define V_ROUND(x) _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-#define V_POW2N(p, n) pow2n_avx2(p, n)
-#define V_ABS(x) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x)
-#define V_COPYSIGN(y, x) _mm256_or_ps(y, _mm256_and_ps(x, _mm256_set1_ps(-0.0f)))
-#define V_BITS(x, w) bits_avx2(x, w)
-#define V_FROM_I(i0)                                                                               \
-    _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(i0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))
 
 #include "attention/forward_simd.h"

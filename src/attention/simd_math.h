@@ -1,0 +1,58 @@
+/* The SIMD layer of the vector kernels: one header per width (simd_avx2.h, simd_avx512.h)
+   defines, and simd_math.h builds vexp and vtanh on:
+     VL                 floats per vector; vf the vector type, vm a lane mask
+     V_ZERO() V_SET1(x) V_LOAD(p) V_STORE(p, x) V_ADD V_MUL V_SUB V_FMA(a, b, c) = a*b+c
+     V_DIV V_MAX V_MIN V_ABS V_ROUND V_HMAX(x) V_HSUM(x), V_POW2N(p, n) = p * 2^n,
+     V_COPYSIGN(y, x) = |y| with the sign of x
+     V_LT(a, b) -> vm    a < b lanewise, and V_SEL(m, a, b) = m ? a : b
+     V_BITS(x, w)        lanes whose bit in w (low VL bits) is 0 become -inf
+     V_FROM_I(i0)        (float)(i0 + lane) for int32 i0
+     V_GATHER(t, e)      t[(int)e[lane]] for integral float e
+     SIMD_FN(name)       name with the path's suffix
+   Include only from files built for that width (*_avx2.c, *_avx512.c). */
+#ifndef FX_ATTENTION_SIMD_MATH_H
+#define FX_ATTENTION_SIMD_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+
+/* e^x for x <= 0 (and -inf): 2^n * e^r with |r| <= ln2/2 and a degree-7 Taylor polynomial
+   (relative error < 1e-8 before rounding); inputs below -87 give exactly 0. */
+static inline vf SIMD_FN(vexp)(vf x)
+{
+    const vf lo = V_SET1(-87.0f);
+    vm tiny = V_LT(x, lo);
+    x = V_MAX(x, lo);
+    vf n = V_ROUND(V_MUL(x, V_SET1(1.44269504088896341f)));
+    vf r = V_FMA(n, V_SET1(-0.693145751953125f), x);
+    r = V_FMA(n, V_SET1(-1.428606765330187045e-06f), r);
+    vf p = V_SET1(1.0f / 5040.0f);
+    p = V_FMA(p, r, V_SET1(1.0f / 720.0f));
+    p = V_FMA(p, r, V_SET1(1.0f / 120.0f));
+    p = V_FMA(p, r, V_SET1(1.0f / 24.0f));
+    p = V_FMA(p, r, V_SET1(1.0f / 6.0f));
+    p = V_FMA(p, r, V_SET1(0.5f));
+    p = V_FMA(p, r, V_SET1(1.0f));
+    p = V_FMA(p, r, V_SET1(1.0f));
+    p = V_POW2N(p, n);
+    return V_SEL(tiny, V_ZERO(), p);
+}
+
+/* tanh(x): an odd series near 0 (where 1 - e^-2|x| would cancel), (1 - t) / (1 + t) with
+   t = e^-2|x| elsewhere. */
+static inline vf SIMD_FN(vtanh)(vf x)
+{
+    vf ax = V_ABS(x);
+    vf t = SIMD_FN(vexp)(V_MUL(ax, V_SET1(-2.0f)));
+    vf big = V_DIV(V_SUB(V_SET1(1.0f), t), V_ADD(V_SET1(1.0f), t));
+    vf x2 = V_MUL(ax, ax);
+    vf p = V_SET1(-17.0f / 315.0f);
+    p = V_FMA(p, x2, V_SET1(2.0f / 15.0f));
+    p = V_FMA(p, x2, V_SET1(-1.0f / 3.0f));
+    p = V_FMA(p, x2, V_SET1(1.0f));
+    vf small = V_MUL(p, ax);
+    vf y = V_SEL(V_LT(ax, V_SET1(0.0625f)), small, big);
+    return V_COPYSIGN(y, x);
+}
+
+#endif
