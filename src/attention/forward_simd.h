@@ -10,47 +10,17 @@
 
 #include <string.h>
 
-#define MRMAX 6 /* query rows per strip */
+#include "attention/transpose.h"
 
-/* dst[d * ldd + j] = src[j * lds + d] for j < 8, d < 8: the 8 x 8 in-register transpose
-   (AVX is there on both vector paths). */
-static inline void SIMD_FN(transpose8)(const float *src, int64_t lds, float *dst, int64_t ldd)
-{
-    __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + lds), r2 = _mm256_loadu_ps(src + 2 * lds),
-           r3 = _mm256_loadu_ps(src + 3 * lds), r4 = _mm256_loadu_ps(src + 4 * lds),
-           r5 = _mm256_loadu_ps(src + 5 * lds), r6 = _mm256_loadu_ps(src + 6 * lds),
-           r7 = _mm256_loadu_ps(src + 7 * lds);
-    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
-           t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
-           t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE),
-           u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE),
-           u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
-           u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-    _mm256_storeu_ps(dst, _mm256_permute2f128_ps(u0, u4, 0x20));
-    _mm256_storeu_ps(dst + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
-    _mm256_storeu_ps(dst + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
-    _mm256_storeu_ps(dst + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
-    _mm256_storeu_ps(dst + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
-    _mm256_storeu_ps(dst + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
-    _mm256_storeu_ps(dst + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
-    _mm256_storeu_ps(dst + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
-}
+#define MRMAX 6 /* query rows per strip */
 
 /* Kt[d, j] = K[j, d] for j < nk, zero for nk <= j < bkp. */
 static void SIMD_FN(pack_kt)(const float *ks, int64_t D, int64_t nk, float *kt, int64_t bkp)
 {
-    const int64_t j8 = nk / 8 * 8, d8 = D / 8 * 8;
-    for (int64_t j = 0; j < j8; j += 8)
-        for (int64_t d = 0; d < d8; d += 8)
-            SIMD_FN(transpose8)(ks + j * D + d, D, kt + d * bkp + j, bkp);
-    for (int64_t d = 0; d < D; d++) {
-        float *dst = kt + d * bkp;
-        for (int64_t j = d < d8 ? j8 : 0; j < nk; j++)
-            dst[j] = ks[j * D + d];
-        for (int64_t j = nk; j < bkp; j++)
-            dst[j] = 0.0f;
-    }
+    fx__transpose(kt, bkp, ks, D, nk, D);
+    if (nk < bkp)
+        for (int64_t d = 0; d < D; d++)
+            memset(kt + d * bkp + nk, 0, (size_t)(bkp - nk) * sizeof(float));
 }
 
 /* S[r, c0 .. c0 + nc*VL) = scale * sum_d Q[r, d] Kt[d, ...] for r < mr. */

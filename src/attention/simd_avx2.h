@@ -43,6 +43,22 @@ static inline __m256 bits_avx2(__m256 x, uint32_t w)
     return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(on));
 }
 
+/* Lanes [0, n) set (n clamped to 8). */
+static inline __m256 tail_avx2(int64_t n)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)), idx));
+}
+
+/* Lane n of the result is the sum of a[n]'s lanes, for 8 vectors. */
+static inline __m256 sums_avx2(const __m256 *a)
+{
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
 #define V_ZERO() _mm256_setzero_ps()
 #define V_SET1(x) _mm256_set1_ps(x)
 #define V_LOAD(p) _mm256_loadu_ps(p)
@@ -66,6 +82,10 @@ static inline __m256 bits_avx2(__m256 x, uint32_t w)
 #define V_BITS(x, w) bits_avx2(x, w)
 #define V_FROM_I(i0)                                                                               \
     _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(i0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)))
+#define V_TAIL(n) tail_avx2(n)
+#define V_MLOAD(m, p) _mm256_maskload_ps(p, _mm256_castps_si256(m))
+#define V_MSTORE(p, m, x) _mm256_maskstore_ps(p, _mm256_castps_si256(m), x)
+#define V_SUMS(a) sums_avx2(a)
 
 #include "attention/simd_math.h"
 

@@ -36,6 +36,31 @@ typedef __mmask16 vm;
 #define V_FROM_I(i0)                                                                               \
     _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_set1_epi32(i0),                                    \
                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)))
+#define V_TAIL(n) ((n) >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n)) - 1u))
+#define V_MLOAD(m, p) _mm512_maskz_loadu_ps(m, p)
+#define V_MSTORE(p, m, x) _mm512_mask_storeu_ps(p, m, x)
+#define V_SUMS(a) sums_avx512(a)
+
+/* Lane n of the result is the sum of a[n]'s lanes, for 16 vectors: a transpose-and-add tree
+   (48 shuffles and adds instead of 16 full horizontal sums). */
+static inline __m512 sums_avx512(const __m512 *a)
+{
+    __m512 t[8], u[4];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++)
+        t[p] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * p], a[2 * p + 1]), _mm512_unpackhi_ps(a[2 * p], a[2 * p + 1]));
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++) {
+        __m512d x = _mm512_castps_pd(t[2 * q]), y = _mm512_castps_pd(t[2 * q + 1]);
+        u[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
 
 #include "attention/simd_math.h"
 

@@ -8,6 +8,9 @@
      V_BITS(x, w)        lanes whose bit in w (low VL bits) is 0 become -inf
      V_FROM_I(i0)        (float)(i0 + lane) for int32 i0
      V_GATHER(t, e)      t[(int)e[lane]] for integral float e
+     V_TAIL(n) -> vm     lanes [0, n) (n clamped to VL); V_MLOAD(m, p) loads those lanes (the
+                         others 0) and V_MSTORE(p, m, x) stores them, touching no other memory
+     V_SUMS(a)           lane n = the sum of a[n]'s lanes, for an array of VL vectors
      SIMD_FN(name)       name with the path's suffix
    Include only from files built for that width (*_avx2.c, *_avx512.c). */
 #ifndef FX_ATTENTION_SIMD_MATH_H

@@ -1,14 +1,15 @@
 /* An 8 x 8 float transpose in AVX registers and the block transpose built on it, shared by
-   the AVX2 and AVX-512 tile kernels; include only from *_avx2.c / *_avx512.c files. */
-#ifndef FX_ATTENTION_BACKWARD_TRANSPOSE_H
-#define FX_ATTENTION_BACKWARD_TRANSPOSE_H
+   the AVX2 and AVX-512 forward and backward kernels; include only from *_avx2.c / *_avx512.c
+   files. */
+#ifndef FX_ATTENTION_TRANSPOSE_H
+#define FX_ATTENTION_TRANSPOSE_H
 
 #include <immintrin.h>
 #include <stdint.h>
 
 /* dst[c * ldd + r] = src[r * lds + c] for r, c < 8: pairs of rows interleave, then pairs of
    pairs, then the 128-bit halves swap. */
-static inline void fx__bw_transpose8(float *dst, int64_t ldd, const float *src, int64_t lds)
+static inline void fx__transpose8(float *dst, int64_t ldd, const float *src, int64_t lds)
 {
     __m256 r[8], t[8], u[8];
 #pragma GCC unroll 8
@@ -34,13 +35,13 @@ static inline void fx__bw_transpose8(float *dst, int64_t ldd, const float *src, 
 }
 
 /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols. */
-static inline void fx__bw_transpose(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
+static inline void fx__transpose(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows,
                                     int64_t cols)
 {
     int64_t r8 = rows / 8 * 8, c8 = cols / 8 * 8;
     for (int64_t r = 0; r < r8; r += 8)
         for (int64_t c = 0; c < c8; c += 8)
-            fx__bw_transpose8(dst + c * ldd + r, ldd, src + r * lds + c, lds);
+            fx__transpose8(dst + c * ldd + r, ldd, src + r * lds + c, lds);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = r < r8 ? c8 : 0; c < cols; c++)
             dst[c * ldd + r] = src[r * lds + c];
