@@ -113,6 +113,48 @@ void fx__fwd_plan_init(fx__fwd_plan *p, const fx_attention *a)
     p->scale = fx__attention_scale(a);
 }
 
+void fx__fwd_item_init(const fx__fwd_plan *p, const fx_attention *a, int64_t item, fx__fwd_item *it)
+{
+    const int64_t qbi = item % p->n_qb;
+    it->b = item / (p->n_hg * p->n_qb);
+    it->h0 = (item / p->n_qb) % p->n_hg * p->gs;
+    it->hkv = it->h0 / p->G;
+    const int64_t end = a->q_offset + a->Lq;
+    int64_t stop;
+    if (!a->mask) {
+        it->qa0 = a->q_offset + qbi * p->bq;
+        it->brow = 0;
+        stop = it->qa0 + p->bq;
+        it->e0 = 0, it->e1 = p->nkb;
+    } else {
+        const fx_block_mask *m = a->mask;
+        const int64_t base = (p->qb_lo + qbi) * p->bq;
+        it->qa0 = base > a->q_offset ? base : a->q_offset;
+        it->brow = it->qa0 - base;
+        stop = base + p->bq;
+        const int64_t r = fx__bm_row(m, fx__bm_slot(m, it->b, it->h0), p->qb_lo + qbi);
+        it->e0 = m->kv_ptr[r], it->e1 = m->kv_ptr[r + 1];
+    }
+    it->nr = (stop < end ? stop : end) - it->qa0;
+}
+
+void fx__fwd_item_store(const fx__fwd_plan *p, const fx_attention *a, const fx__fwd_item *it, const float *O,
+                        int64_t ldo, const float *M, const float *L, float *out, float *lse)
+{
+    for (int64_t g = 0; g < p->gs; g++) {
+        const int64_t row0 = (it->b * a->Hq + it->h0 + g) * a->Lq + (it->qa0 - a->q_offset);
+        for (int64_t i = 0; i < it->nr; i++) {
+            const float l = L[g * p->bq + i], *o = O + (g * p->bq + i) * ldo;
+            float *dst = out + (size_t)(row0 + i) * (size_t)a->Dv;
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            for (int64_t d = 0; d < a->Dv; d++)
+                dst[d] = o[d] * inv;
+            if (lse)
+                lse[row0 + i] = l > 0.0f ? M[g * p->bq + i] + logf(l) : -INFINITY;
+        }
+    }
+}
+
 int fx__flex_forward(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
                      float *lse)
 {

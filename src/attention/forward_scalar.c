@@ -23,11 +23,9 @@ int fx__flex_forward_scalar(const fx_attention *a, const float *q, const float *
 #pragma omp parallel for schedule(static, 1)
     for (int64_t item = 0; item < p.n_items; item++) {
         float *S = scratch + (size_t)fx__thread_id() * per, *O = S + s_len, *M = O + o_len, *L = M + ml_len;
-        const int64_t b = item / (p.n_hg * p.n_qb), hg = (item / p.n_qb) % p.n_hg, qbi = item % p.n_qb;
-        const int64_t h0 = hg * gs, hkv = h0 / p.G;
-        int64_t qa0, qa1, brow;
-        fx__fwd_item_rows(&p, a, qbi, &qa0, &qa1, &brow);
-        const int64_t nr = qa1 - qa0;
+        fx__fwd_item it;
+        fx__fwd_item_init(&p, a, item, &it);
+        const int64_t b = it.b, h0 = it.h0, hkv = it.hkv, qa0 = it.qa0, nr = it.nr, brow = it.brow;
         for (int64_t i = 0; i < gs * bq; i++) {
             M[i] = -INFINITY;
             L[i] = 0.0f;
@@ -35,14 +33,9 @@ int fx__flex_forward_scalar(const fx_attention *a, const float *q, const float *
         for (size_t i = 0; i < o_len; i++)
             O[i] = 0.0f;
 
-        int64_t e0 = 0, e1 = p.nkb;
-        if (m) {
-            int64_t r = fx__bm_row(m, fx__bm_slot(m, b, h0), p.qb_lo + qbi);
-            e0 = m->kv_ptr[r], e1 = m->kv_ptr[r + 1];
-        }
         const float *kh = k + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)D;
         const float *vh = v + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)Dv;
-        for (int64_t e = e0; e < e1; e++) {
+        for (int64_t e = it.e0; e < it.e1; e++) {
             const int64_t kb = m ? m->kv_idx[e] : e;
             const uint64_t *bits = m ? fx__bm_bits(m, m->kv_bits[e]) : NULL;
             const int64_t k0 = kb * bk;
@@ -87,18 +80,7 @@ int fx__flex_forward_scalar(const fx_attention *a, const float *q, const float *
                 }
             }
         }
-        for (int64_t g = 0; g < gs; g++) {
-            const int64_t h = h0 + g, row0 = (b * a->Hq + h) * a->Lq + (qa0 - a->q_offset);
-            for (int64_t i = 0; i < nr; i++) {
-                const float l = L[g * bq + i], *o = O + (g * bq + i) * Dv;
-                float *dst = out + (size_t)(row0 + i) * (size_t)Dv;
-                const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-                for (int64_t d = 0; d < Dv; d++)
-                    dst[d] = o[d] * inv;
-                if (lse)
-                    lse[row0 + i] = l > 0.0f ? M[g * bq + i] + logf(l) : -INFINITY;
-            }
-        }
+        fx__fwd_item_store(&p, a, &it, O, Dv, M, L, out, lse);
     }
     fx__free(scratch);
     return FX_OK;

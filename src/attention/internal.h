@@ -145,23 +145,18 @@ typedef struct fx__fwd_plan {
     float scale;
 } fx__fwd_plan;
 void fx__fwd_plan_init(fx__fwd_plan *p, const fx_attention *a);
-/* Absolute query positions [*qa0, *qa1) of item q-block qbi, and the row of qa0 inside its
-   mask block (for bitmap lookups; 0 without a mask). */
-static inline void fx__fwd_item_rows(const fx__fwd_plan *p, const fx_attention *a, int64_t qbi,
-                                     int64_t *qa0, int64_t *qa1, int64_t *brow)
-{
-    int64_t end = a->q_offset + a->Lq;
-    if (!a->mask) {
-        *qa0 = a->q_offset + qbi * p->bq;
-        *brow = 0;
-    } else {
-        int64_t base = (p->qb_lo + qbi) * p->bq;
-        *qa0 = base > a->q_offset ? base : a->q_offset;
-        *brow = *qa0 - base;
-    }
-    int64_t stop = (a->mask ? (p->qb_lo + qbi) * p->bq : *qa0) + p->bq;
-    *qa1 = stop < end ? stop : end;
-}
+/* One work item of a plan: its rows and the kv-blocks it visits. */
+typedef struct fx__fwd_item {
+    int64_t b, h0, hkv; /* batch, first query head, the KV head they read */
+    int64_t qa0, nr;    /* absolute position of the first row, and the row count */
+    int64_t brow;       /* row of qa0 inside its mask block (bitmap lookups; 0 without a mask) */
+    int64_t e0, e1;     /* the visited entries of the mask row (every kv-block without a mask) */
+} fx__fwd_item;
+void fx__fwd_item_init(const fx__fwd_plan *p, const fx_attention *a, int64_t item, fx__fwd_item *it);
+/* Writes an item's output rows from its running state: out = O / L (O rows of stride ldo, g
+   major as [gs, bq]) and lse = M + log L (-inf and zeros where a row saw no key). */
+void fx__fwd_item_store(const fx__fwd_plan *p, const fx_attention *a, const fx__fwd_item *it, const float *O,
+                        int64_t ldo, const float *M, const float *L, float *out, float *lse);
 
 /* Dense path's block sizes (mask == NULL): queries per work item and keys per tile. */
 enum { FX__DENSE_BLOCK_Q = 128, FX__DENSE_BLOCK_KV = 128 };
