@@ -88,7 +88,8 @@ resume)
     same resume-2-to-1 "$tmp/straight/checkpoint.safetensors" "$tmp/a/checkpoint.safetensors"
     # 1 process to step 3, then 2 ranks (ddp)
     "$flexc" train "${common[@]}" "${det[@]}" --until 3 --out "$tmp/b" || bad "1-process first half"
-    run2 "$flexc" train --resume --deterministic --quiet --threads 1 --parallel ddp --out "$tmp/b" || bad "2-rank second half"
+    # (--deterministic comes back from the checkpoint)
+    run2 "$flexc" train --resume --quiet --threads 1 --parallel ddp --out "$tmp/b" || bad "2-rank second half"
     same resume-1-to-2 "$tmp/straight/checkpoint.safetensors" "$tmp/b/checkpoint.safetensors"
     losses "$tmp/straight/metrics.jsonl" >"$tmp/s.l"
     losses "$tmp/b/metrics.jsonl" >"$tmp/b.l"

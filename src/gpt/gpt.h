@@ -296,6 +296,7 @@ typedef struct fx__gpt_train_state {
     char attn[32];     /* mask name */
     char data[4096];   /* the --data file, absolute ("" for the default corpus) */
     bool adam_bf16;    /* the checkpoint's Adam moments are bfloat16 */
+    bool deterministic; /* trained with --deterministic (the sliced, fixed-order gradient sum) */
     uint64_t data_hash;
     /* Hyper-parameters, kept so a resume continues the same schedule. */
     int64_t steps, warmup, batch, seq, accum;
