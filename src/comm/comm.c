@@ -639,8 +639,9 @@ int fx_comm_reduce_scatter_single(fx_comm *c, float *out, const float *in, int64
     if ((!out || !in) && n > 0)
         return fx__error(FX_EINVAL, "%s is NULL with n = %lld", !out ? "out" : "in", (long long)n);
     size_t nb = (size_t)n * sizeof(float);
-    if (fx__overlap(out, nb, in, nb * (size_t)c->size))
-        return fx__error(FX_EINVAL, "out overlaps in (n = %lld)", (long long)n);
+    bool in_place = n > 0 && out == in;
+    if (!in_place && fx__overlap(out, nb, in, nb * (size_t)c->size))
+        return fx__error(FX_EINVAL, "out overlaps in but is not in (n = %lld)", (long long)n);
     bool det = c->deterministic && c->size > 1;
     fx_comm_work *w;
     rc = fx__begin(c, FX_COMM_REDUCE_SCATTER, n, -1, det ? (size_t)n * (size_t)c->size : 0, &w);
@@ -653,7 +654,8 @@ int fx_comm_reduce_scatter_single(fx_comm *c, float *out, const float *in, int64
         w->out = out;
         mrc = MPI_Ialltoall(in, (int)n, MPI_FLOAT, w->scratch, (int)n, MPI_FLOAT, c->comm, &w->req);
     } else {
-        mrc = MPI_Ireduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, c->comm, &w->req);
+        mrc = MPI_Ireduce_scatter_block(in_place ? MPI_IN_PLACE : in, out, (int)n, MPI_FLOAT, MPI_SUM, c->comm,
+                                        &w->req);
     }
     return fx__posted(c, w, mrc, work);
 }
