@@ -17,6 +17,7 @@ struct fx__dist {
     int rank, size;
     int64_t batch, local; /* global and per-rank sequences per micro-batch */
     int err;              /* first communication failure seen inside a hook */
+    int phase;            /* 0: before the first layer, 1: the layers, 2: after backward */
     fx__dist_stats cur, last;
 
     /* DDP: the all-reduces started by the gradient hook during the last micro-batch. */
@@ -75,13 +76,23 @@ static int fx__fail(fx__dist *d, int rc)
     return rc;
 }
 
+static void fx__waited(fx__dist *d, double t0)
+{
+    double dt = fx__now() - t0;
+    d->cur.wait_s += dt;
+    if (d->phase == 0)
+        d->cur.wait_head_s += dt;
+    else if (d->phase == 2)
+        d->cur.wait_tail_s += dt;
+}
+
 static int fx__wait(fx__dist *d, fx_comm_work **w)
 {
     if (!*w)
         return FX_OK;
     double t0 = fx__now();
     int rc = fx_comm_work_wait(*w, -1.0);
-    d->cur.wait_s += fx__now() - t0;
+    fx__waited(d, t0);
     fx_comm_work_free(*w);
     *w = NULL;
     return fx__fail(d, rc);
@@ -120,7 +131,7 @@ static int fx__all_reduce(fx__dist *d, float *buf, int64_t n)
         return d->err;
     double t0 = fx__now();
     int rc = fx_comm_all_reduce(d->world, buf, n, NULL);
-    d->cur.wait_s += fx__now() - t0;
+    fx__waited(d, t0);
     return fx__started(d, rc, 4.0 * (double)n);
 }
 
@@ -317,6 +328,8 @@ static int fx__fsdp_layer_hook(int layer, bool backward, void *user)
     if (fx__wait(d, &d->sw[b]))
         return d->err;
     d->lp[layer] = d->slot[b];
+    if (!backward && layer == 0)
+        d->phase = 1;
     return d->err;
 }
 
@@ -352,12 +365,23 @@ static void fx__fsdp_grad_hook(int layer, float *grad, size_t numel, void *user)
     fx__fsdp_poll(d);
 }
 
+/* After a micro-batch's backward: every reduce-scatter finished, and the gathered layers
+   reduced to layer 0. Which other layers are still there depends on when reduce-scatters
+   happened to complete on this rank; the next micro-batch's forward must gather the same
+   layers on every rank, in the same order (the gathers of all layers look alike to the
+   fingerprints, so a divergence would go unnoticed or hang). */
 static int fx__rs_finish_all(fx__dist *d)
 {
     int64_t L = d->m->c.layers;
     for (int b = 0; b < FX__SLOTS; b++)
         if (d->skind[b] == FX__SLOT_RS && fx__slot_rs_finish(d, b))
             return d->err;
+    for (int b = 0; b < FX__SLOTS; b++)
+        if (d->skind[b] == FX__SLOT_PARAMS && d->slayer[b] != 0) {
+            if (fx__wait(d, &d->sw[b]))
+                return d->err;
+            d->skind[b] = FX__SLOT_FREE, d->slayer[b] = -1;
+        }
     if (fx__rs_finish(d, &d->w_rs_norm, d->rs_norm, L + 1) || fx__rs_finish(d, &d->w_rs_wte, d->rs_wte, 0))
         return d->err;
     return FX_OK;
@@ -654,6 +678,7 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
     if (d->err)
         return fx__error(d->err, "%s", fx_last_error());
     d->cur = (fx__dist_stats){0};
+    d->phase = 0;
     int64_t T = s->seq, first = (int64_t)d->rank * d->local;
     int rc = fx__gpt_set_batch(m, d->det && d->mode != FX__PAR_FSDP ? 1 : d->local, T);
     if (rc)
@@ -693,11 +718,14 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
                 memset(d->normg, 0, d->ush[m->c.layers + 1] * (size_t)d->size * sizeof(float));
             }
             d->reducing = a == s->accum - 1;
+            d->phase = d->mode == FX__PAR_FSDP && a == 0 ? 0 : 1; /* FSDP: until layer 0 is in */
             float l;
             if ((rc = fx__gpt_forward(m, tokens + first * T, targets + first * T, &l, true)) != FX_OK)
                 return d->err ? d->err : rc;
             if ((rc = fx__gpt_backward(m)) != FX_OK || d->err)
                 return d->err ? d->err : rc;
+            if (d->reducing)
+                d->phase = 2;
             if (d->mode == FX__PAR_FSDP && (rc = fx__rs_finish_all(d)) != FX_OK)
                 return rc;
             if (d->det) { /* fsdp: one slice per rank, the ranks' losses by the tree */
@@ -723,7 +751,9 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
             return FX_ENOMEM;
         float pf[2];
         memcpy(pf, &part, sizeof part);
+        double t0 = fx__now();
         rc = fx_comm_all_gather_single(d->world, (float *)allp, pf, 2, NULL);
+        fx__waited(d, t0);
         if (!fx__fail(d, fx__started(d, rc, 8.0 * d->size)))
             for (int r = 0; r < d->size; r++)
                 sumsq += allp[r];

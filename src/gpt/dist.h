@@ -40,7 +40,11 @@ int fx__par_parse(const char *s, fx__par *out);
 typedef struct fx__dist_stats {
     double comm_bytes;   /* bytes of the collectives' buffers in the last step (all-gather: the
                             gathered output; reduce-scatter: the input; all-reduce: the buffer) */
-    double wait_s;       /* seconds blocked waiting for collectives in the last step */
+    double wait_s;       /* seconds blocked waiting for collectives in the last step ... */
+    double wait_head_s;  /* ... of which before the first layer's forward could start (FSDP: the
+                            embedding and layer 0; nothing to overlap them with) */
+    double wait_tail_s;  /* ... and after the last backward (the last reduce-scatters, the
+                            gradient norm, the loss and stop flag; DDP: the all-reduces) */
     double progress_s;   /* seconds inside progress calls between layers (MPI's copies of
                             collectives in flight happen there, on this rank's core) */
     int64_t collectives; /* started in the last step */
