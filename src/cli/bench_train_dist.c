@@ -110,7 +110,7 @@ int bench_train_dist(int argc, char **argv)
     fx_rng_init(&s.rng, 1, 1);
     static dist_sample ov, se;
     double bytes = 0, bytes_ov = 0;
-    int64_t ncoll = 0, ncoll_ov = 0;
+    int64_t ncoll = 0, ncoll_ov = 0, npoll = 0;
     bool same_work = true;
     /* One warm-up step of each, then overlapped and serialised steps alternately; a barrier
        lines the ranks up before each timed step. */
@@ -134,7 +134,7 @@ int bench_train_dist(int argc, char **argv)
             dist_sample *x = serial ? &se : &ov;
             x->step[i] = dt, x->wait[i] = st.wait_s, x->prog[i] = st.progress_s;
             x->head[i] = st.wait_head_s, x->tail[i] = st.wait_tail_s;
-            bytes = st.comm_bytes, ncoll = st.collectives;
+            bytes = st.comm_bytes, ncoll = st.collectives, npoll = st.progress_calls;
             /* Both modes must run the same collectives, or the comparison means nothing. */
             if (serial)
                 same_work = same_work && st.comm_bytes == bytes_ov && st.collectives == ncoll_ov;
@@ -207,6 +207,7 @@ int bench_train_dist(int argc, char **argv)
                    t_se / t_ov, 100.0 * step_hidden, 100.0 * wait_cut);
             if (!same_work)
                 printf("  warning: the two modes did not run the same collectives\n");
+            printf("  %lld progress points per step\n", (long long)npoll);
             printf("  %.2f MB in %lld collectives per step per rank; parameter + gradient + optimizer memory "
                    "%.2f MB per rank vs %.2f MB in one process (%.2fx)\n",
                    bytes / 1e6, (long long)ncoll, (double)state / 1e6, (double)full_state / 1e6,

@@ -111,6 +111,7 @@ static void fx__progress(fx__dist *d)
 {
     if (d->err)
         return;
+    d->cur.progress_calls++;
     double t0 = fx__now();
     int rc = fx_comm_progress(d->world);
     if (!rc && d->rs)
@@ -265,6 +266,7 @@ static void fx__fsdp_poll(fx__dist *d)
 {
     if (d->err)
         return;
+    d->cur.progress_calls++;
     double t0 = fx__now();
     int rc = fx_comm_progress(d->world);
     if (!rc)

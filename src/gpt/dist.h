@@ -48,6 +48,7 @@ typedef struct fx__dist_stats {
     double progress_s;   /* seconds inside progress calls between layers (MPI's copies of
                             collectives in flight happen there, on this rank's core) */
     int64_t collectives; /* started in the last step */
+    int64_t progress_calls; /* progress points passed in the last step */
 } fx__dist_stats;
 
 typedef struct fx__dist fx__dist;

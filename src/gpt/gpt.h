@@ -153,9 +153,9 @@ typedef struct fx__gpt {
        the final norm), with hook_user: where FSDP gathers the layer. Non-zero aborts the pass
        with that status. */
     int (*layer_hook)(int layer, bool backward, void *user);
-    /* Called between the attention and MLP halves of each layer, forward and backward, with
-       hook_user: where collectives in flight are driven forward (MPI advances them only
-       inside its calls). */
+    /* Called between the sub-operations of each layer (the projections, attention, the
+       MLP's matrices), forward and backward, with hook_user: where collectives in flight are
+       driven forward (MPI advances them only inside its calls). */
     void (*progress)(void *user);
 } fx__gpt;
 
