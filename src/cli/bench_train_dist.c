@@ -173,7 +173,7 @@ int bench_train_dist(int argc, char **argv)
     double hidden = comm > 0 ? 1.0 - exposed / comm : 0.0;
     double wait_cut = w_se > 0 ? 1.0 - w_ov / w_se : 0.0;
     double step_hidden = comm > 0 ? (t_se - t_ov) / comm : 0.0; /* the same, by step time */
-    size_t state = fx__dist_state_bytes(dist);
+    size_t state = fx__dist_state_bytes(dist), shards = fx__dist_shard_bytes(dist);
     if (rank == 0) {
         if (json)
             printf("{\"case\":\"train_parallel\",\"parallel\":\"%s\",\"model\":\"%s\",\"params\":%zu,\"ranks\":%d,"
@@ -183,11 +183,11 @@ int bench_train_dist(int argc, char **argv)
                    "\"tail_wait_s\":%.6f,\"serial_tail_wait_s\":%.6f,\"comm_s\":%.6f,\"exposed_s\":%.6f,"
                    "\"hidden_fraction\":%.3f,\"step_hidden_fraction\":%.3f,\"wait_reduction\":%.3f,"
                    "\"same_collectives\":%s,\"bytes_per_step\":%.0f,\"collectives_per_step\":%lld,"
-                   "\"state_bytes\":%zu,\"one_process_state_bytes\":%zu,\"state_ratio\":%.3f,"
+                   "\"state_bytes\":%zu,\"shard_bytes\":%zu,\"one_process_state_bytes\":%zu,\"state_ratio\":%.3f,"
                    "\"allocated_bytes\":%zu,\"one_process_allocated_bytes\":%zu}\n",
                    parallel, model, m->lay.total, N, (long long)batch, (long long)seq, fx_get_num_threads(), t_ov,
                    t_se, t_se / t_ov, w_ov, w_se, p_ov, p_se, h_ov, h_se, tl_ov, tl_se, comm, exposed, hidden,
-                   step_hidden, wait_cut, same_work ? "true" : "false", bytes, (long long)ncoll, state, full_state,
+                   step_hidden, wait_cut, same_work ? "true" : "false", bytes, (long long)ncoll, state, shards, full_state,
                    (double)state / (double)full_state, mem_sharded - mem0, mem_whole - mem0);
         else {
             printf("train --parallel %s, %s: %.2fM params, %d processes, batch %lld x %lld, %d threads each "
@@ -208,10 +208,11 @@ int bench_train_dist(int argc, char **argv)
             if (!same_work)
                 printf("  warning: the two modes did not run the same collectives\n");
             printf("  %lld progress points per step\n", (long long)npoll);
-            printf("  %.2f MB in %lld collectives per step per rank; parameter + gradient + optimizer memory "
-                   "%.2f MB per rank vs %.2f MB in one process (%.2fx)\n",
-                   bytes / 1e6, (long long)ncoll, (double)state / 1e6, (double)full_state / 1e6,
-                   (double)state / (double)full_state);
+            printf("  %.2f MB in %lld collectives per step per rank\n", bytes / 1e6, (long long)ncoll);
+            printf("  parameter + gradient + optimizer memory %.2f MB per rank (%.2f MB of shards + %.2f MB gathered) "
+                   "vs %.2f MB in one process (%.2fx)\n",
+                   (double)state / 1e6, (double)shards / 1e6, (double)(state - shards) / 1e6,
+                   (double)full_state / 1e6, (double)state / (double)full_state);
             printf("  allocated by the model before the first step (library counter): %.2f MB per rank vs %.2f MB "
                    "for the whole model (%.2fx)\n",
                    (double)(mem_sharded - mem0) / 1e6, (double)(mem_whole - mem0) / 1e6,

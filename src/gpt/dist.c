@@ -649,6 +649,11 @@ size_t fx__dist_state_bytes(const fx__dist *d)
     return floats * sizeof(float);
 }
 
+size_t fx__dist_shard_bytes(const fx__dist *d)
+{
+    return d->mode == FX__PAR_FSDP ? 4 * d->S * sizeof(float) : fx__dist_state_bytes(d);
+}
+
 /* ---- the step ------------------------------------------------------------------------------------------ */
 
 /* The clip-and-average scale of fx__gpt_train_step for a gradient sum over `parts` means. */

@@ -83,5 +83,8 @@ fx__dist_stats fx__dist_last_stats(const fx__dist *d);
 /* Bytes this rank holds for parameters, gradients and optimizer state, gathered buffers
    included (FSDP: shards + gathered embedding, norm and layer slots). */
 size_t fx__dist_state_bytes(const fx__dist *d);
+/* The part of fx__dist_state_bytes that is this rank's shards (FSDP: parameters, gradients
+   and both Adam moments, 1/N of the model each, padded); the rest is gathered buffers. */
+size_t fx__dist_shard_bytes(const fx__dist *d);
 
 #endif
