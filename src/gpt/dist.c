@@ -654,6 +654,11 @@ size_t fx__dist_shard_bytes(const fx__dist *d)
     return d->mode == FX__PAR_FSDP ? 4 * d->S * sizeof(float) : fx__dist_state_bytes(d);
 }
 
+size_t fx__dist_layer_bytes(const fx__dist *d)
+{
+    return d->mode == FX__PAR_FSDP ? (size_t)d->size * d->maxsh * sizeof(float) : 0;
+}
+
 /* ---- the step ------------------------------------------------------------------------------------------ */
 
 /* The clip-and-average scale of fx__gpt_train_step for a gradient sum over `parts` means. */

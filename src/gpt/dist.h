@@ -86,5 +86,7 @@ size_t fx__dist_state_bytes(const fx__dist *d);
 /* The part of fx__dist_state_bytes that is this rank's shards (FSDP: parameters, gradients
    and both Adam moments, 1/N of the model each, padded); the rest is gathered buffers. */
 size_t fx__dist_shard_bytes(const fx__dist *d);
+/* FSDP: the bytes of one whole-layer buffer (the largest layer, padded); 0 otherwise. */
+size_t fx__dist_layer_bytes(const fx__dist *d);
 
 #endif
