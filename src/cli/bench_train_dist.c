@@ -163,7 +163,8 @@ int bench_train_dist(int argc, char **argv)
             if (all[K * k + j] > med[j])
                 med[j] = all[K * k + j];
     /* Communication time: what a rank spends inside communication calls (blocked in waits,
-       plus the progress calls between layers, where this rank's core does MPI's copies).
+       plus starting collectives and the progress calls between the layers' operations, where
+       this rank's core does MPI's copies).
        Serialised, every collective is waited for as it starts, so all of it is on the
        critical path: that is the step's communication time. Overlapped, the same calls'
        time is what stayed exposed; the rest was hidden behind compute. */
@@ -195,12 +196,13 @@ int bench_train_dist(int argc, char **argv)
                    "(median of %lld alternating pairs, slowest rank)\n",
                    parallel, model, (double)m->lay.total / 1e6, N, (long long)batch, (long long)seq,
                    fx_get_num_threads(), (long long)steps);
-            printf("                   step   in waits (before layer 0 / after backward)   in progress calls\n");
+            printf("                   step   in waits (before layer 0 / after backward)   in other calls (starting, "
+                   "progress)\n");
             printf("  overlapped %8.1f ms %8.1f ms (%5.1f / %5.1f ms)              %8.1f ms\n", t_ov * 1e3, w_ov * 1e3,
                    h_ov * 1e3, tl_ov * 1e3, p_ov * 1e3);
             printf("  serialised %8.1f ms %8.1f ms (%5.1f / %5.1f ms)              %8.1f ms\n", t_se * 1e3, w_se * 1e3,
                    h_se * 1e3, tl_se * 1e3, p_se * 1e3);
-            printf("  communication time (serialised waits + progress) %.1f ms, exposed when overlapped %.1f ms: "
+            printf("  communication time (serialised: waits + other calls) %.1f ms, exposed when overlapped %.1f ms: "
                    "%.0f%% hidden behind compute\n",
                    comm * 1e3, exposed * 1e3, 100.0 * hidden);
             printf("  step time: serialised / overlapped = %.3fx, the saving is %.0f%% of the communication time; "

@@ -145,7 +145,10 @@ static void fx__ddp_hook(int layer, float *grad, size_t numel, void *user)
     if (!d->reducing || d->err)
         return;
     fx_comm_work *w = NULL;
-    if (fx__started(d, fx_comm_all_reduce(d->world, grad, (int64_t)numel, &w), 4.0 * (double)numel))
+    double t0 = fx__now();
+    int rc = fx_comm_all_reduce(d->world, grad, (int64_t)numel, &w);
+    d->cur.progress_s += fx__now() - t0; /* starting it: communication time too */
+    if (fx__started(d, rc, 4.0 * (double)numel))
         return;
     d->works[d->nworks++] = w;
     if (d->serial)
@@ -203,7 +206,9 @@ static int fx__gather(fx__dist *d, int64_t u, float *out, fx_comm_work **w)
 {
     if (d->err)
         return d->err;
+    double t0 = fx__now();
     int rc = fx_comm_all_gather_single(d->world, out, d->sp + d->soff[u], (int64_t)d->ush[u], w);
+    d->cur.progress_s += fx__now() - t0; /* starting it: communication time too */
     if (fx__started(d, rc, 4.0 * (double)(d->ush[u] * (size_t)d->size)))
         return rc;
     return d->serial ? fx__wait(d, w) : FX_OK;
@@ -285,9 +290,9 @@ static void fx__fsdp_poll(fx__dist *d)
         t0 = fx__now();
         d->slayer[b] = -1;
     }
-    if (!rc)
-        fx__prefetch(d);
     d->cur.progress_s += fx__now() - t0;
+    if (!rc)
+        fx__prefetch(d); /* timed where the gather starts */
     fx__fail(d, rc);
 }
 
@@ -355,7 +360,9 @@ static void fx__fsdp_grad_hook(int layer, float *grad, size_t numel, void *user)
         out = grad, w = &d->sw[b];
         d->skind[b] = FX__SLOT_RS, d->sage[b] = ++d->clock;
     }
+    double t0 = fx__now();
     int rc = fx_comm_reduce_scatter_single(d->rs, out, grad, (int64_t)d->ush[u], w);
+    d->cur.progress_s += fx__now() - t0; /* starting it: communication time too */
     if (fx__started(d, rc, 4.0 * (double)(d->ush[u] * (size_t)d->size)))
         return;
     if (d->serial) {

@@ -45,8 +45,10 @@ typedef struct fx__dist_stats {
                             embedding and layer 0; nothing to overlap them with) */
     double wait_tail_s;  /* ... and after the last backward (the last reduce-scatters, the
                             gradient norm, the loss and stop flag; DDP: the all-reduces) */
-    double progress_s;   /* seconds inside progress calls between layers (MPI's copies of
-                            collectives in flight happen there, on this rank's core) */
+    double progress_s;   /* seconds in the other communication calls: starting the non-blocking
+                            collectives, and the progress calls between the layers' operations
+                            (MPI's copies of collectives in flight happen there, on this rank's
+                            core) */
     int64_t collectives; /* started in the last step */
     int64_t progress_calls; /* progress points passed in the last step */
 } fx__dist_stats;
