@@ -301,6 +301,15 @@ static void fx__fsdp_progress_hook(void *user)
     fx__fsdp_poll(user);
 }
 
+/* The status to return when no buffer could be had: the communication failure that stopped
+   it, or (a schedule bug, never expected) an error saying so. */
+static int fx__slot_none(fx__dist *d, int layer)
+{
+    if (d->err)
+        return d->err;
+    return fx__error(FX_EINVAL, "fsdp: no free layer buffer for layer %d", layer);
+}
+
 static int fx__fsdp_layer_hook(int layer, bool backward, void *user)
 {
     fx__dist *d = user;
@@ -318,7 +327,9 @@ static int fx__fsdp_layer_hook(int layer, bool backward, void *user)
     /* The parameters: prefetched, still there from the forward pass, or gathered now. */
     int b = fx__slot_find(d, FX__SLOT_PARAMS, layer);
     if (b < 0) {
-        if ((b = fx__slot_take(d, layer, d->want, true)) < 0 || fx__slot_gather(d, b, layer))
+        if ((b = fx__slot_take(d, layer, d->want, true)) < 0)
+            return fx__slot_none(d, layer);
+        if (fx__slot_gather(d, b, layer))
             return d->err ? d->err : FX_ECOMM;
     }
     d->sage[b] = ++d->clock;
@@ -326,7 +337,7 @@ static int fx__fsdp_layer_hook(int layer, bool backward, void *user)
         /* The gradient buffer before the prefetch: the layer needs it now. */
         int g = fx__slot_take(d, layer, d->want, true);
         if (g < 0)
-            return d->err ? d->err : FX_ECOMM;
+            return fx__slot_none(d, layer);
         d->skind[g] = FX__SLOT_GRADS, d->slayer[g] = layer, d->sage[g] = ++d->clock;
         memset(d->slot[g], 0, d->ush[layer + 1] * (size_t)d->size * sizeof(float));
         d->lg[layer] = d->slot[g];
