@@ -25,7 +25,15 @@ static int cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-typedef enum { MPI_BLOCKING, MPI_NONBLOCKING, FX_TRACKED, FX_UNTRACKED, FX_DETERMINISTIC, MPI_RS, FX_RS_IN_PLACE } variant;
+typedef enum {
+    MPI_BLOCKING,
+    MPI_NONBLOCKING,
+    FX_TRACKED,
+    FX_UNTRACKED,
+    FX_DETERMINISTIC,
+    MPI_RS,
+    FX_RS_IN_PLACE
+} variant;
 static const char *variant_name[] = {"MPI_Allreduce", "MPI_Iallreduce+MPI_Wait", "fx_comm_all_reduce",
                                      "fx_comm_all_reduce(tracking off)", "fx_comm_all_reduce(deterministic)",
                                      "MPI_Ireduce_scatter_block+MPI_Wait", "fx_comm_reduce_scatter(in place)"};

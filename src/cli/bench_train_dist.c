@@ -185,12 +185,13 @@ int bench_train_dist(int argc, char **argv)
                    "\"tail_wait_s\":%.6f,\"serial_tail_wait_s\":%.6f,\"comm_s\":%.6f,\"exposed_s\":%.6f,"
                    "\"hidden_fraction\":%.3f,\"step_hidden_fraction\":%.3f,\"wait_reduction\":%.3f,"
                    "\"same_collectives\":%s,\"bytes_per_step\":%.0f,\"collectives_per_step\":%lld,"
-                   "\"state_bytes\":%zu,\"shard_bytes\":%zu,\"layer_bytes\":%zu,\"one_process_state_bytes\":%zu,\"state_ratio\":%.3f,"
+                   "\"state_bytes\":%zu,\"shard_bytes\":%zu,\"layer_bytes\":%zu,"
+                   "\"one_process_state_bytes\":%zu,\"state_ratio\":%.3f,"
                    "\"allocated_bytes\":%zu,\"one_process_allocated_bytes\":%zu}\n",
                    parallel, model, m->lay.total, N, (long long)batch, (long long)seq, fx_get_num_threads(), t_ov,
                    t_se, t_se / t_ov, w_ov, w_se, p_ov, p_se, h_ov, h_se, tl_ov, tl_se, comm, exposed, hidden,
-                   step_hidden, wait_cut, same_work ? "true" : "false", bytes, (long long)ncoll, state, shards, layer, full_state,
-                   (double)state / (double)full_state, mem_sharded - mem0, mem_whole - mem0);
+                   step_hidden, wait_cut, same_work ? "true" : "false", bytes, (long long)ncoll, state, shards, layer,
+                   full_state, (double)state / (double)full_state, mem_sharded - mem0, mem_whole - mem0);
         else {
             printf("train --parallel %s, %s: %.2fM params, %d processes, batch %lld x %lld, %d threads each "
                    "(median of %lld alternating pairs, slowest rank)\n",
