@@ -25,16 +25,25 @@ static int cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-typedef enum { MPI_BLOCKING, MPI_NONBLOCKING, FX_TRACKED, FX_UNTRACKED, FX_DETERMINISTIC } variant;
+typedef enum {
+    MPI_BLOCKING,
+    MPI_NONBLOCKING,
+    FX_TRACKED,
+    FX_UNTRACKED,
+    FX_DETERMINISTIC,
+    MPI_RS,
+    FX_RS_IN_PLACE
+} variant;
 static const char *variant_name[] = {"MPI_Allreduce", "MPI_Iallreduce+MPI_Wait", "fx_comm_all_reduce",
-                                     "fx_comm_all_reduce(tracking off)", "fx_comm_all_reduce(deterministic)"};
+                                     "fx_comm_all_reduce(tracking off)", "fx_comm_all_reduce(deterministic)",
+                                     "MPI_Ireduce_scatter_block+MPI_Wait", "fx_comm_reduce_scatter(in place)"};
 
 typedef struct ctx {
     fx_comm *fx, *fx_untracked, *fx_det;
     MPI_Comm mpi;
-    float *buf;
+    float *buf, *out; /* out: a reduce-scatter's block */
     int64_t n;
-    int iters;
+    int iters, size;
 } ctx;
 
 static void run(ctx *c, variant v)
@@ -54,6 +63,16 @@ static void run(ctx *c, variant v)
         case FX_TRACKED: rc = fx_comm_all_reduce(c->fx, c->buf, c->n, NULL); break;
         case FX_UNTRACKED: rc = fx_comm_all_reduce(c->fx_untracked, c->buf, c->n, NULL); break;
         case FX_DETERMINISTIC: rc = fx_comm_all_reduce(c->fx_det, c->buf, c->n, NULL); break;
+        /* Reduce-scatters of the whole buffer (a block of n / size each): Open MPI's own
+           algorithm against the layer's in-place all-to-all plus local sum. */
+        case MPI_RS: {
+            MPI_Request r;
+            int block = (int)(c->n / c->size);
+            MPI_Ireduce_scatter_block(c->buf, c->out, block, MPI_FLOAT, MPI_SUM, c->mpi, &r);
+            MPI_Wait(&r, MPI_STATUS_IGNORE);
+            break;
+        }
+        case FX_RS_IN_PLACE: rc = fx_comm_reduce_scatter_single(c->fx, c->buf, c->buf, c->n / c->size, NULL); break;
         }
         if (rc != FX_OK) {
             fprintf(stderr, "comm_bench: %s\n", fx_last_error());
@@ -111,18 +130,21 @@ int main(int argc, char **argv)
     fx_comm_set_deterministic(c.fx_det, true);
     MPI_Comm_dup(MPI_COMM_WORLD, &c.mpi);
     int rank = fx_comm_rank(c.fx), size = fx_comm_size(c.fx);
+    c.size = size;
     const int64_t sizes[] = {256, 1 << 20};
     for (int s = 0; s < 2; s++) {
         c.n = sizes[s];
         c.iters = c.n < 4096 ? 200 : 5;
         c.buf = malloc(sizeof(float) * (size_t)c.n);
+        c.out = malloc(sizeof(float) * (size_t)c.n);
         for (int64_t i = 0; i < c.n; i++)
             c.buf[i] = 1.0f;
         pair(&c, MPI_NONBLOCKING, FX_TRACKED, 15, json, rank, size);
         pair(&c, MPI_NONBLOCKING, FX_UNTRACKED, 15, json, rank, size);
         pair(&c, MPI_BLOCKING, FX_TRACKED, 15, json, rank, size);
         pair(&c, FX_TRACKED, FX_DETERMINISTIC, 15, json, rank, size);
-        free(c.buf);
+        pair(&c, MPI_RS, FX_RS_IN_PLACE, 15, json, rank, size);
+        free(c.buf), free(c.out);
     }
     MPI_Comm_free(&c.mpi);
     fx_comm_free(c.fx_det);

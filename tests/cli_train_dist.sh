@@ -21,7 +21,9 @@ common=(--model tiny --data "$tmp/corpus.txt" --batch 3 --accum 2 --seq 32 --lr 
 "$flexc" train "${common[@]}" --deterministic --threads 2 --out "$tmp/d2" || bad "deterministic, 2 threads"
 same threads "$tmp/d1/checkpoint.safetensors" "$tmp/d2/checkpoint.safetensors"
 "$flexc" train "${common[@]}" --deterministic --threads 1 --until 3 --out "$tmp/r" || bad "first half"
-"$flexc" train --resume --deterministic --threads 1 --quiet --out "$tmp/r" || bad "second half"
+# --deterministic is in the checkpoint: the resume continues with it without being told
+"$flexc" train --resume --threads 1 --out "$tmp/r" >"$tmp/r.out" || bad "second half"
+grep -q "note: the checkpoint was trained with --deterministic" "$tmp/r.out" && ok || bad "no note on the restored --deterministic"
 same resume "$tmp/d1/checkpoint.safetensors" "$tmp/r/checkpoint.safetensors"
 losses "$tmp/d1/metrics.jsonl" >"$tmp/a"
 losses "$tmp/r/metrics.jsonl" >"$tmp/b"
@@ -34,5 +36,12 @@ if paste -d' ' <(sed 's/.*"loss":\([0-9.e-]*\).*/\1/' "$tmp/p/metrics.jsonl") \
     bad "deterministic vs plain losses differ beyond 1e-4"
     paste "$tmp/p/metrics.jsonl" "$tmp/d1/metrics.jsonl" | cut -c1-200
 fi
+# a plain checkpoint resumed with --deterministic: a clear refusal, nothing written
+cp "$tmp/p/checkpoint.safetensors" "$tmp/p.ckpt"
+"$flexc" train --resume --deterministic --steps 8 --threads 1 --quiet --out "$tmp/p" 2>"$tmp/conflict.err"
+rc=$?
+[[ $rc == 2 ]] && ok || bad "resume --deterministic of a plain run: exit $rc, not 2"
+grep -q "trained without --deterministic" "$tmp/conflict.err" && ok || bad "conflict message: $(cat "$tmp/conflict.err")"
+same conflict-untouched "$tmp/p.ckpt" "$tmp/p/checkpoint.safetensors"
 echo "cli_train_dist: $passes passed, $fails failed"
 exit $((fails > 0))

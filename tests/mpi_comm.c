@@ -43,19 +43,23 @@ static void run_collectives(bool det, bool nonblocking)
     /* Block b of rank r's reduce-scatter input: input(r, b * n + i). */
     for (int64_t i = 0; i < n * nranks; i++)
         rs_in[i] = input(rank, i);
-    fx_comm_work *w[5] = {0};
-    fx_comm_work **h[5] = {NULL, NULL, NULL, NULL, NULL};
+    fx_comm_work *w[6] = {0};
+    fx_comm_work **h[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
     if (nonblocking)
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < 6; i++)
             h[i] = &w[i];
     FXT_OK(fx_comm_all_reduce(world, ar, n, h[0]));
     FXT_OK(fx_comm_all_gather_single(world, ag, mine, n, h[1]));
     FXT_OK(fx_comm_reduce_scatter_single(world, rs, rs_in, n, h[2]));
     FXT_OK(fx_comm_broadcast(world, bc, n * 4, nranks - 1, h[3]));
     FXT_OK(fx_comm_barrier(world, h[4]));
+    /* The in-place reduce-scatter: the sum lands at the start of the input. */
+    float *rs_ip = fxt_guarded((size_t)(n * nranks));
+    memcpy(rs_ip, rs_in, sizeof(float) * (size_t)(n * nranks));
+    FXT_OK(fx_comm_reduce_scatter_single(world, rs_ip, rs_ip, n, h[5]));
     if (nonblocking) {
         /* Finish them out of order: completion does not depend on the order of waits. */
-        for (int i = 4; i >= 0; i--) {
+        for (int i = 5; i >= 0; i--) {
             FXT_OK(fx_comm_work_wait(w[i], -1.0));
             fx_comm_work_free(w[i]);
         }
@@ -91,14 +95,18 @@ static void run_collectives(bool det, bool nonblocking)
     }
     FXT_OK(fx_comm_sum_pairwise(ordered, rows, n, nranks));
     fxt_close_f32("reduce_scatter", rs, ref, (size_t)n, 1e-5, 1e-6);
-    if (det)
+    fxt_close_f32("in-place reduce_scatter", rs_ip, ref, (size_t)n, 1e-5, 1e-6);
+    if (det) {
         fxt_bitwise_f32("deterministic reduce_scatter", rs, ordered, (size_t)n);
+        fxt_bitwise_f32("deterministic in-place reduce_scatter", rs_ip, ordered, (size_t)n);
+    }
     for (int64_t i = 0; i < n; i++)
         ref[i] = input(100, i);
     fxt_close_f32("broadcast", bc, ref, (size_t)n, 0.0, 0.0);
     fxt_guarded_free("all_reduce", ar);
     fxt_guarded_free("all_gather", ag);
     fxt_guarded_free("reduce_scatter", rs);
+    fxt_guarded_free("in-place reduce_scatter", rs_ip);
     fxt_guarded_free("broadcast", bc);
     free(rs_in);
     free(mine);

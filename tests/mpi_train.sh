@@ -8,6 +8,10 @@
 #              mid-training (mpirun --enable-recovery): rank 0 exits non-zero naming rank 1
 #              within --comm-timeout + 5 s, dumps the flight recorder, the last checkpoint
 #              stays intact and 1 process resumes from it
+#   memory     FSDP's per-rank parameter + gradient + optimizer memory (the library's own
+#              allocation counter, from bench train --json) is the shards (1/N of the 1-process
+#              state) plus at most three whole layers and the whole embedding and final norm,
+#              at 2 and 4 ranks
 #   nompi      (a build without MPI) --parallel refuses with a clear error
 #   errors     --batch not a multiple of the processes, fsdp --deterministic with more than one
 #              sequence per rank, mpirun without --parallel: clear errors, nothing written
@@ -88,7 +92,8 @@ resume)
     same resume-2-to-1 "$tmp/straight/checkpoint.safetensors" "$tmp/a/checkpoint.safetensors"
     # 1 process to step 3, then 2 ranks (ddp)
     "$flexc" train "${common[@]}" "${det[@]}" --until 3 --out "$tmp/b" || bad "1-process first half"
-    run2 "$flexc" train --resume --deterministic --quiet --threads 1 --parallel ddp --out "$tmp/b" || bad "2-rank second half"
+    # (--deterministic comes back from the checkpoint)
+    run2 "$flexc" train --resume --quiet --threads 1 --parallel ddp --out "$tmp/b" || bad "2-rank second half"
     same resume-1-to-2 "$tmp/straight/checkpoint.safetensors" "$tmp/b/checkpoint.safetensors"
     losses "$tmp/straight/metrics.jsonl" >"$tmp/s.l"
     losses "$tmp/b/metrics.jsonl" >"$tmp/b.l"
@@ -146,6 +151,22 @@ errors)
     run2 "$flexc" train "${common[@]}" --batch 4 --steps 2 --out "$tmp/e3" >"$tmp/out" 2>"$tmp/err"
     grep -q 'pass --parallel ddp or fsdp' "$tmp/err" && ok || bad "no --parallel: $(cat "$tmp/err")"
     [[ ! -e $tmp/e3/checkpoint.safetensors ]] && ok || bad "a checkpoint was written"
+    ;;
+memory)
+    # small: 6 layers of 1.57M parameters, embedding + final norm 0.1M (whole parameters and
+    # gradients: 0.13 of a layer); a fourth layer buffer would exceed the bound
+    for np in 2 4; do
+        "$mpirun" --allow-run-as-root --oversubscribe -np $np "$flexc" bench train --parallel fsdp --model small \
+            --seq 8 --batch $np --steps 1 --threads 1 --json >"$tmp/m$np" 2>"$tmp/err" || bad "bench at $np ranks: $(cat "$tmp/err")"
+        if awk -v np=$np '{
+                for (i = 1; i <= split($0, f, ","); i++) { split(f[i], kv, ":"); gsub(/[{}"]/, "", kv[1]); v[kv[1]] = kv[2] }
+                one = v["one_process_state_bytes"]; sh = v["shard_bytes"]; st = v["state_bytes"]
+                al = v["allocated_bytes"]; ly = v["layer_bytes"]
+                printf "  %d ranks: %.2f MB = %.2f MB shards + %.2f MB gathered (%.2f layers); allocated %.2f MB; 1 process %.2f MB\n",
+                    np, st / 1e6, sh / 1e6, (st - sh) / 1e6, (st - sh) / ly, al / 1e6, one / 1e6
+                bad = !(sh <= one / np * 1.001 && sh >= one / np) || !(st - sh <= 3.2 * ly) || !(al >= st && al <= st * 1.01)
+                exit bad }' "$tmp/m$np"; then ok; else bad "memory at $np ranks: $(cat "$tmp/m$np")"; fi
+    done
     ;;
 nompi) # a build without MPI
     "$flexc" train "${common[@]}" --batch 4 --steps 1 --parallel ddp --out "$tmp/n" >"$tmp/out" 2>"$tmp/err"

@@ -129,6 +129,16 @@ static void run_identities(bool det, bool nonblocking)
     fxt_bitwise_f32("all_reduce", buf, src, (size_t)n);
     fxt_bitwise_f32("all_gather", out, src, (size_t)n);
     fxt_bitwise_f32("reduce_scatter", out2, src, (size_t)n);
+    /* In place (out == in): the one rank's block is its sum. */
+    float *ip = fxt_guarded_copy(src, (size_t)n);
+    fx_comm_work *wi = NULL;
+    FXT_OK(fx_comm_reduce_scatter_single(world, ip, ip, n, nonblocking ? &wi : NULL));
+    if (wi) {
+        FXT_OK(fx_comm_work_wait(wi, -1.0));
+        fx_comm_work_free(wi);
+    }
+    fxt_bitwise_f32("in-place reduce_scatter", ip, src, (size_t)n);
+    fxt_guarded_free("in-place reduce_scatter", ip);
     for (int i = 0; i < 256; i++)
         if (bytes[i] != (unsigned char)i) {
             FXT_FAIL("broadcast byte %d changed to %d", i, bytes[i]);

@@ -123,7 +123,8 @@ FX_API int fx_comm_all_reduce(fx_comm *c, float *buf, int64_t n, fx_comm_work **
 /* in [n] -> out [size * n], rank r's block at out + r*n. in may be out + rank*n. */
 FX_API int fx_comm_all_gather_single(fx_comm *c, float *out, const float *in, int64_t n,
                                      fx_comm_work **work);
-/* in [size * n] -> out [n] = sum over ranks of their block [rank * n, (rank+1) * n). */
+/* in [size * n] -> out [n] = sum over ranks of their block [rank * n, (rank+1) * n). out may
+   be in (in place: the sum lands in in[0, n), the rest of in is undefined afterwards). */
 FX_API int fx_comm_reduce_scatter_single(fx_comm *c, float *out, const float *in, int64_t n,
                                          fx_comm_work **work);
 /* bytes from root's buf to every rank's buf. */

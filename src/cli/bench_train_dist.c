@@ -13,7 +13,7 @@
 
 /* Medians of a and b over n pairs (sorts them). */
 typedef struct dist_sample {
-    double step[64], wait[64], prog[64];
+    double step[64], wait[64], prog[64], head[64], tail[64];
 } dist_sample;
 
 static _Noreturn void bench_comm_failed(void)
@@ -109,8 +109,9 @@ int bench_train_dist(int argc, char **argv)
                              .min_lr = 1e-5f, .weight_decay = 0.1f, .clip = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f};
     fx_rng_init(&s.rng, 1, 1);
     static dist_sample ov, se;
-    double bytes = 0;
-    int64_t ncoll = 0;
+    double bytes = 0, bytes_ov = 0;
+    int64_t ncoll = 0, ncoll_ov = 0, npoll = 0;
+    bool same_work = true;
     /* One warm-up step of each, then overlapped and serialised steps alternately; a barrier
        lines the ranks up before each timed step. */
     for (int64_t i = -1; i < steps; i++)
@@ -132,56 +133,90 @@ int bench_train_dist(int argc, char **argv)
                 continue;
             dist_sample *x = serial ? &se : &ov;
             x->step[i] = dt, x->wait[i] = st.wait_s, x->prog[i] = st.progress_s;
-            bytes = st.comm_bytes, ncoll = st.collectives;
+            x->head[i] = st.wait_head_s, x->tail[i] = st.wait_tail_s;
+            bytes = st.comm_bytes, ncoll = st.collectives, npoll = st.progress_calls;
+            /* Both modes must run the same collectives, or the comparison means nothing. */
+            if (serial)
+                same_work = same_work && st.comm_bytes == bytes_ov && st.collectives == ncoll_ov;
+            else
+                bytes_ov = st.comm_bytes, ncoll_ov = st.collectives;
         }
     /* Rank 0 reports the slowest rank's medians: the step ends when the last rank does. */
-    float med[6] = {(float)bench_median(ov.step, (int)steps), (float)bench_median(se.step, (int)steps),
-                    (float)bench_median(ov.wait, (int)steps), (float)bench_median(se.wait, (int)steps),
-                    (float)bench_median(ov.prog, (int)steps), (float)bench_median(se.prog, (int)steps)};
-    float all[6 * 64];
-    if (N > 64 || fx_comm_all_gather_single(world, all, med, 6, NULL) != FX_OK) {
+    enum { K = 10 };
+    dist_sample *src[2] = {&ov, &se};
+    float med[K];
+    for (int k = 0; k < 2; k++) {
+        med[5 * k + 0] = (float)bench_median(src[k]->step, (int)steps);
+        med[5 * k + 1] = (float)bench_median(src[k]->wait, (int)steps);
+        med[5 * k + 2] = (float)bench_median(src[k]->prog, (int)steps);
+        med[5 * k + 3] = (float)bench_median(src[k]->head, (int)steps);
+        med[5 * k + 4] = (float)bench_median(src[k]->tail, (int)steps);
+    }
+    float all[K * 64];
+    if (N > 64 || fx_comm_all_gather_single(world, all, med, K, NULL) != FX_OK) {
         if (N <= 64)
             bench_comm_failed();
         memcpy(all, med, sizeof med), N = 1;
     }
     for (int k = 1; k < N; k++)
-        for (int j = 0; j < 6; j++)
-            if (all[6 * k + j] > med[j])
-                med[j] = all[6 * k + j];
-    /* Communication on the critical path: blocked in waits, plus the progress calls between
-       layers (where this rank's core does MPI's copies). Serialised, all of it is. */
-    double t_ov = med[0], t_se = med[1], w_ov = med[2], w_se = med[3], p_ov = med[4], p_se = med[5];
-    double hidden = w_se + p_se > 0 ? 1.0 - (w_ov + p_ov) / (w_se + p_se) : 0.0;
+        for (int j = 0; j < K; j++)
+            if (all[K * k + j] > med[j])
+                med[j] = all[K * k + j];
+    /* Communication time: what a rank spends inside communication calls (blocked in waits,
+       plus starting collectives and the progress calls between the layers' operations, where
+       this rank's core does MPI's copies).
+       Serialised, every collective is waited for as it starts, so all of it is on the
+       critical path: that is the step's communication time. Overlapped, the same calls'
+       time is what stayed exposed; the rest was hidden behind compute. */
+    double t_ov = med[0], w_ov = med[1], p_ov = med[2], h_ov = med[3], tl_ov = med[4];
+    double t_se = med[5], w_se = med[6], p_se = med[7], h_se = med[8], tl_se = med[9];
+    double comm = w_se + p_se, exposed = w_ov + p_ov;
+    double hidden = comm > 0 ? 1.0 - exposed / comm : 0.0;
     double wait_cut = w_se > 0 ? 1.0 - w_ov / w_se : 0.0;
-    size_t state = fx__dist_state_bytes(dist);
+    double step_hidden = comm > 0 ? (t_se - t_ov) / comm : 0.0; /* the same, by step time */
+    size_t state = fx__dist_state_bytes(dist), shards = fx__dist_shard_bytes(dist),
+           layer = fx__dist_layer_bytes(dist);
     if (rank == 0) {
         if (json)
             printf("{\"case\":\"train_parallel\",\"parallel\":\"%s\",\"model\":\"%s\",\"params\":%zu,\"ranks\":%d,"
                    "\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"step_s\":%.6f,\"serial_step_s\":%.6f,"
                    "\"speedup\":%.3f,\"wait_s\":%.6f,\"serial_wait_s\":%.6f,\"progress_s\":%.6f,"
-                   "\"serial_progress_s\":%.6f,\"hidden_fraction\":%.3f,\"wait_reduction\":%.3f,"
-                   "\"bytes_per_step\":%.0f,\"collectives_per_step\":%lld,\"state_bytes\":%zu,"
-                   "\"one_process_state_bytes\":%zu,\"state_ratio\":%.3f,\"allocated_bytes\":%zu,"
-                   "\"one_process_allocated_bytes\":%zu}\n",
+                   "\"serial_progress_s\":%.6f,\"head_wait_s\":%.6f,\"serial_head_wait_s\":%.6f,"
+                   "\"tail_wait_s\":%.6f,\"serial_tail_wait_s\":%.6f,\"comm_s\":%.6f,\"exposed_s\":%.6f,"
+                   "\"hidden_fraction\":%.3f,\"step_hidden_fraction\":%.3f,\"wait_reduction\":%.3f,"
+                   "\"same_collectives\":%s,\"bytes_per_step\":%.0f,\"collectives_per_step\":%lld,"
+                   "\"state_bytes\":%zu,\"shard_bytes\":%zu,\"layer_bytes\":%zu,"
+                   "\"one_process_state_bytes\":%zu,\"state_ratio\":%.3f,"
+                   "\"allocated_bytes\":%zu,\"one_process_allocated_bytes\":%zu}\n",
                    parallel, model, m->lay.total, N, (long long)batch, (long long)seq, fx_get_num_threads(), t_ov,
-                   t_se, t_se / t_ov, w_ov, w_se, p_ov, p_se, hidden, wait_cut, bytes, (long long)ncoll, state,
+                   t_se, t_se / t_ov, w_ov, w_se, p_ov, p_se, h_ov, h_se, tl_ov, tl_se, comm, exposed, hidden,
+                   step_hidden, wait_cut, same_work ? "true" : "false", bytes, (long long)ncoll, state, shards, layer,
                    full_state, (double)state / (double)full_state, mem_sharded - mem0, mem_whole - mem0);
         else {
             printf("train --parallel %s, %s: %.2fM params, %d processes, batch %lld x %lld, %d threads each "
                    "(median of %lld alternating pairs, slowest rank)\n",
                    parallel, model, (double)m->lay.total / 1e6, N, (long long)batch, (long long)seq,
                    fx_get_num_threads(), (long long)steps);
-            printf("  overlapped step %8.1f ms: blocked in waits %7.1f ms, in progress calls %7.1f ms\n", t_ov * 1e3,
-                   w_ov * 1e3, p_ov * 1e3);
-            printf("  serialised step %8.1f ms: blocked in waits %7.1f ms, in progress calls %7.1f ms\n", t_se * 1e3,
-                   w_se * 1e3, p_se * 1e3);
-            printf("  speedup %.2fx; communication hidden behind compute: %.0f%% (waits + progress calls, "
-                   "overlapped vs serialised); waits alone cut by %.0f%%\n",
-                   t_se / t_ov, 100.0 * hidden, 100.0 * wait_cut);
-            printf("  %.2f MB in %lld collectives per step per rank; parameter + gradient + optimizer memory "
-                   "%.2f MB per rank vs %.2f MB in one process (%.2fx)\n",
-                   bytes / 1e6, (long long)ncoll, (double)state / 1e6, (double)full_state / 1e6,
-                   (double)state / (double)full_state);
+            printf("                   step   in waits (before layer 0 / after backward)   in other calls (starting, "
+                   "progress)\n");
+            printf("  overlapped %8.1f ms %8.1f ms (%5.1f / %5.1f ms)              %8.1f ms\n", t_ov * 1e3, w_ov * 1e3,
+                   h_ov * 1e3, tl_ov * 1e3, p_ov * 1e3);
+            printf("  serialised %8.1f ms %8.1f ms (%5.1f / %5.1f ms)              %8.1f ms\n", t_se * 1e3, w_se * 1e3,
+                   h_se * 1e3, tl_se * 1e3, p_se * 1e3);
+            printf("  communication time (serialised: waits + other calls) %.1f ms, exposed when overlapped %.1f ms: "
+                   "%.0f%% hidden behind compute\n",
+                   comm * 1e3, exposed * 1e3, 100.0 * hidden);
+            printf("  step time: serialised / overlapped = %.3fx, the saving is %.0f%% of the communication time; "
+                   "waits alone cut by %.0f%%\n",
+                   t_se / t_ov, 100.0 * step_hidden, 100.0 * wait_cut);
+            if (!same_work)
+                printf("  warning: the two modes did not run the same collectives\n");
+            printf("  %lld progress points per step\n", (long long)npoll);
+            printf("  %.2f MB in %lld collectives per step per rank\n", bytes / 1e6, (long long)ncoll);
+            printf("  parameter + gradient + optimizer memory %.2f MB per rank (%.2f MB of shards + %.2f MB gathered) "
+                   "vs %.2f MB in one process (%.2fx)\n",
+                   (double)state / 1e6, (double)shards / 1e6, (double)(state - shards) / 1e6,
+                   (double)full_state / 1e6, (double)state / (double)full_state);
             printf("  allocated by the model before the first step (library counter): %.2f MB per rank vs %.2f MB "
                    "for the whole model (%.2fx)\n",
                    (double)(mem_sharded - mem0) / 1e6, (double)(mem_whole - mem0) / 1e6,

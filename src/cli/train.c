@@ -358,6 +358,18 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             cli_error("--resume: the checkpoint keeps its Adam moments in float32; drop --adam-bf16");
             return CLI_EXIT_USAGE;
         }
+        /* --deterministic sums the gradients in another order: a run keeps the mode it
+           started with, so a resume need not repeat the flag. */
+        if (o.deterministic && !st.deterministic) {
+            cli_error("--resume: the checkpoint was trained without --deterministic (drop --deterministic, or start "
+                      "a new run in another --out)");
+            return CLI_EXIT_USAGE;
+        }
+        if (st.deterministic && !o.deterministic) {
+            o.deterministic = true;
+            if (!o.quiet)
+                printf("note: the checkpoint was trained with --deterministic; continuing with it\n");
+        }
         if (o.steps != UNSET)
             st.steps = o.steps; /* extending (or shortening) the schedule is allowed */
     } else {
@@ -397,6 +409,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         st.beta2 = (float)o.beta2;
         st.seed = (uint64_t)o.seed;
         st.adam_bf16 = o.adam_bf16;
+        st.deterministic = o.deterministic;
         fx_rng_init(&st.rng, st.seed, 1);
         fx__gpt_mask mk;
         int64_t w;

@@ -397,7 +397,7 @@ static int fx__work_step(fx_comm_work *w, double deadline, bool *done)
         }
         if (flag) {
             if (w->det)
-                fx__pairwise_sum_rows(w->out, w->scratch, w->n, c->size);
+                fx__pairwise_sum_rows(w->out, w->rows, w->n, c->size);
             w->data_done = true;
         }
     }
@@ -599,6 +599,7 @@ int fx_comm_all_reduce(fx_comm *c, float *buf, int64_t n, fx_comm_work **work)
     if (det) {
         w->det = true;
         w->out = buf;
+        w->rows = w->scratch;
         mrc = MPI_Iallgather(buf, (int)n, MPI_FLOAT, w->scratch, (int)n, MPI_FLOAT, c->comm, &w->req);
     } else {
         mrc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, c->comm, &w->req);
@@ -639,21 +640,33 @@ int fx_comm_reduce_scatter_single(fx_comm *c, float *out, const float *in, int64
     if ((!out || !in) && n > 0)
         return fx__error(FX_EINVAL, "%s is NULL with n = %lld", !out ? "out" : "in", (long long)n);
     size_t nb = (size_t)n * sizeof(float);
-    if (fx__overlap(out, nb, in, nb * (size_t)c->size))
-        return fx__error(FX_EINVAL, "out overlaps in (n = %lld)", (long long)n);
-    bool det = c->deterministic && c->size > 1;
+    bool in_place = n > 0 && out == in;
+    if (!in_place && fx__overlap(out, nb, in, nb * (size_t)c->size))
+        return fx__error(FX_EINVAL, "out overlaps in but is not in (n = %lld)", (long long)n);
+    /* All-to-all plus a local sum: rank r receives block r of every rank, then adds them in
+       the fixed tree order. Deterministic mode needs the order; in place it is also the
+       cheaper algorithm (one exchange round, every rank receiving (N-1)/N of the buffer,
+       no temporary buffers of the full size inside MPI; Open MPI's non-blocking
+       reduce-scatter reduces at one root and scatters from it). */
+    bool det = c->deterministic && c->size > 1, a2a = det || (in_place && c->size > 1);
     fx_comm_work *w;
-    rc = fx__begin(c, FX_COMM_REDUCE_SCATTER, n, -1, det ? (size_t)n * (size_t)c->size : 0, &w);
+    rc = fx__begin(c, FX_COMM_REDUCE_SCATTER, n, -1, det && !in_place ? (size_t)n * (size_t)c->size : 0, &w);
     if (rc != FX_OK)
         return rc;
     int mrc;
-    if (det) {
-        /* Rank r receives block r of every rank, then adds them in the fixed tree order. */
+    if (a2a && in_place) {
         w->det = true;
         w->out = out;
+        w->rows = out; /* the blocks arrive in place of the ones sent */
+        mrc = MPI_Ialltoall(MPI_IN_PLACE, 0, MPI_FLOAT, out, (int)n, MPI_FLOAT, c->comm, &w->req);
+    } else if (a2a) {
+        w->det = true;
+        w->out = out;
+        w->rows = w->scratch;
         mrc = MPI_Ialltoall(in, (int)n, MPI_FLOAT, w->scratch, (int)n, MPI_FLOAT, c->comm, &w->req);
     } else {
-        mrc = MPI_Ireduce_scatter_block(in, out, (int)n, MPI_FLOAT, MPI_SUM, c->comm, &w->req);
+        mrc = MPI_Ireduce_scatter_block(in_place ? MPI_IN_PLACE : in, out, (int)n, MPI_FLOAT, MPI_SUM, c->comm,
+                                        &w->req);
     }
     return fx__posted(c, w, mrc, work);
 }
@@ -1069,7 +1082,7 @@ int fx_comm_progress(fx_comm *c)
                 return fx__data_error(c, w, mrc);
             if (flag) {
                 if (w->det)
-                    fx__pairwise_sum_rows(w->out, w->scratch, w->n, c->size);
+                    fx__pairwise_sum_rows(w->out, w->rows, w->n, c->size);
                 w->data_done = true;
             }
         }

@@ -42,8 +42,9 @@ struct fx_comm_work {
     int64_t n;   /* elements (bytes for broadcast) */
     int64_t bytes; /* this rank's input, as fingerprinted and recorded */
     int root;
-    bool det;    /* a deterministic sum is finished locally from scratch */
+    bool det;    /* the sum is finished locally: rows summed into out in the tree order */
     float *out;  /* where the local sum goes */
+    float *rows;    /* the [size, n] rows summed into out: scratch, or out itself (in place) */
     float *scratch;
     size_t scratch_cap; /* floats */
     MPI_Request req;

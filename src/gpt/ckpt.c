@@ -98,6 +98,7 @@ int fx__gpt_save_checkpoint(const fx__gpt *m, const fx__gpt_train_state *s, cons
     fx__meta_add(&md, "beta2", "%.9g", (double)s->beta2);
     fx__meta_add(&md, "seed", "%llu", (unsigned long long)s->seed);
     fx__meta_add(&md, "data_hash", "%016llx", (unsigned long long)s->data_hash);
+    fx__meta_add(&md, "deterministic", "%d", s->deterministic ? 1 : 0);
     md.kv[2 * md.n] = "data"; /* a path may be longer than the other values */
     md.kv[2 * md.n + 1] = s->data;
     md.kv[2 * md.n + 2] = NULL;
@@ -221,6 +222,11 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
             snprintf(s->data, sizeof s->data, "%s", data);
             s->data_hash = a0;
             s->adam_bf16 = fx_safetensors_find(f, "optim.m")->dtype == FX_DT_BF16;
+            /* Absent in checkpoints written before it was recorded: not deterministic. */
+            const char *det = fx_safetensors_metadata(f, "deterministic");
+            if (det && strcmp(det, "0") != 0 && strcmp(det, "1") != 0)
+                return fx__error(FX_EFORMAT, "'%s': metadata deterministic = '%s' is not 0 or 1", path, det);
+            s->deterministic = det && det[0] == '1';
             if (s->step < 0 || s->data_pos < 0 || s->batch < 1 || s->seq < 1 || s->seq > cc.ctx || s->accum < 1 ||
                 s->steps < 0 || s->warmup < 0)
                 return fx__error(FX_EFORMAT, "'%s': training state out of range (step %lld, batch %lld, seq %lld)", path,

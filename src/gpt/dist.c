@@ -5,6 +5,10 @@
 #include <string.h>
 #include <time.h>
 
+/* FSDP's whole-layer buffers: the fewest that let a gather and a reduce-scatter overlap the
+   backward of a layer (see the FSDP section). */
+enum { FX__SLOTS = 3 };
+
 struct fx__dist {
     fx__gpt *m;
     fx_comm *world, *rs; /* rs: FSDP's reduce-scatter communicator */
@@ -13,6 +17,7 @@ struct fx__dist {
     int rank, size;
     int64_t batch, local; /* global and per-rank sequences per micro-batch */
     int err;              /* first communication failure seen inside a hook */
+    int phase;            /* 0: before the first layer, 1: the layers, 2: after backward */
     fx__dist_stats cur, last;
 
     /* DDP: the all-reduces started by the gradient hook during the last micro-batch. */
@@ -32,9 +37,11 @@ struct fx__dist {
     size_t *uoff, *unum, *ush, *soff; /* flat offset, size, shard size, offset in the shards */
     size_t S, maxsh;
     float *sp, *sg, *sm, *sv;          /* the shards: parameters, gradients, Adam m and v */
-    float *gp[2], *gg[2], *rsout[2];   /* two gathered layers, two layer gradients in flight */
-    int pslot[2], gslot[2];            /* the layer each slot holds (-1: none) */
-    fx_comm_work *pw[2], *gw[2];
+    float *slot[FX__SLOTS];                     /* whole-layer buffers */
+    int skind[FX__SLOTS], slayer[FX__SLOTS];    /* what each buffer holds, for which layer */
+    int64_t sage[FX__SLOTS], clock;             /* last use, for eviction */
+    fx_comm_work *sw[FX__SLOTS];                /* the gather or reduce-scatter in flight */
+    int cur_layer, want;                        /* the layer computed, the one to prefetch */
     float *normp, *normg, *rs_wte, *rs_norm;
     fx_comm_work *w_wte, *w_norm, *w_rs_wte, *w_rs_norm;
     float **lp, **lg;                  /* m->layer_params / layer_grads */
@@ -69,13 +76,23 @@ static int fx__fail(fx__dist *d, int rc)
     return rc;
 }
 
+static void fx__waited(fx__dist *d, double t0)
+{
+    double dt = fx__now() - t0;
+    d->cur.wait_s += dt;
+    if (d->phase == 0)
+        d->cur.wait_head_s += dt;
+    else if (d->phase == 2)
+        d->cur.wait_tail_s += dt;
+}
+
 static int fx__wait(fx__dist *d, fx_comm_work **w)
 {
     if (!*w)
         return FX_OK;
     double t0 = fx__now();
     int rc = fx_comm_work_wait(*w, -1.0);
-    d->cur.wait_s += fx__now() - t0;
+    fx__waited(d, t0);
     fx_comm_work_free(*w);
     *w = NULL;
     return fx__fail(d, rc);
@@ -94,6 +111,7 @@ static void fx__progress(fx__dist *d)
 {
     if (d->err)
         return;
+    d->cur.progress_calls++;
     double t0 = fx__now();
     int rc = fx_comm_progress(d->world);
     if (!rc && d->rs)
@@ -114,7 +132,7 @@ static int fx__all_reduce(fx__dist *d, float *buf, int64_t n)
         return d->err;
     double t0 = fx__now();
     int rc = fx_comm_all_reduce(d->world, buf, n, NULL);
-    d->cur.wait_s += fx__now() - t0;
+    fx__waited(d, t0);
     return fx__started(d, rc, 4.0 * (double)n);
 }
 
@@ -127,7 +145,10 @@ static void fx__ddp_hook(int layer, float *grad, size_t numel, void *user)
     if (!d->reducing || d->err)
         return;
     fx_comm_work *w = NULL;
-    if (fx__started(d, fx_comm_all_reduce(d->world, grad, (int64_t)numel, &w), 4.0 * (double)numel))
+    double t0 = fx__now();
+    int rc = fx_comm_all_reduce(d->world, grad, (int64_t)numel, &w);
+    d->cur.progress_s += fx__now() - t0; /* starting it: communication time too */
+    if (fx__started(d, rc, 4.0 * (double)numel))
         return;
     d->works[d->nworks++] = w;
     if (d->serial)
@@ -137,14 +158,28 @@ static void fx__ddp_hook(int layer, float *grad, size_t numel, void *user)
 
 /* ---- FSDP -------------------------------------------------------------------------------------- */
 
-static int fx__gather(fx__dist *d, int64_t u, float *out, fx_comm_work **w)
+/* The layer buffers: FX__SLOTS whole-layer buffers shared by gathered parameters and layer
+   gradients. Forward: the current layer and the next one arriving (the third keeps the layer
+   before, so the last layers are still there when backward starts). Backward: the current
+   layer's parameters and its gradient, and one buffer that first carries the layer above's
+   gradient out (reduce-scatter) and then the layer below's parameters in (prefetch): the
+   prefetch starts as soon as that reduce-scatter is done, from any progress point. */
+enum { FX__SLOT_FREE = 0, FX__SLOT_PARAMS = 1, FX__SLOT_GRADS = 2, FX__SLOT_RS = 3 };
+
+static int fx__slot_find(const fx__dist *d, int kind, int layer)
 {
-    if (d->err)
-        return d->err;
-    int rc = fx_comm_all_gather_single(d->world, out, d->sp + d->soff[u], (int64_t)d->ush[u], w);
-    if (fx__started(d, rc, 4.0 * (double)(d->ush[u] * (size_t)d->size)))
-        return rc;
-    return d->serial ? fx__wait(d, w) : FX_OK;
+    for (int b = 0; b < FX__SLOTS; b++)
+        if (d->skind[b] == kind && d->slayer[b] == layer)
+            return b;
+    return -1;
+}
+
+/* Adds a finished reduce-scatter's block into this rank's gradient shard. */
+static void fx__rs_add(fx__dist *d, const float *out, int64_t u)
+{
+    float *g = d->sg + d->soff[u];
+    for (size_t i = 0; i < d->ush[u]; i++)
+        g[i] += out[i];
 }
 
 /* Waits for a reduce-scatter of unit u and adds this rank's block into the gradient shard. */
@@ -155,38 +190,124 @@ static int fx__rs_finish(fx__dist *d, fx_comm_work **w, const float *out, int64_
     int rc = fx__wait(d, w);
     if (rc)
         return rc;
-    float *g = d->sg + d->soff[u];
-    for (size_t i = 0; i < d->ush[u]; i++)
-        g[i] += out[i];
+    fx__rs_add(d, out, u);
     return FX_OK;
 }
 
-static int fx__rs_finish_all(fx__dist *d)
+static int fx__slot_rs_finish(fx__dist *d, int b)
 {
-    int64_t L = d->m->c.layers;
-    for (int s = 0; s < 2; s++)
-        if (fx__rs_finish(d, &d->gw[s], d->rsout[s], d->gslot[s] + 1))
-            return d->err;
-    if (fx__rs_finish(d, &d->w_rs_norm, d->rs_norm, L + 1) || fx__rs_finish(d, &d->w_rs_wte, d->rs_wte, 0))
+    if (fx__rs_finish(d, &d->sw[b], d->slot[b], d->slayer[b] + 1))
         return d->err;
+    d->skind[b] = FX__SLOT_FREE, d->slayer[b] = -1;
     return FX_OK;
 }
 
-/* Layer l's parameters gathered into a slot (started earlier or now); returns the slot. */
-static int fx__slot_of(fx__dist *d, int l, int avoid)
+static int fx__gather(fx__dist *d, int64_t u, float *out, fx_comm_work **w)
 {
-    for (int s = 0; s < 2; s++)
-        if (d->pslot[s] == l)
-            return s;
-    int s = avoid == 0 ? 1 : 0;
-    if (fx__wait(d, &d->pw[s]))
-        return -1;
-    d->pslot[s] = l;
-    if (fx__gather(d, l + 1, d->gp[s], &d->pw[s])) {
-        d->pslot[s] = -1;
-        return -1;
+    if (d->err)
+        return d->err;
+    double t0 = fx__now();
+    int rc = fx_comm_all_gather_single(d->world, out, d->sp + d->soff[u], (int64_t)d->ush[u], w);
+    d->cur.progress_s += fx__now() - t0; /* starting it: communication time too */
+    if (fx__started(d, rc, 4.0 * (double)(d->ush[u] * (size_t)d->size)))
+        return rc;
+    return d->serial ? fx__wait(d, w) : FX_OK;
+}
+
+/* A buffer to overwrite: a free one, else gathered parameters no longer wanted (not layer
+   keep0 or keep1), else, when `wait`, the oldest reduce-scatter once it is done. -1: none
+   without waiting (or a failure). */
+static int fx__slot_take(fx__dist *d, int keep0, int keep1, bool wait)
+{
+    for (int b = 0; b < FX__SLOTS; b++)
+        if (d->skind[b] == FX__SLOT_FREE)
+            return b;
+    int best = -1;
+    for (int b = 0; b < FX__SLOTS; b++)
+        if (d->skind[b] == FX__SLOT_PARAMS && d->slayer[b] != keep0 && d->slayer[b] != keep1 &&
+            (best < 0 || d->sage[b] < d->sage[best]))
+            best = b;
+    if (best >= 0) {
+        if (fx__wait(d, &d->sw[best])) /* done long ago in practice */
+            return -1;
+        d->skind[best] = FX__SLOT_FREE, d->slayer[best] = -1;
+        return best;
     }
-    return s;
+    if (!wait)
+        return -1;
+    for (int b = 0; b < FX__SLOTS; b++)
+        if (d->skind[b] == FX__SLOT_RS && (best < 0 || d->sage[b] < d->sage[best]))
+            best = b;
+    if (best < 0 || fx__slot_rs_finish(d, best))
+        return -1;
+    return best;
+}
+
+/* Starts gathering layer l into buffer b. */
+static int fx__slot_gather(fx__dist *d, int b, int l)
+{
+    d->skind[b] = FX__SLOT_PARAMS, d->slayer[b] = l, d->sage[b] = ++d->clock;
+    if (fx__gather(d, l + 1, d->slot[b], &d->sw[b])) {
+        d->skind[b] = FX__SLOT_FREE, d->slayer[b] = -1;
+        return d->err ? d->err : FX_ECOMM;
+    }
+    return FX_OK;
+}
+
+/* The prefetch wanted (d->want), if not there yet and a buffer can be had without waiting. */
+static void fx__prefetch(fx__dist *d)
+{
+    if (d->serial || d->want < 0 || d->err || fx__slot_find(d, FX__SLOT_PARAMS, d->want) >= 0)
+        return;
+    int b = fx__slot_take(d, d->cur_layer, d->want, false);
+    if (b >= 0)
+        fx__slot_gather(d, b, d->want);
+}
+
+/* A progress point: drives both communicators, retires finished reduce-scatters (freeing
+   their buffers) and starts the wanted prefetch in a freed buffer. All of it is counted as
+   communication time on this rank's core (MPI's copies happen inside these calls). */
+static void fx__fsdp_poll(fx__dist *d)
+{
+    if (d->err)
+        return;
+    d->cur.progress_calls++;
+    double t0 = fx__now();
+    int rc = fx_comm_progress(d->world);
+    if (!rc)
+        rc = fx_comm_progress(d->rs);
+    for (int b = 0; b < FX__SLOTS && !rc; b++) {
+        if (d->skind[b] != FX__SLOT_RS)
+            continue;
+        bool done = false;
+        if ((rc = fx_comm_work_test(d->sw[b], &done)) != FX_OK || !done)
+            continue;
+        fx_comm_work_free(d->sw[b]);
+        d->sw[b] = NULL;
+        d->skind[b] = FX__SLOT_FREE;
+        d->cur.progress_s += fx__now() - t0;
+        fx__rs_add(d, d->slot[b], d->slayer[b] + 1); /* compute: not timed */
+        t0 = fx__now();
+        d->slayer[b] = -1;
+    }
+    d->cur.progress_s += fx__now() - t0;
+    if (!rc)
+        fx__prefetch(d); /* timed where the gather starts */
+    fx__fail(d, rc);
+}
+
+static void fx__fsdp_progress_hook(void *user)
+{
+    fx__fsdp_poll(user);
+}
+
+/* The status to return when no buffer could be had: the communication failure that stopped
+   it, or (a schedule bug, never expected) an error saying so. */
+static int fx__slot_none(fx__dist *d, int layer)
+{
+    if (d->err)
+        return d->err;
+    return fx__error(FX_EINVAL, "fsdp: no free layer buffer for layer %d", layer);
 }
 
 static int fx__fsdp_layer_hook(int layer, bool backward, void *user)
@@ -200,23 +321,33 @@ static int fx__fsdp_layer_hook(int layer, bool backward, void *user)
         fx__wait(d, &d->w_norm);
         return d->err;
     }
-    int s = fx__slot_of(d, layer, -1);
-    if (s < 0 || fx__wait(d, &d->pw[s]))
-        return d->err;
-    d->lp[layer] = d->gp[s];
+    d->cur_layer = layer;
     int next = backward ? layer - 1 : layer + 1;
-    if (!d->serial && next >= 0 && next < L && fx__slot_of(d, next, s) < 0)
-        return d->err;
-    if (backward) {
-        /* The gradient slot's previous reduce-scatter (two layers up) must be done first. */
-        int g = layer & 1;
-        if (fx__rs_finish(d, &d->gw[g], d->rsout[g], d->gslot[g] + 1))
-            return d->err;
-        d->gslot[g] = layer;
-        memset(d->gg[g], 0, d->ush[layer + 1] * (size_t)d->size * sizeof(float));
-        d->lg[layer] = d->gg[g];
+    d->want = next >= 0 && next < L ? next : -1;
+    /* The parameters: prefetched, still there from the forward pass, or gathered now. */
+    int b = fx__slot_find(d, FX__SLOT_PARAMS, layer);
+    if (b < 0) {
+        if ((b = fx__slot_take(d, layer, d->want, true)) < 0)
+            return fx__slot_none(d, layer);
+        if (fx__slot_gather(d, b, layer))
+            return d->err ? d->err : FX_ECOMM;
     }
-    fx__progress(d);
+    d->sage[b] = ++d->clock;
+    if (backward) {
+        /* The gradient buffer before the prefetch: the layer needs it now. */
+        int g = fx__slot_take(d, layer, d->want, true);
+        if (g < 0)
+            return fx__slot_none(d, layer);
+        d->skind[g] = FX__SLOT_GRADS, d->slayer[g] = layer, d->sage[g] = ++d->clock;
+        memset(d->slot[g], 0, d->ush[layer + 1] * (size_t)d->size * sizeof(float));
+        d->lg[layer] = d->slot[g];
+    }
+    fx__fsdp_poll(d);
+    if (fx__wait(d, &d->sw[b]))
+        return d->err;
+    d->lp[layer] = d->slot[b];
+    if (!backward && layer == 0)
+        d->phase = 1;
     return d->err;
 }
 
@@ -229,18 +360,51 @@ static void fx__fsdp_grad_hook(int layer, float *grad, size_t numel, void *user)
         return;
     float *out;
     fx_comm_work **w;
-    if (u == 0)
+    int b = -1;
+    if (u == 0) {
         out = d->rs_wte, w = &d->w_rs_wte;
-    else if (u == L + 1)
+    } else if (u == L + 1) {
         out = d->rs_norm, w = &d->w_rs_norm;
-    else
-        out = d->rsout[layer & 1], w = &d->gw[layer & 1];
+    } else {
+        /* In place: this rank's block of the sum lands at the start of the buffer. */
+        b = fx__slot_find(d, FX__SLOT_GRADS, layer);
+        out = grad, w = &d->sw[b];
+        d->skind[b] = FX__SLOT_RS, d->sage[b] = ++d->clock;
+    }
+    double t0 = fx__now();
     int rc = fx_comm_reduce_scatter_single(d->rs, out, grad, (int64_t)d->ush[u], w);
+    d->cur.progress_s += fx__now() - t0; /* starting it: communication time too */
     if (fx__started(d, rc, 4.0 * (double)(d->ush[u] * (size_t)d->size)))
         return;
-    if (d->serial)
-        fx__rs_finish(d, w, out, u);
-    fx__progress(d);
+    if (d->serial) {
+        if (b >= 0)
+            fx__slot_rs_finish(d, b);
+        else
+            fx__rs_finish(d, w, out, u);
+    }
+    fx__fsdp_poll(d);
+}
+
+/* After a micro-batch's backward: every reduce-scatter finished, and the gathered layers
+   reduced to layer 0. Which other layers are still there depends on when reduce-scatters
+   happened to complete on this rank; the next micro-batch's forward must gather the same
+   layers on every rank, in the same order (the gathers of all layers look alike to the
+   fingerprints, so a divergence would go unnoticed or hang). */
+static int fx__rs_finish_all(fx__dist *d)
+{
+    int64_t L = d->m->c.layers;
+    for (int b = 0; b < FX__SLOTS; b++)
+        if (d->skind[b] == FX__SLOT_RS && fx__slot_rs_finish(d, b))
+            return d->err;
+    for (int b = 0; b < FX__SLOTS; b++)
+        if (d->skind[b] == FX__SLOT_PARAMS && d->slayer[b] != 0) {
+            if (fx__wait(d, &d->sw[b]))
+                return d->err;
+            d->skind[b] = FX__SLOT_FREE, d->slayer[b] = -1;
+        }
+    if (fx__rs_finish(d, &d->w_rs_norm, d->rs_norm, L + 1) || fx__rs_finish(d, &d->w_rs_wte, d->rs_wte, 0))
+        return d->err;
+    return FX_OK;
 }
 
 /* New parameters: forget the gathered layers, gather the embedding and the norm (and
@@ -248,15 +412,15 @@ static void fx__fsdp_grad_hook(int layer, float *grad, size_t numel, void *user)
 static int fx__fsdp_begin(fx__dist *d)
 {
     int64_t L = d->m->c.layers;
-    for (int s = 0; s < 2; s++) {
-        if (fx__wait(d, &d->pw[s]))
+    for (int b = 0; b < FX__SLOTS; b++) {
+        if (fx__wait(d, &d->sw[b]))
             return d->err;
-        d->pslot[s] = -1;
+        d->skind[b] = FX__SLOT_FREE, d->slayer[b] = -1;
     }
+    d->cur_layer = -1, d->want = 0;
     if (fx__gather(d, 0, d->m->params, &d->w_wte) || fx__gather(d, L + 1, d->normp, &d->w_norm))
         return d->err;
-    if (!d->serial && fx__slot_of(d, 0, -1) < 0)
-        return d->err;
+    fx__prefetch(d);
     return fx__wait(d, &d->w_wte);
 }
 
@@ -286,11 +450,9 @@ static int fx__fsdp_create(fx__dist *d)
     }
     size_t S = d->S, full = d->maxsh * (size_t)N;
     d->sp = fx__calloc(4 * S, sizeof(float));
-    for (int s = 0; s < 2; s++) {
-        d->gp[s] = fx__alloc(full * sizeof(float));
-        d->gg[s] = fx__alloc(full * sizeof(float));
-        d->rsout[s] = fx__alloc(d->maxsh * sizeof(float));
-        d->pslot[s] = d->gslot[s] = -1;
+    for (int b = 0; b < FX__SLOTS; b++) {
+        d->slot[b] = fx__alloc(full * sizeof(float));
+        d->skind[b] = FX__SLOT_FREE, d->slayer[b] = -1;
     }
     float *wte = fx__calloc(d->ush[0] * (size_t)N, sizeof(float));
     float *wteg = fx__calloc(d->ush[0] * (size_t)N, sizeof(float));
@@ -299,8 +461,8 @@ static int fx__fsdp_create(fx__dist *d)
     d->rs_wte = fx__alloc(d->ush[0] * sizeof(float));
     d->rs_norm = fx__alloc(d->ush[L + 1] * sizeof(float));
     bool ok = d->sp && wte && wteg && d->normp && d->normg && d->rs_wte && d->rs_norm;
-    for (int s = 0; s < 2; s++)
-        ok = ok && d->gp[s] && d->gg[s] && d->rsout[s];
+    for (int b = 0; b < FX__SLOTS; b++)
+        ok = ok && d->slot[b];
     if (!ok) {
         fx__free(wte), fx__free(wteg);
         return FX_ENOMEM;
@@ -323,7 +485,7 @@ static int fx__fsdp_create(fx__dist *d)
     m->layer_params = d->lp, m->layer_grads = d->lg;
     m->layer_hook = fx__fsdp_layer_hook;
     m->hook = fx__fsdp_grad_hook;
-    m->progress = fx__progress_hook;
+    m->progress = fx__fsdp_progress_hook;
     m->hook_user = d;
     return fx_comm_dup(&d->rs, d->world, "reduce_scatter");
 }
@@ -461,9 +623,9 @@ void fx__dist_free(fx__dist *d)
     fx__gpt *m = d->m;
     for (int i = 0; i < d->nworks; i++)
         fx_comm_work_free(d->works[i]);
-    for (int s = 0; s < 2; s++) {
-        fx_comm_work_free(d->pw[s]), fx_comm_work_free(d->gw[s]);
-        fx__free(d->gp[s]), fx__free(d->gg[s]), fx__free(d->rsout[s]);
+    for (int b = 0; b < FX__SLOTS; b++) {
+        fx_comm_work_free(d->sw[b]);
+        fx__free(d->slot[b]);
     }
     fx_comm_work_free(d->w_wte), fx_comm_work_free(d->w_norm);
     fx_comm_work_free(d->w_rs_wte), fx_comm_work_free(d->w_rs_norm);
@@ -500,9 +662,19 @@ size_t fx__dist_state_bytes(const fx__dist *d)
         return 4 * m->lay.total * sizeof(float);
     int64_t L = m->c.layers;
     size_t N = (size_t)d->size;
-    size_t floats = 4 * d->S + 2 * N * (d->ush[0] + d->ush[L + 1]) + 4 * N * d->maxsh + 2 * d->maxsh + d->ush[0] +
+    size_t floats = 4 * d->S + 2 * N * (d->ush[0] + d->ush[L + 1]) + FX__SLOTS * N * d->maxsh + d->ush[0] +
                     d->ush[L + 1];
     return floats * sizeof(float);
+}
+
+size_t fx__dist_shard_bytes(const fx__dist *d)
+{
+    return d->mode == FX__PAR_FSDP ? 4 * d->S * sizeof(float) : fx__dist_state_bytes(d);
+}
+
+size_t fx__dist_layer_bytes(const fx__dist *d)
+{
+    return d->mode == FX__PAR_FSDP ? (size_t)d->size * d->maxsh * sizeof(float) : 0;
 }
 
 /* ---- the step ------------------------------------------------------------------------------------------ */
@@ -536,6 +708,7 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
     if (d->err)
         return fx__error(d->err, "%s", fx_last_error());
     d->cur = (fx__dist_stats){0};
+    d->phase = 0;
     int64_t T = s->seq, first = (int64_t)d->rank * d->local;
     int rc = fx__gpt_set_batch(m, d->det && d->mode != FX__PAR_FSDP ? 1 : d->local, T);
     if (rc)
@@ -575,11 +748,14 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
                 memset(d->normg, 0, d->ush[m->c.layers + 1] * (size_t)d->size * sizeof(float));
             }
             d->reducing = a == s->accum - 1;
+            d->phase = d->mode == FX__PAR_FSDP && a == 0 ? 0 : 1; /* FSDP: until layer 0 is in */
             float l;
             if ((rc = fx__gpt_forward(m, tokens + first * T, targets + first * T, &l, true)) != FX_OK)
                 return d->err ? d->err : rc;
             if ((rc = fx__gpt_backward(m)) != FX_OK || d->err)
                 return d->err ? d->err : rc;
+            if (d->reducing)
+                d->phase = 2;
             if (d->mode == FX__PAR_FSDP && (rc = fx__rs_finish_all(d)) != FX_OK)
                 return rc;
             if (d->det) { /* fsdp: one slice per rank, the ranks' losses by the tree */
@@ -605,7 +781,9 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
             return FX_ENOMEM;
         float pf[2];
         memcpy(pf, &part, sizeof part);
+        double t0 = fx__now();
         rc = fx_comm_all_gather_single(d->world, (float *)allp, pf, 2, NULL);
+        fx__waited(d, t0);
         if (!fx__fail(d, fx__started(d, rc, 8.0 * d->size)))
             for (int r = 0; r < d->size; r++)
                 sumsq += allp[r];

@@ -40,10 +40,17 @@ int fx__par_parse(const char *s, fx__par *out);
 typedef struct fx__dist_stats {
     double comm_bytes;   /* bytes of the collectives' buffers in the last step (all-gather: the
                             gathered output; reduce-scatter: the input; all-reduce: the buffer) */
-    double wait_s;       /* seconds blocked waiting for collectives in the last step */
-    double progress_s;   /* seconds inside progress calls between layers (MPI's copies of
-                            collectives in flight happen there, on this rank's core) */
+    double wait_s;       /* seconds blocked waiting for collectives in the last step ... */
+    double wait_head_s;  /* ... of which before the first layer's forward could start (FSDP: the
+                            embedding and layer 0; nothing to overlap them with) */
+    double wait_tail_s;  /* ... and after the last backward (the last reduce-scatters, the
+                            gradient norm, the loss and stop flag; DDP: the all-reduces) */
+    double progress_s;   /* seconds in the other communication calls: starting the non-blocking
+                            collectives, and the progress calls between the layers' operations
+                            (MPI's copies of collectives in flight happen there, on this rank's
+                            core) */
     int64_t collectives; /* started in the last step */
+    int64_t progress_calls; /* progress points passed in the last step */
 } fx__dist_stats;
 
 typedef struct fx__dist fx__dist;
@@ -78,5 +85,10 @@ fx__dist_stats fx__dist_last_stats(const fx__dist *d);
 /* Bytes this rank holds for parameters, gradients and optimizer state, gathered buffers
    included (FSDP: shards + gathered embedding, norm and layer slots). */
 size_t fx__dist_state_bytes(const fx__dist *d);
+/* The part of fx__dist_state_bytes that is this rank's shards (FSDP: parameters, gradients
+   and both Adam moments, 1/N of the model each, padded); the rest is gathered buffers. */
+size_t fx__dist_shard_bytes(const fx__dist *d);
+/* FSDP: the bytes of one whole-layer buffer (the largest layer, padded); 0 otherwise. */
+size_t fx__dist_layer_bytes(const fx__dist *d);
 
 #endif

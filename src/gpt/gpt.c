@@ -488,6 +488,14 @@ static int fx__layer_hook(fx__gpt *m, int64_t l, bool backward)
     return m->layer_hook ? m->layer_hook((int)l, backward, m->hook_user) : FX_OK;
 }
 
+/* Between the sub-operations of a layer: lets a multi-process trainer drive its collectives
+   in flight (MPI moves them only inside its calls; each stage of a transfer waits for one). */
+static void fx__progress_point(fx__gpt *m)
+{
+    if (m->progress)
+        m->progress(m->hook_user);
+}
+
 /* Layer l's saved activations: slot l, or slot 0 when they are recomputed. */
 typedef struct fx__layer_acts {
     float *res, *xn1, *rstd1, *q, *k, *v, *att, *lse, *resm, *xn2, *rstd2, *h1, *h3, *out;
@@ -520,21 +528,23 @@ static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call 
     fx__linear(qt, x.xn1, p.wq, N, C, QD, false);
     fx__linear(kt, x.xn1, p.wk, N, C, KD, false);
     fx__linear(vt, x.xn1, p.wv, N, C, KD, false);
+    fx__progress_point(m);
     fx__rope_forward(x.q, qt, m->rope, B, T, Hq, hd, 0);
     fx__rope_forward(x.k, kt, m->rope, B, T, Hkv, hd, 0);
     fx__to_heads(x.v, vt, B, T, Hkv, hd);
     int rc = fx__attn_fwd(m, call, x.q, x.k, x.v, x.att, x.lse);
     if (rc)
         return fx__error_context(rc, "layer %lld attention", (long long)l);
+    fx__progress_point(m);
     fx__from_heads(a->sx, x.att, B, T, Hq, hd);
     memcpy(x.resm, x.res, (size_t)(N * C) * sizeof(float));
     fx__linear(x.resm, a->sx, p.wo, N, QD, C, true);
-    if (m->progress)
-        m->progress(m->hook_user);
+    fx__progress_point(m);
 
     fx__rmsnorm_forward(x.xn2, x.rstd2, x.resm, p.ln2, N, C, c->norm_eps);
     fx__linear(x.h1, x.xn2, p.w1, N, C, F, false);
     fx__linear(x.h3, x.xn2, p.w3, N, C, F, false);
+    fx__progress_point(m);
     if (write_out) {
         fx__swiglu_forward(a->sx, x.h1, x.h3, N * F);
         memcpy(x.out, x.resm, (size_t)(N * C) * sizeof(float));
@@ -656,27 +666,31 @@ int fx__gpt_backward(fx__gpt *m)
         fx__swiglu_forward(a.sx, h1, h3, N * F);
         fx__sgemm(true, false, C, F, N, 1.0f, a.dres, C, a.sx, F, 1.0f, g.w2, F);
         fx__sgemm(false, false, N, F, C, 1.0f, a.dres, C, p.w2, F, 0.0f, a.sy, F);
+        fx__progress_point(m);
         float *dh1 = a.sz1, *dh3 = a.sz2;
         fx__swiglu_backward(dh1, dh3, a.sy, h1, h3, N * F);
         fx__linear_backward(a.dxn, g.w1, dh1, xn2, p.w1, N, C, F, false);
+        fx__progress_point(m);
         fx__linear_backward(a.dxn, g.w3, dh3, xn2, p.w3, N, C, F, true);
         fx__rmsnorm_backward(a.dres, g.ln2, a.dxn, resm, p.ln2, rstd2, N, C);
-        if (m->progress)
-            m->progress(m->hook_user);
+        fx__progress_point(m);
 
         /* Attention: resm = res + from_heads(att) Wo^T, dres holds d(resm). */
         fx__from_heads(a.sx, att, B, T, Hq, hd);
         fx__sgemm(true, false, C, QD, N, 1.0f, a.dres, C, a.sx, QD, 1.0f, g.wo, QD);
         fx__sgemm(false, false, N, QD, C, 1.0f, a.dres, C, p.wo, QD, 0.0f, a.sx, QD);
+        fx__progress_point(m);
         fx__to_heads(a.sy, a.sx, B, T, Hq, hd);
         float *dq = a.sz1, *dk = a.sz1 + N * QD, *dv = a.sz1 + N * (QD + KD);
         if ((rc = fx__attn_bwd(m, &call, q, k, v, att, lse, a.sy, dq, dk, dv)) != FX_OK)
             return fx__error_context(rc, "layer %lld attention backward", (long long)l);
+        fx__progress_point(m);
         float *dqt = a.sz2, *dkt = a.sz2 + N * QD, *dvt = a.sz2 + N * (QD + KD);
         fx__rope_backward(dqt, dq, m->rope, B, T, Hq, hd);
         fx__rope_backward(dkt, dk, m->rope, B, T, Hkv, hd);
         fx__from_heads(dvt, dv, B, T, Hkv, hd);
         fx__linear_backward(a.dxn, g.wq, dqt, xn1, p.wq, N, C, QD, false);
+        fx__progress_point(m);
         fx__linear_backward(a.dxn, g.wk, dkt, xn1, p.wk, N, C, KD, true);
         fx__linear_backward(a.dxn, g.wv, dvt, xn1, p.wv, N, C, KD, true);
         fx__rmsnorm_backward(a.dres, g.ln1, a.dxn, res, p.ln1, rstd1, N, C);

@@ -153,9 +153,9 @@ typedef struct fx__gpt {
        the final norm), with hook_user: where FSDP gathers the layer. Non-zero aborts the pass
        with that status. */
     int (*layer_hook)(int layer, bool backward, void *user);
-    /* Called between the attention and MLP halves of each layer, forward and backward, with
-       hook_user: where collectives in flight are driven forward (MPI advances them only
-       inside its calls). */
+    /* Called between the sub-operations of each layer (the projections, attention, the
+       MLP's matrices), forward and backward, with hook_user: where collectives in flight are
+       driven forward (MPI advances them only inside its calls). */
     void (*progress)(void *user);
 } fx__gpt;
 
@@ -296,6 +296,7 @@ typedef struct fx__gpt_train_state {
     char attn[32];     /* mask name */
     char data[4096];   /* the --data file, absolute ("" for the default corpus) */
     bool adam_bf16;    /* the checkpoint's Adam moments are bfloat16 */
+    bool deterministic; /* trained with --deterministic (the sliced, fixed-order gradient sum) */
     uint64_t data_hash;
     /* Hyper-parameters, kept so a resume continues the same schedule. */
     int64_t steps, warmup, batch, seq, accum;
