@@ -198,7 +198,8 @@ static void lce_logits_avx512(int64_t nj, int64_t c, int64_t D, const float *w, 
    the dw and dh kernels, with s read at s[a * sa + k * sk] and x rows ldx apart. */
 static inline __attribute__((always_inline)) void bcast_tile(const int AN, const int NV, int64_t K, const float *s,
                                                              int64_t sa, int64_t sk, const float *x, int64_t ldx,
-                                                             float *out, int64_t ldo, bool accumulate, __mmask16 km)
+                                                             float *out, int64_t ldo, bool accumulate, __mmask16 km,
+                                                             const float *pf)
 {
     __m512 acc[6][4];
     LCE_UNROLL for (int a = 0; a < AN; a++) LCE_UNROLL for (int v = 0; v < NV; v++)
@@ -207,6 +208,8 @@ static inline __attribute__((always_inline)) void bcast_tile(const int AN, const
         acc[a][v] = accumulate ? _mm512_maskz_loadu_ps(m, out + a * ldo + 16 * v) : _mm512_setzero_ps();
     }
     for (int64_t k = 0; k < K; k++) {
+        if (pf)
+            _mm_prefetch((const char *)(pf + k * ldx), _MM_HINT_T1);
         __m512 xv[4];
         LCE_UNROLL for (int v = 0; v < NV; v++)
         {
@@ -228,10 +231,10 @@ static inline __attribute__((always_inline)) void bcast_tile(const int AN, const
 
 #define LCE_CALL_B(J)                                                                                                 \
     do {                                                                                                              \
-        if (nv == 4) bcast_tile(J, 4, K, s, sa, sk, x, ldx, o, ldo, acc, km);                                        \
-        else if (nv == 3) bcast_tile(J, 3, K, s, sa, sk, x, ldx, o, ldo, acc, km);                                   \
-        else if (nv == 2) bcast_tile(J, 2, K, s, sa, sk, x, ldx, o, ldo, acc, km);                                   \
-        else bcast_tile(J, 1, K, s, sa, sk, x, ldx, o, ldo, acc, km);                                                \
+        if (nv == 4) bcast_tile(J, 4, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf);                                        \
+        else if (nv == 3) bcast_tile(J, 3, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf);                                   \
+        else if (nv == 2) bcast_tile(J, 2, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf);                                   \
+        else bcast_tile(J, 1, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf);                                                \
     } while (0)
 
 /* dw[j, :] += sum_i g[j, i] h[i, :] for j < nj (g rows ldz apart, i < c). */
@@ -244,14 +247,18 @@ static void lce_dw_avx512(int64_t nj, int64_t c, int64_t D, const float *g, int6
         for (int64_t d0 = 0; d0 < D; d0 += 64) {
             const int nv = nvec(D - d0);
             const __mmask16 km = last_mask(D - d0, nv);
-            const float *s = g + j0 * ldz, *x = h + d0;
+            const float *s = g + j0 * ldz, *x = h + d0, *pf = NULL;
             float *o = dw + j0 * D + d0;
             LCE_JN_SWITCH(jn, LCE_CALL_B)
         }
     }
 }
 
-/* dh[i, d] (+)= sum_j g[j, i] w[j, d] for i < c, d in [d0, d1), j < nj. */
+/* dh[i, d] (+)= sum_j g[j, i] w[j, d] for i < c, d in [d0, d1), j < nj. The rows of w are
+   taken a slice of columns at a time, a pattern the hardware prefetchers do not follow: the
+   first four passes over each slice fetch the same slice of the next nj rows (the caller's
+   next step) into L2, a cache line per row per pass. Prefetches past the end of w are
+   harmless (they never fault). */
 static void lce_dh_avx512(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t d1, const float *g, int64_t ldz,
                           const float *w, float *dh, bool accumulate)
 {
@@ -263,6 +270,7 @@ static void lce_dh_avx512(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t 
         for (int64_t i0 = 0; i0 < c; i0 += 6) {
             const int in = c - i0 < 6 ? (int)(c - i0) : 6;
             const float *s = g + i0, *x = w + d;
+            const float *pf = i0 < 4 * 6 ? w + nj * D + d + 16 * (i0 / 6) : NULL;
             float *o = dh + i0 * D + d;
             LCE_JN_SWITCH(in, LCE_CALL_B)
         }
