@@ -199,9 +199,13 @@ static void lce_logits_avx512(int64_t nj, int64_t c, int64_t D, const float *w, 
 static inline __attribute__((always_inline)) void bcast_tile(const int AN, const int NV, int64_t K, const float *s,
                                                              int64_t sa, int64_t sk, const float *x, int64_t ldx,
                                                              float *out, int64_t ldo, bool accumulate, __mmask16 km,
-                                                             const float *pf)
+                                                             const float *pf, bool pf_out)
 {
     __m512 acc[6][4];
+    /* dw: the next 64 columns of the output rows, which stream from memory. */
+    if (pf_out)
+        LCE_UNROLL for (int a = 0; a < AN; a++) LCE_UNROLL for (int v = 0; v < 4; v++)
+            _mm_prefetch((const char *)(out + a * ldo + 64 + 16 * v), _MM_HINT_T0);
     LCE_UNROLL for (int a = 0; a < AN; a++) LCE_UNROLL for (int v = 0; v < NV; v++)
     {
         const __mmask16 m = v == NV - 1 ? km : (__mmask16)0xffff;
@@ -231,10 +235,10 @@ static inline __attribute__((always_inline)) void bcast_tile(const int AN, const
 
 #define LCE_CALL_B(J)                                                                                                 \
     do {                                                                                                              \
-        if (nv == 4) bcast_tile(J, 4, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf);                                        \
-        else if (nv == 3) bcast_tile(J, 3, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf);                                   \
-        else if (nv == 2) bcast_tile(J, 2, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf);                                   \
-        else bcast_tile(J, 1, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf);                                                \
+        if (nv == 4) bcast_tile(J, 4, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf, pf_out);                                        \
+        else if (nv == 3) bcast_tile(J, 3, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf, pf_out);                                   \
+        else if (nv == 2) bcast_tile(J, 2, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf, pf_out);                                   \
+        else bcast_tile(J, 1, K, s, sa, sk, x, ldx, o, ldo, acc, km, pf, pf_out);                                                \
     } while (0)
 
 /* dw[j, :] += sum_i g[j, i] h[i, :] for j < nj (g rows ldz apart, i < c). */
@@ -248,6 +252,7 @@ static void lce_dw_avx512(int64_t nj, int64_t c, int64_t D, const float *g, int6
             const int nv = nvec(D - d0);
             const __mmask16 km = last_mask(D - d0, nv);
             const float *s = g + j0 * ldz, *x = h + d0, *pf = NULL;
+            const bool pf_out = true;
             float *o = dw + j0 * D + d0;
             LCE_JN_SWITCH(jn, LCE_CALL_B)
         }
@@ -271,6 +276,7 @@ static void lce_dh_avx512(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t 
             const int in = c - i0 < 6 ? (int)(c - i0) : 6;
             const float *s = g + i0, *x = w + d;
             const float *pf = i0 < 4 * 6 ? w + nj * D + d + 16 * (i0 / 6) : NULL;
+            const bool pf_out = false;
             float *o = dh + i0 * D + d;
             LCE_JN_SWITCH(in, LCE_CALL_B)
         }
