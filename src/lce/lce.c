@@ -666,9 +666,12 @@ static int lce_run(lce_call *k)
     if (p->reduction == FX_REDUCTION_MEAN)
         gscale = k->n_valid > 0 ? gscale / (double)k->n_valid : 0.0;
 
+    /* The chunks share the tokens evenly (at most C each): a short last chunk would cost a
+       whole pass over w and dw for a few tokens, in vectors mostly empty. */
+    const int64_t nch = (N + k->C - 1) / k->C, base = N / nch, rem = N % nch;
     double total = 0.0;
-    for (int64_t n0 = 0; n0 < N; n0 += k->C) {
-        const int64_t c = lce_min64(k->C, N - n0);
+    for (int64_t q = 0; q < nch; q++) {
+        const int64_t n0 = q * base + lce_min64(q, rem), c = base + (q < rem);
         bool any_valid = false;
         for (int64_t r = 0; r < c; r++) {
             lce_row *row = &k->rows[r];
