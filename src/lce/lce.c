@@ -1,6 +1,8 @@
 /* Fused linear + cross-entropy (DESIGN.md §4): the logits of a chunk of tokens are computed
    with one GEMM, reduced to the log-sum-exp and the loss, turned into gradients in place and
-   fed to the dh and dw GEMMs, so the [N, V] logits never exist. */
+   fed to the dh and dw GEMMs, so the [N, V] logits never exist. A chunk's logits are held
+   vocabulary-major, and the GEMMs are this module's own kernels (lce_internal.h), or
+   OpenBLAS's on the AVX2 path. */
 #include "lce_internal.h"
 
 #include <limits.h>
@@ -148,11 +150,11 @@ static void lce_grad_t_scalar(float *zt, int64_t nj, int64_t c, int64_t ldz, con
 static void lce_dw_scalar(int64_t nj, int64_t c, int64_t D, const float *zt, int64_t ldz, const float *h, float *dw)
 {
     for (int64_t j = 0; j < nj; j++) {
-        float *o = dw + j * D;
-        for (int64_t i = 0; i < c; i++) {
-            const float g = zt[j * ldz + i];
-            for (int64_t d = 0; d < D; d++)
-                o[d] += g * h[i * D + d];
+        for (int64_t d = 0; d < D; d++) {
+            float s = 0.0f;
+            for (int64_t i = 0; i < c; i++)
+                s += zt[j * ldz + i] * h[i * D + d];
+            dw[j * D + d] += s; /* the chunk's sum added last, as on the vector paths */
         }
     }
 }
@@ -161,14 +163,11 @@ static void lce_dh_scalar(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t 
                           const float *w, float *dh, bool accumulate)
 {
     for (int64_t i = 0; i < c; i++) {
-        float *o = dh + i * D;
-        if (!accumulate)
-            for (int64_t d = d0; d < d1; d++)
-                o[d] = 0.0f;
-        for (int64_t j = 0; j < nj; j++) {
-            const float g = zt[j * ldz + i];
-            for (int64_t d = d0; d < d1; d++)
-                o[d] += g * w[j * D + d];
+        for (int64_t d = d0; d < d1; d++) {
+            float s = 0.0f;
+            for (int64_t j = 0; j < nj; j++)
+                s += zt[j * ldz + i] * w[j * D + d];
+            dh[i * D + d] = accumulate ? dh[i * D + d] + s : s;
         }
     }
 }

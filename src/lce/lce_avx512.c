@@ -206,11 +206,7 @@ static inline __attribute__((always_inline)) void bcast_tile(const int AN, const
     if (pf_out)
         LCE_UNROLL for (int a = 0; a < AN; a++) LCE_UNROLL for (int v = 0; v < 4; v++)
             _mm_prefetch((const char *)(out + a * ldo + 64 + 16 * v), _MM_HINT_T0);
-    LCE_UNROLL for (int a = 0; a < AN; a++) LCE_UNROLL for (int v = 0; v < NV; v++)
-    {
-        const __mmask16 m = v == NV - 1 ? km : (__mmask16)0xffff;
-        acc[a][v] = accumulate ? _mm512_maskz_loadu_ps(m, out + a * ldo + 16 * v) : _mm512_setzero_ps();
-    }
+    LCE_UNROLL for (int a = 0; a < AN; a++) LCE_UNROLL for (int v = 0; v < NV; v++) acc[a][v] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
         if (pf)
             _mm_prefetch((const char *)(pf + k * ldp), _MM_HINT_T1);
@@ -226,10 +222,13 @@ static inline __attribute__((always_inline)) void bcast_tile(const int AN, const
             LCE_UNROLL for (int v = 0; v < NV; v++) acc[a][v] = _mm512_fmadd_ps(sb, xv[v], acc[a][v]);
         }
     }
+    /* The step's sum is added to the output last, so that rounding errors grow with the
+       steps (chunks, tiles of rows) rather than with every term. */
     LCE_UNROLL for (int a = 0; a < AN; a++) LCE_UNROLL for (int v = 0; v < NV; v++)
     {
         const __mmask16 m = v == NV - 1 ? km : (__mmask16)0xffff;
-        _mm512_mask_storeu_ps(out + a * ldo + 16 * v, m, acc[a][v]);
+        float *o = out + a * ldo + 16 * v;
+        _mm512_mask_storeu_ps(o, m, accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), acc[a][v]) : acc[a][v]);
     }
 }
 
