@@ -195,7 +195,10 @@ static void lce_logits_avx512(int64_t nj, int64_t c, int64_t D, const float *w, 
 }
 
 /* out[a, d + 16 v] (+)= sum_k s[a, k] x[k, d + 16 v] for a < AN, v < NV: the shared shape of
-   the dw and dh kernels, with s read at s[a * sa + k * sk] and x rows ldx apart. */
+   the dw and dh kernels, with s read at s[a * sa + k * sk] and x rows ldx apart. pf (or NULL):
+   a line prefetched into L2 per step, at pf + k * ldp; pf_out: the next 64 columns of the
+   output rows prefetched first (past a row's end they touch the next row or nothing: a
+   prefetch never faults). */
 static inline __attribute__((always_inline)) void bcast_tile(const int AN, const int NV, int64_t K, const float *s,
                                                              int64_t sa, int64_t sk, const float *x, int64_t ldx,
                                                              float *out, int64_t ldo, bool accumulate, __mmask16 km,
