@@ -29,7 +29,7 @@ check unknown-option 2 "$flexc" bench lce --bogus
 
 check tiny-json 0 "$flexc" bench lce --json --shape 96,32,1000 --reps 1
 for key in '"case":"lce"' '"N":96' '"fused_alloc_bytes"' '"fused_rss_delta_bytes"' '"unfused_rss_delta_bytes"' \
-           '"time_ratio"' '"fused_vs_sgemm"' '"sgemm_gflops"' '"dh_max_rel_diff"'; do
+           '"time_ratio"' '"fused_gemm"' '"fused_vs_sgemm"' '"sgemm_gflops"' '"dh_max_rel_diff"'; do
     contains "json $key" "$out" "$key"
 done
 # The two computations agree.

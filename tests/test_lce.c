@@ -731,11 +731,147 @@ static void test_row_kernels(void)
     free(bias);
 }
 
+/* The fused-pass kernels of each vector path against the scalar reference and a float64
+   GEMM, at every remainder of their register tiles: vocabulary rows (6 per tile), tokens
+   (vectors of 16, four per tile), hidden columns (vectors of 16, four per tile), and a
+   column range of dh that starts and ends inside the row. Outputs carry guard zones. */
+static void test_fused_kernels(void)
+{
+    const fx_isa best = fx_get_isa();
+    const fx__lce_ops *vec[] = {&fx__lce_ops_avx2, &fx__lce_ops_avx512};
+    const int64_t njs[] = {1, 5, 6, 7, 13, 64};
+    const int64_t cs[] = {1, 15, 16, 17, 63, 70};
+    const int64_t Ds[] = {1, 16, 17, 65, 130};
+    for (int v = 0; v < 2; v++) {
+        if ((int)best < v + 1)
+            break; /* this CPU cannot run that path */
+        const fx__lce_ops *o = vec[v];
+        for (size_t a = 0; a < sizeof njs / sizeof njs[0]; a++)
+            for (size_t b = 0; b < sizeof cs / sizeof cs[0]; b++)
+                for (size_t e = 0; e < sizeof Ds / sizeof Ds[0]; e++) {
+                    const int64_t nj = njs[a], c = cs[b], D = Ds[e], ldh = (c + 15) / 16 * 16;
+                    const size_t uz = (size_t)(nj * c), uw = (size_t)(nj * D), uh = (size_t)(c * D);
+                    const uint64_t seed = 3000 + 100 * a + 10 * b + e;
+                    float *w = fxt_random(uw, -1.0f, 1.0f, seed), *h = fxt_random(uh, -1.0f, 1.0f, seed + 1);
+                    float *hT = fxt_random((size_t)(D * ldh), -1.0f, 1.0f, seed + 2);
+                    for (int64_t i = 0; i < c; i++)
+                        for (int64_t d = 0; d < D; d++)
+                            hT[d * ldh + i] = h[i * D + d];
+                    double *ref = fxt_alloc_f64(uz > uh ? (uz > uw ? uz : uw) : (uh > uw ? uh : uw));
+                    char what[96];
+                    if (o->logits) {
+                        float *zt = fxt_guarded(uz);
+                        o->logits(nj, c, D, w, hT, ldh, zt, c);
+                        for (int64_t j = 0; j < nj; j++)
+                            for (int64_t i = 0; i < c; i++) {
+                                double acc = 0.0;
+                                for (int64_t d = 0; d < D; d++)
+                                    acc += (double)w[j * D + d] * h[i * D + d];
+                                ref[j * c + i] = acc;
+                            }
+                        snprintf(what, sizeof what, "%s logits nj %lld c %lld D %lld", fx_isa_name((fx_isa)(v + 1)),
+                                 (long long)nj, (long long)c, (long long)D);
+                        fxt_close_f32(what, zt, ref, uz, 1e-5 * (double)D, 1e-5);
+                        fxt_guarded_free("zt", zt);
+                    }
+                    /* gradients-like values, a few exactly zero */
+                    float *g = fxt_random(uz, -1.0f, 1.0f, seed + 3);
+                    g[0] = 0.0f;
+                    if (o->dw) {
+                        float *dw0 = fxt_random(uw, -1.0f, 1.0f, seed + 4);
+                        float *dw = fxt_guarded_copy(dw0, uw);
+                        o->dw(nj, c, D, g, c, h, dw);
+                        for (int64_t j = 0; j < nj; j++)
+                            for (int64_t d = 0; d < D; d++) {
+                                double acc = dw0[j * D + d];
+                                for (int64_t i = 0; i < c; i++)
+                                    acc += (double)g[j * c + i] * h[i * D + d];
+                                ref[j * D + d] = acc;
+                            }
+                        snprintf(what, sizeof what, "%s dw nj %lld c %lld D %lld", fx_isa_name((fx_isa)(v + 1)),
+                                 (long long)nj, (long long)c, (long long)D);
+                        fxt_close_f32(what, dw, ref, uw, 1e-5 * (double)c, 1e-5);
+                        fxt_guarded_free("dw", dw);
+                        free(dw0);
+                    }
+                    if (o->dh) {
+                        float *dh0 = fxt_random(uh, -1.0f, 1.0f, seed + 5);
+                        /* columns [d0, d1): inside the row when D allows, the rest untouched */
+                        const int64_t d0 = D > 32 ? 16 : 0, d1 = D > 32 ? D - 1 : D;
+                        for (int acc_in = 0; acc_in < 2; acc_in++) {
+                            float *dh = fxt_guarded_copy(dh0, uh);
+                            o->dh(nj, c, D, d0, d1, g, c, w, dh, acc_in != 0);
+                            for (int64_t i = 0; i < c; i++)
+                                for (int64_t d = 0; d < D; d++) {
+                                    double x = d < d0 || d >= d1 || acc_in ? dh0[i * D + d] : 0.0;
+                                    if (d >= d0 && d < d1)
+                                        for (int64_t j = 0; j < nj; j++)
+                                            x += (double)g[j * c + i] * w[j * D + d];
+                                    ref[i * D + d] = x;
+                                }
+                            snprintf(what, sizeof what, "%s dh nj %lld c %lld D %lld acc %d",
+                                     fx_isa_name((fx_isa)(v + 1)), (long long)nj, (long long)c, (long long)D, acc_in);
+                            fxt_close_f32(what, dh, ref, uh, 1e-5 * (double)nj, 1e-5);
+                            fxt_guarded_free("dh", dh);
+                        }
+                        free(dh0);
+                    }
+                    /* statistics, transform and gradients against the scalar twins */
+                    float *bias = fxt_random((size_t)nj, -2.0f, 2.0f, seed + 6);
+                    float *coef = fxt_random((size_t)(4 * c), 0.5f, 1.5f, seed + 7);
+                    for (int64_t i = 0; i < c; i++)
+                        coef[3 * c + i] = (float)(i % 3 != 1); /* keep: some tokens ignored */
+                    for (int cfg = 0; cfg < 4; cfg++) {
+                        const float cap = cfg & 1 ? 7.5f : 0.0f;
+                        const float *bb = cfg & 2 ? bias : NULL;
+                        float *z0 = fxt_random(uz, -30.0f, 30.0f, seed + 8);
+                        z0[uz / 2] = -200.0f;
+                        float *zs = fxt_guarded_copy(z0, uz), *zv = fxt_guarded_copy(z0, uz);
+                        float *st_s = fxt_guarded((size_t)(3 * c)), *st_v = fxt_guarded((size_t)(3 * c));
+                        fx__lce_ops_scalar.stats(zs, nj, c, c, bb, cap, st_s, st_s + c, st_s + 2 * c);
+                        o->stats(zv, nj, c, c, bb, cap, st_v, st_v + c, st_v + 2 * c);
+                        for (size_t i = 0; i < uz; i++)
+                            ref[i] = zs[i];
+                        snprintf(what, sizeof what, "%s stats nj %lld c %lld cfg %d", fx_isa_name((fx_isa)(v + 1)),
+                                 (long long)nj, (long long)c, cfg);
+                        fxt_close_f32(what, zv, ref, uz, 1e-5 * (cap > 0 ? cap : 1.0), 1e-6);
+                        for (int64_t i = 0; i < c; i++) {
+                            FXT_NEAR(st_v[i], st_s[i], 1e-5, 1e-6);
+                            FXT_NEAR(st_v[c + i], st_s[c + i], 0.0, 1e-5);
+                            FXT_NEAR(st_v[2 * c + i], st_s[2 * c + i], 1e-4 * (double)nj, 1e-5);
+                        }
+                        float *zp = fxt_guarded_copy(z0, uz);
+                        o->prep(zp, nj, c, c, bb, cap);
+                        fxt_bitwise_f32("prep == stats transform", zp, zv, uz);
+                        float *lse = coef, *ca = coef + c, *cb = coef + 2 * c, *keep = coef + 3 * c;
+                        for (int64_t i = 0; i < c; i++)
+                            lse[i] = st_s[i] + logf(st_s[c + i]);
+                        fx__lce_ops_scalar.grad(zs, nj, c, c, lse, ca, cb, keep, cap);
+                        o->grad(zv, nj, c, c, lse, ca, cb, keep, cap);
+                        for (size_t i = 0; i < uz; i++)
+                            ref[i] = zs[i];
+                        snprintf(what, sizeof what, "%s grad nj %lld c %lld cfg %d", fx_isa_name((fx_isa)(v + 1)),
+                                 (long long)nj, (long long)c, cfg);
+                        fxt_close_f32(what, zv, ref, uz, 1e-6, 1e-5);
+                        for (int64_t j = 0; j < nj; j++)
+                            for (int64_t i = 0; i < c; i++)
+                                if (keep[i] == 0.0f)
+                                    FXT_CHECK(zv[j * c + i] == 0.0f);
+                        free(z0);
+                        fxt_guarded_free("zs", zs), fxt_guarded_free("zv", zv), fxt_guarded_free("zp", zp);
+                        fxt_guarded_free("st_s", st_s), fxt_guarded_free("st_v", st_v);
+                    }
+                    free(bias), free(coef), free(g), free(w), free(h), free(hT), free(ref);
+                }
+    }
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
     FXT_RUN(test_reference_gradients);
     FXT_RUN(test_row_kernels);
+    FXT_RUN(test_fused_kernels);
     FXT_RUN(test_all_options);
     FXT_RUN(test_odd_sizes);
     FXT_RUN(test_per_token_grad);

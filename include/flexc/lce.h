@@ -8,9 +8,9 @@
  *     if (rc != FX_OK)
  *         fprintf(stderr, "%s: %s\n", fx_strerror(rc), fx_last_error());
  *
- * Tokens are processed in chunks of `chunk` rows: a chunk's logits are computed with one
- * GEMM, turned into gradients in place, and fed to two more GEMMs (dh and dw), so the
- * working set is chunk x V floats. When even a small chunk of whole rows would be too large,
+ * Tokens are processed in chunks of at most `chunk` rows (shared evenly): a chunk's logits
+ * are computed with one GEMM, turned into gradients in place, and fed to two more GEMMs
+ * (dh and dw), so the working set is chunk x V floats. When even a small chunk of whole rows would be too large,
  * the vocabulary is tiled as well (vocab_chunk) and the logits of each tile are computed
  * twice: once for the log-sum-exp, once for the gradients.
  *

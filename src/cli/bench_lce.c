@@ -256,12 +256,14 @@ static int bench_shape(int64_t N, int64_t D, int64_t V, int64_t chunk, int reps,
     const double gf = flops / tf * 1e-9, gu = flops / tu * 1e-9;
     const int threads = fx_get_num_threads();
     const char *isa = fx_isa_name(fx_get_isa());
+    /* Which GEMMs the fused path ran: its own kernels, or OpenBLAS's (the AVX2 path). */
+    const char *gemm = fx__lce_ops_now()->logits ? "lce kernels" : "openblas";
     if (json) {
         printf("{\"case\":\"lce\",\"N\":%lld,\"D\":%lld,\"V\":%lld,\"threads\":%d,\"isa\":\"%s\",\"reps\":%d,"
-               "\"chunk\":%lld,\"vocab_chunk\":%lld,\"peer\":\"unfused (materialised logits%s)\","
+               "\"chunk\":%lld,\"vocab_chunk\":%lld,\"fused_gemm\":\"%s\",\"peer\":\"unfused (materialised logits%s)\","
                "\"logits_bytes\":%.0f,\"fused_alloc_bytes\":%zu,\"unfused_alloc_bytes\":%.0f,"
                "\"fused_alloc_vs_logits\":%.5f,",
-               (long long)N, (long long)D, (long long)V, threads, isa, reps, (long long)c, (long long)vb,
+               (long long)N, (long long)D, (long long)V, threads, isa, reps, (long long)c, (long long)vb, gemm,
                fresh ? ", allocated per call" : ", buffer reused", logits_bytes, ws, unfused_bytes,
                (double)ws / logits_bytes);
         if (rss)
@@ -274,8 +276,8 @@ static int bench_shape(int64_t N, int64_t D, int64_t V, int64_t chunk, int reps,
                tf, tu, tf / tu, gf, gu, sgemm, gf / sgemm, gu / sgemm, (double)loss_f, (double)loss_u, dh_diff,
                dw_diff);
     } else {
-        printf("N=%lld D=%lld V=%lld: threads %d, path %s, chunk %lld x %lld, %d reps\n", (long long)N, (long long)D,
-               (long long)V, threads, isa, (long long)c, (long long)vb, reps);
+        printf("N=%lld D=%lld V=%lld: threads %d, path %s (%s), chunk %lld x %lld, %d reps\n", (long long)N,
+               (long long)D, (long long)V, threads, isa, gemm, (long long)c, (long long)vb, reps);
         printf("  extra memory   fused %9.1f MB allocated (%.4f of the logits)   unfused %9.1f MB\n", (double)ws / 1e6,
                (double)ws / logits_bytes, unfused_bytes / 1e6);
         if (rss)

@@ -1,12 +1,18 @@
 /* Fused linear + cross-entropy (DESIGN.md §4): the logits of a chunk of tokens are computed
    with one GEMM, reduced to the log-sum-exp and the loss, turned into gradients in place and
-   fed to the dh and dw GEMMs, so the [N, V] logits never exist. */
+   fed to the dh and dw GEMMs, so the [N, V] logits never exist. A chunk's logits are held
+   vocabulary-major, and the GEMMs are this module's own kernels (lce_internal.h), or
+   OpenBLAS's on the AVX2 path. */
 #include "lce_internal.h"
 
 #include <limits.h>
 #include <pthread.h>
 #include <math.h>
 #include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* ---- scalar reference kernels ------------------------------------------------------------- */
 
@@ -79,6 +85,106 @@ const fx__lce_kernels *fx__lce_kernels_now(void)
     return &fx__lce_kernels_scalar;
 }
 
+/* ---- scalar reference of the fused-pass kernels (lce_internal.h) -------------------------- */
+
+static void lce_logits_scalar(int64_t nj, int64_t c, int64_t D, const float *w, const float *hT, int64_t ldh,
+                              float *zt, int64_t ldz)
+{
+    for (int64_t j = 0; j < nj; j++) {
+        float *z = zt + j * ldz;
+        for (int64_t i = 0; i < c; i++)
+            z[i] = 0.0f;
+        for (int64_t d = 0; d < D; d++) {
+            const float wd = w[j * D + d];
+            const float *x = hT + d * ldh;
+            for (int64_t i = 0; i < c; i++)
+                z[i] += wd * x[i];
+        }
+    }
+}
+
+static void lce_stats_t_scalar(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *bias, float cap,
+                               float *pm, float *ps, float *pz)
+{
+    for (int64_t i = 0; i < c; i++) {
+        float m = -INFINITY, sz = 0.0f, s = 0.0f;
+        for (int64_t j = 0; j < nj; j++) {
+            const float x = lce_transform_scalar(zt[j * ldz + i], bias ? bias[j] : 0.0f, cap);
+            zt[j * ldz + i] = x;
+            m = x > m ? x : m; /* a NaN reaches the result through the sum of exps */
+            sz += x;
+        }
+        const float me = m == -INFINITY ? 0.0f : m; /* all masked: exp(-inf) = 0 */
+        for (int64_t j = 0; j < nj; j++)
+            s += expf(zt[j * ldz + i] - me);
+        pm[i] = m, ps[i] = s, pz[i] = sz;
+    }
+}
+
+static void lce_prep_t_scalar(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *bias, float cap)
+{
+    if (!bias && cap <= 0.0f)
+        return;
+    for (int64_t j = 0; j < nj; j++)
+        for (int64_t i = 0; i < c; i++)
+            zt[j * ldz + i] = lce_transform_scalar(zt[j * ldz + i], bias ? bias[j] : 0.0f, cap);
+}
+
+static void lce_grad_t_scalar(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *lse, const float *a,
+                              const float *b, const float *keep, float cap)
+{
+    for (int64_t j = 0; j < nj; j++) {
+        float *z = zt + j * ldz;
+        for (int64_t i = 0; i < c; i++) {
+            const float x = z[i];
+            float g = a[i] * expf(x - lse[i]) - b[i];
+            if (cap > 0.0f) {
+                const float t = x / cap;
+                g *= 1.0f - t * t;
+            }
+            z[i] = keep[i] != 0.0f ? g : 0.0f;
+        }
+    }
+}
+
+static void lce_dw_scalar(int64_t nj, int64_t c, int64_t D, const float *zt, int64_t ldz, const float *h, float *dw)
+{
+    for (int64_t j = 0; j < nj; j++) {
+        for (int64_t d = 0; d < D; d++) {
+            float s = 0.0f;
+            for (int64_t i = 0; i < c; i++)
+                s += zt[j * ldz + i] * h[i * D + d];
+            dw[j * D + d] += s; /* the chunk's sum added last, as on the vector paths */
+        }
+    }
+}
+
+static void lce_dh_scalar(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t d1, const float *zt, int64_t ldz,
+                          const float *w, float *dh, bool accumulate)
+{
+    for (int64_t i = 0; i < c; i++) {
+        for (int64_t d = d0; d < d1; d++) {
+            float s = 0.0f;
+            for (int64_t j = 0; j < nj; j++)
+                s += zt[j * ldz + i] * w[j * D + d];
+            dh[i * D + d] = accumulate ? dh[i * D + d] + s : s;
+        }
+    }
+}
+
+const fx__lce_ops fx__lce_ops_scalar = {lce_logits_scalar, lce_stats_t_scalar, lce_prep_t_scalar,
+                                        lce_grad_t_scalar, lce_dw_scalar, lce_dh_scalar};
+
+const fx__lce_ops *fx__lce_ops_now(void)
+{
+    switch (fx__isa()) {
+    case FX_ISA_AVX512: return &fx__lce_ops_avx512;
+    case FX_ISA_AVX2: return &fx__lce_ops_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return &fx__lce_ops_scalar;
+}
+
 /* ---- the chunk plan ----------------------------------------------------------------------- */
 
 /* Per token of a chunk: its running statistics, then its lse, loss and gradient scale. */
@@ -91,8 +197,8 @@ typedef struct lce_row {
     int32_t valid;
 } lce_row;
 
-/* The automatic tile aims at about a core complex's last-level cache, never more than 1/32 of
-   the logits it stands in for (so the loss always needs 32x less memory than materialising
+/* The automatic chunk aims at about a core complex's last-level cache, never more than 1/32
+   of the logits it stands in for (so the loss always needs 32x less memory than materialising
    them), and at least LCE_ROWS_MIN tokens, below which the GEMMs lose much of their speed.
    When even LCE_ROWS_MIN whole rows exceed LCE_TILE_MAX, the vocabulary is tiled too. */
 #define LCE_TILE_TARGET ((double)(32u << 20))
@@ -103,19 +209,43 @@ enum { LCE_ROWS_MIN = 16, LCE_ROWS_VTILED = 64 };
 static int64_t lce_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static int64_t lce_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* Vocabulary entries per block of a tile: a block's logits of a 64-token chunk (256 KB) are
-   still in L2 when its statistics or gradients are taken and its dw GEMM runs. */
+/* Vocabulary entries per block of a tile: the unit of work a thread takes in the logits,
+   statistics, gradient and dw steps (a block's logits of a 64-token chunk, 256 KB, are
+   still in L2 when its statistics or gradients are taken and its dw GEMM runs). */
 enum { LCE_VBLOCK = 1024 };
 
-static size_t lce_tile_bytes(int64_t c, int64_t vb)
+/* Rows of w per step of the dh GEMM: a step's slice of w (and of the gradients) stays in L1
+   while every token's accumulators pass over it. */
+enum { LCE_DH_ROWS = 64 };
+
+/* The scratch of a call, in 64-byte aligned pieces:
+     zt [vb, c]          a tile's logits, then gradients, vocabulary-major (lce_internal.h)
+     hT [D, cs]          the chunk's h transposed (cs: c rounded up to 16)
+     rows [c]            per token
+     pm, ps, pz [nb, cs] statistics per vocabulary block and token
+     lse, a, b, keep [cs] per-token coefficients of the gradients */
+typedef struct lce_layout {
+    size_t zt, hT, rows, part, coef, total;
+} lce_layout;
+
+static size_t lce_al(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static lce_layout lce_layout_of(int64_t c, int64_t vb, int64_t D)
 {
-    size_t tile = (size_t)c * (size_t)vb * sizeof(float);
-    return (tile + 63) & ~(size_t)63;
+    const size_t cs = (size_t)(c + 15) / 16 * 16, nb = (size_t)((vb + LCE_VBLOCK - 1) / LCE_VBLOCK);
+    lce_layout l;
+    l.zt = 0;
+    l.hT = l.zt + lce_al((size_t)c * (size_t)vb * sizeof(float));
+    l.rows = l.hT + lce_al((size_t)D * cs * sizeof(float));
+    l.part = l.rows + lce_al((size_t)c * sizeof(lce_row));
+    l.coef = l.part + lce_al(3 * nb * cs * sizeof(float));
+    l.total = l.coef + lce_al(4 * cs * sizeof(float));
+    return l;
 }
 
 static void lce_plan(const fx_lce *p, int64_t *chunk, int64_t *vchunk, size_t *bytes)
 {
-    const int64_t N = p->N, V = p->V;
+    const int64_t N = p->N, V = p->V, D = p->D;
     int64_t vb = p->vocab_chunk > 0 ? lce_min64(p->vocab_chunk, V) : V;
     if (p->vocab_chunk == 0 && p->chunk == 0 && 4.0 * (double)lce_min64(N, LCE_ROWS_MIN) * (double)V > LCE_TILE_MAX)
         vb = lce_min64(V, lce_max64(256, (int64_t)(LCE_TILE_TARGET / (4.0 * LCE_ROWS_VTILED))));
@@ -123,24 +253,26 @@ static void lce_plan(const fx_lce *p, int64_t *chunk, int64_t *vchunk, size_t *b
     if (p->chunk > 0) {
         c = lce_min64(p->chunk, N);
     } else {
-        double logits = 4.0 * (double)N * (double)V;
-        double budget = fmin(LCE_TILE_TARGET, fmax(LCE_TILE_MIN, logits / 32.0));
-        double per_row = 4.0 * (double)vb + (double)sizeof(lce_row) +
-                         (double)((vb + LCE_VBLOCK - 1) / LCE_VBLOCK) * (double)sizeof(fx__lce_stat);
-        c = (int64_t)(budget / per_row);
-        c = lce_min64(lce_max64(c, lce_min64(N, LCE_ROWS_MIN)), N);
+        const double logits = 4.0 * (double)N * (double)V;
+        const double budget = fmin(LCE_TILE_TARGET, fmax(LCE_TILE_MIN, logits / 32.0));
+        const double per_row = 4.0 * (double)vb + 4.0 * (double)D + (double)sizeof(lce_row) +
+                               12.0 * (double)((vb + LCE_VBLOCK - 1) / LCE_VBLOCK) + 16.0;
+        const int64_t lo = lce_min64(N, LCE_ROWS_MIN);
+        c = lce_min64(lce_max64((int64_t)(budget / per_row), lo), N);
+        /* The estimate leaves out the rounding of each piece: step down until it all fits. */
+        while (c > lo && (double)lce_layout_of(c, vb, D).total > budget)
+            c--;
     }
     c = lce_min64(c, INT_MAX);
-    /* Sizes were checked to fit; the tile of a user's chunk may still be huge, and then the
-       allocation fails cleanly. */
-    const size_t nb = (size_t)((vb + LCE_VBLOCK - 1) / LCE_VBLOCK);
     *chunk = c;
     *vchunk = vb;
-    if (4.0 * (double)c * ((double)vb + 16.0) > (double)(SIZE_MAX / 4)) {
+    /* Sizes were checked to fit; the tile of a user's chunk may still be huge, and then the
+       allocation fails cleanly. */
+    if (4.0 * (double)c * ((double)vb + (double)D + 64.0) > (double)(SIZE_MAX / 4)) {
         *bytes = SIZE_MAX; /* no allocation can satisfy it: fx__alloc reports FX_ENOMEM */
         return;
     }
-    *bytes = lce_tile_bytes(c, vb) + (size_t)c * (sizeof(lce_row) + nb * sizeof(fx__lce_stat));
+    *bytes = lce_layout_of(c, vb, D).total;
 }
 
 /* ---- checks ------------------------------------------------------------------------------- */
@@ -307,14 +439,18 @@ typedef struct lce_call {
     const float *grad_loss;    /* backward */
     float *dh, *dw, *dbias;
     int64_t n_valid, C, Vb;
-    float *tile;               /* [C, Vb] */
+    float *zt;                 /* [Vb, c] */
+    float *hT;                 /* [D, cs] */
     lce_row *rows;             /* [C] */
-    fx__lce_stat *part;        /* [C, blocks of a tile]: statistics per vocabulary block */
-    const fx__lce_kernels *kern;
+    float *pm, *ps, *pz;       /* [blocks of a tile, cs] */
+    float *c_lse, *c_a, *c_b, *c_keep; /* [cs] */
+    int64_t cs;                /* row stride of hT and of the statistics */
+    const fx__lce_ops *ops;
+    bool blas;                 /* the GEMMs go to BLAS (ops without GEMM kernels) */
     bool serial;               /* the BLAS runs one thread per call */
 } lce_call;
 
-/* Columns per block of dh: a fixed count of blocks (at most 4, widths multiples of 16),
+/* Column blocks of dh on the BLAS path: a fixed count (at most 4, widths multiples of 16),
    independent of the thread count, that 1, 2 or 4 threads share evenly; each block's GEMM
    packs all of G again, so more blocks would cost more than they balance. */
 enum { LCE_DBLOCKS = 4 };
@@ -325,91 +461,89 @@ static int64_t lce_dblock(int64_t D)
     return ((D + nb - 1) / nb + 15) / 16 * 16;
 }
 
-/* Tile [v0, v0+vb) of chunk [n0, n0+c): logits of each vocabulary block (one GEMM), then
-   either its statistics per row (into k->part) or just the bias and cap (recomputation). */
-static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, int64_t b,
-                             bool stats)
+/* Logits of block b of tile [v0, v0+vb) of chunk [n0, n0+c), then either their statistics
+   per token (forward) or just the bias and cap (recomputation); the targets' logits are
+   kept for the gradients. */
+static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, int64_t b, bool stats)
 {
     const fx_lce *p = k->p;
     const int64_t D = p->D, j0 = b * LCE_VBLOCK, n = lce_min64(LCE_VBLOCK, vb - j0);
-    const int64_t nb = (vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
-    float *Z = k->tile + j0;
-    lce_sgemm(k->serial, false, true, c, n, D, k->h + n0 * D, D, k->w + (v0 + j0) * D, D, 0.0f, Z, vb);
+    float *Z = k->zt + j0 * c;
+    if (k->blas)
+        lce_sgemm(k->serial, false, true, n, c, D, k->w + (v0 + j0) * D, D, k->h + n0 * D, D, 0.0f, Z, c);
+    else
+        k->ops->logits(n, c, D, k->w + (v0 + j0) * D, k->hT, k->cs, Z, c);
     const float *bias = k->bias ? k->bias + v0 + j0 : NULL;
+    if (stats)
+        k->ops->stats(Z, n, c, c, bias, p->softcap, k->pm + b * k->cs, k->ps + b * k->cs, k->pz + b * k->cs);
+    else
+        k->ops->prep(Z, n, c, c, bias, p->softcap);
     for (int64_t r = 0; r < c; r++) {
-        float *z = Z + r * vb;
-        if (!stats) {
-            k->kern->prep(z, n, bias, p->softcap);
-            continue;
-        }
-        fx__lce_stat *st = &k->part[r * nb + b];
-        *st = (fx__lce_stat){-INFINITY, 0.0, 0.0};
-        k->kern->stats(z, n, bias, p->softcap, st);
         const int64_t y = k->target[n0 + r];
         if (y != p->ignore_index && y >= v0 + j0 && y < v0 + j0 + n)
-            k->rows[r].z_y = z[y - v0 - j0];
+            k->rows[r].z_y = Z[(y - v0 - j0) * c + r];
     }
 }
 
-/* Folds the block statistics of a tile into each row's running statistics, in block order. */
+/* Folds the block statistics of a tile into token r's running statistics, in block order. */
 static void lce_row_merge(const lce_call *k, int64_t r, int64_t nb)
 {
     fx__lce_stat *st = &k->rows[r].st;
     for (int64_t b = 0; b < nb; b++) {
-        const fx__lce_stat *q = &k->part[r * nb + b];
-        const float m = q->m > st->m ? q->m : st->m;
-        st->sum_z += q->sum_z;
-        if (m == -INFINITY)
-            continue; /* nothing but -inf so far (masked entries): keep s = 0 */
-        st->s = st->s * exp((double)st->m - (double)m) + q->s * exp((double)q->m - (double)m);
-        st->m = m;
+        const float qm = k->pm[b * k->cs + r];
+        st->sum_z += (double)k->pz[b * k->cs + r];
+        if (qm == -INFINITY)
+            continue; /* a block of masked entries adds nothing to the sum of exps */
+        const double qs = (double)k->ps[b * k->cs + r];
+        if (qm > st->m) {
+            st->s = st->s * exp((double)st->m - (double)qm) + qs;
+            st->m = qm;
+        } else {
+            st->s += qs * exp((double)qm - (double)st->m);
+        }
     }
 }
 
-/* Gradients of one vocabulary block of a tile, in place, and its dw and dbias updates. */
+/* Gradients of block b of a tile, in place, then its dw and dbias updates. */
 static void lce_block_grad(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, int64_t b)
 {
     const fx_lce *p = k->p;
     const int64_t D = p->D, j0 = b * LCE_VBLOCK, n = lce_min64(LCE_VBLOCK, vb - j0);
-    const float cap = p->softcap, eps = p->label_smoothing, zl = p->z_loss;
-    const float inv_v = (float)(1.0 / (double)p->V);
-    float *G = k->tile + j0;
+    const float cap = p->softcap, eps = p->label_smoothing;
+    float *G = k->zt + j0 * c;
+    k->ops->grad(G, n, c, c, k->c_lse, k->c_a, k->c_b, k->c_keep, cap);
+    /* The target's entry: d loss / d z_y = p_y (1 + 2 s lse) - eps/V - (1-eps). */
     for (int64_t r = 0; r < c; r++) {
-        float *z = G + r * vb;
-        const lce_row *row = &k->rows[r];
-        if (!row->valid) {
-            memset(z, 0, (size_t)n * sizeof *z);
-            continue;
-        }
-        const float sc = row->scale, lse = row->lse;
-        /* d loss / d z_j = p_j (1 + 2 s lse) - eps/V - (1-eps) [j == y] */
-        const float a = sc * (1.0f + 2.0f * zl * lse), bb = sc * eps * inv_v, t = sc * (1.0f - eps);
         const int64_t y = k->target[n0 + r] - v0 - j0;
-        const bool has_y = y >= 0 && y < n;
-        const float zy = has_y ? z[y] : 0.0f;
-        k->kern->grad(z, n, lse, a, bb, cap);
-        if (has_y) {
-            float d = 1.0f;
-            if (cap > 0.0f) {
-                float u = zy / cap;
-                d = 1.0f - u * u;
-            }
-            z[y] = (a * expf(zy - lse) - bb - t) * d;
+        if (!k->rows[r].valid || y < 0 || y >= n)
+            continue;
+        const float zy = k->rows[r].z_y, t = k->rows[r].scale * (1.0f - eps);
+        float d = 1.0f;
+        if (cap > 0.0f) {
+            const float u = zy / cap;
+            d = 1.0f - u * u;
         }
+        G[y * c + r] = (k->c_a[r] * expf(zy - k->c_lse[r]) - k->c_b[r] - t) * d;
     }
-    if (k->dw)
-        lce_sgemm(k->serial, true, false, n, D, c, G, vb, k->h + n0 * D, D, 1.0f, k->dw + (v0 + j0) * D, D);
+    if (k->dw) {
+        if (k->blas)
+            lce_sgemm(k->serial, false, false, n, D, c, G, c, k->h + n0 * D, D, 1.0f, k->dw + (v0 + j0) * D, D);
+        else
+            k->ops->dw(n, c, D, G, c, k->h + n0 * D, k->dw + (v0 + j0) * D);
+    }
     if (k->dbias) {
         float *db = k->dbias + v0 + j0;
-        for (int64_t r = 0; r < c; r++) {
-            const float *g = G + r * vb;
-            for (int64_t j = 0; j < n; j++)
-                db[j] += g[j];
+        for (int64_t j = 0; j < n; j++) {
+            const float *g = G + j * c;
+            float s = 0.0f;
+            for (int64_t r = 0; r < c; r++)
+                s += g[r];
+            db[j] += s;
         }
     }
 }
 
-/* Statistics of chunk [n0, n0+c) over every tile; the last tile's logits stay in k->tile. */
+/* Statistics of chunk [n0, n0+c) over every tile; the last tile's logits stay in k->zt. */
 static void lce_chunk_stats(const lce_call *k, int64_t n0, int64_t c)
 {
     const fx_lce *p = k->p;
@@ -431,9 +565,23 @@ static void lce_chunk_stats(const lce_call *k, int64_t n0, int64_t c)
     }
 }
 
+/* This thread's share of [0, n) in units of 16 (a contiguous range): how the columns of dh
+   are shared does not change any element's arithmetic, only who computes it. */
+static void lce_thread_range(int64_t n, int64_t *lo, int64_t *hi)
+{
+    int64_t t = 0, nt = 1;
+#ifdef _OPENMP
+    t = omp_get_thread_num();
+    nt = omp_get_num_threads();
+#endif
+    const int64_t units = (n + 15) / 16;
+    *lo = lce_min64(n, units * t / nt * 16);
+    *hi = lce_min64(n, units * (t + 1) / nt * 16);
+}
+
 /* Gradients of tile [v0, v0+vb) of chunk [n0, n0+c): recomputed logits unless resident,
-   then dw, dbias per vocabulary block and dh (+)= G w[v0:v0+vb] per block of columns
-   (overwritten by the first tile). */
+   then dw and dbias per vocabulary block, and dh (+)= G w[v0:v0+vb] (overwritten by the
+   first tile), w's rows taken in order for every element. */
 static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, bool resident)
 {
     const int64_t D = k->p->D, nb = (vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
@@ -446,13 +594,35 @@ static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t 
                 lce_block_logits(k, n0, c, v0, vb, b, false);
             lce_block_grad(k, n0, c, v0, vb, b);
         }
-        if (k->dh) {
+        if (k->dh && k->blas) {
 #pragma omp for schedule(static)
             for (int64_t q = 0; q < nd; q++) {
                 const int64_t d0 = q * db, dn = lce_min64(db, D - d0);
-                lce_sgemm(k->serial, false, false, c, dn, vb, k->tile, vb, k->w + v0 * D + d0, D, v0 == 0 ? 0.0f : 1.0f,
+                lce_sgemm(k->serial, true, false, c, dn, vb, k->zt, c, k->w + v0 * D + d0, D, v0 == 0 ? 0.0f : 1.0f,
                           k->dh + n0 * D + d0, D);
             }
+        } else if (k->dh) {
+            int64_t d0, d1;
+            lce_thread_range(D, &d0, &d1);
+            if (d0 < d1) {
+                for (int64_t j0 = 0; j0 < vb; j0 += LCE_DH_ROWS)
+                    k->ops->dh(lce_min64(LCE_DH_ROWS, vb - j0), c, D, d0, d1, k->zt + j0 * c, c,
+                               k->w + (v0 + j0) * D, k->dh + n0 * D, v0 + j0 > 0);
+            }
+        }
+    }
+}
+
+/* h of chunk [n0, n0+c) transposed into hT [D, cs], the lanes past c zeroed. */
+static void lce_pack_h(const lce_call *k, int64_t n0, int64_t c)
+{
+    const int64_t D = k->p->D, cs = k->cs;
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        const int64_t d1 = lce_min64(D, d0 + 16);
+        for (int64_t r = 0; r < cs; r++) {
+            const float *src = k->h + (n0 + r) * D;
+            for (int64_t d = d0; d < d1; d++)
+                k->hT[d * cs + r] = r < c ? src[d] : 0.0f;
         }
     }
 }
@@ -471,12 +641,22 @@ static int lce_run(lce_call *k)
     if (!scratch)
         return fx__error(FX_ENOMEM, "fused cross-entropy: cannot allocate %zu bytes of scratch (chunk %lld x %lld)",
                          bytes, (long long)k->C, (long long)k->Vb);
-    const size_t tile_bytes = lce_tile_bytes(k->C, k->Vb);
-    k->tile = (float *)scratch;
-    k->rows = (lce_row *)(scratch + tile_bytes);
-    k->part = (fx__lce_stat *)(scratch + tile_bytes + (size_t)k->C * sizeof(lce_row));
-    k->kern = fx__lce_kernels_now();
-    k->serial = lce_blas_serial_begin();
+    const lce_layout lay = lce_layout_of(k->C, k->Vb, D);
+    const int64_t nbmax = (k->Vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
+    k->cs = (k->C + 15) / 16 * 16;
+    k->zt = (float *)(scratch + lay.zt);
+    k->hT = (float *)(scratch + lay.hT);
+    k->rows = (lce_row *)(scratch + lay.rows);
+    k->pm = (float *)(scratch + lay.part);
+    k->ps = k->pm + nbmax * k->cs;
+    k->pz = k->ps + nbmax * k->cs;
+    k->c_lse = (float *)(scratch + lay.coef);
+    k->c_a = k->c_lse + k->cs;
+    k->c_b = k->c_a + k->cs;
+    k->c_keep = k->c_b + k->cs;
+    k->ops = fx__lce_ops_now();
+    k->blas = k->ops->logits == NULL;
+    k->serial = k->blas ? lce_blas_serial_begin() : true;
 
     /* d(reduced loss)/d(token loss) times the upstream gradient, for MEAN and SUM. */
     double gscale = 1.0;
@@ -485,9 +665,12 @@ static int lce_run(lce_call *k)
     if (p->reduction == FX_REDUCTION_MEAN)
         gscale = k->n_valid > 0 ? gscale / (double)k->n_valid : 0.0;
 
+    /* The chunks share the tokens evenly (at most C each): a short last chunk would cost a
+       whole pass over w and dw for a few tokens, in vectors mostly empty. */
+    const int64_t nch = (N + k->C - 1) / k->C, base = N / nch, rem = N % nch;
     double total = 0.0;
-    for (int64_t n0 = 0; n0 < N; n0 += k->C) {
-        const int64_t c = lce_min64(k->C, N - n0);
+    for (int64_t q = 0; q < nch; q++) {
+        const int64_t n0 = q * base + lce_min64(q, rem), c = base + (q < rem);
         bool any_valid = false;
         for (int64_t r = 0; r < c; r++) {
             lce_row *row = &k->rows[r];
@@ -498,6 +681,13 @@ static int lce_run(lce_call *k)
             else
                 row->scale = (float)gscale;
         }
+        if (!forward && (!grads || !any_valid)) {
+            if (k->dh)
+                memset(k->dh + n0 * D, 0, (size_t)(c * D) * sizeof(float));
+            continue;
+        }
+        if (!k->blas)
+            lce_pack_h(k, n0, c);
         if (forward) {
             lce_chunk_stats(k, n0, c);
             for (int64_t r = 0; r < c; r++) {
@@ -528,6 +718,16 @@ static int lce_run(lce_call *k)
                 memset(k->dh + n0 * D, 0, (size_t)(c * D) * sizeof(float));
             continue;
         }
+        /* d loss / d z_j = p_j (1 + 2 s lse) - eps/V - (1-eps) [j == y], per token. */
+        const float inv_v = (float)(1.0 / (double)V);
+        for (int64_t r = 0; r < c; r++) {
+            const lce_row *row = &k->rows[r];
+            const float sc = row->valid ? row->scale : 0.0f;
+            k->c_lse[r] = row->lse;
+            k->c_a[r] = sc * (1.0f + 2.0f * zl * row->lse);
+            k->c_b[r] = sc * eps * inv_v;
+            k->c_keep[r] = row->valid ? 1.0f : 0.0f;
+        }
         /* With one tile per chunk, the forward's logits are still in the buffer. */
         const bool resident = forward && k->Vb >= V;
         for (int64_t v0 = 0; v0 < V; v0 += k->Vb)
@@ -539,7 +739,8 @@ static int lce_run(lce_call *k)
         else
             k->loss[0] = (float)total;
     }
-    lce_blas_serial_end(k->serial);
+    if (k->blas)
+        lce_blas_serial_end(k->serial);
     fx__free(scratch);
     return FX_OK;
 }

@@ -145,3 +145,78 @@ static void lce_grad_avx2(float *z, int64_t n, float lse, float a, float b, floa
 }
 
 const fx__lce_kernels fx__lce_kernels_avx2 = {lce_stats_avx2, lce_prep_avx2, lce_grad_avx2};
+
+/* ---- per-token statistics and gradients over a vocabulary-major tile (lce_internal.h) ----
+   On this path the GEMMs are OpenBLAS's (NULL pointers in the table). */
+
+static inline __m256 transform_row256(__m256 x, const float *bias, int64_t j, float cap, float inv_cap)
+{
+    if (bias)
+        x = _mm256_add_ps(x, _mm256_set1_ps(bias[j]));
+    if (cap > 0.0f)
+        x = _mm256_mul_ps(_mm256_set1_ps(cap), tanh256(_mm256_mul_ps(x, _mm256_set1_ps(inv_cap))));
+    return x;
+}
+
+static void lce_stats_t_avx2(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *bias, float cap, float *pm,
+                             float *ps, float *pz)
+{
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < c; i += 8) {
+        const __m256i k = tail_mask(c - i);
+        __m256 vm = ninf, vz = _mm256_setzero_ps();
+        for (int64_t j = 0; j < nj; j++) {
+            float *z = zt + j * ldz + i;
+            const __m256 x = transform_row256(_mm256_maskload_ps(z, k), bias, j, cap, inv_cap);
+            _mm256_maskstore_ps(z, k, x);
+            vm = _mm256_max_ps(vm, x);
+            vz = _mm256_add_ps(vz, x);
+        }
+        const __m256 m = _mm256_blendv_ps(vm, _mm256_setzero_ps(), _mm256_cmp_ps(vm, ninf, _CMP_EQ_OQ));
+        __m256 vs = _mm256_setzero_ps();
+        for (int64_t j = 0; j < nj; j++)
+            vs = _mm256_add_ps(vs, exp256(_mm256_sub_ps(_mm256_maskload_ps(zt + j * ldz + i, k), m)));
+        _mm256_maskstore_ps(pm + i, k, vm);
+        _mm256_maskstore_ps(ps + i, k, vs);
+        _mm256_maskstore_ps(pz + i, k, vz);
+    }
+}
+
+static void lce_prep_t_avx2(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *bias, float cap)
+{
+    if (!bias && cap <= 0.0f)
+        return;
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
+    for (int64_t j = 0; j < nj; j++) {
+        for (int64_t i = 0; i < c; i += 8) {
+            const __m256i k = tail_mask(c - i);
+            float *z = zt + j * ldz + i;
+            _mm256_maskstore_ps(z, k, transform_row256(_mm256_maskload_ps(z, k), bias, j, cap, inv_cap));
+        }
+    }
+}
+
+static void lce_grad_t_avx2(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *lse, const float *a,
+                            const float *b, const float *keep, float cap)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), vic = _mm256_set1_ps(cap > 0.0f ? 1.0f / cap : 0.0f);
+    for (int64_t i = 0; i < c; i += 8) {
+        const __m256i k = tail_mask(c - i);
+        const __m256 vl = _mm256_maskload_ps(lse + i, k), va = _mm256_maskload_ps(a + i, k);
+        const __m256 vb = _mm256_maskload_ps(b + i, k);
+        const __m256 kk = _mm256_cmp_ps(_mm256_maskload_ps(keep + i, k), _mm256_setzero_ps(), _CMP_NEQ_OQ);
+        for (int64_t j = 0; j < nj; j++) {
+            float *z = zt + j * ldz + i;
+            const __m256 x = _mm256_maskload_ps(z, k);
+            __m256 g = _mm256_fmsub_ps(va, exp256(_mm256_sub_ps(x, vl)), vb);
+            if (cap > 0.0f) {
+                const __m256 t = _mm256_mul_ps(x, vic);
+                g = _mm256_mul_ps(g, _mm256_fnmadd_ps(t, t, one));
+            }
+            _mm256_maskstore_ps(z, k, _mm256_and_ps(g, kk));
+        }
+    }
+}
+
+const fx__lce_ops fx__lce_ops_avx2 = {NULL, lce_stats_t_avx2, lce_prep_t_avx2, lce_grad_t_avx2, NULL, NULL};

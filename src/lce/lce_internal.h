@@ -30,4 +30,42 @@ extern const fx__lce_kernels fx__lce_kernels_avx512;
 /* The kernels for the current CPU path (fx_get_isa()). */
 const fx__lce_kernels *fx__lce_kernels_now(void);
 
+/* Kernels of the fused pass over one chunk of c tokens. A tile's logits, then gradients,
+   are held vocabulary-major, zt [nj, ldz] (row j: entry j of every token), so that
+   - the logits GEMM reads w [V, D] row by row as stored and packs only the chunk's h,
+     transposed once per chunk into hT [D, ldh] (ldh >= c, a multiple of 16);
+   - the per-token statistics and gradients are vectors across tokens;
+   - the dw GEMM (rows of w's shape) and the dh GEMM both read zt rows directly.
+   logits: zt[j, i] = sum_d w[j, d] hT[d, i], j < nj, i < c.
+   stats:  zt[j, :] = transform(zt[j, :] + bias[j]) (bias NULL: 0; cap as in fx__lce_kernels),
+           then per token i: pm[i] = max_j, pz[i] = sum_j of the transformed values and
+           ps[i] = sum_j exp(z - pm[i]) (exp(z) when pm[i] is -inf).
+   prep:   the same transform, without statistics.
+   grad:   zt[j, i] = keep[i] ? (a[i] exp(z - lse[i]) - b[i]) (1 - (z/cap)^2 when cap > 0) : 0.
+   dw:     dw[j, :] += sum_i zt[j, i] h[i, :], j < nj, i < c (h rows D apart).
+   dh:     dh[i, d] = (accumulate ? dh[i, d] : 0) + sum_j zt[j, i] w[j, d], d in [d0, d1).
+   dw and dh form each sum first and add it to the output last (errors grow with the calls,
+   not with every term); the caller gives dh 64 rows of w per call.
+   The GEMM pointers are NULL on paths that leave the GEMMs to BLAS. Every lane of a vector
+   is computed alone, so a result does not depend on how rows or columns are grouped. */
+typedef struct fx__lce_ops {
+    void (*logits)(int64_t nj, int64_t c, int64_t D, const float *w, const float *hT, int64_t ldh, float *zt,
+                   int64_t ldz);
+    void (*stats)(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *bias, float cap, float *pm, float *ps,
+                  float *pz);
+    void (*prep)(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *bias, float cap);
+    void (*grad)(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *lse, const float *a, const float *b,
+                 const float *keep, float cap);
+    void (*dw)(int64_t nj, int64_t c, int64_t D, const float *zt, int64_t ldz, const float *h, float *dw);
+    void (*dh)(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t d1, const float *zt, int64_t ldz,
+               const float *w, float *dh, bool accumulate);
+} fx__lce_ops;
+
+extern const fx__lce_ops fx__lce_ops_scalar;
+extern const fx__lce_ops fx__lce_ops_avx2;
+extern const fx__lce_ops fx__lce_ops_avx512;
+
+/* The fused-pass kernels for the current CPU path. */
+const fx__lce_ops *fx__lce_ops_now(void);
+
 #endif
