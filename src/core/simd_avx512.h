@@ -1,6 +1,6 @@
 /* The SIMD layer for AVX-512: 16-float vectors (the operations are listed in simd_math.h). */
-#ifndef FX_ATTENTION_SIMD_AVX512_H
-#define FX_ATTENTION_SIMD_AVX512_H
+#ifndef FX_CORE_SIMD_AVX512_H
+#define FX_CORE_SIMD_AVX512_H
 
 #include <immintrin.h>
 #include <math.h>
@@ -62,6 +62,6 @@ static inline __m512 sums_avx512(const __m512 *a)
                          _mm512_shuffle_f32x4(w01, w23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-#include "attention/simd_math.h"
+#include "core/simd_math.h"
 
 #endif

@@ -13,19 +13,20 @@
      V_SUMS(a)           lane n = the sum of a[n]'s lanes, for an array of VL vectors
      SIMD_FN(name)       name with the path's suffix
    Include only from files built for that width (*_avx2.c, *_avx512.c). */
-#ifndef FX_ATTENTION_SIMD_MATH_H
-#define FX_ATTENTION_SIMD_MATH_H
+#ifndef FX_CORE_SIMD_MATH_H
+#define FX_CORE_SIMD_MATH_H
 
 #include <math.h>
 #include <stdint.h>
 
 /* e^x for x <= 0 (and -inf): 2^n * e^r with |r| <= ln2/2 and a degree-7 Taylor polynomial
-   (relative error < 1e-8 before rounding); inputs below -87 give exactly 0. */
+   (relative error < 1e-8 before rounding); inputs below -87 give exactly 0 and NaN stays NaN
+   (a max returns its second operand when one is NaN). */
 static inline vf SIMD_FN(vexp)(vf x)
 {
     const vf lo = V_SET1(-87.0f);
     vm tiny = V_LT(x, lo);
-    x = V_MAX(x, lo);
+    x = V_MAX(lo, x);
     vf n = V_ROUND(V_MUL(x, V_SET1(1.44269504088896341f)));
     vf r = V_FMA(n, V_SET1(-0.693145751953125f), x);
     r = V_FMA(n, V_SET1(-1.428606765330187045e-06f), r);

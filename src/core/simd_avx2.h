@@ -1,6 +1,6 @@
 /* The SIMD layer for AVX2: 8-float vectors (the operations are listed in simd_math.h). */
-#ifndef FX_ATTENTION_SIMD_AVX2_H
-#define FX_ATTENTION_SIMD_AVX2_H
+#ifndef FX_CORE_SIMD_AVX2_H
+#define FX_CORE_SIMD_AVX2_H
 
 #include <immintrin.h>
 #include <math.h>
@@ -87,6 +87,6 @@ static inline __m256 sums_avx2(const __m256 *a)
 #define V_MSTORE(p, m, x) _mm256_maskstore_ps(p, _mm256_castps_si256(m), x)
 #define V_SUMS(a) sums_avx2(a)
 
-#include "attention/simd_math.h"
+#include "core/simd_math.h"
 
 #endif
