@@ -188,6 +188,8 @@ typedef struct fx__adamw {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale; /* the gradient used is grads * grad_scale (0 means 1): averaging over
                          micro-batches and clipping, without a pass of their own */
+    bool zero_grad;   /* clear the gradients as they are read (fx__gpt_zero_grad's work, done
+                         in the optimizer's pass over the buffers) */
 } fx__adamw;
 
 /* sqrt(sum g^2) over the whole gradient buffer, in a fixed order. */
@@ -199,7 +201,38 @@ void fx__gpt_grad_scale(fx__gpt *m, float s);
 void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t);
 /* The float32 AdamW update of n elements at step t with decay wd (the loop of fx__gpt_adamw;
    sharded training runs it on its shard, with the same results element for element). */
-void fx__adamw_f32(float *p, const float *g, float *m, float *v, int64_t n, const fx__adamw *o, float wd, int64_t t);
+void fx__adamw_f32(float *p, float *g, float *m, float *v, int64_t n, const fx__adamw *o, float wd, int64_t t);
+/* The per-element AdamW update with its constants worked out once per step and tensor:
+   the element loops (a scalar reference and AVX2 / AVX-512 twins with bitwise the same
+   results) over n elements of p, g and the two moments. With zero_grad the loop also
+   clears g, so the next step needs no zeroing pass of its own. */
+typedef struct fx__adamw_k {
+    float gs, b1, nb1, b2, nb2, lr, bc1, bc2, eps, wd; /* nb1 = 1 - b1, bc1 = 1 - b1^t, ... */
+    bool zero_grad;
+} fx__adamw_k;
+fx__adamw_k fx__adamw_consts(const fx__adamw *o, float wd, int64_t t);
+void fx__adamw_f32_scalar(float *p, float *g, float *m, float *v, int64_t n, const fx__adamw_k *k);
+void fx__adamw_bf16_scalar(float *p, float *g, uint16_t *m, uint16_t *v, int64_t n, const fx__adamw_k *k);
+void fx__adamw_f32_avx2(float *p, float *g, float *m, float *v, int64_t n, const fx__adamw_k *k);
+void fx__adamw_bf16_avx2(float *p, float *g, uint16_t *m, uint16_t *v, int64_t n, const fx__adamw_k *k);
+void fx__adamw_f32_avx512(float *p, float *g, float *m, float *v, int64_t n, const fx__adamw_k *k);
+void fx__adamw_bf16_avx512(float *p, float *g, uint16_t *m, uint16_t *v, int64_t n, const fx__adamw_k *k);
+/* sum g[i]^2 in float64, in a fixed order that depends on n only: 16 lanes (element i in
+   lane i % 16, the tail of fewer than 16 in lanes 0..), then the lanes pairwise. The scalar
+   reference and its vector twins give bitwise the same sum. */
+double fx__sumsq_scalar(const float *g, int64_t n);
+double fx__sumsq_avx2(const float *g, int64_t n);
+double fx__sumsq_avx512(const float *g, int64_t n);
+/* The end of all three: adds the tail to lane[0..16) and sums the lanes pairwise. */
+static inline double fx__sumsq_finish(double *lane, const float *tail, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        lane[j] += (double)tail[j] * tail[j];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++)
+            lane[j] += lane[j + w];
+    return lane[0];
+}
 /* Linear warmup to lr, then cosine down to min_lr at step `total`. step counts from 0. */
 float fx__lr_schedule(int64_t step, int64_t warmup, int64_t total, float lr, float min_lr);
 
