@@ -646,7 +646,8 @@ int fx__gpt_backward(fx__gpt *m)
         if ((rc = fx__layer_hook(m, l, true)) != FX_OK)
             return rc;
         fx__layer_params p = fx__layer(m, false, l), g = fx__layer(m, true, l);
-        if (m->recompute && (rc = fx__layer_forward(m, &a, &call, l, false)) != FX_OK)
+        /* The forward pass leaves the last layer's activations in the recompute slot. */
+        if (m->recompute && l < c->layers - 1 && (rc = fx__layer_forward(m, &a, &call, l, false)) != FX_OK)
             return rc;
         fx__layer_acts x = fx__layer_acts_at(m, &a, l);
         float *res = x.res, *xn1 = x.xn1, *rstd1 = x.rstd1, *q = x.q, *k = x.k, *v = x.v, *att = x.att;
