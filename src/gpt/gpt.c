@@ -256,9 +256,9 @@ typedef struct fx__acts {
     float *h3;    /* [L, N, F] up */
     float *xnf;   /* [N, C] */
     float *rstdf; /* [N] */
-    /* Scratch (forward and backward). */
-    float *sx, *sy; /* [N * max(F, QD)] */
-    float *sz1, *sz2; /* [N * max(F, QD + 2 KD)] */
+    /* Scratch (forward and backward): each use ends before the next begins; what would need
+       a second buffer goes to saved activations that are dead by then. */
+    float *work; /* [N * max(F, QD + 2 KD)] */
     float *dres, *dxn; /* [N, C]; dxn holds d(xnf) from forward to backward */
     float *logits; /* [N, V] unfused loss only */
     float *rowloss; /* [N] */
@@ -272,7 +272,7 @@ static void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, in
 {
     size_t N = (size_t)(B * T), L = recompute ? 1 : (size_t)c->layers, C = (size_t)c->dim, F = (size_t)c->ffn;
     size_t hd = C / (size_t)c->heads, QD = (size_t)c->heads * hd, KD = (size_t)c->kv_heads * hd;
-    size_t wide = F > QD ? F : QD, wider = F > QD + 2 * KD ? F : QD + 2 * KD;
+    size_t wide = F > QD + 2 * KD ? F : QD + 2 * KD;
     size_t off = 0;
 #define FX__CARVE(field, n) (a->field = base ? base + off : NULL, off += ((n) + 15) / 16 * 16)
     FX__CARVE(res, ((size_t)c->layers + 1) * N * C);
@@ -290,10 +290,7 @@ static void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, in
     FX__CARVE(h3, L * N * F);
     FX__CARVE(xnf, N * C);
     FX__CARVE(rstdf, N);
-    FX__CARVE(sx, N * wide);
-    FX__CARVE(sy, N * wide);
-    FX__CARVE(sz1, N * wider);
-    FX__CARVE(sz2, N * wider);
+    FX__CARVE(work, N * wide);
     FX__CARVE(dres, N * C);
     FX__CARVE(dxn, N * C);
     FX__CARVE(logits, unfused ? N * (size_t)c->vocab : 0);
@@ -516,7 +513,7 @@ static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call 
     fx__layer_acts x = fx__layer_acts_at(m, a, l);
 
     fx__rmsnorm_forward(x.xn1, x.rstd1, x.res, p.ln1, N, C, c->norm_eps);
-    float *qt = a->sz2, *kt = a->sz2 + N * QD, *vt = a->sz2 + N * (QD + KD);
+    float *qt = a->work, *kt = a->work + N * QD, *vt = a->work + N * (QD + KD);
     fx__linear(qt, x.xn1, p.wq, N, C, QD, false);
     fx__linear(kt, x.xn1, p.wk, N, C, KD, false);
     fx__linear(vt, x.xn1, p.wv, N, C, KD, false);
@@ -526,9 +523,9 @@ static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call 
     int rc = fx__attn_fwd(m, call, x.q, x.k, x.v, x.att, x.lse);
     if (rc)
         return fx__error_context(rc, "layer %lld attention", (long long)l);
-    fx__from_heads(a->sx, x.att, B, T, Hq, hd);
+    fx__from_heads(a->work, x.att, B, T, Hq, hd);
     memcpy(x.resm, x.res, (size_t)(N * C) * sizeof(float));
-    fx__linear(x.resm, a->sx, p.wo, N, QD, C, true);
+    fx__linear(x.resm, a->work, p.wo, N, QD, C, true);
     if (m->progress)
         m->progress(m->hook_user);
 
@@ -536,9 +533,9 @@ static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call 
     fx__linear(x.h1, x.xn2, p.w1, N, C, F, false);
     fx__linear(x.h3, x.xn2, p.w3, N, C, F, false);
     if (write_out) {
-        fx__swiglu_forward(a->sx, x.h1, x.h3, N * F);
+        fx__swiglu_forward(a->work, x.h1, x.h3, N * F);
         memcpy(x.out, x.resm, (size_t)(N * C) * sizeof(float));
-        fx__linear(x.out, a->sx, p.w2, N, F, C, true);
+        fx__linear(x.out, a->work, p.w2, N, F, C, true);
     }
     return FX_OK;
 }
@@ -653,12 +650,13 @@ int fx__gpt_backward(fx__gpt *m)
         float *res = x.res, *xn1 = x.xn1, *rstd1 = x.rstd1, *q = x.q, *k = x.k, *v = x.v, *att = x.att;
         float *lse = x.lse, *resm = x.resm, *xn2 = x.xn2, *rstd2 = x.rstd2, *h1 = x.h1, *h3 = x.h3;
 
-        /* MLP: out = resm + swiglu(h1, h3) W2^T, dres holds d(out). */
-        fx__swiglu_forward(a.sx, h1, h3, N * F);
-        fx__sgemm(true, false, C, F, N, 1.0f, a.dres, C, a.sx, F, 1.0f, g.w2, F);
-        fx__sgemm(false, false, N, F, C, 1.0f, a.dres, C, p.w2, F, 0.0f, a.sy, F);
-        float *dh1 = a.sz1, *dh3 = a.sz2;
-        fx__swiglu_backward(dh1, dh3, a.sy, h1, h3, N * F);
+        /* MLP: out = resm + swiglu(h1, h3) W2^T, dres holds d(out). The gradients of h1
+           and h3 replace them (their last use). */
+        fx__swiglu_forward(a.work, h1, h3, N * F);
+        fx__sgemm(true, false, C, F, N, 1.0f, a.dres, C, a.work, F, 1.0f, g.w2, F);
+        fx__sgemm(false, false, N, F, C, 1.0f, a.dres, C, p.w2, F, 0.0f, a.work, F);
+        float *dh1 = h1, *dh3 = h3;
+        fx__swiglu_backward(dh1, dh3, a.work, h1, h3, N * F);
         fx__linear_backward(a.dxn, g.w1, dh1, xn2, p.w1, N, C, F, false);
         fx__linear_backward(a.dxn, g.w3, dh3, xn2, p.w3, N, C, F, true);
         fx__rmsnorm_backward(a.dres, g.ln2, a.dxn, resm, p.ln2, rstd2, N, C);
@@ -666,14 +664,17 @@ int fx__gpt_backward(fx__gpt *m)
             m->progress(m->hook_user);
 
         /* Attention: resm = res + from_heads(att) Wo^T, dres holds d(resm). */
-        fx__from_heads(a.sx, att, B, T, Hq, hd);
-        fx__sgemm(true, false, C, QD, N, 1.0f, a.dres, C, a.sx, QD, 1.0f, g.wo, QD);
-        fx__sgemm(false, false, N, QD, C, 1.0f, a.dres, C, p.wo, QD, 0.0f, a.sx, QD);
-        fx__to_heads(a.sy, a.sx, B, T, Hq, hd);
-        float *dq = a.sz1, *dk = a.sz1 + N * QD, *dv = a.sz1 + N * (QD + KD);
-        if ((rc = fx__attn_bwd(m, &call, q, k, v, att, lse, a.sy, dq, dk, dv)) != FX_OK)
+        /* d(att) goes to xn2's slot ([N, C], dead now), and the projections' gradients to
+           q, k and v once the attention's backward has read them. */
+        float *datt = xn2;
+        fx__from_heads(a.work, att, B, T, Hq, hd);
+        fx__sgemm(true, false, C, QD, N, 1.0f, a.dres, C, a.work, QD, 1.0f, g.wo, QD);
+        fx__sgemm(false, false, N, QD, C, 1.0f, a.dres, C, p.wo, QD, 0.0f, a.work, QD);
+        fx__to_heads(datt, a.work, B, T, Hq, hd);
+        float *dq = a.work, *dk = a.work + N * QD, *dv = a.work + N * (QD + KD);
+        if ((rc = fx__attn_bwd(m, &call, q, k, v, att, lse, datt, dq, dk, dv)) != FX_OK)
             return fx__error_context(rc, "layer %lld attention backward", (long long)l);
-        float *dqt = a.sz2, *dkt = a.sz2 + N * QD, *dvt = a.sz2 + N * (QD + KD);
+        float *dqt = q, *dkt = k, *dvt = v;
         fx__rope_backward(dqt, dq, m->rope, B, T, Hq, hd);
         fx__rope_backward(dkt, dk, m->rope, B, T, Hkv, hd);
         fx__from_heads(dvt, dv, B, T, Hkv, hd);

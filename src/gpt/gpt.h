@@ -255,7 +255,7 @@ void fx__from_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H,
 void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta);
 /* out [N,F] = silu(a) * b */
 void fx__swiglu_forward(float *out, const float *a, const float *b, int64_t n);
-/* da, db [N,F] (overwritten) <- dout */
+/* da, db [N,F] (overwritten; may be a and b themselves) <- dout */
 void fx__swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
 /* out [N,C] = wte[tokens] */
 void fx__embed_forward(float *out, const int32_t *tokens, const float *wte, int64_t N, int64_t C);
