@@ -913,6 +913,45 @@ static void test_resume_bitwise(void)
 }
 
 /* 1 and 2 threads give bitwise the same training, for every mask. */
+/* The training step leaves the gradients cleared by the optimizer's pass and skips its own
+   zeroing then; gradients written by anything else are zeroed first. */
+static void test_step_zeroing(void)
+{
+    fx__gpt_data d = corpus();
+    float *p[2] = {NULL, NULL}, l[2][2];
+    for (int v = 0; v < 2; v++) {
+        fx__gpt_config c = small_cfg();
+        fx__gpt *m = NULL;
+        FXT_OK(fx__gpt_create(&m, &c, 5));
+        if (!m)
+            break;
+        FXT_OK(fx__gpt_alloc_train(m));
+        FXT_CHECK(m->grads_zero);
+        fx__gpt_train_state s = train_state();
+        run_steps(m, &d, &s, 1, l[v]);
+        size_t nz = 0;
+        for (size_t i = 0; i < m->lay.total; i++)
+            nz += m->grads[i] != 0.0f;
+        FXT_EQ_INT(nz, 0);
+        FXT_CHECK(m->grads_zero);
+        if (v == 1) { /* stale gradients, as a caller's own forward and backward leave them */
+            fx_rng_fill_uniform(m->grads, (int64_t)m->lay.total, -1, 1, 3, 0);
+            m->grads_zero = false;
+        }
+        run_steps(m, &d, &s, 1, l[v] + 1);
+        p[v] = malloc(m->lay.total * sizeof(float));
+        if (p[v])
+            memcpy(p[v], m->params, m->lay.total * sizeof(float));
+        if (v == 1 && p[0] && p[1]) {
+            fxt_bitwise_f32("params after stale gradients", p[1], p[0], m->lay.total);
+            fxt_bitwise_f32("losses", l[1], l[0], 2);
+        }
+        fx__gpt_free(m);
+    }
+    free(p[0]), free(p[1]);
+    fx__gpt_data_free(&d);
+}
+
 static void test_threads_bitwise(void)
 {
     fx__gpt_data d = corpus();
@@ -1012,6 +1051,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_decode_flex);
     FXT_RUN(test_resume_bitwise);
     FXT_RUN(test_threads_bitwise);
+    FXT_RUN(test_step_zeroing);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0)

@@ -235,6 +235,7 @@ int fx__gpt_alloc_train(fx__gpt *m)
         m->norm_parts = NULL;
         return FX_ENOMEM;
     }
+    m->grads_zero = true;
     return FX_OK;
 }
 
@@ -601,6 +602,8 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
             return fx__error_context(rc, "loss");
     }
     m->grad_ready = grad;
+    if (grad)
+        m->grads_zero = false;
     if (loss)
         *loss = l_out;
     return FX_OK;
@@ -619,6 +622,7 @@ int fx__gpt_backward(fx__gpt *m)
     if (!m || !m->grads || !m->acts || !m->grad_ready)
         return fx__error(FX_EINVAL, "fx__gpt_backward: no forward with gradients before it");
     m->grad_ready = false;
+    m->grads_zero = false;
     const fx__gpt_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
     int64_t Hq = c->heads, Hkv = c->kv_heads, hd = C / Hq, QD = Hq * hd, KD = Hkv * hd;
@@ -696,6 +700,7 @@ void fx__gpt_zero_grad(fx__gpt *m)
 {
     if (m->grads)
         memset(m->grads, 0, m->lay.total * sizeof(float));
+    m->grads_zero = m->grads != NULL;
 }
 
 /* ---- optimizer --------------------------------------------------------------------------------------- */
@@ -744,6 +749,7 @@ void fx__gpt_grad_scale(fx__gpt *m, float s)
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < P; i++)
         g[i] *= s;
+    m->grads_zero = false;
 }
 
 /* bfloat16 <-> float32 inline in the optimizer's loop (the same rounding as
@@ -866,6 +872,8 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
             i = e;
         }
     }
+    if (o->zero_grad)
+        m->grads_zero = true;
 }
 
 void fx__adamw_f32(float *p, float *g, float *mm, float *vv, int64_t n, const fx__adamw *o, float wd, int64_t t)

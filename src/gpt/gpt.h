@@ -140,6 +140,10 @@ typedef struct fx__gpt {
     int64_t bmask_window;
     fx__gpt_mask_ctx mctx;
     double *norm_parts;   /* per-chunk partial sums of the gradient norm */
+    bool grads_zero;      /* the gradient buffer is all zeros: just allocated, zeroed, or
+                             cleared by an optimizer step with zero_grad (the training step
+                             then skips its own zeroing pass). Code that writes into grads
+                             directly must clear this. */
     bool grad_ready;      /* a forward with grad ran, and its backward has not */
 
     fx__gpt_grad_hook hook; /* called in backward when a layer's gradients are final */

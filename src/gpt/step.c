@@ -11,7 +11,8 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
     int rc = fx__gpt_set_batch(m, s->batch, s->seq);
     if (rc)
         return rc;
-    fx__gpt_zero_grad(m);
+    if (!m->grads_zero)
+        fx__gpt_zero_grad(m);
     double loss = 0.0;
     for (int64_t a = 0; a < s->accum; a++) {
         fx__gpt_data_batch(d, &s->rng, s->batch, s->seq, tokens, targets);
@@ -30,7 +31,7 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
         scale *= s->clip / norm;
     float lr = fx__lr_schedule(s->step, s->warmup, s->steps, s->lr, s->min_lr);
     fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f, .weight_decay = s->weight_decay,
-                   .grad_scale = (float)scale};
+                   .grad_scale = (float)scale, .zero_grad = true};
     fx__gpt_adamw(m, &o, s->step + 1);
     s->step++;
     if (info)
