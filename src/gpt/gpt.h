@@ -261,6 +261,14 @@ void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta);
 void fx__swiglu_forward(float *out, const float *a, const float *b, int64_t n);
 /* da, db [N,F] (overwritten; may be a and b themselves) <- dout */
 void fx__swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
+/* The element loops of the two (no threads): the scalar reference and its vector twins
+   (a polynomial exp, within a few ulp of expf). */
+void fx__swiglu_forward_scalar(float *out, const float *a, const float *b, int64_t n);
+void fx__swiglu_backward_scalar(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
+void fx__swiglu_forward_avx2(float *out, const float *a, const float *b, int64_t n);
+void fx__swiglu_backward_avx2(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
+void fx__swiglu_forward_avx512(float *out, const float *a, const float *b, int64_t n);
+void fx__swiglu_backward_avx512(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
 /* out [N,C] = wte[tokens] */
 void fx__embed_forward(float *out, const int32_t *tokens, const float *wte, int64_t N, int64_t C);
 /* dwte [V,C] (+=) <- dout [N,C]; fixed order over tokens. */
