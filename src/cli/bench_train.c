@@ -101,8 +101,9 @@ int bench_train(int argc, char **argv)
         return CLI_EXIT_USAGE;
     }
 
-    /* Random tokens: the speed and memory do not depend on the text. */
-    fx__gpt_data d = {.n = 1 << 20};
+    /* Random tokens: the speed and memory do not depend on the text. 64K tokens are plenty of
+       distinct windows, and keep the benchmark's own data out of the process's memory. */
+    fx__gpt_data d = {.n = (seq + 1) * 64 > (1 << 16) ? (seq + 1) * 64 : 1 << 16};
     d.n_train = d.n - (seq + 1);
     d.tok = malloc((size_t)d.n * sizeof *d.tok);
     int32_t *tok = malloc((size_t)(batch * seq) * sizeof *tok), *tgt = malloc((size_t)(batch * seq) * sizeof *tgt);
