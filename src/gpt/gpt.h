@@ -364,6 +364,8 @@ typedef struct fx__gpt_step_info {
     float loss;       /* mean over the micro-batches */
     float lr;
     float grad_norm;  /* before clipping */
+    double time_s[3]; /* seconds in forward passes (with the loss and its gradient), backward
+                         passes, and the gradient norm and optimizer */
 } fx__gpt_step_info;
 
 /* One optimizer step from state s: accum micro-batches of (batch, seq) drawn from d with
