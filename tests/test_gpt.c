@@ -443,10 +443,12 @@ static void test_recompute_bitwise(void)
         FXT_OK(fx__gpt_forward(b, tok, tgt, &lb, true));
         FXT_OK(fx__gpt_backward(b));
         FXT_CHECK(la == lb);
+        FXT_CHECK(!b->acts_parked); /* this model's layers are too small to park 32 tokens */
         fxt_bitwise_f32(masks[mi], b->grads, a->grads, a->lay.total);
         fx__gpt_free(a), fx__gpt_free(b);
     }
 }
+
 
 /* The gradient hook sees every region once, in the documented order, after it is final. */
 typedef struct hook_log {
@@ -929,6 +931,47 @@ static void test_resume_bitwise(void)
 }
 
 /* 1 and 2 threads give bitwise the same training, for every mask. */
+/* Recompute with parked activations (a model whose layers' gradient memory holds a layer's
+   activations): training steps with two micro-batches (the first parks, the second, on
+   gradients no longer clear, recomputes) give bitwise the weights and losses of keeping
+   every activation, and a forward and backward on clear gradients gives their gradients. */
+static void test_recompute_parked(void)
+{
+    fx__gpt_data d = corpus();
+    const char *masks[] = {"causal", "document"};
+    for (int mi = 0; mi < 2; mi++) {
+        fx__gpt *m[2] = {NULL, NULL};
+        float l[2][3];
+        for (int v = 0; v < 2; v++) {
+            fx__gpt_config c = small_cfg();
+            c.layers = 3, c.dim = 64, c.heads = 4, c.kv_heads = 2, c.ffn = 160;
+            FXT_OK(fx__gpt_create(&m[v], &c, 6));
+            if (!m[v])
+                break;
+            FXT_OK(fx__gpt_mask_parse(masks[mi], &m[v]->mask, &m[v]->window));
+            m[v]->recompute = v == 1;
+            FXT_OK(fx__gpt_alloc_train(m[v]));
+            fx__gpt_train_state s = train_state();
+            run_steps(m[v], &d, &s, 3, l[v]);
+            /* One more forward and backward by hand, on clear gradients. */
+            int32_t tok[32], tgt[32];
+            make_batch(2, 16, c.vocab, 13, tok, tgt, true);
+            fx__gpt_zero_grad(m[v]);
+            float loss;
+            FXT_OK(fx__gpt_forward(m[v], tok, tgt, &loss, true));
+            FXT_CHECK(m[v]->acts_parked == (v == 1));
+            FXT_OK(fx__gpt_backward(m[v]));
+        }
+        if (m[0] && m[1]) {
+            fxt_bitwise_f32(masks[mi], m[1]->params, m[0]->params, m[0]->lay.total);
+            fxt_bitwise_f32("losses", l[1], l[0], 3);
+            fxt_bitwise_f32("gradients", m[1]->grads, m[0]->grads, m[0]->lay.total);
+        }
+        fx__gpt_free(m[0]), fx__gpt_free(m[1]);
+    }
+    fx__gpt_data_free(&d);
+}
+
 /* The training step leaves the gradients cleared by the optimizer's pass and skips its own
    zeroing then; gradients written by anything else are zeroed first. */
 static void test_step_zeroing(void)
@@ -1063,6 +1106,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_gradcheck_flex);
     FXT_RUN(test_flex_matches_reference);
     FXT_RUN(test_recompute_bitwise);
+    FXT_RUN(test_recompute_parked);
     FXT_RUN(test_grad_hook);
     FXT_RUN(test_decode_flex);
     FXT_RUN(test_resume_bitwise);

@@ -491,11 +491,59 @@ typedef struct fx__layer_acts {
     float *res, *xn1, *rstd1, *q, *k, *v, *att, *lse, *resm, *xn2, *rstd2, *h1, *h3, *out;
 } fx__layer_acts;
 
+/* One layer's activations (all but its input and output) carved from base in slot order;
+   returns the floats used. */
+static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__gpt *m)
+{
+    const fx__gpt_config *c = &m->c;
+    size_t N = (size_t)(m->B * m->T), C = (size_t)c->dim, F = (size_t)c->ffn, Hq = (size_t)c->heads;
+    size_t QD = C, KD = (size_t)c->kv_heads * (C / Hq), off = 0;
+#define FX__SLOT(field, n) (x->field = base ? base + off : NULL, off += ((n) + 15) / 16 * 16)
+    FX__SLOT(xn1, N * C);
+    FX__SLOT(rstd1, N);
+    FX__SLOT(q, N * QD);
+    FX__SLOT(k, N * KD);
+    FX__SLOT(v, N * KD);
+    FX__SLOT(att, N * QD);
+    FX__SLOT(lse, N * Hq);
+    FX__SLOT(resm, N * C);
+    FX__SLOT(xn2, N * C);
+    FX__SLOT(rstd2, N);
+    FX__SLOT(h1, N * F);
+    FX__SLOT(h3, N * F);
+#undef FX__SLOT
+    return off;
+}
+
+/* With recompute, a step whose gradient buffer starts clear can park layer l's activations
+   (l >= 1) in the gradient memory of layer l-1: the backward pass reaches layer l-1's
+   gradients only after it is done with layer l, and clears what was parked just before.
+   The activations then need no recomputation, for no memory beyond the recompute slot
+   (layer 0's). Where the region is too small for a layer's activations (many tokens per
+   step for the model's size), layers are recomputed as usual. */
+static float *fx__park_base(const fx__gpt *m, int64_t l)
+{
+    float *g = m->grads + fx__layer_first(m, l - 1)->offset;
+    return g + ((16 - ((uintptr_t)g / sizeof(float)) % 16) % 16); /* 64-byte aligned, as fx__alloc */
+}
+
+static bool fx__park_fits(const fx__gpt *m)
+{
+    fx__layer_acts x;
+    size_t region = fx__layer_first(m, 1)->offset - fx__layer_first(m, 0)->offset;
+    return m->c.layers > 1 && fx__slot_carve(&x, NULL, m) + 16 <= region;
+}
+
 static fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l)
 {
     const fx__gpt_config *c = &m->c;
     int64_t N = m->B * m->T, C = c->dim, F = c->ffn, Hq = c->heads, hd = C / Hq, QD = Hq * hd;
     int64_t KD = c->kv_heads * hd, s = m->recompute ? 0 : l;
+    if (m->acts_parked && l >= 1) {
+        fx__layer_acts x = {.res = a->res + l * N * C, .out = a->res + (l + 1) * N * C};
+        fx__slot_carve(&x, fx__park_base(m, l), m);
+        return x;
+    }
     return (fx__layer_acts){.res = a->res + l * N * C, .xn1 = a->xn1 + s * N * C, .rstd1 = a->rstd1 + s * N,
                             .q = a->q + s * N * QD, .k = a->k + s * N * KD, .v = a->v + s * N * KD,
                             .att = a->att + s * N * QD, .lse = a->lse + s * N * Hq, .resm = a->resm + s * N * C,
@@ -589,6 +637,12 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     if (rc)
         return rc;
 
+    /* Parking needs gradient memory known to be clear and laid out flat, and no hooks that
+       might read it (multi-process training). */
+    m->acts_parked = grad && m->recompute && m->grads_zero && !m->hook && !m->layer_grads && !m->layer_hook &&
+                     fx__park_fits(m);
+    if (m->acts_parked)
+        m->grads_zero = false;
     fx__embed_forward(a.res, tokens, m->params, N, C);
     for (int64_t l = 0; l < c->layers; l++)
         if ((rc = fx__layer_hook(m, l, false)) != FX_OK || (rc = fx__layer_forward(m, &a, &call, l, true)) != FX_OK)
@@ -657,9 +711,17 @@ int fx__gpt_backward(fx__gpt *m)
         if ((rc = fx__layer_hook(m, l, true)) != FX_OK)
             return rc;
         fx__layer_params p = fx__layer(m, false, l), g = fx__layer(m, true, l);
-        /* The forward pass leaves the last layer's activations in the recompute slot. */
-        if (m->recompute && l < c->layers - 1 && (rc = fx__layer_forward(m, &a, &call, l, false)) != FX_OK)
+        /* The forward pass leaves the last layer's activations in the recompute slot (and
+           layer 0's when the others are parked). */
+        if (m->recompute && !m->acts_parked && l < c->layers - 1 &&
+            (rc = fx__layer_forward(m, &a, &call, l, false)) != FX_OK)
             return rc;
+        if (m->acts_parked && l < c->layers - 1) { /* layer l+1's activations, dead now */
+            fx__layer_acts parked;
+            float *region = fx__layer_base(m, true, l), *base = fx__park_base(m, l + 1);
+            size_t used = (size_t)(base - region) + fx__slot_carve(&parked, base, m);
+            memset(region, 0, used * sizeof(float));
+        }
         fx__layer_acts x = fx__layer_acts_at(m, &a, l);
         float *res = x.res, *xn1 = x.xn1, *rstd1 = x.rstd1, *q = x.q, *k = x.k, *v = x.v, *att = x.att;
         float *lse = x.lse, *resm = x.resm, *xn2 = x.xn2, *rstd2 = x.rstd2, *h1 = x.h1, *h3 = x.h3;

@@ -127,6 +127,9 @@ typedef struct fx__gpt {
     fx__gpt_loss_impl loss_impl;
     bool recompute;   /* keep only each layer's input; backward recomputes the rest (set before
                          fx__gpt_set_batch): activation memory / (about) L, one more forward */
+    bool acts_parked; /* this forward parked layers 1.. L-1's activations in the gradient
+                         memory of the layer below (recompute with clear gradients): the
+                         backward pass recomputes nothing */
 
     /* Activations for (B, T) and backward scratch: one buffer. */
     int64_t B, T;
