@@ -519,8 +519,9 @@ static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__gpt *m)
    (l >= 1) in the gradient memory of layer l-1: the backward pass reaches layer l-1's
    gradients only after it is done with layer l, and clears what was parked just before.
    The activations then need no recomputation, for no memory beyond the recompute slot
-   (layer 0's). Where the region is too small for a layer's activations (many tokens per
-   step for the model's size), layers are recomputed as usual. */
+   (layer 0's). The residual stream entering layer l goes after them, and the final norm's
+   input in layer L-1's region. Where a region is too small for this (many tokens per step
+   for the model's size), layers are recomputed as usual. */
 static float *fx__park_base(const fx__gpt *m, int64_t l)
 {
     float *g = m->grads + fx__layer_first(m, l - 1)->offset;
@@ -531,7 +532,29 @@ static bool fx__park_fits(const fx__gpt *m)
 {
     fx__layer_acts x;
     size_t region = fx__layer_first(m, 1)->offset - fx__layer_first(m, 0)->offset;
-    return m->c.layers > 1 && fx__slot_carve(&x, NULL, m) + 16 <= region;
+    size_t stream = ((size_t)(m->B * m->T * m->c.dim) + 15) / 16 * 16;
+    return m->c.layers > 1 && fx__slot_carve(&x, NULL, m) + stream + 16 <= region;
+}
+
+/* The residual stream entering layer l (l == layers: the final norm's input): parked, or
+   in the activation buffer; a forward pass without gradients keeps only two, in turn. */
+static float *fx__res_at(const fx__gpt *m, const fx__acts *a, int64_t l)
+{
+    int64_t NC = m->B * m->T * m->c.dim;
+    if (m->acts_parked && l >= 1) {
+        fx__layer_acts x;
+        return fx__park_base(m, l) + (l == m->c.layers ? 0 : fx__slot_carve(&x, NULL, m));
+    }
+    return a->res + (m->res_two ? l % 2 : l) * NC;
+}
+
+/* Clears what is parked in layer l's gradient memory (layer l+1's activations and input,
+   or the final norm's input when l is the last layer), before its gradients go there. */
+static void fx__park_clear(const fx__gpt *m, const fx__acts *a, int64_t l)
+{
+    float *region = fx__layer_base(m, true, l);
+    float *end = fx__res_at(m, a, l + 1) + m->B * m->T * m->c.dim;
+    memset(region, 0, (size_t)(end - region) * sizeof(float));
 }
 
 static fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l)
@@ -540,15 +563,15 @@ static fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int
     int64_t N = m->B * m->T, C = c->dim, F = c->ffn, Hq = c->heads, hd = C / Hq, QD = Hq * hd;
     int64_t KD = c->kv_heads * hd, s = m->recompute ? 0 : l;
     if (m->acts_parked && l >= 1) {
-        fx__layer_acts x = {.res = a->res + l * N * C, .out = a->res + (l + 1) * N * C};
+        fx__layer_acts x = {.res = fx__res_at(m, a, l), .out = fx__res_at(m, a, l + 1)};
         fx__slot_carve(&x, fx__park_base(m, l), m);
         return x;
     }
-    return (fx__layer_acts){.res = a->res + l * N * C, .xn1 = a->xn1 + s * N * C, .rstd1 = a->rstd1 + s * N,
+    return (fx__layer_acts){.res = fx__res_at(m, a, l), .xn1 = a->xn1 + s * N * C, .rstd1 = a->rstd1 + s * N,
                             .q = a->q + s * N * QD, .k = a->k + s * N * KD, .v = a->v + s * N * KD,
                             .att = a->att + s * N * QD, .lse = a->lse + s * N * Hq, .resm = a->resm + s * N * C,
                             .xn2 = a->xn2 + s * N * C, .rstd2 = a->rstd2 + s * N, .h1 = a->h1 + s * N * F,
-                            .h3 = a->h3 + s * N * F, .out = a->res + (l + 1) * N * C};
+                            .h3 = a->h3 + s * N * F, .out = fx__res_at(m, a, l + 1)};
 }
 
 /* Layer l from its input res[l]; writes res[l+1] when write_out (a recomputation for the
@@ -643,13 +666,14 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
                      fx__park_fits(m);
     if (m->acts_parked)
         m->grads_zero = false;
-    fx__embed_forward(a.res, tokens, m->params, N, C);
+    m->res_two = !grad && m->recompute;
+    fx__embed_forward(fx__res_at(m, &a, 0), tokens, m->params, N, C);
     for (int64_t l = 0; l < c->layers; l++)
         if ((rc = fx__layer_hook(m, l, false)) != FX_OK || (rc = fx__layer_forward(m, &a, &call, l, true)) != FX_OK)
             return rc;
     if ((rc = fx__layer_hook(m, c->layers, false)) != FX_OK)
         return rc;
-    fx__rmsnorm_forward(a.xnf, a.rstdf, a.res + c->layers * N * C, fx__layer_base(m, false, c->layers), N, C,
+    fx__rmsnorm_forward(a.xnf, a.rstdf, fx__res_at(m, &a, c->layers), fx__layer_base(m, false, c->layers), N, C,
                         c->norm_eps);
     if (!targets)
         return FX_OK;
@@ -703,7 +727,7 @@ int fx__gpt_backward(fx__gpt *m)
     if ((rc = fx__layer_hook(m, c->layers, true)) != FX_OK)
         return rc;
     float *gn = fx__layer_base(m, true, c->layers);
-    fx__rmsnorm_backward(a.dres, gn, a.dxn, a.res + c->layers * N * C, fx__layer_base(m, false, c->layers), a.rstdf,
+    fx__rmsnorm_backward(a.dres, gn, a.dxn, fx__res_at(m, &a, c->layers), fx__layer_base(m, false, c->layers), a.rstdf,
                          N, C);
     fx__hook(m, (int)c->layers, gn, tn->numel);
 
@@ -716,12 +740,8 @@ int fx__gpt_backward(fx__gpt *m)
         if (m->recompute && !m->acts_parked && l < c->layers - 1 &&
             (rc = fx__layer_forward(m, &a, &call, l, false)) != FX_OK)
             return rc;
-        if (m->acts_parked && l < c->layers - 1) { /* layer l+1's activations, dead now */
-            fx__layer_acts parked;
-            float *region = fx__layer_base(m, true, l), *base = fx__park_base(m, l + 1);
-            size_t used = (size_t)(base - region) + fx__slot_carve(&parked, base, m);
-            memset(region, 0, used * sizeof(float));
-        }
+        if (m->acts_parked) /* what is parked in layer l's gradients is dead now */
+            fx__park_clear(m, &a, l);
         fx__layer_acts x = fx__layer_acts_at(m, &a, l);
         float *res = x.res, *xn1 = x.xn1, *rstd1 = x.rstd1, *q = x.q, *k = x.k, *v = x.v, *att = x.att;
         float *lse = x.lse, *resm = x.resm, *xn2 = x.xn2, *rstd2 = x.rstd2, *h1 = x.h1, *h3 = x.h3;

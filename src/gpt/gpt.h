@@ -130,6 +130,8 @@ typedef struct fx__gpt {
     bool acts_parked; /* this forward parked layers 1.. L-1's activations in the gradient
                          memory of the layer below (recompute with clear gradients): the
                          backward pass recomputes nothing */
+    bool res_two;     /* this forward (recompute, no gradients) kept only two residual
+                         streams, in turn */
 
     /* Activations for (B, T) and backward scratch: one buffer. */
     int64_t B, T;
