@@ -13,10 +13,11 @@
  * Activations are one more buffer sized up front for (B, T).
  *
  * A training step is, in order (the points where a multi-process trainer hooks in):
- *   fx__gpt_zero_grad; for each micro-batch: fx__gpt_forward, fx__gpt_backward (which calls
- *   the optional per-layer gradient hook as each layer's gradients become final);
- *   the gradient norm, then fx__gpt_adamw over the flat buffers (averaging and clipping
- *   folded into its gradient scale).
+ *   fx__gpt_zero_grad (unless grads_zero: the last optimizer pass cleared them); for each
+ *   micro-batch: fx__gpt_forward, fx__gpt_backward (which calls the optional per-layer
+ *   gradient hook as each layer's gradients become final); the gradient norm, then
+ *   fx__gpt_adamw over the flat buffers (averaging and clipping folded into its gradient
+ *   scale, the gradients cleared as they are read).
  */
 #ifndef FX_GPT_H
 #define FX_GPT_H
