@@ -62,6 +62,12 @@ check resume-switch 2 "$flexc" train --resume --adam-bf16 --out "$tmp/r" --quiet
 # Recomputing activations changes memory, not results.
 check recompute 0 "$flexc" train "${common[@]}" --steps 20 --recompute --out "$tmp/rc" --threads 1
 same recompute-same "$tmp/s/checkpoint.safetensors" "$tmp/rc/checkpoint.safetensors"
+# With one sequence per step, a layer's activations fit in the gradient memory of the layer
+# below: parked instead of recomputed, with the same results (and at 2 threads as at 1).
+one=(--model tiny --data "$tmp/corpus.txt" --batch 1 --seq 32 --lr 3e-3 --quiet --steps 6)
+check straight-b1 0 "$flexc" train "${one[@]}" --out "$tmp/s1" --threads 1
+check recompute-b1 0 "$flexc" train "${one[@]}" --recompute --out "$tmp/rc1" --threads 2
+same recompute-parked-same "$tmp/s1/checkpoint.safetensors" "$tmp/rc1/checkpoint.safetensors"
 
 # ---- 1 and 2 threads agree bitwise, for each attention mask ----
 for attn in causal document sliding:8 dense; do

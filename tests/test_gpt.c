@@ -125,12 +125,10 @@ static void test_rope(void)
 
 static void test_swiglu(void)
 {
-    int64_t n = 200;
+    int64_t n = 203; /* vector bodies and a tail */
     float *a = fxt_random((size_t)n, -4, 4, 5), *b = fxt_random((size_t)n, -2, 2, 6);
-    float *o = fxt_guarded((size_t)n), *g = fxt_random((size_t)n, -1, 1, 7);
-    float *da = fxt_guarded((size_t)n), *db = fxt_guarded((size_t)n);
-    fx__swiglu_forward(o, a, b, n);
-    fx__swiglu_backward(da, db, g, a, b, n);
+    float *g = fxt_random((size_t)n, -1, 1, 7);
+    a[3] = -30.0f, a[4] = 30.0f, a[5] = -100.0f, a[6] = 0.0f; /* saturated sigmoid both ways */
     double *ro = fxt_alloc_f64((size_t)n), *rda = fxt_alloc_f64((size_t)n), *rdb = fxt_alloc_f64((size_t)n);
     for (int64_t i = 0; i < n; i++) {
         double s = 1 / (1 + exp(-(double)a[i])), h = 1e-4;
@@ -140,10 +138,28 @@ static void test_swiglu(void)
         rda[i] = g[i] * (fp - fm) / (2 * h);
         rdb[i] = g[i] * a[i] * s;
     }
-    fxt_close_f32("swiglu", o, ro, (size_t)n, 1e-6, 1e-5);
-    fxt_close_f32("swiglu da", da, rda, (size_t)n, 1e-5, 1e-4);
-    fxt_close_f32("swiglu db", db, rdb, (size_t)n, 1e-6, 1e-5);
-    fxt_guarded_free("o", o), fxt_guarded_free("da", da), fxt_guarded_free("db", db);
+    const fx_isa isas[] = {FX_ISA_SCALAR, FX_ISA_AVX2, FX_ISA_AVX512};
+    fx_isa best = fx_get_isa();
+    char what[64];
+    for (size_t t = 0; t < sizeof isas / sizeof isas[0]; t++) {
+        if (fx_set_isa(isas[t]) != FX_OK)
+            continue;
+        float *o = fxt_guarded((size_t)n), *da = fxt_guarded((size_t)n), *db = fxt_guarded((size_t)n);
+        fx__swiglu_forward(o, a, b, n);
+        fx__swiglu_backward(da, db, g, a, b, n);
+        snprintf(what, sizeof what, "swiglu [%s]", fx_isa_name(isas[t]));
+        fxt_close_f32(what, o, ro, (size_t)n, 1e-6, 1e-5);
+        fxt_close_f32(what, da, rda, (size_t)n, 1e-5, 1e-4);
+        fxt_close_f32(what, db, rdb, (size_t)n, 1e-6, 1e-5);
+        /* In place over a and b (the model's backward does this): the same values. */
+        float *ia = fxt_guarded_copy(a, (size_t)n), *ib = fxt_guarded_copy(b, (size_t)n);
+        fx__swiglu_backward(ia, ib, g, ia, ib, n);
+        fxt_bitwise_f32(what, ia, da, (size_t)n);
+        fxt_bitwise_f32(what, ib, db, (size_t)n);
+        fxt_guarded_free("ia", ia), fxt_guarded_free("ib", ib);
+        fxt_guarded_free("o", o), fxt_guarded_free("da", da), fxt_guarded_free("db", db);
+    }
+    fx_set_isa(best);
     free(a), free(b), free(g), free(ro), free(rda), free(rdb);
 }
 
@@ -427,10 +443,12 @@ static void test_recompute_bitwise(void)
         FXT_OK(fx__gpt_forward(b, tok, tgt, &lb, true));
         FXT_OK(fx__gpt_backward(b));
         FXT_CHECK(la == lb);
+        FXT_CHECK(!b->acts_parked); /* this model's layers are too small to park 32 tokens */
         fxt_bitwise_f32(masks[mi], b->grads, a->grads, a->lay.total);
         fx__gpt_free(a), fx__gpt_free(b);
     }
 }
+
 
 /* The gradient hook sees every region once, in the documented order, after it is final. */
 typedef struct hook_log {
@@ -655,6 +673,95 @@ static void test_adamw_bf16(void)
     fx__gpt_free(m);
 }
 
+/* The optimizer's element loops and the gradient norm's sum: every vector path bitwise equal
+   to the scalar reference (which the tests above check against float64), including the
+   tails, bfloat16 rounding of NaN and infinities, and the fused clearing of the gradients. */
+static void test_optim_kernels(void)
+{
+    const int64_t n = 16 * 70 + 13;
+    float *g0 = fxt_random((size_t)n, -2, 2, 91), *p0 = fxt_random((size_t)n, -1, 1, 92);
+    float *m0 = fxt_random((size_t)n, -0.5f, 0.5f, 93), *v0 = fxt_random((size_t)n, 0, 0.5f, 94);
+    g0[5] = NAN, g0[17] = INFINITY, g0[40] = 0.0f, g0[41] = -0.0f, g0[n - 1] = 1e-30f;
+    uint16_t *m16 = malloc((size_t)n * 2), *v16 = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++)
+        m16[i] = fx_f32_to_bf16(m0[i]), v16[i] = fx_f32_to_bf16(v0[i]);
+    fx__adamw o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_scale = 0.7f};
+    const fx_isa isas[] = {FX_ISA_AVX2, FX_ISA_AVX512};
+    void (*f32s[])(float *, float *, float *, float *, int64_t, const fx__adamw_k *) = {fx__adamw_f32_avx2,
+                                                                                     fx__adamw_f32_avx512};
+    void (*bf16s[])(float *, float *, uint16_t *, uint16_t *, int64_t, const fx__adamw_k *) = {
+        fx__adamw_bf16_avx2, fx__adamw_bf16_avx512};
+    double (*sumsqs[])(const float *, int64_t) = {fx__sumsq_avx2, fx__sumsq_avx512};
+    fx_isa best = fx_get_isa();
+    int ran = 0;
+    for (int zero = 0; zero < 2; zero++) {
+        o.zero_grad = zero;
+        fx__adamw_k k = fx__adamw_consts(&o, 0.1f, 3);
+        /* The reference: the scalar loops. */
+        float *rp = fxt_guarded_copy(p0, (size_t)n), *rg = fxt_guarded_copy(g0, (size_t)n);
+        float *rm = fxt_guarded_copy(m0, (size_t)n), *rv = fxt_guarded_copy(v0, (size_t)n);
+        float *bp = fxt_guarded_copy(p0, (size_t)n), *bg = fxt_guarded_copy(g0, (size_t)n);
+        uint16_t *bm = malloc((size_t)n * 2), *bv = malloc((size_t)n * 2);
+        memcpy(bm, m16, (size_t)n * 2), memcpy(bv, v16, (size_t)n * 2);
+        fx__adamw_f32_scalar(rp, rg, rm, rv, n, &k);
+        fx__adamw_bf16_scalar(bp, bg, bm, bv, n, &k);
+        for (int64_t i = 0; i < n; i++)
+            if ((zero && (rg[i] != 0.0f || bg[i] != 0.0f)) || (!zero && (memcmp(&rg[i], &g0[i], 4) || memcmp(&bg[i], &g0[i], 4)))) {
+                FXT_FAIL("scalar adamw gradient %lld: %g (zero_grad %d)", (long long)i, (double)rg[i], zero);
+                break;
+            }
+        FXT_CHECK(bm[5] == 0x7fc0 || (bm[5] & 0x7f80) == 0x7f80); /* a NaN gradient stays NaN */
+        FXT_CHECK(isnan(rp[5]) && isnan(bp[5]));
+        double ref = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            ref += (double)p0[i] * p0[i];
+        double sref = fx__sumsq_scalar(p0, n);
+        FXT_NEAR(sref, ref, 0, 1e-13);
+        for (size_t t = 0; t < sizeof isas / sizeof isas[0]; t++) {
+            if (fx_set_isa(isas[t]) != FX_OK)
+                continue;
+            ran++;
+            char what[96];
+            float *p = fxt_guarded_copy(p0, (size_t)n), *g = fxt_guarded_copy(g0, (size_t)n);
+            float *mm = fxt_guarded_copy(m0, (size_t)n), *vv = fxt_guarded_copy(v0, (size_t)n);
+            f32s[t](p, g, mm, vv, n, &k);
+            snprintf(what, sizeof what, "adamw f32 [%s] zero_grad %d", fx_isa_name(isas[t]), zero);
+            fxt_bitwise_f32(what, p, rp, (size_t)n);
+            fxt_bitwise_f32(what, g, rg, (size_t)n);
+            fxt_bitwise_f32(what, mm, rm, (size_t)n);
+            fxt_bitwise_f32(what, vv, rv, (size_t)n);
+            fxt_guarded_free(what, p), fxt_guarded_free(what, g), fxt_guarded_free(what, mm), fxt_guarded_free(what, vv);
+            p = fxt_guarded_copy(p0, (size_t)n), g = fxt_guarded_copy(g0, (size_t)n);
+            uint16_t *m2 = malloc((size_t)n * 2), *v2 = malloc((size_t)n * 2);
+            memcpy(m2, m16, (size_t)n * 2), memcpy(v2, v16, (size_t)n * 2);
+            bf16s[t](p, g, m2, v2, n, &k);
+            snprintf(what, sizeof what, "adamw bf16 [%s] zero_grad %d", fx_isa_name(isas[t]), zero);
+            fxt_bitwise_f32(what, p, bp, (size_t)n);
+            fxt_bitwise_f32(what, g, bg, (size_t)n);
+            FXT_CHECK(!memcmp(m2, bm, (size_t)n * 2) && !memcmp(v2, bv, (size_t)n * 2));
+            fxt_guarded_free(what, p), fxt_guarded_free(what, g);
+            free(m2), free(v2);
+            /* Every length, so each tail is covered. */
+            for (int64_t len = 0; len <= 40; len++) {
+                double a = fx__sumsq_scalar(p0 + 3, len), b = sumsqs[t](p0 + 3, len);
+                if (memcmp(&a, &b, sizeof a)) {
+                    FXT_FAIL("sumsq [%s] n %lld: %.17g vs scalar %.17g", fx_isa_name(isas[t]), (long long)len, b, a);
+                    break;
+                }
+            }
+            double sv = sumsqs[t](p0, n);
+            FXT_CHECK(!memcmp(&sv, &sref, sizeof sv));
+        }
+        fx_set_isa(best);
+        fxt_guarded_free("ref", rp), fxt_guarded_free("ref", rg), fxt_guarded_free("ref", rm), fxt_guarded_free("ref", rv);
+        fxt_guarded_free("ref", bp), fxt_guarded_free("ref", bg);
+        free(bm), free(bv);
+    }
+    if (!ran)
+        fprintf(stderr, "  (no vector path on this CPU: scalar only)\n");
+    free(g0), free(p0), free(m0), free(v0), free(m16), free(v16);
+}
+
 /* ---- data ------------------------------------------------------------------------------------- */
 
 static char tmpdir[256];
@@ -824,6 +931,88 @@ static void test_resume_bitwise(void)
 }
 
 /* 1 and 2 threads give bitwise the same training, for every mask. */
+/* Recompute with parked activations (a model whose layers' gradient memory holds a layer's
+   activations): training steps with two micro-batches (the first parks, the second, on
+   gradients no longer clear, recomputes) give bitwise the weights and losses of keeping
+   every activation, and a forward and backward on clear gradients gives their gradients. */
+static void test_recompute_parked(void)
+{
+    fx__gpt_data d = corpus();
+    const char *masks[] = {"causal", "document"};
+    for (int mi = 0; mi < 2; mi++) {
+        fx__gpt *m[2] = {NULL, NULL};
+        float l[2][4];
+        for (int v = 0; v < 2; v++) {
+            fx__gpt_config c = small_cfg();
+            c.layers = 3, c.dim = 64, c.heads = 4, c.kv_heads = 2, c.ffn = 160;
+            FXT_OK(fx__gpt_create(&m[v], &c, 6));
+            if (!m[v])
+                break;
+            FXT_OK(fx__gpt_mask_parse(masks[mi], &m[v]->mask, &m[v]->window));
+            m[v]->recompute = v == 1;
+            FXT_OK(fx__gpt_alloc_train(m[v]));
+            fx__gpt_train_state s = train_state();
+            run_steps(m[v], &d, &s, 3, l[v]);
+            /* One more forward and backward by hand, on clear gradients. */
+            int32_t tok[32], tgt[32];
+            make_batch(2, 16, c.vocab, 13, tok, tgt, true);
+            fx__gpt_zero_grad(m[v]);
+            float loss;
+            FXT_OK(fx__gpt_forward(m[v], tok, tgt, &loss, true));
+            FXT_CHECK(m[v]->acts_parked == (v == 1));
+            FXT_OK(fx__gpt_backward(m[v]));
+            /* A forward pass without gradients (two residual streams in turn with recompute). */
+            FXT_OK(fx__gpt_forward(m[v], tok, tgt, &l[v][3], false));
+        }
+        if (m[0] && m[1]) {
+            fxt_bitwise_f32(masks[mi], m[1]->params, m[0]->params, m[0]->lay.total);
+            fxt_bitwise_f32("losses", l[1], l[0], 4); /* the last: the forward without gradients */
+            fxt_bitwise_f32("gradients", m[1]->grads, m[0]->grads, m[0]->lay.total);
+        }
+        fx__gpt_free(m[0]), fx__gpt_free(m[1]);
+    }
+    fx__gpt_data_free(&d);
+}
+
+/* The training step leaves the gradients cleared by the optimizer's pass and skips its own
+   zeroing then; gradients written by anything else are zeroed first. */
+static void test_step_zeroing(void)
+{
+    fx__gpt_data d = corpus();
+    float *p[2] = {NULL, NULL}, l[2][2];
+    for (int v = 0; v < 2; v++) {
+        fx__gpt_config c = small_cfg();
+        fx__gpt *m = NULL;
+        FXT_OK(fx__gpt_create(&m, &c, 5));
+        if (!m)
+            break;
+        FXT_OK(fx__gpt_alloc_train(m));
+        FXT_CHECK(m->grads_zero);
+        fx__gpt_train_state s = train_state();
+        run_steps(m, &d, &s, 1, l[v]);
+        size_t nz = 0;
+        for (size_t i = 0; i < m->lay.total; i++)
+            nz += m->grads[i] != 0.0f;
+        FXT_EQ_INT(nz, 0);
+        FXT_CHECK(m->grads_zero);
+        if (v == 1) { /* stale gradients, as a caller's own forward and backward leave them */
+            fx_rng_fill_uniform(m->grads, (int64_t)m->lay.total, -1, 1, 3, 0);
+            m->grads_zero = false;
+        }
+        run_steps(m, &d, &s, 1, l[v] + 1);
+        p[v] = malloc(m->lay.total * sizeof(float));
+        if (p[v])
+            memcpy(p[v], m->params, m->lay.total * sizeof(float));
+        if (v == 1 && p[0] && p[1]) {
+            fxt_bitwise_f32("params after stale gradients", p[1], p[0], m->lay.total);
+            fxt_bitwise_f32("losses", l[1], l[0], 2);
+        }
+        fx__gpt_free(m);
+    }
+    free(p[0]), free(p[1]);
+    fx__gpt_data_free(&d);
+}
+
 static void test_threads_bitwise(void)
 {
     fx__gpt_data d = corpus();
@@ -912,16 +1101,19 @@ int main(int argc, char **argv)
     FXT_RUN(test_config_errors);
     FXT_RUN(test_adamw);
     FXT_RUN(test_adamw_bf16);
+    FXT_RUN(test_optim_kernels);
     FXT_RUN(test_data);
     FXT_RUN(test_gradcheck_ref);
     FXT_RUN(test_decode_ref);
     FXT_RUN(test_gradcheck_flex);
     FXT_RUN(test_flex_matches_reference);
     FXT_RUN(test_recompute_bitwise);
+    FXT_RUN(test_recompute_parked);
     FXT_RUN(test_grad_hook);
     FXT_RUN(test_decode_flex);
     FXT_RUN(test_resume_bitwise);
     FXT_RUN(test_threads_bitwise);
+    FXT_RUN(test_step_zeroing);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0)

@@ -16,8 +16,20 @@ typedef struct variant {
     fx__gpt_train_state s;
     size_t own_bytes;  /* the model's buffers: parameters, gradients, Adam, activations */
     size_t step_peak;  /* the most the library held during a step, beyond what was held before */
+    double phase[65][3]; /* each step's forward, backward, optimizer seconds (first: warm-up) */
+    int steps;
     int rc;
 } variant;
+
+/* Median seconds of phase k over the timed steps (the warm-up step left out). */
+static double phase_median(variant *v, int k)
+{
+    double x[64];
+    int n = 0;
+    for (int i = 1; i < v->steps; i++)
+        x[n++] = v->phase[i][k];
+    return n ? bench_median(x, n) : 0.0;
+}
 
 typedef struct bench_ctx {
     variant *v;
@@ -34,7 +46,13 @@ static void run_step(void *p)
     size_t cur, peak;
     fx_mem_stats(&cur, &peak);
     fx_mem_reset_peak();
-    v->rc = fx__gpt_train_step(v->m, c->d, &v->s, c->tok, c->tgt, NULL);
+    fx__gpt_step_info info;
+    v->rc = fx__gpt_train_step(v->m, c->d, &v->s, c->tok, c->tgt, &info);
+    if (!v->rc && v->steps < 65) {
+        for (int k = 0; k < 3; k++)
+            v->phase[v->steps][k] = info.time_s[k];
+        v->steps++;
+    }
     size_t cur2, peak2;
     fx_mem_stats(&cur2, &peak2);
     if (peak2 - cur > v->step_peak)
@@ -101,8 +119,9 @@ int bench_train(int argc, char **argv)
         return CLI_EXIT_USAGE;
     }
 
-    /* Random tokens: the speed and memory do not depend on the text. */
-    fx__gpt_data d = {.n = 1 << 20};
+    /* Random tokens: the speed and memory do not depend on the text. 64K tokens are plenty of
+       distinct windows, and keep the benchmark's own data out of the process's memory. */
+    fx__gpt_data d = {.n = (seq + 1) * 64 > (1 << 16) ? (seq + 1) * 64 : 1 << 16};
     d.n_train = d.n - (seq + 1);
     d.tok = malloc((size_t)d.n * sizeof *d.tok);
     int32_t *tok = malloc((size_t)(batch * seq) * sizeof *tok), *tgt = malloc((size_t)(batch * seq) * sizeof *tgt);
@@ -167,15 +186,19 @@ int bench_train(int argc, char **argv)
         double t = first == 0 ? ta : tb, mem = (double)(x->own_bytes + x->step_peak);
         if (json)
             printf("{\"case\":\"train\",\"variant\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"vocab\":%lld,"
-                   "\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"tokens_per_s\":%.1f,\"peak_bytes\":%.0f,"
-                   "\"max_rss_bytes\":%zu}\n",
+                   "\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"tokens_per_s\":%.1f,\"forward_s\":%.4f,"
+                   "\"backward_s\":%.4f,\"optimizer_s\":%.4f,\"peak_bytes\":%.0f,\"max_rss_bytes\":%zu}\n",
                    x->name, x->m->recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.vocab, (long long)batch, (long long)seq,
-                   fx_get_num_threads(), tokens / t, mem, bench_max_rss());
+                   fx_get_num_threads(), tokens / t, phase_median(x, 0), phase_median(x, 1), phase_median(x, 2), mem,
+                   bench_max_rss());
         else
             printf("train %s (%s): %.2fM params, batch %lld x %lld, %d threads: %.1f tokens/s, library peak %.1f MB, "
                    "process max RSS %.1f MB\n",
                    model, x->name, params / 1e6, (long long)batch, (long long)seq, fx_get_num_threads(), tokens / t,
                    mem / 1048576.0, (double)bench_max_rss() / 1048576.0);
+        if (!json)
+            printf("  per step (median): forward with the loss %.3f s, backward %.3f s, norm and optimizer %.3f s\n",
+                   phase_median(x, 0), phase_median(x, 1), phase_median(x, 2));
         exit_code = CLI_EXIT_OK;
         goto done;
     }

@@ -235,6 +235,7 @@ int fx__gpt_alloc_train(fx__gpt *m)
         m->norm_parts = NULL;
         return FX_ENOMEM;
     }
+    m->grads_zero = true;
     return FX_OK;
 }
 
@@ -256,9 +257,9 @@ typedef struct fx__acts {
     float *h3;    /* [L, N, F] up */
     float *xnf;   /* [N, C] */
     float *rstdf; /* [N] */
-    /* Scratch (forward and backward). */
-    float *sx, *sy; /* [N * max(F, QD)] */
-    float *sz1, *sz2; /* [N * max(F, QD + 2 KD)] */
+    /* Scratch (forward and backward): each use ends before the next begins; what would need
+       a second buffer goes to saved activations that are dead by then. */
+    float *work; /* [N * max(F, QD + 2 KD)] */
     float *dres, *dxn; /* [N, C]; dxn holds d(xnf) from forward to backward */
     float *logits; /* [N, V] unfused loss only */
     float *rowloss; /* [N] */
@@ -272,7 +273,7 @@ static void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, in
 {
     size_t N = (size_t)(B * T), L = recompute ? 1 : (size_t)c->layers, C = (size_t)c->dim, F = (size_t)c->ffn;
     size_t hd = C / (size_t)c->heads, QD = (size_t)c->heads * hd, KD = (size_t)c->kv_heads * hd;
-    size_t wide = F > QD ? F : QD, wider = F > QD + 2 * KD ? F : QD + 2 * KD;
+    size_t wide = F > QD + 2 * KD ? F : QD + 2 * KD;
     size_t off = 0;
 #define FX__CARVE(field, n) (a->field = base ? base + off : NULL, off += ((n) + 15) / 16 * 16)
     FX__CARVE(res, ((size_t)c->layers + 1) * N * C);
@@ -290,10 +291,7 @@ static void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, in
     FX__CARVE(h3, L * N * F);
     FX__CARVE(xnf, N * C);
     FX__CARVE(rstdf, N);
-    FX__CARVE(sx, N * wide);
-    FX__CARVE(sy, N * wide);
-    FX__CARVE(sz1, N * wider);
-    FX__CARVE(sz2, N * wider);
+    FX__CARVE(work, N * wide);
     FX__CARVE(dres, N * C);
     FX__CARVE(dxn, N * C);
     FX__CARVE(logits, unfused ? N * (size_t)c->vocab : 0);
@@ -501,16 +499,87 @@ typedef struct fx__layer_acts {
     float *res, *xn1, *rstd1, *q, *k, *v, *att, *lse, *resm, *xn2, *rstd2, *h1, *h3, *out;
 } fx__layer_acts;
 
+/* One layer's activations (all but its input and output) carved from base in slot order;
+   returns the floats used. */
+static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__gpt *m)
+{
+    const fx__gpt_config *c = &m->c;
+    size_t N = (size_t)(m->B * m->T), C = (size_t)c->dim, F = (size_t)c->ffn, Hq = (size_t)c->heads;
+    size_t QD = C, KD = (size_t)c->kv_heads * (C / Hq), off = 0;
+#define FX__SLOT(field, n) (x->field = base ? base + off : NULL, off += ((n) + 15) / 16 * 16)
+    FX__SLOT(xn1, N * C);
+    FX__SLOT(rstd1, N);
+    FX__SLOT(q, N * QD);
+    FX__SLOT(k, N * KD);
+    FX__SLOT(v, N * KD);
+    FX__SLOT(att, N * QD);
+    FX__SLOT(lse, N * Hq);
+    FX__SLOT(resm, N * C);
+    FX__SLOT(xn2, N * C);
+    FX__SLOT(rstd2, N);
+    FX__SLOT(h1, N * F);
+    FX__SLOT(h3, N * F);
+#undef FX__SLOT
+    return off;
+}
+
+/* With recompute, a step whose gradient buffer starts clear can park layer l's activations
+   (l >= 1) in the gradient memory of layer l-1: the backward pass reaches layer l-1's
+   gradients only after it is done with layer l, and clears what was parked just before.
+   The activations then need no recomputation, for no memory beyond the recompute slot
+   (layer 0's). The residual stream entering layer l goes after them, and the final norm's
+   input in layer L-1's region. Where a region is too small for this (many tokens per step
+   for the model's size), layers are recomputed as usual. */
+static float *fx__park_base(const fx__gpt *m, int64_t l)
+{
+    float *g = m->grads + fx__layer_first(m, l - 1)->offset;
+    return g + ((16 - ((uintptr_t)g / sizeof(float)) % 16) % 16); /* 64-byte aligned, as fx__alloc */
+}
+
+static bool fx__park_fits(const fx__gpt *m)
+{
+    fx__layer_acts x;
+    size_t region = fx__layer_first(m, 1)->offset - fx__layer_first(m, 0)->offset;
+    size_t stream = ((size_t)(m->B * m->T * m->c.dim) + 15) / 16 * 16;
+    return m->c.layers > 1 && fx__slot_carve(&x, NULL, m) + stream + 16 <= region;
+}
+
+/* The residual stream entering layer l (l == layers: the final norm's input): parked, or
+   in the activation buffer; a forward pass without gradients keeps only two, in turn. */
+static float *fx__res_at(const fx__gpt *m, const fx__acts *a, int64_t l)
+{
+    int64_t NC = m->B * m->T * m->c.dim;
+    if (m->acts_parked && l >= 1) {
+        fx__layer_acts x;
+        return fx__park_base(m, l) + (l == m->c.layers ? 0 : fx__slot_carve(&x, NULL, m));
+    }
+    return a->res + (m->res_two ? l % 2 : l) * NC;
+}
+
+/* Clears what is parked in layer l's gradient memory (layer l+1's activations and input,
+   or the final norm's input when l is the last layer), before its gradients go there. */
+static void fx__park_clear(const fx__gpt *m, const fx__acts *a, int64_t l)
+{
+    float *region = fx__layer_base(m, true, l);
+    float *end = fx__res_at(m, a, l + 1) + m->B * m->T * m->c.dim;
+    memset(region, 0, (size_t)(end - region) * sizeof(float));
+}
+
 static fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l)
 {
     const fx__gpt_config *c = &m->c;
     int64_t N = m->B * m->T, C = c->dim, F = c->ffn, Hq = c->heads, hd = C / Hq, QD = Hq * hd;
     int64_t KD = c->kv_heads * hd, s = m->recompute ? 0 : l;
-    return (fx__layer_acts){.res = a->res + l * N * C, .xn1 = a->xn1 + s * N * C, .rstd1 = a->rstd1 + s * N,
+    if (m->acts_parked && l >= 1) {
+        fx__layer_acts x = {.res = fx__res_at(m, a, l), .out = fx__res_at(m, a, l + 1)};
+        fx__slot_carve(&x, fx__park_base(m, l), m);
+        return x;
+    }
+    return (fx__layer_acts){.res = fx__res_at(m, a, l), .xn1 = a->xn1 + s * N * C, .rstd1 = a->rstd1 + s * N,
                             .q = a->q + s * N * QD, .k = a->k + s * N * KD, .v = a->v + s * N * KD,
                             .att = a->att + s * N * QD, .lse = a->lse + s * N * Hq, .resm = a->resm + s * N * C,
                             .xn2 = a->xn2 + s * N * C, .rstd2 = a->rstd2 + s * N, .h1 = a->h1 + s * N * F,
-                            .h3 = a->h3 + s * N * F, .out = a->res + (l + 1) * N * C};
+                            .h3 = a->h3 + s * N * F, .out = fx__res_at(m, a, l + 1)};
 }
 
 /* Layer l from its input res[l]; writes res[l+1] when write_out (a recomputation for the
@@ -524,7 +593,7 @@ static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call 
     fx__layer_acts x = fx__layer_acts_at(m, a, l);
 
     fx__rmsnorm_forward(x.xn1, x.rstd1, x.res, p.ln1, N, C, c->norm_eps);
-    float *qt = a->sz2, *kt = a->sz2 + N * QD, *vt = a->sz2 + N * (QD + KD);
+    float *qt = a->work, *kt = a->work + N * QD, *vt = a->work + N * (QD + KD);
     fx__linear(qt, x.xn1, p.wq, N, C, QD, false);
     fx__linear(kt, x.xn1, p.wk, N, C, KD, false);
     fx__linear(vt, x.xn1, p.wv, N, C, KD, false);
@@ -536,9 +605,9 @@ static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call 
     if (rc)
         return fx__error_context(rc, "layer %lld attention", (long long)l);
     fx__progress_point(m);
-    fx__from_heads(a->sx, x.att, B, T, Hq, hd);
+    fx__from_heads(a->work, x.att, B, T, Hq, hd);
     memcpy(x.resm, x.res, (size_t)(N * C) * sizeof(float));
-    fx__linear(x.resm, a->sx, p.wo, N, QD, C, true);
+    fx__linear(x.resm, a->work, p.wo, N, QD, C, true);
     fx__progress_point(m);
 
     fx__rmsnorm_forward(x.xn2, x.rstd2, x.resm, p.ln2, N, C, c->norm_eps);
@@ -546,11 +615,25 @@ static int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call 
     fx__linear(x.h3, x.xn2, p.w3, N, C, F, false);
     fx__progress_point(m);
     if (write_out) {
-        fx__swiglu_forward(a->sx, x.h1, x.h3, N * F);
+        fx__swiglu_forward(a->work, x.h1, x.h3, N * F);
         memcpy(x.out, x.resm, (size_t)(N * C) * sizeof(float));
-        fx__linear(x.out, a->sx, p.w2, N, F, C, true);
+        fx__linear(x.out, a->work, p.w2, N, F, C, true);
     }
     return FX_OK;
+}
+
+/* Tokens per chunk of the fused loss. Each chunk reads the embedding twice (logits, then
+   d(h)) and its gradient once, so at a GPT-2 vocabulary the number of chunks, not the
+   arithmetic, sets the loss's time: the loss's automatic tile (under 1/32 of the logits)
+   would take 16 rows at a time. A tile of at most 26 MB lets the 256 tokens of a B=4,
+   T=64 step go in two chunks (a third of the time of sixteen); the chunks are made equal,
+   so none is a sliver of a few rows. */
+static int64_t fx__loss_chunk(int64_t N, int64_t V)
+{
+    int64_t rows = (int64_t)(26u << 20) / (4 * V);
+    rows = rows < 16 ? 16 : rows;
+    int64_t chunks = (N + rows - 1) / rows;
+    return (N + chunks - 1) / chunks;
 }
 
 int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
@@ -587,13 +670,20 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     if (rc)
         return rc;
 
-    fx__embed_forward(a.res, tokens, m->params, N, C);
+    /* Parking needs gradient memory known to be clear and laid out flat, and no hooks that
+       might read it (multi-process training). */
+    m->acts_parked = grad && m->recompute && m->grads_zero && !m->hook && !m->layer_grads && !m->layer_hook &&
+                     fx__park_fits(m);
+    if (m->acts_parked)
+        m->grads_zero = false;
+    m->res_two = !grad && m->recompute;
+    fx__embed_forward(fx__res_at(m, &a, 0), tokens, m->params, N, C);
     for (int64_t l = 0; l < c->layers; l++)
         if ((rc = fx__layer_hook(m, l, false)) != FX_OK || (rc = fx__layer_forward(m, &a, &call, l, true)) != FX_OK)
             return rc;
     if ((rc = fx__layer_hook(m, c->layers, false)) != FX_OK)
         return rc;
-    fx__rmsnorm_forward(a.xnf, a.rstdf, a.res + c->layers * N * C, fx__layer_base(m, false, c->layers), N, C,
+    fx__rmsnorm_forward(a.xnf, a.rstdf, fx__res_at(m, &a, c->layers), fx__layer_base(m, false, c->layers), N, C,
                         c->norm_eps);
     if (!targets)
         return FX_OK;
@@ -603,17 +693,15 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     if (m->loss_impl == FX__GPT_LOSS_UNFUSED) {
         l_out = fx__loss_unfused(a.logits, a.rowloss, a.xnf, m->params, m->targets, N, C, V, dxnf, dwte);
     } else {
-        /* The loss's automatic tile stays under 1/32 of the logits; for a step's few hundred
-           tokens at a GPT-2 vocabulary that is 16 rows, too thin for fast GEMMs (about 13%
-           slower per step). A 16 MB tile is still far below the logits. */
-        const int64_t tile_rows = (int64_t)(16u << 20) / (4 * V);
         fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN,
-                    .chunk = tile_rows < 16 ? 16 : tile_rows};
+                    .chunk = fx__loss_chunk(N, V)};
         rc = fx_linear_cross_entropy(&p, a.xnf, m->params, NULL, m->targets, &l_out, NULL, dxnf, dwte, NULL);
         if (rc)
             return fx__error_context(rc, "loss");
     }
     m->grad_ready = grad;
+    if (grad)
+        m->grads_zero = false;
     if (loss)
         *loss = l_out;
     return FX_OK;
@@ -632,6 +720,7 @@ int fx__gpt_backward(fx__gpt *m)
     if (!m || !m->grads || !m->acts || !m->grad_ready)
         return fx__error(FX_EINVAL, "fx__gpt_backward: no forward with gradients before it");
     m->grad_ready = false;
+    m->grads_zero = false;
     const fx__gpt_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
     int64_t Hq = c->heads, Hkv = c->kv_heads, hd = C / Hq, QD = Hq * hd, KD = Hkv * hd;
@@ -648,7 +737,7 @@ int fx__gpt_backward(fx__gpt *m)
     if ((rc = fx__layer_hook(m, c->layers, true)) != FX_OK)
         return rc;
     float *gn = fx__layer_base(m, true, c->layers);
-    fx__rmsnorm_backward(a.dres, gn, a.dxn, a.res + c->layers * N * C, fx__layer_base(m, false, c->layers), a.rstdf,
+    fx__rmsnorm_backward(a.dres, gn, a.dxn, fx__res_at(m, &a, c->layers), fx__layer_base(m, false, c->layers), a.rstdf,
                          N, C);
     fx__hook(m, (int)c->layers, gn, tn->numel);
 
@@ -656,19 +745,25 @@ int fx__gpt_backward(fx__gpt *m)
         if ((rc = fx__layer_hook(m, l, true)) != FX_OK)
             return rc;
         fx__layer_params p = fx__layer(m, false, l), g = fx__layer(m, true, l);
-        if (m->recompute && (rc = fx__layer_forward(m, &a, &call, l, false)) != FX_OK)
+        /* The forward pass leaves the last layer's activations in the recompute slot (and
+           layer 0's when the others are parked). */
+        if (m->recompute && !m->acts_parked && l < c->layers - 1 &&
+            (rc = fx__layer_forward(m, &a, &call, l, false)) != FX_OK)
             return rc;
+        if (m->acts_parked) /* what is parked in layer l's gradients is dead now */
+            fx__park_clear(m, &a, l);
         fx__layer_acts x = fx__layer_acts_at(m, &a, l);
         float *res = x.res, *xn1 = x.xn1, *rstd1 = x.rstd1, *q = x.q, *k = x.k, *v = x.v, *att = x.att;
         float *lse = x.lse, *resm = x.resm, *xn2 = x.xn2, *rstd2 = x.rstd2, *h1 = x.h1, *h3 = x.h3;
 
-        /* MLP: out = resm + swiglu(h1, h3) W2^T, dres holds d(out). */
-        fx__swiglu_forward(a.sx, h1, h3, N * F);
-        fx__sgemm(true, false, C, F, N, 1.0f, a.dres, C, a.sx, F, 1.0f, g.w2, F);
-        fx__sgemm(false, false, N, F, C, 1.0f, a.dres, C, p.w2, F, 0.0f, a.sy, F);
+        /* MLP: out = resm + swiglu(h1, h3) W2^T, dres holds d(out). The gradients of h1
+           and h3 replace them (their last use). */
+        fx__swiglu_forward(a.work, h1, h3, N * F);
+        fx__sgemm(true, false, C, F, N, 1.0f, a.dres, C, a.work, F, 1.0f, g.w2, F);
+        fx__sgemm(false, false, N, F, C, 1.0f, a.dres, C, p.w2, F, 0.0f, a.work, F);
         fx__progress_point(m);
-        float *dh1 = a.sz1, *dh3 = a.sz2;
-        fx__swiglu_backward(dh1, dh3, a.sy, h1, h3, N * F);
+        float *dh1 = h1, *dh3 = h3;
+        fx__swiglu_backward(dh1, dh3, a.work, h1, h3, N * F);
         fx__linear_backward(a.dxn, g.w1, dh1, xn2, p.w1, N, C, F, false);
         fx__progress_point(m);
         fx__linear_backward(a.dxn, g.w3, dh3, xn2, p.w3, N, C, F, true);
@@ -676,16 +771,19 @@ int fx__gpt_backward(fx__gpt *m)
         fx__progress_point(m);
 
         /* Attention: resm = res + from_heads(att) Wo^T, dres holds d(resm). */
-        fx__from_heads(a.sx, att, B, T, Hq, hd);
-        fx__sgemm(true, false, C, QD, N, 1.0f, a.dres, C, a.sx, QD, 1.0f, g.wo, QD);
-        fx__sgemm(false, false, N, QD, C, 1.0f, a.dres, C, p.wo, QD, 0.0f, a.sx, QD);
+        /* d(att) goes to xn2's slot ([N, C], dead now), and the projections' gradients to
+           q, k and v once the attention's backward has read them. */
+        float *datt = xn2;
+        fx__from_heads(a.work, att, B, T, Hq, hd);
+        fx__sgemm(true, false, C, QD, N, 1.0f, a.dres, C, a.work, QD, 1.0f, g.wo, QD);
+        fx__sgemm(false, false, N, QD, C, 1.0f, a.dres, C, p.wo, QD, 0.0f, a.work, QD);
         fx__progress_point(m);
-        fx__to_heads(a.sy, a.sx, B, T, Hq, hd);
-        float *dq = a.sz1, *dk = a.sz1 + N * QD, *dv = a.sz1 + N * (QD + KD);
-        if ((rc = fx__attn_bwd(m, &call, q, k, v, att, lse, a.sy, dq, dk, dv)) != FX_OK)
+        fx__to_heads(datt, a.work, B, T, Hq, hd);
+        float *dq = a.work, *dk = a.work + N * QD, *dv = a.work + N * (QD + KD);
+        if ((rc = fx__attn_bwd(m, &call, q, k, v, att, lse, datt, dq, dk, dv)) != FX_OK)
             return fx__error_context(rc, "layer %lld attention backward", (long long)l);
         fx__progress_point(m);
-        float *dqt = a.sz2, *dkt = a.sz2 + N * QD, *dvt = a.sz2 + N * (QD + KD);
+        float *dqt = q, *dkt = k, *dvt = v;
         fx__rope_backward(dqt, dq, m->rope, B, T, Hq, hd);
         fx__rope_backward(dkt, dk, m->rope, B, T, Hkv, hd);
         fx__from_heads(dvt, dv, B, T, Hkv, hd);
@@ -708,22 +806,41 @@ void fx__gpt_zero_grad(fx__gpt *m)
 {
     if (m->grads)
         memset(m->grads, 0, m->lay.total * sizeof(float));
+    m->grads_zero = m->grads != NULL;
 }
 
 /* ---- optimizer --------------------------------------------------------------------------------------- */
+
+double fx__sumsq_scalar(const float *g, int64_t n)
+{
+    double lane[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++)
+            lane[j] += (double)g[i + j] * g[i + j];
+    return fx__sumsq_finish(lane, g + i, n - i);
+}
+
+static double (*fx__sumsq_kernel(void))(const float *, int64_t)
+{
+    switch (fx__isa()) {
+    case FX_ISA_AVX512: return fx__sumsq_avx512;
+    case FX_ISA_AVX2: return fx__sumsq_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return fx__sumsq_scalar;
+}
 
 double fx__gpt_grad_norm(const fx__gpt *m)
 {
     size_t P = m->lay.total, nchunk = (P + FX__NORM_CHUNK - 1) / FX__NORM_CHUNK;
     const float *g = m->grads;
     double *parts = m->norm_parts;
+    double (*sumsq)(const float *, int64_t) = fx__sumsq_kernel();
 #pragma omp parallel for schedule(static)
     for (size_t ch = 0; ch < nchunk; ch++) {
         size_t i0 = ch * FX__NORM_CHUNK, i1 = i0 + FX__NORM_CHUNK < P ? i0 + FX__NORM_CHUNK : P;
-        double s = 0.0;
-        for (size_t i = i0; i < i1; i++)
-            s += (double)g[i] * g[i];
-        parts[ch] = s;
+        parts[ch] = sumsq(g + i0, (int64_t)(i1 - i0));
     }
     double total = 0.0;
     for (size_t ch = 0; ch < nchunk; ch++)
@@ -738,6 +855,7 @@ void fx__gpt_grad_scale(fx__gpt *m, float s)
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < P; i++)
         g[i] *= s;
+    m->grads_zero = false;
 }
 
 /* bfloat16 <-> float32 inline in the optimizer's loop (the same rounding as
@@ -759,46 +877,120 @@ static inline uint16_t fx__bf16_store(float f)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
+fx__adamw_k fx__adamw_consts(const fx__adamw *o, float wd, int64_t t)
 {
-    float bc1 = 1.0f - powf(o->beta1, (float)t), bc2 = 1.0f - powf(o->beta2, (float)t);
-    float gs = o->grad_scale != 0.0f ? o->grad_scale : 1.0f;
-    size_t P = m->lay.total;
-    for (size_t ti = 0; ti < m->lay.n; ti++) {
-        const fx__gpt_tensor *tt = &m->lay.t[ti];
-        float wd = tt->decay ? o->weight_decay : 0.0f;
-        float *p = m->params + tt->offset, *g = m->grads + tt->offset;
-        int64_t n = (int64_t)tt->numel;
-        if (m->adam16) {
-            uint16_t *mm = m->adam16 + tt->offset, *vv = m->adam16 + P + tt->offset;
-#pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < n; i++) {
-                float gi = g[i] * gs;
-                float mi = o->beta1 * fx__bf16_load(mm[i]) + (1.0f - o->beta1) * gi;
-                float vi = o->beta2 * fx__bf16_load(vv[i]) + (1.0f - o->beta2) * gi * gi;
-                mm[i] = fx__bf16_store(mi);
-                vv[i] = fx__bf16_store(vi);
-                p[i] -= o->lr * (mi / bc1 / (sqrtf(vi / bc2) + o->eps) + wd * p[i]);
-            }
-            continue;
-        }
-        fx__adamw_f32(p, g, m->adam + tt->offset, m->adam + P + tt->offset, n, o, wd, t);
+    return (fx__adamw_k){.gs = o->grad_scale != 0.0f ? o->grad_scale : 1.0f, .b1 = o->beta1,
+                         .nb1 = 1.0f - o->beta1, .b2 = o->beta2, .nb2 = 1.0f - o->beta2, .lr = o->lr,
+                         .bc1 = 1.0f - powf(o->beta1, (float)t), .bc2 = 1.0f - powf(o->beta2, (float)t),
+                         .eps = o->eps, .wd = wd, .zero_grad = o->zero_grad};
+}
+
+/* The reference loops. The vector twins repeat these operations in this order. */
+void fx__adamw_f32_scalar(float *p, float *g, float *mm, float *vv, int64_t n, const fx__adamw_k *k)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i] * k->gs;
+        float mi = k->b1 * mm[i] + k->nb1 * gi;
+        float vi = k->b2 * vv[i] + k->nb2 * gi * gi;
+        mm[i] = mi;
+        vv[i] = vi;
+        p[i] -= k->lr * (mi / k->bc1 / (sqrtf(vi / k->bc2) + k->eps) + k->wd * p[i]);
+        if (k->zero_grad)
+            g[i] = 0.0f;
     }
 }
 
-void fx__adamw_f32(float *p, const float *g, float *mm, float *vv, int64_t n, const fx__adamw *o, float wd, int64_t t)
+void fx__adamw_bf16_scalar(float *p, float *g, uint16_t *mm, uint16_t *vv, int64_t n, const fx__adamw_k *k)
 {
-    float bc1 = 1.0f - powf(o->beta1, (float)t), bc2 = 1.0f - powf(o->beta2, (float)t);
-    float gs = o->grad_scale != 0.0f ? o->grad_scale : 1.0f;
-#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float gi = g[i] * gs;
-        float mi = o->beta1 * mm[i] + (1.0f - o->beta1) * gi;
-        float vi = o->beta2 * vv[i] + (1.0f - o->beta2) * gi * gi;
-        mm[i] = mi;
-        vv[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        p[i] -= o->lr * (mhat / (sqrtf(vhat) + o->eps) + wd * p[i]);
+        float gi = g[i] * k->gs;
+        float mi = k->b1 * fx__bf16_load(mm[i]) + k->nb1 * gi;
+        float vi = k->b2 * fx__bf16_load(vv[i]) + k->nb2 * gi * gi;
+        mm[i] = fx__bf16_store(mi);
+        vv[i] = fx__bf16_store(vi);
+        p[i] -= k->lr * (mi / k->bc1 / (sqrtf(vi / k->bc2) + k->eps) + k->wd * p[i]);
+        if (k->zero_grad)
+            g[i] = 0.0f;
+    }
+}
+
+typedef void (*fx__adamw_f32_fn)(float *, float *, float *, float *, int64_t, const fx__adamw_k *);
+typedef void (*fx__adamw_bf16_fn)(float *, float *, uint16_t *, uint16_t *, int64_t, const fx__adamw_k *);
+
+static fx__adamw_f32_fn fx__adamw_f32_kernel(void)
+{
+    switch (fx__isa()) {
+    case FX_ISA_AVX512: return fx__adamw_f32_avx512;
+    case FX_ISA_AVX2: return fx__adamw_f32_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return fx__adamw_f32_scalar;
+}
+
+static fx__adamw_bf16_fn fx__adamw_bf16_kernel(void)
+{
+    switch (fx__isa()) {
+    case FX_ISA_AVX512: return fx__adamw_bf16_avx512;
+    case FX_ISA_AVX2: return fx__adamw_bf16_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return fx__adamw_bf16_scalar;
+}
+
+/* The optimizer walks the flat buffers in fixed blocks shared out statically: one parallel
+   pass over parameters, gradients and moments (it is memory-bound), whatever the tensors. */
+enum { FX__ADAM_BLOCK = 1 << 14 };
+
+/* The tensor holding float i of the flat buffer. */
+static size_t fx__tensor_at(const fx__gpt_layout *lay, size_t i)
+{
+    size_t lo = 0, hi = lay->n - 1;
+    while (lo < hi) {
+        size_t mid = (lo + hi + 1) / 2;
+        if (lay->t[mid].offset <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
+{
+    const fx__gpt_layout *lay = &m->lay;
+    size_t P = lay->total, nblk = (P + FX__ADAM_BLOCK - 1) / FX__ADAM_BLOCK;
+    const fx__adamw_k kd = fx__adamw_consts(o, o->weight_decay, t), k0 = fx__adamw_consts(o, 0.0f, t);
+    const fx__adamw_f32_fn f32 = fx__adamw_f32_kernel();
+    const fx__adamw_bf16_fn bf16 = fx__adamw_bf16_kernel();
+    float *params = m->params, *grads = m->grads, *adam = m->adam;
+    uint16_t *adam16 = m->adam16;
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nblk; b++) {
+        size_t i = b * FX__ADAM_BLOCK, end = i + FX__ADAM_BLOCK < P ? i + FX__ADAM_BLOCK : P;
+        for (size_t ti = fx__tensor_at(lay, i); i < end; ti++) {
+            const fx__gpt_tensor *tt = &lay->t[ti];
+            size_t e = tt->offset + tt->numel < end ? tt->offset + tt->numel : end;
+            const fx__adamw_k *k = tt->decay ? &kd : &k0;
+            if (adam16)
+                bf16(params + i, grads + i, adam16 + i, adam16 + P + i, (int64_t)(e - i), k);
+            else
+                f32(params + i, grads + i, adam + i, adam + P + i, (int64_t)(e - i), k);
+            i = e;
+        }
+    }
+    if (o->zero_grad)
+        m->grads_zero = true;
+}
+
+void fx__adamw_f32(float *p, float *g, float *mm, float *vv, int64_t n, const fx__adamw *o, float wd, int64_t t)
+{
+    const fx__adamw_k k = fx__adamw_consts(o, wd, t);
+    const fx__adamw_f32_fn f32 = fx__adamw_f32_kernel();
+    int64_t nblk = (n + FX__ADAM_BLOCK - 1) / FX__ADAM_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nblk; b++) {
+        int64_t i = b * FX__ADAM_BLOCK, e = i + FX__ADAM_BLOCK < n ? i + FX__ADAM_BLOCK : n;
+        f32(p + i, g + i, mm + i, vv + i, e - i, &k);
     }
 }
 

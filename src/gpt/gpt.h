@@ -13,10 +13,11 @@
  * Activations are one more buffer sized up front for (B, T).
  *
  * A training step is, in order (the points where a multi-process trainer hooks in):
- *   fx__gpt_zero_grad; for each micro-batch: fx__gpt_forward, fx__gpt_backward (which calls
- *   the optional per-layer gradient hook as each layer's gradients become final);
- *   the gradient norm, then fx__gpt_adamw over the flat buffers (averaging and clipping
- *   folded into its gradient scale).
+ *   fx__gpt_zero_grad (unless grads_zero: the last optimizer pass cleared them); for each
+ *   micro-batch: fx__gpt_forward, fx__gpt_backward (which calls the optional per-layer
+ *   gradient hook as each layer's gradients become final); the gradient norm, then
+ *   fx__gpt_adamw over the flat buffers (averaging and clipping folded into its gradient
+ *   scale, the gradients cleared as they are read).
  */
 #ifndef FX_GPT_H
 #define FX_GPT_H
@@ -127,6 +128,11 @@ typedef struct fx__gpt {
     fx__gpt_loss_impl loss_impl;
     bool recompute;   /* keep only each layer's input; backward recomputes the rest (set before
                          fx__gpt_set_batch): activation memory / (about) L, one more forward */
+    bool acts_parked; /* this forward parked layers 1.. L-1's activations in the gradient
+                         memory of the layer below (recompute with clear gradients): the
+                         backward pass recomputes nothing */
+    bool res_two;     /* this forward (recompute, no gradients) kept only two residual
+                         streams, in turn */
 
     /* Activations for (B, T) and backward scratch: one buffer. */
     int64_t B, T;
@@ -140,6 +146,10 @@ typedef struct fx__gpt {
     int64_t bmask_window;
     fx__gpt_mask_ctx mctx;
     double *norm_parts;   /* per-chunk partial sums of the gradient norm */
+    bool grads_zero;      /* the gradient buffer is all zeros: just allocated, zeroed, or
+                             cleared by an optimizer step with zero_grad (the training step
+                             then skips its own zeroing pass). Code that writes into grads
+                             directly must clear this. */
     bool grad_ready;      /* a forward with grad ran, and its backward has not */
 
     fx__gpt_grad_hook hook; /* called in backward when a layer's gradients are final */
@@ -188,6 +198,8 @@ typedef struct fx__adamw {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale; /* the gradient used is grads * grad_scale (0 means 1): averaging over
                          micro-batches and clipping, without a pass of their own */
+    bool zero_grad;   /* clear the gradients as they are read (fx__gpt_zero_grad's work, done
+                         in the optimizer's pass over the buffers) */
 } fx__adamw;
 
 /* sqrt(sum g^2) over the whole gradient buffer, in a fixed order. */
@@ -199,7 +211,38 @@ void fx__gpt_grad_scale(fx__gpt *m, float s);
 void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t);
 /* The float32 AdamW update of n elements at step t with decay wd (the loop of fx__gpt_adamw;
    sharded training runs it on its shard, with the same results element for element). */
-void fx__adamw_f32(float *p, const float *g, float *m, float *v, int64_t n, const fx__adamw *o, float wd, int64_t t);
+void fx__adamw_f32(float *p, float *g, float *m, float *v, int64_t n, const fx__adamw *o, float wd, int64_t t);
+/* The per-element AdamW update with its constants worked out once per step and tensor:
+   the element loops (a scalar reference and AVX2 / AVX-512 twins with bitwise the same
+   results) over n elements of p, g and the two moments. With zero_grad the loop also
+   clears g, so the next step needs no zeroing pass of its own. */
+typedef struct fx__adamw_k {
+    float gs, b1, nb1, b2, nb2, lr, bc1, bc2, eps, wd; /* nb1 = 1 - b1, bc1 = 1 - b1^t, ... */
+    bool zero_grad;
+} fx__adamw_k;
+fx__adamw_k fx__adamw_consts(const fx__adamw *o, float wd, int64_t t);
+void fx__adamw_f32_scalar(float *p, float *g, float *m, float *v, int64_t n, const fx__adamw_k *k);
+void fx__adamw_bf16_scalar(float *p, float *g, uint16_t *m, uint16_t *v, int64_t n, const fx__adamw_k *k);
+void fx__adamw_f32_avx2(float *p, float *g, float *m, float *v, int64_t n, const fx__adamw_k *k);
+void fx__adamw_bf16_avx2(float *p, float *g, uint16_t *m, uint16_t *v, int64_t n, const fx__adamw_k *k);
+void fx__adamw_f32_avx512(float *p, float *g, float *m, float *v, int64_t n, const fx__adamw_k *k);
+void fx__adamw_bf16_avx512(float *p, float *g, uint16_t *m, uint16_t *v, int64_t n, const fx__adamw_k *k);
+/* sum g[i]^2 in float64, in a fixed order that depends on n only: 16 lanes (element i in
+   lane i % 16, the tail of fewer than 16 in lanes 0..), then the lanes pairwise. The scalar
+   reference and its vector twins give bitwise the same sum. */
+double fx__sumsq_scalar(const float *g, int64_t n);
+double fx__sumsq_avx2(const float *g, int64_t n);
+double fx__sumsq_avx512(const float *g, int64_t n);
+/* The end of all three: adds the tail to lane[0..16) and sums the lanes pairwise. */
+static inline double fx__sumsq_finish(double *lane, const float *tail, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        lane[j] += (double)tail[j] * tail[j];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++)
+            lane[j] += lane[j + w];
+    return lane[0];
+}
 /* Linear warmup to lr, then cosine down to min_lr at step `total`. step counts from 0. */
 float fx__lr_schedule(int64_t step, int64_t warmup, int64_t total, float lr, float min_lr);
 
@@ -222,8 +265,16 @@ void fx__from_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H,
 void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta);
 /* out [N,F] = silu(a) * b */
 void fx__swiglu_forward(float *out, const float *a, const float *b, int64_t n);
-/* da, db [N,F] (overwritten) <- dout */
+/* da, db [N,F] (overwritten; may be a and b themselves) <- dout */
 void fx__swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
+/* The element loops of the two (no threads): the scalar reference and its vector twins
+   (a polynomial exp, within a few ulp of expf). */
+void fx__swiglu_forward_scalar(float *out, const float *a, const float *b, int64_t n);
+void fx__swiglu_backward_scalar(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
+void fx__swiglu_forward_avx2(float *out, const float *a, const float *b, int64_t n);
+void fx__swiglu_backward_avx2(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
+void fx__swiglu_forward_avx512(float *out, const float *a, const float *b, int64_t n);
+void fx__swiglu_backward_avx512(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
 /* out [N,C] = wte[tokens] */
 void fx__embed_forward(float *out, const int32_t *tokens, const float *wte, int64_t N, int64_t C);
 /* dwte [V,C] (+=) <- dout [N,C]; fixed order over tokens. */
@@ -320,6 +371,8 @@ typedef struct fx__gpt_step_info {
     float loss;       /* mean over the micro-batches */
     float lr;
     float grad_norm;  /* before clipping */
+    double time_s[3]; /* seconds in forward passes (with the loss and its gradient), backward
+                         passes, and the gradient norm and optimizer */
 } fx__gpt_step_info;
 
 /* One optimizer step from state s: accum micro-batches of (batch, seq) drawn from d with

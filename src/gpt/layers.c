@@ -139,23 +139,56 @@ void fx__from_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H,
 
 /* ---- SwiGLU ------------------------------------------------------------------------------- */
 
-void fx__swiglu_forward(float *out, const float *a, const float *b, int64_t n)
+void fx__swiglu_forward_scalar(float *out, const float *a, const float *b, int64_t n)
 {
-#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float s = 1.0f / (1.0f + expf(-a[i]));
         out[i] = a[i] * s * b[i];
     }
 }
 
-void fx__swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n)
+void fx__swiglu_backward_scalar(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n)
 {
-#pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float s = 1.0f / (1.0f + expf(-a[i]));
         float silu = a[i] * s;
-        da[i] = dout[i] * b[i] * (s + a[i] * s * (1.0f - s));
-        db[i] = dout[i] * silu;
+        float d = dout[i], y = b[i];
+        da[i] = d * y * (s + silu * (1.0f - s));
+        db[i] = d * silu;
+    }
+}
+
+/* Elements per task: fixed blocks (multiples of every vector width), so which elements a
+   vector loop's scalar tail handles does not depend on the thread count. */
+enum { FX__EW_BLOCK = 1 << 12 };
+
+void fx__swiglu_forward(float *out, const float *a, const float *b, int64_t n)
+{
+    void (*f)(float *, const float *, const float *, int64_t) = fx__swiglu_forward_scalar;
+    if (fx__isa() == FX_ISA_AVX512)
+        f = fx__swiglu_forward_avx512;
+    else if (fx__isa() == FX_ISA_AVX2)
+        f = fx__swiglu_forward_avx2;
+    int64_t nblk = (n + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t i = blk * FX__EW_BLOCK, len = n - i < FX__EW_BLOCK ? n - i : FX__EW_BLOCK;
+        f(out + i, a + i, b + i, len);
+    }
+}
+
+void fx__swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n)
+{
+    void (*f)(float *, float *, const float *, const float *, const float *, int64_t) = fx__swiglu_backward_scalar;
+    if (fx__isa() == FX_ISA_AVX512)
+        f = fx__swiglu_backward_avx512;
+    else if (fx__isa() == FX_ISA_AVX2)
+        f = fx__swiglu_backward_avx2;
+    int64_t nblk = (n + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t i = blk * FX__EW_BLOCK, len = n - i < FX__EW_BLOCK ? n - i : FX__EW_BLOCK;
+        f(da + i, db + i, dout + i, a + i, b + i, len);
     }
 }
 

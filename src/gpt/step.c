@@ -2,6 +2,14 @@
 #include "gpt.h"
 
 #include <math.h>
+#include <time.h>
+
+static double fx__seconds(void)
+{
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s, int32_t *tokens,
                        int32_t *targets, fx__gpt_step_info *info)
@@ -11,18 +19,23 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
     int rc = fx__gpt_set_batch(m, s->batch, s->seq);
     if (rc)
         return rc;
-    fx__gpt_zero_grad(m);
-    double loss = 0.0;
+    if (!m->grads_zero)
+        fx__gpt_zero_grad(m);
+    double loss = 0.0, t_fwd = 0.0, t_bwd = 0.0;
     for (int64_t a = 0; a < s->accum; a++) {
         fx__gpt_data_batch(d, &s->rng, s->batch, s->seq, tokens, targets);
         s->data_pos += s->batch;
         float l;
+        double t0 = fx__seconds();
         if ((rc = fx__gpt_forward(m, tokens, targets, &l, true)) != FX_OK)
             return rc;
+        double t1 = fx__seconds();
         if ((rc = fx__gpt_backward(m)) != FX_OK)
             return rc;
+        t_fwd += t1 - t0, t_bwd += fx__seconds() - t1;
         loss += l;
     }
+    double t_opt = fx__seconds();
     /* The gradient of the mean over micro-batches, clipped to the global norm: one scale
        that AdamW applies as it reads the gradients. */
     double norm = fx__gpt_grad_norm(m) / (double)s->accum, scale = 1.0 / (double)s->accum;
@@ -30,11 +43,12 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
         scale *= s->clip / norm;
     float lr = fx__lr_schedule(s->step, s->warmup, s->steps, s->lr, s->min_lr);
     fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f, .weight_decay = s->weight_decay,
-                   .grad_scale = (float)scale};
+                   .grad_scale = (float)scale, .zero_grad = true};
     fx__gpt_adamw(m, &o, s->step + 1);
     s->step++;
     if (info)
-        *info = (fx__gpt_step_info){.loss = (float)(loss / (double)s->accum), .lr = lr, .grad_norm = (float)norm};
+        *info = (fx__gpt_step_info){.loss = (float)(loss / (double)s->accum), .lr = lr, .grad_norm = (float)norm,
+                                    .time_s = {t_fwd, t_bwd, fx__seconds() - t_opt}};
     return FX_OK;
 }
 

@@ -1,0 +1,3 @@
+/* AVX2 SwiGLU loops; called only when fx_get_isa() allows. */
+#include "core/simd_avx2.h"
+#include "swiglu_simd.h"
