@@ -86,6 +86,31 @@ static inline __m256 sums_avx2(const __m256 *a)
 #define V_MLOAD(m, p) _mm256_maskload_ps(p, _mm256_castps_si256(m))
 #define V_MSTORE(p, m, x) _mm256_maskstore_ps(p, _mm256_castps_si256(m), x)
 #define V_SUMS(a) sums_avx2(a)
+#define V_SQRT(x) _mm256_sqrt_ps(x)
+#define V_BF16_LOAD(h) bf16_load_avx2(h)
+#define V_BF16_STORE(h, x) bf16_store_avx2(h, x)
+
+static inline __m256 bf16_load_avx2(const uint16_t *h)
+{
+    __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+/* Nearest even, NaN kept quiet (a quiet bit set), eight at a time. */
+static inline void bf16_store_avx2(uint16_t *h, __m256 f)
+{
+    __m256i u = _mm256_castps_si256(f);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), odd), 16);
+    /* |u| > 0x7f800000 as a signed compare: |u| has its sign bit clear. */
+    __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+    __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+    r = _mm256_blendv_epi8(r, q, nan);
+    /* Values fit 16 bits: pack within lanes, then gather the two 64-bit halves. */
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128((__m128i *)h, _mm256_castsi256_si128(packed));
+}
 
 #include "core/simd_math.h"
 

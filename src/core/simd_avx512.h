@@ -40,6 +40,28 @@ typedef __mmask16 vm;
 #define V_MLOAD(m, p) _mm512_maskz_loadu_ps(m, p)
 #define V_MSTORE(p, m, x) _mm512_mask_storeu_ps(p, m, x)
 #define V_SUMS(a) sums_avx512(a)
+#define V_SQRT(x) _mm512_sqrt_ps(x)
+#define V_BF16_LOAD(h) bf16_load_avx512(h)
+#define V_BF16_STORE(h, x) bf16_store_avx512(h, x)
+
+static inline __m512 bf16_load_avx512(const uint16_t *h)
+{
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)h));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+/* Nearest even, NaN kept quiet (a quiet bit set), sixteen at a time. */
+static inline void bf16_store_avx512(uint16_t *h, __m512 f)
+{
+    __m512i u = _mm512_castps_si512(f);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd), 16);
+    __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+    __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+    __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    r = _mm512_mask_mov_epi32(r, nan, q);
+    _mm256_storeu_si256((__m256i *)h, _mm512_cvtepi32_epi16(r));
+}
 
 /* Lane n of the result is the sum of a[n]'s lanes, for 16 vectors: a transpose-and-add tree
    (48 shuffles and adds instead of 16 full horizontal sums). */

@@ -11,6 +11,9 @@
      V_TAIL(n) -> vm     lanes [0, n) (n clamped to VL); V_MLOAD(m, p) loads those lanes (the
                          others 0) and V_MSTORE(p, m, x) stores them, touching no other memory
      V_SUMS(a)           lane n = the sum of a[n]'s lanes, for an array of VL vectors
+     V_SQRT(x)           the correctly rounded square root
+     V_BF16_LOAD(h), V_BF16_STORE(h, x)   VL bfloat16 values (uint16_t) from and to floats
+                         (stores round to nearest even and keep NaN quiet)
      SIMD_FN(name)       name with the path's suffix
    Include only from files built for that width (*_avx2.c, *_avx512.c). */
 #ifndef FX_CORE_SIMD_MATH_H
