@@ -558,18 +558,18 @@ static int fx__posted(fx_comm *c, fx_comm_work *w, int mpi_rc, fx_comm_work **wo
 
 /* ---- argument checks ------------------------------------------------------------------------ */
 
-static int fx__check_comm(const fx_comm *c, fx_comm_work **work)
+/* The checks every collective starts with: a communicator, a count MPI can take, and the
+   named buffers present when the count is not 0 (b_name NULL: one buffer). */
+static int fx__check_call(const fx_comm *c, const char *count_name, int64_t n, const void *a, const char *a_name,
+                          const void *b, const char *b_name)
 {
     if (!c)
         return fx__error(FX_EINVAL, "communicator is NULL");
-    (void)work;
-    return FX_OK;
-}
-
-static int fx__check_count(const char *what, int64_t n)
-{
     if (n < 0 || n > INT_MAX)
-        return fx__error(FX_EINVAL, "%s = %lld is outside [0, %d] (the MPI count limit)", what, (long long)n, INT_MAX);
+        return fx__error(FX_EINVAL, "%s = %lld is outside [0, %d] (the MPI count limit)", count_name, (long long)n,
+                         INT_MAX);
+    if (n > 0 && (!a || (b_name && !b)))
+        return fx__error(FX_EINVAL, "%s is NULL with %s = %lld", !a ? a_name : b_name, count_name, (long long)n);
     return FX_OK;
 }
 
@@ -583,13 +583,9 @@ static bool fx__overlap(const void *a, size_t abytes, const void *b, size_t bbyt
 
 int fx_comm_all_reduce(fx_comm *c, float *buf, int64_t n, fx_comm_work **work)
 {
-    int rc = fx__check_comm(c, work);
-    if (rc == FX_OK)
-        rc = fx__check_count("n", n);
+    int rc = fx__check_call(c, "n", n, buf, "buf", NULL, NULL);
     if (rc != FX_OK)
         return rc;
-    if (!buf && n > 0)
-        return fx__error(FX_EINVAL, "buf is NULL with n = %lld", (long long)n);
     bool det = c->deterministic && c->size > 1;
     fx_comm_work *w;
     rc = fx__begin(c, FX_COMM_ALL_REDUCE, n, -1, det ? (size_t)n * (size_t)c->size : 0, &w);
@@ -609,13 +605,9 @@ int fx_comm_all_reduce(fx_comm *c, float *buf, int64_t n, fx_comm_work **work)
 
 int fx_comm_all_gather_single(fx_comm *c, float *out, const float *in, int64_t n, fx_comm_work **work)
 {
-    int rc = fx__check_comm(c, work);
-    if (rc == FX_OK)
-        rc = fx__check_count("n", n);
+    int rc = fx__check_call(c, "n", n, out, "out", in, "in");
     if (rc != FX_OK)
         return rc;
-    if ((!out || !in) && n > 0)
-        return fx__error(FX_EINVAL, "%s is NULL with n = %lld", !out ? "out" : "in", (long long)n);
     size_t nb = (size_t)n * sizeof(float);
     bool in_place = n > 0 && in == out + (int64_t)c->rank * n;
     if (!in_place && fx__overlap(in, nb, out, nb * (size_t)c->size))
@@ -632,13 +624,9 @@ int fx_comm_all_gather_single(fx_comm *c, float *out, const float *in, int64_t n
 
 int fx_comm_reduce_scatter_single(fx_comm *c, float *out, const float *in, int64_t n, fx_comm_work **work)
 {
-    int rc = fx__check_comm(c, work);
-    if (rc == FX_OK)
-        rc = fx__check_count("n", n);
+    int rc = fx__check_call(c, "n", n, out, "out", in, "in");
     if (rc != FX_OK)
         return rc;
-    if ((!out || !in) && n > 0)
-        return fx__error(FX_EINVAL, "%s is NULL with n = %lld", !out ? "out" : "in", (long long)n);
     size_t nb = (size_t)n * sizeof(float);
     bool in_place = n > 0 && out == in;
     if (!in_place && fx__overlap(out, nb, in, nb * (size_t)c->size))
@@ -673,13 +661,9 @@ int fx_comm_reduce_scatter_single(fx_comm *c, float *out, const float *in, int64
 
 int fx_comm_broadcast(fx_comm *c, void *buf, int64_t bytes, int root, fx_comm_work **work)
 {
-    int rc = fx__check_comm(c, work);
-    if (rc == FX_OK)
-        rc = fx__check_count("bytes", bytes);
+    int rc = fx__check_call(c, "bytes", bytes, buf, "buf", NULL, NULL);
     if (rc != FX_OK)
         return rc;
-    if (!buf && bytes > 0)
-        return fx__error(FX_EINVAL, "buf is NULL with bytes = %lld", (long long)bytes);
     if (root < 0 || root >= c->size)
         return fx__error(FX_EINVAL, "root = %d is outside [0, %d)", root, c->size);
     fx_comm_work *w;
@@ -692,7 +676,7 @@ int fx_comm_broadcast(fx_comm *c, void *buf, int64_t bytes, int root, fx_comm_wo
 
 int fx_comm_barrier(fx_comm *c, fx_comm_work **work)
 {
-    int rc = fx__check_comm(c, work);
+    int rc = fx__check_call(c, "n", 0, NULL, NULL, NULL, NULL);
     if (rc != FX_OK)
         return rc;
     fx_comm_work *w;
