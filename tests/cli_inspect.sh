@@ -5,22 +5,7 @@ set -u
 flexc=${1:?path to flexc}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-fails=0; passes=0
-check() { # name, expected status, command...
-    local name=$1 want=$2; shift 2
-    "$@" >"$tmp/out" 2>"$tmp/err"; local got=$?
-    if [[ $got -ne $want ]]; then
-        echo "FAIL $name: exit $got, expected $want"; cat "$tmp/err"; fails=$((fails+1))
-    else
-        passes=$((passes+1))
-    fi
-}
-contains() { # name, file, text
-    if grep -qF -- "$3" "$2"; then passes=$((passes+1)); else echo "FAIL $1: no '$3' in output"; cat "$2"; fails=$((fails+1)); fi
-}
-lacks() { # name, file, text
-    if grep -qF -- "$3" "$2"; then echo "FAIL $1: '$3' in output"; cat "$2"; fails=$((fails+1)); else passes=$((passes+1)); fi
-}
+source "$(dirname "$0")/lib/checks.sh"
 # mkfile PATH HEADER DATA_BYTES: 8-byte little-endian length, header, data
 mkfile() {
     local n=${#2} le="" i
@@ -31,14 +16,14 @@ mkfile() {
 f="$tmp/model.safetensors"
 mkfile "$f" '{"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"b":{"dtype":"BF16","shape":[3],"data_offsets":[24,30]}}' 30
 check valid 0 "$flexc" inspect "$f"
-contains valid-meta "$tmp/out" "format: pt"
-contains valid-header "$tmp/out" "name"
-contains valid-row "$tmp/out" "w     F32      [2, 3]"
-contains valid-row2 "$tmp/out" "BF16"
-contains valid-total "$tmp/out" "total: 2 tensors, 9 parameters, 30 bytes of data"
+has valid-meta "$tmp/out" "format: pt"
+has valid-header "$tmp/out" "name"
+has valid-row "$tmp/out" "w     F32      [2, 3]"
+has valid-row2 "$tmp/out" "BF16"
+has valid-total "$tmp/out" "total: 2 tensors, 9 parameters, 30 bytes of data"
 check json 0 "$flexc" inspect "$f" --json
-contains json-name "$tmp/out" '"name":"w","dtype":"F32","shape":[2,3],"bytes":24,"offset":0'
-contains json-totals "$tmp/out" '"totals":{"tensors":2,"parameters":9,"bytes":30}'
+has json-name "$tmp/out" '"name":"w","dtype":"F32","shape":[2,3],"bytes":24,"offset":0'
+has json-totals "$tmp/out" '"totals":{"tensors":2,"parameters":9,"bytes":30}'
 if command -v python3 >/dev/null; then
     cp "$tmp/out" "$tmp/inspect.json"
     check json-parses 0 python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["metadata"]=={"format":"pt"}' "$tmp/inspect.json"
@@ -47,21 +32,21 @@ fi
 # Names are printed with control bytes escaped.
 mkfile "$tmp/esc.safetensors" '{"\u001b[2Jx":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}' 1
 check escaped 0 "$flexc" inspect "$tmp/esc.safetensors"
-contains escaped-name "$tmp/out" '\x1b[2Jx'
+has escaped-name "$tmp/out" '\x1b[2Jx'
 lacks escaped-raw "$tmp/out" $'\x1b'
 
 # Invalid files: exit 1, "flexc: error: FILE: reason".
 mkfile "$tmp/bad.safetensors" '{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,20]}}' 20
 check invalid 1 "$flexc" inspect "$tmp/bad.safetensors"
-contains invalid-msg "$tmp/err" "flexc: error: $tmp/bad.safetensors: tensor 'w': data_offsets [0, 20) hold 20 bytes but F32 shape needs 24"
+has invalid-msg "$tmp/err" "flexc: error: $tmp/bad.safetensors: tensor 'w': data_offsets [0, 20) hold 20 bytes but F32 shape needs 24"
 mkfile "$tmp/overlap.safetensors" '{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}' 6
 check overlap 1 "$flexc" inspect "$tmp/overlap.safetensors"
-contains overlap-msg "$tmp/err" "overlap tensor 'a'"
+has overlap-msg "$tmp/err" "overlap tensor 'a'"
 printf 'abc' >"$tmp/short.safetensors"
 check short 1 "$flexc" inspect "$tmp/short.safetensors" --json
-contains short-msg "$tmp/err" "flexc: error: $tmp/short.safetensors: file is 3 bytes"
+has short-msg "$tmp/err" "flexc: error: $tmp/short.safetensors: file is 3 bytes"
 check missing 1 "$flexc" inspect "$tmp/nope.safetensors"
-contains missing-msg "$tmp/err" "flexc: error: $tmp/nope.safetensors: cannot open"
+has missing-msg "$tmp/err" "flexc: error: $tmp/nope.safetensors: cannot open"
 
 # Usage errors.
 check no-file 2 "$flexc" inspect
@@ -75,19 +60,18 @@ mkfile "$tmp/sharded/m-1.safetensors" '{"a":{"dtype":"F16","shape":[2],"data_off
 mkfile "$tmp/sharded/m-2.safetensors" '{"b":{"dtype":"I64","shape":[1,1],"data_offsets":[0,8]}}' 8
 printf '{"metadata":{"total_size":12},"weight_map":{"a":"m-1.safetensors","b":"m-2.safetensors"}}' >"$tmp/sharded/model.safetensors.index.json"
 check index 0 "$flexc" inspect "$tmp/sharded/model.safetensors.index.json"
-contains index-shard "$tmp/out" "m-2.safetensors"
-contains index-total "$tmp/out" "total: 2 tensors in 2 shards, 3 parameters, 12 bytes of data"
+has index-shard "$tmp/out" "m-2.safetensors"
+has index-total "$tmp/out" "total: 2 tensors in 2 shards, 3 parameters, 12 bytes of data"
 check index-json 0 "$flexc" inspect "$tmp/sharded/model.safetensors.index.json" --json
-contains index-json-row "$tmp/out" '"name":"b","dtype":"I64","shape":[1,1],"bytes":8,"offset":0,"shard":"m-2.safetensors"'
+has index-json-row "$tmp/out" '"name":"b","dtype":"I64","shape":[1,1],"bytes":8,"offset":0,"shard":"m-2.safetensors"'
 printf '{"weight_map":{"a":"../model.safetensors"}}' >"$tmp/sharded/evil.index.json"
 check index-traversal 1 "$flexc" inspect "$tmp/sharded/evil.index.json"
-contains index-traversal-msg "$tmp/err" "flexc: error: $tmp/sharded/evil.index.json: weight_map: shard name '../model.safetensors' of tensor 'a' has an empty, '.' or '..' component"
+has index-traversal-msg "$tmp/err" "flexc: error: $tmp/sharded/evil.index.json: weight_map: shard name '../model.safetensors' of tensor 'a' has an empty, '.' or '..' component"
 
 # The benchmark runs (tiny size; it reports, it does not assert times).
 check bench 0 "$flexc" bench safetensors --size-mib 2 --tensors 10 --reps 1 --dir "$tmp" --json
-contains bench-json "$tmp/out" '"case":"safetensors"'
-contains bench-ratio "$tmp/out" '"read_over_open"'
+has bench-json "$tmp/out" '"case":"safetensors"'
+has bench-ratio "$tmp/out" '"read_over_open"'
 check bench-bad 2 "$flexc" bench safetensors --tensors 0
 
-echo "$passes passed, $fails failed"
-[[ $fails -eq 0 ]]
+finish cli_inspect

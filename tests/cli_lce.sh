@@ -2,20 +2,10 @@
 # flexc bench lce: option errors, and a tiny run whose JSON carries every reported field.
 set -u
 flexc=${1:?path to flexc}
-fails=0; passes=0
-out=/tmp/cli_lce_out.$$ err=/tmp/cli_lce_err.$$
-check() { # name, expected status, command...
-    local name=$1 want=$2; shift 2
-    "$@" >"$out" 2>"$err"; local got=$?
-    if [[ $got -ne $want ]]; then
-        echo "FAIL $name: exit $got, expected $want"; cat "$err"; fails=$((fails+1))
-    else
-        passes=$((passes+1))
-    fi
-}
-contains() { # name, file, text
-    if grep -q -- "$3" "$2"; then passes=$((passes+1)); else echo "FAIL $1: no '$3' in output"; cat "$2"; fails=$((fails+1)); fi
-}
+tmp=$(mktemp -d /tmp/flexc_cli_lce.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/lib/checks.sh"
+out=$tmp/out err=$tmp/err
 
 check help 0 "$flexc" bench lce --help
 contains "help names --shape" "$out" "--shape"
@@ -33,7 +23,7 @@ for key in '"case":"lce"' '"N":96' '"fused_alloc_bytes"' '"fused_rss_delta_bytes
     contains "json $key" "$out" "$key"
 done
 # The two computations agree.
-python3 - "$out" <<'PY' && passes=$((passes+1)) || { echo "FAIL fused and unfused disagree"; cat "$out"; fails=$((fails+1)); }
+python3 - "$out" <<'PY' && ok || { bad "fused and unfused disagree"; cat "$out"; }
 import json, sys
 r = json.loads(open(sys.argv[1]).read().splitlines()[0])
 ok = abs(r["loss_fused"] - r["loss_unfused"]) <= 1e-5 * abs(r["loss_unfused"]) and r["dh_max_rel_diff"] < 1e-4 and r["dw_max_rel_diff"] < 1e-4
@@ -42,6 +32,4 @@ PY
 check tiny-text 0 "$flexc" bench lce --shape 40,16,500 --reps 1 --no-rss --fresh --chunk 7
 contains "text names the chunk" "$out" "chunk 7 x 500"
 
-rm -f "$out" "$err"
-echo "cli_lce: $passes passed, $fails failed"
-[[ $fails -eq 0 ]]
+finish cli_lce

@@ -6,22 +6,7 @@ set -u
 flexc=${1:?path to flexc}
 tmp=$(mktemp -d /tmp/flexc_cli_train.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-fails=0; passes=0
-check() { # name, expected status, command...
-    local name=$1 want=$2; shift 2
-    "$@" >"$tmp/out" 2>"$tmp/err"; local got=$?
-    if [[ $got -ne $want ]]; then
-        echo "FAIL $name: exit $got, expected $want"; cat "$tmp/err"; fails=$((fails+1))
-    else
-        passes=$((passes+1))
-    fi
-}
-contains() { # name, file, text
-    if grep -q -- "$3" "$2"; then passes=$((passes+1)); else echo "FAIL $1: no '$3' in $2:"; cat "$2"; fails=$((fails+1)); fi
-}
-same() { # name, file, file
-    if cmp -s "$2" "$3"; then passes=$((passes+1)); else echo "FAIL $1: $2 and $3 differ"; diff "$2" "$3" | head; fails=$((fails+1)); fi
-}
+source "$(dirname "$0")/lib/checks.sh"
 # metrics.jsonl without the timing fields, which differ from run to run
 losses() { sed -e 's/"tokens_per_s":[^,]*,//' -e 's/"time_s":[^,}]*//' "$1"; }
 
@@ -35,13 +20,13 @@ common=(--model tiny --data "$tmp/corpus.txt" --batch 4 --seq 32 --lr 3e-3 --qui
 # ---- training: the loss falls; metrics have the required fields ----
 check train 0 "$flexc" train "${common[@]}" --steps 40 --out "$tmp/a" --threads 1
 for f in checkpoint.safetensors model.safetensors metrics.jsonl; do
-    [[ -f "$tmp/a/$f" ]] && passes=$((passes+1)) || { echo "FAIL train: no $f"; fails=$((fails+1)); }
+    [[ -f "$tmp/a/$f" ]] && ok || bad "train: no $f"
 done
 contains metrics-fields "$tmp/a/metrics.jsonl" '"step":40,"loss":[0-9.e-]*,"lr":[0-9.e-]*,"grad_norm":[0-9.e-]*,"tokens_per_s":[0-9.]*,"time_s":[0-9.]*,"val_loss":'
 first=$(head -1 "$tmp/a/metrics.jsonl" | sed 's/.*"loss":\([0-9.e-]*\).*/\1/')
 last=$(grep val_loss "$tmp/a/metrics.jsonl" | tail -1 | sed 's/.*"val_loss":\([0-9.e-]*\).*/\1/')
-if awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'; then passes=$((passes+1)); else
-    echo "FAIL loss-falls: first loss $first, last validation loss $last"; fails=$((fails+1)); fi
+if awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'; then ok; else
+    bad "loss-falls: first loss $first, last validation loss $last"; fi
 
 # ---- resume: 20 steps == 10 steps + 10 resumed, loss for loss, weight for weight ----
 check straight 0 "$flexc" train "${common[@]}" --steps 20 --out "$tmp/s" --threads 1
@@ -139,5 +124,4 @@ check bench 0 "$flexc" bench train --model tiny --batch 2 --seq 32 --steps 1 --j
 contains bench-json "$tmp/out" '"speedup":'
 contains bench-mem "$tmp/out" '"memory_ratio":'
 
-echo "$passes passed, $fails failed"
-[[ $fails -eq 0 ]]
+finish cli_train
