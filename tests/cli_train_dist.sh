@@ -5,10 +5,7 @@ set -u
 flexc=${1:?path to flexc}
 tmp=$(mktemp -d /tmp/flexc_cli_train_dist.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL $*"; fails=$((fails + 1)); }
-same() { if cmp -s "$2" "$3"; then ok; else bad "$1: $2 and $3 differ"; fi; }
+source "$(dirname "$0")/lib/checks.sh"
 losses() { sed -e 's/"tokens_per_s":[^,]*,//' -e 's/"time_s":[^,}]*//' "$1"; }
 
 for i in $(seq 1 200); do
@@ -43,5 +40,4 @@ rc=$?
 [[ $rc == 2 ]] && ok || bad "resume --deterministic of a plain run: exit $rc, not 2"
 grep -q "trained without --deterministic" "$tmp/conflict.err" && ok || bad "conflict message: $(cat "$tmp/conflict.err")"
 same conflict-untouched "$tmp/p.ckpt" "$tmp/p/checkpoint.safetensors"
-echo "cli_train_dist: $passes passed, $fails failed"
-exit $((fails > 0))
+finish cli_train_dist
