@@ -43,7 +43,7 @@ typedef struct fx_lce {
     float label_smoothing; /* eps in [0, 1] */
     float z_loss;          /* s: adds s * lse^2 per (non-ignored) token */
     float softcap;         /* 0: off; else logits = softcap * tanh(logits / softcap) */
-    int64_t chunk;         /* tokens per chunk; 0: automatic */
+    int64_t chunk;         /* tokens per chunk, at most (shared evenly); 0: automatic */
     int64_t vocab_chunk;   /* vocabulary entries per tile; 0: automatic (whole rows unless a
                               chunk of whole rows would be too large) */
 } fx_lce;
