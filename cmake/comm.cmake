@@ -4,7 +4,7 @@
 # glob leaves src/comm/ out in that case), tested by tests/nompi_comm.c. With MPI, tests/mpi_comm.c runs its cases under
 # mpirun with 2 (and 3, 4) processes; tests/test_comm.c is the 1-process run of the generic loop.
 if(NOT FLEXC_HAVE_MPI)
-  target_sources(flexc_obj PRIVATE ${PROJECT_SOURCE_DIR}/src/comm/comm_stub.c)
+  target_sources(flexc_obj PRIVATE ${PROJECT_SOURCE_DIR}/src/comm/comm_stub.c ${PROJECT_SOURCE_DIR}/src/comm/common.c)
   add_executable(nompi_comm ${PROJECT_SOURCE_DIR}/tests/nompi_comm.c)
   target_link_libraries(nompi_comm PRIVATE flexc_internal)
   target_include_directories(nompi_comm PRIVATE ${PROJECT_SOURCE_DIR}/tests)

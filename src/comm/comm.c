@@ -26,18 +26,6 @@ double fx__comm_wall(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-const char *fx_comm_op_name(fx_comm_op op)
-{
-    switch (op) {
-    case FX_COMM_ALL_REDUCE: return "all_reduce";
-    case FX_COMM_ALL_GATHER: return "all_gather";
-    case FX_COMM_REDUCE_SCATTER: return "reduce_scatter";
-    case FX_COMM_BROADCAST: return "broadcast";
-    case FX_COMM_BARRIER: return "barrier";
-    }
-    return "unknown";
-}
-
 /* An op name for a fingerprint that came over the wire (may be anything). */
 static const char *fx__op_name64(int64_t op)
 {
@@ -967,16 +955,6 @@ int fx_comm_finalize(void)
     int rc = MPI_Finalize();
     if (rc != MPI_SUCCESS)
         return fx__error(FX_ECOMM, "MPI_Finalize failed (error %d)", rc);
-    return FX_OK;
-}
-
-int fx_comm_sum_pairwise(float *out, float *x, int64_t n, int count)
-{
-    if ((!out || !x) && n > 0)
-        return fx__error(FX_EINVAL, "%s is NULL with n = %lld", !out ? "out" : "x", (long long)n);
-    if (n < 0 || count < 1)
-        return fx__error(FX_EINVAL, "n = %lld, count = %d: need n >= 0 and count >= 1", (long long)n, count);
-    fx__pairwise_sum_rows(out, x, n, count);
     return FX_OK;
 }
 
