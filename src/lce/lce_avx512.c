@@ -54,11 +54,11 @@ static inline __attribute__((always_inline)) void logits_tile(const int JN, cons
 static void lce_logits_avx512(int64_t nj, int64_t c, int64_t D, const float *w, const float *hT, int64_t ldh,
                               float *zt, int64_t ldz)
 {
-    for (int64_t i0 = 0; i0 < c; i0 += 64) {
-        const int nv = nvec(c - i0);
-        const __mmask16 km = last_mask(c - i0, nv);
-        for (int64_t j0 = 0; j0 < nj; j0 += 6) {
-            const int jn = nj - j0 < 6 ? (int)(nj - j0) : 6;
+    for (int64_t j0 = 0; j0 < nj; j0 += 6) {
+        const int jn = nj - j0 < 6 ? (int)(nj - j0) : 6;
+        for (int64_t i0 = 0; i0 < c; i0 += 64) {
+            const int nv = nvec(c - i0);
+            const __mmask16 km = last_mask(c - i0, nv);
             const float *wj = w + j0 * D;
             const float *hi = hT + i0;
             float *z = zt + j0 * ldz + i0;
