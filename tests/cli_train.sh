@@ -43,6 +43,16 @@ check first-bf16 0 "$flexc" train "${common[@]}" --steps 8 --until 4 --adam-bf16
 check second-bf16 0 "$flexc" train --resume --out "$tmp/rb" --threads 1 --quiet
 same resume-bf16 "$tmp/sb/checkpoint.safetensors" "$tmp/rb/checkpoint.safetensors"
 check resume-switch 2 "$flexc" train --resume --adam-bf16 --out "$tmp/r" --quiet
+# The schedule, the optimizer's settings and the seed come from the checkpoint: a different
+# value is refused (not ignored) and the checkpoint is left alone; the same value is accepted.
+cp "$tmp/r/checkpoint.safetensors" "$tmp/r.ck"
+for opt in "--min-lr 0.5" "--weight-decay 0.7" "--clip 0" "--seed 9"; do
+    check "resume-refuses${opt% *}" 2 "$flexc" train --resume --out "$tmp/r" $opt --quiet
+    contains "resume-refuses${opt% *}-msg" "$tmp/err" "the checkpoint was trained with ${opt% *} "
+done
+same resume-refused-untouched "$tmp/r.ck" "$tmp/r/checkpoint.safetensors"
+check resume-same-values 0 "$flexc" train --resume --out "$tmp/r" --lr 3e-3 --min-lr 3e-4 --weight-decay 0.1 \
+    --clip 1 --seed 1337 --threads 1 --quiet
 
 # Recomputing activations changes memory, not results.
 check recompute 0 "$flexc" train "${common[@]}" --steps 20 --recompute --out "$tmp/rc" --threads 1
