@@ -54,6 +54,14 @@ same resume-refused-untouched "$tmp/r.ck" "$tmp/r/checkpoint.safetensors"
 check resume-same-values 0 "$flexc" train --resume --out "$tmp/r" --lr 3e-3 --min-lr 3e-4 --weight-decay 0.1 \
     --clip 1 --seed 1337 --threads 1 --quiet
 
+# Progress off a terminal: the first step, every --log-every steps (as given, even above 50)
+# and the evaluations.
+check log-every 0 "$flexc" train --model tiny --data "$tmp/corpus.txt" --batch 2 --seq 16 --steps 60 --eval-every 0 \
+    --log-every 100 --out "$tmp/log" --threads 1
+[[ $(grep -c '^step ' "$tmp/out") == 2 ]] && ok || bad "log-every: $(grep -c '^step ' "$tmp/out") progress lines, not 2"
+contains log-every-first "$tmp/out" "^step 1/60 "
+contains log-every-last "$tmp/out" "^step 60/60 .*val_loss"
+
 # Recomputing activations changes memory, not results.
 check recompute 0 "$flexc" train "${common[@]}" --steps 20 --recompute --out "$tmp/rc" --threads 1
 same recompute-same "$tmp/s/checkpoint.safetensors" "$tmp/rc/checkpoint.safetensors"
