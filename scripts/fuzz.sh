@@ -16,10 +16,12 @@ for t in "${targets[@]}"; do
     seeds="tests/fuzz/${name#fuzz_}"
     [[ -d "$seeds" ]] && cp -r "$seeds"/. "$corpus"/
     echo "fuzz: $name for ${seconds}s"
-    "$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "$corpus" 2>&1 \
-        | grep -E "stat::number_of_executed_units|Done|ERROR|SUMMARY" || true
-    status=${PIPESTATUS[0]}
-    rm -rf "$corpus"
+    # The target's status, not the filter's: a pipeline's PIPESTATUS is gone once '|| true' runs.
+    status=0
+    "$t" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "$corpus" \
+        >"$corpus.log" 2>&1 || status=$?
+    grep -E "stat::number_of_executed_units|Done|ERROR|SUMMARY" "$corpus.log" || true
+    rm -rf "$corpus" "$corpus.log"
     if [[ $status -ne 0 ]]; then
         echo "fuzz: $name failed (exit $status)"
         exit 1

@@ -8,6 +8,13 @@ source "$(dirname "$0")/lib/checks.sh"
 
 check help 0 "$flexc" --help
 for c in train generate bench inspect; do contains "help lists $c" "$tmp/out" "^  $c "; done
+# The bench line names every case that `flexc bench --help` lists.
+"$flexc" bench --help >"$tmp/bench_help"
+for c in $(sed -n 's/^  \([a-z]*\) .*/\1/p' "$tmp/bench_help"); do contains "help names bench $c" "$tmp/out" "^  bench .*\b$c\b"; done
+check bench-train-help 0 "$flexc" bench train --help
+contains bench-train-help-parallel "$tmp/out" "^  --parallel "
+check bench-train-parallel-eq 0 "$flexc" bench train --parallel=fsdp --help
+contains bench-train-parallel-eq-help "$tmp/out" "^  --comm-timeout "
 check version 0 "$flexc" --version
 contains version "$tmp/out" "^flexc [0-9]*\.[0-9]*\.[0-9]*$"
 check no-args 2 "$flexc"

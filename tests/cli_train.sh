@@ -43,6 +43,24 @@ check first-bf16 0 "$flexc" train "${common[@]}" --steps 8 --until 4 --adam-bf16
 check second-bf16 0 "$flexc" train --resume --out "$tmp/rb" --threads 1 --quiet
 same resume-bf16 "$tmp/sb/checkpoint.safetensors" "$tmp/rb/checkpoint.safetensors"
 check resume-switch 2 "$flexc" train --resume --adam-bf16 --out "$tmp/r" --quiet
+# The schedule, the optimizer's settings and the seed come from the checkpoint: a different
+# value is refused (not ignored) and the checkpoint is left alone; the same value is accepted.
+cp "$tmp/r/checkpoint.safetensors" "$tmp/r.ck"
+for opt in "--min-lr 0.5" "--weight-decay 0.7" "--clip 0" "--seed 9"; do
+    check "resume-refuses${opt% *}" 2 "$flexc" train --resume --out "$tmp/r" $opt --quiet
+    contains "resume-refuses${opt% *}-msg" "$tmp/err" "the checkpoint was trained with ${opt% *} "
+done
+same resume-refused-untouched "$tmp/r.ck" "$tmp/r/checkpoint.safetensors"
+check resume-same-values 0 "$flexc" train --resume --out "$tmp/r" --lr 3e-3 --min-lr 3e-4 --weight-decay 0.1 \
+    --clip 1 --seed 1337 --threads 1 --quiet
+
+# Progress off a terminal: the first step, every --log-every steps (as given, even above 50)
+# and the evaluations.
+check log-every 0 "$flexc" train --model tiny --data "$tmp/corpus.txt" --batch 2 --seq 16 --steps 60 --eval-every 0 \
+    --log-every 100 --out "$tmp/log" --threads 1
+[[ $(grep -c '^step ' "$tmp/out") == 2 ]] && ok || bad "log-every: $(grep -c '^step ' "$tmp/out") progress lines, not 2"
+contains log-every-first "$tmp/out" "^step 1/60 "
+contains log-every-last "$tmp/out" "^step 60/60 .*val_loss"
 
 # Recomputing activations changes memory, not results.
 check recompute 0 "$flexc" train "${common[@]}" --steps 20 --recompute --out "$tmp/rc" --threads 1

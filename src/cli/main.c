@@ -12,7 +12,7 @@ typedef struct subcommand {
 static const subcommand commands[] = {
     {"train", cmd_train, "train a GPT with FlexAttention and the fused loss"},
     {"generate", cmd_generate, "generate text from a trained checkpoint"},
-    {"bench", cmd_bench, "measure kernels against their baselines (attention, lce, train, machine)"},
+    {"bench", cmd_bench, "measure kernels against their baselines (attention, lce, train, safetensors, machine)"},
     {"inspect", cmd_inspect, "validate a .safetensors file or index and list its tensors"},
 };
 

@@ -31,8 +31,10 @@ typedef struct train_opts {
     bool resume, quiet, bf16, force, adam_bf16, recompute, deterministic;
 } train_opts;
 
-/* "-1" marks an option the user did not give. */
+/* "-1" marks an option the user did not give (NaN for the real-valued ones; any integer
+   is a valid --seed). */
 #define UNSET (-1)
+#define SEED_UNSET INT64_MIN
 
 static int mkdir_p(const char *dir)
 {
@@ -201,10 +203,10 @@ static int save_dist(fx__gpt *m, fx__dist *dist, fx_comm *world, const fx__gpt_t
 int cmd_train(int argc, char **argv)
 {
     train_opts o = {.model = NULL, .attn = NULL, .out = "out", .steps = UNSET, .batch = UNSET, .seq = UNSET,
-                    .seed = 1337, .threads = 0, .accum = UNSET, .warmup = UNSET, .save_every = 0,
+                    .seed = SEED_UNSET, .threads = 0, .accum = UNSET, .warmup = UNSET, .save_every = 0,
                     .eval_every = UNSET, .eval_batches = 4, .log_every = UNSET, .until = UNSET, .layers = UNSET,
                     .dim = UNSET, .heads = UNSET, .kv_heads = UNSET, .lr = NAN, .min_lr = NAN,
-                    .weight_decay = 0.1, .clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .val_frac = 0.05,
+                    .weight_decay = NAN, .clip = NAN, .beta1 = 0.9, .beta2 = 0.95, .val_frac = 0.05,
                     .parallel = "none", .comm_timeout = FX_COMM_DEFAULT_TIMEOUT};
     const cli_opt opts[] = {
         {"--data", CLI_STRING, &o.data, "UTF-8 text to train on (default: the fortunes corpus)"},
@@ -350,8 +352,20 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             cli_error("--resume: the checkpoint was trained with --attn %s, not %s", st.attn, o.attn);
             return CLI_EXIT_USAGE;
         }
-        if (!isnan(o.lr) && (float)o.lr != st.lr) {
-            cli_error("--resume: the checkpoint was trained with --lr %g, not %g", (double)st.lr, o.lr);
+        /* The schedule, the optimizer and the seed come from the checkpoint: an option that
+           would change them is refused rather than ignored. */
+        const struct { const char *name; double given; float saved; } fchk[] = {
+            {"--lr", o.lr, st.lr}, {"--min-lr", o.min_lr, st.min_lr},
+            {"--weight-decay", o.weight_decay, st.weight_decay}, {"--clip", o.clip, st.clip}};
+        for (size_t i = 0; i < sizeof fchk / sizeof fchk[0]; i++)
+            if (!isnan(fchk[i].given) && (float)fchk[i].given != fchk[i].saved) {
+                cli_error("--resume: the checkpoint was trained with %s %g, not %g", fchk[i].name,
+                          (double)fchk[i].saved, fchk[i].given);
+                return CLI_EXIT_USAGE;
+            }
+        if (o.seed != SEED_UNSET && (uint64_t)o.seed != st.seed) {
+            cli_error("--resume: the checkpoint was trained with --seed %lld, not %lld", (long long)st.seed,
+                      (long long)o.seed);
             return CLI_EXIT_USAGE;
         }
         if (o.adam_bf16 && !st.adam_bf16) {
@@ -403,11 +417,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         st.lr = isnan(o.lr) ? 1e-3f : (float)o.lr;
         st.min_lr = isnan(o.min_lr) ? st.lr / 10.0f : (float)o.min_lr;
         st.warmup = o.warmup != UNSET ? o.warmup : (st.steps / 20 < 100 ? st.steps / 20 : 100);
-        st.weight_decay = (float)o.weight_decay;
-        st.clip = (float)o.clip;
+        st.weight_decay = isnan(o.weight_decay) ? 0.1f : (float)o.weight_decay;
+        st.clip = isnan(o.clip) ? 1.0f : (float)o.clip;
         st.beta1 = (float)o.beta1;
         st.beta2 = (float)o.beta2;
-        st.seed = (uint64_t)o.seed;
+        st.seed = o.seed != SEED_UNSET ? (uint64_t)o.seed : 1337;
         st.adam_bf16 = o.adam_bf16;
         st.deterministic = o.deterministic;
         fx_rng_init(&st.rng, st.seed, 1);
@@ -441,8 +455,9 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     }
     int64_t until = o.until != UNSET ? (o.until < st.steps ? o.until : st.steps) : st.steps;
     int64_t eval_every = o.eval_every != UNSET ? o.eval_every : (st.steps / 10 > 0 ? st.steps / 10 : 1);
+    /* By default about 50 lines a run, and at least one every 50 steps; a given value is kept. */
     int64_t log_every = o.log_every != UNSET ? o.log_every : (st.steps / 50 > 0 ? st.steps / 50 : 1);
-    if (log_every > 50)
+    if (o.log_every == UNSET && log_every > 50)
         log_every = 50;
 
     if (st.batch % nproc) {
