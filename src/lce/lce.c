@@ -198,8 +198,9 @@ typedef struct lce_row {
 } lce_row;
 
 /* The automatic chunk aims at about a core complex's last-level cache, never more than 1/32
-   of the logits it stands in for (so the loss always needs 32x less memory than materialising
-   them), and at least LCE_ROWS_MIN tokens, below which the GEMMs lose much of their speed.
+   of the logits it stands in for (so the loss needs 32x less memory than materialising them)
+   unless one of the floors decides: LCE_TILE_MIN bytes, and at least LCE_ROWS_MIN tokens,
+   below which the GEMMs lose much of their speed.
    When even LCE_ROWS_MIN whole rows exceed LCE_TILE_MAX, the vocabulary is tiled too. */
 #define LCE_TILE_TARGET ((double)(32u << 20))
 #define LCE_TILE_MIN ((double)(1u << 20))
