@@ -193,9 +193,7 @@ static void bw_table_grad(const bw_ctx *c, double *tab, const float *dS, int64_t
     const fx_score_rel_bias_ctx *t = c->bias;
     for (int64_t i = 0; i < nq; i++)
         for (int64_t j = 0; j < nk; j++) {
-            int64_t e = q0 + i - (kv0 + j) + t->zero;
-            e = e < 0 ? 0 : e >= t->size ? t->size - 1 : e;
-            tab[e] += dS[i * ld + j];
+            tab[fx__rel_bias_entry(t, q0 + i - (kv0 + j))] += dS[i * ld + j];
         }
 }
 

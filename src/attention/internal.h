@@ -97,6 +97,16 @@ enum {
 };
 int fx__score_kind(fx_score_fn fn);
 
+/* The rel_bias entry of relative distance d: clamp(d + zero, 0, size - 1). zero is the
+   caller's and may be any int64_t: where d + zero overflows, the sum is past that end. */
+static inline int64_t fx__rel_bias_entry(const fx_score_rel_bias_ctx *c, int64_t d)
+{
+    int64_t e;
+    if (__builtin_add_overflow(d, c->zero, &e))
+        return c->zero > 0 ? c->size - 1 : 0;
+    return e < 0 ? 0 : e >= c->size ? c->size - 1 : e;
+}
+
 /* Classifies the block q in [q0, q1], kv in [k0, k1] (inclusive, in range) of a built-in
    mask analytically: FX__BLOCK_* or -1 when it cannot tell (custom masks). A PARTIAL answer
    may still turn out empty or full when the bits are evaluated. */
