@@ -256,6 +256,12 @@ static void test_mask_builtin_structure(void)
     FXT_OK(fx_block_mask_create(&m, fx_mask_sliding_window, &sw, 1, 1, 333, 333, 32, 16));
     check_structure("sliding", m, fx_mask_sliding_window, &sw);
     fx_block_mask_free(m);
+    /* A window longer than any distance is causal, also in blocks whose first keys come
+       after some of their queries. */
+    fx_mask_sliding_window_ctx sw_all = {.window = INT64_MAX};
+    FXT_OK(fx_block_mask_create(&m, fx_mask_sliding_window, &sw_all, 1, 1, 64, 64, 32, 8));
+    check_structure("sliding, window INT64_MAX", m, fx_mask_causal, NULL);
+    fx_block_mask_free(m);
 
     int64_t prefix[2] = {50, 130};
     fx_mask_prefix_lm_ctx pl = {.prefix_len = prefix, .n = 2};

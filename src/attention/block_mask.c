@@ -94,9 +94,11 @@ static void fill_bits(const build *s, uint64_t *bits, int64_t b, int64_t h, int6
         int64_t q = q0 + i;
         if (s->kind == FX__MASK_CAUSAL || s->kind == FX__MASK_SLIDING_WINDOW) {
             int64_t lo = 0, hi = q - k0; /* visible j in [lo, hi] */
-            if (s->kind == FX__MASK_SLIDING_WINDOW)
-                lo = q - ((const fx_mask_sliding_window_ctx *)s->ctx)->window + 1 - k0;
-            lo = lo < 0 ? 0 : lo;
+            if (s->kind == FX__MASK_SLIDING_WINDOW) {
+                /* hi - window + 1, compared first: the window may be as long as INT64_MAX. */
+                const int64_t w = ((const fx_mask_sliding_window_ctx *)s->ctx)->window;
+                lo = hi >= w ? hi - w + 1 : 0;
+            }
             hi = hi >= nk ? nk - 1 : hi;
             for (int64_t j = lo; j <= hi; j++)
                 row[j >> 6] |= (uint64_t)1 << (j & 63);
