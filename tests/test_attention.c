@@ -535,6 +535,9 @@ static void test_errors(void)
     FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 0, 8, 0, 0), FX_EINVAL, "q_len = 0");
     FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 8, -1, 0, 0), FX_EINVAL, "kv_len = -1");
     FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 8, 8, -1, 0), FX_EINVAL, "block_q = -1");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, INT64_MAX, 8, 0, 0), FX_EINVAL, "too many blocks");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 8, INT64_MAX - 1, 0, 100), FX_EINVAL,
+               "too many blocks");
     FXT_STATUS(fx_block_mask_create(&m, fx_mask_sliding_window, NULL, 1, 1, 8, 8, 0, 0), FX_EINVAL, "ctx");
     fx_mask_sliding_window_ctx sw0 = {.window = 0};
     FXT_STATUS(fx_block_mask_create(&m, fx_mask_sliding_window, &sw0, 1, 1, 8, 8, 0, 0), FX_EINVAL, "window = 0");

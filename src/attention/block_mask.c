@@ -143,8 +143,8 @@ int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx, 
     build s = {.fn = mask, .ctx = ctx, .kind = fx__mask_kind(mask), .H = H, .q_len = q_len, .kv_len = kv_len};
     s.bq = block_q ? block_q : 128;
     s.bk = block_kv ? block_kv : 128;
-    s.nqb = (q_len + s.bq - 1) / s.bq;
-    s.nkb = (kv_len + s.bk - 1) / s.bk;
+    s.nqb = q_len / s.bq + (q_len % s.bq != 0); /* rounded up without overflow near INT64_MAX */
+    s.nkb = kv_len / s.bk + (kv_len % s.bk != 0);
     s.words = (s.bk + 63) / 64;
     if (s.nqb > INT32_MAX || s.nkb > INT32_MAX)
         return fx__error(FX_EINVAL, "too many blocks (%lld x %lld)", (long long)s.nqb, (long long)s.nkb);
