@@ -575,6 +575,10 @@ static void test_errors(void)
     BAD(scale, NAN, "scale");
     BAD(score_mod, fx_score_alibi, "slopes");
     BAD(score_mod, fx_score_softcap, "cap");
+    fx_score_softcap_ctx tiny_cap = {.cap = 1e-39f};
+    good.score_ctx = &tiny_cap;
+    BAD(score_mod, fx_score_softcap, "cap = 1e-39 is too small");
+    good.score_ctx = NULL;
     BAD(score_mod, fx_score_rel_bias, "table");
 #undef BAD
     FXT_STATUS(fx_flex_attention(NULL, q, k, v, out, lse), FX_EINVAL, "a is NULL");

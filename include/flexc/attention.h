@@ -93,7 +93,7 @@ FX_API void fx_score_alibi_grad(const float *s, float *g, int64_t ld, int64_t nq
                                 int64_t b, int64_t h, int64_t q0, int64_t kv0, const void *ctx);
 
 typedef struct fx_score_softcap_ctx {
-    float cap; /* c > 0 */
+    float cap; /* c > 0, finite, with 1/c finite (c > 1/FLT_MAX, about 2.9e-39) */
 } fx_score_softcap_ctx;
 /* c * tanh(s / c). */
 FX_API void fx_score_softcap(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h,

@@ -21,6 +21,9 @@ static int check_score_mod(const fx_attention *a)
         float c = ctx ? ((const fx_score_softcap_ctx *)ctx)->cap : 0.0f;
         if (!(c > 0.0f) || !isfinite(c))
             return fx__error(FX_EINVAL, "score_ctx: softcap cap = %g must be finite and > 0", (double)c);
+        if (!isfinite(1.0f / c)) /* the vector paths multiply by 1/cap */
+            return fx__error(FX_EINVAL, "score_ctx: softcap cap = %g is too small: 1/cap overflows float",
+                             (double)c);
         break;
     }
     case FX__SCORE_REL_BIAS: {
