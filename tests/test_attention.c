@@ -586,6 +586,12 @@ static void test_errors(void)
     FXT_STATUS(fx_flex_attention(&good, q, NULL, v, out, lse), FX_EINVAL, "k is NULL");
     FXT_STATUS(fx_flex_attention(&good, q, k, NULL, out, lse), FX_EINVAL, "v is NULL");
     FXT_STATUS(fx_flex_attention(&good, q, k, v, NULL, lse), FX_EINVAL, "out is NULL");
+    /* Outputs overlapping inputs or each other: a later tile would read what an earlier one
+       wrote. */
+    FXT_STATUS(fx_flex_attention(&good, q, k, v, k, lse), FX_EINVAL, "out overlaps the input k");
+    FXT_STATUS(fx_flex_attention(&good, q, k, v, out, v + 5), FX_EINVAL, "lse overlaps the input v");
+    FXT_STATUS(fx_flex_attention(&good, q, k, v, out, out + 64), FX_EINVAL, "lse overlaps out");
+    FXT_STATUS(fx_flex_attention(&good, q, k, v, q, lse), FX_EINVAL, "out overlaps the input q");
     fx_block_mask *mh = NULL;
     FXT_OK(fx_block_mask_create(&mh, fx_mask_causal, NULL, 2, 3, 64, 64, 16, 16));
     a = good;

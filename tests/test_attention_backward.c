@@ -612,6 +612,20 @@ static void test_errors(void)
     FXT_STATUS(fx_flex_attention_backward(&c.a, q, k, v, out, lse, NULL, dq, dk, dv), FX_EINVAL, "dout");
     FXT_STATUS(fx_flex_attention_backward(&c.a, q, k, v, out, lse, dout, dq, NULL, dv), FX_EINVAL, "dk");
     FXT_STATUS(fx_flex_attention_backward(&c.a, NULL, k, v, out, lse, dout, dq, dk, dv), FX_EINVAL, "q");
+    /* Gradients written over an input (or each other) would be read back by later tiles. */
+    float *qc = malloc(64 * 4), *doc = malloc(64 * 4), *kc = malloc(32 * 4);
+    memcpy(qc, q, 64 * 4), memcpy(doc, dout, 64 * 4), memcpy(kc, k, 32 * 4);
+    FXT_STATUS(fx_flex_attention_backward(&c.a, qc, k, v, out, lse, dout, qc, dk, dv), FX_EINVAL,
+               "dq overlaps the input q");
+    FXT_STATUS(fx_flex_attention_backward(&c.a, q, kc, v, out, lse, dout, dq, kc, dv), FX_EINVAL,
+               "dk overlaps the input k");
+    FXT_STATUS(fx_flex_attention_backward(&c.a, q, k, v, out, lse, doc, doc, dk, dv), FX_EINVAL,
+               "dq overlaps the input dout");
+    FXT_STATUS(fx_flex_attention_backward(&c.a, q, k, v, out, lse, dout, dq, dk, out + 8), FX_EINVAL,
+               "dv overlaps the input out");
+    FXT_STATUS(fx_flex_attention_backward(&c.a, q, k, v, out, lse, dout, dq, dk, dk + 4), FX_EINVAL,
+               "dv overlaps dk");
+    free(qc), free(doc), free(kc);
     a = c.a;
     a.Hkv = 3;
     FXT_STATUS(fx_flex_attention_backward(&a, q, k, v, out, lse, dout, dq, dk, dv), FX_EINVAL, "Hkv");

@@ -127,7 +127,8 @@ typedef struct fx_attention {
     const void *score_ctx;
 } fx_attention;
 
-/* q [B,Hq,Lq,D], k [B,Hkv,Lkv,D], v [B,Hkv,Lkv,Dv] -> out [B,Hq,Lq,Dv], lse [B,Hq,Lq] (may be NULL) */
+/* q [B,Hq,Lq,D], k [B,Hkv,Lkv,D], v [B,Hkv,Lkv,Dv] -> out [B,Hq,Lq,Dv], lse [B,Hq,Lq] (may be NULL).
+   Outputs must not overlap the inputs or each other (FX_EINVAL), here and in the backward. */
 FX_API int fx_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v,
                              float *out, float *lse);
 /* Gradients of sum(out * dout); dq, dk, dv are overwritten. Deterministic for any thread count. */
