@@ -569,6 +569,8 @@ static void test_errors(void)
     BAD(Lkv, -1, "Lkv = -1");
     BAD(D, 0, "D = 0");
     BAD(Dv, 0, "Dv = 0");
+    BAD(D, INT64_C(1) << 50, "scratch size overflows"); /* the tensors' sizes alone would fit */
+    BAD(Hq, INT64_C(1) << 50, "scratch size overflows");
     BAD(q_offset, -1, "q_offset = -1");
     BAD(q_offset, 1, "mask q_len = 64 is shorter than q_offset + Lq = 65");
     BAD(Lkv, 65, "mask kv_len = 64 is shorter than Lkv = 65");

@@ -60,6 +60,12 @@ int fx__attention_check(const fx_attention *a, const float *q, const float *k, c
     if (!fits(a->B, a->Hq, a->Lq, dmax) || !fits(a->B, a->Hkv, a->Lkv, dmax))
         return fx__error(FX_EINVAL, "tensor sizes overflow (B = %lld, Hq = %lld, Lq = %lld, Lkv = %lld)",
                          (long long)a->B, (long long)a->Hq, (long long)a->Lq, (long long)a->Lkv);
+    /* A thread's scratch holds tiles of up to Hq x (block + padding) x (D + Dv) floats (the
+       largest block is 4096): refuse sizes whose scratch arithmetic would overflow, far
+       beyond any memory, instead of letting it wrap. */
+    if (!fits(a->Hq, a->D + a->Dv + 64, 2 * (4096 + 64), 16 * (int64_t)fx__max_threads()))
+        return fx__error(FX_EINVAL, "Hq = %lld, D = %lld, Dv = %lld: the kernels' scratch size overflows",
+                         (long long)a->Hq, (long long)a->D, (long long)a->Dv);
     if (!isfinite(a->scale))
         return fx__error(FX_EINVAL, "scale = %g must be finite (0: 1/sqrt(D))", (double)a->scale);
     if (a->q_offset < 0)
