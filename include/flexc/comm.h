@@ -32,7 +32,10 @@
  * with the message. The library never calls MPI_Abort and never prints on its own.
  *
  * Threads: calls on one process must not run concurrently (MPI_THREAD_SERIALIZED).
- * A build without MPI declares the same functions; they return FX_EUNSUPPORTED.
+ * A build without MPI declares the same functions: those that communicate or configure return
+ * FX_EUNSUPPORTED ("flexc was built without MPI"), fx_comm_finalize returns FX_OK, the getters
+ * return empty values (rank -1, size 0, name "", status FX_EUNSUPPORTED, seq -1), and
+ * fx_comm_op_name and fx_comm_sum_pairwise work as with MPI.
  * See docs/comm.md.
  */
 #ifndef FLEXC_COMM_H
