@@ -34,7 +34,8 @@ typedef void (*fx_score_grad_fn)(const float *s, float *g, int64_t ld, int64_t n
                                  int64_t b, int64_t h, int64_t q0, int64_t kv0, const void *ctx);
 
 typedef struct fx_block_mask fx_block_mask;
-/* B or H may be 1: the mask is then the same for every batch / head. block_q, block_kv: 0 means 128. */
+/* B or H may be 1: the mask is then the same for every batch / head. block_q, block_kv: 0 means
+   128, at most 4096. *out is set only on success. */
 FX_API int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx,
                                 int64_t B, int64_t H, int64_t q_len, int64_t kv_len,
                                 int64_t block_q, int64_t block_kv);
