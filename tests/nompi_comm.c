@@ -17,9 +17,21 @@ static void test_unsupported(void)
     FXT_EQ_INT(x[1], 2);
 }
 
+/* The pairwise sum needs no MPI: it works, and checks its sizes, in this build too. */
+static void test_sum_pairwise(void)
+{
+    float x[6] = {1, 2, 3, 4, 5, 6}, out[2] = {0, 0};
+    FXT_OK(fx_comm_sum_pairwise(out, x, 2, 3));
+    FXT_EQ_INT(out[0], 9);
+    FXT_EQ_INT(out[1], 12);
+    FXT_STATUS(fx_comm_sum_pairwise(out, x, INT64_MAX / 2, 3), FX_EINVAL, "overflows");
+    FXT_EQ_INT(out[0], 9);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
     FXT_RUN(test_unsupported);
+    FXT_RUN(test_sum_pairwise);
     return fxt_finish();
 }

@@ -256,6 +256,12 @@ static void test_mask_builtin_structure(void)
     FXT_OK(fx_block_mask_create(&m, fx_mask_sliding_window, &sw, 1, 1, 333, 333, 32, 16));
     check_structure("sliding", m, fx_mask_sliding_window, &sw);
     fx_block_mask_free(m);
+    /* A window longer than any distance is causal, also in blocks whose first keys come
+       after some of their queries. */
+    fx_mask_sliding_window_ctx sw_all = {.window = INT64_MAX};
+    FXT_OK(fx_block_mask_create(&m, fx_mask_sliding_window, &sw_all, 1, 1, 64, 64, 32, 8));
+    check_structure("sliding, window INT64_MAX", m, fx_mask_causal, NULL);
+    fx_block_mask_free(m);
 
     int64_t prefix[2] = {50, 130};
     fx_mask_prefix_lm_ctx pl = {.prefix_len = prefix, .n = 2};
@@ -529,6 +535,9 @@ static void test_errors(void)
     FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 0, 8, 0, 0), FX_EINVAL, "q_len = 0");
     FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 8, -1, 0, 0), FX_EINVAL, "kv_len = -1");
     FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 8, 8, -1, 0), FX_EINVAL, "block_q = -1");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, INT64_MAX, 8, 0, 0), FX_EINVAL, "too many blocks");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 8, INT64_MAX - 1, 0, 100), FX_EINVAL,
+               "too many blocks");
     FXT_STATUS(fx_block_mask_create(&m, fx_mask_sliding_window, NULL, 1, 1, 8, 8, 0, 0), FX_EINVAL, "ctx");
     fx_mask_sliding_window_ctx sw0 = {.window = 0};
     FXT_STATUS(fx_block_mask_create(&m, fx_mask_sliding_window, &sw0, 1, 1, 8, 8, 0, 0), FX_EINVAL, "window = 0");
@@ -560,12 +569,18 @@ static void test_errors(void)
     BAD(Lkv, -1, "Lkv = -1");
     BAD(D, 0, "D = 0");
     BAD(Dv, 0, "Dv = 0");
+    BAD(D, INT64_C(1) << 50, "scratch size overflows"); /* the tensors' sizes alone would fit */
+    BAD(Hq, INT64_C(1) << 50, "scratch size overflows");
     BAD(q_offset, -1, "q_offset = -1");
     BAD(q_offset, 1, "mask q_len = 64 is shorter than q_offset + Lq = 65");
     BAD(Lkv, 65, "mask kv_len = 64 is shorter than Lkv = 65");
     BAD(scale, NAN, "scale");
     BAD(score_mod, fx_score_alibi, "slopes");
     BAD(score_mod, fx_score_softcap, "cap");
+    fx_score_softcap_ctx tiny_cap = {.cap = 1e-39f};
+    good.score_ctx = &tiny_cap;
+    BAD(score_mod, fx_score_softcap, "cap = 1e-39 is too small");
+    good.score_ctx = NULL;
     BAD(score_mod, fx_score_rel_bias, "table");
 #undef BAD
     FXT_STATUS(fx_flex_attention(NULL, q, k, v, out, lse), FX_EINVAL, "a is NULL");
@@ -573,6 +588,12 @@ static void test_errors(void)
     FXT_STATUS(fx_flex_attention(&good, q, NULL, v, out, lse), FX_EINVAL, "k is NULL");
     FXT_STATUS(fx_flex_attention(&good, q, k, NULL, out, lse), FX_EINVAL, "v is NULL");
     FXT_STATUS(fx_flex_attention(&good, q, k, v, NULL, lse), FX_EINVAL, "out is NULL");
+    /* Outputs overlapping inputs or each other: a later tile would read what an earlier one
+       wrote. */
+    FXT_STATUS(fx_flex_attention(&good, q, k, v, k, lse), FX_EINVAL, "out overlaps the input k");
+    FXT_STATUS(fx_flex_attention(&good, q, k, v, out, v + 5), FX_EINVAL, "lse overlaps the input v");
+    FXT_STATUS(fx_flex_attention(&good, q, k, v, out, out + 64), FX_EINVAL, "lse overlaps out");
+    FXT_STATUS(fx_flex_attention(&good, q, k, v, q, lse), FX_EINVAL, "out overlaps the input q");
     fx_block_mask *mh = NULL;
     FXT_OK(fx_block_mask_create(&mh, fx_mask_causal, NULL, 2, 3, 64, 64, 16, 16));
     a = good;

@@ -612,6 +612,20 @@ static void test_errors(void)
     FXT_STATUS(fx_flex_attention_backward(&c.a, q, k, v, out, lse, NULL, dq, dk, dv), FX_EINVAL, "dout");
     FXT_STATUS(fx_flex_attention_backward(&c.a, q, k, v, out, lse, dout, dq, NULL, dv), FX_EINVAL, "dk");
     FXT_STATUS(fx_flex_attention_backward(&c.a, NULL, k, v, out, lse, dout, dq, dk, dv), FX_EINVAL, "q");
+    /* Gradients written over an input (or each other) would be read back by later tiles. */
+    float *qc = malloc(64 * 4), *doc = malloc(64 * 4), *kc = malloc(32 * 4);
+    memcpy(qc, q, 64 * 4), memcpy(doc, dout, 64 * 4), memcpy(kc, k, 32 * 4);
+    FXT_STATUS(fx_flex_attention_backward(&c.a, qc, k, v, out, lse, dout, qc, dk, dv), FX_EINVAL,
+               "dq overlaps the input q");
+    FXT_STATUS(fx_flex_attention_backward(&c.a, q, kc, v, out, lse, dout, dq, kc, dv), FX_EINVAL,
+               "dk overlaps the input k");
+    FXT_STATUS(fx_flex_attention_backward(&c.a, q, k, v, out, lse, doc, doc, dk, dv), FX_EINVAL,
+               "dq overlaps the input dout");
+    FXT_STATUS(fx_flex_attention_backward(&c.a, q, k, v, out, lse, dout, dq, dk, out + 8), FX_EINVAL,
+               "dv overlaps the input out");
+    FXT_STATUS(fx_flex_attention_backward(&c.a, q, k, v, out, lse, dout, dq, dk, dk + 4), FX_EINVAL,
+               "dv overlaps dk");
+    free(qc), free(doc), free(kc);
     a = c.a;
     a.Hkv = 3;
     FXT_STATUS(fx_flex_attention_backward(&a, q, k, v, out, lse, dout, dq, dk, dv), FX_EINVAL, "Hkv");
@@ -638,6 +652,41 @@ static void test_errors(void)
     bcase_free(&c);
 }
 
+/* rel_bias's zero is any int64_t: far out, every distance clamps to one end of the table, in
+   the forward and in the table's gradient, exactly as a zero just past the distances does. */
+static void test_rel_bias_far_zero(void)
+{
+    fx_attention a = {.B = 1, .Hq = 2, .Hkv = 1, .Lq = 40, .Lkv = 40, .D = 8, .Dv = 8};
+    const size_t nq = 2 * 40 * 8, nk = 40 * 8;
+    float *q = fxt_random(nq, -1, 1, 11), *k = fxt_random(nk, -1, 1, 12), *v = fxt_random(nk, -1, 1, 13);
+    float *dout = fxt_random(nq, -1, 1, 14), table[5] = {0.3f, -0.2f, 0.1f, 0.5f, -0.4f};
+    const int64_t zeros[2][2] = {{INT64_MAX, 1000}, {INT64_MIN, -1000}};
+    fx_isa saved = fx_get_isa();
+    fx_set_isa(FX_ISA_SCALAR); /* both runs through the generic tile call */
+    for (int z = 0; z < 2; z++) {
+        float *out[2], *lse[2], *dq[2], *dk[2], *dv[2], gt[2][5];
+        for (int r = 0; r < 2; r++) {
+            memset(gt[r], 0, sizeof gt[r]);
+            fx_score_rel_bias_ctx rb = {.table = table, .grad_table = gt[r], .size = 5, .zero = zeros[z][r], .heads = 1};
+            a.score_mod = fx_score_rel_bias, a.score_mod_grad = fx_score_rel_bias_grad, a.score_ctx = &rb;
+            out[r] = fxt_guarded(nq), lse[r] = fxt_guarded(80), dq[r] = fxt_guarded(nq);
+            dk[r] = fxt_guarded(nk), dv[r] = fxt_guarded(nk);
+            FXT_OK(fx_flex_attention(&a, q, k, v, out[r], lse[r]));
+            FXT_OK(fx_flex_attention_backward(&a, q, k, v, out[r], lse[r], dout, dq[r], dk[r], dv[r]));
+        }
+        fxt_bitwise_f32("far zero out", out[0], out[1], nq);
+        fxt_bitwise_f32("far zero dq", dq[0], dq[1], nq);
+        fxt_bitwise_f32("far zero dk", dk[0], dk[1], nk);
+        fxt_bitwise_f32("far zero table grad", gt[0], gt[1], 5);
+        for (int r = 0; r < 2; r++) {
+            fxt_guarded_free("out", out[r]), fxt_guarded_free("lse", lse[r]), fxt_guarded_free("dq", dq[r]);
+            fxt_guarded_free("dk", dk[r]), fxt_guarded_free("dv", dv[r]);
+        }
+    }
+    fx_set_isa(saved);
+    free(q), free(k), free(v), free(dout);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
@@ -651,5 +700,6 @@ int main(int argc, char **argv)
     FXT_RUN(test_two_pass_matches_reference);
     FXT_RUN(test_large_scores);
     FXT_RUN(test_errors);
+    FXT_RUN(test_rel_bias_far_zero);
     return fxt_finish();
 }

@@ -376,6 +376,11 @@ static void test_sum_pairwise(void)
     }
     FXT_STATUS(fx_comm_sum_pairwise(out, work, n, 0), FX_EINVAL, "count = 0");
     FXT_STATUS(fx_comm_sum_pairwise(NULL, work, n, 2), FX_EINVAL, "out is NULL");
+    FXT_STATUS(fx_comm_sum_pairwise(out, work, INT64_MAX / 2, 3), FX_EINVAL, "overflows");
+    /* out inside x but not x itself: its first block would be written over rows still to be
+       read. */
+    FXT_STATUS(fx_comm_sum_pairwise(work + 1, work, n, 2), FX_EINVAL, "out overlaps x");
+    FXT_STATUS(fx_comm_sum_pairwise(work + n, work, n, 2), FX_EINVAL, "out overlaps x");
     FXT_OK(fx_set_num_threads(1));
     fxt_guarded_free("pairwise out", out);
     free(x), free(work), free(ref), free(out2);

@@ -567,6 +567,9 @@ static void test_errors(void)
     FXT_STATUS(BWD(&p), FX_EINVAL, "softcap = -2");
     p = pr.p, p.softcap = INFINITY;
     FXT_STATUS(CALL(&p), FX_EINVAL, "softcap = inf");
+    p = pr.p, p.softcap = 1e-39f; /* its reciprocal overflows */
+    FXT_STATUS(CALL(&p), FX_EINVAL, "softcap = 1e-39 is too small");
+    FXT_STATUS(BWD(&p), FX_EINVAL, "softcap = 1e-39 is too small");
     p = pr.p, p.chunk = -1;
     FXT_STATUS(CALL(&p), FX_EINVAL, "chunk = -1 must be >= 0");
     p = pr.p, p.vocab_chunk = -5;

@@ -362,6 +362,11 @@ static void test_tensor_to_f32_errors(void)
     FXT_STATUS(fx_tensor_to_f32(out, 4, &t), FX_EINVAL, "dtype 77 is not a dtype");
     t = (fx_tensor_view){.name = "w", .dtype = FX_DT_F32, .ndim = 9, .data = ints, .nbytes = 16};
     FXT_STATUS(fx_tensor_to_f32(out, 4, &t), FX_EINVAL, "ndim 9");
+    /* Converted in place, the first values would overwrite input not yet read. */
+    uint16_t buf[8] = {0x3c00, 0x4000, 0x4200, 0x4400, 0, 0, 0, 0}; /* F16 1, 2, 3, 4 */
+    t = (fx_tensor_view){.name = "h", .dtype = FX_DT_F16, .ndim = 1, .shape = {4}, .data = buf, .nbytes = 8};
+    FXT_STATUS(fx_tensor_to_f32((float *)(void *)buf, 4, &t), FX_EINVAL, "tensor 'h': dst overlaps the tensor's data");
+    FXT_EQ_INT(buf[1], 0x4000);
     for (int i = 0; i < 4; i++)
         FXT_CHECK(out[i] == 7); /* untouched on error */
     /* Empty tensors convert nothing. */
@@ -417,6 +422,12 @@ static void test_f32_to_dtype(void)
     FXT_STATUS(fx_f32_to_dtype(NULL, FX_DT_F16, src, N), FX_EINVAL, "dst is NULL");
     FXT_STATUS(fx_f32_to_dtype(raw, FX_DT_F16, NULL, N), FX_EINVAL, "src is NULL");
     FXT_OK(fx_f32_to_dtype(NULL, FX_DT_F16, NULL, 0));
+    /* Written over its own input: refused, the input left as it was. */
+    float *inplace = fxt_random(2 * N, -1.0f, 1.0f, 4), first = inplace[0]; /* room for F64 */
+    FXT_STATUS(fx_f32_to_dtype(inplace, FX_DT_F64, inplace, N), FX_EINVAL, "dst overlaps src");
+    FXT_STATUS(fx_f32_to_dtype((char *)inplace + 2, FX_DT_BF16, inplace, N), FX_EINVAL, "dst overlaps src");
+    FXT_CHECK(inplace[0] == first);
+    free(inplace);
     free(raw);
     free(src);
 }

@@ -34,7 +34,8 @@ typedef void (*fx_score_grad_fn)(const float *s, float *g, int64_t ld, int64_t n
                                  int64_t b, int64_t h, int64_t q0, int64_t kv0, const void *ctx);
 
 typedef struct fx_block_mask fx_block_mask;
-/* B or H may be 1: the mask is then the same for every batch / head. block_q, block_kv: 0 means 128. */
+/* B or H may be 1: the mask is then the same for every batch / head. block_q, block_kv: 0 means
+   128, at most 4096. *out is set only on success. */
 FX_API int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx,
                                 int64_t B, int64_t H, int64_t q_len, int64_t kv_len,
                                 int64_t block_q, int64_t block_kv);
@@ -93,7 +94,7 @@ FX_API void fx_score_alibi_grad(const float *s, float *g, int64_t ld, int64_t nq
                                 int64_t b, int64_t h, int64_t q0, int64_t kv0, const void *ctx);
 
 typedef struct fx_score_softcap_ctx {
-    float cap; /* c > 0 */
+    float cap; /* c > 0, finite, with 1/c finite (c > 1/FLT_MAX, about 2.9e-39) */
 } fx_score_softcap_ctx;
 /* c * tanh(s / c). */
 FX_API void fx_score_softcap(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h,
@@ -127,7 +128,8 @@ typedef struct fx_attention {
     const void *score_ctx;
 } fx_attention;
 
-/* q [B,Hq,Lq,D], k [B,Hkv,Lkv,D], v [B,Hkv,Lkv,Dv] -> out [B,Hq,Lq,Dv], lse [B,Hq,Lq] (may be NULL) */
+/* q [B,Hq,Lq,D], k [B,Hkv,Lkv,D], v [B,Hkv,Lkv,Dv] -> out [B,Hq,Lq,Dv], lse [B,Hq,Lq] (may be NULL).
+   Outputs must not overlap the inputs or each other (FX_EINVAL), here and in the backward. */
 FX_API int fx_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v,
                              float *out, float *lse);
 /* Gradients of sum(out * dout); dq, dk, dv are overwritten. Deterministic for any thread count. */

@@ -32,7 +32,10 @@
  * with the message. The library never calls MPI_Abort and never prints on its own.
  *
  * Threads: calls on one process must not run concurrently (MPI_THREAD_SERIALIZED).
- * A build without MPI declares the same functions; they return FX_EUNSUPPORTED.
+ * A build without MPI declares the same functions: those that communicate or configure return
+ * FX_EUNSUPPORTED ("flexc was built without MPI"), fx_comm_finalize returns FX_OK, the getters
+ * return empty values (rank -1, size 0, name "", status FX_EUNSUPPORTED, seq -1), and
+ * fx_comm_op_name and fx_comm_sum_pairwise work as with MPI.
  * See docs/comm.md.
  */
 #ifndef FLEXC_COMM_H
@@ -95,7 +98,8 @@ FX_API double fx_comm_timeout(const fx_comm *c);
 FX_API int fx_comm_set_deterministic(fx_comm *c, bool on);
 /* x [count, n] -> out [n]: the rows summed by a left-aligned binary tree (a range of rows is
    split after its largest power of two below its length: ((x0+x1)+(x2+x3))+x4 for 5 rows),
-   the order of deterministic reductions. x is overwritten (scratch); out may be x. It
+   the order of deterministic reductions. x is overwritten (scratch); out may be x, else it
+   must not overlap x (FX_EINVAL). It
    composes: summing N*K rows equals summing N partial sums of K consecutive rows each when K
    is a power of two, so a 1-process run over N*K slices reproduces an N-rank run with K
    slices per rank bit for bit. Needs no MPI. */

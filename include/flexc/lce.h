@@ -42,7 +42,8 @@ typedef struct fx_lce {
     fx_reduction reduction;
     float label_smoothing; /* eps in [0, 1] */
     float z_loss;          /* s: adds s * lse^2 per (non-ignored) token */
-    float softcap;         /* 0: off; else logits = softcap * tanh(logits / softcap) */
+    float softcap;         /* 0: off; else logits = softcap * tanh(logits / softcap), with
+                              1/softcap finite (softcap > 1/FLT_MAX, about 2.9e-39) */
     int64_t chunk;         /* tokens per chunk, at most (shared evenly); 0: automatic */
     int64_t vocab_chunk;   /* vocabulary entries per tile; 0: automatic (whole rows unless a
                               chunk of whole rows would be too large) */

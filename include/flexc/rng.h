@@ -40,7 +40,8 @@ FX_API float fx_rng_normal(fx_rng *r);
 
 /* x[i] = std * N(0,1) drawn from (seed, stream, i); parallel and thread-count independent. */
 FX_API void fx_rng_fill_normal(float *x, int64_t n, float std, uint64_t seed, uint64_t stream);
-/* x[i] = lo + (hi - lo) * U[0,1) drawn from (seed, stream, i). */
+/* x[i] = lo + (hi - lo) * U[0,1) drawn from (seed, stream, i), in float: the rounding can give
+   hi itself, so values lie in [lo, hi]. hi - lo must be finite (else some values are inf or NaN). */
 FX_API void fx_rng_fill_uniform(float *x, int64_t n, float lo, float hi, uint64_t seed, uint64_t stream);
 
 #ifdef __cplusplus

@@ -83,10 +83,11 @@ FX_API int64_t fx_tensor_numel(const fx_tensor_view *t);
 
 /* dst[0..n) = t's elements as float32. n must equal fx_tensor_numel(t). F32, F64, F16, BF16,
    F8_E4M3 and F8_E5M2 are converted (F64 rounds to nearest even; the others are exact);
-   other dtypes are FX_EUNSUPPORTED. t->data may have any alignment. */
+   other dtypes are FX_EUNSUPPORTED. t->data may have any alignment; dst must not overlap it
+   (FX_EINVAL). */
 FX_API int fx_tensor_to_f32(float *dst, size_t n, const fx_tensor_view *t);
 /* dst = src[0..n) converted to dtype (F32, F64, F16 or BF16), n elements, little-endian, any
-   alignment of dst, which must not overlap src. F16 and BF16 round to nearest even; overflow
+   alignment of dst, which must not overlap src (FX_EINVAL). F16 and BF16 round to nearest even; overflow
    gives infinity; NaN stays NaN (quiet, sign kept). Other dtypes are FX_EUNSUPPORTED. */
 FX_API int fx_f32_to_dtype(void *dst, fx_dtype dtype, const float *src, size_t n);
 /* One value at a time, the same rules. */

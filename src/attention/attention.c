@@ -21,6 +21,9 @@ static int check_score_mod(const fx_attention *a)
         float c = ctx ? ((const fx_score_softcap_ctx *)ctx)->cap : 0.0f;
         if (!(c > 0.0f) || !isfinite(c))
             return fx__error(FX_EINVAL, "score_ctx: softcap cap = %g must be finite and > 0", (double)c);
+        if (!isfinite(1.0f / c)) /* the vector paths multiply by 1/cap */
+            return fx__error(FX_EINVAL, "score_ctx: softcap cap = %g is too small: 1/cap overflows float",
+                             (double)c);
         break;
     }
     case FX__SCORE_REL_BIAS: {
@@ -57,6 +60,12 @@ int fx__attention_check(const fx_attention *a, const float *q, const float *k, c
     if (!fits(a->B, a->Hq, a->Lq, dmax) || !fits(a->B, a->Hkv, a->Lkv, dmax))
         return fx__error(FX_EINVAL, "tensor sizes overflow (B = %lld, Hq = %lld, Lq = %lld, Lkv = %lld)",
                          (long long)a->B, (long long)a->Hq, (long long)a->Lq, (long long)a->Lkv);
+    /* A thread's scratch holds tiles of up to Hq x (block + padding) x (D + Dv) floats (the
+       largest block is 4096): refuse sizes whose scratch arithmetic would overflow, far
+       beyond any memory, instead of letting it wrap. */
+    if (!fits(a->Hq, a->D + a->Dv + 64, 2 * (4096 + 64), 16 * (int64_t)fx__max_threads()))
+        return fx__error(FX_EINVAL, "Hq = %lld, D = %lld, Dv = %lld: the kernels' scratch size overflows",
+                         (long long)a->Hq, (long long)a->D, (long long)a->Dv);
     if (!isfinite(a->scale))
         return fx__error(FX_EINVAL, "scale = %g must be finite (0: 1/sqrt(D))", (double)a->scale);
     if (a->q_offset < 0)
@@ -85,6 +94,25 @@ int fx__attention_check(const fx_attention *a, const float *q, const float *k, c
         return fx__error(FX_EINVAL, "k is NULL");
     if (!v)
         return fx__error(FX_EINVAL, "v is NULL");
+    return FX_OK;
+}
+
+static bool spans_overlap(const fx__attn_span *x, const fx__attn_span *y)
+{
+    const uintptr_t x0 = (uintptr_t)x->p, y0 = (uintptr_t)y->p;
+    return x->p && y->p && x0 < y0 + y->n * sizeof(float) && y0 < x0 + x->n * sizeof(float);
+}
+
+int fx__attention_check_overlaps(const fx__attn_span *in, size_t nin, const fx__attn_span *out, size_t nout)
+{
+    for (size_t i = 0; i < nout; i++) {
+        for (size_t j = 0; j < nin; j++)
+            if (spans_overlap(&out[i], &in[j]))
+                return fx__error(FX_EINVAL, "%s overlaps the input %s", out[i].name, in[j].name);
+        for (size_t j = 0; j < i; j++)
+            if (spans_overlap(&out[i], &out[j]))
+                return fx__error(FX_EINVAL, "%s overlaps %s", out[i].name, out[j].name);
+    }
     return FX_OK;
 }
 
@@ -179,6 +207,12 @@ int fx_flex_attention(const fx_attention *a, const float *q, const float *k, con
         return rc;
     if (!out)
         return fx__error(FX_EINVAL, "out is NULL");
+    const size_t nq = (size_t)(a->B * a->Hq * a->Lq), nkv = (size_t)(a->B * a->Hkv * a->Lkv);
+    const fx__attn_span in[] = {{"q", q, nq * (size_t)a->D}, {"k", k, nkv * (size_t)a->D}, {"v", v, nkv * (size_t)a->Dv}};
+    const fx__attn_span outs[] = {{"out", out, nq * (size_t)a->Dv}, {"lse", lse, nq}};
+    rc = fx__attention_check_overlaps(in, 3, outs, 2);
+    if (rc != FX_OK)
+        return rc;
     if (fx__attention_use_decode(a)) /* few query rows, many keys: split-KV (decode.c) */
         return fx__attention_decode(a, q, k, v, out, lse);
     return fx__flex_forward(a, q, k, v, out, lse);

@@ -193,9 +193,7 @@ static void bw_table_grad(const bw_ctx *c, double *tab, const float *dS, int64_t
     const fx_score_rel_bias_ctx *t = c->bias;
     for (int64_t i = 0; i < nq; i++)
         for (int64_t j = 0; j < nk; j++) {
-            int64_t e = q0 + i - (kv0 + j) + t->zero;
-            e = e < 0 ? 0 : e >= t->size ? t->size - 1 : e;
-            tab[e] += dS[i * ld + j];
+            tab[fx__rel_bias_entry(t, q0 + i - (kv0 + j))] += dS[i * ld + j];
         }
 }
 
@@ -367,6 +365,14 @@ static int bw_check(const fx_attention *a, const float *q, const float *k, const
         return fx__error(FX_EINVAL, "dout is NULL");
     if (!dq || !dk || !dv)
         return fx__error(FX_EINVAL, "%s is NULL", !dq ? "dq" : !dk ? "dk" : "dv");
+    const size_t nq = (size_t)(a->B * a->Hq * a->Lq), nkv = (size_t)(a->B * a->Hkv * a->Lkv);
+    const size_t nqd = nq * (size_t)a->D, nqv = nq * (size_t)a->Dv;
+    const fx__attn_span in[] = {{"q", q, nqd},  {"k", k, nkv * (size_t)a->D}, {"v", v, nkv * (size_t)a->Dv},
+                                {"out", out, nqv}, {"lse", lse, nq}, {"dout", dout, nqv}};
+    const fx__attn_span outs[] = {{"dq", dq, nqd}, {"dk", dk, nkv * (size_t)a->D}, {"dv", dv, nkv * (size_t)a->Dv}};
+    rc = fx__attention_check_overlaps(in, 6, outs, 3);
+    if (rc != FX_OK)
+        return rc;
     int kind = fx__score_kind(a->score_mod);
     if (kind == FX__SCORE_CUSTOM && !a->score_mod_grad)
         return fx__error(FX_EINVAL, "score_mod is set but score_mod_grad is NULL: the backward pass "

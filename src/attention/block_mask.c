@@ -94,9 +94,11 @@ static void fill_bits(const build *s, uint64_t *bits, int64_t b, int64_t h, int6
         int64_t q = q0 + i;
         if (s->kind == FX__MASK_CAUSAL || s->kind == FX__MASK_SLIDING_WINDOW) {
             int64_t lo = 0, hi = q - k0; /* visible j in [lo, hi] */
-            if (s->kind == FX__MASK_SLIDING_WINDOW)
-                lo = q - ((const fx_mask_sliding_window_ctx *)s->ctx)->window + 1 - k0;
-            lo = lo < 0 ? 0 : lo;
+            if (s->kind == FX__MASK_SLIDING_WINDOW) {
+                /* hi - window + 1, compared first: the window may be as long as INT64_MAX. */
+                const int64_t w = ((const fx_mask_sliding_window_ctx *)s->ctx)->window;
+                lo = hi >= w ? hi - w + 1 : 0;
+            }
             hi = hi >= nk ? nk - 1 : hi;
             for (int64_t j = lo; j <= hi; j++)
                 row[j >> 6] |= (uint64_t)1 << (j & 63);
@@ -141,8 +143,8 @@ int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx, 
     build s = {.fn = mask, .ctx = ctx, .kind = fx__mask_kind(mask), .H = H, .q_len = q_len, .kv_len = kv_len};
     s.bq = block_q ? block_q : 128;
     s.bk = block_kv ? block_kv : 128;
-    s.nqb = (q_len + s.bq - 1) / s.bq;
-    s.nkb = (kv_len + s.bk - 1) / s.bk;
+    s.nqb = q_len / s.bq + (q_len % s.bq != 0); /* rounded up without overflow near INT64_MAX */
+    s.nkb = kv_len / s.bk + (kv_len % s.bk != 0);
     s.words = (s.bk + 63) / 64;
     if (s.nqb > INT32_MAX || s.nkb > INT32_MAX)
         return fx__error(FX_EINVAL, "too many blocks (%lld x %lld)", (long long)s.nqb, (long long)s.nkb);

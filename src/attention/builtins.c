@@ -204,11 +204,6 @@ void fx_score_softcap_grad(const float *s, float *g, int64_t ld, int64_t nq, int
         }
 }
 
-static int64_t rel_index(const fx_score_rel_bias_ctx *c, int64_t d)
-{
-    int64_t e = d + c->zero;
-    return e < 0 ? 0 : e >= c->size ? c->size - 1 : e;
-}
 
 void fx_score_rel_bias(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h,
                        int64_t q0, int64_t kv0, const void *ctx)
@@ -218,7 +213,7 @@ void fx_score_rel_bias(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b,
     const float *t = c->table + (c->heads == 1 ? 0 : h) * c->size;
     for (int64_t i = 0; i < nq; i++)
         for (int64_t j = 0; j < nkv; j++)
-            s[i * ld + j] += t[rel_index(c, (q0 + i) - (kv0 + j))];
+            s[i * ld + j] += t[fx__rel_bias_entry(c, (q0 + i) - (kv0 + j))];
 }
 
 void fx_score_rel_bias_grad(const float *s, float *g, int64_t ld, int64_t nq, int64_t nkv, int64_t b,

@@ -97,6 +97,16 @@ enum {
 };
 int fx__score_kind(fx_score_fn fn);
 
+/* The rel_bias entry of relative distance d: clamp(d + zero, 0, size - 1). zero is the
+   caller's and may be any int64_t: where d + zero overflows, the sum is past that end. */
+static inline int64_t fx__rel_bias_entry(const fx_score_rel_bias_ctx *c, int64_t d)
+{
+    int64_t e;
+    if (__builtin_add_overflow(d, c->zero, &e))
+        return c->zero > 0 ? c->size - 1 : 0;
+    return e < 0 ? 0 : e >= c->size ? c->size - 1 : e;
+}
+
 /* Classifies the block q in [q0, q1], kv in [k0, k1] (inclusive, in range) of a built-in
    mask analytically: FX__BLOCK_* or -1 when it cannot tell (custom masks). A PARTIAL answer
    may still turn out empty or full when the bits are evaluated. */
@@ -116,6 +126,16 @@ int fx__classify_document_ranges(int64_t qmin, int64_t qmax, int64_t kmin, int64
    mod, and q, k, v non-NULL. FX_OK or FX_EINVAL with a message. Outputs are checked by the
    caller. */
 int fx__attention_check(const fx_attention *a, const float *q, const float *k, const float *v);
+/* Outputs against inputs and against each other, after fx__attention_check passed: a tile's
+   results are written while other tiles still read the inputs, so aliasing would silently
+   corrupt them. Each tensor is named for the message, with its float count; NULL ones are
+   skipped. FX_OK or FX_EINVAL "dq overlaps the input q". */
+typedef struct fx__attn_span {
+    const char *name;
+    const float *p;
+    size_t n;
+} fx__attn_span;
+int fx__attention_check_overlaps(const fx__attn_span *in, size_t nin, const fx__attn_span *out, size_t nout);
 /* The scale the kernels use: a->scale, or 1/sqrt(D) when it is 0. */
 float fx__attention_scale(const fx_attention *a);
 

@@ -23,6 +23,12 @@ int fx_comm_sum_pairwise(float *out, float *x, int64_t n, int count)
         return fx__error(FX_EINVAL, "%s is NULL with n = %lld", !out ? "out" : "x", (long long)n);
     if (n < 0 || count < 1)
         return fx__error(FX_EINVAL, "n = %lld, count = %d: need n >= 0 and count >= 1", (long long)n, count);
+    if (n > INT64_MAX / (int64_t)sizeof(float) / count)
+        return fx__error(FX_EINVAL, "n = %lld, count = %d: x's size overflows", (long long)n, count);
+    /* Blocks of out are written while later blocks of x are still to be read. */
+    const uintptr_t o = (uintptr_t)out, x0 = (uintptr_t)x, bytes = (uintptr_t)n * sizeof(float);
+    if (out != x && o < x0 + bytes * (uintptr_t)count && x0 < o + bytes)
+        return fx__error(FX_EINVAL, "out overlaps x without being x (out may be x itself, or apart from it)");
     fx__pairwise_sum_rows(out, x, n, count);
     return FX_OK;
 }

@@ -304,6 +304,8 @@ static int lce_check_params(const fx_lce *p)
         return fx__error(FX_EINVAL, "z_loss = %g must be finite and >= 0", (double)p->z_loss);
     if (!(p->softcap >= 0.0f && isfinite(p->softcap)))
         return fx__error(FX_EINVAL, "softcap = %g must be finite and >= 0 (0: off)", (double)p->softcap);
+    if (p->softcap > 0.0f && !isfinite(1.0f / p->softcap)) /* the vector paths multiply by 1/softcap */
+        return fx__error(FX_EINVAL, "softcap = %g is too small: 1/softcap overflows float", (double)p->softcap);
     if (p->chunk < 0)
         return fx__error(FX_EINVAL, "chunk = %lld must be >= 0 (0: automatic)", (long long)p->chunk);
     if (p->vocab_chunk < 0)
