@@ -264,6 +264,13 @@ static void test_recorder_dump(void)
         FXT_OK(fx_comm_dump(fileno(f)));
         fclose(f);
     }
+    /* A descriptor that cannot be written: an error, not a silent success. */
+    FILE *ro = fopen(path, "rb");
+    FXT_CHECK(ro != NULL);
+    if (ro) {
+        FXT_STATUS(fx_comm_dump(fileno(ro)), FX_EIO, "cannot write the flight recorder");
+        fclose(ro);
+    }
     const char *s = slurp(path);
     FXT_HAS_STR(s, "{\"flight_recorder\":\"small\",\"rank\":0,\"size\":1,\"next_seq\":7");
     FXT_HAS_STR(s, "{\"flight_recorder\":\"world\"");

@@ -159,7 +159,7 @@ FX_API int fx_comm_set_recorder_size(int64_t n);
 /* Where the flight recorder is dumped on a timeout, an error and SIGUSR1: a file descriptor
    the caller owns (2 for stderr), or -1 for no automatic dumps (the default). */
 FX_API void fx_comm_set_dump_fd(int fd);
-/* Writes every live communicator's recorder (oldest first) to fd now. */
+/* Writes every live communicator's recorder (oldest first) to fd now; FX_EIO when a write fails. */
 FX_API int fx_comm_dump(int fd);
 /* Installs a SIGUSR1 handler that only sets a flag; the next fx_comm call that waits or
    progresses (a stuck wait polls continuously) writes the dump to the dump fd, or to stderr

@@ -88,17 +88,19 @@ static int fx__rec_json(char *buf, size_t cap, const fx_comm *c, const fx__rec *
                     r->start_wall, dur, fx_status_name(r->status), fx__state_name(r->state));
 }
 
-static void fx__write_all(int fd, const char *s, size_t n)
+/* 0, or the errno of the write that failed (EIO for a write of nothing). */
+static int fx__write_all(int fd, const char *s, size_t n)
 {
     while (n > 0) {
         ssize_t m = write(fd, s, n);
         if (m < 0 && errno == EINTR)
             continue;
         if (m <= 0)
-            return;
+            return m < 0 ? errno : EIO;
         s += m;
         n -= (size_t)m;
     }
+    return 0;
 }
 
 void fx__comm_rec_finish(fx_comm *c, const fx_comm_work *w)
@@ -114,7 +116,7 @@ void fx__comm_rec_finish(fx_comm *c, const fx_comm_work *w)
         int n = fx__rec_json(line, sizeof line - 1, c, r, 0.0);
         if (n > 0 && (size_t)n < sizeof line - 1) {
             line[n++] = '\n';
-            fx__write_all(fx__log_fd, line, (size_t)n);
+            (void)fx__write_all(fx__log_fd, line, (size_t)n); /* a lost log line does not fail the collective */
         }
     }
 }
@@ -156,26 +158,29 @@ void fx_comm_log_close(void)
 
 void fx_comm_set_dump_fd(int fd) { fx__dump_fd = fd < 0 ? -1 : fd; }
 
-static void fx__dump_one(int fd, const fx_comm *c, double now_wall)
+/* Stops at the first failed write and returns its errno (0: all written). */
+static int fx__dump_one(int fd, const fx_comm *c, double now_wall)
 {
     char line[1024];
+    int err = 0;
     int n = snprintf(line, sizeof line,
                      "{\"flight_recorder\":\"%s\",\"rank\":%d,\"size\":%d,\"next_seq\":%lld,\"timeout\":%.3f,"
                      "\"status\":\"%s\"}\n",
                      c->name, c->rank, c->size, (long long)c->next_seq, c->timeout, fx_status_name(c->failed));
     if (n > 0)
-        fx__write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+        err = fx__write_all(fd, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
     int64_t first = c->next_seq - c->rec_cap;
-    for (int64_t s = first < 0 ? 0 : first; s < c->next_seq; s++) {
+    for (int64_t s = first < 0 ? 0 : first; s < c->next_seq && !err; s++) {
         const fx__rec *r = &c->rec[s % c->rec_cap];
         if (r->seq != s)
             continue;
         n = fx__rec_json(line, sizeof line - 1, c, r, now_wall);
         if (n > 0 && (size_t)n < sizeof line - 1) {
             line[n++] = '\n';
-            fx__write_all(fd, line, (size_t)n);
+            err = fx__write_all(fd, line, (size_t)n);
         }
     }
+    return err;
 }
 
 int fx_comm_dump(int fd)
@@ -183,10 +188,13 @@ int fx_comm_dump(int fd)
     if (fd < 0)
         return fx__error(FX_EINVAL, "fd = %d is not a file descriptor", fd);
     double now_wall = fx__comm_wall();
+    int err = 0;
     fx__lock_take();
-    for (const fx_comm *c = fx__live; c; c = c->next_live)
-        fx__dump_one(fd, c, now_wall);
+    for (const fx_comm *c = fx__live; c && !err; c = c->next_live)
+        err = fx__dump_one(fd, c, now_wall);
     fx__lock_drop();
+    if (err)
+        return fx__error(FX_EIO, "cannot write the flight recorder to fd %d: %s", fd, strerror(err));
     return FX_OK;
 }
 
