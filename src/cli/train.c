@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -31,8 +32,9 @@ typedef struct train_opts {
     bool resume, quiet, bf16, force, adam_bf16, recompute, deterministic;
 } train_opts;
 
-/* "-1" marks an option the user did not give. */
-#define UNSET (-1)
+/* Marks an option the user did not give: a value no option accepts, so that "--steps -1"
+   is refused rather than taken for the default. */
+#define UNSET INT64_MIN
 
 static int mkdir_p(const char *dir)
 {
@@ -437,6 +439,10 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     if (o.save_every < 0 || o.eval_batches < 1 || (o.eval_every != UNSET && o.eval_every < 0) ||
         (o.log_every != UNSET && o.log_every < 1) || !(o.val_frac > 0 && o.val_frac < 1)) {
         cli_error("--save-every, --eval-every >= 0; --eval-batches, --log-every >= 1");
+        return CLI_EXIT_USAGE;
+    }
+    if (o.until != UNSET && o.until < 0) {
+        cli_error("--until %lld must be >= 0", (long long)o.until);
         return CLI_EXIT_USAGE;
     }
     int64_t until = o.until != UNSET ? (o.until < st.steps ? o.until : st.steps) : st.steps;

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Bad values on the command line: each is refused with a one-line error that names it and
+# the usage exit status (2), before any file is written.
+set -u
+flexc=${1:?path to flexc}
+tmp=$(mktemp -d /tmp/flexc_cli_args.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/lib/checks.sh"
+
+for i in $(seq 1 100); do
+    echo "the quick brown fox $((i % 10)) jumps over the lazy dog."
+    (( i % 7 == 0 )) && echo "%"
+done > "$tmp/corpus.txt"
+common=(--model tiny --data "$tmp/corpus.txt" --batch 2 --seq 16 --quiet --threads 1)
+
+# -1 is a value like any other, not "use the default".
+for opt in --steps --batch --seq --accum --warmup --until --layers --dim --heads --kv-heads --eval-every \
+    --log-every; do
+    check "train $opt -1" 2 "$flexc" train "${common[@]}" --steps 2 "$opt" -1 --out "$tmp/neg"
+    [[ -e "$tmp/neg" ]] && { bad "train $opt -1 created --out"; rm -rf "$tmp/neg"; } || ok
+done
+
+finish cli_args
