@@ -20,4 +20,14 @@ for opt in --steps --batch --seq --accum --warmup --until --layers --dim --heads
     [[ -e "$tmp/neg" ]] && { bad "train $opt -1 created --out"; rm -rf "$tmp/neg"; } || ok
 done
 
+# On resume, a --steps below 1 would be saved in the checkpoint and make it unreadable.
+check resume-base 0 "$flexc" train "${common[@]}" --steps 4 --until 2 --out "$tmp/r"
+cp "$tmp/r/checkpoint.safetensors" "$tmp/r.ckpt"
+for n in 0 -7; do
+    check "resume --steps $n" 2 "$flexc" train --resume --steps "$n" --out "$tmp/r" --quiet
+    contains "resume --steps $n message" "$tmp/err" "^flexc: error: --steps $n must be >= 1"
+    same "resume --steps $n untouched" "$tmp/r.ckpt" "$tmp/r/checkpoint.safetensors"
+done
+check resume-after 0 "$flexc" train --resume --out "$tmp/r" --quiet --threads 1
+
 finish cli_args

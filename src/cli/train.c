@@ -372,6 +372,10 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             if (!o.quiet)
                 printf("note: the checkpoint was trained with --deterministic; continuing with it\n");
         }
+        if (o.steps != UNSET && o.steps < 1) {
+            cli_error("--steps %lld must be >= 1", (long long)o.steps);
+            return CLI_EXIT_USAGE;
+        }
         if (o.steps != UNSET)
             st.steps = o.steps; /* extending (or shortening) the schedule is allowed */
     } else {
