@@ -30,4 +30,15 @@ for n in 0 -7; do
 done
 check resume-after 0 "$flexc" train --resume --out "$tmp/r" --quiet --threads 1
 
+# --threads is checked whole, not cut to an int (4294967297 would become 1).
+for n in -1 4294967297 9223372036854775807; do
+    check "train --threads $n" 2 "$flexc" train "${common[@]}" --steps 2 --threads "$n" --out "$tmp/th"
+    contains "train --threads $n message" "$tmp/err" "^flexc: error: train --threads $n "
+    check "generate --threads $n" 2 "$flexc" generate --ckpt "$tmp/r" --threads "$n"
+    contains "generate --threads $n message" "$tmp/err" "^flexc: error: generate --threads $n "
+    check "bench train --threads $n" 2 "$flexc" bench train --model tiny --steps 1 --threads "$n"
+    contains "bench train --threads $n message" "$tmp/err" "^flexc: error: bench train --threads $n "
+done
+[[ -e "$tmp/th" ]] && bad "--threads: created --out" || ok
+
 finish cli_args

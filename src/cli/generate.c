@@ -123,10 +123,8 @@ int cmd_generate(int argc, char **argv)
                   (long long)bad);
         return CLI_EXIT_USAGE;
     }
-    if (threads && fx_set_num_threads((int)threads) != FX_OK) {
-        cli_error("--threads %lld: %s", (long long)threads, fx_last_error());
-        return CLI_EXIT_USAGE;
-    }
+    if ((rc = cli_threads("generate", threads)) != CLI_EXIT_OK)
+        return rc;
 
     /* A directory: its model file, else its checkpoint. */
     char path[4200];

@@ -249,10 +249,8 @@ int cmd_train(int argc, char **argv)
         return CLI_EXIT_OK;
     if (rc != CLI_PARSE_OK)
         return rc;
-    if (o.threads && (rc = fx_set_num_threads((int)o.threads)) != FX_OK) {
-        cli_error("--threads %lld: %s", (long long)o.threads, fx_last_error());
-        return CLI_EXIT_USAGE;
-    }
+    if ((rc = cli_threads("train", o.threads)) != CLI_EXIT_OK)
+        return rc;
     fx__par par;
     if (fx__par_parse(o.parallel, &par) != FX_OK) {
         cli_error("%s", fx_last_error());
