@@ -41,4 +41,10 @@ for n in -1 4294967297 9223372036854775807; do
 done
 [[ -e "$tmp/th" ]] && bad "--threads: created --out" || ok
 
+# A given --log-every is kept (it was cut to 50).
+"$flexc" train --model tiny --data "$tmp/corpus.txt" --batch 1 --seq 8 --threads 1 --steps 70 --log-every 60 \
+    --eval-every 0 --out "$tmp/log" > "$tmp/log.txt" 2>&1 || bad "log-every: exit $?"
+contains log-every-60 "$tmp/log.txt" "^step 60/70 "
+lacks log-every-not-50 "$tmp/log.txt" "step 50/70 "
+
 finish cli_args

@@ -449,8 +449,9 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     }
     int64_t until = o.until != UNSET ? (o.until < st.steps ? o.until : st.steps) : st.steps;
     int64_t eval_every = o.eval_every != UNSET ? o.eval_every : (st.steps / 10 > 0 ? st.steps / 10 : 1);
+    /* By default about 50 lines, and at least one every 50 steps; a given --log-every is kept. */
     int64_t log_every = o.log_every != UNSET ? o.log_every : (st.steps / 50 > 0 ? st.steps / 50 : 1);
-    if (log_every > 50)
+    if (o.log_every == UNSET && log_every > 50)
         log_every = 50;
 
     if (st.batch % nproc) {
