@@ -47,4 +47,17 @@ done
 contains log-every-60 "$tmp/log.txt" "^step 60/70 "
 lacks log-every-not-50 "$tmp/log.txt" "step 50/70 "
 
+# Output that cannot be written is an error, not a success with the text lost.
+if [[ -w /dev/full ]]; then
+    "$flexc" inspect "$tmp/r/model.safetensors" > /dev/full 2> "$tmp/err"; rc=$?
+    [[ $rc -eq 1 ]] && ok || bad "inspect > /dev/full: exit $rc, expected 1"
+    contains full-inspect-msg "$tmp/err" "^flexc: error: cannot write the output: No space left on device"
+    "$flexc" inspect --json "$tmp/r/model.safetensors" > /dev/full 2> "$tmp/err"; rc=$?
+    [[ $rc -eq 1 ]] && ok || bad "inspect --json > /dev/full: exit $rc, expected 1"
+    "$flexc" generate --ckpt "$tmp/r" --tokens 5 > /dev/full 2> "$tmp/err"; rc=$?
+    [[ $rc -eq 1 ]] && ok || bad "generate > /dev/full: exit $rc, expected 1"
+    "$flexc" --help > /dev/full 2> "$tmp/err"; rc=$?
+    [[ $rc -eq 1 ]] && ok || bad "--help > /dev/full: exit $rc, expected 1"
+fi
+
 finish cli_args
