@@ -60,4 +60,9 @@ if [[ -w /dev/full ]]; then
     [[ $rc -eq 1 ]] && ok || bad "--help > /dev/full: exit $rc, expected 1"
 fi
 
+# bench attention's custom case: sizes whose products overflow int64 are refused up front.
+check bench-attn-huge 2 "$flexc" bench attention --mask causal --L 4611686018427387904 --reps 1
+contains bench-attn-huge-msg "$tmp/err" "^flexc: error: bench attention: custom case .*--L 4611686018427387904 "
+check bench-attn-huge-B 2 "$flexc" bench attention --mask causal --L 1024 --B 1152921504606846976 --H 16 --reps 1
+
 finish cli_args

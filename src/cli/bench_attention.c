@@ -245,6 +245,14 @@ int bench_attention(int argc, char **argv)
                       "1 <= docs <= L");
             return CLI_EXIT_USAGE;
         }
+        /* The buffers are sized in int64 products of these; bound them before they can overflow. */
+        double elems = (double)B * (double)H * (double)L * (double)D;
+        if (elems > 0x1p36) {
+            cli_error("bench attention: custom case --B %lld --H %lld --L %lld --D %lld has %.3g elements per "
+                      "tensor, more than 2^36",
+                      (long long)B, (long long)H, (long long)L, (long long)D, elems);
+            return CLI_EXIT_USAGE;
+        }
         if (c.mask != BENCH_MASK_SLIDING)
             c.window = 0;
         cases[n++] = c;
