@@ -17,6 +17,7 @@ common=(--model tiny --data "$tmp/corpus.txt" --batch 2 --seq 16 --quiet --threa
 for opt in --steps --batch --seq --accum --warmup --until --layers --dim --heads --kv-heads --eval-every \
     --log-every; do
     check "train $opt -1" 2 "$flexc" train "${common[@]}" --steps 2 "$opt" -1 --out "$tmp/neg"
+    contains "train $opt -1 message" "$tmp/err" "^flexc: error: .*-1"
     [[ -e "$tmp/neg" ]] && { bad "train $opt -1 created --out"; rm -rf "$tmp/neg"; } || ok
 done
 
@@ -64,5 +65,36 @@ fi
 check bench-attn-huge 2 "$flexc" bench attention --mask causal --L 4611686018427387904 --reps 1
 contains bench-attn-huge-msg "$tmp/err" "^flexc: error: bench attention: custom case .*--L 4611686018427387904 "
 check bench-attn-huge-B 2 "$flexc" bench attention --mask causal --L 1024 --B 1152921504606846976 --H 16 --reps 1
+
+# Each refused value is named in the message.
+msg() { # NAME EXPECTED-MESSAGE ARGS...: exit 2 and the message
+    local name=$1 want=$2
+    shift 2
+    check "$name" 2 "$flexc" "$@"
+    has "$name message" "$tmp/err" "flexc: error: $want"
+}
+t=(train "${common[@]}" --out "$tmp/m")
+msg steps-0 "--steps 0 must be >= 1" "${t[@]}" --steps 0
+msg batch-0 "--batch 0 is outside [1, 65536]" "${t[@]}" --batch 0
+msg batch-big "--batch 65537 is outside [1, 65536]" "${t[@]}" --batch 65537
+msg accum-0 "--accum 0 is outside [1, 65536]" "${t[@]}" --accum 0
+msg warmup-neg "--warmup -3 must be >= 0" "${t[@]}" --warmup -3
+msg lr-0 "--lr 0 must be > 0" "${t[@]}" --lr 0
+msg lr-tiny "--lr 1e-50 must be > 0" "${t[@]}" --lr 1e-50
+msg lr-neg "--lr -0.5 must be > 0" "${t[@]}" --lr -0.5
+msg min-lr-neg "--min-lr -1 must be >= 0" "${t[@]}" --min-lr -1
+msg wd-neg "--weight-decay -0.1 must be >= 0" "${t[@]}" --weight-decay -0.1
+msg clip-neg "--clip -2 must be >= 0" "${t[@]}" --clip -2
+msg save-every-neg "--save-every -2 must be >= 0" "${t[@]}" --save-every -2
+msg eval-every-neg "--eval-every -2 must be >= 0" "${t[@]}" --eval-every -2
+msg eval-batches-0 "--eval-batches 0 must be >= 1" "${t[@]}" --eval-batches 0
+msg log-every-0 "--log-every 0 must be >= 1" "${t[@]}" --log-every 0
+msg until-neg "--until -2 must be >= 0" "${t[@]}" --until -2
+[[ -e "$tmp/m" ]] && bad "refused options created --out" || ok
+g=(generate --ckpt "$tmp/r")
+msg tokens-neg "generate: --tokens -1 is outside [0, 10000000]" "${g[@]}" --tokens -1
+msg tokens-big "generate: --tokens 10000001 is outside [0, 10000000]" "${g[@]}" --tokens 10000001
+msg top-k-neg "generate: --top-k -5 must be >= 0" "${g[@]}" --top-k -5
+msg temp-neg "generate: --temperature -0.5 must be >= 0" "${g[@]}" --temperature -0.5
 
 finish cli_args

@@ -130,6 +130,16 @@ static int metrics_open(FILE **out, const char *path, int64_t last, bool resume)
     return CLI_EXIT_OK;
 }
 
+/* "--batch 0 is outside [1, 65536]", or "--steps 0 must be >= 1" where there is no upper bound. */
+static int int_outside(const char *opt, int64_t v, int64_t lo, int64_t hi)
+{
+    if (hi == INT64_MAX)
+        cli_error("%s %lld must be >= %lld", opt, (long long)v, (long long)lo);
+    else
+        cli_error("%s %lld is outside [%lld, %lld]", opt, (long long)v, (long long)lo, (long long)hi);
+    return CLI_EXIT_USAGE;
+}
+
 /* On resume, an option given on the command line must agree with the checkpoint. */
 static int resume_mismatch(const char *opt, long long given, long long saved)
 {
@@ -428,21 +438,38 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
                       (long long)cfg.ctx, (long long)cfg.ctx);
             return CLI_EXIT_USAGE;
         }
-        if (st.steps < 1 || st.batch < 1 || st.batch > 65536 || st.accum < 1 || st.accum > 65536 || st.warmup < 0) {
-            cli_error("--steps, --batch and --accum must be >= 1 (batch, accum <= 65536), --warmup >= 0");
-            return CLI_EXIT_USAGE;
-        }
-        if (!(st.lr > 0) || !(st.min_lr >= 0) || !(st.weight_decay >= 0) || !(st.clip >= 0) ||
-            !(st.beta1 >= 0 && st.beta1 < 1) || !(st.beta2 >= 0 && st.beta2 < 1)) {
-            cli_error("--lr must be > 0; --min-lr, --weight-decay, --clip >= 0; betas in [0, 1)");
+        if (st.steps < 1)
+            return int_outside("--steps", st.steps, 1, INT64_MAX);
+        if (st.batch < 1 || st.batch > 65536)
+            return int_outside("--batch", st.batch, 1, 65536);
+        if (st.accum < 1 || st.accum > 65536)
+            return int_outside("--accum", st.accum, 1, 65536);
+        if (st.warmup < 0)
+            return int_outside("--warmup", st.warmup, 0, INT64_MAX);
+        /* The float32 values are checked: a positive --lr below float's range would train at 0. */
+        const struct { const char *name; double given; float value; bool positive; } fl[] = {
+            {"--lr", isnan(o.lr) ? 1e-3 : o.lr, st.lr, true},
+            {"--min-lr", isnan(o.min_lr) ? st.min_lr : o.min_lr, st.min_lr, false},
+            {"--weight-decay", o.weight_decay, st.weight_decay, false},
+            {"--clip", o.clip, st.clip, false}};
+        for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
+            if (fl[i].positive ? !(fl[i].value > 0) : !(fl[i].value >= 0)) {
+                cli_error("%s %g must be %s", fl[i].name, fl[i].given, fl[i].positive ? "> 0" : ">= 0");
+                return CLI_EXIT_USAGE;
+            }
+        if (!(st.beta1 >= 0 && st.beta1 < 1) || !(st.beta2 >= 0 && st.beta2 < 1)) {
+            cli_error("the Adam betas %g, %g must be in [0, 1)", (double)st.beta1, (double)st.beta2);
             return CLI_EXIT_USAGE;
         }
     }
-    if (o.save_every < 0 || o.eval_batches < 1 || (o.eval_every != UNSET && o.eval_every < 0) ||
-        (o.log_every != UNSET && o.log_every < 1) || !(o.val_frac > 0 && o.val_frac < 1)) {
-        cli_error("--save-every, --eval-every >= 0; --eval-batches, --log-every >= 1");
-        return CLI_EXIT_USAGE;
-    }
+    if (o.save_every < 0)
+        return int_outside("--save-every", o.save_every, 0, INT64_MAX);
+    if (o.eval_every != UNSET && o.eval_every < 0)
+        return int_outside("--eval-every", o.eval_every, 0, INT64_MAX);
+    if (o.eval_batches < 1)
+        return int_outside("--eval-batches", o.eval_batches, 1, INT64_MAX);
+    if (o.log_every != UNSET && o.log_every < 1)
+        return int_outside("--log-every", o.log_every, 1, INT64_MAX);
     if (o.until != UNSET && o.until < 0) {
         cli_error("--until %lld must be >= 0", (long long)o.until);
         return CLI_EXIT_USAGE;
