@@ -97,4 +97,15 @@ msg tokens-big "generate: --tokens 10000001 is outside [0, 10000000]" "${g[@]}" 
 msg top-k-neg "generate: --top-k -5 must be >= 0" "${g[@]}" --top-k -5
 msg temp-neg "generate: --temperature -0.5 must be >= 0" "${g[@]}" --temperature -0.5
 
+# On resume, hyper-parameters that would change the run must match the checkpoint (they were
+# silently ignored); the same values, or none, continue it.
+cp "$tmp/r/checkpoint.safetensors" "$tmp/r2.ckpt"
+for o in "--min-lr 0.5" "--weight-decay 0.3" "--clip 0.25" "--seed 7" "--lr 0.5"; do
+    check "resume $o" 2 "$flexc" train --resume $o --out "$tmp/r" --quiet
+    contains "resume $o message" "$tmp/err" "^flexc: error: --resume: the checkpoint was trained with ${o% *} .*, not ${o#* }"
+done
+same "resume refused untouched" "$tmp/r2.ckpt" "$tmp/r/checkpoint.safetensors"
+check resume-same-values 0 "$flexc" train --resume --out "$tmp/r" --quiet --threads 1 --steps 5 --lr 1e-3 \
+    --min-lr 1e-4 --weight-decay 0.1 --clip 1 --seed 1337
+
 finish cli_args

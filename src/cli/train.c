@@ -213,10 +213,10 @@ static int save_dist(fx__gpt *m, fx__dist *dist, fx_comm *world, const fx__gpt_t
 int cmd_train(int argc, char **argv)
 {
     train_opts o = {.model = NULL, .attn = NULL, .out = "out", .steps = UNSET, .batch = UNSET, .seq = UNSET,
-                    .seed = 1337, .threads = 0, .accum = UNSET, .warmup = UNSET, .save_every = 0,
+                    .seed = UNSET, .threads = 0, .accum = UNSET, .warmup = UNSET, .save_every = 0,
                     .eval_every = UNSET, .eval_batches = 4, .log_every = UNSET, .until = UNSET, .layers = UNSET,
                     .dim = UNSET, .heads = UNSET, .kv_heads = UNSET, .lr = NAN, .min_lr = NAN,
-                    .weight_decay = 0.1, .clip = 1.0, .beta1 = 0.9, .beta2 = 0.95, .val_frac = 0.05,
+                    .weight_decay = NAN, .clip = NAN, .beta1 = 0.9, .beta2 = 0.95, .val_frac = 0.05,
                     .parallel = "none", .comm_timeout = FX_COMM_DEFAULT_TIMEOUT};
     const cli_opt opts[] = {
         {"--data", CLI_STRING, &o.data, "UTF-8 text to train on (default: the fortunes corpus)"},
@@ -360,8 +360,21 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             cli_error("--resume: the checkpoint was trained with --attn %s, not %s", st.attn, o.attn);
             return CLI_EXIT_USAGE;
         }
-        if (!isnan(o.lr) && (float)o.lr != st.lr) {
-            cli_error("--resume: the checkpoint was trained with --lr %g, not %g", (double)st.lr, o.lr);
+        /* These would change the run too. A checkpoint keeps them as float32, and the default
+           --min-lr is computed in float32 (lr/10), so "the same" is within float rounding. */
+        const struct { const char *name; double given; float saved; } hp[] = {
+            {"--lr", o.lr, st.lr}, {"--min-lr", o.min_lr, st.min_lr},
+            {"--weight-decay", o.weight_decay, st.weight_decay}, {"--clip", o.clip, st.clip}};
+        for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+            if (!isnan(hp[i].given) && fabs(hp[i].given - (double)hp[i].saved) > 1e-6 * fabs((double)hp[i].saved)) {
+                cli_error("--resume: the checkpoint was trained with %s %g, not %g", hp[i].name, (double)hp[i].saved,
+                          hp[i].given);
+                return CLI_EXIT_USAGE;
+            }
+        if (o.seed != UNSET && (uint64_t)o.seed != st.seed) {
+            cli_error("--resume: the checkpoint was trained with --seed %llu, not %lld (its sampler state is "
+                      "restored; drop --seed)",
+                      (unsigned long long)st.seed, (long long)o.seed);
             return CLI_EXIT_USAGE;
         }
         if (o.adam_bf16 && !st.adam_bf16) {
@@ -417,11 +430,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         st.lr = isnan(o.lr) ? 1e-3f : (float)o.lr;
         st.min_lr = isnan(o.min_lr) ? st.lr / 10.0f : (float)o.min_lr;
         st.warmup = o.warmup != UNSET ? o.warmup : (st.steps / 20 < 100 ? st.steps / 20 : 100);
-        st.weight_decay = (float)o.weight_decay;
-        st.clip = (float)o.clip;
+        st.weight_decay = isnan(o.weight_decay) ? 0.1f : (float)o.weight_decay;
+        st.clip = isnan(o.clip) ? 1.0f : (float)o.clip;
         st.beta1 = (float)o.beta1;
         st.beta2 = (float)o.beta2;
-        st.seed = (uint64_t)o.seed;
+        st.seed = o.seed != UNSET ? (uint64_t)o.seed : 1337;
         st.adam_bf16 = o.adam_bf16;
         st.deterministic = o.deterministic;
         fx_rng_init(&st.rng, st.seed, 1);
@@ -450,8 +463,8 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         const struct { const char *name; double given; float value; bool positive; } fl[] = {
             {"--lr", isnan(o.lr) ? 1e-3 : o.lr, st.lr, true},
             {"--min-lr", isnan(o.min_lr) ? st.min_lr : o.min_lr, st.min_lr, false},
-            {"--weight-decay", o.weight_decay, st.weight_decay, false},
-            {"--clip", o.clip, st.clip, false}};
+            {"--weight-decay", isnan(o.weight_decay) ? st.weight_decay : o.weight_decay, st.weight_decay, false},
+            {"--clip", isnan(o.clip) ? st.clip : o.clip, st.clip, false}};
         for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
             if (fl[i].positive ? !(fl[i].value > 0) : !(fl[i].value >= 0)) {
                 cli_error("%s %g must be %s", fl[i].name, fl[i].given, fl[i].positive ? "> 0" : ">= 0");
