@@ -90,6 +90,7 @@ msg eval-every-neg "--eval-every -2 must be >= 0" "${t[@]}" --eval-every -2
 msg eval-batches-0 "--eval-batches 0 must be >= 1" "${t[@]}" --eval-batches 0
 msg log-every-0 "--log-every 0 must be >= 1" "${t[@]}" --log-every 0
 msg until-neg "--until -2 must be >= 0" "${t[@]}" --until -2
+msg seed-neg "--seed -1 must be >= 0" "${t[@]}" --seed -1
 [[ -e "$tmp/m" ]] && bad "refused options created --out" || ok
 g=(generate --ckpt "$tmp/r")
 msg tokens-neg "generate: --tokens -1 is outside [0, 10000000]" "${g[@]}" --tokens -1
@@ -107,5 +108,9 @@ done
 same "resume refused untouched" "$tmp/r2.ckpt" "$tmp/r/checkpoint.safetensors"
 check resume-same-values 0 "$flexc" train --resume --out "$tmp/r" --quiet --threads 1 --steps 5 --lr 1e-3 \
     --min-lr 1e-4 --weight-decay 0.1 --clip 1 --seed 1337
+
+# The largest seed a checkpoint can hold resumes.
+check seed-max 0 "$flexc" train "${common[@]}" --steps 2 --until 1 --seed 9223372036854775807 --out "$tmp/sd"
+check seed-max-resume 0 "$flexc" train --resume --out "$tmp/sd" --quiet --threads 1
 
 finish cli_args

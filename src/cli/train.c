@@ -261,6 +261,9 @@ int cmd_train(int argc, char **argv)
         return rc;
     if ((rc = cli_threads("train", o.threads)) != CLI_EXIT_OK)
         return rc;
+    /* Checkpoints record the seed as a signed integer: a negative one could not be read back. */
+    if (o.seed != UNSET && o.seed < 0)
+        return int_outside("--seed", o.seed, 0, INT64_MAX);
     fx__par par;
     if (fx__par_parse(o.parallel, &par) != FX_OK) {
         cli_error("%s", fx_last_error());
