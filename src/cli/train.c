@@ -642,7 +642,12 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             if (eval)
                 fprintf(metrics, ",\"val_loss\":%.9g", (double)val);
             fprintf(metrics, "}\n");
-            fflush(metrics);
+            /* A metrics line that cannot be written (a full disk) stops the run with an error;
+               the last checkpoint stays as it was. */
+            if (fflush(metrics) != 0 || ferror(metrics)) {
+                cli_error("cannot write %s: %s", mpath, strerror(errno));
+                goto done;
+            }
         }
         if (!o.quiet) {
             double avg = (double)(st.step - first) * tok_per_step / elapsed;
