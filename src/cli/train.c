@@ -600,7 +600,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     double t_start = bench_now(), tok_per_step = (double)(st.batch * st.seq * st.accum);
     int64_t first = st.step;
     float first_loss = NAN, last_loss = NAN;
-    while (st.step < until && !interrupted) {
+    /* Over several processes a signal reaches each at its own moment: a rank stops only when
+       the step's reduction says some rank was signalled, so that all leave the loop after the
+       same step (one leaving alone would meet the others' next step with its own collectives). */
+    bool all_stop = false;
+    while (st.step < until && !(dist ? all_stop : interrupted)) {
         double t0 = bench_now();
         fx__gpt_step_info info;
         bool stop = interrupted;
@@ -613,7 +617,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             goto done;
         }
         if (stop)
-            interrupted = 1;
+            interrupted = 1, all_stop = true;
         double dt = bench_now() - t0, tps = tok_per_step / dt;
         if (!isfinite(info.loss)) {
             cli_error("step %lld: the loss is %g; lower --lr", (long long)st.step, (double)info.loss);
