@@ -113,11 +113,15 @@ check resume-same-values 0 "$flexc" train --resume --out "$tmp/r" --quiet --thre
 check seed-max 0 "$flexc" train "${common[@]}" --steps 2 --until 1 --seed 9223372036854775807 --out "$tmp/sd"
 check seed-max-resume 0 "$flexc" train --resume --out "$tmp/sd" --quiet --threads 1
 
-# metrics.jsonl that cannot be written stops the run with an error (it went on, losing them).
+# metrics.jsonl that cannot be written stops the run with an error (it went on, losing them),
+# after saving the checkpoint of the step done.
 if [[ -w /dev/full ]]; then
     mkdir "$tmp/mf" && ln -s /dev/full "$tmp/mf/metrics.jsonl"
     check metrics-full 1 "$flexc" train "${common[@]}" --steps 3 --out "$tmp/mf"
     contains metrics-full-msg "$tmp/err" "^flexc: error: cannot write $tmp/mf/metrics.jsonl: No space left on device"
+    rm "$tmp/mf/metrics.jsonl"
+    check metrics-full-resume 0 "$flexc" train --resume --out "$tmp/mf" --quiet --threads 1 --until 2
+    contains metrics-full-saved "$tmp/mf/metrics.jsonl" "^{\"step\":2,"
 fi
 
 finish cli_args

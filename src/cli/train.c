@@ -603,7 +603,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     /* Over several processes a signal reaches each at its own moment: a rank stops only when
        the step's reduction says some rank was signalled, so that all leave the loop after the
        same step (one leaving alone would meet the others' next step with its own collectives). */
-    bool all_stop = false;
+    bool all_stop = false, metrics_failed = false;
     while (st.step < until && !(dist ? all_stop : interrupted)) {
         double t0 = bench_now();
         fx__gpt_step_info info;
@@ -646,11 +646,14 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             if (eval)
                 fprintf(metrics, ",\"val_loss\":%.9g", (double)val);
             fprintf(metrics, "}\n");
-            /* A metrics line that cannot be written (a full disk) stops the run with an error;
-               the last checkpoint stays as it was. */
+            /* A metrics line that cannot be written (a full disk) stops the run as a signal
+               would (every process after the same step, the checkpoint saved), then fails. */
             if (fflush(metrics) != 0 || ferror(metrics)) {
-                cli_error("cannot write %s: %s", mpath, strerror(errno));
-                goto done;
+                cli_error("cannot write %s: %s; stopping", mpath, strerror(errno));
+                fclose(metrics);
+                metrics = NULL;
+                metrics_failed = true;
+                interrupted = 1;
             }
         }
         if (!o.quiet) {
@@ -682,7 +685,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     if (!o.quiet) {
         if (tty)
             printf("\r\033[K");
-        if (interrupted)
+        if (interrupted && !metrics_failed)
             printf("interrupted at step %lld; ", (long long)st.step);
         printf("saved %s/checkpoint.safetensors and %s/model.safetensors at step %lld", o.out, o.out,
                (long long)st.step);
@@ -690,7 +693,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             printf(" (loss %.4f -> %.4f)", (double)first_loss, (double)last_loss);
         printf("\n");
     }
-    exit_code = interrupted ? 130 : CLI_EXIT_OK;
+    exit_code = metrics_failed ? CLI_EXIT_FAIL : interrupted ? 130 : CLI_EXIT_OK;
 done:
     if (metrics)
         fclose(metrics);
