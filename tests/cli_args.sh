@@ -124,4 +124,14 @@ if [[ -w /dev/full ]]; then
     contains metrics-full-saved "$tmp/mf/metrics.jsonl" "^{\"step\":2,"
 fi
 
+# A run that fails before writing anything leaves no --out directory behind (it left an empty
+# one, and its missing parents).
+check out-unmade 1 "$flexc" train "${common[@]}" --steps 2 --data "$tmp/missing.txt" --out "$tmp/new/sub/dir"
+[[ -e "$tmp/new" ]] && bad "out-unmade: $tmp/new left behind" || ok
+mkdir "$tmp/keep"
+check out-kept 1 "$flexc" train "${common[@]}" --steps 2 --data "$tmp/missing.txt" --out "$tmp/keep/sub"
+[[ -d "$tmp/keep" && ! -e "$tmp/keep/sub" ]] && ok || bad "out-kept: $tmp/keep removed or $tmp/keep/sub left"
+check out-unmade-nan 1 "$flexc" train "${common[@]}" --steps 2 --lr 1e30 --out "$tmp/nan"
+[[ -f "$tmp/nan/metrics.jsonl" ]] && ok || bad "out-unmade-nan: the metrics of the failed run were removed"
+
 finish cli_args

@@ -36,6 +36,36 @@ typedef struct train_opts {
    is refused rather than taken for the default. */
 #define UNSET INT64_MIN
 
+/* The outermost directory this run created for --out ("" if none): a run that fails before
+   writing anything removes what it created, rather than leave empty directories behind. */
+static char out_made[4096];
+
+static int mkdir_made(const char *path)
+{
+    if (mkdir(path, 0777) == 0) {
+        if (!out_made[0])
+            snprintf(out_made, sizeof out_made, "%s", path);
+        return 0;
+    }
+    return errno == EEXIST ? 0 : -1;
+}
+
+/* Removes the --out directories this run created, innermost first, where they are empty. */
+static void out_unmake(const char *dir)
+{
+    char buf[4096];
+    if (!out_made[0] || snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return;
+    for (;;) {
+        if (rmdir(buf) != 0 || strcmp(buf, out_made) == 0)
+            return;
+        char *slash = strrchr(buf, '/');
+        if (!slash || slash == buf)
+            return;
+        *slash = '\0';
+    }
+}
+
 static int mkdir_p(const char *dir)
 {
     char buf[4096];
@@ -45,11 +75,11 @@ static int mkdir_p(const char *dir)
         if (*p != '/')
             continue;
         *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        if (mkdir_made(buf) != 0)
             return -1;
         *p = '/';
     }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+    if (mkdir_made(buf) != 0)
         return -1;
     struct stat st;
     return stat(buf, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
@@ -303,6 +333,8 @@ int cmd_train(int argc, char **argv)
         }
     }
     rc = train_run(&o, par, world, rank, nproc);
+    if (rc == CLI_EXIT_FAIL || rc == CLI_EXIT_USAGE)
+        out_unmake(o.out);
     fx_comm_log_close();
     fx_comm_free(world);
     if (world && fx_comm_finalize() != FX_OK)
