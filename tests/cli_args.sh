@@ -91,6 +91,7 @@ msg eval-batches-0 "--eval-batches 0 must be >= 1" "${t[@]}" --eval-batches 0
 msg log-every-0 "--log-every 0 must be >= 1" "${t[@]}" --log-every 0
 msg until-neg "--until -2 must be >= 0" "${t[@]}" --until -2
 msg seed-neg "--seed -1 must be >= 0" "${t[@]}" --seed -1
+msg out-empty "--out: the directory name is empty" train "${common[@]}" --out ""
 [[ -e "$tmp/m" ]] && bad "refused options created --out" || ok
 g=(generate --ckpt "$tmp/r")
 msg tokens-neg "generate: --tokens -1 is outside [0, 10000000]" "${g[@]}" --tokens -1

@@ -291,6 +291,11 @@ int cmd_train(int argc, char **argv)
         return rc;
     if ((rc = cli_threads("train", o.threads)) != CLI_EXIT_OK)
         return rc;
+    /* (mkdir_p would read past the end of an empty name.) */
+    if (!o.out[0]) {
+        cli_error("--out: the directory name is empty");
+        return CLI_EXIT_USAGE;
+    }
     /* Checkpoints record the seed as a signed integer: a negative one could not be read back. */
     if (o.seed != UNSET && o.seed < 0)
         return int_outside("--seed", o.seed, 0, INT64_MAX);
