@@ -135,4 +135,7 @@ check out-kept 1 "$flexc" train "${common[@]}" --steps 2 --data "$tmp/missing.tx
 check out-unmade-nan 1 "$flexc" train "${common[@]}" --steps 2 --lr 1e30 --out "$tmp/nan"
 [[ -f "$tmp/nan/metrics.jsonl" ]] && ok || bad "out-unmade-nan: the metrics of the failed run were removed"
 
+# bench train: a vocabulary its uint16 tokens cannot hold is a usage error that says so.
+msg bench-vocab "bench train: --vocab 70000 is outside [2, 65535]" bench train --model tiny --steps 1 --vocab 70000
+
 finish cli_args

@@ -116,6 +116,11 @@ int bench_train(int argc, char **argv)
                   (long long)cfg.ctx);
         return CLI_EXIT_USAGE;
     }
+    /* The random tokens are stored as uint16. */
+    if (cfg.vocab > 65535) {
+        cli_error("bench train: --vocab %lld is outside [2, 65535]", (long long)cfg.vocab);
+        return CLI_EXIT_USAGE;
+    }
 
     /* Random tokens: the speed and memory do not depend on the text. 64K tokens are plenty of
        distinct windows, and keep the benchmark's own data out of the process's memory. */
@@ -123,8 +128,8 @@ int bench_train(int argc, char **argv)
     d.n_train = d.n - (seq + 1);
     d.tok = malloc((size_t)d.n * sizeof *d.tok);
     int32_t *tok = malloc((size_t)(batch * seq) * sizeof *tok), *tgt = malloc((size_t)(batch * seq) * sizeof *tgt);
-    if (!d.tok || !tok || !tgt || cfg.vocab > 65535) {
-        cli_error("bench train: out of memory, or --vocab above 65535");
+    if (!d.tok || !tok || !tgt) {
+        cli_error("bench train: out of memory");
         free(d.tok), free(tok), free(tgt);
         return CLI_EXIT_FAIL;
     }
