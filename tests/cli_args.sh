@@ -138,4 +138,16 @@ check out-unmade-nan 1 "$flexc" train "${common[@]}" --steps 2 --lr 1e30 --out "
 # bench train: a vocabulary its uint16 tokens cannot hold is a usage error that says so.
 msg bench-vocab "bench train: --vocab 70000 is outside [2, 65535]" bench train --model tiny --steps 1 --vocab 70000
 
+# bench safetensors stopped by SIGTERM (a background job ignores SIGINT): its file is removed, not left in the directory.
+mkdir "$tmp/bs"
+"$flexc" bench safetensors --size-mib 16 --tensors 16 --reps 1000 --dir "$tmp/bs" > /dev/null 2>&1 &
+job=$!
+for _ in $(seq 200); do [[ -n $(ls "$tmp/bs") ]] && break; sleep 0.05; done
+sleep 0.5
+kill -TERM $job
+wait $job
+rc=$?
+[[ $rc == 143 ]] && ok || bad "bench safetensors interrupted: exit $rc, expected 143"
+[[ -z $(ls "$tmp/bs") ]] && ok || bad "bench safetensors interrupted: left $(ls "$tmp/bs")"
+
 finish cli_args

@@ -6,9 +6,21 @@
 #include "cli.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* The benchmark's file (a gigabyte by default) is removed when Ctrl-C or SIGTERM ends the
+   run, not left in the temporary directory. */
+static char bench_file[4096];
+
+static void on_signal(int sig)
+{
+    unlink(bench_file);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
 
 typedef struct ctx {
     const char *path;
@@ -123,6 +135,15 @@ int bench_safetensors(int argc, char **argv)
     if (rc != FX_OK)
         return cli_fail(rc, "bench safetensors: save");
 
+    void (*old_int)(int) = SIG_DFL, (*old_term)(int) = SIG_DFL;
+    if (!keep) {
+        memcpy(bench_file, path, sizeof bench_file);
+        /* a signal the caller ignores stays ignored */
+        if ((old_int = signal(SIGINT, on_signal)) == SIG_IGN)
+            signal(SIGINT, SIG_IGN);
+        if ((old_term = signal(SIGTERM, on_signal)) == SIG_IGN)
+            signal(SIGTERM, SIG_IGN);
+    }
     ctx c = {.path = path};
     fx_safetensors *f;
     if ((rc = fx_safetensors_open(&f, path)) != FX_OK) {
@@ -147,8 +168,11 @@ int bench_safetensors(int argc, char **argv)
     bench_pair(run_open, &c, run_read, &c, (int)reps, &open_s, &read_s);
     bench_pair(run_open_touch, &c, run_read, &c, (int)reps, &touch_s, &read2_s);
     free(c.buf);
-    if (!keep)
+    if (!keep) {
+        signal(SIGINT, old_int);
+        signal(SIGTERM, old_term);
         unlink(path);
+    }
     if (c.failed) {
         cli_error("bench safetensors: a timed run failed");
         return CLI_EXIT_FAIL;
