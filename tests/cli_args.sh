@@ -150,4 +150,6 @@ rc=$?
 [[ $rc == 143 ]] && ok || bad "bench safetensors interrupted: exit $rc, expected 143"
 [[ -z $(ls "$tmp/bs") ]] && ok || bad "bench safetensors interrupted: left $(ls "$tmp/bs")"
 
+msg bench-attn-reps "bench attention: --reps -1 is outside [0, 64] (0: by size)" bench attention --reps -1
+
 finish cli_args

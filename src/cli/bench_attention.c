@@ -229,7 +229,7 @@ int bench_attention(int argc, char **argv)
     if (rc != CLI_PARSE_OK)
         return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : rc;
     if (reps < 0 || reps > 64) {
-        cli_error("bench attention: --reps %lld must be in [1, 64]", (long long)reps);
+        cli_error("bench attention: --reps %lld is outside [0, 64] (0: by size)", (long long)reps);
         return CLI_EXIT_USAGE;
     }
     bench_attn_case cases[sizeof default_cases / sizeof default_cases[0]];
