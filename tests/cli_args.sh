@@ -92,6 +92,8 @@ msg log-every-0 "--log-every 0 must be >= 1" "${t[@]}" --log-every 0
 msg until-neg "--until -2 must be >= 0" "${t[@]}" --until -2
 msg seed-neg "--seed -1 must be >= 0" "${t[@]}" --seed -1
 msg out-empty "--out: the directory name is empty" train "${common[@]}" --out ""
+msg resume-force "--resume continues the checkpoint in --out and --force starts over" train --resume --force \
+    --out "$tmp/r" --quiet
 [[ -e "$tmp/m" ]] && bad "refused options created --out" || ok
 g=(generate --ckpt "$tmp/r")
 msg tokens-neg "generate: --tokens -1 is outside [0, 10000000]" "${g[@]}" --tokens -1
@@ -140,15 +142,15 @@ msg bench-vocab "bench train: --vocab 70000 is outside [2, 65535]" bench train -
 
 # bench safetensors stopped by SIGTERM (a background job ignores SIGINT): its file is removed, not left in the directory.
 mkdir "$tmp/bs"
-"$flexc" bench safetensors --size-mib 16 --tensors 16 --reps 1000 --dir "$tmp/bs" > /dev/null 2>&1 &
+"$flexc" bench safetensors --size-mib 64 --tensors 16 --reps 64 --dir "$tmp/bs" > /dev/null 2>&1 &
 job=$!
-for _ in $(seq 200); do [[ -n $(ls "$tmp/bs") ]] && break; sleep 0.05; done
-sleep 0.5
+# the file under its final name: the timed runs (seconds) have begun
+for _ in $(seq 500); do compgen -G "$tmp/bs/flexc-bench-*.safetensors" > /dev/null && break; sleep 0.02; done
 kill -TERM $job
 wait $job
 rc=$?
 [[ $rc == 143 ]] && ok || bad "bench safetensors interrupted: exit $rc, expected 143"
-[[ -z $(ls "$tmp/bs") ]] && ok || bad "bench safetensors interrupted: left $(ls "$tmp/bs")"
+[[ -z $(ls -A "$tmp/bs") ]] && ok || bad "bench safetensors interrupted: left $(ls -A "$tmp/bs")"
 
 msg bench-attn-reps "bench attention: --reps -1 is outside [0, 64] (0: by size)" bench attention --reps -1
 

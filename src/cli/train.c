@@ -296,6 +296,10 @@ int cmd_train(int argc, char **argv)
         cli_error("--out: the directory name is empty");
         return CLI_EXIT_USAGE;
     }
+    if (o.resume && o.force) {
+        cli_error("--resume continues the checkpoint in --out and --force starts over: pass one of them");
+        return CLI_EXIT_USAGE;
+    }
     /* Checkpoints record the seed as a signed integer: a negative one could not be read back. */
     if (o.seed != UNSET && o.seed < 0)
         return int_outside("--seed", o.seed, 0, INT64_MAX);
