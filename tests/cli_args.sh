@@ -154,4 +154,8 @@ rc=$?
 
 msg bench-attn-reps "bench attention: --reps -1 is outside [0, 64] (0: by size)" bench attention --reps -1
 
+# bench safetensors times at most 64 pairs; it accepted up to 1000 and reported that many.
+msg bench-st-reps "bench safetensors: --size-mib in [1, 65536], --tensors in [1, 1000000], --reps in [1, 64]" \
+    bench safetensors --size-mib 1 --reps 65
+
 finish cli_args
