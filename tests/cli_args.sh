@@ -92,6 +92,8 @@ msg log-every-0 "--log-every 0 must be >= 1" "${t[@]}" --log-every 0
 msg until-neg "--until -2 must be >= 0" "${t[@]}" --until -2
 msg seed-neg "--seed -1 must be >= 0" "${t[@]}" --seed -1
 msg out-empty "--out: the directory name is empty" train "${common[@]}" --out ""
+msg comm-log-alone "--comm-log $tmp/c.log: there are no collectives to record without --parallel" "${t[@]}" \
+    --comm-log "$tmp/c.log"
 msg resume-force "--resume continues the checkpoint in --out and --force starts over" train --resume --force \
     --out "$tmp/r" --quiet
 [[ -e "$tmp/m" ]] && bad "refused options created --out" || ok

@@ -308,6 +308,10 @@ int cmd_train(int argc, char **argv)
         cli_error("%s", fx_last_error());
         return CLI_EXIT_USAGE;
     }
+    if (o.comm_log && par == FX__PAR_NONE) {
+        cli_error("--comm-log %s: there are no collectives to record without --parallel ddp or fsdp", o.comm_log);
+        return CLI_EXIT_USAGE;
+    }
     if (!(o.comm_timeout > 0)) {
         cli_error("--comm-timeout %g must be > 0 seconds", o.comm_timeout);
         return CLI_EXIT_USAGE;
