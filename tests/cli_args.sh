@@ -140,6 +140,9 @@ check out-unmade-nan 1 "$flexc" train "${common[@]}" --steps 2 --lr 1e30 --out "
 [[ -f "$tmp/nan/metrics.jsonl" ]] && ok || bad "out-unmade-nan: the metrics of the failed run were removed"
 
 # bench train: a vocabulary its uint16 tokens cannot hold is a usage error that says so.
+msg bench-seq "bench train: --seq 65 is outside [1, 64]" bench train --model tiny --seq 65
+msg bench-batch "bench train: --batch 0 is outside [1, 4096]" bench train --model tiny --batch 0
+msg bench-steps "bench train: --steps 65 is outside [1, 64]" bench train --model tiny --steps 65
 msg bench-vocab "bench train: --vocab 70000 is outside [2, 65535]" bench train --model tiny --steps 1 --vocab 70000
 
 # bench safetensors stopped by SIGTERM (a background job ignores SIGINT): its file is removed, not left in the directory.

@@ -111,11 +111,14 @@ int bench_train(int argc, char **argv)
         cli_error("bench train --only: '%s' is not flex or baseline", only);
         return CLI_EXIT_USAGE;
     }
-    if (seq < 1 || seq > cfg.ctx || batch < 1 || batch > 4096 || steps < 1 || steps > 64) {
-        cli_error("bench train: --seq must be in [1, %lld], --batch in [1, 4096], --steps in [1, 64]",
-                  (long long)cfg.ctx);
-        return CLI_EXIT_USAGE;
-    }
+    const struct { const char *name; int64_t v, lo, hi; } lim[] = {
+        {"--seq", seq, 1, cfg.ctx}, {"--batch", batch, 1, 4096}, {"--steps", steps, 1, 64}};
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+        if (lim[i].v < lim[i].lo || lim[i].v > lim[i].hi) {
+            cli_error("bench train: %s %lld is outside [%lld, %lld]", lim[i].name, (long long)lim[i].v,
+                      (long long)lim[i].lo, (long long)lim[i].hi);
+            return CLI_EXIT_USAGE;
+        }
     /* The random tokens are stored as uint16. */
     if (cfg.vocab > 65535) {
         cli_error("bench train: --vocab %lld is outside [2, 65535]", (long long)cfg.vocab);
