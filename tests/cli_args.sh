@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Bad values on the command line: each is refused with a one-line error that names it and
-# the usage exit status (2), before any file is written.
+# The command against bad input: each bad value on the command line is refused with a
+# one-line error that names it and the usage exit status (2), before any file is written;
+# output that cannot be written, and interruptions, leave nothing half done or unreported.
 set -u
 flexc=${1:?path to flexc}
 tmp=$(mktemp -d /tmp/flexc_cli_args.XXXXXX)
@@ -139,13 +140,15 @@ check out-kept 1 "$flexc" train "${common[@]}" --steps 2 --data "$tmp/missing.tx
 check out-unmade-nan 1 "$flexc" train "${common[@]}" --steps 2 --lr 1e30 --out "$tmp/nan"
 [[ -f "$tmp/nan/metrics.jsonl" ]] && ok || bad "out-unmade-nan: the metrics of the failed run were removed"
 
-# bench train: a vocabulary its uint16 tokens cannot hold is a usage error that says so.
+# bench train names the refused value; a vocabulary its uint16 tokens cannot hold is a usage
+# error that says so (it said "out of memory").
 msg bench-seq "bench train: --seq 65 is outside [1, 64]" bench train --model tiny --seq 65
 msg bench-batch "bench train: --batch 0 is outside [1, 4096]" bench train --model tiny --batch 0
 msg bench-steps "bench train: --steps 65 is outside [1, 64]" bench train --model tiny --steps 65
 msg bench-vocab "bench train: --vocab 70000 is outside [2, 65535]" bench train --model tiny --steps 1 --vocab 70000
 
-# bench safetensors stopped by SIGTERM (a background job ignores SIGINT): its file is removed, not left in the directory.
+# bench safetensors stopped by SIGTERM (a background job ignores SIGINT): its file is removed,
+# not left in the directory.
 mkdir "$tmp/bs"
 "$flexc" bench safetensors --size-mib 64 --tensors 16 --reps 64 --dir "$tmp/bs" > /dev/null 2>&1 &
 job=$!
