@@ -140,6 +140,11 @@ check out-kept 1 "$flexc" train "${common[@]}" --steps 2 --data "$tmp/missing.tx
 check out-unmade-nan 1 "$flexc" train "${common[@]}" --steps 2 --lr 1e30 --out "$tmp/nan"
 [[ -f "$tmp/nan/metrics.jsonl" ]] && ok || bad "out-unmade-nan: the metrics of the failed run were removed"
 
+# --out naming a file says so.
+touch "$tmp/afile"
+check out-file 1 "$flexc" train "${common[@]}" --steps 2 --out "$tmp/afile"
+contains out-file-msg "$tmp/err" "^flexc: error: --out $tmp/afile: cannot create the directory: Not a directory"
+
 # bench train names the refused value; a vocabulary its uint16 tokens cannot hold is a usage
 # error that says so (it said "out of memory").
 msg bench-seq "bench train: --seq 65 is outside [1, 64]" bench train --model tiny --seq 65

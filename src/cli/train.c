@@ -82,7 +82,10 @@ static int mkdir_p(const char *dir)
     if (mkdir_made(buf) != 0)
         return -1;
     struct stat st;
-    return stat(buf, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+    if (stat(buf, &st) == 0 && S_ISDIR(st.st_mode))
+        return 0;
+    errno = ENOTDIR; /* a file of that name: mkdir's EEXIST would read "File exists" */
+    return -1;
 }
 
 /* The output directory must exist (or be creatable) and take a file, before any work. */
