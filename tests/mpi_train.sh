@@ -12,6 +12,8 @@
 #              allocation counter, from bench train --json) is the shards (1/N of the 1-process
 #              state) plus at most three whole layers and the whole embedding and final norm,
 #              at 2 and 4 ranks
+#   interrupt  SIGINT to one rank mid-training (ddp and fsdp): every rank finishes the same
+#              step, the checkpoint is written, all exit 130, and it resumes
 #   nompi      (a build without MPI) --parallel refuses with a clear error
 #   errors     --batch not a multiple of the processes, fsdp --deterministic with more than one
 #              sequence per rank, mpirun without --parallel: clear errors, nothing written
@@ -151,6 +153,26 @@ errors)
     run2 "$flexc" train "${common[@]}" --batch 4 --steps 2 --out "$tmp/e3" >"$tmp/out" 2>"$tmp/err"
     grep -q 'pass --parallel ddp or fsdp' "$tmp/err" && ok || bad "no --parallel: $(cat "$tmp/err")"
     [[ ! -e $tmp/e3/checkpoint.safetensors ]] && ok || bad "a checkpoint was written"
+    ;;
+interrupt)
+    for par in ddp fsdp; do
+        k="$tmp/i-$par"
+        mkdir -p "$k"
+        run2 bash -c 'd=$1; shift; "$@" & p=$!; echo $p >"$d/pid.$OMPI_COMM_WORLD_RANK"; wait $p; echo $? >"$d/rc.$OMPI_COMM_WORLD_RANK"' \
+            _ "$k" "$flexc" train "${common[@]}" --batch 2 --steps 100000 --eval-every 0 --parallel "$par" --quiet \
+            --out "$k/o" 2>"$k/err" &
+        job=$!
+        for _ in $(seq 300); do [[ -s $k/o/metrics.jsonl && -f $k/pid.1 ]] && break; sleep 0.1; done
+        sleep 0.3
+        kill -INT "$(cat "$k/pid.1")"
+        wait "$job"
+        [[ $(cat "$k/rc.0" 2>/dev/null) == 130 && $(cat "$k/rc.1" 2>/dev/null) == 130 ]] && ok ||
+            bad "$par: exit statuses $(cat "$k/rc.0" 2>/dev/null) and $(cat "$k/rc.1" 2>/dev/null), expected 130: $(grep '^flexc' "$k/err")"
+        step=$(head -c 65536 "$k/o/checkpoint.safetensors" 2>/dev/null | tr -d '\0' | grep -ao '"step":"[0-9]*"' | tr -dc 0-9)
+        last=$(tail -1 "$k/o/metrics.jsonl" | sed 's/{"step":\([0-9]*\).*/\1/')
+        [[ -n $step && $step == "$last" ]] && ok || bad "$par: checkpoint step '$step', last metrics step $last"
+        "$flexc" train --resume --threads 1 --quiet --out "$k/o" --until $((step + 1)) || bad "$par: resume"
+    done
     ;;
 memory)
     # small: 6 layers of 1.57M parameters, embedding + final norm 0.1M (whole parameters and

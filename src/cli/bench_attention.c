@@ -229,7 +229,7 @@ int bench_attention(int argc, char **argv)
     if (rc != CLI_PARSE_OK)
         return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : rc;
     if (reps < 0 || reps > 64) {
-        cli_error("bench attention: --reps %lld must be in [1, 64]", (long long)reps);
+        cli_error("bench attention: --reps %lld is outside [0, 64] (0: by size)", (long long)reps);
         return CLI_EXIT_USAGE;
     }
     bench_attn_case cases[sizeof default_cases / sizeof default_cases[0]];
@@ -243,6 +243,14 @@ int bench_attention(int argc, char **argv)
         if (L < 1 || B < 1 || H < 1 || D < 1 || c.Hkv < 1 || H % c.Hkv || window < 1 || docs < 1 || docs > L) {
             cli_error("bench attention: custom case needs --L >= 1, B, H, D, window >= 1, H a multiple of Hkv, "
                       "1 <= docs <= L");
+            return CLI_EXIT_USAGE;
+        }
+        /* The buffers are sized in int64 products of these; bound them before they can overflow. */
+        double elems = (double)B * (double)H * (double)L * (double)D;
+        if (elems > 0x1p36) {
+            cli_error("bench attention: custom case --B %lld --H %lld --L %lld --D %lld has %.3g elements per "
+                      "tensor, more than 2^36",
+                      (long long)B, (long long)H, (long long)L, (long long)D, elems);
             return CLI_EXIT_USAGE;
         }
         if (c.mask != BENCH_MASK_SLIDING)

@@ -6,9 +6,21 @@
 #include "cli.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* The benchmark's file (a gigabyte by default) is removed when Ctrl-C or SIGTERM ends the
+   run, not left in the temporary directory. */
+static char bench_file[4096];
+
+static void on_signal(int sig)
+{
+    unlink(bench_file);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
 
 typedef struct ctx {
     const char *path;
@@ -86,8 +98,9 @@ int bench_safetensors(int argc, char **argv)
     int rc = cli_parse("bench safetensors", syn, argc, argv, opts, 6, NULL, 0, NULL);
     if (rc != CLI_PARSE_OK)
         return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : rc;
-    if (size_mib < 1 || size_mib > 65536 || ntensors < 1 || ntensors > 1000000 || reps < 1 || reps > 1000) {
-        cli_error("bench safetensors: --size-mib in [1, 65536], --tensors in [1, 1000000], --reps in [1, 1000]");
+    if (size_mib < 1 || size_mib > 65536 || ntensors < 1 || ntensors > 1000000 || reps < 1 || reps > 64) {
+        /* (bench_pair times at most 64 pairs) */
+        cli_error("bench safetensors: --size-mib in [1, 65536], --tensors in [1, 1000000], --reps in [1, 64]");
         return CLI_EXIT_USAGE;
     }
     /* Equal F32 tensors [rows, 256] that together fill the size; they share one source buffer
@@ -123,6 +136,15 @@ int bench_safetensors(int argc, char **argv)
     if (rc != FX_OK)
         return cli_fail(rc, "bench safetensors: save");
 
+    void (*old_int)(int) = SIG_DFL, (*old_term)(int) = SIG_DFL;
+    if (!keep) {
+        memcpy(bench_file, path, sizeof bench_file);
+        /* a signal the caller ignores stays ignored */
+        if ((old_int = signal(SIGINT, on_signal)) == SIG_IGN)
+            signal(SIGINT, SIG_IGN);
+        if ((old_term = signal(SIGTERM, on_signal)) == SIG_IGN)
+            signal(SIGTERM, SIG_IGN);
+    }
     ctx c = {.path = path};
     fx_safetensors *f;
     if ((rc = fx_safetensors_open(&f, path)) != FX_OK) {
@@ -147,8 +169,11 @@ int bench_safetensors(int argc, char **argv)
     bench_pair(run_open, &c, run_read, &c, (int)reps, &open_s, &read_s);
     bench_pair(run_open_touch, &c, run_read, &c, (int)reps, &touch_s, &read2_s);
     free(c.buf);
-    if (!keep)
+    if (!keep) {
+        signal(SIGINT, old_int);
+        signal(SIGTERM, old_term);
         unlink(path);
+    }
     if (c.failed) {
         cli_error("bench safetensors: a timed run failed");
         return CLI_EXIT_FAIL;

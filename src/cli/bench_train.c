@@ -88,10 +88,8 @@ int bench_train(int argc, char **argv)
         return CLI_EXIT_OK;
     if (rc != CLI_PARSE_OK)
         return rc;
-    if (threads && fx_set_num_threads((int)threads) != FX_OK) {
-        cli_error("bench train --threads %lld: %s", (long long)threads, fx_last_error());
-        return CLI_EXIT_USAGE;
-    }
+    if ((rc = cli_threads("bench train", threads)) != CLI_EXIT_OK)
+        return rc;
     fx__gpt_config cfg;
     if (fx__gpt_preset(&cfg, model) != FX_OK) {
         cli_error("bench train --model: %s", fx_last_error());
@@ -116,9 +114,17 @@ int bench_train(int argc, char **argv)
         cli_error("bench train --only: '%s' is not flex or baseline", only);
         return CLI_EXIT_USAGE;
     }
-    if (seq < 1 || seq > cfg.ctx || batch < 1 || batch > 4096 || steps < 1 || steps > 64) {
-        cli_error("bench train: --seq must be in [1, %lld], --batch in [1, 4096], --steps in [1, 64]",
-                  (long long)cfg.ctx);
+    const struct { const char *name; int64_t v, lo, hi; } lim[] = {
+        {"--seq", seq, 1, cfg.ctx}, {"--batch", batch, 1, 4096}, {"--steps", steps, 1, 64}};
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+        if (lim[i].v < lim[i].lo || lim[i].v > lim[i].hi) {
+            cli_error("bench train: %s %lld is outside [%lld, %lld]", lim[i].name, (long long)lim[i].v,
+                      (long long)lim[i].lo, (long long)lim[i].hi);
+            return CLI_EXIT_USAGE;
+        }
+    /* The random tokens are stored as uint16. */
+    if (cfg.vocab > 65535) {
+        cli_error("bench train: --vocab %lld is outside [2, 65535]", (long long)cfg.vocab);
         return CLI_EXIT_USAGE;
     }
 
@@ -128,8 +134,8 @@ int bench_train(int argc, char **argv)
     d.n_train = d.n - (seq + 1);
     d.tok = malloc((size_t)d.n * sizeof *d.tok);
     int32_t *tok = malloc((size_t)(batch * seq) * sizeof *tok), *tgt = malloc((size_t)(batch * seq) * sizeof *tgt);
-    if (!d.tok || !tok || !tgt || cfg.vocab > 65535) {
-        cli_error("bench train: out of memory, or --vocab above 65535");
+    if (!d.tok || !tok || !tgt) {
+        cli_error("bench train: out of memory");
         free(d.tok), free(tok), free(tgt);
         return CLI_EXIT_FAIL;
     }

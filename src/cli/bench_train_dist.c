@@ -49,10 +49,8 @@ int bench_train_dist(int argc, char **argv)
         cli_error("bench train --parallel: '%s' is not fsdp or ddp", parallel ? parallel : "");
         return CLI_EXIT_USAGE;
     }
-    if (threads && fx_set_num_threads((int)threads) != FX_OK) {
-        cli_error("bench train --threads %lld: %s", (long long)threads, fx_last_error());
-        return CLI_EXIT_USAGE;
-    }
+    if ((rc = cli_threads("bench train", threads)) != CLI_EXIT_OK)
+        return rc;
     fx__gpt_config cfg;
     if (fx__gpt_preset(&cfg, model) != FX_OK || fx__gpt_config_check(&cfg) != FX_OK) {
         cli_error("bench train --model: %s", fx_last_error());

@@ -51,6 +51,11 @@ int bench_lce(int argc, char **argv);
 int bench_train(int argc, char **argv);
 int bench_safetensors(int argc, char **argv);
 
+/* Applies --threads N (0: leave the default). N is checked whole before it is narrowed to
+   an int, so that 4294967297 is refused rather than taken for 1. Returns CLI_EXIT_OK, or
+   CLI_EXIT_USAGE with the error printed ("<cmd> --threads N: ..."). */
+int cli_threads(const char *cmd, int64_t n);
+
 /* A subcommand whose feature has not landed yet: says so and returns 2. */
 int cli_not_yet(const char *what);
 

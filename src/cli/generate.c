@@ -112,8 +112,16 @@ int cmd_generate(int argc, char **argv)
         cli_error("generate: --ckpt DIR|FILE is required (the --out directory of flexc train)");
         return CLI_EXIT_USAGE;
     }
-    if (ntok < 0 || ntok > 10000000 || top_k < 0 || !(temp >= 0)) {
-        cli_error("generate: --tokens must be in [0, 10000000], --top-k >= 0, --temperature >= 0");
+    if (ntok < 0 || ntok > 10000000) {
+        cli_error("generate: --tokens %lld is outside [0, 10000000]", (long long)ntok);
+        return CLI_EXIT_USAGE;
+    }
+    if (top_k < 0) {
+        cli_error("generate: --top-k %lld must be >= 0 (0: all tokens)", (long long)top_k);
+        return CLI_EXIT_USAGE;
+    }
+    if (!(temp >= 0)) {
+        cli_error("generate: --temperature %g must be >= 0 (0: greedy)", temp);
         return CLI_EXIT_USAGE;
     }
     size_t plen = strlen(prompt);
@@ -123,10 +131,8 @@ int cmd_generate(int argc, char **argv)
                   (long long)bad);
         return CLI_EXIT_USAGE;
     }
-    if (threads && fx_set_num_threads((int)threads) != FX_OK) {
-        cli_error("--threads %lld: %s", (long long)threads, fx_last_error());
-        return CLI_EXIT_USAGE;
-    }
+    if ((rc = cli_threads("generate", threads)) != CLI_EXIT_OK)
+        return rc;
 
     /* A directory: its model file, else its checkpoint. */
     char path[4200];

@@ -1,6 +1,7 @@
 /* flexc: the command. Dispatches to the subcommands. */
 #include "cli.h"
 
+#include <errno.h>
 #include <string.h>
 
 typedef struct subcommand {
@@ -25,6 +26,17 @@ static void usage(FILE *out)
                  "  flexc --version          print the version\n");
 }
 
+/* Output that could not be written (a full disk, a closed descriptor) is a failure, not a
+   success with the text lost: stdio only reports it when the buffer is flushed. */
+static int finish(int rc)
+{
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout))
+        return rc;
+    cli_error("cannot write the output: %s", errno ? strerror(errno) : "write error");
+    return rc == CLI_EXIT_OK ? CLI_EXIT_FAIL : rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -34,15 +46,15 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
-        return CLI_EXIT_OK;
+        return finish(CLI_EXIT_OK);
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V")) {
         printf("flexc %s\n", fx_version());
-        return CLI_EXIT_OK;
+        return finish(CLI_EXIT_OK);
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(cmd, commands[i].name))
-            return commands[i].run(argc - 2, argv + 2);
+            return finish(commands[i].run(argc - 2, argv + 2));
     cli_error("unknown command '%s'", cmd);
     usage(stderr);
     return CLI_EXIT_USAGE;

@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -28,6 +29,21 @@ int cli_not_yet(const char *what)
 {
     cli_error("'%s' is not available in this version of flexc yet", what);
     return CLI_EXIT_USAGE;
+}
+
+int cli_threads(const char *cmd, int64_t n)
+{
+    if (n == 0)
+        return CLI_EXIT_OK;
+    if (n < 0 || n > INT_MAX) {
+        cli_error("%s --threads %lld is outside [1, %d] (0: all cores)", cmd, (long long)n, INT_MAX);
+        return CLI_EXIT_USAGE;
+    }
+    if (fx_set_num_threads((int)n) != FX_OK) {
+        cli_error("%s --threads %lld: %s", cmd, (long long)n, fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    return CLI_EXIT_OK;
 }
 
 void cli_usage(FILE *out, const char *cmd, const char *synopsis, const cli_opt *opts, size_t nopts)

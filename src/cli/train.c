@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -31,10 +32,39 @@ typedef struct train_opts {
     bool resume, quiet, bf16, force, adam_bf16, recompute, deterministic;
 } train_opts;
 
-/* "-1" marks an option the user did not give (NaN for the real-valued ones; any integer
-   is a valid --seed). */
-#define UNSET (-1)
-#define SEED_UNSET INT64_MIN
+/* Marks an option the user did not give: a value no option accepts, so that "--steps -1"
+   is refused rather than taken for the default. */
+#define UNSET INT64_MIN
+
+/* The outermost directory this run created for --out ("" if none): a run that fails before
+   writing anything removes what it created, rather than leave empty directories behind. */
+static char out_made[4096];
+
+static int mkdir_made(const char *path)
+{
+    if (mkdir(path, 0777) == 0) {
+        if (!out_made[0])
+            snprintf(out_made, sizeof out_made, "%s", path);
+        return 0;
+    }
+    return errno == EEXIST ? 0 : -1;
+}
+
+/* Removes the --out directories this run created, innermost first, where they are empty. */
+static void out_unmake(const char *dir)
+{
+    char buf[4096];
+    if (!out_made[0] || snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return;
+    for (;;) {
+        if (rmdir(buf) != 0 || strcmp(buf, out_made) == 0)
+            return;
+        char *slash = strrchr(buf, '/');
+        if (!slash || slash == buf)
+            return;
+        *slash = '\0';
+    }
+}
 
 static int mkdir_p(const char *dir)
 {
@@ -45,14 +75,17 @@ static int mkdir_p(const char *dir)
         if (*p != '/')
             continue;
         *p = '\0';
-        if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        if (mkdir_made(buf) != 0)
             return -1;
         *p = '/';
     }
-    if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+    if (mkdir_made(buf) != 0)
         return -1;
     struct stat st;
-    return stat(buf, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
+    if (stat(buf, &st) == 0 && S_ISDIR(st.st_mode))
+        return 0;
+    errno = ENOTDIR; /* a file of that name: mkdir's EEXIST would read "File exists" */
+    return -1;
 }
 
 /* The output directory must exist (or be creatable) and take a file, before any work. */
@@ -130,6 +163,16 @@ static int metrics_open(FILE **out, const char *path, int64_t last, bool resume)
     return CLI_EXIT_OK;
 }
 
+/* "--batch 0 is outside [1, 65536]", or "--steps 0 must be >= 1" where there is no upper bound. */
+static int int_outside(const char *opt, int64_t v, int64_t lo, int64_t hi)
+{
+    if (hi == INT64_MAX)
+        cli_error("%s %lld must be >= %lld", opt, (long long)v, (long long)lo);
+    else
+        cli_error("%s %lld is outside [%lld, %lld]", opt, (long long)v, (long long)lo, (long long)hi);
+    return CLI_EXIT_USAGE;
+}
+
 /* On resume, an option given on the command line must agree with the checkpoint. */
 static int resume_mismatch(const char *opt, long long given, long long saved)
 {
@@ -203,7 +246,7 @@ static int save_dist(fx__gpt *m, fx__dist *dist, fx_comm *world, const fx__gpt_t
 int cmd_train(int argc, char **argv)
 {
     train_opts o = {.model = NULL, .attn = NULL, .out = "out", .steps = UNSET, .batch = UNSET, .seq = UNSET,
-                    .seed = SEED_UNSET, .threads = 0, .accum = UNSET, .warmup = UNSET, .save_every = 0,
+                    .seed = UNSET, .threads = 0, .accum = UNSET, .warmup = UNSET, .save_every = 0,
                     .eval_every = UNSET, .eval_batches = 4, .log_every = UNSET, .until = UNSET, .layers = UNSET,
                     .dim = UNSET, .heads = UNSET, .kv_heads = UNSET, .lr = NAN, .min_lr = NAN,
                     .weight_decay = NAN, .clip = NAN, .beta1 = 0.9, .beta2 = 0.95, .val_frac = 0.05,
@@ -249,13 +292,27 @@ int cmd_train(int argc, char **argv)
         return CLI_EXIT_OK;
     if (rc != CLI_PARSE_OK)
         return rc;
-    if (o.threads && (rc = fx_set_num_threads((int)o.threads)) != FX_OK) {
-        cli_error("--threads %lld: %s", (long long)o.threads, fx_last_error());
+    if ((rc = cli_threads("train", o.threads)) != CLI_EXIT_OK)
+        return rc;
+    /* (mkdir_p would read past the end of an empty name.) */
+    if (!o.out[0]) {
+        cli_error("--out: the directory name is empty");
         return CLI_EXIT_USAGE;
     }
+    if (o.resume && o.force) {
+        cli_error("--resume continues the checkpoint in --out and --force starts over: pass one of them");
+        return CLI_EXIT_USAGE;
+    }
+    /* Checkpoints record the seed as a signed integer: a negative one could not be read back. */
+    if (o.seed != UNSET && o.seed < 0)
+        return int_outside("--seed", o.seed, 0, INT64_MAX);
     fx__par par;
     if (fx__par_parse(o.parallel, &par) != FX_OK) {
         cli_error("%s", fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    if (o.comm_log && par == FX__PAR_NONE) {
+        cli_error("--comm-log %s: there are no collectives to record without --parallel ddp or fsdp", o.comm_log);
         return CLI_EXIT_USAGE;
     }
     if (!(o.comm_timeout > 0)) {
@@ -292,6 +349,8 @@ int cmd_train(int argc, char **argv)
         }
     }
     rc = train_run(&o, par, world, rank, nproc);
+    if (rc == CLI_EXIT_FAIL || rc == CLI_EXIT_USAGE)
+        out_unmake(o.out);
     fx_comm_log_close();
     fx_comm_free(world);
     if (world && fx_comm_finalize() != FX_OK)
@@ -352,20 +411,21 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             cli_error("--resume: the checkpoint was trained with --attn %s, not %s", st.attn, o.attn);
             return CLI_EXIT_USAGE;
         }
-        /* The schedule, the optimizer and the seed come from the checkpoint: an option that
-           would change them is refused rather than ignored. */
-        const struct { const char *name; double given; float saved; } fchk[] = {
+        /* These would change the run too. A checkpoint keeps them as float32, and the default
+           --min-lr is computed in float32 (lr/10), so "the same" is within float rounding. */
+        const struct { const char *name; double given; float saved; } hp[] = {
             {"--lr", o.lr, st.lr}, {"--min-lr", o.min_lr, st.min_lr},
             {"--weight-decay", o.weight_decay, st.weight_decay}, {"--clip", o.clip, st.clip}};
-        for (size_t i = 0; i < sizeof fchk / sizeof fchk[0]; i++)
-            if (!isnan(fchk[i].given) && (float)fchk[i].given != fchk[i].saved) {
-                cli_error("--resume: the checkpoint was trained with %s %g, not %g", fchk[i].name,
-                          (double)fchk[i].saved, fchk[i].given);
+        for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+            if (!isnan(hp[i].given) && fabs(hp[i].given - (double)hp[i].saved) > 1e-6 * fabs((double)hp[i].saved)) {
+                cli_error("--resume: the checkpoint was trained with %s %g, not %g", hp[i].name, (double)hp[i].saved,
+                          hp[i].given);
                 return CLI_EXIT_USAGE;
             }
-        if (o.seed != SEED_UNSET && (uint64_t)o.seed != st.seed) {
-            cli_error("--resume: the checkpoint was trained with --seed %lld, not %lld", (long long)st.seed,
-                      (long long)o.seed);
+        if (o.seed != UNSET && (uint64_t)o.seed != st.seed) {
+            cli_error("--resume: the checkpoint was trained with --seed %llu, not %lld (its sampler state is "
+                      "restored; drop --seed)",
+                      (unsigned long long)st.seed, (long long)o.seed);
             return CLI_EXIT_USAGE;
         }
         if (o.adam_bf16 && !st.adam_bf16) {
@@ -383,6 +443,10 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             o.deterministic = true;
             if (!o.quiet)
                 printf("note: the checkpoint was trained with --deterministic; continuing with it\n");
+        }
+        if (o.steps != UNSET && o.steps < 1) {
+            cli_error("--steps %lld must be >= 1", (long long)o.steps);
+            return CLI_EXIT_USAGE;
         }
         if (o.steps != UNSET)
             st.steps = o.steps; /* extending (or shortening) the schedule is allowed */
@@ -421,7 +485,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         st.clip = isnan(o.clip) ? 1.0f : (float)o.clip;
         st.beta1 = (float)o.beta1;
         st.beta2 = (float)o.beta2;
-        st.seed = o.seed != SEED_UNSET ? (uint64_t)o.seed : 1337;
+        st.seed = o.seed != UNSET ? (uint64_t)o.seed : 1337;
         st.adam_bf16 = o.adam_bf16;
         st.deterministic = o.deterministic;
         fx_rng_init(&st.rng, st.seed, 1);
@@ -438,24 +502,45 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
                       (long long)cfg.ctx, (long long)cfg.ctx);
             return CLI_EXIT_USAGE;
         }
-        if (st.steps < 1 || st.batch < 1 || st.batch > 65536 || st.accum < 1 || st.accum > 65536 || st.warmup < 0) {
-            cli_error("--steps, --batch and --accum must be >= 1 (batch, accum <= 65536), --warmup >= 0");
-            return CLI_EXIT_USAGE;
-        }
-        if (!(st.lr > 0) || !(st.min_lr >= 0) || !(st.weight_decay >= 0) || !(st.clip >= 0) ||
-            !(st.beta1 >= 0 && st.beta1 < 1) || !(st.beta2 >= 0 && st.beta2 < 1)) {
-            cli_error("--lr must be > 0; --min-lr, --weight-decay, --clip >= 0; betas in [0, 1)");
+        if (st.steps < 1)
+            return int_outside("--steps", st.steps, 1, INT64_MAX);
+        if (st.batch < 1 || st.batch > 65536)
+            return int_outside("--batch", st.batch, 1, 65536);
+        if (st.accum < 1 || st.accum > 65536)
+            return int_outside("--accum", st.accum, 1, 65536);
+        if (st.warmup < 0)
+            return int_outside("--warmup", st.warmup, 0, INT64_MAX);
+        /* The float32 values are checked: a positive --lr below float's range would train at 0. */
+        const struct { const char *name; double given; float value; bool positive; } fl[] = {
+            {"--lr", isnan(o.lr) ? 1e-3 : o.lr, st.lr, true},
+            {"--min-lr", isnan(o.min_lr) ? st.min_lr : o.min_lr, st.min_lr, false},
+            {"--weight-decay", isnan(o.weight_decay) ? st.weight_decay : o.weight_decay, st.weight_decay, false},
+            {"--clip", isnan(o.clip) ? st.clip : o.clip, st.clip, false}};
+        for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
+            if (fl[i].positive ? !(fl[i].value > 0) : !(fl[i].value >= 0)) {
+                cli_error("%s %g must be %s", fl[i].name, fl[i].given, fl[i].positive ? "> 0" : ">= 0");
+                return CLI_EXIT_USAGE;
+            }
+        if (!(st.beta1 >= 0 && st.beta1 < 1) || !(st.beta2 >= 0 && st.beta2 < 1)) {
+            cli_error("the Adam betas %g, %g must be in [0, 1)", (double)st.beta1, (double)st.beta2);
             return CLI_EXIT_USAGE;
         }
     }
-    if (o.save_every < 0 || o.eval_batches < 1 || (o.eval_every != UNSET && o.eval_every < 0) ||
-        (o.log_every != UNSET && o.log_every < 1) || !(o.val_frac > 0 && o.val_frac < 1)) {
-        cli_error("--save-every, --eval-every >= 0; --eval-batches, --log-every >= 1");
+    if (o.save_every < 0)
+        return int_outside("--save-every", o.save_every, 0, INT64_MAX);
+    if (o.eval_every != UNSET && o.eval_every < 0)
+        return int_outside("--eval-every", o.eval_every, 0, INT64_MAX);
+    if (o.eval_batches < 1)
+        return int_outside("--eval-batches", o.eval_batches, 1, INT64_MAX);
+    if (o.log_every != UNSET && o.log_every < 1)
+        return int_outside("--log-every", o.log_every, 1, INT64_MAX);
+    if (o.until != UNSET && o.until < 0) {
+        cli_error("--until %lld must be >= 0", (long long)o.until);
         return CLI_EXIT_USAGE;
     }
     int64_t until = o.until != UNSET ? (o.until < st.steps ? o.until : st.steps) : st.steps;
     int64_t eval_every = o.eval_every != UNSET ? o.eval_every : (st.steps / 10 > 0 ? st.steps / 10 : 1);
-    /* By default about 50 lines a run, and at least one every 50 steps; a given value is kept. */
+    /* By default about 50 lines, and at least one every 50 steps; a given --log-every is kept. */
     int64_t log_every = o.log_every != UNSET ? o.log_every : (st.steps / 50 > 0 ? st.steps / 50 : 1);
     if (o.log_every == UNSET && log_every > 50)
         log_every = 50;
@@ -563,7 +648,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     double t_start = bench_now(), tok_per_step = (double)(st.batch * st.seq * st.accum);
     int64_t first = st.step;
     float first_loss = NAN, last_loss = NAN;
-    while (st.step < until && !interrupted) {
+    /* Over several processes a signal reaches each at its own moment: a rank stops only when
+       the step's reduction says some rank was signalled, so that all leave the loop after the
+       same step (one leaving alone would meet the others' next step with its own collectives). */
+    bool all_stop = false, metrics_failed = false;
+    while (st.step < until && !(dist ? all_stop : interrupted)) {
         double t0 = bench_now();
         fx__gpt_step_info info;
         bool stop = interrupted;
@@ -576,7 +665,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             goto done;
         }
         if (stop)
-            interrupted = 1;
+            interrupted = 1, all_stop = true;
         double dt = bench_now() - t0, tps = tok_per_step / dt;
         if (!isfinite(info.loss)) {
             cli_error("step %lld: the loss is %g; lower --lr", (long long)st.step, (double)info.loss);
@@ -605,7 +694,15 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             if (eval)
                 fprintf(metrics, ",\"val_loss\":%.9g", (double)val);
             fprintf(metrics, "}\n");
-            fflush(metrics);
+            /* A metrics line that cannot be written (a full disk) stops the run as a signal
+               would (every process after the same step, the checkpoint saved), then fails. */
+            if (fflush(metrics) != 0 || ferror(metrics)) {
+                cli_error("cannot write %s: %s; stopping", mpath, strerror(errno));
+                fclose(metrics);
+                metrics = NULL;
+                metrics_failed = true;
+                interrupted = 1;
+            }
         }
         if (!o.quiet) {
             double avg = (double)(st.step - first) * tok_per_step / elapsed;
@@ -636,7 +733,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     if (!o.quiet) {
         if (tty)
             printf("\r\033[K");
-        if (interrupted)
+        if (interrupted && !metrics_failed)
             printf("interrupted at step %lld; ", (long long)st.step);
         printf("saved %s/checkpoint.safetensors and %s/model.safetensors at step %lld", o.out, o.out,
                (long long)st.step);
@@ -644,7 +741,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             printf(" (loss %.4f -> %.4f)", (double)first_loss, (double)last_loss);
         printf("\n");
     }
-    exit_code = interrupted ? 130 : CLI_EXIT_OK;
+    exit_code = metrics_failed ? CLI_EXIT_FAIL : interrupted ? 130 : CLI_EXIT_OK;
 done:
     if (metrics)
         fclose(metrics);
