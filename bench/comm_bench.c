@@ -1,5 +1,5 @@
 /* What the communication layer costs over plain MPI, measured side by side in one run
- * (BENCH.md): `mpirun -np N build/comm_bench [--json]`.
+ * (bench/README.md): `mpirun -np N build/comm_bench [--json]`.
  *
  * Each case alternates A and B (A, B, A, B, ...; every rank runs the same sequence, so the
  * collectives line up), each sample being `iters` back-to-back operations, and reports the

@@ -151,7 +151,13 @@ rc=$?
 msg bench-attn-reps "bench attention: --reps -1 is outside [0, 64] (0: by size)" bench attention --reps -1
 
 # bench safetensors times at most 64 pairs; it accepted up to 1000 and reported that many.
-msg bench-st-reps "bench safetensors: --size-mib in [1, 65536], --tensors in [1, 1000000], --reps in [1, 64]" \
-    bench safetensors --size-mib 1 --reps 65
+msg bench-st-reps "bench safetensors: --reps 65 is outside [1, 64]" bench safetensors --size-mib 1 --reps 65
+msg bench-st-size "bench safetensors: --size-mib 0 is outside [1, 65536]" bench safetensors --size-mib 0
+# An empty --dir put the file in /.
+msg bench-st-dir "bench safetensors: --dir is empty" bench safetensors --size-mib 1 --dir ""
+
+# A window too large for an integer was clamped to INT64_MAX without a word.
+msg sliding-overflow "--attn: attention 'sliding:99999999999999999999': the window after 'sliding:' must be an integer >= 1" "${t[@]}" \
+    --attn sliding:99999999999999999999
 
 finish cli_args

@@ -153,6 +153,10 @@ errors)
     run2 "$flexc" train "${common[@]}" --batch 4 --steps 2 --out "$tmp/e3" >"$tmp/out" 2>"$tmp/err"
     grep -q 'pass --parallel ddp or fsdp' "$tmp/err" && ok || bad "no --parallel: $(cat "$tmp/err")"
     [[ ! -e $tmp/e3/checkpoint.safetensors ]] && ok || bad "a checkpoint was written"
+    # Options that do not go together are a usage error (2), not a failure (1).
+    run2 "$flexc" train "${common[@]}" --batch 2 --steps 2 --parallel fsdp --adam-bf16 --out "$tmp/e4" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    [[ $rc == 2 ]] && grep -q 'drop --adam-bf16' "$tmp/err" && ok || bad "fsdp --adam-bf16: exit $rc: $(cat "$tmp/err")"
     ;;
 interrupt)
     for par in ddp fsdp; do

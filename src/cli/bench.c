@@ -10,7 +10,7 @@ typedef struct bench_case {
 } bench_case;
 
 static const bench_case cases[] = {
-    {"attention", bench_attention, "flex attention vs. dense flash SDPA on the BENCH.md cases"},
+    {"attention", bench_attention, "flex attention vs. dense flash SDPA on the standard cases"},
     {"lce", bench_lce, "fused linear cross-entropy vs. materialised logits"},
     {"train", bench_train, "training tokens/s and peak memory"},
     {"safetensors", bench_safetensors, "open + validate a 1 GiB checkpoint vs. reading it from the page cache"},
@@ -21,7 +21,7 @@ static void usage(FILE *out)
 {
     fprintf(out, "usage: flexc bench <case> [options] [--json]\n\ncases:\n");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        fprintf(out, "  %-10s %s\n", cases[i].name, cases[i].help);
+        fprintf(out, "  %-12s %s\n", cases[i].name, cases[i].help);
 }
 
 int cmd_bench(int argc, char **argv)

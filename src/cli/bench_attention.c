@@ -186,7 +186,7 @@ static int run_case(const bench_attn_case *c, double peak, bool json)
     return CLI_EXIT_OK;
 }
 
-/* The BENCH.md cases; the big ones take fewer timed pairs (a dense 32768 run takes 10-30 s). */
+/* The benchmark cases (docs/attention.md); the big ones take fewer timed pairs (a dense 32768 run takes 10-30 s). */
 static const bench_attn_case default_cases[] = {
     {"sliding32k", 1, 8, 8, 32768, 64, BENCH_MASK_SLIDING, 256, 0, 1},
     {"sliding8k", 1, 8, 8, 8192, 64, BENCH_MASK_SLIDING, 64, 0, 5},

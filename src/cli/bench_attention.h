@@ -1,4 +1,4 @@
-/* flexc bench attention: the cases of BENCH.md and the helpers they share (inputs, masks,
+/* flexc bench attention: the benchmark cases (docs/attention.md) and the helpers they share (inputs, masks,
    flop counts, JSON output), so that further attention benchmarks (backward, decoding) reuse
    them. */
 #ifndef FX_BENCH_ATTENTION_H

@@ -1,4 +1,4 @@
-/* The backward and decoding cases of `flexc bench attention` (BENCH.md "backward", "decode"). */
+/* The backward and decoding cases of `flexc bench attention` (docs/attention-backward.md). */
 #ifndef FX_BENCH_ATTENTION_BWD_H
 #define FX_BENCH_ATTENTION_BWD_H
 

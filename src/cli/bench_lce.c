@@ -1,5 +1,5 @@
 /* flexc bench lce: the fused linear cross-entropy against the unfused computation it
-   replaces (materialised [N, V] logits, softmax, two GEMMs), at the BENCH.md shapes.
+   replaces (materialised [N, V] logits, softmax, two GEMMs), at the benchmark shapes (docs/lce.md).
    Time: the two alternate in one run (A, B, A, B, ...), medians. Memory: the bytes each
    allocates, and the growth of the maximum resident set in a child process per mode.
    Throughput: 6 N V D flops per call against OpenBLAS sgemm at the logits GEMM's shape. */

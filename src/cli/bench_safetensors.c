@@ -98,9 +98,17 @@ int bench_safetensors(int argc, char **argv)
     int rc = cli_parse("bench safetensors", syn, argc, argv, opts, 6, NULL, 0, NULL);
     if (rc != CLI_PARSE_OK)
         return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : rc;
-    if (size_mib < 1 || size_mib > 65536 || ntensors < 1 || ntensors > 1000000 || reps < 1 || reps > 64) {
-        /* (bench_pair times at most 64 pairs) */
-        cli_error("bench safetensors: --size-mib in [1, 65536], --tensors in [1, 1000000], --reps in [1, 64]");
+    /* (bench_pair times at most 64 pairs) */
+    const struct { const char *name; int64_t v, lo, hi; } lim[] = {
+        {"--size-mib", size_mib, 1, 65536}, {"--tensors", ntensors, 1, 1000000}, {"--reps", reps, 1, 64}};
+    for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
+        if (lim[i].v < lim[i].lo || lim[i].v > lim[i].hi) {
+            cli_error("bench safetensors: %s %lld is outside [%lld, %lld]", lim[i].name, (long long)lim[i].v,
+                      (long long)lim[i].lo, (long long)lim[i].hi);
+            return CLI_EXIT_USAGE;
+        }
+    if (!dir[0]) {
+        cli_error("bench safetensors: --dir is empty");
         return CLI_EXIT_USAGE;
     }
     /* Equal F32 tensors [rows, 256] that together fill the size; they share one source buffer

@@ -1,6 +1,6 @@
 /* flexc bench train: training throughput and memory of the GPT with block-sparse flex
    attention and the fused loss, against the same model with dense attention and the
-   unfused (materialised logits) loss, measured side by side in one run (BENCH.md). */
+   unfused (materialised logits) loss, measured side by side in one run (bench/README.md). */
 #include "cli.h"
 
 #include "bench_train_dist.h"

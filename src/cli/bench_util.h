@@ -1,4 +1,4 @@
-/* Measurement helpers for `flexc bench` (BENCH.md): wall-clock medians of alternating runs,
+/* Measurement helpers for `flexc bench` (bench/README.md): wall-clock medians of alternating runs,
    and this machine's limits measured in the same run: fp32 FMA peak, STREAM-triad bandwidth
    and OpenBLAS sgemm throughput. */
 #ifndef FX_BENCH_UTIL_H

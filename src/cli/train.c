@@ -605,6 +605,8 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         if (comm_broken(world, dist))
             comm_failed();
         cli_fail(rc, par == FX__PAR_NONE ? "--deterministic" : o.parallel);
+        if (rc == FX_EUNSUPPORTED) /* options that do not go together, e.g. fsdp and --adam-bf16 */
+            exit_code = CLI_EXIT_USAGE;
         goto done;
     }
     if (!dist && (rc = fx__gpt_set_batch(m, st.batch, st.seq)) != FX_OK) {

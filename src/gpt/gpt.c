@@ -1,6 +1,7 @@
 /* The GPT: configuration, the parameter table, forward, backward, AdamW and decoding. */
 #include "gpt.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,8 +72,9 @@ int fx__gpt_mask_parse(const char *s, fx__gpt_mask *mask, int64_t *window)
         *mask = FX__GPT_MASK_DENSE;
     else if (!strncmp(s, "sliding:", 8)) {
         char *end = NULL;
+        errno = 0;
         long long w = strtoll(s + 8, &end, 10);
-        if (end == s + 8 || *end || w < 1)
+        if (end == s + 8 || *end || w < 1 || errno == ERANGE)
             return fx__error(FX_EINVAL, "attention '%s': the window after 'sliding:' must be an integer >= 1", s);
         *mask = FX__GPT_MASK_SLIDING;
         *window = w;
