@@ -62,6 +62,15 @@ check log-every 0 "$flexc" train --model tiny --data "$tmp/corpus.txt" --batch 2
 contains log-every-first "$tmp/out" "^step 1/60 "
 contains log-every-last "$tmp/out" "^step 60/60 .*val_loss"
 
+# A closed output pipe stops the run after the step, with the checkpoint saved, and fails
+# (it killed the run mid-step, leaving only the last --save-every checkpoint).
+"$flexc" train --model tiny --data "$tmp/corpus.txt" --batch 2 --seq 16 --steps 100000 --eval-every 0 \
+    --log-every 1 --threads 1 --out "$tmp/pipe" 2>"$tmp/pipe.err" | head -1 >/dev/null
+rc=${PIPESTATUS[0]}
+[[ $rc == 1 ]] && ok || bad "pipe: exit $rc, not 1"
+has pipe-message "$tmp/pipe.err" "flexc: error: cannot write the output"
+check pipe-resume 0 "$flexc" train --resume --out "$tmp/pipe" --until 1 --quiet --threads 1
+
 # Recomputing activations changes memory, not results.
 check recompute 0 "$flexc" train "${common[@]}" --steps 20 --recompute --out "$tmp/rc" --threads 1
 same recompute-same "$tmp/s/checkpoint.safetensors" "$tmp/rc/checkpoint.safetensors"

@@ -17,12 +17,10 @@
 
 #define DEFAULT_CORPUS "/usr/share/games/fortunes"
 
+/* The signal that asks the run to stop after its current step (0: none; -1: a reason other
+   than a signal to this process). */
 static volatile sig_atomic_t interrupted;
-static void on_sigint(int sig)
-{
-    (void)sig;
-    interrupted = 1;
-}
+static void on_sigint(int sig) { interrupted = sig; }
 
 typedef struct train_opts {
     const char *data, *model, *attn, *out, *parallel, *comm_log;
@@ -647,6 +645,9 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
 
     signal(SIGINT, on_sigint);
     signal(SIGTERM, on_sigint);
+    /* A closed output pipe (`flexc train ... | head`) stops the run like a signal, with the
+       checkpoint saved, instead of killing it mid-step; main() then reports the lost output. */
+    signal(SIGPIPE, on_sigint);
     double t_start = bench_now(), tok_per_step = (double)(st.batch * st.seq * st.accum);
     int64_t first = st.step;
     float first_loss = NAN, last_loss = NAN;
@@ -666,8 +667,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             cli_fail(rc, "training step");
             goto done;
         }
-        if (stop)
-            interrupted = 1, all_stop = true;
+        if (stop) {
+            if (!interrupted)
+                interrupted = -1; /* another process was signalled */
+            all_stop = true;
+        }
         double dt = bench_now() - t0, tps = tok_per_step / dt;
         if (!isfinite(info.loss)) {
             cli_error("step %lld: the loss is %g; lower --lr", (long long)st.step, (double)info.loss);
@@ -703,7 +707,8 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
                 fclose(metrics);
                 metrics = NULL;
                 metrics_failed = true;
-                interrupted = 1;
+                if (!interrupted)
+                    interrupted = -1;
             }
         }
         if (!o.quiet) {
@@ -743,7 +748,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             printf(" (loss %.4f -> %.4f)", (double)first_loss, (double)last_loss);
         printf("\n");
     }
-    exit_code = metrics_failed ? CLI_EXIT_FAIL : interrupted ? 130 : CLI_EXIT_OK;
+    exit_code = metrics_failed || interrupted == SIGPIPE ? CLI_EXIT_FAIL : interrupted ? 130 : CLI_EXIT_OK;
 done:
     if (metrics)
         fclose(metrics);
