@@ -45,7 +45,7 @@ const fx__lce_kernels *fx__lce_kernels_now(void);
    dw:     dw[j, :] += sum_i zt[j, i] h[i, :], j < nj, i < c (h rows D apart).
    dh:     dh[i, d] = (accumulate ? dh[i, d] : 0) + sum_j zt[j, i] w[j, d], d in [d0, d1).
    dw and dh form each sum first and add it to the output last (errors grow with the calls,
-   not with every term); the caller gives dh 64 rows of w per call.
+   not with every term); the caller gives dh a few hundred rows of w per call.
    The GEMM pointers are NULL on paths that leave the GEMMs to BLAS. Every lane of a vector
    is computed alone, so a result does not depend on how rows or columns are grouped. */
 typedef struct fx__lce_ops {
