@@ -97,25 +97,6 @@ int fx__attention_check(const fx_attention *a, const float *q, const float *k, c
     return FX_OK;
 }
 
-static bool spans_overlap(const fx__attn_span *x, const fx__attn_span *y)
-{
-    const uintptr_t x0 = (uintptr_t)x->p, y0 = (uintptr_t)y->p;
-    return x->p && y->p && x0 < y0 + y->n * sizeof(float) && y0 < x0 + x->n * sizeof(float);
-}
-
-int fx__attention_check_overlaps(const fx__attn_span *in, size_t nin, const fx__attn_span *out, size_t nout)
-{
-    for (size_t i = 0; i < nout; i++) {
-        for (size_t j = 0; j < nin; j++)
-            if (spans_overlap(&out[i], &in[j]))
-                return fx__error(FX_EINVAL, "%s overlaps the input %s", out[i].name, in[j].name);
-        for (size_t j = 0; j < i; j++)
-            if (spans_overlap(&out[i], &out[j]))
-                return fx__error(FX_EINVAL, "%s overlaps %s", out[i].name, out[j].name);
-    }
-    return FX_OK;
-}
-
 float fx__attention_scale(const fx_attention *a)
 {
     return a->scale != 0.0f ? a->scale : (float)(1.0 / sqrt((double)a->D));
@@ -208,9 +189,11 @@ int fx_flex_attention(const fx_attention *a, const float *q, const float *k, con
     if (!out)
         return fx__error(FX_EINVAL, "out is NULL");
     const size_t nq = (size_t)(a->B * a->Hq * a->Lq), nkv = (size_t)(a->B * a->Hkv * a->Lkv);
-    const fx__attn_span in[] = {{"q", q, nq * (size_t)a->D}, {"k", k, nkv * (size_t)a->D}, {"v", v, nkv * (size_t)a->Dv}};
-    const fx__attn_span outs[] = {{"out", out, nq * (size_t)a->Dv}, {"lse", lse, nq}};
-    rc = fx__attention_check_overlaps(in, 3, outs, 2);
+    const size_t f = sizeof(float);
+    const fx__span in[] = {{"q", q, nq * (size_t)a->D * f}, {"k", k, nkv * (size_t)a->D * f},
+                           {"v", v, nkv * (size_t)a->Dv * f}};
+    const fx__span outs[] = {{"out", out, nq * (size_t)a->Dv * f}, {"lse", lse, nq * f}};
+    rc = fx__check_overlaps(in, 3, outs, 2);
     if (rc != FX_OK)
         return rc;
     if (fx__attention_use_decode(a)) /* few query rows, many keys: split-KV (decode.c) */

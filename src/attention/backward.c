@@ -366,11 +366,12 @@ static int bw_check(const fx_attention *a, const float *q, const float *k, const
     if (!dq || !dk || !dv)
         return fx__error(FX_EINVAL, "%s is NULL", !dq ? "dq" : !dk ? "dk" : "dv");
     const size_t nq = (size_t)(a->B * a->Hq * a->Lq), nkv = (size_t)(a->B * a->Hkv * a->Lkv);
-    const size_t nqd = nq * (size_t)a->D, nqv = nq * (size_t)a->Dv;
-    const fx__attn_span in[] = {{"q", q, nqd},  {"k", k, nkv * (size_t)a->D}, {"v", v, nkv * (size_t)a->Dv},
-                                {"out", out, nqv}, {"lse", lse, nq}, {"dout", dout, nqv}};
-    const fx__attn_span outs[] = {{"dq", dq, nqd}, {"dk", dk, nkv * (size_t)a->D}, {"dv", dv, nkv * (size_t)a->Dv}};
-    rc = fx__attention_check_overlaps(in, 6, outs, 3);
+    const size_t f = sizeof(float), qd = nq * (size_t)a->D * f, qv = nq * (size_t)a->Dv * f;
+    const size_t kd = nkv * (size_t)a->D * f, kv = nkv * (size_t)a->Dv * f;
+    const fx__span in[] = {{"q", q, qd},     {"k", k, kd},         {"v", v, kv},
+                           {"out", out, qv}, {"lse", lse, nq * f}, {"dout", dout, qv}};
+    const fx__span outs[] = {{"dq", dq, qd}, {"dk", dk, kd}, {"dv", dv, kv}};
+    rc = fx__check_overlaps(in, 6, outs, 3);
     if (rc != FX_OK)
         return rc;
     int kind = fx__score_kind(a->score_mod);

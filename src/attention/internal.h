@@ -126,16 +126,6 @@ int fx__classify_document_ranges(int64_t qmin, int64_t qmax, int64_t kmin, int64
    mod, and q, k, v non-NULL. FX_OK or FX_EINVAL with a message. Outputs are checked by the
    caller. */
 int fx__attention_check(const fx_attention *a, const float *q, const float *k, const float *v);
-/* Outputs against inputs and against each other, after fx__attention_check passed: a tile's
-   results are written while other tiles still read the inputs, so aliasing would silently
-   corrupt them. Each tensor is named for the message, with its float count; NULL ones are
-   skipped. FX_OK or FX_EINVAL "dq overlaps the input q". */
-typedef struct fx__attn_span {
-    const char *name;
-    const float *p;
-    size_t n;
-} fx__attn_span;
-int fx__attention_check_overlaps(const fx__attn_span *in, size_t nin, const fx__attn_span *out, size_t nout);
 /* The scale the kernels use: a->scale, or 1/sqrt(D) when it is 0. */
 float fx__attention_scale(const fx_attention *a);
 

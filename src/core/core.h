@@ -48,6 +48,23 @@ void fx__sgemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
                    const float *A, int64_t lda, const float *B, int64_t ldb,
                    float beta, float *C, int64_t ldc);
 
+/* Argument aliasing. Kernels write outputs while inputs are still read, so an output that
+   shares memory with an input (or with another output) would silently corrupt the result. */
+static inline bool fx__bytes_overlap(const void *a, size_t na, const void *b, size_t nb)
+{
+    const uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+    return a && b && na > 0 && nb > 0 && a0 < b0 + nb && b0 < a0 + na;
+}
+/* A named argument's bytes (ptr NULL: absent, skipped). */
+typedef struct fx__span {
+    const char *name;
+    const void *ptr;
+    size_t bytes;
+} fx__span;
+/* FX_OK, or FX_EINVAL naming the first output that overlaps an input ("dq overlaps the
+   input q") or an earlier output ("dk overlaps dq"). */
+int fx__check_overlaps(const fx__span *in, size_t nin, const fx__span *out, size_t nout);
+
 /* Overflow-checked size arithmetic: false when the result does not fit. */
 static inline bool fx__mul_size(size_t a, size_t b, size_t *out) { return !__builtin_mul_overflow(a, b, out); }
 static inline bool fx__add_size(size_t a, size_t b, size_t *out) { return !__builtin_add_overflow(a, b, out); }

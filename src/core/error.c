@@ -53,6 +53,20 @@ int fx__error_context(int code, const char *fmt, ...)
     return code;
 }
 
+int fx__check_overlaps(const fx__span *in, size_t nin, const fx__span *out, size_t nout)
+{
+    for (size_t i = 0; i < nout; i++) {
+        const fx__span *o = &out[i];
+        for (size_t j = 0; j < nin; j++)
+            if (fx__bytes_overlap(o->ptr, o->bytes, in[j].ptr, in[j].bytes))
+                return fx__error(FX_EINVAL, "%s overlaps the input %s", o->name, in[j].name);
+        for (size_t j = 0; j < i; j++)
+            if (fx__bytes_overlap(o->ptr, o->bytes, out[j].ptr, out[j].bytes))
+                return fx__error(FX_EINVAL, "%s overlaps %s", o->name, out[j].name);
+    }
+    return FX_OK;
+}
+
 const char *fx_version(void) { return FX_VERSION_STRING; }
 
 /* The hook is set rarely and read from any thread: keep the three fields together. */

@@ -314,33 +314,6 @@ static int lce_check_params(const fx_lce *p)
     return FX_OK;
 }
 
-typedef struct lce_span {
-    const char *name;
-    const void *ptr;
-    size_t bytes;
-} lce_span;
-
-static bool lce_overlap(const lce_span *a, const lce_span *b)
-{
-    uintptr_t a0 = (uintptr_t)a->ptr, b0 = (uintptr_t)b->ptr;
-    return a->ptr && b->ptr && a0 < b0 + b->bytes && b0 < a0 + a->bytes;
-}
-
-/* Outputs against inputs and against each other: a chunk's dh is written while h is still
-   read, so aliasing would silently corrupt the result. */
-static int lce_check_overlaps(const lce_span *in, size_t nin, const lce_span *out, size_t nout)
-{
-    for (size_t i = 0; i < nout; i++) {
-        for (size_t j = 0; j < nin; j++)
-            if (lce_overlap(&out[i], &in[j]))
-                return fx__error(FX_EINVAL, "%s overlaps the input %s", out[i].name, in[j].name);
-        for (size_t j = 0; j < i; j++)
-            if (lce_overlap(&out[i], &out[j]))
-                return fx__error(FX_EINVAL, "%s overlaps %s", out[i].name, out[j].name);
-    }
-    return FX_OK;
-}
-
 /* Every target in [0, V) or ignore_index (FX_ERANGE); counts those not ignored. */
 static int lce_check_targets(const fx_lce *p, const int64_t *target, int64_t *n_valid)
 {
@@ -795,11 +768,11 @@ int fx_linear_cross_entropy(const fx_lce *p, const float *h, const float *w, con
         return rc;
     const size_t N = (size_t)p->N, D = (size_t)p->D, V = (size_t)p->V, f = sizeof(float);
     const size_t nloss = p->reduction == FX_REDUCTION_NONE ? N : 1;
-    const lce_span in[] = {{"h", h, N * D * f}, {"w", w, V * D * f}, {"bias", bias, V * f},
+    const fx__span in[] = {{"h", h, N * D * f}, {"w", w, V * D * f}, {"bias", bias, V * f},
                            {"target", target, N * sizeof(int64_t)}};
-    const lce_span out[] = {{"loss", loss, nloss * f}, {"lse", lse, N * f}, {"dh", dh, N * D * f},
+    const fx__span out[] = {{"loss", loss, nloss * f}, {"lse", lse, N * f}, {"dh", dh, N * D * f},
                             {"dw", dw, V * D * f}, {"dbias", dbias, V * f}};
-    if ((rc = lce_check_overlaps(in, 4, out, 5)) != FX_OK)
+    if ((rc = fx__check_overlaps(in, 4, out, 5)) != FX_OK)
         return rc;
     lce_call k = {.p = p, .h = h, .w = w, .bias = bias, .target = target, .loss = loss, .lse_out = lse,
                   .dh = dh, .dw = dw, .dbias = dbias};
@@ -821,11 +794,11 @@ int fx_linear_cross_entropy_backward(const fx_lce *p, const float *h, const floa
         return fx__error(FX_EINVAL, "grad_loss is NULL");
     const size_t N = (size_t)p->N, D = (size_t)p->D, V = (size_t)p->V, f = sizeof(float);
     const size_t ngrad = p->reduction == FX_REDUCTION_NONE ? N : 1;
-    const lce_span in[] = {{"h", h, N * D * f}, {"w", w, V * D * f}, {"bias", bias, V * f},
+    const fx__span in[] = {{"h", h, N * D * f}, {"w", w, V * D * f}, {"bias", bias, V * f},
                            {"target", target, N * sizeof(int64_t)}, {"lse", lse, N * f},
                            {"grad_loss", grad_loss, ngrad * f}};
-    const lce_span out[] = {{"dh", dh, N * D * f}, {"dw", dw, V * D * f}, {"dbias", dbias, V * f}};
-    if ((rc = lce_check_overlaps(in, 6, out, 3)) != FX_OK)
+    const fx__span out[] = {{"dh", dh, N * D * f}, {"dw", dw, V * D * f}, {"dbias", dbias, V * f}};
+    if ((rc = fx__check_overlaps(in, 6, out, 3)) != FX_OK)
         return rc;
     lce_call k = {.p = p, .h = h, .w = w, .bias = bias, .target = target, .lse_in = lse,
                   .grad_loss = grad_loss, .dh = dh, .dw = dw, .dbias = dbias};

@@ -143,14 +143,6 @@ static void st64(unsigned char *p, uint64_t v)
         p[k] = (unsigned char)(v >> 8 * k);
 }
 
-/* Whether [a, a + na) and [b, b + nb) share a byte: a conversion's output written over its
-   input would be read back half converted (and, on several threads, in any order). */
-static bool bytes_overlap(const void *a, size_t na, const void *b, size_t nb)
-{
-    const uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
-    return na > 0 && nb > 0 && a0 < b0 + nb && b0 < a0 + na;
-}
-
 /* Element-wise: threads only split the range, so any thread count gives the same bits. */
 #define FX__ST_PAR_MIN 65536
 
@@ -174,7 +166,7 @@ int fx_tensor_to_f32(float *dst, size_t n, const fx_tensor_view *t)
                          t->nbytes, (long long)numel, dtypes[t->dtype].name);
     if (n > 0 && (!dst || !t->data))
         return fx__error(FX_EINVAL, "tensor %s: %s is NULL", nm, !dst ? "dst" : "data");
-    if (bytes_overlap(dst, n * sizeof(float), t->data, t->nbytes))
+    if (fx__bytes_overlap(dst, n * sizeof(float), t->data, t->nbytes))
         return fx__error(FX_EINVAL, "tensor %s: dst overlaps the tensor's data", nm);
     const unsigned char *p = t->data;
     int64_t m = (int64_t)n;
@@ -231,7 +223,7 @@ int fx_f32_to_dtype(void *dst, fx_dtype dtype, const float *src, size_t n)
     unsigned char *p = dst;
     if (n > INT64_MAX / 8)
         return fx__error(FX_EINVAL, "n = %zu is too large", n);
-    if (bytes_overlap(dst, n * dtypes[dtype].size, src, n * sizeof(float)))
+    if (fx__bytes_overlap(dst, n * dtypes[dtype].size, src, n * sizeof(float)))
         return fx__error(FX_EINVAL, "dst overlaps src");
     int64_t m = (int64_t)n;
     switch (dtype) {
