@@ -21,7 +21,7 @@ import random
 import sys
 import unicodedata
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -73,6 +73,9 @@ FIXED_TEXTS = [
     "line one\nline two\n\nline four",
     "Numbers 1,000,000 and 2024-05-20 and 12:30:45.678",
     "\x00\x01\x7f control \x1b[31m ansi",
+    "cafe\u0301 and café and CAFÉ, cafés",
+    "<tool>   after tool <tool>\n\nx<tool>",
+    "hello world<s>hello world</s> hello world",
 ]
 
 INVALID_UTF8 = [
@@ -162,7 +165,7 @@ def byte_level(vocab_size, items, pre, normalizer=None, special=(), added=(), ig
     return tok
 
 
-def sentencepiece_like(vocab_size, items, metaspace_pretok):
+def sentencepiece_like(vocab_size, items, metaspace_pretok, added=()):
     """Llama 2 / Mistral layout: <unk> <s> </s>, the 256 <0xXX> byte tokens, then learned
     pieces; byte_fallback, unk fused."""
     trainer_tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -182,6 +185,10 @@ def sentencepiece_like(vocab_size, items, metaspace_pretok):
     tok.add_special_tokens([AddedToken("<unk>", normalized=False, special=True),
                             AddedToken("<s>", normalized=False, special=True),
                             AddedToken("</s>", normalized=False, special=True)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B",
+                                                       special_tokens=[("<s>", 1)])
+    if added:
+        tok.add_tokens(list(added))
     if metaspace_pretok:
         # Mistral: the Metaspace pre-tokenizer (prepend only at the start), Metaspace decoder.
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
@@ -201,19 +208,27 @@ def build(items):
         special=["<|endoftext|>"],
         added=[AddedToken("<mask>", lstrip=True, rstrip=True, special=False, normalized=False),
                AddedToken("hello world", single_word=True, normalized=True)])
+    toks["gpt2"].post_processor = processors.ByteLevel(trim_offsets=False)
     toks["llama3"] = byte_level(
         1500, items,
         pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
                                  pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)]),
         special=["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
         ignore_merges=True)
+    toks["llama3"].post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+                                      special_tokens=[("<|begin_of_text|>", 0)])])
     toks["qwen2"] = byte_level(
         1200, items,
         pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
                                  pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)]),
         normalizer=normalizers.NFC(),
-        special=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
-    toks["llama2"] = sentencepiece_like(1200, items, metaspace_pretok=False)
+        special=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        added=[AddedToken("café", normalized=True), AddedToken("<tool>", rstrip=True, normalized=False)])
+    toks["qwen2"].post_processor = processors.ByteLevel(trim_offsets=False)
+    toks["llama2"] = sentencepiece_like(1200, items, metaspace_pretok=False,
+                                        added=[AddedToken("hello world", normalized=True)])
     toks["mistral"] = sentencepiece_like(800, items, metaspace_pretok=True)
     return toks
 
@@ -236,6 +251,13 @@ def main():
         d = os.path.join(args.out, name)
         os.makedirs(d, exist_ok=True)
         tok.save(os.path.join(d, "tokenizer.json"))
+        if name == "gpt2":
+            # GPT-2's own file spells merges as "a b" strings (the others keep ["a", "b"] pairs).
+            with open(os.path.join(d, "tokenizer.json"), encoding="utf-8") as f:
+                j = json.load(f)
+            j["model"]["merges"] = [" ".join(m) for m in j["model"]["merges"]]
+            with open(os.path.join(d, "tokenizer.json"), "w", encoding="utf-8") as f:
+                json.dump(j, f, ensure_ascii=False, indent=2)
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))  # what the file says, reloaded
         ids = [tok.encode(t, add_special_tokens=False).ids for t in texts]
         dec = [tok.decode(i, skip_special_tokens=False) for i in ids]

@@ -778,6 +778,9 @@ static int load_root(fx_tokenizer *t, const json_t *root)
         if (!(a->norm = dup_bytes(nout, nn)))
             return FX_ENOMEM;
         a->norm_len = nn;
+        /* `tokenizers` gives such a token back (id -> token, decoding) in its normalized form. */
+        t->tok[a->id] = a->norm;
+        t->tok_len[a->id] = (uint32_t)nn;
     }
     if ((rc = index_added(t, false)) != FX_OK || (rc = index_added(t, true)) != FX_OK)
         return rc;
