@@ -21,7 +21,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "tokenizers")
-NAMES = ["gpt2", "llama3", "qwen2", "llama2", "mistral"]
+NAMES = ["gpt2", "llama3", "qwen2", "llama2", "mistral", "smollm", "metaspace"]
 
 
 def load_fixture_module():

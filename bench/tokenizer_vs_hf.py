@@ -26,7 +26,7 @@ os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "tokenizers")
-NAMES = ["gpt2", "llama3", "qwen2", "llama2", "mistral"]
+NAMES = ["gpt2", "llama3", "qwen2", "llama2", "mistral", "smollm", "metaspace"]
 
 
 def documents(mb):

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Trains small BPE tokenizers configured like GPT-2, Llama 3, Qwen2, Llama 2 and Mistral on the
+"""Trains small BPE tokenizers configured like GPT-2, Llama 3, Qwen2, Llama 2, Mistral, SmolLM and an older
+Metaspace conversion (split at each "▁") on the
 fortunes corpus (/usr/share/games/fortunes, Debian packages fortunes and fortunes-min) and
 writes, for each, tests/fixtures/tokenizers/<name>/tokenizer.json and reference.json: the ids
 Hugging Face `tokenizers` gives for a varied text set (encode(s, add_special_tokens=False)),
@@ -165,7 +166,7 @@ def byte_level(vocab_size, items, pre, normalizer=None, special=(), added=(), ig
     return tok
 
 
-def sentencepiece_like(vocab_size, items, metaspace_pretok, added=()):
+def sentencepiece_like(vocab_size, items, metaspace_pretok, added=(), split=False, scheme="first"):
     """Llama 2 / Mistral layout: <unk> <s> </s>, the 256 <0xXX> byte tokens, then learned
     pieces; byte_fallback, unk fused."""
     trainer_tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -191,8 +192,8 @@ def sentencepiece_like(vocab_size, items, metaspace_pretok, added=()):
         tok.add_tokens(list(added))
     if metaspace_pretok:
         # Mistral: the Metaspace pre-tokenizer (prepend only at the start), Metaspace decoder.
-        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
-        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=split)
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme, split=split)
     else:
         # Llama 2 / TinyLlama: the normalizer does the metaspace, no pre-tokenizer.
         tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
@@ -230,6 +231,14 @@ def build(items):
     toks["llama2"] = sentencepiece_like(1200, items, metaspace_pretok=False,
                                         added=[AddedToken("hello world", normalized=True)])
     toks["mistral"] = sentencepiece_like(800, items, metaspace_pretok=True)
+    # SmolLM (StarCoder's layout): digits one by one, then GPT-2's byte-level split.
+    toks["smollm"] = byte_level(
+        900, items,
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                 pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)]),
+        special=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    # Older SentencePiece conversions: Metaspace splitting at each "▁", prefix always.
+    toks["metaspace"] = sentencepiece_like(700, items, metaspace_pretok=True, split=True, scheme="always")
     return toks
 
 

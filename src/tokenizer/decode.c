@@ -230,6 +230,10 @@ static int decode_with(const fx_tokenizer *t, fx__scratch *s, fx_text *out, cons
         return rc;
     dlist cur = {&s->dec[0], &s->dpieces[0]}, nxt = {&s->dec[1], &s->dpieces[1]};
     cur.buf->n = 0;
+    nxt.buf->n = 0;
+    /* Both buffers exist from here on (pieces of empty tokens point into them). */
+    if ((rc = fx__buf_reserve(cur.buf, 0)) != FX_OK || (rc = fx__buf_reserve(nxt.buf, 0)) != FX_OK)
+        return rc;
     cur.p->n = 0;
     for (int64_t i = 0; i < n; i++) {
         size_t len;
@@ -244,7 +248,7 @@ static int decode_with(const fx_tokenizer *t, fx__scratch *s, fx_text *out, cons
             return rc;
     }
     if (!t->has_decoder)
-        return text_put(out, cur.buf->p ? cur.buf->p : "", cur.buf->n);
+        return text_put(out, cur.buf->p, cur.buf->n);
     for (size_t k = 0; k < t->n_decs; k++) {
         nxt.buf->n = 0;
         nxt.p->n = 0;

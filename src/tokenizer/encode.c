@@ -80,6 +80,8 @@ static int ids_reserve(fx_ids *out, size_t n)
 
 static int ids_push(fx_ids *out, const int32_t *ids, size_t n)
 {
+    if (n == 0)
+        return FX_OK;
     int rc = ids_reserve(out, n);
     if (rc != FX_OK)
         return rc;
@@ -775,6 +777,8 @@ static int bpe_word(const fx_tokenizer *t, fx__scratch *s, fx_ids *out, const ch
     size_t m = 0;
     for (size_t i = 0; i < ns; i++)
         m += s->syms[i].len != 0;
+    if (m == 0)
+        return FX_OK; /* every character unknown, and no unk token: nothing, as in `tokenizers` */
     if ((rc = ids_reserve(out, m)) != FX_OK)
         return rc;
     int32_t *dst = out->ids + out->n;

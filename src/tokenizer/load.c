@@ -217,7 +217,7 @@ static int add_pre(fx_tokenizer *t, const json_t *o, const char *where, size_t *
         }
         return FX_OK;
     }
-    if (strcmp(type, "Split") && strcmp(type, "ByteLevel") && strcmp(type, "Metaspace"))
+    if (strcmp(type, "Split") && strcmp(type, "ByteLevel") && strcmp(type, "Metaspace") && strcmp(type, "Digits"))
         return fx__error(FX_EUNSUPPORTED, "%s.type '%s' is not supported", where, type);
     if (t->n_pres == *cap) {
         size_t ncap = *cap ? *cap * 2 : 4;
@@ -253,6 +253,18 @@ static int add_pre(fx_tokenizer *t, const json_t *o, const char *where, size_t *
             return fx__error(FX_EUNSUPPORTED, "%s.behavior '%s' is not supported", where, bs);
         p->behavior = (fx__split_behavior)k;
         return get_bool(&p->invert, o, "invert", false, where);
+    }
+    if (!strcmp(type, "Digits")) {
+        /* Each numeric character (Rust's char::is_numeric: Nd, Nl, No) is a match: alone, or
+           runs of them together. */
+        p->kind = FX__PRE_SPLIT;
+        bool individual = false;
+        rc = get_bool(&individual, o, "individual_digits", false, where);
+        if (rc == FX_OK)
+            rc = fx__regex_init(&p->pattern, "\\p{N}", 5, false, where);
+        p->behavior = individual ? FX__SPLIT_ISOLATED : FX__SPLIT_CONTIGUOUS;
+        p->known_pattern = true; /* never spans a line feed */
+        return rc;
     }
     if (!strcmp(type, "ByteLevel")) {
         p->kind = FX__PRE_BYTELEVEL;
@@ -675,7 +687,8 @@ static bool compute_safe_cut(const fx_tokenizer *t)
         if (p->kind == FX__PRE_BYTELEVEL && i == 0 && !p->use_regex)
             return false;
         if (p->kind == FX__PRE_SPLIT) {
-            if (!p->known_pattern || p->invert || p->behavior != FX__SPLIT_ISOLATED)
+            if (!p->known_pattern || p->invert ||
+                (p->behavior != FX__SPLIT_ISOLATED && p->behavior != FX__SPLIT_CONTIGUOUS))
                 return false;
         }
     }

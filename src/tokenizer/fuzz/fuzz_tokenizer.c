@@ -1,6 +1,6 @@
 /* libFuzzer target: the tokenizer on arbitrary bytes. The first byte picks what to do:
      even: the rest is a tokenizer.json; when it loads, encode and decode a fixed text with it;
-     odd:  the rest is text for fixture tokenizer (byte / 2) % 5 (tests/fixtures/tokenizers,
+     odd:  the rest is text for fixture tokenizer (byte / 2) % 7 (tests/fixtures/tokenizers,
            found from the working directory or FLEXC_SOURCE_DIR): encode it, decode the ids, and
            decode the text's bytes read as ids.
    Beyond "no crash, no leak": encoding is the same twice, and for byte-level tokenizers
@@ -19,8 +19,9 @@
         }                                                                             \
     } while (0)
 
-static const char *const NAMES[] = {"gpt2", "llama3", "qwen2", "llama2", "mistral"};
-static fx_tokenizer *fixtures[5];
+static const char *const NAMES[] = {"gpt2", "llama3", "qwen2", "llama2", "mistral", "smollm", "metaspace"};
+enum { NFIX = 7 };
+static fx_tokenizer *fixtures[NFIX];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -30,7 +31,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     const char *src = getenv("FLEXC_SOURCE_DIR");
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < NFIX; i++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/tests/fixtures/tokenizers/%s/tokenizer.json", src ? src : ".", NAMES[i]);
         if (fx_tokenizer_load(&fixtures[i], path) != FX_OK) {
@@ -77,10 +78,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         return 0;
     }
-    int k = (data[0] / 2) % 5;
+    int k = (data[0] / 2) % NFIX;
     const fx_tokenizer *t = fixtures[k];
-    /* llama3 gives valid text back exactly (gpt2 has an lstrip token, qwen2 normalizes). */
-    roundtrip(t, rest, n, k == 1);
+    /* llama3 and smollm give valid text back exactly (gpt2 has an lstrip token, qwen2
+       normalizes). */
+    roundtrip(t, rest, n, k == 1 || k == 5);
     int32_t ids[64];
     size_t m = n / 2 < 64 ? n / 2 : 64;
     for (size_t i = 0; i < m; i++)
