@@ -159,7 +159,7 @@ int bench_train(int argc, char **argv)
             cli_fail(rc, "bench train");
             goto done;
         }
-        v[i].m->mask = i == 0 ? mask : FX__GPT_MASK_DENSE;
+        v[i].m->mask = i == 0 ? mask : FX__GPT_MASK_CAUSAL_DENSE;
         v[i].m->window = window;
         v[i].m->loss_impl = i == 0 ? FX__GPT_LOSS_FUSED : FX__GPT_LOSS_UNFUSED;
         if ((rc = fx__gpt_set_batch(v[i].m, batch, seq)) != FX_OK) {

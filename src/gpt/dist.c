@@ -44,7 +44,7 @@ struct fx__dist {
     int cur_layer, want;                        /* the layer computed, the one to prefetch */
     float *normp, *normg, *rs_wte, *rs_norm;
     fx_comm_work *w_wte, *w_norm, *w_rs_wte, *w_rs_norm;
-    float **lp, **lg;                  /* m->layer_params / layer_grads */
+    float **lp, **lg;                  /* m->hooks.layer_params / layer_grads */
 };
 
 int fx__par_parse(const char *s, fx__par *out)
@@ -482,11 +482,11 @@ static int fx__fsdp_create(fx__dist *d)
     fx__free(m->params), fx__free(m->grads), fx__free(m->adam);
     m->params = wte, m->grads = wteg, m->adam = NULL;
     d->lp[L] = d->normp, d->lg[L] = d->normg;
-    m->layer_params = d->lp, m->layer_grads = d->lg;
-    m->layer_hook = fx__fsdp_layer_hook;
-    m->hook = fx__fsdp_grad_hook;
-    m->progress = fx__fsdp_progress_hook;
-    m->hook_user = d;
+    m->hooks.layer_params = d->lp, m->hooks.layer_grads = d->lg;
+    m->hooks.layer = fx__fsdp_layer_hook;
+    m->hooks.grad = fx__fsdp_grad_hook;
+    m->hooks.progress = fx__fsdp_progress_hook;
+    m->hooks.user = d;
     return fx_comm_dup(&d->rs, d->world, "reduce_scatter");
 }
 
@@ -599,9 +599,9 @@ int fx__dist_create(fx__dist **out, fx__gpt *m, fx_comm *world, fx__par mode, bo
             rc = FX_ENOMEM;
             goto fail;
         }
-        m->hook = fx__ddp_hook;
-        m->progress = fx__progress_hook;
-        m->hook_user = d;
+        m->hooks.grad = fx__ddp_hook;
+        m->hooks.progress = fx__progress_hook;
+        m->hooks.user = d;
     } else if (mode == FX__PAR_FSDP) {
         if ((rc = fx__fsdp_create(d)) != FX_OK)
             goto fail;
@@ -630,9 +630,8 @@ void fx__dist_free(fx__dist *d)
     fx_comm_work_free(d->w_wte), fx_comm_work_free(d->w_norm);
     fx_comm_work_free(d->w_rs_wte), fx_comm_work_free(d->w_rs_norm);
     fx_comm_free(d->rs);
-    if (m->hook_user == d) {
-        m->hook = NULL, m->layer_hook = NULL, m->progress = NULL, m->hook_user = NULL;
-        m->layer_params = m->layer_grads = NULL;
+    if (m->hooks.user == d) {
+        m->hooks = (fx__gpt_hooks){0};
     }
     fx__free(d->works), fx__free(d->stack), fx__free(d->acc), fx__free(d->stack_n);
     fx__free(d->uoff), fx__free(d->lp), fx__free(d->lg), fx__free(d->sp);

@@ -15,7 +15,7 @@
  * A training step is, in order (the points where a multi-process trainer hooks in):
  *   fx__gpt_zero_grad (unless grads_zero: the last optimizer pass cleared them); for each
  *   micro-batch: fx__gpt_forward, fx__gpt_backward (which calls the optional per-layer
- *   gradient hook as each layer's gradients become final); the gradient norm, then
+ *   gradient hook (hooks.h) as each layer's gradients become final); the gradient norm, then
  *   fx__gpt_adamw over the flat buffers (averaging and clipping folded into its gradient
  *   scale, the gradients cleared as they are read).
  */
@@ -23,6 +23,7 @@
 #define FX_GPT_H
 
 #include "core/core.h"
+#include "hooks.h"
 
 /* ---- tokens ---------------------------------------------------------------------------- */
 
@@ -54,7 +55,8 @@ typedef enum fx__gpt_mask {
     FX__GPT_MASK_CAUSAL = 0,
     FX__GPT_MASK_SLIDING = 1,  /* causal, keys within `window` positions back */
     FX__GPT_MASK_DOCUMENT = 2, /* causal within documents split at end-of-text */
-    FX__GPT_MASK_DENSE = 3     /* causal, but computed densely (no block skipping): the baseline */
+    FX__GPT_MASK_CAUSAL_DENSE = 3 /* causal, computed densely (every block, causality by a score
+                                     modifier): the baseline that block skipping is measured against */
 } fx__gpt_mask;
 
 /* "causal" | "sliding:W" | "document" | "dense" -> mask, window. */
@@ -106,11 +108,6 @@ typedef struct fx__gpt_layout {
 
 /* ---- the model ------------------------------------------------------------------------- */
 
-/* Called by fx__gpt_backward as a region of the gradient buffer becomes final for this
-   micro-batch: layer = L for the final norm (first), L-1 .. 0 for each layer's tensors
-   (contiguous), then -1 for the embedding (last: the loss and the inputs both add to it). */
-typedef void (*fx__gpt_grad_hook)(int layer, float *grad, size_t numel, void *user);
-
 typedef struct fx__gpt {
     fx__gpt_config c;
     fx__gpt_layout lay;
@@ -128,11 +125,13 @@ typedef struct fx__gpt {
     fx__gpt_loss_impl loss_impl;
     bool recompute;   /* keep only each layer's input; backward recomputes the rest (set before
                          fx__gpt_set_batch): activation memory / (about) L, one more forward */
-    bool acts_parked; /* this forward parked layers 1.. L-1's activations in the gradient
-                         memory of the layer below (recompute with clear gradients): the
-                         backward pass recomputes nothing */
-    bool res_two;     /* this forward (recompute, no gradients) kept only two residual
-                         streams, in turn */
+    /* Where this forward left its activations (read by the backward pass). */
+    struct {
+        bool acts_parked; /* layers 1 .. L-1's activations are parked in the gradient memory
+                             of the layer below (recompute with clear gradients): the
+                             backward pass recomputes nothing */
+        bool res_two;     /* (recompute, no gradients) only two residual streams, in turn */
+    } park;
 
     /* Activations for (B, T) and backward scratch: one buffer. */
     int64_t B, T;
@@ -152,21 +151,7 @@ typedef struct fx__gpt {
                              directly must clear this. */
     bool grad_ready;      /* a forward with grad ran, and its backward has not */
 
-    fx__gpt_grad_hook hook; /* called in backward when a layer's gradients are final */
-    void *hook_user;
-
-    /* Sharded training (FSDP): layer l's parameters and gradients (l == layers: the final
-       norm) live in buffers of their own, laid out as in the flat buffer from the layer's
-       first tensor; the embedding stays at params / grads offset 0. NULL: the flat buffers. */
-    float **layer_params, **layer_grads;
-    /* Called before layer l's forward (backward false) and before its backward (l == layers:
-       the final norm), with hook_user: where FSDP gathers the layer. Non-zero aborts the pass
-       with that status. */
-    int (*layer_hook)(int layer, bool backward, void *user);
-    /* Called between the sub-operations of each layer (the projections, attention, the
-       MLP's matrices), forward and backward, with hook_user: where collectives in flight are
-       driven forward (MPI advances them only inside its calls). */
-    void (*progress)(void *user);
+    fx__gpt_hooks hooks; /* distributed training's points of entry (hooks.h); all NULL alone */
 } fx__gpt;
 
 /* Allocates and initialises parameters (N(0, 0.02), output projections scaled by

@@ -230,7 +230,7 @@ fx_mask_fn fx__gpt_mask_fn(fx__gpt_mask mask, const fx__gpt_mask_ctx *mc, const 
         *ctx = &mc->document;
         return fx_mask_document;
     case FX__GPT_MASK_CAUSAL:
-    case FX__GPT_MASK_DENSE:
+    case FX__GPT_MASK_CAUSAL_DENSE:
         break;
     }
     *ctx = NULL;
