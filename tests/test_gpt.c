@@ -525,7 +525,7 @@ static void decode_check(fx__gpt_attn_impl ai, const char *mask)
         for (size_t j = 0; j < m->lay.t[ti].numel && m->lay.t[ti].ndim == 2; j++)
             m->params[m->lay.t[ti].offset + j] *= 5.0f;
     fx__gpt_cache *kc = NULL;
-    FXT_OK(fx__gpt_cache_create(&kc, m));
+    FXT_OK(fx__gpt_cache_create(&kc, m, 0));
     if (!kc)
         return;
     float *logits = fxt_guarded((size_t)c.vocab);

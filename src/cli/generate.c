@@ -163,7 +163,7 @@ int cmd_generate(int argc, char **argv)
         goto done;
     }
     fx__gpt_mask_parse(ts.attn, &m->mask, &m->window);
-    if ((rc = fx__gpt_load(m, path, false)) != FX_OK || (rc = fx__gpt_cache_create(&kc, m)) != FX_OK) {
+    if ((rc = fx__gpt_load(m, path, false)) != FX_OK || (rc = fx__gpt_cache_create(&kc, m, 0)) != FX_OK) {
         cli_fail(rc, "--ckpt");
         goto done;
     }

@@ -14,7 +14,7 @@ int fx__gpt_backward(fx__gpt *m)
     m->grads_zero = false;
     const fx__gpt_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
-    int64_t Hq = c->heads, Hkv = c->kv_heads, hd = C / Hq, QD = Hq * hd, KD = Hkv * hd;
+    int64_t Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd;
     fx__acts a;
     fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
     fx__attn_call call;
@@ -30,7 +30,7 @@ int fx__gpt_backward(fx__gpt *m)
     float *gn = fx__layer_base(m, true, c->layers);
     fx__rmsnorm_backward(a.dres, gn, a.dxn, fx__res_at(m, &a, c->layers), fx__layer_base(m, false, c->layers), a.rstdf,
                          N, C);
-    fx__grad_hook(m, (int)c->layers, gn, tn->numel);
+    fx__grad_hook(m, (int)c->layers, gn, m->lay.total - tn->offset); /* the norm, and lm_head when untied */
 
     for (int64_t l = c->layers - 1; l >= 0; l--) {
         if ((rc = fx__layer_hook(m, l, true)) != FX_OK)
@@ -78,6 +78,11 @@ int fx__gpt_backward(fx__gpt *m)
         fx__rope_backward(dqt, dq, m->rope, B, T, Hq, hd);
         fx__rope_backward(dkt, dk, m->rope, B, T, Hkv, hd);
         fx__from_heads(dvt, dv, B, T, Hkv, hd);
+        if (p.bq) {
+            fx__bias_backward(g.bq, dqt, N, QD);
+            fx__bias_backward(g.bk, dkt, N, KD);
+            fx__bias_backward(g.bv, dvt, N, KD);
+        }
         fx__linear_backward(a.dxn, g.wq, dqt, xn1, p.wq, N, C, QD, false);
         fx__progress_point(m);
         fx__linear_backward(a.dxn, g.wk, dkt, xn1, p.wk, N, C, KD, true);

@@ -438,8 +438,8 @@ static int fx__fsdp_create(fx__dist *d)
     d->unum = d->uoff + U, d->ush = d->uoff + 2 * U, d->soff = d->uoff + 3 * U;
     const fx__gpt_layout *lay = &m->lay;
     for (int64_t u = 0; u < d->units; u++) {
-        size_t first = u == 0 ? 0 : 1 + (size_t)(u - 1) * FX__GPT_PER_LAYER;
-        size_t end = u == 0 ? 1 : u == L + 1 ? lay->n : first + FX__GPT_PER_LAYER;
+        size_t first = u == 0 ? 0 : 1 + (size_t)(u - 1) * lay->per_layer;
+        size_t end = u == 0 ? 1 : u == L + 1 ? lay->n : first + lay->per_layer;
         d->uoff[u] = lay->t[first].offset;
         d->unum[u] = lay->t[end - 1].offset + lay->t[end - 1].numel - d->uoff[u];
         d->ush[u] = (d->unum[u] + (size_t)N - 1) / (size_t)N;
@@ -497,7 +497,7 @@ static void fx__fsdp_adamw(fx__dist *d, const fx__adamw *o, int64_t t)
     int64_t L = d->m->c.layers;
     for (size_t ti = 0; ti < lay->n; ti++) {
         const fx__gpt_tensor *tt = &lay->t[ti];
-        int64_t u = ti == 0 ? 0 : ti == lay->n - 1 ? L + 1 : 1 + (int64_t)(ti - 1) / FX__GPT_PER_LAYER;
+        int64_t u = ti == 0 ? 0 : ti >= 1 + (size_t)L * lay->per_layer ? L + 1 : 1 + (int64_t)(ti - 1) / (int64_t)lay->per_layer;
         size_t a = tt->offset - d->uoff[u], b = a + tt->numel; /* within the unit */
         size_t lo = (size_t)d->rank * d->ush[u], hi = lo + d->ush[u];
         size_t x = a > lo ? a : lo, y = b < hi ? b : hi;
@@ -571,6 +571,8 @@ int fx__dist_create(fx__dist **out, fx__gpt *m, fx_comm *world, fx__par mode, bo
                          (long long)batch, size, (long long)local);
     if (mode == FX__PAR_FSDP && m->adam_bf16)
         return fx__error(FX_EUNSUPPORTED, "--parallel fsdp keeps float32 Adam moments; drop --adam-bf16");
+    if (mode == FX__PAR_FSDP && !m->c.tied_embeddings)
+        return fx__error(FX_EUNSUPPORTED, "--parallel fsdp: models with an untied LM head are not supported yet");
     fx__dist *d = fx__calloc(1, sizeof *d);
     if (!d)
         return FX_ENOMEM;

@@ -73,7 +73,7 @@ int fx__attn_bwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const
    (the backward pass reuses the forward's). */
 int fx__train_attn(fx__gpt *m, fx__attn_call *c, bool build)
 {
-    int64_t hd = m->c.dim / m->c.heads;
+    int64_t hd = m->c.head_dim;
     m->mctx.sliding.window = m->window;
     m->mctx.document = (fx_mask_document_ctx){.doc_ids = m->doc, .len = m->T, .batch_stride = m->T};
     *c = (fx__attn_call){.B = m->B, .Hq = m->c.heads, .Hkv = m->c.kv_heads, .Lq = m->T, .Lkv = m->T, .D = hd};
@@ -106,7 +106,7 @@ static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__gpt *m)
 {
     const fx__gpt_config *c = &m->c;
     size_t N = (size_t)(m->B * m->T), C = (size_t)c->dim, F = (size_t)c->ffn, Hq = (size_t)c->heads;
-    size_t QD = C, KD = (size_t)c->kv_heads * (C / Hq), off = 0;
+    size_t hd = (size_t)c->head_dim, QD = Hq * hd, KD = (size_t)c->kv_heads * hd, off = 0;
 #define FX__SLOT(field, n) (x->field = base ? base + off : NULL, off += ((n) + 15) / 16 * 16)
     FX__SLOT(xn1, N * C);
     FX__SLOT(rstd1, N);
@@ -169,7 +169,7 @@ void fx__park_clear(const fx__gpt *m, const fx__acts *a, int64_t l)
 fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l)
 {
     const fx__gpt_config *c = &m->c;
-    int64_t N = m->B * m->T, C = c->dim, F = c->ffn, Hq = c->heads, hd = C / Hq, QD = Hq * hd;
+    int64_t N = m->B * m->T, C = c->dim, F = c->ffn, Hq = c->heads, hd = c->head_dim, QD = Hq * hd;
     int64_t KD = c->kv_heads * hd, s = m->recompute ? 0 : l;
     if (m->park.acts_parked && l >= 1) {
         fx__layer_acts x = {.res = fx__res_at(m, a, l), .out = fx__res_at(m, a, l + 1)};
@@ -189,7 +189,7 @@ int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, 
 {
     const fx__gpt_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
-    int64_t Hq = c->heads, Hkv = c->kv_heads, hd = C / Hq, QD = Hq * hd, KD = Hkv * hd;
+    int64_t Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd;
     fx__layer_params p = fx__layer(m, false, l);
     fx__layer_acts x = fx__layer_acts_at(m, a, l);
 
@@ -198,6 +198,11 @@ int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, 
     fx__linear(qt, x.xn1, p.wq, N, C, QD, false);
     fx__linear(kt, x.xn1, p.wk, N, C, KD, false);
     fx__linear(vt, x.xn1, p.wv, N, C, KD, false);
+    if (p.bq) {
+        fx__bias_forward(qt, p.bq, N, QD);
+        fx__bias_forward(kt, p.bk, N, KD);
+        fx__bias_forward(vt, p.bv, N, KD);
+    }
     fx__progress_point(m);
     fx__rope_forward(x.q, qt, m->rope, B, T, Hq, hd, 0);
     fx__rope_forward(x.k, kt, m->rope, B, T, Hkv, hd, 0);
@@ -289,14 +294,15 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     if (!targets)
         return FX_OK;
 
-    float *dwte = grad ? m->grads : NULL, *dxnf = grad ? a.dxn : NULL;
+    const float *head = fx__gpt_head(m, false);
+    float *dwte = grad ? fx__gpt_head(m, true) : NULL, *dxnf = grad ? a.dxn : NULL;
     float l_out;
     if (m->loss_impl == FX__GPT_LOSS_UNFUSED) {
-        l_out = fx__loss_unfused(a.logits, a.rowloss, a.xnf, m->params, m->targets, N, C, V, dxnf, dwte);
+        l_out = fx__loss_unfused(a.logits, a.rowloss, a.xnf, head, m->targets, N, C, V, dxnf, dwte);
     } else {
         fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN,
                     .chunk = fx__loss_chunk(N, V)};
-        rc = fx_linear_cross_entropy(&p, a.xnf, m->params, NULL, m->targets, &l_out, NULL, dxnf, dwte, NULL);
+        rc = fx_linear_cross_entropy(&p, a.xnf, head, NULL, m->targets, &l_out, NULL, dxnf, dwte, NULL);
         if (rc)
             return fx__error_context(rc, "loss");
     }
@@ -308,3 +314,18 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     return FX_OK;
 }
 
+
+void fx__gpt_logits(const fx__gpt *m, float *logits, bool last_only)
+{
+    const fx__gpt_config *c = &m->c;
+    int64_t B = m->B, T = m->T, C = c->dim, V = c->vocab;
+    fx__acts a;
+    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
+    const float *head = fx__gpt_head(m, false);
+    if (!last_only) {
+        fx__linear(logits, a.xnf, head, B * T, C, V, false);
+        return;
+    }
+    for (int64_t b = 0; b < B; b++)
+        fx__linear(logits + b * V, a.xnf + (b * T + T - 1) * C, head, 1, C, V, false);
+}

@@ -12,7 +12,7 @@ enum { FX__NORM_CHUNK = 1 << 14 };
 /* The first tensor of layer l (l == layers: the final norm). */
 static inline const fx__gpt_tensor *fx__layer_first(const fx__gpt *m, int64_t l)
 {
-    return &m->lay.t[1 + (size_t)l * FX__GPT_PER_LAYER];
+    return &m->lay.t[1 + (size_t)l * m->lay.per_layer];
 }
 
 /* ---- the activation buffer ------------------------------------------------------------- */
@@ -89,6 +89,7 @@ static inline void fx__linear_backward(float *dx, float *dw, const float *dy, co
 
 typedef struct fx__layer_params {
     float *ln1, *wq, *wk, *wv, *wo, *ln2, *w1, *w3, *w2;
+    float *bq, *bk, *bv; /* NULL without qkv_bias */
 } fx__layer_params;
 
 /* Layer l's first float (l == layers: the final norm) in the parameters or the gradients:
@@ -110,7 +111,10 @@ static inline fx__layer_params fx__layer(const fx__gpt *m, bool grads, int64_t l
                               buf + (t[FX__GPT_WK].offset - o), buf + (t[FX__GPT_WV].offset - o),
                               buf + (t[FX__GPT_WO].offset - o), buf + (t[FX__GPT_LN2].offset - o),
                               buf + (t[FX__GPT_W1].offset - o), buf + (t[FX__GPT_W3].offset - o),
-                              buf + (t[FX__GPT_W2].offset - o)};
+                              buf + (t[FX__GPT_W2].offset - o),
+                              m->c.qkv_bias ? buf + (t[FX__GPT_BQ].offset - o) : NULL,
+                              m->c.qkv_bias ? buf + (t[FX__GPT_BK].offset - o) : NULL,
+                              m->c.qkv_bias ? buf + (t[FX__GPT_BV].offset - o) : NULL};
 }
 
 static inline int fx__layer_hook(fx__gpt *m, int64_t l, bool backward)
