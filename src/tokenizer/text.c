@@ -3,6 +3,7 @@
 #include "tok_internal.h"
 
 #include <string.h>
+#include <utf8proc.h>
 
 /* ---- growing buffers ------------------------------------------------------------------------ */
 
@@ -201,8 +202,6 @@ int fx__utf8_lossy(fx__buf *b, const char *s, size_t n)
 }
 
 /* ---- Unicode classes ------------------------------------------------------------------------ */
-
-#include <utf8proc.h>
 
 bool fx__uni_is_space(int32_t c)
 {
