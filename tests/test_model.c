@@ -1466,8 +1466,10 @@ static void test_api_config(void)
     FXT_CHECK(m == (fx_model *)&d);
     FXT_STATUS(fx_model_load(&m, "/nonexistent/model"), FX_EIO, "no such file");
     FXT_CHECK(m == (fx_model *)&d);
-    FXT_STATUS(fx_model_load(&m, tmpdir), FX_EINVAL, "holds neither");
     char hf[300];
+    snprintf(hf, sizeof hf, "%s/empty", tmpdir);
+    mkdir(hf, 0700);
+    FXT_STATUS(fx_model_load(&m, hf), FX_EINVAL, "holds neither");
     snprintf(hf, sizeof hf, "%s/hf", tmpdir);
     mkdir(hf, 0700);
     snprintf(hf, sizeof hf, "%s/hf/config.json", tmpdir);
