@@ -100,3 +100,34 @@ if(FLEXC_HAVE_CUDA)
                          ENVIRONMENT "FLEXC_SOURCE_DIR=${PROJECT_SOURCE_DIR};FLEXC_BUILD_DIR=${PROJECT_BINARY_DIR}")
   endforeach()
 endif()
+
+# ---- the kernels on a CPU emulation ------------------------------------------------------
+# The same GPU tests, built against src/cuda/emu.h: the kernels' code (index math, masks,
+# split-KV, reductions, barriers and shuffles) runs on the CPU, in every build with a C++
+# compiler, GPU or not (CTest label emu). Not under the sanitizers: the emulation switches
+# stacks with swapcontext.
+include(CheckLanguage)
+check_language(CXX)
+if(CMAKE_CXX_COMPILER AND NOT FLEXC_SANITIZE AND NOT FLEXC_FUZZ)
+  enable_language(CXX)
+  add_library(flexc_cuda_emu OBJECT ${PROJECT_SOURCE_DIR}/tests/cuda_emu/device.c
+              ${PROJECT_SOURCE_DIR}/tests/cuda_emu/attention.cpp ${PROJECT_SOURCE_DIR}/tests/cuda_emu/lce.cpp
+              ${PROJECT_SOURCE_DIR}/src/cuda/emu.cpp)
+  target_include_directories(flexc_cuda_emu PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
+  target_compile_definitions(flexc_cuda_emu PRIVATE FX_CUDA_EMU FLEXC_HAVE_CUDA)
+  set_target_properties(flexc_cuda_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
+  target_compile_options(flexc_cuda_emu PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O2 -Wall -Wextra -Werror -Wno-unknown-pragmas>)
+  file(GLOB FLEXC_EMU_TESTS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/test_cuda_gpu_*.c)
+  foreach(src ${FLEXC_EMU_TESTS})
+    get_filename_component(name ${src} NAME_WE)
+    string(REPLACE "test_cuda_gpu_" "test_cuda_emu_" name ${name})
+    add_executable(${name} ${src} $<TARGET_OBJECTS:flexc_cuda_emu>)
+    target_compile_definitions(${name} PRIVATE FX_CUDA_EMU)
+    target_link_libraries(${name} PRIVATE flexc_internal)
+    target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+    set_target_properties(${name} PROPERTIES LINKER_LANGUAGE CXX)
+    add_test(NAME ${name} COMMAND ${name})
+    set_tests_properties(${name} PROPERTIES LABELS emu TIMEOUT ${FLEXC_TEST_TIMEOUT}
+                         ENVIRONMENT "FLEXC_SOURCE_DIR=${PROJECT_SOURCE_DIR};FLEXC_BUILD_DIR=${PROJECT_BINARY_DIR}")
+  endforeach()
+endif()

@@ -131,7 +131,7 @@ __device__ __forceinline__ void visit_range(const fx__cu_attn &a, const RowBlock
 template <typename T>
 __global__ void __launch_bounds__(THREADS) fwd_kernel(fx__cu_attn a, float *part)
 {
-    extern __shared__ float sm[];
+    FX_DYN_SMEM(float, sm);
     const int D = (int)a.D, Dv = (int)a.Dv, ldk = D + 1, ldv = Dv + 1;
     float *Qs = sm, *Ks = Qs + ROWS * D, *Vs = Ks + KT * ldk;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -294,7 +294,7 @@ template <typename T> __global__ void delta_kernel(fx__cu_attn a, float *Di)
 /* dQ of 16 rows: dQ_i = sum over visited keys j (ascending) of dS_ij K_j. */
 template <typename T> __global__ void __launch_bounds__(THREADS) dq_kernel(fx__cu_attn a, const float *Di)
 {
-    extern __shared__ float sm[];
+    FX_DYN_SMEM(float, sm);
     const int D = (int)a.D, Dv = (int)a.Dv, ldk = D + 1, ldv = Dv + 1;
     float *Qs = sm, *dOs = Qs + ROWS * D, *Ks = dOs + ROWS * Dv, *Vs = Ks + KT * ldk;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -389,7 +389,7 @@ template <typename T> __global__ void __launch_bounds__(THREADS) dq_kernel(fx__c
    q-blocks that visit the kv-block (ascending) and their rows (ascending). */
 template <typename T> __global__ void __launch_bounds__(THREADS) dkv_kernel(fx__cu_attn a, const float *Di)
 {
-    extern __shared__ float sm[];
+    FX_DYN_SMEM(float, sm);
     const int D = (int)a.D, Dv = (int)a.Dv, ldq = D + 1, ldo = Dv + 1;
     float *Kr = sm, *Vr = Kr + ROWS * D, *Qt = Vr + ROWS * Dv, *dOt = Qt + KT * ldq, *lse_t = dOt + KT * ldo,
           *di_t = lse_t + KT;
@@ -625,10 +625,10 @@ template <typename T> int forward(const fx__cu_attn *a)
             return fx__cuda_status((int)e, "attention forward: split-KV partials");
     }
     const dim3 grid((unsigned)fx__cu_attn_row_blocks(a), (unsigned)a->nsplit);
-    fwd_kernel<T><<<grid, THREADS, smem, st>>>(*a, part);
+    FX_LAUNCH(fwd_kernel<T>, grid, THREADS, smem, st)(*a, part);
     rc = launched("attention forward");
     if (rc == FX_OK && a->nsplit > 1) {
-        combine_kernel<T><<<(unsigned)((nrows + THREADS / 32 - 1) / (THREADS / 32)), THREADS, 0, st>>>(*a, part);
+        FX_LAUNCH(combine_kernel<T>, (unsigned)((nrows + THREADS / 32 - 1) / (THREADS / 32)), THREADS, 0, st)(*a, part);
         rc = launched("attention forward: merging splits");
     }
     if (part)
@@ -650,19 +650,19 @@ template <typename T> int backward(const fx__cu_attn *a)
     cudaError_t e = cudaMallocAsync((void **)&Di, (size_t)nrows * sizeof(float), st);
     if (e != cudaSuccess)
         return fx__cuda_status((int)e, "attention backward: row sums");
-    delta_kernel<T><<<(unsigned)((nrows + 255) / 256), 256, 0, st>>>(*a, Di);
+    FX_LAUNCH(delta_kernel<T>, (unsigned)((nrows + 255) / 256), 256, 0, st)(*a, Di);
     rc = launched("attention backward: row sums");
     if (rc == FX_OK) {
-        dq_kernel<T><<<(unsigned)fx__cu_attn_row_blocks(a), THREADS, smem, st>>>(*a, Di);
+        FX_LAUNCH(dq_kernel<T>, (unsigned)fx__cu_attn_row_blocks(a), THREADS, smem, st)(*a, Di);
         rc = launched("attention backward: dq");
     }
     if (rc == FX_OK) {
         const int64_t nkc = (a->bk + ROWS - 1) / ROWS;
-        dkv_kernel<T><<<(unsigned)(a->B * a->Hkv * a->nkb * nkc), THREADS, smem, st>>>(*a, Di);
+        FX_LAUNCH(dkv_kernel<T>, (unsigned)(a->B * a->Hkv * a->nkb * nkc), THREADS, smem, st)(*a, Di);
         rc = launched("attention backward: dk, dv");
     }
     if (rc == FX_OK && a->mod == FX__CU_MOD_REL_BIAS && a->grad_table) {
-        table_kernel<T><<<(unsigned)(a->theads * a->tsize), TAB_THREADS, 0, st>>>(*a, Di);
+        FX_LAUNCH(table_kernel<T>, (unsigned)(a->theads * a->tsize), TAB_THREADS, 0, st)(*a, Di);
         rc = launched("attention backward: rel_bias table");
     }
     (void)cudaFreeAsync(Di, st);

@@ -5,8 +5,15 @@
 #ifndef FX_CUDA_COMMON_CUH
 #define FX_CUDA_COMMON_CUH
 
+#ifdef FX_CUDA_EMU
+#include "cuda/emu.h" /* the CPU emulation the emu tests build these files with */
+#else
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+/* kernel<<<grid, block, smem, stream>>>, spelled so that the emulation can take it too. */
+#define FX_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#define FX_DYN_SMEM(type, name) extern __shared__ type name[]
+#endif
 #include <math.h>
 #include <stdint.h>
 

@@ -9,7 +9,9 @@
 
 #include <string.h>
 
-#ifdef FLEXC_HAVE_CUDA
+#if defined(FX_CUDA_EMU)
+#include "cuda/emu.h" /* the emu tests' build of this file */
+#elif defined(FLEXC_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 #endif
 

@@ -78,7 +78,8 @@ int gemm(cudaStream_t st, int64_t M, int64_t N, int64_t K, const TA *A, int64_t 
          int64_t ldb, bool tb, TC *C, int64_t ldc, bool acc, const char *what)
 {
     const dim3 grid((unsigned)((N + GT - 1) / GT), (unsigned)((M + GT - 1) / GT));
-    gemm_kernel<TA, TB, TC><<<grid, GTHREADS, 0, st>>>(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, acc);
+    auto kernel = gemm_kernel<TA, TB, TC>;
+    FX_LAUNCH(kernel, grid, GTHREADS, 0, st)(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, acc);
     return launched(what);
 }
 
@@ -249,7 +250,7 @@ template <typename T> int run(const fx__cu_lce *p)
         rc = gemm<T, T, float>(st, c, V, D, h + n0 * D, D, false, w, D, true, Z, V, false, "fused cross-entropy: logits");
         if (rc != FX_OK)
             break;
-        row_kernel<T><<<(unsigned)c, RTHREADS, 0, st>>>(*p, Z, n0, row_loss, grads && any_valid);
+        FX_LAUNCH(row_kernel<T>, (unsigned)c, RTHREADS, 0, st)(*p, Z, n0, row_loss, grads && any_valid);
         if ((rc = launched("fused cross-entropy: rows")) != FX_OK || !grads)
             continue;
         if (!any_valid) {
@@ -263,14 +264,14 @@ template <typename T> int run(const fx__cu_lce *p)
         if (rc == FX_OK && dw)
             rc = gemm<float, T, T>(st, V, D, c, Z, V, true, h + n0 * D, D, false, dw, D, true, "fused cross-entropy: dw");
         if (rc == FX_OK && dbias) {
-            dbias_kernel<T><<<(unsigned)((V + 255) / 256), 256, 0, st>>>(Z, c, V, dbias);
+            FX_LAUNCH(dbias_kernel<T>, (unsigned)((V + 255) / 256), 256, 0, st)(Z, c, V, dbias);
             rc = launched("fused cross-entropy: dbias");
         }
     }
     if (rc == FX_OK && e != cudaSuccess)
         rc = fx__cuda_status((int)e, "fused cross-entropy: clearing dh");
     if (rc == FX_OK && forward && p->loss && p->reduction != FX_REDUCTION_NONE) {
-        loss_kernel<<<1, 1, 0, st>>>(row_loss, N, p->reduction, p->n_valid, p->loss);
+        FX_LAUNCH(loss_kernel, 1, 1, 0, st)(row_loss, N, p->reduction, p->n_valid, p->loss);
         rc = launched("fused cross-entropy: loss");
     }
     (void)cudaFreeAsync(Z, st);
