@@ -45,7 +45,7 @@ fuzz: deps
 
 build-gpu:
 	@test -f build-gpu/CMakeCache.txt || cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DFLEXC_CUDA=ON -DFLEXC_MPI=OFF -DFLEXC_GPU_PORTABLE=ON >/dev/null
-	@cmake --build build-gpu -j $(JOBS) --target flexc_shared $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
+	@cmake --build build-gpu -j $(JOBS) --target bench_cuda $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
 
 install: build
 	@cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null

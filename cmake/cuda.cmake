@@ -99,6 +99,14 @@ if(FLEXC_HAVE_CUDA)
     set_tests_properties(${name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
                          ENVIRONMENT "FLEXC_SOURCE_DIR=${PROJECT_SOURCE_DIR};FLEXC_BUILD_DIR=${PROJECT_BINARY_DIR}")
   endforeach()
+  # The timing program of scripts/gpu-bench.sh (not a test).
+  add_executable(bench_cuda ${PROJECT_SOURCE_DIR}/bench/cuda_bench.c)
+  if(FLEXC_GPU_PORTABLE)
+    target_link_libraries(bench_cuda PRIVATE ${fx_gpu_link})
+    target_include_directories(bench_cuda PRIVATE ${PROJECT_SOURCE_DIR}/include ${CUDAToolkit_INCLUDE_DIRS})
+  else()
+    target_link_libraries(bench_cuda PRIVATE flexc_internal CUDA::cudart_static)
+  endif()
 endif()
 
 # ---- the kernels on a CPU emulation ------------------------------------------------------
