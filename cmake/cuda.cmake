@@ -44,7 +44,6 @@ if(FLEXC_HAVE_CUDA)
   target_sources(flexc_obj PRIVATE ${FLEXC_CUDA_SOURCES})
   set_source_files_properties(${FLEXC_CUDA_SOURCES} PROPERTIES COMPILE_OPTIONS
     "-gencode=arch=compute_90a,code=sm_90a;-gencode=arch=compute_80,code=compute_80;-O3;-Xcompiler=-Wall,-Wextra,-Werror,-fvisibility=hidden;-Werror=all-warnings")
-  # No architectures from CMake's side: the -gencode options above say them.
   set_target_properties(flexc_obj PROPERTIES CUDA_ARCHITECTURES OFF CUDA_STANDARD 17)
   target_compile_definitions(flexc_obj PUBLIC FLEXC_HAVE_CUDA)
   target_include_directories(flexc_obj PRIVATE ${CUDAToolkit_INCLUDE_DIRS})

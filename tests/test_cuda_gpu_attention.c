@@ -241,8 +241,8 @@ static void test_score_mods(void)
     rel.heads = 4;
     a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 60, 60, 16, 16);
     check_attention("rel_bias, a table per head, causal", a, false, true);
-    rel.size = 1, rel.zero = 0; /* every distance in the one entry */
-    check_attention("rel_bias, one entry", a, false, true);
+    rel.size = 2, rel.zero = 0; /* both ends clamped: the diagonal, and every other distance */
+    check_attention("rel_bias, two entries", a, false, true);
     fx_block_mask_free((fx_block_mask *)a.mask);
     free(table);
 }

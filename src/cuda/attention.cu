@@ -609,11 +609,22 @@ int finish_stream(cudaStream_t st, int rc, const char *what)
     return rc;
 }
 
+/* Grids the kernels index with 32-bit block numbers. */
+int grid_fits(int64_t blocks, const char *what)
+{
+    if (blocks <= INT32_MAX)
+        return FX_OK;
+    return fx__error(FX_EUNSUPPORTED, "%s: %lld thread blocks are past the grid limit; use larger mask blocks or split "
+                                      "the batch", what, (long long)blocks);
+}
+
 template <typename T> int forward(const fx__cu_attn *a)
 {
     cudaStream_t st = (cudaStream_t)a->stream;
     const size_t smem = fwd_smem(a);
-    int rc = allow_smem(fwd_kernel<T>, smem, "attention forward");
+    int rc = grid_fits(fx__cu_attn_row_blocks(a), "attention forward");
+    if (rc == FX_OK)
+        rc = allow_smem(fwd_kernel<T>, smem, "attention forward");
     if (rc != FX_OK)
         return rc;
     const int64_t nrows = a->B * a->Hq * a->Lq;
@@ -640,7 +651,14 @@ template <typename T> int backward(const fx__cu_attn *a)
 {
     cudaStream_t st = (cudaStream_t)a->stream;
     const size_t smem = bwd_smem(a);
-    int rc = allow_smem(dq_kernel<T>, smem, "attention backward");
+    const int64_t nkc = (a->bk + ROWS - 1) / ROWS;
+    int rc = grid_fits(fx__cu_attn_row_blocks(a), "attention backward");
+    if (rc == FX_OK)
+        rc = grid_fits(a->B * a->Hkv * a->nkb * nkc, "attention backward");
+    if (rc == FX_OK && a->grad_table)
+        rc = grid_fits(a->theads * a->tsize, "attention backward: rel_bias table");
+    if (rc == FX_OK)
+        rc = allow_smem(dq_kernel<T>, smem, "attention backward");
     if (rc == FX_OK)
         rc = allow_smem(dkv_kernel<T>, smem, "attention backward");
     if (rc != FX_OK)
@@ -657,7 +675,6 @@ template <typename T> int backward(const fx__cu_attn *a)
         rc = launched("attention backward: dq");
     }
     if (rc == FX_OK) {
-        const int64_t nkc = (a->bk + ROWS - 1) / ROWS;
         FX_LAUNCH(dkv_kernel<T>, (unsigned)(a->B * a->Hkv * a->nkb * nkc), THREADS, smem, st)(*a, Di);
         rc = launched("attention backward: dk, dv");
     }

@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <ucontext.h>
 #include <vector>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 
 namespace {
 
@@ -127,8 +129,32 @@ namespace {
 enum { STACK = 256 * 1024 };
 enum Wait { RUN = 0, BLOCK = 1, WARP = 2, DONE = 3 };
 
+#if defined(__x86_64__)
+// A context switch without the signal-mask system call swapcontext makes (the emulation
+// switches at every barrier and shuffle): saves the callee-saved registers on the current
+// stack, stores its pointer in *from, and continues on stack `to`.
+extern "C" void fxemu_switch(void **from, void *to);
+asm(".text\n"
+    ".globl fxemu_switch\n"
+    ".type fxemu_switch, @function\n"
+    "fxemu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size fxemu_switch, .-fxemu_switch\n");
+struct Context {
+    void *sp;
+};
+#else
+struct Context {
+    ucontext_t uc;
+};
+#endif
+
 struct Fiber {
-    ucontext_t ctx;
+    Context ctx;
     uint3_ tid;
     Wait state;
     float slot; // this lane's value in a shuffle
@@ -136,22 +162,63 @@ struct Fiber {
 };
 
 std::vector<Fiber> fibers;
-ucontext_t sched_ctx;
+Context sched_ctx;
 Fiber *cur = nullptr;
 const std::function<void()> *body_now = nullptr;
 std::vector<float> smem;
+
+void to_scheduler()
+{
+#if defined(__x86_64__)
+    fxemu_switch(&cur->ctx.sp, sched_ctx.sp);
+#else
+    swapcontext(&cur->ctx.uc, &sched_ctx.uc);
+#endif
+}
+
+void to_fiber(Fiber *f)
+{
+    cur = f;
+#if defined(__x86_64__)
+    fxemu_switch(&sched_ctx.sp, f->ctx.sp);
+#else
+    swapcontext(&sched_ctx.uc, &f->ctx.uc);
+#endif
+}
 
 void fiber_main()
 {
     (*body_now)();
     cur->state = DONE;
-    // uc_link returns to the scheduler
+    to_scheduler(); // never resumed
+    std::abort();
+}
+
+void fiber_start(Fiber &f)
+{
+#if defined(__x86_64__)
+    // The first switch pops six registers and "returns" into fiber_main, with the stack
+    // aligned as at a call.
+    uintptr_t top = ((uintptr_t)f.stack.data() + f.stack.size()) & ~(uintptr_t)15;
+    void **sp = (void **)(top - 64);
+    for (int i = 0; i < 6; i++)
+        sp[i] = nullptr;
+    sp[6] = (void *)&fiber_main;
+    sp[7] = nullptr;
+    f.ctx.sp = sp;
+#else
+    getcontext(&f.ctx.uc);
+    f.ctx.uc.uc_stack.ss_sp = f.stack.data();
+    f.ctx.uc.uc_stack.ss_size = f.stack.size();
+    f.ctx.uc.uc_link = nullptr;
+    makecontext(&f.ctx.uc, fiber_main, 0);
+#endif
 }
 
 void yield_as(Wait w)
 {
     cur->state = w;
-    swapcontext(&cur->ctx, &sched_ctx);
+    to_scheduler();
 }
 
 void deadlock(const char *what)
@@ -201,19 +268,14 @@ void launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()
                     Fiber &f = fibers[t];
                     f.tid = {t, 0, 0};
                     f.state = RUN;
-                    getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp = f.stack.data();
-                    f.ctx.uc_stack.ss_size = f.stack.size();
-                    f.ctx.uc_link = &sched_ctx;
-                    makecontext(&f.ctx, fiber_main, 0);
+                    fiber_start(f);
                 }
                 for (;;) {
                     bool ran = false;
                     for (unsigned t = 0; t < nt; t++) {
                         if (fibers[t].state != RUN)
                             continue;
-                        cur = &fibers[t];
-                        swapcontext(&sched_ctx, &cur->ctx);
+                        to_fiber(&fibers[t]);
                         ran = true;
                     }
                     // Release a block barrier when every live thread waits at it, and a warp

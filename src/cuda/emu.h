@@ -4,7 +4,7 @@
    The runtime calls work on host memory (allocations are tracked, so a pointer that did not
    come from cudaMalloc is reported as host memory, as a GPU would). A kernel launch runs the
    grid's blocks one after another; the threads of a block are cooperative fibers
-   (ucontext), switched at __syncthreads and at warp shuffles, so barriers and shuffles have
+   (stack switching), switched at __syncthreads and at warp shuffles, so barriers and shuffles have
    their CUDA meaning. A barrier that not every live thread of the block (or warp) reaches
    is reported as a deadlock and aborts the program: on a GPU it would hang or be undefined.
    __shared__ variables are function statics, shared by the block's fibers (one block runs

@@ -77,6 +77,9 @@ template <typename TA, typename TB, typename TC>
 int gemm(cudaStream_t st, int64_t M, int64_t N, int64_t K, const TA *A, int64_t lda, bool ta, const TB *B,
          int64_t ldb, bool tb, TC *C, int64_t ldc, bool acc, const char *what)
 {
+    if ((M + GT - 1) / GT > 65535 || (N + GT - 1) / GT > INT32_MAX)
+        return fx__error(FX_EUNSUPPORTED, "%s: a %lld x %lld product is past the GEMM kernel's grid", what,
+                         (long long)M, (long long)N);
     const dim3 grid((unsigned)((N + GT - 1) / GT), (unsigned)((M + GT - 1) / GT));
     auto kernel = gemm_kernel<TA, TB, TC>;
     FX_LAUNCH(kernel, grid, GTHREADS, 0, st)(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, acc);
