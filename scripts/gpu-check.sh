@@ -8,9 +8,10 @@
 #   scripts/gpu-check.sh [DIR] on the GPU machine (DIR: the build directory, default build-gpu)
 #
 # Paths to carry to the GPU machine: the repository's tracked files, and
-#   build-gpu/test_cuda_gpu_attention  build-gpu/test_cuda_gpu_lce
-# (the programs need only libc, libm, libstdc++, libgcc_s and the CUDA driver; this script
-# prints `ldd` for each and stops if a library is missing). No network, no OpenBLAS, MPI or
+#   build-gpu/gpu-bundle.tgz   (about 21 MB: test_cuda_gpu_attention, test_cuda_gpu_lce and
+#                               bench_cuda, 28 MB each unpacked; unpacked here when missing)
+# The programs need only libc, libm, libstdc++, libgcc_s and the CUDA driver; this script
+# prints `ldd` for each and stops if a library is missing. No network, no OpenBLAS, MPI or
 # jansson needed there. Runs in about a minute; each program is given at most 240 s.
 #
 # Prints the GPU, driver, each program's output and time, and a summary line for the
@@ -19,6 +20,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
+if [[ ! -x $build/test_cuda_gpu_attention && -f $build/gpu-bundle.tgz ]]; then
+    tar -xzf "$build/gpu-bundle.tgz" -C "$build"
+fi
 tests=(test_cuda_gpu_attention test_cuda_gpu_lce)
 
 echo "==== machine"
