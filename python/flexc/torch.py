@@ -688,7 +688,9 @@ def _lce_setup_context(ctx, inputs, output):
     ctx.with_grad, ctx.retain = with_grad, retain
     ctx.params = (reduction, ignore_index, label_smoothing, z_loss, softcap_, chunk)
     if with_grad:
-        ctx.save_for_backward(dh, dw, db)  # the gradients of the reduced loss, from the forward pass
+        # The gradients of the reduced loss, from the forward pass (detached: they are returned as
+        # gradients, which carry no graph).
+        ctx.save_for_backward(dh.detach(), dw.detach(), db.detach())
     else:
         ctx.save_for_backward(h, w, bias, target, lse)
     ctx.set_materialize_grads(False)
