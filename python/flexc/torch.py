@@ -496,8 +496,9 @@ def _flex_attention_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, ls
 
 @_flex_attention_backward_op.register_fake
 def _(q, k, v, out, lse, dout, mask, score_kind, score_t, score_f, score_i, scale, q_offset):
+    # Contiguous, as the real kernel's outputs are (compiled graphs check the strides).
     dtable = score_t.new_empty(score_t.shape) if score_kind == _SCORE_REL_BIAS else q.new_empty(0)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dtable
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable
 
 
 def _fa_setup_context(ctx, inputs, output):
@@ -651,9 +652,9 @@ def _lce_op(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tensor, reduct
 def _(h, w, bias, target, reduction, ignore_index, label_smoothing, z_loss, softcap_, chunk, with_grad, retain):
     N = h.shape[0]
     loss = h.new_empty(N if reduction == 2 else ())
-    dh = torch.empty_like(h) if with_grad else h.new_empty(0)
-    dw = torch.empty_like(w) if with_grad else h.new_empty(0)
-    db = torch.empty_like(bias) if with_grad and bias is not None else h.new_empty(0)
+    dh = h.new_empty(h.shape) if with_grad else h.new_empty(0)
+    dw = w.new_empty(w.shape) if with_grad else h.new_empty(0)
+    db = bias.new_empty(bias.shape) if with_grad and bias is not None else h.new_empty(0)
     return loss, h.new_empty(N), dh, dw, db
 
 
@@ -677,8 +678,8 @@ def _lce_backward_op(h: Tensor, w: Tensor, bias: Optional[Tensor], target: Tenso
 
 @_lce_backward_op.register_fake
 def _(h, w, bias, target, lse, grad_loss, reduction, ignore_index, label_smoothing, z_loss, softcap_, chunk):
-    db = torch.empty_like(bias) if bias is not None else h.new_empty(0)
-    return torch.empty_like(h), torch.empty_like(w), db
+    db = bias.new_empty(bias.shape) if bias is not None else h.new_empty(0)
+    return h.new_empty(h.shape), w.new_empty(w.shape), db
 
 
 def _lce_setup_context(ctx, inputs, output):
