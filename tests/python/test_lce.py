@@ -163,19 +163,10 @@ def check_bitwise_across_thread_counts(N, D, V):
             assert torch.equal(a, c), f"{name} ({r[1]}) differs between 1 and {r[0]} threads"
 
 
-# libflexc's fused loss is not bitwise stable across thread counts on this machine's OpenMP
-# OpenBLAS (tests/test_lce.c's test_threads_bitwise fails the same way; equal when OpenBLAS is
-# held at one thread). Strict: these start failing, and must be turned back on, once it is fixed.
-_LCE_THREADS = pytest.mark.xfail(strict=True, reason="libflexc's fused loss differs in the last bit between 1 and 2 "
-                                 "threads with an OpenMP OpenBLAS (a C library issue; see test_lce.c)")
-
-
-@_LCE_THREADS
 def test_bitwise_across_thread_counts():
     check_bitwise_across_thread_counts(400, 400, 500)
 
 
-@_LCE_THREADS
 def test_bitwise_across_thread_counts_large_vocab():
     check_bitwise_across_thread_counts(600, 64, 3000)
 
