@@ -149,7 +149,9 @@ def document_mask(doc_ids):
         fn = lambda b, h, q, kv: (t[q] == t[kv]) & (q >= kv)  # noqa: E731
     else:
         fn = lambda b, h, q, kv: (t2[b, q] == t2[b, kv]) & (q >= kv)  # noqa: E731
-    return _Mask(f"document_mask(shape={tuple(t.shape)})", _lib.addr("fx_mask_document"), ctx, (t2,), fn)
+    m = _Mask(f"document_mask(shape={tuple(t.shape)})", _lib.addr("fx_mask_document"), ctx, (t2,), fn)
+    m._batch_rows = t2.shape[0] if t.dim() == 2 else None
+    return m
 
 
 def _combine(kind, mask_mods):
@@ -308,6 +310,16 @@ def _dims(B, H, Q_LEN, KV_LEN):
     return pos(B, "B", True), pos(H, "H", True), pos(Q_LEN, "Q_LEN", False), pos(KV_LEN, "KV_LEN", False)
 
 
+def _check_batch_rows(mask, B):
+    """A [rows, L] document_mask (anywhere in an and/or tree) needs rows >= B."""
+    rows = getattr(mask, "_batch_rows", None)
+    if rows is not None and rows < B:
+        raise ValueError(f"create_block_mask: document_mask has doc_ids for {rows} batch rows; B = {B}")
+    for part in mask._keep:
+        if isinstance(part, _Mask):
+            _check_batch_rows(part, B)
+
+
 def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128, _compile=False,
                       separate_full_blocks=True, compute_dq_write_order=False, dq_kv_order=True):
     """PyTorch's create_block_mask. A flexc built-in mask_mod (causal_mask, sliding_window_mask,
@@ -328,6 +340,7 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128
         _unsupported("dq_kv_order", dq_kv_order)
     bq, bk = _block_size(BLOCK_SIZE)
     if isinstance(mask_mod, _Mask):
+        _check_batch_rows(mask_mod, B)
         out = ctypes.c_void_p()
         rc = _lib.fx_block_mask_create(ctypes.byref(out), mask_mod._fn, mask_mod._ctx_ptr, B, H, Q_LEN, KV_LEN, bq, bk)
         _lib.check(rc, "create_block_mask")

@@ -87,6 +87,9 @@ def test_create_block_mask_errors():
         ft.document_mask(torch.zeros(2, 2, 2, dtype=torch.long))
     with pytest.raises(TypeError, match="integers"):
         ft.prefix_lm_mask([1.5])
+    two_rows = ft.document_mask(torch.zeros(2, 32, dtype=torch.long))
+    with pytest.raises(ValueError, match="2 batch rows; B = 3"):
+        ft.create_block_mask(ft.and_masks(ft.causal_mask, two_rows), 3, None, 32, 32)
     # A document mask shorter than the sequence: the C library's check, as a ValueError.
     with pytest.raises(ValueError, match="len = 10"):
         ft.create_block_mask(ft.document_mask(torch.zeros(10, dtype=torch.long)), None, None, 32, 32)
