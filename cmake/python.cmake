@@ -24,5 +24,5 @@ else()
   add_test(NAME python_torch COMMAND sh -c "echo 'python3 not found: skipped'; exit 77")
 endif()
 # 77: python3, torch or pytest is missing (the reason is printed).
-set_tests_properties(python_torch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 900
+set_tests_properties(python_torch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 1200
                      ENVIRONMENT "FLEXC_LIBRARY=$<TARGET_FILE:flexc_shared>;PYTHONPATH=${PROJECT_SOURCE_DIR}/python")

@@ -13,7 +13,6 @@ are bitwise the same for any thread count. See docs/python.md.
 """
 import ctypes
 import math
-import warnings
 import weakref
 from typing import Optional, Tuple
 
