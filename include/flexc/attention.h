@@ -54,6 +54,18 @@ FX_API size_t fx_block_mask_bytes(const fx_block_mask *m);
    the build or without a device (docs/cuda.md). */
 FX_API int fx_block_mask_to_device(fx_block_mask *m, int device);
 
+/* Fills the mask of nq query rows from q0 of batch b, head h: bit j % 64 of bits[i * words + j / 64]
+   is mask(b, h, q0 + i, j) for j < kv_len (words = ceil(kv_len / 64)); the rows arrive zeroed.
+   Returns FX_OK, or anything else to stop the build (a negative fx_status is passed on). */
+typedef int (*fx_mask_rows_fn)(uint64_t *bits, int64_t words, int64_t b, int64_t h, int64_t q0, int64_t nq,
+                               void *ctx);
+/* A block mask from its rows, one block row (block_q query rows x kv_len keys) at a time: fill
+   is called B * H * ceil(q_len / block_q) times, in order, on the calling thread (it need not
+   be thread-safe), and memory beyond the mask itself is one block row of bits. For masks
+   evaluated by other code (a vectorised mask in another language, a precomputed table). */
+FX_API int fx_block_mask_create_rows(fx_block_mask **out, fx_mask_rows_fn fill, void *ctx, int64_t B, int64_t H,
+                                     int64_t q_len, int64_t kv_len, int64_t block_q, int64_t block_kv);
+
 /* ---- built-in masks -----------------------------------------------------------------------
    Ordinary fx_mask_fn functions; the library recognises them by address and classifies
    blocks analytically (no per-element evaluation of empty or full blocks). */
