@@ -232,10 +232,13 @@ def run_flexc(flexc, shape, steps, threads, env):
             "peak_growth_bytes": r["peak_bytes"], "max_rss_bytes": r["max_rss_bytes"], "params": int(r["params"])}
 
 
-def run_torch(shape, variant, steps, threads, env):
+def run_torch(shape, variant, steps, threads, env, timeout):
     _, mode, dtype = variant.split("-")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", shape, mode, dtype, str(steps), str(threads)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    try:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
     if out.returncode != 0:
         raise RuntimeError(f"{variant} {shape} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -316,6 +319,9 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="timed steps per measurement")
     ap.add_argument("--shapes", default="small,gpt2")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds a PyTorch measurement may take (compilation included); past it the "
+                         "measurement is reported as timed out and left out of the ratios")
     ap.add_argument("--no-parity", action="store_true", help="skip the parameter and loss check")
     a = ap.parse_args()
     shapes, variants = a.shapes.split(","), a.variants.split(",")
@@ -340,12 +346,12 @@ def main():
                 order = variants if r % 2 == 0 else variants[::-1]
                 for v in order:
                     m = run_flexc(a.flexc, shape, a.steps, a.threads, env) if v == "flexc" else \
-                        run_torch(shape, v, a.steps, a.threads, env)
+                        run_torch(shape, v, a.steps, a.threads, env, a.timeout)
                     res[v].append(m)
                     print(json.dumps({"case": "train_vs_torch_run", "shape": shape, "variant": v, "round": r,
                                       "threads": a.threads, **m}), flush=True)
             fx = res["flexc"]
-            params = {v: res[v][0]["params"] for v in variants}
+            params = {v: m["params"] for v in variants for m in res[v] if "params" in m}
             if len(set(params.values())) != 1:
                 print(json.dumps({"case": "train_vs_torch", "shape": shape, "error": "parameter counts differ",
                                   "params": params}))
@@ -353,21 +359,25 @@ def main():
             for v in variants:
                 if v == "flexc":
                     continue
-                ms = res[v]
+                pairs = [(f, t) for f, t in zip(fx, res[v]) if "error" not in t]  # the rounds it finished
+                if not pairs:
+                    print(json.dumps({"case": "train_vs_torch", "shape": shape, "peer": v, "error": res[v][0]["error"]}))
+                    continue
+                fx_ok, ms = [f for f, _ in pairs], [t for _, t in pairs]
                 row = {"case": "train_vs_torch", "shape": shape, "peer": v, "threads": a.threads,
                        "batch": SHAPES[shape]["B"], "seq": SHAPES[shape]["T"], "vocab": SHAPES[shape]["vocab"],
-                       "params": params["flexc"], "rounds": a.rounds, "steps": a.steps,
-                       "flexc_tokens_per_s": statistics.median(m["tokens_per_s"] for m in fx),
+                       "params": params["flexc"], "rounds": len(pairs), "steps": a.steps,
+                       "flexc_tokens_per_s": statistics.median(m["tokens_per_s"] for m in fx_ok),
                        "torch_tokens_per_s": statistics.median(m["tokens_per_s"] for m in ms),
-                       "speedup": statistics.median(f["tokens_per_s"] / t["tokens_per_s"] for f, t in zip(fx, ms)),
-                       "flexc_max_rss_bytes": statistics.median(m["max_rss_bytes"] for m in fx),
+                       "speedup": statistics.median(f["tokens_per_s"] / t["tokens_per_s"] for f, t in pairs),
+                       "flexc_max_rss_bytes": statistics.median(m["max_rss_bytes"] for m in fx_ok),
                        "torch_max_rss_bytes": statistics.median(m["max_rss_bytes"] for m in ms),
                        "max_rss_ratio": statistics.median(f["max_rss_bytes"] / t["max_rss_bytes"]
-                                                          for f, t in zip(fx, ms)),
-                       "flexc_peak_bytes": statistics.median(m["peak_growth_bytes"] for m in fx),
+                                                          for f, t in pairs),
+                       "flexc_peak_bytes": statistics.median(m["peak_growth_bytes"] for m in fx_ok),
                        "torch_peak_growth_bytes": statistics.median(m["peak_growth_bytes"] for m in ms),
                        "peak_ratio": statistics.median(f["peak_growth_bytes"] / t["peak_growth_bytes"]
-                                                       for f, t in zip(fx, ms))}
+                                                       for f, t in pairs)}
                 print(json.dumps(row), flush=True)
     return 0 if ok else 1
 
