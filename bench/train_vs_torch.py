@@ -226,7 +226,10 @@ def run_flexc(flexc, shape, steps, threads, env):
     s = SHAPES[shape]
     cmd = [flexc, "bench", "train", "--model", s["model"], "--vocab", str(s["vocab"]), "--batch", str(s["B"]),
            "--seq", str(s["T"]), "--only", "flex", "--steps", str(steps), "--threads", str(threads), "--json"]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    # Through a shell that forks it: a process exec'd straight from this one would report
+    # this process's resident peak (Linux keeps the maximum RSS across exec).
+    out = subprocess.run(["sh", "-c", '"$@" & wait $!', "sh"] + cmd, env=env, capture_output=True, text=True,
+                         check=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
     return {"tokens_per_s": r["tokens_per_s"], "step_s": s["B"] * s["T"] / r["tokens_per_s"],
             "peak_growth_bytes": r["peak_bytes"], "max_rss_bytes": r["max_rss_bytes"], "params": int(r["params"])}
