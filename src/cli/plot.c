@@ -238,15 +238,16 @@ static double nice_step(double range, int target)
     return (f < 1.5 ? 1 : f < 3 ? 2 : f < 7 ? 5 : 10) * mag;
 }
 
-/* Linear ticks over [lo, hi]; with `snap`, the range is widened to whole ticks. */
-static void axis_linear(axis *a, double lo, double hi, int target, bool snap)
+/* Linear ticks over [lo, hi], at least min_step apart; with `snap`, the range is widened to
+   whole ticks. */
+static void axis_linear(axis *a, double lo, double hi, int target, bool snap, double min_step)
 {
     if (!(hi > lo)) {
         double d = lo != 0 ? fabs(lo) * 0.1 : 1;
         lo -= d, hi += d;
     }
     a->log = a->decades = false;
-    a->step = nice_step(hi - lo, target);
+    a->step = fmax(nice_step(hi - lo, target), min_step);
     if (snap) {
         lo = floor(lo / a->step + 1e-9) * a->step;
         hi = ceil(hi / a->step - 1e-9) * a->step;
@@ -264,7 +265,7 @@ static void axis_log(axis *a, double lo, double hi)
 {
     lo *= 0.96, hi *= 1.04;
     if (hi / lo < 10) {
-        axis_linear(a, lo, hi, 6, false);
+        axis_linear(a, lo, hi, 6, false, 0);
     } else {
         a->nticks = 0;
         a->step = pow(10, floor(log10(lo)));
@@ -426,7 +427,7 @@ static void draw_series(plot *p, rect r, const axis *ax, const axis *ay, const s
     }
     cairo_stroke(cr);
     cairo_set_dash(cr, NULL, 0, 0);
-    if (markers && s->n <= 200)
+    if ((markers && s->n <= 200) || s->n == 1) /* a lone point is no line */
         for (size_t i = 0; i < s->n; i++) {
             if (ay->log && !(s->y[i] > 0))
                 continue;
@@ -509,13 +510,15 @@ static void draw(plot *p, const plot_opts *o)
         any_val |= r->val.n > 0;
         any_tps |= r->tps.n > 0;
     }
+    if (!(y0 <= y1)) /* --log with no positive loss: nothing to draw on that scale */
+        y0 = 0, y1 = 1;
     axis ax, ay, at;
-    axis_linear(&ax, x0, x1, 8, false);
-    if (o->log && y0 < INFINITY)
+    axis_linear(&ax, x0, x1, 8, false, 1); /* steps are whole numbers */
+    if (o->log && y0 > 0)
         axis_log(&ay, y0, y1);
     else
-        axis_linear(&ay, y0 - (y1 - y0) * 0.04, y1 + (y1 - y0) * 0.04, 7, false);
-    axis_linear(&at, 0, t1 > 0 ? t1 * 1.05 : 1, 4, true);
+        axis_linear(&ay, y0 - (y1 - y0) * 0.04, y1 + (y1 - y0) * 0.04, 7, false, 0);
+    axis_linear(&at, 0, t1 > 0 ? t1 * 1.05 : 1, 4, true, 0);
 
     /* Layout: a title, the loss panel, the tokens/s panel below it sharing the step axis. */
     double left = 96 * p->s, right = 28 * p->s, top = 58 * p->s, bottom = 62 * p->s, gap = 22 * p->s;
