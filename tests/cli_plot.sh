@@ -90,6 +90,14 @@ check overlay-png 0 "$flexc" plot "$tmp/a" "$tmp/b" "$tmp/run" -o "$tmp/abr.png"
 png_is overlay-png "$tmp/abr.png" 1200 800
 check one-png 0 "$flexc" plot "$tmp/a" -o "$tmp/a.png"
 cmp -s "$tmp/a.png" "$tmp/abr.png" && bad "overlay: the same image as one run" || ok
+# Edge cases that still draw: one point; --log with no positive loss (a linear axis then).
+mkdir -p "$tmp/lone" "$tmp/neg"
+echo '{"step":7,"loss":3.5}' >"$tmp/lone/metrics.jsonl"
+printf '{"step":1,"loss":-1}\n{"step":2,"loss":0}\n' >"$tmp/neg/metrics.jsonl"
+check lone 0 "$flexc" plot "$tmp/lone" -o "$tmp/lone.png"
+png_is lone "$tmp/lone.png" 1200 800
+check log-nonpositive 0 "$flexc" plot "$tmp/neg" -o "$tmp/neg.png" --log
+png_is log-nonpositive "$tmp/neg.png" 1200 800
 # A file may be named instead of its directory.
 check file-arg 0 "$flexc" plot "$tmp/a/metrics.jsonl" -o "$tmp/f.png"
 same file-arg "$tmp/a.png" "$tmp/f.png"
