@@ -167,6 +167,7 @@ def build(v, tok_fast, corpus_ids, outdir):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif n.endswith(".bias"):
                 p.copy_(0.5 * torch.randn_like(p))
+    model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(out)
     model.generation_config.eos_token_id = v["eos"]
     model.generation_config.bos_token_id = 0
