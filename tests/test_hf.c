@@ -499,7 +499,7 @@ static double *forward(const model_f32 *r, const int64_t *ids, int64_t T)
         for (int64_t i = 0; i < C; i++)
             x[t * C + i] = wte[ids[t] * C + i];
     for (int64_t l = 0; l < c->layers; l++) {
-        rmsnorm(h, x, W(r, l, "ln1"), T, C, c->norm_eps);
+        rmsnorm(h, x, W(r, l, "norm1"), T, C, c->norm_eps);
         linear(q, h, W(r, l, "attn.wq"), W(r, l, "attn.bq"), T, C, Hq * hd);
         linear(k, h, W(r, l, "attn.wk"), W(r, l, "attn.bk"), T, C, Hkv * hd);
         linear(v, h, W(r, l, "attn.wv"), W(r, l, "attn.bv"), T, C, Hkv * hd);
@@ -529,7 +529,7 @@ static double *forward(const model_f32 *r, const int64_t *ids, int64_t T)
         linear(o, att, W(r, l, "attn.wo"), NULL, T, Hq * hd, C);
         for (int64_t i = 0; i < T * C; i++)
             x[i] += o[i];
-        rmsnorm(h, x, W(r, l, "ln2"), T, C, c->norm_eps);
+        rmsnorm(h, x, W(r, l, "norm2"), T, C, c->norm_eps);
         linear(g, h, W(r, l, "mlp.w1"), NULL, T, C, F);
         linear(u, h, W(r, l, "mlp.w3"), NULL, T, C, F);
         for (int64_t i = 0; i < T * F; i++)

@@ -36,7 +36,7 @@ typedef enum fx__hf_arch { FX__HF_LLAMA = 0, FX__HF_MISTRAL = 1, FX__HF_QWEN2 = 
 
 typedef enum fx__hf_rope { FX__HF_ROPE_DEFAULT = 0, FX__HF_ROPE_LLAMA3 = 1 } fx__hf_rope;
 
-enum { FX__HF_MAX_EOS = 16 };
+enum { FX__HF_MAX_EOS = 8 };
 
 typedef struct fx__hf_config {
     fx__hf_arch arch;
@@ -100,7 +100,7 @@ typedef struct fx__hf_tensor {
     int64_t rope_heads;/* > 0: rows are RoPE'd heads of head_dim rows, permuted between layouts */
 } fx__hf_tensor;
 
-/* The tensors of c in flexc's order: wte; per layer ln1, wq, [bq], wk, [bk], wv, [bv], wo, ln2,
+/* The tensors of c in flexc's order: wte; per layer norm1, wq, [bq], wk, [bk], wv, [bv], wo, norm2,
    mlp.w1 (gate), mlp.w3 (up), mlp.w2 (down); norm; [lm_head] (untied only). *out is fx__alloc'd. */
 int fx__hf_layout(fx__hf_tensor **out, size_t *n, const fx__hf_config *c);
 

@@ -38,7 +38,7 @@ int fx__hf_layout(fx__hf_tensor **out, size_t *n_out, const fx__hf_config *c)
 #define T(flex, hfn, d0, d1, rh)                                                                 \
     (snprintf(a, sizeof a, "layers.%lld.%s", (long long)l, flex),                                \
      snprintf(b, sizeof b, "model.layers.%lld.%s", (long long)l, hfn), add(t, &n, a, b, d0, d1, rh))
-        T("ln1", "input_layernorm.weight", C, 0, 0);
+        T("norm1", "input_layernorm.weight", C, 0, 0);
         T("attn.wq", "self_attn.q_proj.weight", q, C, c->heads);
         if (c->qkv_bias)
             T("attn.bq", "self_attn.q_proj.bias", q, 0, c->heads);
@@ -49,7 +49,7 @@ int fx__hf_layout(fx__hf_tensor **out, size_t *n_out, const fx__hf_config *c)
         if (c->qkv_bias)
             T("attn.bv", "self_attn.v_proj.bias", kv, 0, 0);
         T("attn.wo", "self_attn.o_proj.weight", C, q, 0);
-        T("ln2", "post_attention_layernorm.weight", C, 0, 0);
+        T("norm2", "post_attention_layernorm.weight", C, 0, 0);
         T("mlp.w1", "mlp.gate_proj.weight", F, C, 0);
         T("mlp.w3", "mlp.up_proj.weight", F, C, 0);
         T("mlp.w2", "mlp.down_proj.weight", C, F, 0);
