@@ -168,6 +168,7 @@ def build(v, tok_fast, corpus_ids, outdir):
             elif n.endswith(".bias"):
                 p.copy_(0.5 * torch.randn_like(p))
     model.config.architectures = [type(model).__name__]
+    model.config.dtype = v["dtype"]  # as transformers records the dtype a model was saved in
     model.config.save_pretrained(out)
     model.generation_config.eos_token_id = v["eos"]
     model.generation_config.bos_token_id = 0

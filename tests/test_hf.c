@@ -102,10 +102,12 @@ static void test_config_fixtures(void)
     FXT_EQ_INT(c.n_eos, 1);
     FXT_EQ_INT(c.eos[0], 1);
     FXT_EQ_INT(c.bos, 0);
+    FXT_EQ_INT(c.dtype, FX_DT_F32);
 
     fixture_path(dir, sizeof dir, "llama_bf16", "");
     FXT_OK(fx__hf_config_read(&c, dir));
     FXT_EQ_INT(c.head_dim, 32); /* != hidden / heads */
+    FXT_EQ_INT(c.dtype, FX_DT_BF16);
     FXT_CHECK(!c.tied);
     FXT_EQ_INT(c.rope_type, FX__HF_ROPE_DEFAULT); /* rope_parameters */
     FXT_NEAR(c.rope_theta, 500000.0, 0, 0);
@@ -223,6 +225,10 @@ static void test_config_refusals(void)
     FXT_EQ_INT(c.n_eos, 1);
     FXT_EQ_INT(c.eos[0], 7);
     FXT_EQ_INT(c.bos, 9);
+    FXT_OK(parse_patched("{\"dtype\": null, \"torch_dtype\": \"bfloat16\"}", NULL, &c));
+    FXT_EQ_INT(c.dtype, FX_DT_BF16);
+    FXT_OK(parse_patched("{\"dtype\": \"float16\"}", NULL, &c));
+    FXT_EQ_INT(c.dtype, FX_DT_F16);
     FXT_OK(parse_patched("{\"eos_token_id\": null, \"bos_token_id\": null}", NULL, &c));
     FXT_EQ_INT(c.n_eos, 0);
     FXT_EQ_INT(c.bos, -1);

@@ -376,6 +376,11 @@ int fx__hf_config_parse(fx__hf_config *out, const char *text, size_t len, const 
     if ((rc = parse_rope(&c, root)) != FX_OK || (rc = parse_window(&c, root)) != FX_OK)
         goto done;
 
+    /* The dtype the weights were saved in (informative: the files say what they hold). */
+    const json_t *dt = field(root, "dtype") ? field(root, "dtype") : field(root, "torch_dtype");
+    const char *dts = dt && json_is_string(dt) ? json_string_value(dt) : "float32";
+    c.dtype = strcmp(dts, "bfloat16") == 0 ? FX_DT_BF16 : strcmp(dts, "float16") == 0 ? FX_DT_F16 : FX_DT_F32;
+
     /* Special ids: generation_config.json first, config.json for what it lacks. */
     bool found = false;
     if (gen) {

@@ -61,6 +61,8 @@ typedef struct fx__hf_config {
     int64_t eos[FX__HF_MAX_EOS]; /* generation_config.json first, then config.json */
     int n_eos;
     int64_t bos;                 /* -1: none */
+    fx_dtype dtype;              /* "dtype" (or "torch_dtype"): float32, bfloat16, float16; F32
+                                    when absent. What export writes by default. */
 } fx__hf_config;
 
 /* "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM". */
