@@ -28,7 +28,14 @@
 
 #include "core/core.h"
 
+#include <flexc/model.h>
 #include <flexc/safetensors.h>
+
+/* Loads the Hugging Face model in dir into a new fx_model (what fx_model_load calls for a
+   directory that holds config.json; *out untouched on failure). */
+int fx__hf_load(fx_model **out, const char *dir);
+/* The model configuration of c (arch is the HF class name, ctx max_position_embeddings). */
+int fx__hf_model_config(fx_model_config *mc, const fx__hf_config *c);
 
 /* ---- configuration ------------------------------------------------------------------------- */
 
