@@ -6,6 +6,8 @@
 
 #include "hf/hf.h"
 
+#include <flexc/model.h>
+
 #include <dirent.h>
 #include <jansson.h>
 #include <sys/stat.h>
@@ -922,6 +924,136 @@ static void test_bad_weights(void)
     FXT_EQ_INT(fx__hf_open(NULL, dir), FX_EINVAL);
 }
 
+/* ---- the model (fx_model) against transformers ------------------------------------------------ */
+
+/* fx_model_load reads each fixture; its logits, greedy tokens (with the KV cache), loss and
+   gradient norms match transformers'. */
+static void test_model_parity(void)
+{
+    for (int f = 0; f < NFIX; f++) {
+        char dir[1024], path[1024];
+        fixture_path(dir, sizeof dir, fixtures[f], "");
+        fixture_path(path, sizeof path, fixtures[f], ".ref.safetensors");
+        fx_model *m = NULL;
+        fx_safetensors *ref = NULL;
+        FXT_OK(fx_model_load(&m, dir));
+        FXT_OK(fx_safetensors_open(&ref, path));
+        if (!m || !ref) {
+            fx_model_free(m);
+            fx_safetensors_close(ref);
+            continue;
+        }
+        const fx_model_config *mc = fx_model_get_config(m);
+        const int64_t V = mc->vocab;
+        FXT_EQ_STR(mc->arch, fx__hf_arch_name(f == 2 ? FX__HF_MISTRAL : f == 3 ? FX__HF_QWEN2 : FX__HF_LLAMA));
+        for (int pi = 0; pi < 2; pi++) {
+            char name[64];
+            int64_t T, nl;
+            snprintf(name, sizeof name, "prompt%d.ids", pi);
+            int64_t *ids = ref_i64(ref, name, &T);
+            snprintf(name, sizeof name, "prompt%d.logits", pi);
+            float *want = ref_f32(ref, name, &nl);
+            int32_t *tok = malloc((size_t)T * sizeof *tok);
+            for (int64_t i = 0; i < T; i++)
+                tok[i] = (int32_t)ids[i];
+            float *got = fxt_guarded((size_t)(T * V));
+            FXT_OK(fx_model_forward(m, NULL, got, tok, NULL, 1, T, 0));
+            double *wantd = fxt_alloc_f64((size_t)(T * V));
+            for (int64_t i = 0; i < T * V; i++)
+                wantd[i] = want[i];
+            char what[96];
+            snprintf(what, sizeof what, "%s prompt%d logits (fx_model)", fixtures[f], pi);
+            fxt_close_f32(what, got, wantd, (size_t)(T * V), 1e-4 * max_abs(want, T * V), 0);
+            fxt_guarded_free("logits", got);
+            free(ids), free(want), free(tok), free(wantd);
+        }
+
+        /* Greedy generation with the KV cache: the reference's tokens until the first step
+           whose top-2 margin is within the logit tolerance (a near tie may go either way). */
+        int64_t T0, G, nm;
+        int64_t *p0 = ref_i64(ref, "prompt0.ids", &T0);
+        int64_t *gen = ref_i64(ref, "greedy.ids", &G);
+        float *margin = ref_f32(ref, "greedy.margin", &nm);
+        int64_t nlog;
+        float *l0 = ref_f32(ref, "prompt0.logits", &nlog);
+        const double tol = 1e-4 * max_abs(l0, nlog);
+        int32_t *prompt = malloc((size_t)T0 * sizeof *prompt), out[64];
+        for (int64_t i = 0; i < T0; i++)
+            prompt[i] = (int32_t)p0[i];
+        fx_model_cache *cache = NULL;
+        FXT_OK(fx_model_cache_create(&cache, m, T0 + G));
+        fx_generate_opts o = fx_generate_defaults();
+        o.max_tokens = G;
+        o.sample.temperature = 0;
+        o.stop_at_eos = false;
+        int64_t n_out = 0;
+        FXT_OK(fx_model_generate(m, cache, out, &n_out, prompt, T0, &o));
+        FXT_EQ_INT(n_out, G);
+        for (int64_t s = 0; s < n_out && s < G && margin[s] > tol; s++)
+            if (out[s] != gen[s])
+                FXT_FAIL("%s greedy step %lld: %d, transformers %lld (margin %.3g)", fixtures[f], (long long)s,
+                         out[s], (long long)gen[s], (double)margin[s]);
+        fx_model_cache_free(cache);
+        free(p0), free(gen), free(margin), free(l0), free(prompt);
+
+        /* One training step: the loss and the gradient norms, total and per tensor. */
+        int64_t nx, ny, one, ng;
+        int64_t *x = ref_i64(ref, "train.x", &nx);
+        int64_t *y = ref_i64(ref, "train.y", &ny);
+        float *loss_ref = ref_f32(ref, "train.loss", &one);
+        float *gn_ref = ref_f32(ref, "train.grad_norm", &one);
+        float *gns_ref = ref_f32(ref, "train.grad_norms", &ng);
+        const fx_tensor_view *xv = ref_tensor(ref, "train.x");
+        const int64_t B = xv->shape[0], T = xv->shape[1];
+        int32_t *xt = malloc((size_t)nx * sizeof *xt), *yt = malloc((size_t)ny * sizeof *yt);
+        for (int64_t i = 0; i < nx; i++)
+            xt[i] = (int32_t)x[i], yt[i] = (int32_t)y[i];
+        float loss = NAN;
+        FXT_OK(fx_model_forward(m, &loss, NULL, xt, yt, B, T, FX_MODEL_GRAD));
+        FXT_OK(fx_model_backward(m));
+        FXT_NEAR(loss, loss_ref[0], 0, 1e-4);
+        json_t *rj = load_ref_json(fixtures[f]);
+        json_t *names = json_object_get(rj, "grad_names");
+        fx__hf_tensor *lay = NULL;
+        size_t nlay = 0;
+        fx__hf_config hc;
+        FXT_OK(fx__hf_config_read(&hc, dir));
+        FXT_OK(fx__hf_layout(&lay, &nlay, &hc));
+        double total = 0;
+        for (size_t i = 0; i < json_array_size(names); i++) {
+            const char *hn = json_string_value(json_array_get(names, i));
+            const char *fn = NULL;
+            for (size_t j = 0; j < nlay; j++)
+                if (strcmp(lay[j].hf_name, hn) == 0)
+                    fn = lay[j].name;
+            fx_model_tensor t;
+            if (!fn || fx_model_tensor_find(m, fn, &t) != FX_OK || !t.grad) {
+                FXT_FAIL("%s: no gradient for %s", fixtures[f], hn);
+                continue;
+            }
+            double ss = 0;
+            for (size_t k = 0; k < t.numel; k++)
+                ss += (double)t.grad[k] * t.grad[k];
+            total += ss;
+            if (!(fabs(sqrt(ss) - gns_ref[i]) <= 1e-4 * gns_ref[i] + 1e-6 * gn_ref[0]))
+                FXT_FAIL("%s: |grad %s| = %.7g, transformers %.7g", fixtures[f], hn, sqrt(ss), (double)gns_ref[i]);
+        }
+        FXT_NEAR(sqrt(total), gn_ref[0], 0, 1e-4);
+        fx__free(lay);
+        json_decref(rj);
+        free(x), free(y), free(loss_ref), free(gn_ref), free(gns_ref), free(xt), free(yt);
+        fx_safetensors_close(ref);
+        fx_model_free(m);
+    }
+    /* A refused directory is refused through the public call too, with the reason. */
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/m-dtype", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.retype = "model.norm.weight"});
+    fx_model *m = NULL;
+    FXT_STATUS(fx_model_load(&m, dir), FX_EUNSUPPORTED, "tensor model.norm.weight is I8");
+    FXT_CHECK(m == NULL);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
@@ -935,6 +1067,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_reference_forward);
     FXT_RUN(test_export_roundtrip);
     FXT_RUN(test_bad_weights);
+    FXT_RUN(test_model_parity);
     rm_tree(tmpdir);
     return fxt_finish();
 }
