@@ -14,6 +14,7 @@ static const subcommand commands[] = {
     {"train", cmd_train, "train a GPT with FlexAttention and the fused loss"},
     {"generate", cmd_generate, "generate text from a trained checkpoint"},
     {"bench", cmd_bench, "measure kernels against their baselines (attention, lce, train, safetensors, machine)"},
+    {"export", cmd_export, "write a model as a Hugging Face directory (config.json, model.safetensors, tokenizer)"},
     {"inspect", cmd_inspect, "validate a .safetensors file or index and list its tensors"},
 };
 

@@ -3,6 +3,7 @@
 #include "hf/hf.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 int fx__hf_model_config(fx_model_config *mc, const fx__hf_config *c)
@@ -70,5 +71,60 @@ int fx__hf_load(fx_model **out, const char *dir)
         return rc;
     }
     *out = m;
+    return FX_OK;
+}
+
+/* The shortest decimal that reads back as the same float: 1e-05f is written 1e-05, not
+   9.9999997e-06, so a generated config.json reads as a person would write it. */
+static double short_double(float x)
+{
+    char buf[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)x);
+        double d = strtod(buf, NULL);
+        if ((float)d == x)
+            return d;
+    }
+    return (double)x;
+}
+
+int fx__hf_config_from_model(fx__hf_config *c, const fx_model_config *mc)
+{
+    memset(c, 0, sizeof *c);
+    c->arch = FX__HF_LLAMA; /* flexc's own GPT is a Llama block (tied, no biases, no window) */
+    for (int a = FX__HF_LLAMA; a <= FX__HF_QWEN2; a++)
+        if (strcmp(mc->arch, fx__hf_arch_name((fx__hf_arch)a)) == 0)
+            c->arch = (fx__hf_arch)a;
+    if (mc->qkv_bias && c->arch != FX__HF_QWEN2)
+        return fx__error(FX_EUNSUPPORTED, "a %s model with q/k/v biases has no Hugging Face architecture here "
+                         "(Qwen2ForCausalLM carries them)", mc->arch);
+    if (mc->sliding_window && c->arch == FX__HF_LLAMA)
+        return fx__error(FX_EUNSUPPORTED, "a %s model with a sliding window has no Hugging Face architecture "
+                         "here (MistralForCausalLM carries one)", mc->arch);
+    c->vocab = mc->vocab;
+    c->dim = mc->dim;
+    c->layers = mc->layers;
+    c->heads = mc->heads;
+    c->kv_heads = mc->kv_heads;
+    c->head_dim = mc->head_dim ? mc->head_dim : mc->dim / mc->heads;
+    c->ffn = mc->ffn;
+    c->max_pos = mc->ctx;
+    c->norm_eps = short_double(mc->norm_eps);
+    c->tied = mc->tied_embeddings;
+    c->qkv_bias = mc->qkv_bias;
+    c->window = mc->sliding_window;
+    c->rope_theta = short_double(mc->rope_theta);
+    if (mc->rope_scaling.type == FX_ROPE_SCALING_LLAMA3) {
+        c->rope_type = FX__HF_ROPE_LLAMA3;
+        c->rope_factor = short_double(mc->rope_scaling.factor);
+        c->rope_low_freq_factor = short_double(mc->rope_scaling.low_freq_factor);
+        c->rope_high_freq_factor = short_double(mc->rope_scaling.high_freq_factor);
+        c->rope_original_max_pos = mc->rope_scaling.original_max_position_embeddings;
+    }
+    for (int i = 0; i < mc->n_eos && i < FX__HF_MAX_EOS; i++)
+        c->eos[i] = mc->eos[i];
+    c->n_eos = mc->n_eos < FX__HF_MAX_EOS ? mc->n_eos : FX__HF_MAX_EOS;
+    c->bos = -1;
+    c->dtype = FX_DT_F32;
     return FX_OK;
 }

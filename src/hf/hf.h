@@ -31,11 +31,6 @@
 #include <flexc/model.h>
 #include <flexc/safetensors.h>
 
-/* Loads the Hugging Face model in dir into a new fx_model (what fx_model_load calls for a
-   directory that holds config.json; *out untouched on failure). */
-int fx__hf_load(fx_model **out, const char *dir);
-/* The model configuration of c (arch is the HF class name, ctx max_position_embeddings). */
-int fx__hf_model_config(fx_model_config *mc, const fx__hf_config *c);
 
 /* ---- configuration ------------------------------------------------------------------------- */
 
@@ -163,5 +158,18 @@ typedef struct fx__hf_export_spec {
    and tokenizer.json / tokenizer_config.json / special_tokens_map.json / tokenizer.model
    copied from tokenizer_dir. */
 int fx__hf_export(const char *dir, const fx__hf_export_spec *s);
+
+/* ---- into an fx_model ------------------------------------------------------------------------ */
+
+/* Loads the Hugging Face model in dir into a new fx_model (what fx_model_load calls for a
+   directory that holds config.json; *out untouched on failure). */
+int fx__hf_load(fx_model **out, const char *dir);
+/* The model configuration of c (arch is the HF class name, ctx max_position_embeddings). */
+int fx__hf_model_config(fx_model_config *mc, const fx__hf_config *c);
+/* The inverse, for export: the HF configuration of a model (arch as its label says; flexc's
+   own GPT becomes LlamaForCausalLM). Floats are written as the shortest decimal that reads back
+   the same. bos is -1, dtype F32. FX_EUNSUPPORTED when no architecture here carries the model
+   (q/k/v biases outside Qwen2, a window on a Llama). */
+int fx__hf_config_from_model(fx__hf_config *c, const fx_model_config *mc);
 
 #endif
