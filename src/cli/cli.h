@@ -51,6 +51,7 @@ int bench_attention(int argc, char **argv);
 int bench_lce(int argc, char **argv);
 int bench_train(int argc, char **argv);
 int bench_safetensors(int argc, char **argv);
+int bench_generate(int argc, char **argv);
 
 /* Applies --threads N (0: leave the default). N is checked whole before it is narrowed to
    an int, so that 4294967297 is refused rather than taken for 1. Returns CLI_EXIT_OK, or

@@ -61,6 +61,7 @@ int fx__hf_load(fx_model **out, const char *dir)
         }
         if ((rc = fx__hf_tensor_read(h, i, t.data)) != FX_OK)
             fx__error_context(rc, "%s: %s", dir, h->t[i].hf_name);
+        fx__hf_tensor_release(h, i);
     }
     if (rc == FX_OK && m && fx_model_tensor_count(m) != h->n)
         rc = fx__error(FX_EFORMAT, "%s: the model has %zu tensors, the directory %zu", dir, fx_model_tensor_count(m),

@@ -140,6 +140,10 @@ void fx__hf_close(fx__hf_model *m);
 int64_t fx__hf_find(const fx__hf_tensor *t, size_t n, const char *name);
 /* dst [numel] = tensor i widened to float32 in flexc's row order. dst must not overlap the file. */
 int fx__hf_tensor_read(const fx__hf_model *m, size_t i, float *dst);
+/* Drops tensor i's pages of the file mapping from memory once it has been read, so a load
+   holds the model plus one tensor rather than the model plus its file (the file pages count
+   in the resident set). The view stays valid: reading it again faults the pages back in. */
+void fx__hf_tensor_release(const fx__hf_model *m, size_t i);
 
 /* ---- export -------------------------------------------------------------------------------- */
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 /* ---- the name table ------------------------------------------------------------------------ */
@@ -272,4 +273,18 @@ int fx__hf_tensor_read(const fx__hf_model *m, size_t i, float *dst)
         fx__hf_rows_to_flexc(dst, tmp, t->rope_heads, m->c.head_dim, t->ndim == 2 ? t->shape[1] : 1);
     fx__free(tmp);
     return rc;
+}
+
+void fx__hf_tensor_release(const fx__hf_model *m, size_t i)
+{
+    if (!m || i >= m->n)
+        return;
+    /* The whole pages inside the tensor's bytes: dropping them from a read-only file mapping
+       only frees memory (a later read faults them back in from the file). */
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)m->views[i]->data, b = a + m->views[i]->nbytes;
+    a = (a + page - 1) / page * page;
+    b = b / page * page;
+    if (b > a)
+        (void)madvise((void *)a, b - a, MADV_DONTNEED);
 }
