@@ -125,5 +125,6 @@ FX_API void fx_mem_reset_peak(void);
 #include "flexc/lce.h"
 #include "flexc/comm.h"
 #include "flexc/model.h"
+#include "flexc/tokenizer.h"
 
 #endif /* FLEXC_H */

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian packages flexc needs, only those that are missing.
-#   scripts/deps.sh          build, test and run: compiler, CMake, OpenBLAS, Open MPI, jansson, corpus
+#   scripts/deps.sh          build, test and run: compiler, CMake, OpenBLAS, Open MPI, jansson, PCRE2,
+#                            utf8proc, corpus
 #   scripts/deps.sh ci       also what CI's extra passes use (clang and its fuzzing runtime)
 # As root it installs directly; otherwise through sudo when that works without a password;
 # otherwise it prints the apt-get line to run and fails.
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
-          libjansson-dev fortunes-min fortunes)
+          libjansson-dev libpcre2-dev libutf8proc-dev fortunes-min fortunes)
 if [[ "${1:-}" == ci ]]; then
     packages+=(clang libclang-rt-14-dev python3)
 fi

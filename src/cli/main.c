@@ -16,6 +16,7 @@ static const subcommand commands[] = {
     {"bench", cmd_bench, "measure kernels against their baselines (attention, lce, train, safetensors, machine)"},
     {"export", cmd_export, "write a model as a Hugging Face directory (config.json, model.safetensors, tokenizer)"},
     {"inspect", cmd_inspect, "validate a .safetensors file or index and list its tensors"},
+    {"tokenize", cmd_tokenize, "encode text with a Hugging Face tokenizer.json (ids, or an llm.c token file)"},
 };
 
 static void usage(FILE *out)
