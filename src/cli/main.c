@@ -17,6 +17,7 @@ static const subcommand commands[] = {
     {"export", cmd_export, "write a model as a Hugging Face directory (config.json, model.safetensors, tokenizer)"},
     {"inspect", cmd_inspect, "validate a .safetensors file or index and list its tensors"},
     {"tokenize", cmd_tokenize, "encode text with a Hugging Face tokenizer.json (ids, or an llm.c token file)"},
+    {"plot", cmd_plot, "draw the loss and tokens/s curves of training runs (SVG or PNG)"},
 };
 
 static void usage(FILE *out)
