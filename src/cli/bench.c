@@ -13,6 +13,7 @@ static const bench_case cases[] = {
     {"attention", bench_attention, "flex attention vs. dense flash SDPA on the standard cases"},
     {"lce", bench_lce, "fused linear cross-entropy vs. materialised logits"},
     {"train", bench_train, "training tokens/s and peak memory"},
+    {"generate", bench_generate, "prefill and decode tokens/s and peak memory with the KV cache"},
     {"safetensors", bench_safetensors, "open + validate a 1 GiB checkpoint vs. reading it from the page cache"},
     {"machine", bench_machine, "this machine's fp32 FMA peak, triad bandwidth and sgemm"},
 };

@@ -144,7 +144,7 @@ int bench_train(int argc, char **argv)
     fx_rng r;
     fx_rng_init(&r, 7, 0);
     for (int64_t i = 0; i < d.n; i++)
-        d.tok[i] = (uint16_t)(fx_rng_u32(&r) % (uint32_t)cfg.vocab);
+        d.tok[i] = (uint32_t)(fx_rng_u32(&r) % (uint32_t)cfg.vocab);
 
     variant v[2] = {{.name = "flex+fused"}, {.name = "dense+unfused"}};
     int exit_code = CLI_EXIT_FAIL;

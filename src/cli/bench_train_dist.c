@@ -88,7 +88,7 @@ int bench_train_dist(int argc, char **argv)
     fx_rng r;
     fx_rng_init(&r, 7, 0);
     for (int64_t i = 0; i < d.n; i++)
-        d.tok[i] = (uint16_t)(fx_rng_u32(&r) % (uint32_t)cfg.vocab);
+        d.tok[i] = (uint32_t)(fx_rng_u32(&r) % (uint32_t)cfg.vocab);
     /* The library's allocation counter: the whole model before sharding, what stays after. */
     size_t mem0, mem_whole, mem_sharded, peak;
     fx_mem_stats(&mem0, &peak);

@@ -45,6 +45,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_export(int argc, char **argv);
 
 /* flexc bench <case>: each in its own file. */
 int bench_machine(int argc, char **argv);
@@ -52,6 +53,7 @@ int bench_attention(int argc, char **argv);
 int bench_lce(int argc, char **argv);
 int bench_train(int argc, char **argv);
 int bench_safetensors(int argc, char **argv);
+int bench_generate(int argc, char **argv);
 
 /* Applies --threads N (0: leave the default). N is checked whole before it is narrowed to
    an int, so that 4294967297 is refused rather than taken for 1. Returns CLI_EXIT_OK, or

@@ -12,8 +12,9 @@ typedef struct subcommand {
 
 static const subcommand commands[] = {
     {"train", cmd_train, "train a GPT with FlexAttention and the fused loss"},
-    {"generate", cmd_generate, "generate text from a trained checkpoint"},
-    {"bench", cmd_bench, "measure kernels against their baselines (attention, lce, train, safetensors, machine)"},
+    {"generate", cmd_generate, "generate text from a trained checkpoint or a Hugging Face model"},
+    {"bench", cmd_bench, "measure kernels against their baselines (attention, lce, train, generate, safetensors, machine)"},
+    {"export", cmd_export, "write a model as a Hugging Face directory (config.json, model.safetensors, tokenizer)"},
     {"inspect", cmd_inspect, "validate a .safetensors file or index and list its tensors"},
     {"plot", cmd_plot, "draw the loss and tokens/s curves of training runs (SVG or PNG)"},
     {"tokenize", cmd_tokenize, "encode text with a Hugging Face tokenizer.json (ids, or an llm.c token file)"},

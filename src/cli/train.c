@@ -2,6 +2,8 @@
    checkpoints, resume, progress and metrics. See docs/train.md. */
 #include "cli.h"
 
+#include "train_data.h"
+
 #include "bench_util.h"
 #include "gpt/dist.h"
 #include "gpt/gpt.h"
@@ -15,7 +17,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define DEFAULT_CORPUS "/usr/share/games/fortunes"
 
 /* The signal that asks the run to stop after its current step (0: none; -1: a reason other
    than a signal to this process). */
@@ -464,9 +465,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         /* A preset, or a model to fine-tune (its size is its own). */
         if ((rc = cli_model_open("--model", o.model ? o.model : "small", &cfg, &train_init)) != CLI_EXIT_OK)
             return rc;
-        if (cfg.vocab < FX__GPT_VOCAB) {
-            cli_error("--model %s has %lld tokens; training reads text as bytes and end-of-text (%d tokens)", o.model,
-                      (long long)cfg.vocab, FX__GPT_VOCAB);
+        char tp[4200];
+        if (cfg.vocab < FX__GPT_VOCAB && !train_tokenizer_path(tp, sizeof tp, o.model) &&
+            !train_is_token_file(o.data)) {
+            cli_error("--model %s has %lld tokens and no tokenizer.json; pass --data as an llm.c token file", o.model,
+                      (long long)cfg.vocab);
             return CLI_EXIT_USAGE;
         }
         if (train_init && (o.layers != UNSET || o.dim != UNSET || o.heads != UNSET || o.kv_heads != UNSET)) {
@@ -569,6 +572,12 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         return CLI_EXIT_USAGE;
     }
     rc = rank == 0 ? check_out_dir(o.out) : CLI_EXIT_OK;
+    /* Fine-tuning a Hugging Face model: its configuration and tokenizer go with the run
+       (out/hf), for resuming, generating and flexc export. */
+    char hfcfg[4200];
+    snprintf(hfcfg, sizeof hfcfg, "%s/config.json", o.model ? o.model : "");
+    if (rc == CLI_EXIT_OK && rank == 0 && !o.resume && o.model && file_exists(hfcfg))
+        rc = train_keep_hf(o.out, o.model);
     if (!all_ok(world, rc == CLI_EXIT_OK))
         return rc != CLI_EXIT_OK ? rc : CLI_EXIT_FAIL;
 
@@ -579,8 +588,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     if (o.resume && !o.data && st.data[0])
         data_path = st.data;
     fx__gpt_data data;
-    if ((rc = fx__gpt_data_load(&data, data_path, DEFAULT_CORPUS, o.val_frac, st.seq + 1)) != FX_OK)
-        return cli_fail(rc, data_path ? "--data" : "default corpus");
+    char tokpath[4200];
+    bool has_tok = train_tokenizer_path(tokpath, sizeof tokpath, o.resume ? o.out : o.model);
+    if ((rc = train_data_load(&data, data_path, has_tok ? tokpath : NULL, &cfg, o.val_frac, st.seq + 1)) !=
+        CLI_EXIT_OK)
+        return rc;
     if (o.resume && data.hash != st.data_hash) {
         if (!o.data) {
             cli_error("--resume: %s is not the text the checkpoint was trained on (it changed); pass --data to "

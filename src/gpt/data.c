@@ -42,18 +42,18 @@ int64_t fx__utf8_invalid_at(const unsigned char *s, size_t n)
     return -1;
 }
 
-/* A growable token array. */
+/* A growable token array (uint32: vocabularies past 65536 ids). */
 typedef struct fx__toks {
-    uint16_t *p;
+    uint32_t *p;
     int64_t n, cap;
     int64_t docs;
 } fx__toks;
 
-static int fx__toks_push(fx__toks *t, uint16_t v)
+static int fx__toks_push(fx__toks *t, uint32_t v)
 {
     if (t->n == t->cap) {
         int64_t cap = t->cap ? 2 * t->cap : 1 << 16;
-        uint16_t *p = realloc(t->p, (size_t)cap * sizeof *p);
+        uint32_t *p = realloc(t->p, (size_t)cap * sizeof *p);
         if (!p)
             return fx__error(FX_ENOMEM, "cannot hold %lld tokens", (long long)cap);
         t->p = p, t->cap = cap;
@@ -195,6 +195,65 @@ static int fx__load_fortunes(fx__toks *t, const char *dir)
     return rc;
 }
 
+/* The train / validation split and the hash; takes t's tokens. */
+static int fx__data_finish(fx__gpt_data *d, fx__toks *t, double val_frac, int64_t min_tokens)
+{
+    /* Each part needs at least one window of min_tokens. */
+    int64_t n_val = (int64_t)((double)t->n * val_frac);
+    if (n_val < min_tokens)
+        n_val = min_tokens;
+    if (t->n - n_val < min_tokens) {
+        free(t->p);
+        t->p = NULL;
+        return fx__error(FX_EINVAL,
+                         "%s holds %lld tokens; training needs at least %lld (one window of %lld for training and "
+                         "one for validation): give more text or a smaller --seq",
+                         d->source, (long long)t->n, (long long)(2 * min_tokens), (long long)min_tokens);
+    }
+    d->tok = t->p;
+    d->n = t->n;
+    d->n_train = t->n - n_val;
+    d->docs = t->docs;
+    /* FNV-1a over each token's two low bytes (and its two high ones when set: byte-level
+       data hashes as it did with 16-bit tokens, so older checkpoints resume). */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t i = 0; i < t->n; i++) {
+        uint32_t v = t->p[i];
+        h = (h ^ (v & 0xff)) * 0x100000001b3ull;
+        h = (h ^ ((v >> 8) & 0xff)) * 0x100000001b3ull;
+        if (v >> 16) {
+            h = (h ^ ((v >> 16) & 0xff)) * 0x100000001b3ull;
+            h = (h ^ (v >> 24)) * 0x100000001b3ull;
+        }
+    }
+    d->hash = h;
+    return FX_OK;
+}
+
+int fx__gpt_data_from_ids(fx__gpt_data *d, const int32_t *ids, int64_t n, int32_t eot, const char *source,
+                          double val_frac, int64_t min_tokens)
+{
+    memset(d, 0, sizeof *d);
+    if (!(val_frac > 0.0 && val_frac < 1.0))
+        return fx__error(FX_EINVAL, "validation fraction %g is outside (0, 1)", val_frac);
+    if (n < 0 || (n > 0 && !ids))
+        return fx__error(FX_EINVAL, "fx__gpt_data_from_ids: %lld ids at %p", (long long)n, (const void *)ids);
+    fx__toks t = {0};
+    if (n > 0 && !(t.p = malloc((size_t)n * sizeof *t.p)))
+        return fx__error(FX_ENOMEM, "cannot hold %lld tokens", (long long)n);
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0) {
+            free(t.p);
+            return fx__error(FX_ERANGE, "token %lld = %d is negative", (long long)i, ids[i]);
+        }
+        t.p[i] = (uint32_t)ids[i];
+        t.docs += ids[i] == eot;
+    }
+    t.n = t.cap = n;
+    snprintf(d->source, sizeof d->source, "%s", source ? source : "tokens");
+    return fx__data_finish(d, &t, val_frac, min_tokens);
+}
+
 int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir, double val_frac,
                       int64_t min_tokens)
 {
@@ -241,17 +300,7 @@ int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir
                          "one for validation): give more text or a smaller --seq",
                          d->source, (long long)t.n, (long long)(2 * min_tokens), (long long)min_tokens);
     }
-    d->tok = t.p;
-    d->n = t.n;
-    d->n_train = t.n - n_val;
-    d->docs = t.docs;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (int64_t i = 0; i < t.n; i++) {
-        h = (h ^ (t.p[i] & 0xff)) * 0x100000001b3ull;
-        h = (h ^ (t.p[i] >> 8)) * 0x100000001b3ull;
-    }
-    d->hash = h;
-    return FX_OK;
+    return fx__data_finish(d, &t, val_frac, min_tokens);
 }
 
 void fx__gpt_data_free(fx__gpt_data *d)
@@ -260,11 +309,11 @@ void fx__gpt_data_free(fx__gpt_data *d)
     d->tok = NULL;
 }
 
-static void fx__window(const uint16_t *src, int64_t T, int32_t *tokens, int32_t *targets)
+static void fx__window(const uint32_t *src, int64_t T, int32_t *tokens, int32_t *targets)
 {
     for (int64_t t = 0; t < T; t++) {
-        tokens[t] = src[t];
-        targets[t] = src[t + 1];
+        tokens[t] = (int32_t)src[t];
+        targets[t] = (int32_t)src[t + 1];
     }
 }
 

@@ -330,7 +330,7 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *c, const int32_t *tokens, int64_t 
 /* ---- data -------------------------------------------------------------------------------- */
 
 typedef struct fx__gpt_data {
-    uint16_t *tok;    /* all tokens; train = [0, n_train), val = [n_train, n) */
+    uint32_t *tok;    /* all tokens; train = [0, n_train), val = [n_train, n) */
     int64_t n, n_train;
     int64_t docs;
     uint64_t hash;    /* FNV-1a of the tokens: a resumed run checks it reads the same data */
@@ -342,6 +342,10 @@ typedef struct fx__gpt_data {
    document (FX__GPT_EOT). val_frac of the tokens (at least one window) go to validation. */
 int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir, double val_frac,
                       int64_t min_tokens);
+/* Token ids already made (a tokenizer's, or a token file's): documents end at eot (counted;
+   -1: none), the same split. source names them in messages. */
+int fx__gpt_data_from_ids(fx__gpt_data *d, const int32_t *ids, int64_t n, int32_t eot, const char *source,
+                          double val_frac, int64_t min_tokens);
 void fx__gpt_data_free(fx__gpt_data *d);
 /* B windows of T+1 tokens from the training part at offsets drawn from rng. */
 void fx__gpt_data_batch(const fx__gpt_data *d, fx_rng *rng, int64_t B, int64_t T, int32_t *tokens, int32_t *targets);

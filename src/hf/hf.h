@@ -1,13 +1,179 @@
-/* Hugging Face model directories (config.json + *.safetensors): what fx_model_load calls for
-   a directory that holds config.json. Internal to the library. */
+/*
+ * Hugging Face models: the Llama family (LlamaForCausalLM, MistralForCausalLM,
+ * Qwen2ForCausalLM) read from, and written back to, a transformers model directory
+ * (internal to the library; see docs/models.md).
+ *
+ *   config.json (+ generation_config.json)  -> fx__hf_config     every field checked, anything
+ *                                                               the model cannot run refused
+ *   model.safetensors | *.index.json + shards -> fx__hf_model    every tensor named, shaped
+ *                                                               and typed before any is read
+ *   fx__hf_tensor_read                        -> float32 in flexc's layout
+ *   fx__hf_export                             <- float32 in flexc's layout, written in the
+ *                                                               source dtype (bitwise round trip)
+ *
+ * RoPE. transformers rotates the two halves of each head (x[i] with x[i + hd/2], frequency i);
+ * flexc rotates interleaved pairs (x[2i] with x[2i+1], frequency i). The rows of q_proj and
+ * k_proj (and their biases) are permuted per head at load, flexc row 2i+s <- HF row i + s*hd/2,
+ * and back at export. q.k is a sum over the head dimension, so the attention scores (and
+ * everything after them) are unchanged; v and o_proj are not touched.
+ *
+ *     fx__hf_model *m;
+ *     if (fx__hf_open(&m, "path/to/model") != FX_OK) ... fx_last_error() names the problem
+ *     for (size_t i = 0; i < m->n; i++)
+ *         fx__hf_tensor_read(m, i, params + offset_of(m->t[i].name));
+ *     fx__hf_close(m);
+ */
 #ifndef FX_HF_H
 #define FX_HF_H
 
-#include "flexc/model.h"
+#include "core/core.h"
 
-/* Loads the model in dir into a new fx_model (*out untouched on failure). A loader builds
-   the model with fx__gpt_new (src/gpt/gpt.h: no random init) or fx_model_create, then fills
-   every tensor through fx_model_tensor_find / fx_model_tensor_at. */
+#include <flexc/model.h>
+#include <flexc/safetensors.h>
+
+
+/* ---- configuration ------------------------------------------------------------------------- */
+
+typedef enum fx__hf_arch { FX__HF_LLAMA = 0, FX__HF_MISTRAL = 1, FX__HF_QWEN2 = 2 } fx__hf_arch;
+
+typedef enum fx__hf_rope { FX__HF_ROPE_DEFAULT = 0, FX__HF_ROPE_LLAMA3 = 1 } fx__hf_rope;
+
+enum { FX__HF_MAX_EOS = 8 };
+
+typedef struct fx__hf_config {
+    fx__hf_arch arch;
+    int64_t vocab;      /* V */
+    int64_t dim;        /* C: hidden_size */
+    int64_t layers;     /* L */
+    int64_t heads;      /* Hq */
+    int64_t kv_heads;   /* Hkv */
+    int64_t head_dim;   /* hd: may differ from C / Hq */
+    int64_t ffn;        /* F: intermediate_size */
+    int64_t max_pos;    /* max_position_embeddings */
+    double norm_eps;    /* rms_norm_eps */
+    bool tied;          /* tie_word_embeddings: no lm_head, logits use the embedding */
+    bool qkv_bias;      /* q_proj, k_proj, v_proj carry biases (Qwen2) */
+    int64_t window;     /* 0: full causal attention; else query i sees key j when 0 <= i-j < window */
+
+    double rope_theta;
+    fx__hf_rope rope_type;
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor; /* llama3 only */
+    int64_t rope_original_max_pos;                                   /* llama3 only */
+
+    int64_t eos[FX__HF_MAX_EOS]; /* generation_config.json first, then config.json */
+    int n_eos;
+    int64_t bos;                 /* -1: none */
+    fx_dtype dtype;              /* "dtype" (or "torch_dtype"): float32, bfloat16, float16; F32
+                                    when absent. What export writes by default. */
+} fx__hf_config;
+
+/* "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM". */
+const char *fx__hf_arch_name(fx__hf_arch a);
+
+/* Parses config.json text (and generation_config.json text, gen may be NULL) into c. Refuses,
+   naming the field: an architecture other than the three (FX_EUNSUPPORTED), a rope_scaling /
+   rope_parameters type other than default or llama3, quantization_config, a hidden_act other
+   than silu, attention_bias or mlp_bias (biases other than Qwen2's q/k/v), partial rotary
+   embeddings, a Qwen2 sliding window on some layers only; a missing or malformed field, sizes
+   that disagree (FX_EFORMAT). c is written only on success. */
+int fx__hf_config_parse(fx__hf_config *c, const char *config, size_t config_len, const char *gen,
+                        size_t gen_len);
+/* The same from dir/config.json and dir/generation_config.json (optional). */
+int fx__hf_config_read(fx__hf_config *c, const char *dir);
+
+/* Reads a small text file whole, NUL-terminated, *out fx__alloc'd. FX_EIO when unreadable. */
+int fx__hf_read_text(char **out, size_t *len, const char *path);
+
+/* inv_freq [head_dim/2]: RoPE frequency of pair i, rope_theta^(-2i/hd), with llama3 scaling
+   applied when configured (as transformers computes it, in float64). */
+void fx__hf_rope_inv_freq(double *inv_freq, const fx__hf_config *c);
+
+/* config.json text for c in transformers' current spelling (rope_parameters), float32 dtype
+   named by `dtype` ("float32", "bfloat16", "float16"). *out is fx__alloc'd, NUL-terminated. */
+int fx__hf_config_json(char **out, const fx__hf_config *c, const char *dtype);
+/* generation_config.json text: bos and eos (an int when one id, else a list). */
+int fx__hf_generation_json(char **out, const fx__hf_config *c);
+
+/* ---- tensors ------------------------------------------------------------------------------- */
+
+typedef struct fx__hf_tensor {
+    char name[64];     /* flexc's name: "wte", "layers.3.attn.wq", "layers.3.attn.bq", "norm", "lm_head" */
+    char hf_name[96];  /* "model.layers.3.self_attn.q_proj.weight" */
+    int ndim;          /* 1 or 2 */
+    int64_t shape[2];  /* as in both layouts ([rows, cols] or [n]) */
+    int64_t rope_heads;/* > 0: rows are RoPE'd heads of head_dim rows, permuted between layouts */
+} fx__hf_tensor;
+
+/* The tensors of c in flexc's order: wte; per layer norm1, wq, [bq], wk, [bk], wv, [bv], wo, norm2,
+   mlp.w1 (gate), mlp.w3 (up), mlp.w2 (down); norm; [lm_head] (untied only). *out is fx__alloc'd. */
+int fx__hf_layout(fx__hf_tensor **out, size_t *n, const fx__hf_config *c);
+
+/* Row permutations of a RoPE'd tensor (rows = heads * head_dim, each row `cols` wide; cols = 1
+   for a bias): HF's rotate-half order <-> flexc's interleaved order. Plain copies, dst != src. */
+void fx__hf_rows_to_flexc(float *dst, const float *src, int64_t heads, int64_t head_dim, int64_t cols);
+void fx__hf_rows_to_hf(float *dst, const float *src, int64_t heads, int64_t head_dim, int64_t cols);
+
+/* ---- a model directory --------------------------------------------------------------------- */
+
+typedef struct fx__hf_model {
+    fx__hf_config c;
+    fx__hf_tensor *t;              /* [n], flexc order */
+    size_t n;
+    const fx_tensor_view **views;  /* [n]: each tensor in its (mapped) file */
+    fx_dtype dtype;                /* the weights' dtype (F32, BF16 or F16; all tensors share it) */
+    int64_t params;                /* parameters in total */
+    char *config_text;             /* config.json as read (export writes it back) */
+    char *gen_text;                /* generation_config.json as read, NULL when absent */
+    fx_safetensors *file;          /* model.safetensors, or ... */
+    fx_safetensors_index *index;   /* ... model.safetensors.index.json and its shards */
+} fx__hf_model;
+
+/* Opens dir: the configuration, then the weights (model.safetensors, else
+   model.safetensors.index.json), and checks every tensor before returning: one expected is
+   missing, one is not expected, a shape disagrees with the configuration, a dtype is not F32,
+   BF16 or F16, or the tensors mix dtypes -> FX_EFORMAT / FX_EUNSUPPORTED naming the tensor.
+   (rotary_emb.inv_freq buffers some checkpoints carry are derived data and skipped; a tied
+   model's lm_head.weight is accepted when it equals the embedding.) */
+int fx__hf_open(fx__hf_model **out, const char *dir);
+void fx__hf_close(fx__hf_model *m);
+/* Index of flexc tensor `name` in m->t, or -1. */
+int64_t fx__hf_find(const fx__hf_tensor *t, size_t n, const char *name);
+/* dst [numel] = tensor i widened to float32 in flexc's row order. dst must not overlap the file. */
+int fx__hf_tensor_read(const fx__hf_model *m, size_t i, float *dst);
+/* Drops tensor i's pages of the file mapping from memory once it has been read, so a load
+   holds the model plus one tensor rather than the model plus its file (the file pages count
+   in the resident set). The view stays valid: reading it again faults the pages back in. */
+void fx__hf_tensor_release(const fx__hf_model *m, size_t i);
+
+/* ---- export -------------------------------------------------------------------------------- */
+
+typedef struct fx__hf_export_spec {
+    const fx__hf_config *c;
+    const float *const *data;  /* [n] tensors of fx__hf_layout(c) in flexc's layout, float32 */
+    fx_dtype dtype;            /* F32, BF16 or F16: what model.safetensors stores */
+    const char *config_text;   /* config.json to write as is; NULL: generated from c */
+    const char *gen_text;      /* generation_config.json as is; NULL: generated from c */
+    const char *tokenizer_dir; /* tokenizer files copied from here when present; may be NULL */
+} fx__hf_export_spec;
+
+/* Writes dir (created if missing; existing files of the same names are replaced):
+   config.json, generation_config.json, model.safetensors (rows back in HF order, narrowed to
+   dtype with round to nearest even, so a tensor read from that dtype is written back bitwise),
+   and tokenizer.json / tokenizer_config.json / special_tokens_map.json / tokenizer.model
+   copied from tokenizer_dir. */
+int fx__hf_export(const char *dir, const fx__hf_export_spec *s);
+
+/* ---- into an fx_model ------------------------------------------------------------------------ */
+
+/* Loads the Hugging Face model in dir into a new fx_model (what fx_model_load calls for a
+   directory that holds config.json; *out untouched on failure). */
 int fx__hf_load(fx_model **out, const char *dir);
+/* The model configuration of c (arch is the HF class name, ctx max_position_embeddings). */
+int fx__hf_model_config(fx_model_config *mc, const fx__hf_config *c);
+/* The inverse, for export: the HF configuration of a model (arch as its label says; flexc's
+   own GPT becomes LlamaForCausalLM). Floats are written as the shortest decimal that reads back
+   the same. bos is -1, dtype F32. FX_EUNSUPPORTED when no architecture here carries the model
+   (q/k/v biases outside Qwen2, a window on a Llama). */
+int fx__hf_config_from_model(fx__hf_config *c, const fx_model_config *mc);
 
 #endif

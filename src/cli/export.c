@@ -1,0 +1,149 @@
+/* flexc export --ckpt DIR|FILE --to HFDIR: a model as a Hugging Face directory transformers
+   loads (config.json, generation_config.json, model.safetensors, the tokenizer files). */
+#include "cli.h"
+
+#include "hf/hf.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Where the Hugging Face files of the model's origin are: the --ckpt directory itself when it
+   is a Hugging Face model, else its hf/ folder (what `flexc train --model HFDIR` keeps). */
+static bool origin_dir(char *buf, size_t n, const char *ckpt)
+{
+    struct stat st;
+    if (stat(ckpt, &st) != 0 || !S_ISDIR(st.st_mode))
+        return false;
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/config.json", ckpt);
+    if (access(probe, F_OK) == 0) {
+        snprintf(buf, n, "%s", ckpt);
+        return true;
+    }
+    snprintf(probe, sizeof probe, "%s/hf/config.json", ckpt);
+    if (access(probe, F_OK) == 0) {
+        snprintf(buf, n, "%s/hf", ckpt);
+        return true;
+    }
+    return false;
+}
+
+int cmd_export(int argc, char **argv)
+{
+    const char *ckpt = NULL, *to = NULL, *dtype_s = NULL;
+    const cli_opt opts[] = {
+        {"--ckpt", CLI_STRING, &ckpt, "a training --out DIR, a .safetensors file, or a Hugging Face DIR"},
+        {"--to", CLI_STRING, &to, "the directory to write (created; its files of the same names are replaced)"},
+        {"--dtype", CLI_STRING, &dtype_s, "f32 | bf16 | f16 (default: the dtype of the model's origin, else f32)"},
+    };
+    int rc = cli_parse("export", "--ckpt DIR|FILE --to HFDIR [options]", argc, argv, opts,
+                       sizeof opts / sizeof opts[0], NULL, 0, NULL);
+    if (rc == CLI_PARSE_HELP)
+        return CLI_EXIT_OK;
+    if (rc != CLI_PARSE_OK)
+        return rc;
+    if (!ckpt || !to) {
+        cli_error("export: --ckpt DIR|FILE and --to HFDIR are required");
+        return CLI_EXIT_USAGE;
+    }
+    fx_dtype dtype = FX_DT_F32;
+    if (dtype_s) {
+        if (!strcmp(dtype_s, "f32"))
+            dtype = FX_DT_F32;
+        else if (!strcmp(dtype_s, "bf16"))
+            dtype = FX_DT_BF16;
+        else if (!strcmp(dtype_s, "f16"))
+            dtype = FX_DT_F16;
+        else {
+            cli_error("export: --dtype %s is not f32, bf16 or f16", dtype_s);
+            return CLI_EXIT_USAGE;
+        }
+    }
+
+    fx_model *m = NULL;
+    if ((rc = fx_model_load(&m, ckpt)) != FX_OK)
+        return cli_fail(rc, "--ckpt");
+    const fx_model_config *mc = fx_model_get_config(m);
+
+    /* The configuration: the origin's own config.json when the model came from a Hugging Face
+       directory (written back as it was), else one generated from the model. */
+    char origin[4096];
+    bool has_origin = origin_dir(origin, sizeof origin, ckpt);
+    fx__hf_config hc;
+    char *config_text = NULL, *gen_text = NULL;
+    size_t len = 0;
+    int exit_code = CLI_EXIT_FAIL;
+    if (has_origin) {
+        char path[4200];
+        if ((rc = fx__hf_config_read(&hc, origin)) != FX_OK) {
+            cli_fail(rc, "the model's Hugging Face configuration");
+            goto done;
+        }
+        snprintf(path, sizeof path, "%s/config.json", origin);
+        if ((rc = fx__hf_read_text(&config_text, &len, path)) != FX_OK) {
+            cli_fail(rc, "config.json");
+            goto done;
+        }
+        snprintf(path, sizeof path, "%s/generation_config.json", origin);
+        if (access(path, F_OK) == 0 && (rc = fx__hf_read_text(&gen_text, &len, path)) != FX_OK) {
+            cli_fail(rc, "generation_config.json");
+            goto done;
+        }
+        /* The configuration must still describe the model (it does unless files were mixed). */
+        fx_model_config check;
+        if ((rc = fx__hf_model_config(&check, &hc)) != FX_OK || check.vocab != mc->vocab || check.dim != mc->dim ||
+            check.layers != mc->layers || check.heads != mc->heads || check.kv_heads != mc->kv_heads ||
+            check.head_dim != mc->head_dim || check.ffn != mc->ffn || check.qkv_bias != mc->qkv_bias ||
+            check.tied_embeddings != mc->tied_embeddings) {
+            cli_error("export: %s/config.json does not describe the model in --ckpt %s", origin, ckpt);
+            goto done;
+        }
+        if (!dtype_s)
+            dtype = hc.dtype;
+    } else if ((rc = fx__hf_config_from_model(&hc, mc)) != FX_OK) {
+        cli_fail(rc, "export");
+        goto done;
+    }
+
+    fx__hf_tensor *t = NULL;
+    size_t n = 0;
+    if ((rc = fx__hf_layout(&t, &n, &hc)) != FX_OK) {
+        cli_fail(rc, "export");
+        goto done;
+    }
+    const float **data = calloc(n, sizeof *data);
+    if (!data) {
+        fx__free(t);
+        cli_error("out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        fx_model_tensor mt;
+        if ((rc = fx_model_tensor_find(m, t[i].name, &mt)) != FX_OK) {
+            cli_fail(rc, "export");
+            break;
+        }
+        data[i] = mt.data;
+    }
+    if (rc == FX_OK) {
+        fx__hf_export_spec s = {.c = &hc, .data = data, .dtype = dtype, .config_text = config_text,
+                                .gen_text = gen_text, .tokenizer_dir = has_origin ? origin : NULL};
+        if ((rc = fx__hf_export(to, &s)) != FX_OK)
+            cli_fail(rc, "export");
+    }
+    free(data);
+    fx__free(t);
+    if (rc == FX_OK) {
+        printf("wrote %s: %s, %zu parameters, %s%s\n", to, fx__hf_arch_name(hc.arch), fx_model_num_params(m),
+               fx_dtype_name(dtype), has_origin ? "" : " (no tokenizer: the model did not come from a Hugging Face directory)");
+        exit_code = CLI_EXIT_OK;
+    }
+done:
+    fx__free(config_text);
+    fx__free(gen_text);
+    fx_model_free(m);
+    return exit_code;
+}

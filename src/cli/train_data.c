@@ -1,0 +1,159 @@
+/* The data of flexc train: flexc's byte-level text, text read through the Hugging Face
+   tokenizer of the model being fine-tuned, or an llm.c token file. */
+#include "train_data.h"
+
+#include "hf/hf.h"
+
+#include <flexc/tokenizer.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+bool train_is_token_file(const char *path)
+{
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f)
+        return false;
+    unsigned char b[4];
+    bool ok = fread(b, 1, 4, f) == 4;
+    fclose(f);
+    uint32_t magic = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    return ok && (magic == 20240520u || magic == 20240801u);
+}
+
+static bool is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+bool train_tokenizer_path(char *buf, size_t n, const char *dir)
+{
+    if (!dir)
+        return false;
+    snprintf(buf, n, "%s/tokenizer.json", dir);
+    if (is_file(buf))
+        return true;
+    snprintf(buf, n, "%s/hf/tokenizer.json", dir);
+    return is_file(buf);
+}
+
+/* Appends the ids of one document and the end-of-text id. */
+static int encode_doc(const fx_tokenizer *tok, fx_ids *ids, const char *s, size_t n, int32_t eot)
+{
+    if (n == 0)
+        return FX_OK;
+    int rc = fx_tokenizer_encode(tok, ids, s, n);
+    if (rc == FX_OK && eot >= 0) {
+        if (ids->n == ids->cap) { /* fx_ids is the tokenizer library's (fx__alloc'd) */
+            int64_t cap = ids->cap ? 2 * ids->cap : 1024;
+            int32_t *p = fx__alloc((size_t)cap * sizeof *p);
+            if (!p)
+                return FX_ENOMEM;
+            if (ids->n)
+                memcpy(p, ids->ids, (size_t)ids->n * sizeof *p);
+            fx__free(ids->ids);
+            ids->ids = p, ids->cap = cap;
+        }
+        ids->ids[ids->n++] = eot;
+    }
+    return rc;
+}
+
+int train_data_load(fx__gpt_data *d, const char *path, const char *tokenizer, const fx_model_config *cfg,
+                    double val_frac, int64_t min_tokens)
+{
+    const int32_t eot = cfg->n_eos ? cfg->eos[0] : -1;
+    if (train_is_token_file(path)) {
+        fx_ids ids = {0};
+        int rc = fx_tokens_load(&ids, path, cfg->vocab);
+        if (rc == FX_OK)
+            rc = fx__gpt_data_from_ids(d, ids.ids, ids.n, eot, path, val_frac, min_tokens);
+        fx_ids_free(&ids);
+        return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, "--data");
+    }
+    if (!tokenizer) {
+        if (cfg->vocab != FX__GPT_VOCAB) {
+            cli_error("--data: the model has %lld tokens and no tokenizer.json beside it: pass --data as an llm.c "
+                      "token file (flexc tokenize) or fine-tune from a Hugging Face directory", (long long)cfg->vocab);
+            return CLI_EXIT_USAGE;
+        }
+        int rc = fx__gpt_data_load(d, path, TRAIN_DEFAULT_CORPUS, val_frac, min_tokens);
+        return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, path ? "--data" : "default corpus");
+    }
+    if (!path) {
+        cli_error("--data FILE is required with a Hugging Face model (text read with its tokenizer, or an llm.c "
+                  "token file)");
+        return CLI_EXIT_USAGE;
+    }
+    fx_tokenizer *tok = NULL;
+    int rc = fx_tokenizer_load(&tok, tokenizer);
+    if (rc != FX_OK)
+        return cli_fail(rc, tokenizer);
+    if (fx_tokenizer_vocab_size(tok) > cfg->vocab) {
+        cli_error("%s has %lld ids, more than the model's vocabulary %lld", tokenizer,
+                  (long long)fx_tokenizer_vocab_size(tok), (long long)cfg->vocab);
+        fx_tokenizer_free(tok);
+        return CLI_EXIT_FAIL;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    if ((rc = fx__hf_read_text(&text, &len, path)) != FX_OK) {
+        fx_tokenizer_free(tok);
+        return cli_fail(rc, "--data");
+    }
+    /* Documents end at a line holding only "%" (the fortune format) and at the end of the
+       text; each is followed by the model's first eos id. */
+    fx_ids ids = {0};
+    size_t start = 0;
+    for (size_t i = 0; i <= len && rc == FX_OK; i++) {
+        bool sep = i < len && (i == 0 || text[i - 1] == '\n') && text[i] == '%' &&
+                   (i + 1 == len || text[i + 1] == '\n');
+        if (sep || i == len) {
+            rc = encode_doc(tok, &ids, text + start, i - start, eot);
+            start = sep ? (i + 2 <= len ? i + 2 : len) : len;
+        }
+    }
+    fx__free(text);
+    fx_tokenizer_free(tok);
+    if (rc == FX_OK)
+        rc = fx__gpt_data_from_ids(d, ids.ids, ids.n, eot, path, val_frac, min_tokens);
+    fx_ids_free(&ids);
+    return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, "--data");
+}
+
+int train_keep_hf(const char *out, const char *src)
+{
+    static const char *const names[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                        "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"};
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/hf", out);
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        cli_error("--out: cannot create %s: %s", dir, strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char from[4200], to[4300];
+        snprintf(from, sizeof from, "%s/%s", src, names[i]);
+        if (!is_file(from))
+            continue;
+        snprintf(to, sizeof to, "%s/%s", dir, names[i]);
+        char *text = NULL;
+        size_t len = 0;
+        int rc = fx__hf_read_text(&text, &len, from);
+        FILE *f = rc == FX_OK ? fopen(to, "wb") : NULL;
+        bool ok = f && fwrite(text, 1, len, f) == len;
+        if (f && fclose(f) != 0)
+            ok = false;
+        fx__free(text);
+        if (!ok) {
+            cli_error("--out: cannot copy %s to %s", from, to);
+            return CLI_EXIT_FAIL;
+        }
+    }
+    return CLI_EXIT_OK;
+}

@@ -1,0 +1,570 @@
+/* config.json and generation_config.json of a Hugging Face Llama-family model: parsed with
+   jansson, every field the model depends on checked, anything it cannot run refused by name. */
+#include "hf/hf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const struct {
+    const char *arch, *model_type;
+} archs[] = {
+    [FX__HF_LLAMA] = {"LlamaForCausalLM", "llama"},
+    [FX__HF_MISTRAL] = {"MistralForCausalLM", "mistral"},
+    [FX__HF_QWEN2] = {"Qwen2ForCausalLM", "qwen2"},
+};
+enum { NARCH = sizeof archs / sizeof archs[0] };
+
+const char *fx__hf_arch_name(fx__hf_arch a)
+{
+    return (unsigned)a < NARCH ? archs[a].arch : "?";
+}
+
+/* ---- field readers ------------------------------------------------------------------------- */
+
+/* An absent key and an explicit null both mean "not given". */
+static const json_t *field(const json_t *o, const char *key)
+{
+    const json_t *v = json_object_get(o, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+/* An integer in [lo, hi]; def when absent (required: absent is an error). */
+static int get_int(int64_t *out, const json_t *o, const char *where, const char *key, bool required,
+                   int64_t def, int64_t lo, int64_t hi)
+{
+    const json_t *v = field(o, key);
+    if (!v) {
+        if (required)
+            return fx__error(FX_EFORMAT, "%s: \"%s\" is missing", where, key);
+        *out = def;
+        return FX_OK;
+    }
+    if (!json_is_integer(v))
+        return fx__error(FX_EFORMAT, "%s: \"%s\" must be an integer", where, key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return fx__error(FX_EFORMAT, "%s: \"%s\" = %lld is outside [%lld, %lld]", where, key, (long long)x,
+                         (long long)lo, (long long)hi);
+    *out = (int64_t)x;
+    return FX_OK;
+}
+
+/* A finite number > 0 (integer or real). */
+static int get_pos(double *out, const json_t *o, const char *where, const char *key, bool required, double def)
+{
+    const json_t *v = field(o, key);
+    if (!v) {
+        if (required)
+            return fx__error(FX_EFORMAT, "%s: \"%s\" is missing", where, key);
+        *out = def;
+        return FX_OK;
+    }
+    if (!json_is_number(v))
+        return fx__error(FX_EFORMAT, "%s: \"%s\" must be a number", where, key);
+    double x = json_number_value(v);
+    if (!(x > 0.0) || !isfinite(x))
+        return fx__error(FX_EFORMAT, "%s: \"%s\" = %g must be a finite number > 0", where, key, x);
+    *out = x;
+    return FX_OK;
+}
+
+static int get_bool(bool *out, const json_t *o, const char *where, const char *key, bool def)
+{
+    const json_t *v = field(o, key);
+    if (!v) {
+        *out = def;
+        return FX_OK;
+    }
+    if (!json_is_boolean(v))
+        return fx__error(FX_EFORMAT, "%s: \"%s\" must be true or false", where, key);
+    *out = json_is_true(v);
+    return FX_OK;
+}
+
+/* eos_token_id: an int or a list of ints (each a valid token id). found: the key was there. */
+static int get_ids(int64_t *ids, int *n, bool *found, const json_t *o, const char *where, const char *key,
+                   int64_t vocab)
+{
+    const json_t *v = field(o, key);
+    *found = v != NULL;
+    if (!v)
+        return FX_OK;
+    size_t count = json_is_array(v) ? json_array_size(v) : 1;
+    if (!json_is_array(v) && !json_is_integer(v))
+        return fx__error(FX_EFORMAT, "%s: \"%s\" must be an integer or a list of integers", where, key);
+    if (count > FX__HF_MAX_EOS)
+        return fx__error(FX_EFORMAT, "%s: \"%s\" lists %zu ids, more than %d", where, key, count,
+                         (int)FX__HF_MAX_EOS);
+    for (size_t i = 0; i < count; i++) {
+        const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_integer(e))
+            return fx__error(FX_EFORMAT, "%s: \"%s\"[%zu] must be an integer", where, key, i);
+        json_int_t x = json_integer_value(e);
+        if (x < 0 || x >= vocab)
+            return fx__error(FX_EFORMAT, "%s: \"%s\" = %lld is outside the vocabulary [0, %lld)", where, key,
+                             (long long)x, (long long)vocab);
+        ids[i] = (int64_t)x;
+    }
+    *n = (int)count;
+    return FX_OK;
+}
+
+/* ---- RoPE ---------------------------------------------------------------------------------- */
+
+/* rope_theta + rope_scaling (older spelling; rope_scaling may say "type" or "rope_type"), or
+   rope_parameters (transformers 5: rope_theta inside). */
+static int parse_rope(fx__hf_config *c, const json_t *root)
+{
+    const json_t *params = field(root, "rope_parameters");
+    const json_t *scaling = field(root, "rope_scaling");
+    const char *where = "config.json";
+    const json_t *rp = params ? params : scaling;
+    const char *rp_name = params ? "rope_parameters" : "rope_scaling";
+    if (params && scaling && !json_equal((json_t *)params, (json_t *)scaling))
+        return fx__error(FX_EFORMAT, "%s: both \"rope_parameters\" and \"rope_scaling\" are given, and differ",
+                         where);
+    if (rp && !json_is_object(rp))
+        return fx__error(FX_EFORMAT, "%s: \"%s\" must be an object", where, rp_name);
+
+    /* rope_theta: inside rope_parameters when it is there, else at the top level. */
+    int rc;
+    if (params && field(params, "rope_theta"))
+        rc = get_pos(&c->rope_theta, params, "config.json: rope_parameters", "rope_theta", true, 0);
+    else
+        rc = get_pos(&c->rope_theta, root, where, "rope_theta", false, 10000.0);
+    if (rc != FX_OK)
+        return rc;
+
+    c->rope_type = FX__HF_ROPE_DEFAULT;
+    double partial = 1.0;
+    if ((rc = get_pos(&partial, root, where, "partial_rotary_factor", false, 1.0)) != FX_OK)
+        return rc;
+    if (rp && (rc = get_pos(&partial, rp, where, "partial_rotary_factor", false, partial)) != FX_OK)
+        return rc;
+    if (partial != 1.0)
+        return fx__error(FX_EUNSUPPORTED, "%s: partial_rotary_factor = %g is not supported (RoPE on every "
+                         "dimension of a head only)", where, partial);
+    if (!rp)
+        return FX_OK;
+
+    const json_t *t = field(rp, "rope_type");
+    const json_t *t2 = field(rp, "type");
+    if (t && t2 && !json_equal((json_t *)t, (json_t *)t2))
+        return fx__error(FX_EFORMAT, "%s: %s has both \"rope_type\" and \"type\", and they differ", where, rp_name);
+    if (!t)
+        t = t2;
+    if (t && !json_is_string(t))
+        return fx__error(FX_EFORMAT, "%s: %s's type must be a string", where, rp_name);
+    const char *type = t ? json_string_value(t) : "default";
+    if (strcmp(type, "default") == 0)
+        return FX_OK;
+    if (strcmp(type, "llama3") != 0)
+        return fx__error(FX_EUNSUPPORTED, "%s: %s type \"%s\" is not supported (supported: default, llama3)",
+                         where, rp_name, type);
+    c->rope_type = FX__HF_ROPE_LLAMA3;
+    char w[64];
+    snprintf(w, sizeof w, "config.json: %s", rp_name);
+    if ((rc = get_pos(&c->rope_factor, rp, w, "factor", true, 0)) != FX_OK ||
+        (rc = get_pos(&c->rope_low_freq_factor, rp, w, "low_freq_factor", true, 0)) != FX_OK ||
+        (rc = get_pos(&c->rope_high_freq_factor, rp, w, "high_freq_factor", true, 0)) != FX_OK ||
+        (rc = get_int(&c->rope_original_max_pos, rp, w, "original_max_position_embeddings", true, 0, 1,
+                      INT64_C(1) << 40)) != FX_OK)
+        return rc;
+    if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
+        return fx__error(FX_EFORMAT, "%s: high_freq_factor = %g must be > low_freq_factor = %g", w,
+                         c->rope_high_freq_factor, c->rope_low_freq_factor);
+    return FX_OK;
+}
+
+void fx__hf_rope_inv_freq(double *inv_freq, const fx__hf_config *c)
+{
+    const int64_t half = c->head_dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        double f = pow(c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
+        if (c->rope_type == FX__HF_ROPE_LLAMA3) {
+            /* Long wavelengths slowed by `factor`, short ones kept, a linear blend between. */
+            const double old = (double)c->rope_original_max_pos;
+            const double low_wavelen = old / c->rope_low_freq_factor;
+            const double high_wavelen = old / c->rope_high_freq_factor;
+            const double wavelen = 2.0 * M_PI / f;
+            if (wavelen > low_wavelen) {
+                f = f / c->rope_factor;
+            } else if (!(wavelen < high_wavelen)) {
+                double s = (old / wavelen - c->rope_low_freq_factor) /
+                           (c->rope_high_freq_factor - c->rope_low_freq_factor);
+                f = (1.0 - s) * f / c->rope_factor + s * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+/* ---- the whole configuration --------------------------------------------------------------- */
+
+static int parse_arch(fx__hf_arch *arch, const json_t *root)
+{
+    const json_t *a = field(root, "architectures");
+    const json_t *mt = field(root, "model_type");
+    if (mt && !json_is_string(mt))
+        return fx__error(FX_EFORMAT, "config.json: \"model_type\" must be a string");
+    const char *name = NULL;
+    if (a) {
+        if (!json_is_array(a) || json_array_size(a) != 1 || !json_is_string(json_array_get(a, 0)))
+            return fx__error(FX_EFORMAT, "config.json: \"architectures\" must be a list of one name");
+        name = json_string_value(json_array_get(a, 0));
+        for (int i = 0; i < NARCH; i++)
+            if (strcmp(name, archs[i].arch) == 0) {
+                if (mt && strcmp(json_string_value(mt), archs[i].model_type) != 0)
+                    return fx__error(FX_EFORMAT, "config.json: model_type \"%s\" disagrees with architecture %s",
+                                     json_string_value(mt), name);
+                *arch = (fx__hf_arch)i;
+                return FX_OK;
+            }
+        return fx__error(FX_EUNSUPPORTED, "config.json: architecture %s is not supported (supported: "
+                         "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)", name);
+    }
+    if (!mt)
+        return fx__error(FX_EFORMAT, "config.json: neither \"architectures\" nor \"model_type\" is given");
+    for (int i = 0; i < NARCH; i++)
+        if (strcmp(json_string_value(mt), archs[i].model_type) == 0) {
+            *arch = (fx__hf_arch)i;
+            return FX_OK;
+        }
+    return fx__error(FX_EUNSUPPORTED, "config.json: model_type \"%s\" is not supported (supported: llama, "
+                     "mistral, qwen2)", json_string_value(mt));
+}
+
+/* Qwen2: the window applies to layers i >= max_window_layers (or as layer_types says) when
+   use_sliding_window; flexc runs one window for every layer, so a mix is refused. */
+static int parse_window(fx__hf_config *c, const json_t *root)
+{
+    const char *where = "config.json";
+    int64_t w = 0;
+    int rc = get_int(&w, root, where, "sliding_window", false, 0, 1, INT64_C(1) << 40);
+    if (rc != FX_OK)
+        return rc;
+    c->window = 0;
+    if (c->arch == FX__HF_LLAMA)
+        return FX_OK; /* LlamaForCausalLM has no sliding window (the key is not read) */
+    if (c->arch == FX__HF_MISTRAL) {
+        c->window = w;
+        return FX_OK;
+    }
+    bool use = false;
+    if ((rc = get_bool(&use, root, where, "use_sliding_window", false)) != FX_OK)
+        return rc;
+    const json_t *lt = field(root, "layer_types");
+    int64_t sliding = 0;
+    if (lt) {
+        if (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->layers)
+            return fx__error(FX_EFORMAT, "%s: \"layer_types\" must list one type per layer (%lld)", where,
+                             (long long)c->layers);
+        for (size_t i = 0; i < json_array_size(lt); i++) {
+            const json_t *e = json_array_get(lt, i);
+            const char *s = json_is_string(e) ? json_string_value(e) : "";
+            if (strcmp(s, "sliding_attention") == 0)
+                sliding++;
+            else if (strcmp(s, "full_attention") != 0)
+                return fx__error(FX_EUNSUPPORTED, "%s: layer_types[%zu] = \"%s\" is not supported "
+                                 "(full_attention, sliding_attention)", where, i, s);
+        }
+    } else if (use) {
+        int64_t mwl = 0;
+        if ((rc = get_int(&mwl, root, where, "max_window_layers", false, c->layers, 0, INT64_C(1) << 40)) != FX_OK)
+            return rc;
+        sliding = mwl >= c->layers ? 0 : c->layers - mwl;
+    }
+    if (sliding > 0 && sliding < c->layers)
+        return fx__error(FX_EUNSUPPORTED, "%s: a sliding window on %lld of %lld layers is not supported (one "
+                         "window for every layer or none)", where, (long long)sliding, (long long)c->layers);
+    if (sliding == c->layers) {
+        if (w == 0)
+            return fx__error(FX_EFORMAT, "%s: sliding attention without \"sliding_window\"", where);
+        c->window = w;
+    }
+    return FX_OK;
+}
+
+int fx__hf_config_parse(fx__hf_config *out, const char *text, size_t len, const char *gen, size_t gen_len)
+{
+    if (!out || !text)
+        return fx__error(FX_EINVAL, "config text is NULL");
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return fx__error(FX_EFORMAT, "config.json is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
+                         jerr.column);
+    json_t *groot = NULL;
+    fx__hf_config c;
+    memset(&c, 0, sizeof c);
+    c.bos = -1;
+    const char *where = "config.json";
+    const int64_t big = INT64_C(1) << 31; /* sizes: anything larger is a corrupt file */
+    int rc = FX_OK;
+    if (!json_is_object(root)) {
+        rc = fx__error(FX_EFORMAT, "config.json is not a JSON object");
+        goto done;
+    }
+    if ((rc = parse_arch(&c.arch, root)) != FX_OK)
+        goto done;
+
+    const json_t *q = field(root, "quantization_config");
+    if (q) {
+        const json_t *m = json_is_object(q) ? field(q, "quant_method") : NULL;
+        rc = fx__error(FX_EUNSUPPORTED, "config.json: quantized weights (quantization_config%s%s) are not supported",
+                       m && json_is_string(m) ? ", quant_method " : "", m && json_is_string(m) ? json_string_value(m) : "");
+        goto done;
+    }
+    const json_t *act = field(root, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0)) {
+        rc = fx__error(FX_EUNSUPPORTED, "config.json: hidden_act \"%s\" is not supported (silu only)",
+                       json_is_string(act) ? json_string_value(act) : "?");
+        goto done;
+    }
+    if ((rc = get_int(&c.vocab, root, where, "vocab_size", true, 0, 1, big)) != FX_OK ||
+        (rc = get_int(&c.dim, root, where, "hidden_size", true, 0, 1, big)) != FX_OK ||
+        (rc = get_int(&c.ffn, root, where, "intermediate_size", true, 0, 1, big)) != FX_OK ||
+        (rc = get_int(&c.layers, root, where, "num_hidden_layers", true, 0, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c.heads, root, where, "num_attention_heads", true, 0, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c.kv_heads, root, where, "num_key_value_heads", false, c.heads, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c.head_dim, root, where, "head_dim", false, 0, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c.max_pos, root, where, "max_position_embeddings", true, 0, 1, big)) != FX_OK ||
+        (rc = get_pos(&c.norm_eps, root, where, "rms_norm_eps", false, 1e-6)) != FX_OK ||
+        (rc = get_bool(&c.tied, root, where, "tie_word_embeddings", false)) != FX_OK)
+        goto done;
+    if (c.head_dim == 0) {
+        if (c.dim % c.heads != 0) {
+            rc = fx__error(FX_EFORMAT, "config.json: hidden_size = %lld is not a multiple of num_attention_heads = "
+                           "%lld and head_dim is not given", (long long)c.dim, (long long)c.heads);
+            goto done;
+        }
+        c.head_dim = c.dim / c.heads;
+    }
+    if (c.heads % c.kv_heads != 0) {
+        rc = fx__error(FX_EFORMAT, "config.json: num_attention_heads = %lld is not a multiple of "
+                       "num_key_value_heads = %lld", (long long)c.heads, (long long)c.kv_heads);
+        goto done;
+    }
+    if (c.head_dim % 2 != 0) {
+        rc = fx__error(FX_EFORMAT, "config.json: head_dim = %lld must be even (RoPE rotates pairs)",
+                       (long long)c.head_dim);
+        goto done;
+    }
+
+    bool attn_bias = false, mlp_bias = false;
+    if ((rc = get_bool(&attn_bias, root, where, "attention_bias", false)) != FX_OK ||
+        (rc = get_bool(&mlp_bias, root, where, "mlp_bias", false)) != FX_OK)
+        goto done;
+    if (attn_bias && c.arch != FX__HF_QWEN2) {
+        rc = fx__error(FX_EUNSUPPORTED, "config.json: attention_bias = true is not supported (it adds an o_proj "
+                       "bias; only Qwen2's q/k/v biases are)");
+        goto done;
+    }
+    if (mlp_bias) {
+        rc = fx__error(FX_EUNSUPPORTED, "config.json: mlp_bias = true is not supported");
+        goto done;
+    }
+    c.qkv_bias = c.arch == FX__HF_QWEN2;
+
+    if ((rc = parse_rope(&c, root)) != FX_OK || (rc = parse_window(&c, root)) != FX_OK)
+        goto done;
+
+    /* The dtype the weights were saved in (informative: the files say what they hold). */
+    const json_t *dt = field(root, "dtype") ? field(root, "dtype") : field(root, "torch_dtype");
+    const char *dts = dt && json_is_string(dt) ? json_string_value(dt) : "float32";
+    c.dtype = strcmp(dts, "bfloat16") == 0 ? FX_DT_BF16 : strcmp(dts, "float16") == 0 ? FX_DT_F16 : FX_DT_F32;
+
+    /* Special ids: generation_config.json first, config.json for what it lacks. */
+    bool found = false;
+    if (gen) {
+        groot = json_loadb(gen, gen_len, JSON_REJECT_DUPLICATES, &jerr);
+        if (!groot || !json_is_object(groot)) {
+            rc = groot ? fx__error(FX_EFORMAT, "generation_config.json is not a JSON object")
+                       : fx__error(FX_EFORMAT, "generation_config.json is not valid JSON: %s (line %d, column %d)",
+                                   jerr.text, jerr.line, jerr.column);
+            goto done;
+        }
+        if ((rc = get_ids(c.eos, &c.n_eos, &found, groot, "generation_config.json", "eos_token_id", c.vocab)) != FX_OK)
+            goto done;
+    }
+    if (!found && (rc = get_ids(c.eos, &c.n_eos, &found, root, where, "eos_token_id", c.vocab)) != FX_OK)
+        goto done;
+    int64_t bos[FX__HF_MAX_EOS];
+    int nbos = 0;
+    found = false;
+    if (groot && (rc = get_ids(bos, &nbos, &found, groot, "generation_config.json", "bos_token_id", c.vocab)) != FX_OK)
+        goto done;
+    if (!found && (rc = get_ids(bos, &nbos, &found, root, where, "bos_token_id", c.vocab)) != FX_OK)
+        goto done;
+    if (nbos > 1) {
+        rc = fx__error(FX_EFORMAT, "bos_token_id must be one id");
+        goto done;
+    }
+    c.bos = nbos ? bos[0] : -1;
+    *out = c;
+done:
+    json_decref(groot);
+    json_decref(root);
+    return rc;
+}
+
+/* ---- files --------------------------------------------------------------------------------- */
+
+int fx__hf_read_text(char **out, size_t *len, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fx__error(FX_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) {
+        close(fd);
+        return fx__error(FX_EIO, "%s: not a regular file of at most 64 MiB", path);
+    }
+    size_t n = (size_t)st.st_size, got = 0;
+    char *buf = fx__alloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return FX_ENOMEM;
+    }
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = errno;
+            close(fd);
+            fx__free(buf);
+            return fx__error(FX_EIO, "%s: cannot read: %s", path, r < 0 ? strerror(e) : "file shrank");
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return FX_OK;
+}
+
+int fx__hf_config_read(fx__hf_config *c, const char *dir)
+{
+    char path[4096];
+    char *text = NULL, *gen = NULL;
+    size_t len = 0, glen = 0;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    int rc = fx__hf_read_text(&text, &len, path);
+    if (rc != FX_OK)
+        return rc;
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    if (access(path, F_OK) == 0 && (rc = fx__hf_read_text(&gen, &glen, path)) != FX_OK) {
+        fx__free(text);
+        return rc;
+    }
+    rc = fx__hf_config_parse(c, text, len, gen, glen);
+    if (rc != FX_OK)
+        fx__error_context(rc, "%s", dir);
+    fx__free(text);
+    fx__free(gen);
+    return rc;
+}
+
+/* ---- writing ------------------------------------------------------------------------------- */
+
+static int dump(char **out, json_t *root)
+{
+    if (!root)
+        return fx__error(FX_ENOMEM, "out of memory building JSON");
+    char *s = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    json_decref(root);
+    if (!s)
+        return fx__error(FX_ENOMEM, "out of memory building JSON");
+    size_t n = strlen(s);
+    char *buf = fx__alloc(n + 2);
+    if (buf) {
+        memcpy(buf, s, n);
+        buf[n] = '\n';
+        buf[n + 1] = '\0';
+    }
+    free(s);
+    *out = buf;
+    return buf ? FX_OK : FX_ENOMEM;
+}
+
+static json_t *ids_json(const int64_t *ids, int n)
+{
+    if (n == 1)
+        return json_integer(ids[0]);
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+int fx__hf_config_json(char **out, const fx__hf_config *c, const char *dtype)
+{
+    json_t *o = json_object();
+    if (!o)
+        return fx__error(FX_ENOMEM, "out of memory building JSON");
+    json_t *arch = json_array();
+    json_array_append_new(arch, json_string(archs[c->arch].arch));
+    json_object_set_new(o, "architectures", arch);
+    json_object_set_new(o, "model_type", json_string(archs[c->arch].model_type));
+    json_object_set_new(o, "vocab_size", json_integer(c->vocab));
+    json_object_set_new(o, "hidden_size", json_integer(c->dim));
+    json_object_set_new(o, "intermediate_size", json_integer(c->ffn));
+    json_object_set_new(o, "num_hidden_layers", json_integer(c->layers));
+    json_object_set_new(o, "num_attention_heads", json_integer(c->heads));
+    json_object_set_new(o, "num_key_value_heads", json_integer(c->kv_heads));
+    json_object_set_new(o, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(o, "max_position_embeddings", json_integer(c->max_pos));
+    json_object_set_new(o, "rms_norm_eps", json_real(c->norm_eps));
+    json_object_set_new(o, "hidden_act", json_string("silu"));
+    json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tied));
+    json_object_set_new(o, "dtype", json_string(dtype ? dtype : "float32"));
+    if (c->arch == FX__HF_LLAMA) {
+        json_object_set_new(o, "attention_bias", json_false());
+        json_object_set_new(o, "mlp_bias", json_false());
+    }
+    if (c->arch == FX__HF_MISTRAL)
+        json_object_set_new(o, "sliding_window", c->window ? json_integer(c->window) : json_null());
+    if (c->arch == FX__HF_QWEN2) {
+        json_object_set_new(o, "use_sliding_window", json_boolean(c->window > 0));
+        json_object_set_new(o, "sliding_window", c->window ? json_integer(c->window) : json_null());
+        json_object_set_new(o, "max_window_layers", json_integer(c->window ? 0 : c->layers));
+    }
+    json_t *rp = json_object();
+    json_object_set_new(rp, "rope_theta", json_real(c->rope_theta));
+    if (c->rope_type == FX__HF_ROPE_LLAMA3) {
+        json_object_set_new(rp, "rope_type", json_string("llama3"));
+        json_object_set_new(rp, "factor", json_real(c->rope_factor));
+        json_object_set_new(rp, "low_freq_factor", json_real(c->rope_low_freq_factor));
+        json_object_set_new(rp, "high_freq_factor", json_real(c->rope_high_freq_factor));
+        json_object_set_new(rp, "original_max_position_embeddings", json_integer(c->rope_original_max_pos));
+    } else {
+        json_object_set_new(rp, "rope_type", json_string("default"));
+    }
+    json_object_set_new(o, "rope_parameters", rp);
+    if (c->n_eos)
+        json_object_set_new(o, "eos_token_id", ids_json(c->eos, c->n_eos));
+    if (c->bos >= 0)
+        json_object_set_new(o, "bos_token_id", json_integer(c->bos));
+    return dump(out, o);
+}
+
+int fx__hf_generation_json(char **out, const fx__hf_config *c)
+{
+    json_t *o = json_object();
+    if (!o)
+        return fx__error(FX_ENOMEM, "out of memory building JSON");
+    if (c->n_eos)
+        json_object_set_new(o, "eos_token_id", ids_json(c->eos, c->n_eos));
+    if (c->bos >= 0)
+        json_object_set_new(o, "bos_token_id", json_integer(c->bos));
+    return dump(out, o);
+}

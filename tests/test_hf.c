@@ -1,0 +1,1106 @@
+/* Hugging Face models: config.json parsing and refusals, the weight table and its checks, the
+   RoPE row permutation, export (bitwise round trip), and a float64 forward over the tensors in
+   flexc's layout against the transformers reference outputs of tests/fixtures/models (made by
+   scripts/fixtures_models.py). */
+#include "harness.h"
+
+#include "gpt/gpt.h"
+#include "hf/hf.h"
+
+#include <flexc/model.h>
+
+#include <dirent.h>
+#include <jansson.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *const fixtures[] = {"llama3_tied", "llama_bf16", "mistral_f16", "qwen2_bias"};
+enum { NFIX = sizeof fixtures / sizeof fixtures[0] };
+
+static char tmpdir[512];
+
+static void make_tmpdir(void)
+{
+    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    snprintf(tmpdir, sizeof tmpdir, "%s/flexc-hf-XXXXXX", base);
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+}
+
+static void rm_tree(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    char p[1024];
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        struct stat st;
+        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
+            rm_tree(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void fixture_path(char *buf, size_t n, const char *name, const char *suffix)
+{
+    const char *src = getenv("FLEXC_SOURCE_DIR") ? getenv("FLEXC_SOURCE_DIR") : ".";
+    snprintf(buf, n, "%s/tests/fixtures/models/%s%s", src, name, suffix);
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+    char *text = NULL;
+    size_t n = 0;
+    if (fx__hf_read_text(&text, &n, path) != FX_OK) {
+        fprintf(stderr, "cannot read %s: %s\n", path, fx_last_error());
+        exit(2);
+    }
+    if (len)
+        *len = n;
+    return text;
+}
+
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+        perror(path);
+        exit(2);
+    }
+}
+
+/* ---- configuration ------------------------------------------------------------------------- */
+
+static void test_config_fixtures(void)
+{
+    fx__hf_config c;
+    char dir[1024];
+    fixture_path(dir, sizeof dir, "llama3_tied", "");
+    FXT_OK(fx__hf_config_read(&c, dir));
+    FXT_EQ_INT(c.arch, FX__HF_LLAMA);
+    FXT_EQ_INT(c.vocab, 512);
+    FXT_EQ_INT(c.dim, 64);
+    FXT_EQ_INT(c.heads, 4);
+    FXT_EQ_INT(c.kv_heads, 2);
+    FXT_EQ_INT(c.head_dim, 16);
+    FXT_EQ_INT(c.ffn, 128);
+    FXT_EQ_INT(c.layers, 2);
+    FXT_CHECK(c.tied);
+    FXT_CHECK(!c.qkv_bias);
+    FXT_EQ_INT(c.window, 0);
+    FXT_EQ_INT(c.rope_type, FX__HF_ROPE_LLAMA3); /* the rope_theta + rope_scaling spelling */
+    FXT_NEAR(c.rope_theta, 10000.0, 0, 0);
+    FXT_NEAR(c.rope_factor, 4.0, 0, 0);
+    FXT_EQ_INT(c.rope_original_max_pos, 16);
+    FXT_NEAR(c.norm_eps, 1e-5, 0, 0);
+    FXT_EQ_INT(c.n_eos, 1);
+    FXT_EQ_INT(c.eos[0], 1);
+    FXT_EQ_INT(c.bos, 0);
+    FXT_EQ_INT(c.dtype, FX_DT_F32);
+
+    fixture_path(dir, sizeof dir, "llama_bf16", "");
+    FXT_OK(fx__hf_config_read(&c, dir));
+    FXT_EQ_INT(c.head_dim, 32); /* != hidden / heads */
+    FXT_EQ_INT(c.dtype, FX_DT_BF16);
+    FXT_CHECK(!c.tied);
+    FXT_EQ_INT(c.rope_type, FX__HF_ROPE_DEFAULT); /* rope_parameters */
+    FXT_NEAR(c.rope_theta, 500000.0, 0, 0);
+    FXT_EQ_INT(c.n_eos, 2);
+    FXT_EQ_INT(c.eos[0], 1);
+    FXT_EQ_INT(c.eos[1], 2);
+
+    fixture_path(dir, sizeof dir, "mistral_f16", "");
+    FXT_OK(fx__hf_config_read(&c, dir));
+    FXT_EQ_INT(c.arch, FX__HF_MISTRAL);
+    FXT_EQ_INT(c.window, 8);
+    FXT_EQ_INT(c.kv_heads, 1);
+
+    fixture_path(dir, sizeof dir, "qwen2_bias", "");
+    FXT_OK(fx__hf_config_read(&c, dir));
+    FXT_EQ_INT(c.arch, FX__HF_QWEN2);
+    FXT_CHECK(c.qkv_bias);
+    FXT_EQ_INT(c.window, 0); /* sliding_window null, use_sliding_window false */
+    FXT_NEAR(c.rope_theta, 1e6, 0, 0);
+}
+
+/* The llama3_tied config.json with `patch` (a JSON object) merged in: a key set to null in the
+   patch is deleted from the config. Returns the status of parsing it (gen: generation_config
+   text or NULL). */
+static int parse_patched(const char *patch, const char *gen, fx__hf_config *c)
+{
+    char path[1024];
+    fixture_path(path, sizeof path, "llama3_tied", "/config.json");
+    char *text = slurp(path, NULL);
+    json_error_t e;
+    json_t *root = json_loads(text, 0, &e), *p = json_loads(patch, 0, &e);
+    fx__free(text);
+    if (!root || !p) {
+        fprintf(stderr, "bad patch %s: %s\n", patch, e.text);
+        exit(2);
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(p, k, v) {
+        if (json_is_null(v))
+            json_object_del(root, k);
+        else
+            json_object_set(root, k, v);
+    }
+    char *out = json_dumps(root, 0);
+    json_decref(root);
+    json_decref(p);
+    fx__hf_config tmp;
+    int rc = fx__hf_config_parse(c ? c : &tmp, out, strlen(out), gen, gen ? strlen(gen) : 0);
+    free(out);
+    return rc;
+}
+
+static void test_config_refusals(void)
+{
+    fx__hf_config c;
+    FXT_OK(parse_patched("{}", NULL, &c));
+    FXT_STATUS(parse_patched("{\"architectures\": [\"GPT2LMHeadModel\"]}", NULL, NULL), FX_EUNSUPPORTED,
+               "architecture GPT2LMHeadModel is not supported");
+    FXT_STATUS(parse_patched("{\"architectures\": [\"LlamaForCausalLM\", \"X\"]}", NULL, NULL), FX_EFORMAT,
+               "architectures");
+    FXT_STATUS(parse_patched("{\"architectures\": null, \"model_type\": \"gemma\"}", NULL, NULL), FX_EUNSUPPORTED,
+               "model_type \"gemma\"");
+    FXT_OK(parse_patched("{\"architectures\": null, \"model_type\": \"mistral\"}", NULL, &c));
+    FXT_EQ_INT(c.arch, FX__HF_MISTRAL);
+    FXT_STATUS(parse_patched("{\"model_type\": \"qwen2\"}", NULL, NULL), FX_EFORMAT, "disagrees");
+    FXT_STATUS(parse_patched("{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}", NULL, NULL),
+               FX_EUNSUPPORTED, "type \"yarn\" is not supported");
+    FXT_STATUS(parse_patched("{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}", NULL, NULL),
+               FX_EUNSUPPORTED, "type \"linear\"");
+    FXT_STATUS(parse_patched("{\"rope_scaling\": null, \"rope_parameters\": {\"rope_type\": \"dynamic\", "
+                             "\"rope_theta\": 10000}}", NULL, NULL),
+               FX_EUNSUPPORTED, "rope_parameters type \"dynamic\"");
+    FXT_OK(parse_patched("{\"rope_scaling\": {\"type\": \"default\"}}", NULL, &c));
+    FXT_EQ_INT(c.rope_type, FX__HF_ROPE_DEFAULT);
+    FXT_OK(parse_patched("{\"rope_scaling\": null, \"rope_theta\": null}", NULL, &c));
+    FXT_NEAR(c.rope_theta, 10000.0, 0, 0); /* the default */
+    FXT_OK(parse_patched("{\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+                         "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}}", NULL, &c));
+    FXT_EQ_INT(c.rope_type, FX__HF_ROPE_LLAMA3);
+    FXT_EQ_INT(c.rope_original_max_pos, 8192);
+    FXT_STATUS(parse_patched("{\"rope_scaling\": {\"rope_type\": \"llama3\", \"low_freq_factor\": 1, "
+                             "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 16}}", NULL, NULL),
+               FX_EFORMAT, "\"factor\" is missing");
+    FXT_STATUS(parse_patched("{\"rope_scaling\": {\"rope_type\": \"llama3\", \"type\": \"yarn\"}}", NULL, NULL),
+               FX_EFORMAT, "differ");
+    FXT_STATUS(parse_patched("{\"partial_rotary_factor\": 0.5}", NULL, NULL), FX_EUNSUPPORTED,
+               "partial_rotary_factor");
+    FXT_STATUS(parse_patched("{\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4}}", NULL, NULL),
+               FX_EUNSUPPORTED, "quant_method gptq");
+    FXT_STATUS(parse_patched("{\"hidden_act\": \"gelu\"}", NULL, NULL), FX_EUNSUPPORTED, "hidden_act \"gelu\"");
+    FXT_STATUS(parse_patched("{\"attention_bias\": true}", NULL, NULL), FX_EUNSUPPORTED, "attention_bias");
+    FXT_STATUS(parse_patched("{\"mlp_bias\": true}", NULL, NULL), FX_EUNSUPPORTED, "mlp_bias");
+    FXT_STATUS(parse_patched("{\"hidden_size\": null}", NULL, NULL), FX_EFORMAT, "\"hidden_size\" is missing");
+    FXT_STATUS(parse_patched("{\"hidden_size\": 64.5}", NULL, NULL), FX_EFORMAT, "\"hidden_size\" must be an integer");
+    FXT_STATUS(parse_patched("{\"vocab_size\": 0}", NULL, NULL), FX_EFORMAT, "\"vocab_size\" = 0 is outside");
+    FXT_STATUS(parse_patched("{\"num_key_value_heads\": 3}", NULL, NULL), FX_EFORMAT, "not a multiple of");
+    FXT_STATUS(parse_patched("{\"head_dim\": 15}", NULL, NULL), FX_EFORMAT, "head_dim = 15 must be even");
+    FXT_STATUS(parse_patched("{\"head_dim\": null, \"hidden_size\": 66}", NULL, NULL), FX_EFORMAT,
+               "not a multiple of num_attention_heads");
+    FXT_OK(parse_patched("{\"head_dim\": null, \"num_key_value_heads\": null}", NULL, &c));
+    FXT_EQ_INT(c.head_dim, 16);
+    FXT_EQ_INT(c.kv_heads, 4);
+    FXT_STATUS(parse_patched("{\"rms_norm_eps\": -1}", NULL, NULL), FX_EFORMAT, "rms_norm_eps");
+    FXT_STATUS(parse_patched("{\"tie_word_embeddings\": 1}", NULL, NULL), FX_EFORMAT, "true or false");
+    FXT_STATUS(parse_patched("{\"eos_token_id\": 512}", NULL, NULL), FX_EFORMAT, "outside the vocabulary");
+    FXT_STATUS(parse_patched("{\"eos_token_id\": \"</s>\"}", NULL, NULL), FX_EFORMAT, "eos_token_id");
+    FXT_STATUS(parse_patched("{\"eos_token_id\": [1, \"x\"]}", NULL, NULL), FX_EFORMAT, "eos_token_id\"[1]");
+
+    /* generation_config.json's ids win over config.json's. */
+    FXT_OK(parse_patched("{\"eos_token_id\": 7}", "{\"eos_token_id\": [3, 4, 5]}", &c));
+    FXT_EQ_INT(c.n_eos, 3);
+    FXT_EQ_INT(c.eos[2], 5);
+    FXT_OK(parse_patched("{\"eos_token_id\": 7}", "{\"bos_token_id\": 9}", &c));
+    FXT_EQ_INT(c.n_eos, 1);
+    FXT_EQ_INT(c.eos[0], 7);
+    FXT_EQ_INT(c.bos, 9);
+    FXT_OK(parse_patched("{\"dtype\": null, \"torch_dtype\": \"bfloat16\"}", NULL, &c));
+    FXT_EQ_INT(c.dtype, FX_DT_BF16);
+    FXT_OK(parse_patched("{\"dtype\": \"float16\"}", NULL, &c));
+    FXT_EQ_INT(c.dtype, FX_DT_F16);
+    FXT_OK(parse_patched("{\"eos_token_id\": null, \"bos_token_id\": null}", NULL, &c));
+    FXT_EQ_INT(c.n_eos, 0);
+    FXT_EQ_INT(c.bos, -1);
+    FXT_STATUS(parse_patched("{}", "[1]", NULL), FX_EFORMAT, "generation_config.json is not a JSON object");
+
+    /* Sliding windows: Mistral's is global; Qwen2's only when it covers every layer. */
+    FXT_OK(parse_patched("{\"architectures\": [\"MistralForCausalLM\"], \"model_type\": \"mistral\", "
+                         "\"sliding_window\": 4096}", NULL, &c));
+    FXT_EQ_INT(c.window, 4096);
+    FXT_OK(parse_patched("{\"sliding_window\": 16}", NULL, &c));
+    FXT_EQ_INT(c.window, 0); /* Llama has none */
+    const char *qwen = "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", ";
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s\"use_sliding_window\": true, \"sliding_window\": 32, \"max_window_layers\": 1}", qwen);
+    FXT_STATUS(parse_patched(buf, NULL, NULL), FX_EUNSUPPORTED, "sliding window on 1 of 2 layers");
+    snprintf(buf, sizeof buf, "%s\"use_sliding_window\": true, \"sliding_window\": 32, \"max_window_layers\": 0}", qwen);
+    FXT_OK(parse_patched(buf, NULL, &c));
+    FXT_EQ_INT(c.window, 32);
+    FXT_CHECK(c.qkv_bias);
+    snprintf(buf, sizeof buf, "%s\"use_sliding_window\": false, \"sliding_window\": 32}", qwen);
+    FXT_OK(parse_patched(buf, NULL, &c));
+    FXT_EQ_INT(c.window, 0);
+    snprintf(buf, sizeof buf, "%s\"use_sliding_window\": true, \"sliding_window\": 32, \"layer_types\": "
+             "[\"full_attention\", \"sliding_attention\"]}", qwen);
+    FXT_STATUS(parse_patched(buf, NULL, NULL), FX_EUNSUPPORTED, "1 of 2 layers");
+    snprintf(buf, sizeof buf, "%s\"layer_types\": [\"full_attention\", \"chunked_attention\"]}", qwen);
+    FXT_STATUS(parse_patched(buf, NULL, NULL), FX_EUNSUPPORTED, "chunked_attention");
+
+    /* Not JSON, not an object, duplicate keys. */
+    FXT_STATUS(fx__hf_config_parse(&c, "{\"a\": ", 6, NULL, 0), FX_EFORMAT, "not valid JSON");
+    FXT_STATUS(fx__hf_config_parse(&c, "[]", 2, NULL, 0), FX_EFORMAT, "not a JSON object");
+    FXT_STATUS(fx__hf_config_parse(&c, "{\"a\": 1, \"a\": 2}", 16, NULL, 0), FX_EFORMAT, "not valid JSON");
+
+    /* A directory without config.json; with a bad one (read from disk). */
+    FXT_STATUS(fx__hf_config_read(&c, tmpdir), FX_EIO, "config.json");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bad", tmpdir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/bad/config.json", tmpdir);
+    write_text(path, "{\"architectures\": [\"PhiForCausalLM\"]}");
+    snprintf(path, sizeof path, "%s/bad", tmpdir);
+    FXT_STATUS(fx__hf_config_read(&c, path), FX_EUNSUPPORTED, "PhiForCausalLM");
+    FXT_HAS_STR(fx_last_error(), path); /* the directory is named */
+}
+
+/* c -> config.json text -> c again: every field kept. */
+static void test_config_json_roundtrip(void)
+{
+    for (int f = 0; f < NFIX; f++) {
+        char dir[1024];
+        fixture_path(dir, sizeof dir, fixtures[f], "");
+        fx__hf_config a, b;
+        FXT_OK(fx__hf_config_read(&a, dir));
+        char *text = NULL, *gen = NULL;
+        FXT_OK(fx__hf_config_json(&text, &a, "float32"));
+        FXT_OK(fx__hf_generation_json(&gen, &a));
+        FXT_OK(fx__hf_config_parse(&b, text, strlen(text), gen, strlen(gen)));
+        FXT_EQ_INT(b.arch, a.arch);
+        FXT_EQ_INT(b.vocab, a.vocab);
+        FXT_EQ_INT(b.dim, a.dim);
+        FXT_EQ_INT(b.layers, a.layers);
+        FXT_EQ_INT(b.heads, a.heads);
+        FXT_EQ_INT(b.kv_heads, a.kv_heads);
+        FXT_EQ_INT(b.head_dim, a.head_dim);
+        FXT_EQ_INT(b.ffn, a.ffn);
+        FXT_EQ_INT(b.max_pos, a.max_pos);
+        FXT_CHECK(b.norm_eps == a.norm_eps);
+        FXT_EQ_INT(b.tied, a.tied);
+        FXT_EQ_INT(b.qkv_bias, a.qkv_bias);
+        FXT_EQ_INT(b.window, a.window);
+        FXT_CHECK(b.rope_theta == a.rope_theta);
+        FXT_EQ_INT(b.rope_type, a.rope_type);
+        FXT_CHECK(b.rope_factor == a.rope_factor && b.rope_low_freq_factor == a.rope_low_freq_factor &&
+                  b.rope_high_freq_factor == a.rope_high_freq_factor);
+        FXT_EQ_INT(b.rope_original_max_pos, a.rope_original_max_pos);
+        FXT_EQ_INT(b.n_eos, a.n_eos);
+        for (int i = 0; i < a.n_eos; i++)
+            FXT_EQ_INT(b.eos[i], a.eos[i]);
+        FXT_EQ_INT(b.bos, a.bos);
+        fx__free(text);
+        fx__free(gen);
+    }
+}
+
+/* llama3 scaling against the rule written out: long wavelengths divided by factor, short kept. */
+static void test_rope_llama3(void)
+{
+    fx__hf_config c = {.head_dim = 128, .rope_theta = 500000.0, .rope_type = FX__HF_ROPE_LLAMA3,
+                       .rope_factor = 8.0, .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0,
+                       .rope_original_max_pos = 8192};
+    double f[64], plain[64];
+    fx__hf_rope_inv_freq(f, &c);
+    c.rope_type = FX__HF_ROPE_DEFAULT;
+    fx__hf_rope_inv_freq(plain, &c);
+    int kept = 0, scaled = 0, blended = 0;
+    for (int i = 0; i < 64; i++) {
+        double wl = 2 * M_PI / plain[i];
+        if (wl < 8192.0 / 4) {
+            FXT_CHECK(f[i] == plain[i]);
+            kept++;
+        } else if (wl > 8192.0) {
+            FXT_NEAR(f[i], plain[i] / 8, 0, 1e-15);
+            scaled++;
+        } else {
+            FXT_CHECK(f[i] < plain[i] && f[i] > plain[i] / 8);
+            blended++;
+        }
+    }
+    FXT_CHECK(kept > 0 && scaled > 0 && blended > 0);
+}
+
+/* ---- the weight table ---------------------------------------------------------------------- */
+
+static json_t *load_ref_json(const char *name)
+{
+    char path[1024];
+    fixture_path(path, sizeof path, name, ".ref.json");
+    json_error_t e;
+    json_t *j = json_load_file(path, 0, &e);
+    if (!j) {
+        fprintf(stderr, "%s: %s\n", path, e.text);
+        exit(2);
+    }
+    return j;
+}
+
+/* Every fixture opens; the table's HF names are exactly transformers' parameter names. */
+static void test_open_fixtures(void)
+{
+    static const fx_dtype want[NFIX] = {FX_DT_F32, FX_DT_BF16, FX_DT_F16, FX_DT_F32};
+    for (int f = 0; f < NFIX; f++) {
+        char dir[1024];
+        fixture_path(dir, sizeof dir, fixtures[f], "");
+        fx__hf_model *m = NULL;
+        FXT_OK(fx__hf_open(&m, dir));
+        if (!m)
+            continue;
+        FXT_EQ_INT(m->dtype, want[f]);
+        FXT_CHECK((m->index != NULL) == (strcmp(fixtures[f], "llama_bf16") == 0));
+        json_t *ref = load_ref_json(fixtures[f]);
+        json_t *names = json_object_get(ref, "grad_names");
+        FXT_EQ_INT(json_array_size(names), m->n);
+        int64_t params = 0;
+        for (size_t i = 0; i < json_array_size(names); i++) {
+            const char *hn = json_string_value(json_array_get(names, i));
+            bool found = false;
+            for (size_t j = 0; j < m->n; j++)
+                found |= strcmp(m->t[j].hf_name, hn) == 0;
+            if (!found)
+                FXT_FAIL("%s: transformers parameter %s is not in the table", fixtures[f], hn);
+        }
+        for (size_t j = 0; j < m->n; j++)
+            params += m->t[j].shape[0] * (m->t[j].ndim == 2 ? m->t[j].shape[1] : 1);
+        FXT_EQ_INT(params, m->params);
+        FXT_CHECK((fx__hf_find(m->t, m->n, "lm_head") >= 0) == !m->c.tied);
+        FXT_CHECK((fx__hf_find(m->t, m->n, "layers.1.attn.bq") >= 0) == m->c.qkv_bias);
+        json_decref(ref);
+        fx__hf_close(m);
+    }
+}
+
+/* One head of 8 rows: flexc order is HF rows 0,4,1,5,2,6,3,7; and back. */
+static void test_rope_rows(void)
+{
+    float src[2 * 8 * 3], dst[2 * 8 * 3], back[2 * 8 * 3];
+    for (int i = 0; i < 48; i++)
+        src[i] = (float)i;
+    fx__hf_rows_to_flexc(dst, src, 2, 8, 3);
+    static const int order[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < 8; r++)
+            for (int c = 0; c < 3; c++)
+                FXT_EQ_INT(dst[(h * 8 + r) * 3 + c], src[(h * 8 + order[r]) * 3 + c]);
+    fx__hf_rows_to_hf(back, dst, 2, 8, 3);
+    fxt_bitwise_f32("rows back", back, src, 48);
+}
+
+/* ---- a float64 forward over the tensors in flexc's layout --------------------------------- */
+
+typedef struct model_f32 {
+    fx__hf_model *m;
+    float **w; /* [n], flexc layout */
+} model_f32;
+
+static model_f32 load_model(const char *name)
+{
+    char dir[1024];
+    fixture_path(dir, sizeof dir, name, "");
+    model_f32 r = {0};
+    if (fx__hf_open(&r.m, dir) != FX_OK) {
+        fprintf(stderr, "%s: %s\n", dir, fx_last_error());
+        exit(2);
+    }
+    r.w = calloc(r.m->n, sizeof *r.w);
+    for (size_t i = 0; i < r.m->n; i++) {
+        size_t numel = (size_t)fx_tensor_numel(r.m->views[i]);
+        r.w[i] = fxt_guarded(numel);
+        FXT_OK(fx__hf_tensor_read(r.m, i, r.w[i]));
+    }
+    return r;
+}
+
+static void free_model(model_f32 *r)
+{
+    for (size_t i = 0; i < r->m->n; i++)
+        fxt_guarded_free(r->m->t[i].name, r->w[i]);
+    free(r->w);
+    fx__hf_close(r->m);
+}
+
+static const float *W(const model_f32 *r, int64_t layer, const char *name)
+{
+    char full[64];
+    if (layer >= 0)
+        snprintf(full, sizeof full, "layers.%lld.%s", (long long)layer, name);
+    else
+        snprintf(full, sizeof full, "%s", name);
+    int64_t i = fx__hf_find(r->m->t, r->m->n, full);
+    return i < 0 ? NULL : r->w[i];
+}
+
+/* y[T, O] = x[T, I] w[O, I]^T + b[O] (b may be NULL) */
+static void linear(double *y, const double *x, const float *w, const float *b, int64_t T, int64_t I, int64_t O)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t o = 0; o < O; o++) {
+            double s = b ? b[o] : 0.0;
+            for (int64_t i = 0; i < I; i++)
+                s += x[t * I + i] * (double)w[o * I + i];
+            y[t * O + o] = s;
+        }
+}
+
+static void rmsnorm(double *y, const double *x, const float *w, int64_t T, int64_t C, double eps)
+{
+    for (int64_t t = 0; t < T; t++) {
+        double ss = 0;
+        for (int64_t i = 0; i < C; i++)
+            ss += x[t * C + i] * x[t * C + i];
+        double r = 1.0 / sqrt(ss / (double)C + eps);
+        for (int64_t i = 0; i < C; i++)
+            y[t * C + i] = x[t * C + i] * r * w[i];
+    }
+}
+
+/* flexc's RoPE: interleaved pairs (2i, 2i+1) rotated by position * inv_freq[i]. */
+static void rope(double *x, int64_t T, int64_t H, int64_t hd, const double *inv_freq)
+{
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < hd / 2; i++) {
+                double *p = x + (t * H + h) * hd + 2 * i;
+                double c = cos((double)t * inv_freq[i]), s = sin((double)t * inv_freq[i]);
+                double x0 = p[0], x1 = p[1];
+                p[0] = x0 * c - x1 * s;
+                p[1] = x0 * s + x1 * c;
+            }
+}
+
+/* logits [T, V] of ids [T] */
+static double *forward(const model_f32 *r, const int64_t *ids, int64_t T)
+{
+    const fx__hf_config *c = &r->m->c;
+    const int64_t C = c->dim, hd = c->head_dim, Hq = c->heads, Hkv = c->kv_heads, F = c->ffn, V = c->vocab;
+    double *x = fxt_alloc_f64((size_t)(T * C)), *h = fxt_alloc_f64((size_t)(T * C));
+    double *q = fxt_alloc_f64((size_t)(T * Hq * hd)), *k = fxt_alloc_f64((size_t)(T * Hkv * hd));
+    double *v = fxt_alloc_f64((size_t)(T * Hkv * hd)), *att = fxt_alloc_f64((size_t)(T * Hq * hd));
+    double *o = fxt_alloc_f64((size_t)(T * C)), *g = fxt_alloc_f64((size_t)(T * F)), *u = fxt_alloc_f64((size_t)(T * F));
+    double *p = fxt_alloc_f64((size_t)T), *logits = fxt_alloc_f64((size_t)(T * V));
+    double inv_freq[512];
+    fx__hf_rope_inv_freq(inv_freq, c);
+    const float *wte = W(r, -1, "wte");
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < C; i++)
+            x[t * C + i] = wte[ids[t] * C + i];
+    for (int64_t l = 0; l < c->layers; l++) {
+        rmsnorm(h, x, W(r, l, "norm1"), T, C, c->norm_eps);
+        linear(q, h, W(r, l, "attn.wq"), W(r, l, "attn.bq"), T, C, Hq * hd);
+        linear(k, h, W(r, l, "attn.wk"), W(r, l, "attn.bk"), T, C, Hkv * hd);
+        linear(v, h, W(r, l, "attn.wv"), W(r, l, "attn.bv"), T, C, Hkv * hd);
+        rope(q, T, Hq, hd, inv_freq);
+        rope(k, T, Hkv, hd, inv_freq);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t hh = 0; hh < Hq; hh++) {
+                const int64_t kh = hh / (Hq / Hkv);
+                const int64_t j0 = c->window && t - c->window + 1 > 0 ? t - c->window + 1 : 0;
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = j0; j <= t; j++) {
+                    double s = 0;
+                    for (int64_t d = 0; d < hd; d++)
+                        s += q[(t * Hq + hh) * hd + d] * k[(j * Hkv + kh) * hd + d];
+                    p[j] = s / sqrt((double)hd);
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (int64_t j = j0; j <= t; j++)
+                    sum += (p[j] = exp(p[j] - mx));
+                for (int64_t d = 0; d < hd; d++) {
+                    double acc = 0;
+                    for (int64_t j = j0; j <= t; j++)
+                        acc += p[j] * v[(j * Hkv + kh) * hd + d];
+                    att[(t * Hq + hh) * hd + d] = acc / sum;
+                }
+            }
+        linear(o, att, W(r, l, "attn.wo"), NULL, T, Hq * hd, C);
+        for (int64_t i = 0; i < T * C; i++)
+            x[i] += o[i];
+        rmsnorm(h, x, W(r, l, "norm2"), T, C, c->norm_eps);
+        linear(g, h, W(r, l, "mlp.w1"), NULL, T, C, F);
+        linear(u, h, W(r, l, "mlp.w3"), NULL, T, C, F);
+        for (int64_t i = 0; i < T * F; i++)
+            g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+        linear(o, g, W(r, l, "mlp.w2"), NULL, T, F, C);
+        for (int64_t i = 0; i < T * C; i++)
+            x[i] += o[i];
+    }
+    rmsnorm(h, x, W(r, -1, "norm"), T, C, c->norm_eps);
+    linear(logits, h, c->tied ? wte : W(r, -1, "lm_head"), NULL, T, C, V);
+    free(x), free(h), free(q), free(k), free(v), free(att), free(o), free(g), free(u), free(p);
+    return logits;
+}
+
+static const fx_tensor_view *ref_tensor(fx_safetensors *f, const char *name)
+{
+    const fx_tensor_view *v = fx_safetensors_find(f, name);
+    if (!v) {
+        fprintf(stderr, "reference tensor %s is missing\n", name);
+        exit(2);
+    }
+    return v;
+}
+
+static int64_t *ref_i64(fx_safetensors *f, const char *name, int64_t *n)
+{
+    const fx_tensor_view *v = ref_tensor(f, name);
+    *n = fx_tensor_numel(v);
+    int64_t *p = malloc((size_t)*n * sizeof *p + 1);
+    memcpy(p, v->data, v->nbytes);
+    return p;
+}
+
+static float *ref_f32(fx_safetensors *f, const char *name, int64_t *n)
+{
+    const fx_tensor_view *v = ref_tensor(f, name);
+    *n = fx_tensor_numel(v);
+    float *p = malloc((size_t)*n * sizeof *p + 1);
+    memcpy(p, v->data, v->nbytes);
+    return p;
+}
+
+static double max_abs(const float *x, int64_t n)
+{
+    double m = 0;
+    for (int64_t i = 0; i < n; i++)
+        m = fabs(x[i]) > m ? fabs(x[i]) : m;
+    return m;
+}
+
+/* The tensors as loaded (names mapped, RoPE rows permuted, BF16/F16 widened, llama3 scaling,
+   window, biases, GQA, tying) reproduce transformers' logits, greedy tokens and loss. */
+static void test_reference_forward(void)
+{
+    for (int f = 0; f < NFIX; f++) {
+        model_f32 r = load_model(fixtures[f]);
+        char path[1024];
+        fixture_path(path, sizeof path, fixtures[f], ".ref.safetensors");
+        fx_safetensors *ref = NULL;
+        FXT_OK(fx_safetensors_open(&ref, path));
+        const int64_t V = r.m->c.vocab;
+        for (int pi = 0; pi < 2; pi++) {
+            char name[64];
+            int64_t T, nl;
+            snprintf(name, sizeof name, "prompt%d.ids", pi);
+            int64_t *ids = ref_i64(ref, name, &T);
+            snprintf(name, sizeof name, "prompt%d.logits", pi);
+            float *want = ref_f32(ref, name, &nl);
+            FXT_EQ_INT(nl, T * V);
+            double *got = forward(&r, ids, T);
+            /* Compared as float32 values against the transformers output taken as the reference:
+               within 1e-4 of the logits' scale. */
+            float *gotf = malloc((size_t)(T * V) * sizeof(float));
+            double *wantd = fxt_alloc_f64((size_t)(T * V));
+            for (int64_t i = 0; i < T * V; i++)
+                gotf[i] = (float)got[i], wantd[i] = want[i];
+            char what[96];
+            snprintf(what, sizeof what, "%s prompt%d logits", fixtures[f], pi);
+            fxt_close_f32(what, gotf, wantd, (size_t)(T * V), 1e-4 * max_abs(want, T * V), 0);
+            free(ids), free(want), free(got), free(gotf), free(wantd);
+        }
+
+        /* Greedy, teacher-forced on the reference's tokens: ours must agree wherever the
+           reference's top-2 margin exceeds the tolerance. */
+        int64_t T0, G, nm;
+        int64_t *p0 = ref_i64(ref, "prompt0.ids", &T0);
+        int64_t *gen = ref_i64(ref, "greedy.ids", &G);
+        float *margin = ref_f32(ref, "greedy.margin", &nm);
+        int64_t *seq = malloc((size_t)(T0 + G) * sizeof *seq);
+        memcpy(seq, p0, (size_t)T0 * sizeof *seq);
+        memcpy(seq + T0, gen, (size_t)G * sizeof *seq);
+        double *lg = forward(&r, seq, T0 + G - 1);
+        int compared = 0;
+        for (int64_t s = 0; s < G; s++) {
+            const double *row = lg + (T0 - 1 + s) * V;
+            int64_t best = 0;
+            for (int64_t j = 1; j < V; j++)
+                best = row[j] > row[best] ? j : best;
+            double scale = 0;
+            for (int64_t j = 0; j < V; j++)
+                scale = fabs(row[j]) > scale ? fabs(row[j]) : scale;
+            const double tol = 1e-4 * scale; /* the logit tolerance */
+            if (margin[s] > tol) {
+                compared++;
+                if (best != gen[s])
+                    FXT_FAIL("%s greedy step %lld: %lld, reference %lld (margin %.3g)", fixtures[f], (long long)s,
+                             (long long)best, (long long)gen[s], (double)margin[s]);
+            }
+        }
+        FXT_CHECK(compared >= G / 2);
+        free(p0), free(gen), free(margin), free(seq), free(lg);
+
+        /* The training batch's loss. */
+        int64_t nx, ny, one;
+        int64_t *x = ref_i64(ref, "train.x", &nx);
+        int64_t *y = ref_i64(ref, "train.y", &ny);
+        float *loss = ref_f32(ref, "train.loss", &one);
+        const fx_tensor_view *xv = ref_tensor(ref, "train.x");
+        const int64_t B = xv->shape[0], T = xv->shape[1];
+        double sum = 0;
+        for (int64_t b = 0; b < B; b++) {
+            double *l2 = forward(&r, x + b * T, T);
+            for (int64_t t = 0; t < T; t++) {
+                const double *row = l2 + t * V;
+                double mx = row[0], se = 0;
+                for (int64_t j = 1; j < V; j++)
+                    mx = row[j] > mx ? row[j] : mx;
+                for (int64_t j = 0; j < V; j++)
+                    se += exp(row[j] - mx);
+                sum += mx + log(se) - row[y[b * T + t]];
+            }
+            free(l2);
+        }
+        FXT_NEAR(sum / (double)(B * T), loss[0], 0, 1e-4);
+        free(x), free(y), free(loss);
+        fx_safetensors_close(ref);
+        free_model(&r);
+    }
+}
+
+/* ---- export -------------------------------------------------------------------------------- */
+
+static bool same_file(const char *a, const char *b)
+{
+    size_t na, nb;
+    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    bool same = na == nb && memcmp(x, y, na) == 0;
+    fx__free(x);
+    fx__free(y);
+    return same;
+}
+
+/* Import -> export of an unchanged model: the same tensors, bitwise, in the source dtype; the
+   configuration and tokenizer files as they were. */
+static void test_export_roundtrip(void)
+{
+    for (int f = 0; f < NFIX; f++) {
+        model_f32 r = load_model(fixtures[f]);
+        char src[1024], out[1024], a[1200], b[1200];
+        fixture_path(src, sizeof src, fixtures[f], "");
+        snprintf(out, sizeof out, "%s/export-%s", tmpdir, fixtures[f]);
+        fx__hf_export_spec s = {.c = &r.m->c, .data = (const float *const *)r.w, .dtype = r.m->dtype,
+                                .config_text = r.m->config_text, .gen_text = r.m->gen_text,
+                                .tokenizer_dir = src};
+        FXT_OK(fx__hf_export(out, &s));
+        fx__hf_model *e = NULL;
+        FXT_OK(fx__hf_open(&e, out));
+        if (e) {
+            FXT_EQ_INT(e->n, r.m->n);
+            FXT_EQ_INT(e->dtype, r.m->dtype);
+            FXT_CHECK(e->file != NULL); /* one file, even from shards */
+            for (size_t i = 0; i < e->n && i < r.m->n; i++) {
+                const fx_tensor_view *x = r.m->views[i], *y = e->views[i];
+                if (x->nbytes != y->nbytes || memcmp(x->data, y->data, x->nbytes) != 0)
+                    FXT_FAIL("%s: tensor %s differs after import -> export", fixtures[f], r.m->t[i].hf_name);
+            }
+            fx__hf_close(e);
+        }
+        static const char *const files[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                            "tokenizer_config.json"};
+        for (int i = 0; i < 4; i++) {
+            snprintf(a, sizeof a, "%s/%s", src, files[i]);
+            snprintf(b, sizeof b, "%s/%s", out, files[i]);
+            if (!same_file(a, b))
+                FXT_FAIL("%s: %s differs after export", fixtures[f], files[i]);
+        }
+
+        /* Generated config (a model that did not come from a directory) and another dtype:
+           reads back as the same model, values within the dtype's rounding. */
+        snprintf(out, sizeof out, "%s/export-gen-%s", tmpdir, fixtures[f]);
+        s.config_text = s.gen_text = NULL;
+        s.tokenizer_dir = NULL;
+        s.dtype = FX_DT_BF16;
+        FXT_OK(fx__hf_export(out, &s));
+        FXT_OK(fx__hf_open(&e, out));
+        if (e) {
+            FXT_EQ_INT(e->dtype, FX_DT_BF16);
+            FXT_EQ_INT(e->c.window, r.m->c.window);
+            FXT_EQ_INT(e->c.rope_type, r.m->c.rope_type);
+            FXT_EQ_INT(e->c.n_eos, r.m->c.n_eos);
+            for (size_t i = 0; i < e->n; i++) {
+                size_t n = (size_t)fx_tensor_numel(e->views[i]);
+                float *back = malloc(n * sizeof *back);
+                double *ref = fxt_alloc_f64(n);
+                FXT_OK(fx__hf_tensor_read(e, i, back));
+                for (size_t j = 0; j < n; j++)
+                    ref[j] = r.w[i][j];
+                fxt_close_f32(e->t[i].name, back, ref, n, 0, 1.0 / 256);
+                free(back), free(ref);
+            }
+            fx__hf_close(e);
+        }
+        const char *keep = getenv("FLEXC_HF_KEEP_EXPORTS");
+        if (keep) {
+            /* For scripts/check_models_live.py: transformers loads what export wrote. */
+            snprintf(out, sizeof out, "%s/%s", keep, fixtures[f]);
+            s.tokenizer_dir = src;
+            s.dtype = r.m->dtype;
+            FXT_OK(fx__hf_export(out, &s));
+        }
+        free_model(&r);
+    }
+    fx__hf_config c;
+    memset(&c, 0, sizeof c);
+    fx__hf_export_spec bad = {.c = &c, .data = NULL, .dtype = FX_DT_F32};
+    FXT_STATUS(fx__hf_export(tmpdir, &bad), FX_EINVAL, "must not be NULL");
+}
+
+/* ---- bad weight files ---------------------------------------------------------------------- */
+
+/* dir/config.json from the fixture `name` (optionally patched), dir/model.safetensors from the
+   fixture's tensors with `drop` removed, `extra` added, `reshape` given shape[0] - 1, and
+   `retype` stored as I8 bytes. */
+typedef struct variant {
+    const char *drop, *reshape, *retype, *half;
+    const fx_tensor_view *extra;
+} variant;
+
+static void write_variant(const char *dir, const char *name, const variant *v)
+{
+    char path[1200];
+    mkdir(dir, 0755);
+    fixture_path(path, sizeof path, name, "/config.json");
+    char *cfg = slurp(path, NULL);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_text(path, cfg);
+    fx__free(cfg);
+    fx_safetensors *f = NULL;
+    fixture_path(path, sizeof path, name, "/model.safetensors");
+    if (fx_safetensors_open(&f, path) != FX_OK) {
+        fprintf(stderr, "%s: %s\n", path, fx_last_error());
+        exit(2);
+    }
+    size_t n = fx_safetensors_count(f), k = 0;
+    fx_tensor_view *t = calloc(n + 1, sizeof *t);
+    void *half = NULL;
+    for (size_t i = 0; i < n; i++) {
+        fx_tensor_view x = *fx_safetensors_tensor(f, i);
+        if (v->drop && strcmp(x.name, v->drop) == 0)
+            continue;
+        if (v->reshape && strcmp(x.name, v->reshape) == 0) {
+            x.shape[0] -= 1;
+            x.nbytes = (size_t)fx_tensor_numel(&x) * fx_dtype_size(x.dtype);
+        }
+        if (v->retype && strcmp(x.name, v->retype) == 0) {
+            x.dtype = FX_DT_I8;
+            x.shape[x.ndim - 1] *= 4;
+        }
+        if (v->half && strcmp(x.name, v->half) == 0) {
+            size_t ne = (size_t)fx_tensor_numel(&x);
+            half = malloc(ne * 2);
+            fx_f32_to_dtype(half, FX_DT_BF16, x.data, ne);
+            x.dtype = FX_DT_BF16;
+            x.data = half;
+            x.nbytes = ne * 2;
+        }
+        t[k++] = x;
+    }
+    if (v->extra)
+        t[k++] = *v->extra;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (fx_safetensors_save(path, t, k, NULL) != FX_OK) {
+        fprintf(stderr, "%s: %s\n", path, fx_last_error());
+        exit(2);
+    }
+    free(half);
+    free(t);
+    fx_safetensors_close(f);
+}
+
+static void test_bad_weights(void)
+{
+    char dir[1024];
+    fx__hf_model *m = NULL;
+    snprintf(dir, sizeof dir, "%s/w-ok", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){0});
+    FXT_OK(fx__hf_open(&m, dir));
+    fx__hf_close(m);
+
+    snprintf(dir, sizeof dir, "%s/w-missing", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.drop = "model.layers.1.mlp.up_proj.weight"});
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "tensor model.layers.1.mlp.up_proj.weight is missing");
+
+    static const float extra_data[4] = {1, 2, 3, 4};
+    fx_tensor_view extra = {.name = "model.layers.0.self_attn.o_proj.bias", .dtype = FX_DT_F32, .ndim = 1,
+                            .shape = {4}, .data = extra_data, .nbytes = 16};
+    snprintf(dir, sizeof dir, "%s/w-unexpected", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.extra = &extra});
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "unexpected tensor model.layers.0.self_attn.o_proj.bias");
+
+    extra.name = "model.layers.0.self_attn.rotary_emb.inv_freq"; /* derived: skipped */
+    snprintf(dir, sizeof dir, "%s/w-invfreq", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.extra = &extra});
+    FXT_OK(fx__hf_open(&m, dir));
+    fx__hf_close(m);
+
+    snprintf(dir, sizeof dir, "%s/w-shape", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.reshape = "model.layers.0.self_attn.k_proj.weight"});
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT,
+               "tensor model.layers.0.self_attn.k_proj.weight has shape [31, 64], config.json implies [32, 64]");
+
+    snprintf(dir, sizeof dir, "%s/w-dtype", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.retype = "model.norm.weight"});
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EUNSUPPORTED, "tensor model.norm.weight is I8");
+
+    snprintf(dir, sizeof dir, "%s/w-mixed", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.half = "model.norm.weight"});
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EUNSUPPORTED, "model.norm.weight is BF16");
+
+    /* A tied model with lm_head.weight stored: accepted when it is the embedding. */
+    fx_safetensors *f = NULL;
+    char path[1200];
+    fixture_path(path, sizeof path, "llama3_tied", "/model.safetensors");
+    FXT_OK(fx_safetensors_open(&f, path));
+    fx_tensor_view head = *fx_safetensors_find(f, "model.embed_tokens.weight");
+    head.name = "lm_head.weight";
+    snprintf(dir, sizeof dir, "%s/w-tied-head", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.extra = &head});
+    FXT_OK(fx__hf_open(&m, dir));
+    fx__hf_close(m);
+    head.data = fx_safetensors_find(f, "model.layers.0.mlp.gate_proj.weight")->data; /* same size, other bytes */
+    head.nbytes = fx_safetensors_find(f, "model.layers.0.mlp.gate_proj.weight")->nbytes;
+    head.shape[0] = 128;
+    head.shape[1] = 64;
+    snprintf(dir, sizeof dir, "%s/w-tied-other", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.extra = &head});
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "lm_head.weight differs from model.embed_tokens.weight");
+    fx_safetensors_close(f);
+
+    /* No weights; a config the weights do not follow (heads changed). */
+    snprintf(dir, sizeof dir, "%s/w-none", tmpdir);
+    mkdir(dir, 0755);
+    fixture_path(path, sizeof path, "llama3_tied", "/config.json");
+    char *cfg = slurp(path, NULL);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_text(path, cfg);
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EIO, "neither model.safetensors nor model.safetensors.index.json");
+    fx__free(cfg);
+    snprintf(dir, sizeof dir, "%s/w-ok", tmpdir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FXT_OK(parse_patched("{}", NULL, NULL));
+    write_text(path, "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 512, \"hidden_size\": 64, "
+                     "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+                     "\"num_key_value_heads\": 2, \"max_position_embeddings\": 64, \"tie_word_embeddings\": true}");
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "config.json implies [96, 64]");
+
+    /* A sharded model whose index names a shard that is not there. */
+    snprintf(dir, sizeof dir, "%s/w-shards", tmpdir);
+    mkdir(dir, 0755);
+    static const char *const copy[] = {"config.json", "model.safetensors.index.json",
+                                       "model-00001-of-00002.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        char from[1200];
+        fixture_path(from, sizeof from, "llama_bf16/", copy[i]);
+        size_t len;
+        char *text = slurp(from, &len);
+        snprintf(path, sizeof path, "%s/%s", dir, copy[i]);
+        FILE *o = fopen(path, "wb");
+        fwrite(text, 1, len, o);
+        fclose(o);
+        fx__free(text);
+    }
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EIO, "model-00002-of-00002.safetensors");
+    FXT_EQ_INT(fx__hf_open(NULL, dir), FX_EINVAL);
+}
+
+/* ---- the model (fx_model) against transformers ------------------------------------------------ */
+
+/* fx_model_load reads each fixture; its logits, greedy tokens (with the KV cache), loss and
+   gradient norms match transformers'. */
+static void test_model_parity(void)
+{
+    for (int f = 0; f < NFIX; f++) {
+        char dir[1024], path[1024];
+        fixture_path(dir, sizeof dir, fixtures[f], "");
+        fixture_path(path, sizeof path, fixtures[f], ".ref.safetensors");
+        fx_model *m = NULL;
+        fx_safetensors *ref = NULL;
+        FXT_OK(fx_model_load(&m, dir));
+        FXT_OK(fx_safetensors_open(&ref, path));
+        if (!m || !ref) {
+            fx_model_free(m);
+            fx_safetensors_close(ref);
+            continue;
+        }
+        const fx_model_config *mc = fx_model_get_config(m);
+        const int64_t V = mc->vocab;
+        FXT_EQ_STR(mc->arch, fx__hf_arch_name(f == 2 ? FX__HF_MISTRAL : f == 3 ? FX__HF_QWEN2 : FX__HF_LLAMA));
+        for (int pi = 0; pi < 2; pi++) {
+            char name[64];
+            int64_t T, nl;
+            snprintf(name, sizeof name, "prompt%d.ids", pi);
+            int64_t *ids = ref_i64(ref, name, &T);
+            snprintf(name, sizeof name, "prompt%d.logits", pi);
+            float *want = ref_f32(ref, name, &nl);
+            int32_t *tok = malloc((size_t)T * sizeof *tok);
+            for (int64_t i = 0; i < T; i++)
+                tok[i] = (int32_t)ids[i];
+            float *got = fxt_guarded((size_t)(T * V));
+            FXT_OK(fx_model_forward(m, NULL, got, tok, NULL, 1, T, 0));
+            double *wantd = fxt_alloc_f64((size_t)(T * V));
+            for (int64_t i = 0; i < T * V; i++)
+                wantd[i] = want[i];
+            char what[96];
+            snprintf(what, sizeof what, "%s prompt%d logits (fx_model)", fixtures[f], pi);
+            fxt_close_f32(what, got, wantd, (size_t)(T * V), 1e-4 * max_abs(want, T * V), 0);
+            fxt_guarded_free("logits", got);
+            free(ids), free(want), free(tok), free(wantd);
+        }
+
+        /* Greedy generation with the KV cache: the reference's tokens until the first step
+           whose top-2 margin is within the logit tolerance (a near tie may go either way). */
+        int64_t T0, G, nm;
+        int64_t *p0 = ref_i64(ref, "prompt0.ids", &T0);
+        int64_t *gen = ref_i64(ref, "greedy.ids", &G);
+        float *margin = ref_f32(ref, "greedy.margin", &nm);
+        int64_t nlog;
+        float *l0 = ref_f32(ref, "prompt0.logits", &nlog);
+        const double tol = 1e-4 * max_abs(l0, nlog);
+        int32_t *prompt = malloc((size_t)T0 * sizeof *prompt), out[64];
+        for (int64_t i = 0; i < T0; i++)
+            prompt[i] = (int32_t)p0[i];
+        fx_model_cache *cache = NULL;
+        FXT_OK(fx_model_cache_create(&cache, m, T0 + G));
+        fx_generate_opts o = fx_generate_defaults();
+        o.max_tokens = G;
+        o.sample.temperature = 0;
+        o.stop_at_eos = false;
+        int64_t n_out = 0;
+        FXT_OK(fx_model_generate(m, cache, out, &n_out, prompt, T0, &o));
+        FXT_EQ_INT(n_out, G);
+        for (int64_t s = 0; s < n_out && s < G && margin[s] > tol; s++)
+            if (out[s] != gen[s])
+                FXT_FAIL("%s greedy step %lld: %d, transformers %lld (margin %.3g)", fixtures[f], (long long)s,
+                         out[s], (long long)gen[s], (double)margin[s]);
+        fx_model_cache_free(cache);
+        free(p0), free(gen), free(margin), free(l0), free(prompt);
+
+        /* One training step: the loss and the gradient norms, total and per tensor. */
+        int64_t nx, ny, one, ng;
+        int64_t *x = ref_i64(ref, "train.x", &nx);
+        int64_t *y = ref_i64(ref, "train.y", &ny);
+        float *loss_ref = ref_f32(ref, "train.loss", &one);
+        float *gn_ref = ref_f32(ref, "train.grad_norm", &one);
+        float *gns_ref = ref_f32(ref, "train.grad_norms", &ng);
+        const fx_tensor_view *xv = ref_tensor(ref, "train.x");
+        const int64_t B = xv->shape[0], T = xv->shape[1];
+        int32_t *xt = malloc((size_t)nx * sizeof *xt), *yt = malloc((size_t)ny * sizeof *yt);
+        for (int64_t i = 0; i < nx; i++)
+            xt[i] = (int32_t)x[i], yt[i] = (int32_t)y[i];
+        float loss = NAN;
+        FXT_OK(fx_model_forward(m, &loss, NULL, xt, yt, B, T, FX_MODEL_GRAD));
+        FXT_OK(fx_model_backward(m));
+        FXT_NEAR(loss, loss_ref[0], 0, 1e-4);
+        json_t *rj = load_ref_json(fixtures[f]);
+        json_t *names = json_object_get(rj, "grad_names");
+        fx__hf_tensor *lay = NULL;
+        size_t nlay = 0;
+        fx__hf_config hc;
+        FXT_OK(fx__hf_config_read(&hc, dir));
+        FXT_OK(fx__hf_layout(&lay, &nlay, &hc));
+        double total = 0;
+        for (size_t i = 0; i < json_array_size(names); i++) {
+            const char *hn = json_string_value(json_array_get(names, i));
+            const char *fn = NULL;
+            for (size_t j = 0; j < nlay; j++)
+                if (strcmp(lay[j].hf_name, hn) == 0)
+                    fn = lay[j].name;
+            fx_model_tensor t;
+            if (!fn || fx_model_tensor_find(m, fn, &t) != FX_OK || !t.grad) {
+                FXT_FAIL("%s: no gradient for %s", fixtures[f], hn);
+                continue;
+            }
+            double ss = 0;
+            for (size_t k = 0; k < t.numel; k++)
+                ss += (double)t.grad[k] * t.grad[k];
+            total += ss;
+            if (!(fabs(sqrt(ss) - gns_ref[i]) <= 1e-4 * gns_ref[i] + 1e-6 * gn_ref[0]))
+                FXT_FAIL("%s: |grad %s| = %.7g, transformers %.7g", fixtures[f], hn, sqrt(ss), (double)gns_ref[i]);
+        }
+        FXT_NEAR(sqrt(total), gn_ref[0], 0, 1e-4);
+        fx__free(lay);
+        json_decref(rj);
+        free(x), free(y), free(loss_ref), free(gn_ref), free(gns_ref), free(xt), free(yt);
+        fx_safetensors_close(ref);
+        fx_model_free(m);
+    }
+    /* A refused directory is refused through the public call too, with the reason. */
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/m-dtype", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.retype = "model.norm.weight"});
+    fx_model *m = NULL;
+    FXT_STATUS(fx_model_load(&m, dir), FX_EUNSUPPORTED, "tensor model.norm.weight is I8");
+    FXT_CHECK(m == NULL);
+}
+
+/* Training data from token ids of a large vocabulary: ids past 65535 reach the batches whole;
+   documents are counted at the end-of-text id. */
+static void test_data_large_vocab(void)
+{
+    enum { N = 4096 };
+    int32_t *ids = malloc(N * sizeof *ids);
+    for (int i = 0; i < N; i++)
+        ids[i] = i % 100 == 99 ? 128001 : 65536 + (i * 7919) % 62000;
+    fx__gpt_data d;
+    FXT_OK(fx__gpt_data_from_ids(&d, ids, N, 128001, "ids", 0.1, 33));
+    FXT_EQ_INT(d.n, N);
+    FXT_EQ_INT(d.docs, N / 100);
+    FXT_EQ_INT(d.n_train, N - (int64_t)(N * 0.1));
+    int32_t tok[2 * 32], tgt[2 * 32];
+    fx__gpt_data_val_batch(&d, 0, 2, 32, tok, tgt);
+    for (int i = 0; i < 64; i++) {
+        FXT_EQ_INT(tok[i], ids[d.n_train + i]);
+        FXT_EQ_INT(tgt[i], ids[d.n_train + i + 1]);
+    }
+    fx__gpt_data d2;
+    ids[5] += 65536; /* differs only above bit 16: the hash sees it */
+    FXT_OK(fx__gpt_data_from_ids(&d2, ids, N, 128001, "ids", 0.1, 33));
+    FXT_CHECK(d2.hash != d.hash);
+    fx__gpt_data_free(&d2);
+    FXT_STATUS(fx__gpt_data_from_ids(&d2, ids, 40, 128001, "ids", 0.1, 33), FX_EINVAL, "ids holds 40 tokens");
+    ids[7] = -3;
+    FXT_STATUS(fx__gpt_data_from_ids(&d2, ids, N, 128001, "ids", 0.1, 33), FX_ERANGE, "token 7 = -3");
+    fx__gpt_data_free(&d);
+    free(ids);
+}
+
+int main(int argc, char **argv)
+{
+    FXT_INIT(argc, argv);
+    make_tmpdir();
+    FXT_RUN(test_config_fixtures);
+    FXT_RUN(test_config_refusals);
+    FXT_RUN(test_config_json_roundtrip);
+    FXT_RUN(test_rope_llama3);
+    FXT_RUN(test_open_fixtures);
+    FXT_RUN(test_rope_rows);
+    FXT_RUN(test_reference_forward);
+    FXT_RUN(test_export_roundtrip);
+    FXT_RUN(test_bad_weights);
+    FXT_RUN(test_model_parity);
+    FXT_RUN(test_data_large_vocab);
+    rm_tree(tmpdir);
+    return fxt_finish();
+}
