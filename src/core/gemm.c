@@ -57,6 +57,7 @@ void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
        always run in a region of their own, so that OpenBLAS never threads a call itself
        (its split depends on the thread count and changes the rounding too). */
     const bool nested = fx__in_parallel();
+    (void)nested; /* read only by the pragma, which is gone without OpenMP */
 #pragma omp parallel for schedule(static) if (!nested)
     for (int64_t blk = 0; blk < nblocks; blk++) {
         const int64_t lo = blk * bs, n = dim - lo < bs ? dim - lo : bs;
