@@ -8,7 +8,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
-          libjansson-dev libpcre2-dev libutf8proc-dev libcairo2-dev fonts-dejavu-core fortunes-min fortunes)
+          libjansson-dev libpcre2-dev libutf8proc-dev libcairo2-dev libfontconfig-dev fonts-dejavu-core
+          fortunes-min fortunes)
 if [[ "${1:-}" == ci ]]; then
     packages+=(clang libclang-rt-14-dev python3 python3-pip)
 fi
