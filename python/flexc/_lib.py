@@ -69,13 +69,16 @@ class RelBiasCtx(ctypes.Structure):
 class Attention(ctypes.Structure):
     _fields_ = [("B", c_i64), ("Hq", c_i64), ("Hkv", c_i64), ("Lq", c_i64), ("Lkv", c_i64), ("D", c_i64),
                 ("Dv", c_i64), ("scale", ctypes.c_float), ("q_offset", c_i64), ("mask", ctypes.c_void_p),
-                ("score_mod", ctypes.c_void_p), ("score_mod_grad", ctypes.c_void_p), ("score_ctx", ctypes.c_void_p)]
+                ("score_mod", ctypes.c_void_p), ("score_mod_grad", ctypes.c_void_p), ("score_ctx", ctypes.c_void_p),
+                # where the call runs: all zero is the CPU and float32 (docs/cuda.md)
+                ("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("dtype", ctypes.c_int)]
 
 
 class Lce(ctypes.Structure):
     _fields_ = [("N", c_i64), ("D", c_i64), ("V", c_i64), ("ignore_index", c_i64), ("reduction", ctypes.c_int),
                 ("label_smoothing", ctypes.c_float), ("z_loss", ctypes.c_float), ("softcap", ctypes.c_float),
-                ("chunk", c_i64), ("vocab_chunk", c_i64)]
+                ("chunk", c_i64), ("vocab_chunk", c_i64),
+                ("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("dtype", ctypes.c_int)]
 
 
 def _decl(name, restype, *argtypes):

@@ -1,6 +1,7 @@
 /* Block masks: classification of every (q-block, kv-block) pair, visit lists in both
    directions, and bitmaps of the partial blocks. Layout: internal.h. */
 #include "attention/internal.h"
+#include "cuda/cuda.h"
 
 #include <string.h>
 
@@ -439,6 +440,8 @@ fail:
 
 void fx_block_mask_free(fx_block_mask *m)
 {
+    if (m)
+        fx__cuda_block_mask_release(m);
     mask_free(m);
 }
 
