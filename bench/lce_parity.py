@@ -32,6 +32,8 @@ class FxLce(ctypes.Structure):
         ("reduction", ctypes.c_int),
         ("label_smoothing", ctypes.c_float), ("z_loss", ctypes.c_float), ("softcap", ctypes.c_float),
         ("chunk", ctypes.c_int64), ("vocab_chunk", ctypes.c_int64),
+        # where the call runs: zero (the default) is the CPU and float32
+        ("device", ctypes.c_int), ("stream", ctypes.c_void_p), ("dtype", ctypes.c_int),
     ]
 
 
