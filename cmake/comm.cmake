@@ -44,7 +44,7 @@ add_test(NAME mpi_comm_killed
          COMMAND bash ${PROJECT_SOURCE_DIR}/tests/mpi_comm_kill.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:mpi_comm>)
 set_tests_properties(mpi_comm_killed PROPERTIES TIMEOUT 90 ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")
 
-# The layer's cost over plain MPI (not a test: it reports, BENCH.md):
+# The layer's cost over plain MPI (not a test: it reports; docs/comm.md):
 #   mpirun -np 2 build/comm_bench [--json]
 add_executable(comm_bench ${PROJECT_SOURCE_DIR}/bench/comm_bench.c)
 target_link_libraries(comm_bench PRIVATE flexc_internal MPI::MPI_C)

@@ -14,7 +14,7 @@ foreach(case ddp fsdp resume kill interrupt errors memory)
   set_tests_properties(mpi_train_${case} PROPERTIES TIMEOUT 90 ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")
 endforeach()
 
-# The benchmark runs (its numbers are not checked: BENCH.md).
+# The benchmark runs (its numbers are not checked: benchmarks report, tests assert).
 add_test(NAME mpi_bench_train_fsdp
          COMMAND ${FLEXC_MPIRUN} -np 2 $<TARGET_FILE:flexc> bench train --parallel fsdp --model tiny --steps 1
                  --threads 1 --json)

@@ -14,7 +14,7 @@ static void test_status_strings(void)
     FXT_EQ_STR(fx_strerror(-1000), "unknown status");
     FXT_EQ_STR(fx_status_name(FX_ETIMEDOUT), "FX_ETIMEDOUT");
     FXT_EQ_STR(fx_status_name(42), "FX_UNKNOWN");
-    /* DESIGN.md §2 fixes the values. */
+    /* The public contract fixes the values (docs/api.md). */
     FXT_EQ_INT(FX_EINVAL, -1);
     FXT_EQ_INT(FX_ENOMEM, -2);
     FXT_EQ_INT(FX_EIO, -3);

@@ -242,7 +242,7 @@ static void test_reference_json_attack(void)
     EXPECT_HEADER(h, 16, FX_EFORMAT, "overlap tensor 'weight_");
 }
 
-/* test_whitespace_padded_header, and leading white space (DESIGN.md §5 accepts it). */
+/* test_whitespace_padded_header, and leading white space (the reference parser accepts it; docs/safetensors.md). */
 static void test_reference_whitespace(void)
 {
     EXPECT_LIT(("\x06\0\0\0\0\0\0\0{}\x0d\x20\x09\x0a"), FX_OK, "");

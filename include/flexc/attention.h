@@ -1,6 +1,6 @@
 /*
  * FlexAttention: attention with user-defined masks and score modifiers, run as a
- * block-sparse kernel (DESIGN.md §3, docs/attention.md).
+ * block-sparse kernel (docs/attention.md).
  *
  *     fx_block_mask *m;                                  // once per shape, reused
  *     fx_mask_sliding_window_ctx w = {.window = 256};

@@ -1,6 +1,6 @@
 /*
  * Fused linear + cross-entropy: the loss of logits = h W^T + bias and its gradients,
- * without ever holding the [N, V] logits (DESIGN.md §4). See docs/lce.md.
+ * without ever holding the [N, V] logits. See docs/lce.md.
  *
  *     fx_lce p = fx_lce_defaults(N, D, V);      // MEAN, ignore_index -100, automatic chunk
  *     float loss;

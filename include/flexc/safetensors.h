@@ -1,5 +1,5 @@
 /*
- * safetensors: validated zero-copy loading, atomic saving, sharded checkpoints (DESIGN.md §5).
+ * safetensors: validated zero-copy loading, atomic saving, sharded checkpoints (docs/safetensors.md).
  * See docs/safetensors.md for the rules a file must follow.
  *
  * Reading. The file is memory-mapped read-only and validated completely before any pointer is

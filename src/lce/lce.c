@@ -1,4 +1,4 @@
-/* Fused linear + cross-entropy (DESIGN.md §4): the logits of a chunk of tokens are computed
+/* Fused linear + cross-entropy (docs/lce.md): the logits of a chunk of tokens are computed
    with one GEMM, reduced to the log-sum-exp and the loss, turned into gradients in place and
    fed to the dh and dw GEMMs, so the [N, V] logits never exist. A chunk's logits are held
    vocabulary-major, and the GEMMs are this module's own kernels (lce_internal.h), or
