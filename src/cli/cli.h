@@ -55,6 +55,8 @@ int bench_safetensors(int argc, char **argv);
    an int, so that 4294967297 is refused rather than taken for 1. Returns CLI_EXIT_OK, or
    CLI_EXIT_USAGE with the error printed ("<cmd> --threads N: ..."). */
 int cli_threads(const char *cmd, int64_t n);
+/* The cores this process may run on (its CPU affinity); 0 when unknown. */
+int cli_cores(void);
 
 /* A subcommand whose feature has not landed yet: says so and returns 2. */
 int cli_not_yet(const char *what);

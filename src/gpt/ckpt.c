@@ -2,6 +2,8 @@
    metadata. Everything read is checked against the config before a byte is copied. */
 #include "gpt.h"
 
+#include "core/finite.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -256,8 +258,8 @@ static int fx__check_view(const char *path, const fx_tensor_view *v, const char 
     if (!v)
         return fx__error(FX_EFORMAT, "'%s' has no tensor '%s'", path, name);
     if (v->dtype != FX_DT_F32 && !(allow_bf16 && v->dtype == FX_DT_BF16))
-        return fx__error(FX_EFORMAT, "'%s': tensor '%s' has dtype %d, not F32%s", path, name, (int)v->dtype,
-                         allow_bf16 ? " or BF16" : "");
+        return fx__error(FX_EFORMAT, "'%s': tensor '%s' has dtype %s, not F32%s", path, name,
+                         fx_dtype_name(v->dtype), allow_bf16 ? " or BF16" : "");
     bool same = v->ndim == ndim;
     for (int d = 0; same && d < ndim; d++)
         same = v->shape[d] == shape[d];
@@ -265,6 +267,38 @@ static int fx__check_view(const char *path, const fx_tensor_view *v, const char 
         return fx__error(FX_EFORMAT, "'%s': tensor '%s' has shape [%lld%s...], the config says [%lld, %lld]", path,
                          name, (long long)(v->ndim > 0 ? v->shape[0] : 0), v->ndim > 1 ? ", " : "",
                          (long long)shape[0], (long long)(ndim > 1 ? shape[1] : 0));
+    return FX_OK;
+}
+
+/* The Adam moments of a checkpoint: both finite, the second never negative (it is a running
+   mean of squares). Anything else is a corrupt file, not a training problem: resuming it
+   would fail steps later with a message about the learning rate. */
+static int fx__check_moments(const char *path, const fx_tensor_view *mv, const fx_tensor_view *vv)
+{
+    const fx_tensor_view *both[2] = {mv, vv};
+    for (int k = 0; k < 2; k++) {
+        const fx_tensor_view *t = both[k];
+        size_t n = (size_t)fx_tensor_numel(t);
+        int64_t bad = fx__first_nonfinite(t->data, t->dtype, n);
+        if (bad >= 0)
+            return fx__error(FX_EFORMAT, "'%s' is corrupt: optimizer state %s[%lld] is %s (the moments of a "
+                             "checkpoint are always finite)", path, t->name, (long long)bad,
+                             fx__nonfinite_name(t->data, t->dtype, (size_t)bad));
+    }
+    /* Negative: the sign bit set on anything but zero. */
+    const unsigned char *p = vv->data;
+    size_t n = (size_t)fx_tensor_numel(vv), es = fx_dtype_size(vv->dtype);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t w = es == 4 ? (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+                                   (uint32_t)p[4 * i + 3] << 24
+                             : ((uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8) << 16;
+        if ((w & 0x80000000u) && (w & 0x7fffffffu)) {
+            float x;
+            memcpy(&x, &w, 4);
+            return fx__error(FX_EFORMAT, "'%s' is corrupt: optimizer state optim.v[%zu] = %g is negative (a second "
+                             "moment is a mean of squares)", path, i, (double)x);
+        }
+    }
     return FX_OK;
 }
 
@@ -313,6 +347,18 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
             rc = fx__error(FX_EINVAL, "'%s' holds %s Adam moments; the model keeps them in %s", path,
                            want == FX_DT_BF16 ? "float32" : "bfloat16", want == FX_DT_BF16 ? "bfloat16" : "float32");
     }
+    /* Values: a NaN or an infinity would load and then decode garbage or train to NaN far
+       from the cause. One pass over each tensor, before anything is copied. */
+    for (size_t i = 0; i < m->lay.n && !rc; i++) {
+        const fx_tensor_view *v = fx_safetensors_find(f, m->lay.t[i].name);
+        int64_t bad = fx__first_nonfinite(v->data, v->dtype, m->lay.t[i].numel);
+        if (bad >= 0)
+            rc = fx__error(FX_EFORMAT, "'%s': tensor '%s' holds %s at index %lld (a model with non-finite weights "
+                           "cannot be used)", path, v->name, fx__nonfinite_name(v->data, v->dtype, (size_t)bad),
+                           (long long)bad);
+    }
+    if (!rc && load_adam)
+        rc = fx__check_moments(path, fx_safetensors_find(f, "optim.m"), fx_safetensors_find(f, "optim.v"));
     if (rc)
         goto done;
     for (size_t i = 0; i < m->lay.n; i++) {

@@ -2,6 +2,8 @@
    and batches drawn from a saveable counter-based generator. */
 #include "gpt.h"
 
+#include "core/file.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -101,15 +103,51 @@ static int fx__tokenize(fx__toks *t, const unsigned char *s, size_t n)
     return FX_OK;
 }
 
+/* All of standard input ("--data -": a pipe makes sense there). */
+static int fx__read_stdin(unsigned char **out, size_t *n)
+{
+    size_t cap = 1 << 16, len = 0;
+    unsigned char *buf = malloc(cap);
+    if (!buf)
+        return fx__error(FX_ENOMEM, "cannot hold standard input");
+    for (;;) {
+        if (len == cap) {
+            unsigned char *b = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+            if (!b) {
+                free(buf);
+                return fx__error(FX_ENOMEM, "cannot hold standard input (more than %zu bytes)", len);
+            }
+            buf = b, cap *= 2;
+        }
+        size_t got = fread(buf + len, 1, cap - len, stdin);
+        len += got;
+        if (got == 0) {
+            if (ferror(stdin)) {
+                free(buf);
+                return fx__error(FX_EIO, "cannot read standard input: %s", strerror(errno));
+            }
+            break;
+        }
+    }
+    *out = buf;
+    *n = len;
+    return FX_OK;
+}
+
 static int fx__read_file(const char *path, unsigned char **out, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
+    if (!strcmp(path, "-"))
+        return fx__read_stdin(out, n);
+    bool not_regular;
+    FILE *f = fx__fopen_regular(path, &not_regular); /* a FIFO would block the read forever */
+    if (!f && not_regular)
+        return fx__error(FX_EIO, "'%s' is not a regular file", path);
     if (!f)
         return fx__error(FX_EIO, "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), &st) != 0) {
         fclose(f);
-        return fx__error(FX_EIO, "'%s' is not a regular file", path);
+        return fx__error(FX_EIO, "cannot stat '%s': %s", path, strerror(errno));
     }
     size_t size = (size_t)st.st_size;
     unsigned char *buf = malloc(size ? size : 1);

@@ -5,6 +5,8 @@
    keys refused, then the structure and the data layout. */
 #include "st_internal.h"
 
+#include "core/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -505,7 +507,11 @@ int fx_safetensors_open(fx_safetensors **out, const char *path)
         return fx__error(FX_EINVAL, "out is NULL");
     if (!path)
         return fx__error(FX_EINVAL, "path is NULL");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* A FIFO or device at `path` is refused before anything could block on it. */
+    bool not_regular;
+    int fd = fx__open_regular(path, &not_regular);
+    if (fd < 0 && not_regular)
+        return fx__error(FX_EIO, "%s: not a regular file", path);
     if (fd < 0)
         return fx__error(FX_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -513,10 +519,6 @@ int fx_safetensors_open(fx_safetensors **out, const char *path)
         int e = errno;
         close(fd);
         return fx__error(FX_EIO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return fx__error(FX_EIO, "%s: not a regular file", path);
     }
     size_t len = (size_t)st.st_size;
     void *map = NULL;
