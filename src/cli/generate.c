@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include "gpt/gpt.h"
+#include "prompt.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -88,14 +89,18 @@ static int32_t sample(const float *logits, int64_t V, double temp, int64_t top_k
     return idx[k - 1];
 }
 
+static int generate_run(const char *ckpt, const char *prompt, size_t plen, const char *popt, int64_t ntok,
+                        double temp, int64_t top_k, int64_t seed);
+
 int cmd_generate(int argc, char **argv)
 {
-    const char *ckpt = NULL, *prompt = "";
+    const char *ckpt = NULL, *prompt_arg = NULL, *prompt_file = NULL;
     int64_t ntok = 256, top_k = 40, seed = 1, threads = 0;
     double temp = 0.8;
     const cli_opt opts[] = {
         {"--ckpt", CLI_STRING, &ckpt, "a training --out DIR, or a .safetensors file"},
-        {"--prompt", CLI_STRING, &prompt, "text to continue (UTF-8; default: a new document)"},
+        {"--prompt", CLI_STRING, &prompt_arg, "text to continue (UTF-8; - reads standard input; default: a new document)"},
+        {"--prompt-file", CLI_STRING, &prompt_file, "read the prompt from this file"},
         {"--tokens", CLI_INT, &ntok, "tokens (bytes) to generate (default 256)"},
         {"--temperature", CLI_FLOAT, &temp, "sampling temperature, 0 = greedy (default 0.8)"},
         {"--top-k", CLI_INT, &top_k, "sample among the k most likely tokens, 0 = all (default 40)"},
@@ -124,15 +129,27 @@ int cmd_generate(int argc, char **argv)
         cli_error("generate: --temperature %g must be >= 0 (0: greedy)", temp);
         return CLI_EXIT_USAGE;
     }
-    size_t plen = strlen(prompt);
+    if ((rc = cli_threads("generate", threads)) != CLI_EXIT_OK)
+        return rc;
+    char *prompt = NULL;
+    size_t plen = 0;
+    if ((rc = cli_read_prompt(prompt_arg, prompt_file, &prompt, &plen)) != CLI_EXIT_OK)
+        return rc;
+    rc = generate_run(ckpt, prompt, plen, prompt_file ? "--prompt-file" : "--prompt", ntok, temp, top_k, seed);
+    free(prompt);
+    return rc;
+}
+
+static int generate_run(const char *ckpt, const char *prompt, size_t plen, const char *popt, int64_t ntok,
+                        double temp, int64_t top_k, int64_t seed)
+{
+    int rc;
     int64_t bad = fx__utf8_invalid_at((const unsigned char *)prompt, plen);
     if (bad >= 0) {
-        cli_error("--prompt is not valid UTF-8: byte 0x%02x at offset %lld", (unsigned char)prompt[bad],
+        cli_error("%s is not valid UTF-8: byte 0x%02x at offset %lld", popt, (unsigned char)prompt[bad],
                   (long long)bad);
         return CLI_EXIT_USAGE;
     }
-    if ((rc = cli_threads("generate", threads)) != CLI_EXIT_OK)
-        return rc;
 
     /* A directory: its model file, else its checkpoint. */
     char path[4200];
