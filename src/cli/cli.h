@@ -58,6 +58,9 @@ int cli_threads(const char *cmd, int64_t n);
 /* The cores this process may run on (its CPU affinity); 0 when unknown. */
 int cli_cores(void);
 
+/* The plural ending of a count: "" for 1, "s" otherwise ("1 tensor", "2 tensors"). */
+static inline const char *cli_s(uint64_t n) { return n == 1 ? "" : "s"; }
+
 /* A subcommand whose feature has not landed yet: says so and returns 2. */
 int cli_not_yet(const char *what);
 

@@ -642,17 +642,19 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
 
     bool tty = isatty(STDOUT_FILENO);
     if (!o.quiet) {
-        printf("flexc train: %.2fM parameters (%lld layers, dim %lld, %lld/%lld heads, ffn %lld, context %lld), "
+        printf("flexc train: %.2fM parameters (%lld layer%s, dim %lld, %lld/%lld heads, ffn %lld, context %lld), "
                "attention %s\n",
-               (double)m->lay.total / 1e6, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
+               (double)m->lay.total / 1e6, (long long)cfg.layers, cli_s((uint64_t)cfg.layers), (long long)cfg.dim,
+               (long long)cfg.heads,
                (long long)cfg.kv_heads, (long long)cfg.ffn, (long long)cfg.ctx, st.attn);
-        printf("data: %s: %lld tokens, %lld documents (%lld train, %lld validation)\n", data.source,
-               (long long)data.n, (long long)data.docs, (long long)data.n_train, (long long)(data.n - data.n_train));
+        printf("data: %s: %lld tokens, %lld document%s (%lld train, %lld validation)\n", data.source,
+               (long long)data.n, (long long)data.docs, cli_s((uint64_t)data.docs), (long long)data.n_train,
+               (long long)(data.n - data.n_train));
         printf("steps %lld..%lld of %lld, batch %lld x %lld tokens x accum %lld, lr %g (warmup %lld, cosine to %g), "
-               "%d threads, out %s\n",
+               "%d thread%s, out %s\n",
                (long long)st.step + 1, (long long)until, (long long)st.steps, (long long)st.batch, (long long)st.seq,
                (long long)st.accum, (double)st.lr, (long long)st.warmup, (double)st.min_lr, fx_get_num_threads(),
-               o.out);
+               cli_s((uint64_t)fx_get_num_threads()), o.out);
         if (world)
             printf("parallel %s over %d processes (%lld sequences each)%s, communication timeout %g s\n", o.parallel,
                    nproc, (long long)(st.batch / nproc), o.deterministic ? ", deterministic" : "",

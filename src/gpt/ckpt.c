@@ -219,8 +219,15 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
                 return rc;
             s->seed = (uint64_t)seed;
             const char *data = fx_safetensors_metadata(f, "data"), *dh = fx_safetensors_metadata(f, "data_hash");
-            if (!data || !dh || strlen(data) >= sizeof s->data || sscanf(dh, "%16llx%c", &a0, &tail) != 1)
-                return fx__error(FX_EFORMAT, "'%s': metadata 'data' or 'data_hash' is missing or malformed", path);
+            if (!data)
+                return fx__error(FX_EFORMAT, "'%s': metadata has no 'data'", path);
+            if (strlen(data) >= sizeof s->data)
+                return fx__error(FX_EFORMAT, "'%s': metadata 'data' is %zu bytes, more than %zu", path, strlen(data),
+                                 sizeof s->data - 1);
+            if (!dh)
+                return fx__error(FX_EFORMAT, "'%s': metadata has no 'data_hash'", path);
+            if (sscanf(dh, "%16llx%c", &a0, &tail) != 1)
+                return fx__error(FX_EFORMAT, "'%s': metadata data_hash = '%s' is not 16 hexadecimal digits", path, dh);
             snprintf(s->data, sizeof s->data, "%s", data);
             s->data_hash = a0;
             s->adam_bf16 = fx_safetensors_find(f, "optim.m")->dtype == FX_DT_BF16;
@@ -229,10 +236,17 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
             if (det && strcmp(det, "0") != 0 && strcmp(det, "1") != 0)
                 return fx__error(FX_EFORMAT, "'%s': metadata deterministic = '%s' is not 0 or 1", path, det);
             s->deterministic = det && det[0] == '1';
-            if (s->step < 0 || s->data_pos < 0 || s->batch < 1 || s->seq < 1 || s->seq > cc.ctx || s->accum < 1 ||
-                s->steps < 0 || s->warmup < 0)
-                return fx__error(FX_EFORMAT, "'%s': training state out of range (step %lld, batch %lld, seq %lld)", path,
-                                 (long long)s->step, (long long)s->batch, (long long)s->seq);
+            const struct { const char *key; int64_t v, lo, hi; } rg[] = {
+                {"step", s->step, 0, INT64_MAX}, {"data_pos", s->data_pos, 0, INT64_MAX},
+                {"batch", s->batch, 1, INT64_MAX}, {"seq", s->seq, 1, cc.ctx}, {"accum", s->accum, 1, INT64_MAX},
+                {"steps", s->steps, 0, INT64_MAX}, {"warmup", s->warmup, 0, INT64_MAX}};
+            for (size_t i = 0; i < sizeof rg / sizeof rg[0]; i++)
+                if (rg[i].v < rg[i].lo || rg[i].v > rg[i].hi)
+                    return rg[i].hi == INT64_MAX
+                               ? fx__error(FX_EFORMAT, "'%s': training state %s = %lld must be >= %lld", path, rg[i].key,
+                                           (long long)rg[i].v, (long long)rg[i].lo)
+                               : fx__error(FX_EFORMAT, "'%s': training state %s = %lld is outside [%lld, %lld]", path,
+                                           rg[i].key, (long long)rg[i].v, (long long)rg[i].lo, (long long)rg[i].hi);
         }
     }
     *c = cc;
@@ -329,7 +343,8 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
     /* Check everything, then copy. */
     size_t expect = m->lay.n + (adam ? 2 : 0);
     if (fx_safetensors_count(f) != expect) {
-        rc = fx__error(FX_EFORMAT, "'%s' holds %zu tensors; the config needs %zu", path, fx_safetensors_count(f), expect);
+        rc = fx__error(FX_EFORMAT, "'%s' holds %zu tensor%s; the config needs %zu", path, fx_safetensors_count(f),
+                       fx_safetensors_count(f) == 1 ? "" : "s", expect);
         goto done;
     }
     for (size_t i = 0; i < m->lay.n && !rc; i++) {
