@@ -3,6 +3,8 @@
    ending in .json is read as a sharded checkpoint's index. */
 #include "cli.h"
 
+#include "core/finite.h"
+
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -114,6 +116,30 @@ static void print_table(const row *rows, size_t n)
     }
 }
 
+/* Non-finite values (NaN, +-Inf) in float tensors: a model holding one cannot be used, and
+   generate or --resume refuse it; inspect says where (every value is read once). */
+static int64_t first_bad(const fx_tensor_view *v)
+{
+    int64_t n = fx_tensor_numel(v);
+    return n > 0 ? fx__first_nonfinite(v->data, v->dtype, (size_t)n) : -1;
+}
+
+static size_t print_nonfinite(const row *rows, size_t n)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t at = first_bad(rows[i].v);
+        if (at < 0)
+            continue;
+        printf("non-finite: tensor ");
+        put_safe(stdout, rows[i].v->name);
+        printf(" holds %s at index %lld\n", fx__nonfinite_name(rows[i].v->data, rows[i].v->dtype, (size_t)at),
+               (long long)at);
+        bad++;
+    }
+    return bad;
+}
+
 static json_t *metadata_json(const fx_safetensors *f)
 {
     json_t *m = json_object();
@@ -136,6 +162,11 @@ static json_t *rows_json(const row *rows, size_t n)
                               "shape", shape, "bytes", (json_int_t)v->nbytes, "offset", (json_int_t)rows[i].offset);
         if (rows[i].shard)
             json_object_set_new(t, "shard", json_string(rows[i].shard));
+        int64_t at = first_bad(v);
+        if (at >= 0)
+            json_object_set_new(t, "first_nonfinite",
+                                json_pack("{s:I, s:s}", "index", (json_int_t)at, "value",
+                                          fx__nonfinite_name(v->data, v->dtype, (size_t)at)));
         json_array_append_new(a, t);
     }
     return a;
@@ -216,6 +247,7 @@ static int inspect_file(const char *path, bool as_json)
         printf("\nmetadata:%s\n", fx_safetensors_metadata_key(f, 0) ? "" : " (none)");
         print_metadata_text(f, "  ");
         print_table(rows, n);
+        print_nonfinite(rows, n);
         printf("total: %zu tensor%s, %lld parameter%s, %llu byte%s of data, %zu byte%s of header\n", n, cli_s(n),
                (long long)params, cli_s((uint64_t)params), (unsigned long long)bytes, cli_s(bytes),
                fx_safetensors_header_size(f), cli_s(fx_safetensors_header_size(f)));
@@ -274,6 +306,7 @@ static int inspect_index(const char *path, bool as_json)
             print_metadata_text(f, "  ");
         }
         print_table(rows, n);
+        print_nonfinite(rows, n);
         printf("total: %zu tensor%s in %zu shard%s, %lld parameter%s, %llu byte%s of data\n", n, cli_s(n), ns,
                cli_s(ns), (long long)params, cli_s((uint64_t)params), (unsigned long long)bytes, cli_s(bytes));
         rc = CLI_EXIT_OK;

@@ -6,6 +6,7 @@
 #include "gpt/dist.h"
 #include "gpt/gpt.h"
 #include "outdir_lock.h"
+#include "save_check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -634,6 +635,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         cli_error("out of memory");
         goto done;
     }
+    /* What a save writes: weights, the two Adam moments, the model file, and their headers. */
+    uint64_t P = m->lay.total, need = P * 4 + 2 * P * (st.adam_bf16 ? 2 : 4) + P * (o.bf16 ? 2 : 4) + (1u << 17);
+    rc = rank == 0 ? save_check(o.out, need) : CLI_EXIT_OK;
+    if (!all_ok(world, rc == CLI_EXIT_OK))
+        goto done;
     char mpath[4200];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o.out);
     rc = rank == 0 ? metrics_open(&metrics, mpath, st.step, o.resume) : CLI_EXIT_OK;
