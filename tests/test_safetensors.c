@@ -518,6 +518,22 @@ static void test_open_io_errors(void)
     fx_safetensors *f = SENTINEL;
     FXT_STATUS(fx_safetensors_open(&f, tpath("does-not-exist")), FX_EIO, "cannot open");
     FXT_STATUS(fx_safetensors_open(&f, tmpdir), FX_EIO, "not a regular file");
+    /* A FIFO with no writer: refused at once (opening it for reading blocked forever); the
+       alarm turns a hang into a failure. */
+    const char *fifo = tpath("fifo.safetensors");
+    unlink(fifo);
+    FXT_CHECK(mkfifo(fifo, 0600) == 0);
+    alarm(20);
+    FXT_STATUS(fx_safetensors_open(&f, fifo), FX_EIO, "not a regular file");
+    char idx[4096];
+    snprintf(idx, sizeof idx, "%s", tpath("fifo.json"));
+    unlink(idx);
+    FXT_CHECK(mkfifo(idx, 0600) == 0);
+    fx_safetensors_index *x = NULL;
+    FXT_STATUS(fx_safetensors_index_open(&x, idx), FX_EIO, "not a regular file");
+    alarm(0);
+    unlink(fifo);
+    unlink(idx);
     FXT_STATUS(fx_safetensors_open(NULL, tpath("x")), FX_EINVAL, "out is NULL");
     FXT_STATUS(fx_safetensors_open(&f, NULL), FX_EINVAL, "path is NULL");
     FXT_CHECK(f == SENTINEL);
