@@ -467,7 +467,7 @@ static void test_rule_layout(void)
                   "\"b\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[4,12]}}", 12, FX_EFORMAT,
                   "tensor 'b': data_offsets [4, 12) overlap tensor 'a', which ends at 8");
     /* Trailing bytes after the last tensor; a buffer with no tensor at all. */
-    EXPECT_HEADER("{\"a\":" T_U8 "}", 5, FX_EFORMAT, "1 trailing bytes");
+    EXPECT_HEADER("{\"a\":" T_U8 "}", 5, FX_EFORMAT, "1 trailing byte belongs to no tensor");
     EXPECT_HEADER("{}", 3, FX_EFORMAT, "3 trailing bytes");
     /* Past the end of the file (including offsets far past it). */
     EXPECT_HEADER("{\"a\":" T_U8 "}", 3, FX_EFORMAT, "tensor 'a': data_offsets [0, 4) run past the end");
