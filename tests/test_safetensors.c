@@ -890,6 +890,116 @@ static void test_index(void)
 }
 
 /* The library keeps nothing once everything is closed. */
+/* Short distinct names: base-62 numbers. */
+static size_t short_name(char *dst, size_t i)
+{
+    static const char d[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    size_t n = 0;
+    do {
+        dst[n++] = d[i % 62];
+        i /= 62;
+    } while (i);
+    return n;
+}
+
+/* Cost proportional to the header: a legal header of many zero-size tensors (or many metadata
+   keys) is parsed with at most 3x its size plus 1 MiB of the library's memory, and names the
+   tensors right; a caller that wants one kind of file can refuse it by its metadata without
+   building the table. */
+static void test_header_cost(void)
+{
+    enum { NT = 200000 };
+    static const char entry[] = "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},";
+    size_t cap = (size_t)NT * (sizeof entry + 8) + 64, o = 0;
+    char *h = malloc(cap);
+    o += (size_t)sprintf(h + o, "{\"__metadata__\":{\"format\":\"pt\"},");
+    for (size_t i = 0; i < NT; i++) {
+        h[o++] = '"';
+        o += short_name(h + o, i);
+        memcpy(h + o, entry, sizeof entry - 1);
+        o += sizeof entry - 1;
+    }
+    h[o - 1] = '}';
+    const char *p = file_with("many.safetensors", h, o, 0);
+    size_t before, peak;
+    fx_mem_stats(&before, NULL);
+    fx_mem_reset_peak();
+    fx_safetensors *f = NULL;
+    FXT_OK(fx_safetensors_open(&f, p));
+    fx_mem_stats(NULL, &peak);
+    size_t used = peak - before, limit = 3 * o + (1u << 20);
+    printf("  %d zero-size tensors, header %zu bytes: the parser held at most %zu bytes (%.2fx the header)\n", NT, o,
+           used, (double)used / (double)o);
+    if (used > limit)
+        FXT_FAIL("parsing a %zu-byte header took %zu bytes, more than 3x + 1 MiB = %zu", o, used, limit);
+    if (f) {
+        FXT_CHECK(fx_safetensors_count(f) == NT);
+        char name[16];
+        name[short_name(name, NT - 1)] = '\0';
+        const fx_tensor_view *v = fx_safetensors_find(f, name);
+        FXT_CHECK(v && v->nbytes == 0 && v->ndim == 1 && v->shape[0] == 0);
+        /* Zero-size tensors at one offset keep header order. */
+        name[short_name(name, 5)] = '\0';
+        FXT_EQ_STR(fx_safetensors_tensor(f, 5)->name, name);
+        FXT_EQ_STR(fx_safetensors_metadata(f, "format"), "pt");
+        fx_safetensors_close(f);
+    }
+    /* The peek: the format key without the tensor table, and nothing of the header's size. */
+    char fmt[8];
+    bool found = false;
+    fx_mem_stats(&before, NULL);
+    fx_mem_reset_peak();
+    FXT_OK(fx_safetensors_peek_metadata(p, "format", fmt, sizeof fmt, &found));
+    fx_mem_stats(NULL, &peak);
+    FXT_CHECK(found);
+    FXT_EQ_STR(fmt, "pt");
+    if (peak - before > 4096)
+        FXT_FAIL("the peek allocated %zu bytes", peak - before);
+    FXT_OK(fx_safetensors_peek_metadata(p, "absent", fmt, sizeof fmt, &found));
+    FXT_CHECK(!found && fmt[0] == '\0');
+    FXT_STATUS(fx_safetensors_peek_metadata(p, "format", fmt, 2, &found), FX_ERANGE, "metadata 'format' is 2 bytes");
+    free(h);
+
+    /* Metadata-heavy: many one-letter keys with empty values. */
+    enum { NM = 150000 };
+    cap = (size_t)NM * 16 + 64, o = 0;
+    h = malloc(cap);
+    o += (size_t)sprintf(h + o, "{\"__metadata__\":{");
+    for (size_t i = 0; i < NM; i++) {
+        h[o++] = '"';
+        o += short_name(h + o, i);
+        memcpy(h + o, "\":\"\",", 5);
+        o += 5;
+    }
+    h[o - 1] = '}';
+    h[o++] = '}';
+    p = file_with("meta.safetensors", h, o, 0);
+    fx_mem_stats(&before, NULL);
+    fx_mem_reset_peak();
+    f = NULL;
+    FXT_OK(fx_safetensors_open(&f, p));
+    fx_mem_stats(NULL, &peak);
+    used = peak - before, limit = 3 * o + (1u << 20);
+    printf("  %d metadata keys, header %zu bytes: the parser held at most %zu bytes (%.2fx the header)\n", NM, o, used,
+           (double)used / (double)o);
+    if (used > limit)
+        FXT_FAIL("parsing a %zu-byte header took %zu bytes, more than 3x + 1 MiB = %zu", o, used, limit);
+    if (f) {
+        char key[16];
+        key[short_name(key, NM - 1)] = '\0';
+        FXT_EQ_STR(fx_safetensors_metadata(f, key), "");
+        FXT_EQ_STR(fx_safetensors_metadata_key(f, NM - 1), key);
+        fx_safetensors_close(f);
+    }
+    free(h);
+    /* The peek checks the syntax and the kind of __metadata__. */
+    p = file_with("bad.safetensors", "{\"__metadata__\":[1]}", 20, 0);
+    FXT_STATUS(fx_safetensors_peek_metadata(p, "format", fmt, sizeof fmt, &found), FX_EFORMAT, "__metadata__ is an array");
+    p = file_with("bad.safetensors", "{\"a\":1,}", 8, 0);
+    FXT_STATUS(fx_safetensors_peek_metadata(p, "format", fmt, sizeof fmt, &found), FX_EFORMAT, "not strict JSON");
+    FXT_STATUS(fx_safetensors_peek_metadata(tpath("none"), "format", fmt, sizeof fmt, &found), FX_EIO, "cannot open");
+}
+
 static void test_no_leaks(void)
 {
     size_t before, after, peak;
@@ -932,6 +1042,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_save_invalid);
     FXT_RUN(test_save_replaces_atomically);
     FXT_RUN(test_index);
+    FXT_RUN(test_header_cost);
     FXT_RUN(test_no_leaks);
     rm_tree(tmpdir);
     return fxt_finish();

@@ -255,10 +255,31 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
     return FX_OK;
 }
 
+/* A file of another kind is refused from its metadata alone, before its tensor table is
+   built (a header of a million tensors takes a while to index). */
+static int fx__check_format(const char *path)
+{
+    char fmt[32];
+    bool found = false;
+    int rc = fx_safetensors_peek_metadata(path, "format", fmt, sizeof fmt, &found);
+    if (rc == FX_ERANGE)
+        return fx__error(FX_EFORMAT, "'%s' is not a flexc GPT checkpoint or model (its metadata format is a long "
+                         "string)", path);
+    if (rc != FX_OK)
+        return rc;
+    if (!found || strcmp(fmt, FX__FORMAT) != 0)
+        return fx__error(FX_EFORMAT, "'%s' is not a flexc GPT checkpoint or model (metadata format = '%s')", path,
+                         found ? fmt : "(none)");
+    return FX_OK;
+}
+
 int fx__gpt_read_config(const char *path, fx__gpt_config *c, fx__gpt_train_state *s, bool *has_adam)
 {
     fx_safetensors *f = NULL;
-    int rc = fx_safetensors_open(&f, path);
+    int rc = fx__check_format(path);
+    if (rc)
+        return rc;
+    rc = fx_safetensors_open(&f, path);
     if (rc)
         return rc;
     rc = fx__read_config_open(f, path, c, s, has_adam);
@@ -319,7 +340,10 @@ static int fx__check_moments(const char *path, const fx_tensor_view *mv, const f
 int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
 {
     fx_safetensors *f = NULL;
-    int rc = fx_safetensors_open(&f, path);
+    int rc = fx__check_format(path);
+    if (rc)
+        return rc;
+    rc = fx_safetensors_open(&f, path);
     if (rc)
         return rc;
     fx__gpt_config c;

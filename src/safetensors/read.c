@@ -865,13 +865,10 @@ int fx__st_parse(fx_safetensors *f, const unsigned char *file, size_t len)
 
 /* ---- the public API -------------------------------------------------------------------------- */
 
-int fx_safetensors_open(fx_safetensors **out, const char *path)
+/* Maps `path` read-only (*map NULL for an empty file). A FIFO or device at `path` is refused
+   before anything could block on it. */
+static int map_file(const char *path, void **map, size_t *len)
 {
-    if (!out)
-        return fx__error(FX_EINVAL, "out is NULL");
-    if (!path)
-        return fx__error(FX_EINVAL, "path is NULL");
-    /* A FIFO or device at `path` is refused before anything could block on it. */
     bool not_regular;
     int fd = fx__open_regular(path, &not_regular);
     if (fd < 0 && not_regular)
@@ -884,17 +881,32 @@ int fx_safetensors_open(fx_safetensors **out, const char *path)
         close(fd);
         return fx__error(FX_EIO, "%s: cannot stat: %s", path, strerror(e));
     }
-    size_t len = (size_t)st.st_size;
-    void *map = NULL;
-    if (len > 0) {
-        map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED) {
+    *len = (size_t)st.st_size;
+    *map = NULL;
+    if (*len > 0) {
+        void *m = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return fx__error(FX_EIO, "%s: cannot map %zu bytes: %s", path, len, strerror(e));
+            return fx__error(FX_EIO, "%s: cannot map %zu bytes: %s", path, *len, strerror(e));
         }
+        *map = m;
     }
     close(fd); /* the mapping keeps the file */
+    return FX_OK;
+}
+
+int fx_safetensors_open(fx_safetensors **out, const char *path)
+{
+    if (!out)
+        return fx__error(FX_EINVAL, "out is NULL");
+    if (!path)
+        return fx__error(FX_EINVAL, "path is NULL");
+    void *map;
+    size_t len;
+    int rc = map_file(path, &map, &len);
+    if (rc != FX_OK)
+        return rc;
     fx_safetensors *f = fx__calloc(1, sizeof *f);
     if (!f) {
         if (map)
@@ -902,7 +914,7 @@ int fx_safetensors_open(fx_safetensors **out, const char *path)
         return fx__error_context(FX_ENOMEM, "%s", path);
     }
     static const unsigned char empty[1];
-    int rc = fx__st_parse(f, map ? (const unsigned char *)map : empty, len);
+    rc = fx__st_parse(f, map ? (const unsigned char *)map : empty, len);
     if (rc != FX_OK) {
         if (map)
             munmap(map, len);
@@ -912,6 +924,131 @@ int fx_safetensors_open(fx_safetensors **out, const char *path)
     f->map = map;
     *out = f;
     return FX_OK;
+}
+
+/* The header of file[0..len) checked as fx__st_parse does up to the JSON syntax: *hdr and *n. */
+static int header_syntax(const unsigned char *file, size_t len, const unsigned char **hdr, size_t *n)
+{
+    if (len < 8)
+        return fx__error(FX_EFORMAT, "file is %zu byte%s, shorter than the 8-byte header length (header too small)",
+                         len, len == 1 ? "" : "s");
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--)
+        hl = hl << 8 | file[i];
+    if (hl > FX__ST_MAX_HEADER || hl > len - 8)
+        return fx__error(FX_EFORMAT, "header length %llu is past the limit or the end of the file (header too large "
+                         "or invalid header length)", (unsigned long long)hl);
+    size_t bad;
+    if (!fx__st_utf8_valid(file + 8, (size_t)hl, &bad))
+        return fx__error(FX_EFORMAT, "header is not valid UTF-8 (byte 0x%02x at header offset %zu)", file[8 + bad],
+                         bad);
+    int rc = prescan(file + 8, (size_t)hl);
+    if (rc == FX_OK)
+        rc = check_syntax(file + 8, (size_t)hl);
+    *hdr = file + 8;
+    *n = (size_t)hl;
+    return rc;
+}
+
+int fx_safetensors_peek_metadata(const char *path, const char *key, char *value, size_t cap, bool *found)
+{
+    if (!path || !key || !found || (cap && !value))
+        return fx__error(FX_EINVAL, "%s is NULL", !path ? "path" : !key ? "key" : !found ? "found" : "value");
+    *found = false;
+    if (cap)
+        value[0] = '\0';
+    void *map;
+    size_t len;
+    int rc = map_file(path, &map, &len);
+    if (rc != FX_OK)
+        return rc;
+    static const unsigned char empty[1];
+    const unsigned char *file = map ? map : empty, *text = NULL;
+    size_t n = 0;
+    if ((rc = header_syntax(file, len, &text, &n)) != FX_OK)
+        goto done;
+    hdr h = {.c = {text, n, 0}};
+    jcur *c = &h.c;
+    jws(c);
+    if (text[c->i] != '{') {
+        rc = fx__error(FX_EFORMAT, "header is %s, not a JSON object", jkind_name(kind_at(&h, c->i)));
+        goto done;
+    }
+    /* The top-level members: only __metadata__ is looked into. */
+    size_t klen = strlen(key);
+    c->i++;
+    jws(c);
+    while (text[c->i] != '}') {
+        char name[16];
+        size_t nl;
+        jstring(c, name, sizeof name, &nl);
+        jws(c);
+        c->i++; /* ':' */
+        jws(c);
+        if (!(nl == 12 && !memcmp(name, "__metadata__", 12))) {
+            jkind k;
+            jskip(c, &k);
+        } else {
+            jkind k = kind_at(&h, c->i);
+            if (k != J_OBJECT) {
+                rc = fx__error(FX_EFORMAT, "__metadata__ is %s, not an object of strings", jkind_name(k));
+                goto done;
+            }
+            c->i++;
+            jws(c);
+            while (text[c->i] != '}') {
+                size_t kp = c->i, l;
+                /* Compare the decoded key with `key`: decode one byte more than it has. */
+                char small[256], *kb = klen + 2 <= sizeof small ? small : fx__alloc(klen + 2);
+                if (!kb) {
+                    rc = FX_ENOMEM;
+                    goto done;
+                }
+                jstring(c, kb, klen + 1, &l);
+                bool match = l == klen && !memcmp(kb, key, klen);
+                if (kb != small)
+                    fx__free(kb);
+                jws(c);
+                c->i++; /* ':' */
+                jws(c);
+                if ((k = kind_at(&h, c->i)) != J_STRING) {
+                    char q[FX__ST_QUOTE_CAP];
+                    rc = fx__error(FX_EFORMAT, "__metadata__ value of %s is %s, not a string", quote_at(&h, kp, q),
+                                   jkind_name(k));
+                    goto done;
+                }
+                size_t vp = c->i;
+                jstring(c, NULL, 0, &l);
+                if (match) {
+                    if (l >= cap) {
+                        rc = fx__error(FX_ERANGE, "metadata '%s' is %zu bytes; the buffer holds %zu", key, l,
+                                       cap ? cap - 1 : 0);
+                        goto done;
+                    }
+                    jcur vc = {text, n, vp};
+                    jstring(&vc, value, l, &l);
+                    value[l] = '\0';
+                    *found = true;
+                    goto done;
+                }
+                jws(c);
+                if (text[c->i] == ',') {
+                    c->i++;
+                    jws(c);
+                }
+            }
+            goto done;
+        }
+        jws(c);
+        if (text[c->i] == ',') {
+            c->i++;
+            jws(c);
+        }
+    }
+done:
+    if (map)
+        munmap(map, len);
+    return rc == FX_OK ? FX_OK : fx__error_context(rc, "%s", path);
 }
 
 size_t fx_safetensors_count(const fx_safetensors *f) { return f ? f->n : 0; }
