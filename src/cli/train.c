@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include "bench_util.h"
+#include "core/file.h"
 #include "gpt/dist.h"
 #include "gpt/gpt.h"
 #include "outdir_lock.h"
@@ -130,9 +131,10 @@ static void fmt_duration(char *buf, size_t n, double s)
 static int metrics_open(FILE **out, const char *path, int64_t last, bool resume)
 {
     if (resume && file_exists(path)) {
-        FILE *in = fopen(path, "rb");
+        bool not_regular;
+        FILE *in = fx__fopen_regular(path, &not_regular); /* a FIFO there would block the read */
         if (!in) {
-            cli_error("cannot read %s: %s", path, strerror(errno));
+            cli_error("cannot read %s: %s", path, not_regular ? "not a regular file" : strerror(errno));
             return CLI_EXIT_FAIL;
         }
         char tmp[4300];
