@@ -275,9 +275,10 @@ int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir
     if (t.n - n_val < min_tokens) {
         free(t.p);
         return fx__error(FX_EINVAL,
-                         "%s holds %lld tokens; training needs at least %lld (one window of %lld for training and "
+                         "%s holds %lld token%s; training needs at least %lld (one window of %lld for training and "
                          "one for validation): give more text or a smaller --seq",
-                         d->source, (long long)t.n, (long long)(2 * min_tokens), (long long)min_tokens);
+                         d->source, (long long)t.n, t.n == 1 ? "" : "s", (long long)(2 * min_tokens),
+                         (long long)min_tokens);
     }
     d->tok = t.p;
     d->n = t.n;
