@@ -124,5 +124,6 @@ FX_API void fx_mem_reset_peak(void);
 #include "flexc/attention.h"
 #include "flexc/lce.h"
 #include "flexc/comm.h"
+#include "flexc/model.h"
 
 #endif /* FLEXC_H */

@@ -376,7 +376,7 @@ static void test_gradcheck_flex(void)
     gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_CAUSAL, 0);
     gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_SLIDING, 3);
     gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_DOCUMENT, 0);
-    gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_DENSE, 0);
+    gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_CAUSAL_DENSE, 0);
 }
 
 /* Flex + fused against reference + unfused: the same loss and gradients. */
@@ -443,7 +443,7 @@ static void test_recompute_bitwise(void)
         FXT_OK(fx__gpt_forward(b, tok, tgt, &lb, true));
         FXT_OK(fx__gpt_backward(b));
         FXT_CHECK(la == lb);
-        FXT_CHECK(!b->acts_parked); /* this model's layers are too small to park 32 tokens */
+        FXT_CHECK(!b->park.acts_parked); /* this model's layers are too small to park 32 tokens */
         fxt_bitwise_f32(masks[mi], b->grads, a->grads, a->lay.total);
         fx__gpt_free(a), fx__gpt_free(b);
     }
@@ -478,7 +478,7 @@ static void test_grad_hook(void)
     FXT_OK(fx__gpt_alloc_train(m));
     FXT_OK(fx__gpt_set_batch(m, 2, 8));
     hook_log h = {.base = m->grads};
-    m->hook = record_hook, m->hook_user = &h;
+    m->hooks.grad = record_hook, m->hooks.user = &h;
     int32_t tok[16], tgt[16];
     make_batch(2, 8, c.vocab, 3, tok, tgt, false);
     float loss;
@@ -525,7 +525,7 @@ static void decode_check(fx__gpt_attn_impl ai, const char *mask)
         for (size_t j = 0; j < m->lay.t[ti].numel && m->lay.t[ti].ndim == 2; j++)
             m->params[m->lay.t[ti].offset + j] *= 5.0f;
     fx__gpt_cache *kc = NULL;
-    FXT_OK(fx__gpt_cache_create(&kc, m));
+    FXT_OK(fx__gpt_cache_create(&kc, m, 0));
     if (!kc)
         return;
     float *logits = fxt_guarded((size_t)c.vocab);
@@ -959,7 +959,7 @@ static void test_recompute_parked(void)
             fx__gpt_zero_grad(m[v]);
             float loss;
             FXT_OK(fx__gpt_forward(m[v], tok, tgt, &loss, true));
-            FXT_CHECK(m[v]->acts_parked == (v == 1));
+            FXT_CHECK(m[v]->park.acts_parked == (v == 1));
             FXT_OK(fx__gpt_backward(m[v]));
             /* A forward pass without gradients (two residual streams in turn with recompute). */
             FXT_OK(fx__gpt_forward(m[v], tok, tgt, &l[v][3], false));

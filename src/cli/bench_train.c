@@ -68,7 +68,7 @@ int bench_train(int argc, char **argv)
         if (!strcmp(argv[i], "--parallel") || !strncmp(argv[i], "--parallel=", 11))
             return bench_train_dist(argc, argv);
     const cli_opt opts[] = {
-        {"--model", CLI_STRING, &model, "tiny | small | gpt2 (default small)"},
+        {"--model", CLI_STRING, &model, "tiny | small | gpt2, or a model directory (default small)"},
         {"--attn", CLI_STRING, &attn, "mask of the flex variant: causal | sliding:W | document (default causal)"},
         {"--batch", CLI_INT, &batch, "sequences per step (default 4)"},
         {"--seq", CLI_INT, &seq, "sequence length (default: the model's context)"},
@@ -90,11 +90,13 @@ int bench_train(int argc, char **argv)
         return rc;
     if ((rc = cli_threads("bench train", threads)) != CLI_EXIT_OK)
         return rc;
+    /* A preset, or the configuration of a saved model (the timing does not depend on the
+       weights, so the benchmark draws its own). */
     fx__gpt_config cfg;
-    if (fx__gpt_preset(&cfg, model) != FX_OK) {
-        cli_error("bench train --model: %s", fx_last_error());
-        return CLI_EXIT_USAGE;
-    }
+    fx_model *saved = NULL;
+    if ((rc = cli_model_open("bench train --model", model, &cfg, &saved)) != CLI_EXIT_OK)
+        return rc;
+    fx_model_free(saved);
     if (vocab)
         cfg.vocab = vocab;
     if (seq == 0)
@@ -159,7 +161,7 @@ int bench_train(int argc, char **argv)
             cli_fail(rc, "bench train");
             goto done;
         }
-        v[i].m->mask = i == 0 ? mask : FX__GPT_MASK_DENSE;
+        v[i].m->mask = i == 0 ? mask : FX__GPT_MASK_CAUSAL_DENSE;
         v[i].m->window = window;
         v[i].m->loss_impl = i == 0 ? FX__GPT_LOSS_FUSED : FX__GPT_LOSS_UNFUSED;
         if ((rc = fx__gpt_set_batch(v[i].m, batch, seq)) != FX_OK) {

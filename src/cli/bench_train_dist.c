@@ -30,7 +30,7 @@ int bench_train_dist(int argc, char **argv)
     bool json = false;
     const cli_opt opts[] = {
         {"--parallel", CLI_STRING, &parallel, "fsdp | ddp (run under mpirun -np N)"},
-        {"--model", CLI_STRING, &model, "tiny | small | gpt2 (default small)"},
+        {"--model", CLI_STRING, &model, "tiny | small | gpt2, or a model directory (default small)"},
         {"--batch", CLI_INT, &batch, "global sequences per step (default: 2 per process)"},
         {"--seq", CLI_INT, &seq, "sequence length (default: the model's context)"},
         {"--steps", CLI_INT, &steps, "timed step pairs (default 5)"},
@@ -51,11 +51,13 @@ int bench_train_dist(int argc, char **argv)
     }
     if ((rc = cli_threads("bench train", threads)) != CLI_EXIT_OK)
         return rc;
+    /* A preset, or the configuration of a saved model (the timing does not depend on the
+       weights, so the benchmark draws its own). */
     fx__gpt_config cfg;
-    if (fx__gpt_preset(&cfg, model) != FX_OK || fx__gpt_config_check(&cfg) != FX_OK) {
-        cli_error("bench train --model: %s", fx_last_error());
-        return CLI_EXIT_USAGE;
-    }
+    fx_model *saved = NULL;
+    if ((rc = cli_model_open("bench train --model", model, &cfg, &saved)) != CLI_EXIT_OK)
+        return rc;
+    fx_model_free(saved);
     if (seq == 0)
         seq = cfg.ctx;
     if (seq < 1 || seq > cfg.ctx || batch < 0 || steps < 1 || steps > 64 || !(timeout > 0)) {

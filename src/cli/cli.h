@@ -61,6 +61,12 @@ int cli_cores(void);
 /* The plural ending of a count: "" for 1, "s" otherwise ("1 tensor", "2 tensors"). */
 static inline const char *cli_s(uint64_t n) { return n == 1 ? "" : "s"; }
 
+/* --model NAME|DIR (train, generate, bench): a preset name fills *cfg and leaves *loaded
+   NULL; a directory (Hugging Face when it holds config.json, else a flexc training
+   directory) or a flexc .safetensors file is loaded into *loaded, and *cfg is its config.
+   Returns CLI_EXIT_OK, or the exit status with the error printed ("<opt>: ..."). */
+int cli_model_open(const char *opt, const char *name, fx_model_config *cfg, fx_model **loaded);
+
 /* A subcommand whose feature has not landed yet: says so and returns 2. */
 int cli_not_yet(const char *what);
 

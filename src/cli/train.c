@@ -218,13 +218,17 @@ static int save_all(const fx__gpt *m, const fx__gpt_train_state *s, const char *
     if (rc)
         return cli_fail(rc, "saving the checkpoint");
     snprintf(path, sizeof path, "%s/model.safetensors", out);
-    rc = fx__gpt_save_model(m, path, bf16);
+    rc = fx_model_save(m, path, bf16);
     if (rc)
         return cli_fail(rc, "saving the model");
     return CLI_EXIT_OK;
 }
 
 static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int nproc);
+
+/* --model DIR: the model to fine-tune, read while the options are checked; train_run takes
+   it over, and cmd_train frees it if train_run returned before. */
+static fx_model *train_init;
 
 /* Saves from rank 0; under FSDP every rank takes part in gathering the shards first. */
 static int save_dist(fx__gpt *m, fx__dist *dist, fx_comm *world, const fx__gpt_train_state *s, const char *out,
@@ -255,7 +259,7 @@ int cmd_train(int argc, char **argv)
                     .parallel = "none", .comm_timeout = FX_COMM_DEFAULT_TIMEOUT};
     const cli_opt opts[] = {
         {"--data", CLI_STRING, &o.data, "UTF-8 text to train on (default: the fortunes corpus)"},
-        {"--model", CLI_STRING, &o.model, "tiny | small | gpt2 (default small)"},
+        {"--model", CLI_STRING, &o.model, "tiny | small | gpt2, or a directory to fine-tune (default small)"},
         {"--layers", CLI_INT, &o.layers, "override the preset's layer count"},
         {"--dim", CLI_INT, &o.dim, "override the model width"},
         {"--heads", CLI_INT, &o.heads, "override the query heads"},
@@ -352,6 +356,8 @@ int cmd_train(int argc, char **argv)
     }
     rc = train_run(&o, par, world, rank, nproc);
     outdir_unlock();
+    fx_model_free(train_init);
+    train_init = NULL;
     if (rc == CLI_EXIT_FAIL || rc == CLI_EXIT_USAGE)
         out_unmake(o.out);
     fx_comm_log_close();
@@ -387,7 +393,8 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         if (o.model) {
             fx__gpt_config p;
             if (fx__gpt_preset(&p, o.model) != FX_OK) {
-                cli_error("--model: %s", fx_last_error());
+                cli_error("--resume: the checkpoint holds the model; --model %s is not a preset (drop --model)",
+                          o.model);
                 return CLI_EXIT_USAGE;
             }
             p.layers = o.layers != UNSET ? o.layers : p.layers;
@@ -464,8 +471,17 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
                       ckpt);
             return CLI_EXIT_USAGE;
         }
-        if (fx__gpt_preset(&cfg, o.model ? o.model : "small") != FX_OK) {
-            cli_error("--model: %s", fx_last_error());
+        /* A preset, or a model to fine-tune (its size is its own). */
+        if ((rc = cli_model_open("--model", o.model ? o.model : "small", &cfg, &train_init)) != CLI_EXIT_OK)
+            return rc;
+        if (cfg.vocab < FX__GPT_VOCAB) {
+            cli_error("--model %s has %lld tokens; training reads text as bytes and end-of-text (%d tokens)", o.model,
+                      (long long)cfg.vocab, FX__GPT_VOCAB);
+            return CLI_EXIT_USAGE;
+        }
+        if (train_init && (o.layers != UNSET || o.dim != UNSET || o.heads != UNSET || o.kv_heads != UNSET)) {
+            cli_error("--model %s is a trained model: --layers, --dim, --heads and --kv-heads apply to presets only",
+                      o.model);
             return CLI_EXIT_USAGE;
         }
         if (o.layers != UNSET)
@@ -499,7 +515,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         fx_rng_init(&st.rng, st.seed, 1);
         fx__gpt_mask mk;
         int64_t w;
-        if (fx__gpt_mask_parse(o.attn ? o.attn : "causal", &mk, &w) != FX_OK) {
+        /* A trained model keeps its own mask unless told otherwise. */
+        char own[32] = "causal";
+        if (train_init)
+            fx__gpt_mask_name(train_init->mask, train_init->window, own, sizeof own);
+        if (fx__gpt_mask_parse(o.attn ? o.attn : own, &mk, &w) != FX_OK) {
             cli_error("--attn: %s", fx_last_error());
             return CLI_EXIT_USAGE;
         }
@@ -603,7 +623,9 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     int32_t *tokens = NULL, *targets = NULL;
     FILE *metrics = NULL;
     int exit_code = CLI_EXIT_FAIL;
-    if ((rc = fx__gpt_create(&m, &cfg, st.seed)) != FX_OK) {
+    if (train_init)
+        m = train_init, train_init = NULL; /* fine-tuning: the weights read from --model */
+    else if ((rc = fx_model_create(&m, &cfg, st.seed)) != FX_OK) {
         cli_fail(rc, "model");
         goto done;
     }

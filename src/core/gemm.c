@@ -51,11 +51,13 @@ void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
         }
         return;
     }
-    if (nblocks == 1 || fx__in_parallel()) {
-        fx__cblas(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-#pragma omp parallel for schedule(static)
+    /* Inside a parallel region the blocks run in turn on the calling thread: the same calls
+       as outside it, since some OpenBLAS kernels (Zen's, for one) round an element
+       differently depending on the shape of the call it is part of. Outside, the blocks
+       always run in a region of their own, so that OpenBLAS never threads a call itself
+       (its split depends on the thread count and changes the rounding too). */
+    const bool nested = fx__in_parallel();
+#pragma omp parallel for schedule(static) if (!nested)
     for (int64_t blk = 0; blk < nblocks; blk++) {
         const int64_t lo = blk * bs, n = dim - lo < bs ? dim - lo : bs;
         if (split_rows)

@@ -52,7 +52,24 @@ static void fx__meta_config(fx__meta *md, const fx__gpt *m, const char *kind)
     fx__meta_add(md, "rope_theta", "%.9g", (double)c->rope_theta);
     fx__meta_add(md, "norm_eps", "%.9g", (double)c->norm_eps);
     fx__meta_add(md, "attn", "%s", attn);
-    fx__meta_add(md, "tokenizer", "bytes+eot");
+    /* Written since the model API (absent in older files: the byte-level GPT's values). */
+    fx__meta_add(md, "arch", "%s", c->arch);
+    fx__meta_add(md, "head_dim", "%lld", (long long)c->head_dim);
+    fx__meta_add(md, "qkv_bias", "%d", c->qkv_bias ? 1 : 0);
+    fx__meta_add(md, "tied_embeddings", "%d", c->tied_embeddings ? 1 : 0);
+    fx__meta_add(md, "sliding_window", "%lld", (long long)c->sliding_window);
+    if (c->rope_scaling.type == FX_ROPE_SCALING_LLAMA3)
+        fx__meta_add(md, "rope_scaling", "llama3:%.9g:%.9g:%.9g:%lld", (double)c->rope_scaling.factor,
+                     (double)c->rope_scaling.low_freq_factor, (double)c->rope_scaling.high_freq_factor,
+                     (long long)c->rope_scaling.original_max_position_embeddings);
+    else
+        fx__meta_add(md, "rope_scaling", "none");
+    char eos[FX__META_LEN] = "";
+    for (int i = 0; i < c->n_eos; i++)
+        snprintf(eos + strlen(eos), sizeof eos - strlen(eos), "%s%d", i ? "," : "", c->eos[i]);
+    fx__meta_add(md, "eos", "%s", eos);
+    bool bytes = !strcmp(c->arch, "flexc-gpt") && c->vocab == FX__GPT_VOCAB;
+    fx__meta_add(md, "tokenizer", "%s", bytes ? "bytes+eot" : "external");
 }
 
 static fx_tensor_view fx__view(const fx__gpt_tensor *t, const void *data, fx_dtype dt, size_t esize)
@@ -162,6 +179,66 @@ static int fx__meta_f32(const fx_safetensors *f, const char *path, const char *k
     return FX_OK;
 }
 
+/* The fields added with the model API; absent (files written before it): the byte-level
+   GPT's values (head_dim dim/heads, no biases, tied head, no window, no scaling, eos 256). */
+static int fx__read_config_ext(const fx_safetensors *f, const char *path, fx__gpt_config *cc)
+{
+    const char *arch = fx_safetensors_metadata(f, "arch");
+    snprintf(cc->arch, sizeof cc->arch, "%s", arch ? arch : "flexc-gpt");
+    if (arch && strlen(arch) >= sizeof cc->arch)
+        return fx__error(FX_EFORMAT, "'%s': metadata arch is longer than %zu bytes", path, sizeof cc->arch - 1);
+    int rc;
+    int64_t b;
+    cc->head_dim = 0;
+    if (fx_safetensors_metadata(f, "head_dim") && (rc = fx__meta_i64(f, path, "head_dim", &cc->head_dim)) != FX_OK)
+        return rc;
+    cc->qkv_bias = false;
+    if (fx_safetensors_metadata(f, "qkv_bias")) {
+        if ((rc = fx__meta_i64(f, path, "qkv_bias", &b)) != FX_OK)
+            return rc;
+        cc->qkv_bias = b != 0;
+    }
+    cc->tied_embeddings = true;
+    if (fx_safetensors_metadata(f, "tied_embeddings")) {
+        if ((rc = fx__meta_i64(f, path, "tied_embeddings", &b)) != FX_OK)
+            return rc;
+        cc->tied_embeddings = b != 0;
+    }
+    cc->sliding_window = 0;
+    if (fx_safetensors_metadata(f, "sliding_window") &&
+        (rc = fx__meta_i64(f, path, "sliding_window", &cc->sliding_window)) != FX_OK)
+        return rc;
+    const char *rs = fx_safetensors_metadata(f, "rope_scaling");
+    if (rs && strcmp(rs, "none") != 0) {
+        float fa, lo, hi;
+        long long old;
+        char tail;
+        if (sscanf(rs, "llama3:%g:%g:%g:%lld%c", &fa, &lo, &hi, &old, &tail) != 4)
+            return fx__error(FX_EFORMAT, "'%s': metadata rope_scaling = '%s' is not none or llama3:F:LO:HI:N", path,
+                             rs);
+        cc->rope_scaling.type = FX_ROPE_SCALING_LLAMA3;
+        cc->rope_scaling.factor = fa, cc->rope_scaling.low_freq_factor = lo, cc->rope_scaling.high_freq_factor = hi;
+        cc->rope_scaling.original_max_position_embeddings = old;
+    }
+    const char *eos = fx_safetensors_metadata(f, "eos");
+    cc->n_eos = 0;
+    if (!eos) {
+        cc->eos[cc->n_eos++] = FX__GPT_EOT;
+    } else {
+        for (const char *p = eos; *p;) {
+            char *end = NULL;
+            errno = 0;
+            long v = strtol(p, &end, 10);
+            if (end == p || errno || v < 0 || v > INT32_MAX || cc->n_eos == FX_MODEL_MAX_EOS || (*end && *end != ','))
+                return fx__error(FX_EFORMAT, "'%s': metadata eos = '%s' is not a list of at most %d ids", path, eos,
+                                 FX_MODEL_MAX_EOS);
+            cc->eos[cc->n_eos++] = (int32_t)v;
+            p = *end ? end + 1 : end;
+        }
+    }
+    return FX_OK;
+}
+
 static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__gpt_config *c,
                                 fx__gpt_train_state *s, bool *has_adam)
 {
@@ -183,9 +260,12 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
         return rc;
     if (cc.ffn == 0)
         return fx__error(FX_EFORMAT, "'%s': metadata ffn = 0", path);
+    if ((rc = fx__read_config_ext(f, path, &cc)) != FX_OK)
+        return rc;
     if ((rc = fx__gpt_config_check(&cc)) != FX_OK)
         return fx__error_context(FX_EFORMAT, "'%s': config", path);
-    if (cc.vocab != FX__GPT_VOCAB)
+    const char *tok = fx_safetensors_metadata(f, "tokenizer");
+    if ((!tok || !strcmp(tok, "bytes+eot")) && cc.vocab != FX__GPT_VOCAB)
         return fx__error(FX_EFORMAT, "'%s': vocab = %lld, but flexc's byte tokenizer has %d tokens", path,
                          (long long)cc.vocab, FX__GPT_VOCAB);
     bool adam = fx_safetensors_find(f, "optim.m") != NULL;
@@ -351,13 +431,17 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
     if ((rc = fx__read_config_open(f, path, &c, NULL, &adam)) != FX_OK)
         goto done;
     if (c.layers != m->c.layers || c.dim != m->c.dim || c.heads != m->c.heads || c.kv_heads != m->c.kv_heads ||
-        c.ffn != m->c.ffn || c.vocab != m->c.vocab || c.ctx != m->c.ctx) {
+        c.ffn != m->c.ffn || c.vocab != m->c.vocab || c.ctx != m->c.ctx || c.head_dim != m->c.head_dim ||
+        c.qkv_bias != m->c.qkv_bias || c.tied_embeddings != m->c.tied_embeddings) {
         rc = fx__error(FX_EINVAL,
-                       "'%s' holds a model with layers=%lld dim=%lld heads=%lld kv_heads=%lld ffn=%lld ctx=%lld, not "
-                       "layers=%lld dim=%lld heads=%lld kv_heads=%lld ffn=%lld ctx=%lld",
+                       "'%s' holds a model with layers=%lld dim=%lld heads=%lld kv_heads=%lld head_dim=%lld ffn=%lld "
+                       "ctx=%lld qkv_bias=%d tied=%d, not layers=%lld dim=%lld heads=%lld kv_heads=%lld "
+                       "head_dim=%lld ffn=%lld ctx=%lld qkv_bias=%d tied=%d",
                        path, (long long)c.layers, (long long)c.dim, (long long)c.heads, (long long)c.kv_heads,
-                       (long long)c.ffn, (long long)c.ctx, (long long)m->c.layers, (long long)m->c.dim,
-                       (long long)m->c.heads, (long long)m->c.kv_heads, (long long)m->c.ffn, (long long)m->c.ctx);
+                       (long long)c.head_dim, (long long)c.ffn, (long long)c.ctx, c.qkv_bias, c.tied_embeddings,
+                       (long long)m->c.layers, (long long)m->c.dim, (long long)m->c.heads, (long long)m->c.kv_heads,
+                       (long long)m->c.head_dim, (long long)m->c.ffn, (long long)m->c.ctx, m->c.qkv_bias,
+                       m->c.tied_embeddings);
         goto done;
     }
     if (load_adam && (!adam || (!m->adam && !m->adam16))) {

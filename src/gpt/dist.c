@@ -44,7 +44,7 @@ struct fx__dist {
     int cur_layer, want;                        /* the layer computed, the one to prefetch */
     float *normp, *normg, *rs_wte, *rs_norm;
     fx_comm_work *w_wte, *w_norm, *w_rs_wte, *w_rs_norm;
-    float **lp, **lg;                  /* m->layer_params / layer_grads */
+    float **lp, **lg;                  /* m->hooks.layer_params / layer_grads */
 };
 
 int fx__par_parse(const char *s, fx__par *out)
@@ -438,8 +438,8 @@ static int fx__fsdp_create(fx__dist *d)
     d->unum = d->uoff + U, d->ush = d->uoff + 2 * U, d->soff = d->uoff + 3 * U;
     const fx__gpt_layout *lay = &m->lay;
     for (int64_t u = 0; u < d->units; u++) {
-        size_t first = u == 0 ? 0 : 1 + (size_t)(u - 1) * FX__GPT_PER_LAYER;
-        size_t end = u == 0 ? 1 : u == L + 1 ? lay->n : first + FX__GPT_PER_LAYER;
+        size_t first = u == 0 ? 0 : 1 + (size_t)(u - 1) * lay->per_layer;
+        size_t end = u == 0 ? 1 : u == L + 1 ? lay->n : first + lay->per_layer;
         d->uoff[u] = lay->t[first].offset;
         d->unum[u] = lay->t[end - 1].offset + lay->t[end - 1].numel - d->uoff[u];
         d->ush[u] = (d->unum[u] + (size_t)N - 1) / (size_t)N;
@@ -482,11 +482,11 @@ static int fx__fsdp_create(fx__dist *d)
     fx__free(m->params), fx__free(m->grads), fx__free(m->adam);
     m->params = wte, m->grads = wteg, m->adam = NULL;
     d->lp[L] = d->normp, d->lg[L] = d->normg;
-    m->layer_params = d->lp, m->layer_grads = d->lg;
-    m->layer_hook = fx__fsdp_layer_hook;
-    m->hook = fx__fsdp_grad_hook;
-    m->progress = fx__fsdp_progress_hook;
-    m->hook_user = d;
+    m->hooks.layer_params = d->lp, m->hooks.layer_grads = d->lg;
+    m->hooks.layer = fx__fsdp_layer_hook;
+    m->hooks.grad = fx__fsdp_grad_hook;
+    m->hooks.progress = fx__fsdp_progress_hook;
+    m->hooks.user = d;
     return fx_comm_dup(&d->rs, d->world, "reduce_scatter");
 }
 
@@ -497,7 +497,7 @@ static void fx__fsdp_adamw(fx__dist *d, const fx__adamw *o, int64_t t)
     int64_t L = d->m->c.layers;
     for (size_t ti = 0; ti < lay->n; ti++) {
         const fx__gpt_tensor *tt = &lay->t[ti];
-        int64_t u = ti == 0 ? 0 : ti == lay->n - 1 ? L + 1 : 1 + (int64_t)(ti - 1) / FX__GPT_PER_LAYER;
+        int64_t u = ti == 0 ? 0 : ti >= 1 + (size_t)L * lay->per_layer ? L + 1 : 1 + (int64_t)(ti - 1) / (int64_t)lay->per_layer;
         size_t a = tt->offset - d->uoff[u], b = a + tt->numel; /* within the unit */
         size_t lo = (size_t)d->rank * d->ush[u], hi = lo + d->ush[u];
         size_t x = a > lo ? a : lo, y = b < hi ? b : hi;
@@ -571,6 +571,8 @@ int fx__dist_create(fx__dist **out, fx__gpt *m, fx_comm *world, fx__par mode, bo
                          (long long)batch, size, (long long)local);
     if (mode == FX__PAR_FSDP && m->adam_bf16)
         return fx__error(FX_EUNSUPPORTED, "--parallel fsdp keeps float32 Adam moments; drop --adam-bf16");
+    if (mode == FX__PAR_FSDP && !m->c.tied_embeddings)
+        return fx__error(FX_EUNSUPPORTED, "--parallel fsdp: models with an untied LM head are not supported yet");
     fx__dist *d = fx__calloc(1, sizeof *d);
     if (!d)
         return FX_ENOMEM;
@@ -599,9 +601,9 @@ int fx__dist_create(fx__dist **out, fx__gpt *m, fx_comm *world, fx__par mode, bo
             rc = FX_ENOMEM;
             goto fail;
         }
-        m->hook = fx__ddp_hook;
-        m->progress = fx__progress_hook;
-        m->hook_user = d;
+        m->hooks.grad = fx__ddp_hook;
+        m->hooks.progress = fx__progress_hook;
+        m->hooks.user = d;
     } else if (mode == FX__PAR_FSDP) {
         if ((rc = fx__fsdp_create(d)) != FX_OK)
             goto fail;
@@ -630,9 +632,8 @@ void fx__dist_free(fx__dist *d)
     fx_comm_work_free(d->w_wte), fx_comm_work_free(d->w_norm);
     fx_comm_work_free(d->w_rs_wte), fx_comm_work_free(d->w_rs_norm);
     fx_comm_free(d->rs);
-    if (m->hook_user == d) {
-        m->hook = NULL, m->layer_hook = NULL, m->progress = NULL, m->hook_user = NULL;
-        m->layer_params = m->layer_grads = NULL;
+    if (m->hooks.user == d) {
+        m->hooks = (fx__gpt_hooks){0};
     }
     fx__free(d->works), fx__free(d->stack), fx__free(d->acc), fx__free(d->stack_n);
     fx__free(d->uoff), fx__free(d->lp), fx__free(d->lg), fx__free(d->sp);

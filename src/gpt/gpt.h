@@ -15,7 +15,7 @@
  * A training step is, in order (the points where a multi-process trainer hooks in):
  *   fx__gpt_zero_grad (unless grads_zero: the last optimizer pass cleared them); for each
  *   micro-batch: fx__gpt_forward, fx__gpt_backward (which calls the optional per-layer
- *   gradient hook as each layer's gradients become final); the gradient norm, then
+ *   gradient hook (hooks.h) as each layer's gradients become final); the gradient norm, then
  *   fx__gpt_adamw over the flat buffers (averaging and clipping folded into its gradient
  *   scale, the gradients cleared as they are read).
  */
@@ -23,6 +23,8 @@
 #define FX_GPT_H
 
 #include "core/core.h"
+#include "flexc/model.h"
+#include "hooks.h"
 
 /* ---- tokens ---------------------------------------------------------------------------- */
 
@@ -31,21 +33,14 @@ enum { FX__GPT_EOT = 256, FX__GPT_VOCAB = 257 };
 
 /* ---- configuration --------------------------------------------------------------------- */
 
-typedef struct fx__gpt_config {
-    int64_t vocab;    /* V */
-    int64_t ctx;      /* the model's context: the longest sequence it is built for */
-    int64_t layers;   /* L */
-    int64_t dim;      /* C */
-    int64_t heads;    /* Hq */
-    int64_t kv_heads; /* Hkv (GQA: Hq % Hkv == 0) */
-    int64_t ffn;      /* F: SwiGLU hidden size */
-    float rope_theta;
-    float norm_eps;
-} fx__gpt_config;
+/* The public configuration (include/flexc/model.h): vocab, ctx, layers, dim (C), heads (Hq),
+   kv_heads (Hkv), head_dim (hd), ffn (F), RoPE, norm_eps, biases, tied head, window, eos. */
+typedef fx_model_config fx__gpt_config;
 
 /* "tiny", "small", "gpt2": FX_EINVAL for another name. */
 int fx__gpt_preset(fx__gpt_config *c, const char *name);
-/* Checks sizes and divisibility; fills ffn when 0 (8/3 C rounded up to 32). */
+/* Checks every field (the message names it); fills head_dim (dim / heads) and ffn (8/3 C
+   rounded up to 32) when 0, and arch when empty. */
 int fx__gpt_config_check(fx__gpt_config *c);
 
 /* ---- attention mask and loss paths ----------------------------------------------------- */
@@ -54,7 +49,8 @@ typedef enum fx__gpt_mask {
     FX__GPT_MASK_CAUSAL = 0,
     FX__GPT_MASK_SLIDING = 1,  /* causal, keys within `window` positions back */
     FX__GPT_MASK_DOCUMENT = 2, /* causal within documents split at end-of-text */
-    FX__GPT_MASK_DENSE = 3     /* causal, but computed densely (no block skipping): the baseline */
+    FX__GPT_MASK_CAUSAL_DENSE = 3 /* causal, computed densely (every block, causality by a score
+                                     modifier): the baseline that block skipping is measured against */
 } fx__gpt_mask;
 
 /* "causal" | "sliding:W" | "document" | "dense" -> mask, window. */
@@ -82,10 +78,12 @@ fx_mask_fn fx__gpt_mask_fn(fx__gpt_mask mask, const fx__gpt_mask_ctx *mc, const 
 
 /* ---- parameters ------------------------------------------------------------------------ */
 
-/* Per-layer tensors, in buffer order. */
+/* Per-layer tensors, in buffer order: the nine of every layer, then the three biases
+   with qkv_bias (lay.per_layer says which). */
 enum {
     FX__GPT_LN1, FX__GPT_WQ, FX__GPT_WK, FX__GPT_WV, FX__GPT_WO,
-    FX__GPT_LN2, FX__GPT_W1, FX__GPT_W3, FX__GPT_W2, FX__GPT_PER_LAYER
+    FX__GPT_LN2, FX__GPT_W1, FX__GPT_W3, FX__GPT_W2, FX__GPT_PER_LAYER,
+    FX__GPT_BQ = FX__GPT_PER_LAYER, FX__GPT_BK, FX__GPT_BV, FX__GPT_PER_LAYER_BIAS
 };
 
 typedef struct fx__gpt_tensor {
@@ -97,21 +95,20 @@ typedef struct fx__gpt_tensor {
     bool decay;        /* weight decay applies (matrices only) */
 } fx__gpt_tensor;
 
-/* The view table of a configuration: 1 + L*FX__GPT_PER_LAYER + 1 tensors. */
+/* The view table of a configuration: wte, L * per_layer tensors, norm, then lm_head when
+   the head is not tied. */
 typedef struct fx__gpt_layout {
     fx__gpt_tensor *t;
     size_t n;
-    size_t total; /* floats */
+    size_t total;     /* floats */
+    size_t per_layer; /* FX__GPT_PER_LAYER, or FX__GPT_PER_LAYER_BIAS with qkv_bias */
 } fx__gpt_layout;
 
 /* ---- the model ------------------------------------------------------------------------- */
 
-/* Called by fx__gpt_backward as a region of the gradient buffer becomes final for this
-   micro-batch: layer = L for the final norm (first), L-1 .. 0 for each layer's tensors
-   (contiguous), then -1 for the embedding (last: the loss and the inputs both add to it). */
-typedef void (*fx__gpt_grad_hook)(int layer, float *grad, size_t numel, void *user);
-
-typedef struct fx__gpt {
+/* The public fx_model is this struct. */
+typedef struct fx_model fx__gpt;
+struct fx_model {
     fx__gpt_config c;
     fx__gpt_layout lay;
     float *params;    /* [P] */
@@ -119,7 +116,9 @@ typedef struct fx__gpt {
     float *adam;      /* [2P]: m then v, float32 ... */
     uint16_t *adam16; /* ... or bfloat16 when adam_bf16 (exactly one of the two is set) */
     bool adam_bf16;   /* set before fx__gpt_alloc_train: half the optimizer memory and traffic */
-    float *rope;      /* [ctx, hd/2, 2] cos, sin */
+    float *rope;      /* [rope_len, hd/2, 2] cos, sin: positions 0 .. rope_len-1, grown on
+                         demand (fx__gpt_rope_ensure), never [ctx, ...] up front */
+    int64_t rope_len;
 
     /* Per-step settings. */
     fx__gpt_mask mask;
@@ -128,11 +127,13 @@ typedef struct fx__gpt {
     fx__gpt_loss_impl loss_impl;
     bool recompute;   /* keep only each layer's input; backward recomputes the rest (set before
                          fx__gpt_set_batch): activation memory / (about) L, one more forward */
-    bool acts_parked; /* this forward parked layers 1.. L-1's activations in the gradient
-                         memory of the layer below (recompute with clear gradients): the
-                         backward pass recomputes nothing */
-    bool res_two;     /* this forward (recompute, no gradients) kept only two residual
-                         streams, in turn */
+    /* Where this forward left its activations (read by the backward pass). */
+    struct {
+        bool acts_parked; /* layers 1 .. L-1's activations are parked in the gradient memory
+                             of the layer below (recompute with clear gradients): the
+                             backward pass recomputes nothing */
+        bool res_two;     /* (recompute, no gradients) only two residual streams, in turn */
+    } park;
 
     /* Activations for (B, T) and backward scratch: one buffer. */
     int64_t B, T;
@@ -152,29 +153,24 @@ typedef struct fx__gpt {
                              directly must clear this. */
     bool grad_ready;      /* a forward with grad ran, and its backward has not */
 
-    fx__gpt_grad_hook hook; /* called in backward when a layer's gradients are final */
-    void *hook_user;
+    fx__gpt_hooks hooks; /* distributed training's points of entry (hooks.h); all NULL alone */
+};
 
-    /* Sharded training (FSDP): layer l's parameters and gradients (l == layers: the final
-       norm) live in buffers of their own, laid out as in the flat buffer from the layer's
-       first tensor; the embedding stays at params / grads offset 0. NULL: the flat buffers. */
-    float **layer_params, **layer_grads;
-    /* Called before layer l's forward (backward false) and before its backward (l == layers:
-       the final norm), with hook_user: where FSDP gathers the layer. Non-zero aborts the pass
-       with that status. */
-    int (*layer_hook)(int layer, bool backward, void *user);
-    /* Called between the sub-operations of each layer (the projections, attention, the
-       MLP's matrices), forward and backward, with hook_user: where collectives in flight are
-       driven forward (MPI advances them only inside its calls). */
-    void (*progress)(void *user);
-} fx__gpt;
-
+/* Grows the RoPE table to positions [0, len) (len <= ctx). */
+int fx__gpt_rope_ensure(fx__gpt *m, int64_t len);
+/* The LM head's parameters [V, C] (the embedding when tied) and gradients. */
+float *fx__gpt_head(const fx__gpt *m, bool grads);
+/* After a forward pass: logits [N, V] of every position, or [B, V] of each sequence's last
+   one with last_only, from the final norm's output. */
+void fx__gpt_logits(const fx__gpt *m, float *logits, bool last_only);
 /* Allocates and initialises parameters (N(0, 0.02), output projections scaled by
    1/sqrt(2L), norms = 1) from seed. */
 int fx__gpt_create(fx__gpt **out, const fx__gpt_config *c, uint64_t seed);
 void fx__gpt_free(fx__gpt *m);
 /* Gradient and Adam buffers (zeroed). */
 int fx__gpt_alloc_train(fx__gpt *m);
+/* The gradient buffer alone (zeroed), for forward / backward without the optimizer. */
+int fx__gpt_alloc_grads(fx__gpt *m);
 /* Activation buffers for batches of B sequences of T tokens (T <= ctx). Reallocates when
    the shape changes. */
 int fx__gpt_set_batch(fx__gpt *m, int64_t B, int64_t T);
@@ -263,6 +259,14 @@ void fx__rope_backward(float *dx, const float *dout, const float *rope, int64_t 
 void fx__to_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd);
 void fx__from_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd);
 void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta);
+/* The hd/2 frequencies of the config (plain theta, or llama3-scaled as transformers does). */
+void fx__rope_freqs(double *freq, const fx__gpt_config *c);
+/* Rows t0 .. t1-1 of the table: rope [t, i] = cos, sin of t * freq[i] (computed in double). */
+void fx__rope_rows(float *rope, int64_t t0, int64_t t1, const double *freq, int64_t hd);
+/* y [N,O] += b [O] on every row */
+void fx__bias_forward(float *y, const float *b, int64_t N, int64_t O);
+/* db [O] (+=) <- dy [N,O]: the sum over rows, in row order. */
+void fx__bias_backward(float *db, const float *dy, int64_t N, int64_t O);
 /* out [N,F] = silu(a) * b */
 void fx__swiglu_forward(float *out, const float *a, const float *b, int64_t n);
 /* da, db [N,F] (overwritten; may be a and b themselves) <- dout */
@@ -299,18 +303,24 @@ float fx__loss_unfused(float *logits, float *row_loss, const float *h, const flo
 
 /* ---- decoding ---------------------------------------------------------------------------- */
 
-typedef struct fx__gpt_cache {
+/* The public fx_model_cache is this struct. */
+typedef struct fx_model_cache fx__gpt_cache;
+struct fx_model_cache {
+    const fx__gpt *m; /* the model it was made for */
     int64_t len;      /* positions held */
-    float *k, *v;     /* [L, Hkv, ctx, hd] each */
+    int64_t cap;      /* positions it can hold (<= ctx) */
+    float *k, *v;     /* [L, Hkv, cap, hd] each */
     float *scratch;
-    int64_t *doc;         /* [ctx] document ids by position */
+    int64_t *doc;         /* [cap] document ids by position */
     fx__gpt_mask_ctx mctx;
-    fx_block_mask *bmask; /* [ctx, ctx] over absolute positions, built when len == 0 */
-} fx__gpt_cache;
+    fx_block_mask *bmask; /* [cap, cap] over absolute positions, built when len == 0 */
+};
 
-int fx__gpt_cache_create(fx__gpt_cache **out, const fx__gpt *m);
+/* A cache for max_len positions (0: the model's context); the model's RoPE table grows to
+   max_len here. */
+int fx__gpt_cache_create(fx__gpt_cache **out, fx__gpt *m, int64_t max_len);
 void fx__gpt_cache_free(fx__gpt_cache *c);
-/* Feeds n tokens at positions len..len+n-1 (len+n <= ctx) and writes the logits of the
+/* Feeds n tokens at positions len..len+n-1 (len+n <= cap) and writes the logits of the
    last one to logits [V]. Set len = 0 to start over. */
 int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *c, const int32_t *tokens, int64_t n, float *logits);
 

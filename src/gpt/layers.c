@@ -76,6 +76,40 @@ void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta)
         }
 }
 
+void fx__rope_freqs(double *freq, const fx__gpt_config *c)
+{
+    int64_t hd = c->head_dim, half = hd / 2;
+    for (int64_t i = 0; i < half; i++)
+        freq[i] = pow((double)c->rope_theta, -2.0 * (double)i / (double)hd);
+    if (c->rope_scaling.type != FX_ROPE_SCALING_LLAMA3)
+        return;
+    /* transformers' _compute_llama3_parameters: long wavelengths (low frequencies) are
+       divided by factor, short ones kept, and the band between interpolated smoothly. */
+    double factor = c->rope_scaling.factor, lo = c->rope_scaling.low_freq_factor;
+    double hi = c->rope_scaling.high_freq_factor, old = (double)c->rope_scaling.original_max_position_embeddings;
+    double lo_wavelen = old / lo, hi_wavelen = old / hi;
+    for (int64_t i = 0; i < half; i++) {
+        double wavelen = 2.0 * 3.14159265358979323846 / freq[i];
+        if (wavelen > lo_wavelen) {
+            freq[i] /= factor;
+        } else if (wavelen >= hi_wavelen) {
+            double smooth = (old / wavelen - lo) / (hi - lo);
+            freq[i] = (1.0 - smooth) * freq[i] / factor + smooth * freq[i];
+        }
+    }
+}
+
+void fx__rope_rows(float *rope, int64_t t0, int64_t t1, const double *freq, int64_t hd)
+{
+    int64_t half = hd / 2;
+    for (int64_t t = t0; t < t1; t++)
+        for (int64_t i = 0; i < half; i++) {
+            double ang = (double)t * freq[i];
+            rope[(t * half + i) * 2 + 0] = (float)cos(ang);
+            rope[(t * half + i) * 2 + 1] = (float)sin(ang);
+        }
+}
+
 void fx__rope_forward(float *out, const float *x, const float *rope, int64_t B, int64_t T, int64_t H, int64_t hd,
                       int64_t pos0)
 {
@@ -218,6 +252,29 @@ void fx__embed_backward(float *dwte, const float *dout, const int32_t *tokens, i
     }
 }
 
+/* ---- projection biases ------------------------------------------------------------------ */
+
+void fx__bias_forward(float *y, const float *b, int64_t N, int64_t O)
+{
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < O; o++)
+            y[n * O + o] += b[o];
+}
+
+void fx__bias_backward(float *db, const float *dy, int64_t N, int64_t O)
+{
+    /* Each task owns a slice of outputs and adds the rows in order. */
+    int64_t nblk = (O + FX__CBLOCK - 1) / FX__CBLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t blk = 0; blk < nblk; blk++) {
+        int64_t o0 = blk * FX__CBLOCK, o1 = o0 + FX__CBLOCK < O ? o0 + FX__CBLOCK : O;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t o = o0; o < o1; o++)
+                db[o] += dy[n * O + o];
+    }
+}
+
 /* ---- masks ------------------------------------------------------------------------------------ */
 
 fx_mask_fn fx__gpt_mask_fn(fx__gpt_mask mask, const fx__gpt_mask_ctx *mc, const void **ctx)
@@ -230,7 +287,7 @@ fx_mask_fn fx__gpt_mask_fn(fx__gpt_mask mask, const fx__gpt_mask_ctx *mc, const 
         *ctx = &mc->document;
         return fx_mask_document;
     case FX__GPT_MASK_CAUSAL:
-    case FX__GPT_MASK_DENSE:
+    case FX__GPT_MASK_CAUSAL_DENSE:
         break;
     }
     *ctx = NULL;

@@ -1,4 +1,4 @@
-/* The AdamW element loops of gpt.c (fx__adamw_*_scalar) on the SIMD layer (core/simd_avx2.h
+/* The AdamW element loops of optim.c (fx__adamw_*_scalar) on the SIMD layer (core/simd_avx2.h
    or core/simd_avx512.h, included first), for optim_avx2.c and optim_avx512.c. Operation for
    operation the scalar loop (multiplies and adds stay separate: ISO C mode does not contract
    them into FMAs), so the results are bitwise those of the scalar twin. */

@@ -1,0 +1,107 @@
+/* The backward pass: gradients of the last forward's mean loss, accumulated into the
+   gradient buffer layer by layer, with the distributed hooks called as they become final. */
+#include "model_internal.h"
+
+#include <string.h>
+
+/* ---- backward ---------------------------------------------------------------------------------------- */
+
+int fx__gpt_backward(fx__gpt *m)
+{
+    if (!m || !m->grads || !m->acts || !m->grad_ready)
+        return fx__error(FX_EINVAL, "fx__gpt_backward: no forward with gradients before it");
+    m->grad_ready = false;
+    m->grads_zero = false;
+    const fx__gpt_config *c = &m->c;
+    int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
+    int64_t Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd;
+    fx__acts a;
+    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
+    fx__attn_call call;
+    int rc = fx__train_attn(m, &call, false);
+    if (rc)
+        return rc;
+
+    /* The final norm: its input gradient d(xnf) came with the loss. */
+    const fx__gpt_tensor *tn = fx__layer_first(m, c->layers);
+    memset(a.dres, 0, (size_t)(N * C) * sizeof(float));
+    if ((rc = fx__layer_hook(m, c->layers, true)) != FX_OK)
+        return rc;
+    float *gn = fx__layer_base(m, true, c->layers);
+    fx__rmsnorm_backward(a.dres, gn, a.dxn, fx__res_at(m, &a, c->layers), fx__layer_base(m, false, c->layers), a.rstdf,
+                         N, C);
+    fx__grad_hook(m, (int)c->layers, gn, m->lay.total - tn->offset); /* the norm, and lm_head when untied */
+
+    for (int64_t l = c->layers - 1; l >= 0; l--) {
+        if ((rc = fx__layer_hook(m, l, true)) != FX_OK)
+            return rc;
+        fx__layer_params p = fx__layer(m, false, l), g = fx__layer(m, true, l);
+        /* The forward pass leaves the last layer's activations in the recompute slot (and
+           layer 0's when the others are parked). */
+        if (m->recompute && !m->park.acts_parked && l < c->layers - 1 &&
+            (rc = fx__layer_forward(m, &a, &call, l, false)) != FX_OK)
+            return rc;
+        if (m->park.acts_parked) /* what is parked in layer l's gradients is dead now */
+            fx__park_clear(m, &a, l);
+        fx__layer_acts x = fx__layer_acts_at(m, &a, l);
+        float *res = x.res, *xn1 = x.xn1, *rstd1 = x.rstd1, *q = x.q, *k = x.k, *v = x.v, *att = x.att;
+        float *lse = x.lse, *resm = x.resm, *xn2 = x.xn2, *rstd2 = x.rstd2, *h1 = x.h1, *h3 = x.h3;
+
+        /* MLP: out = resm + swiglu(h1, h3) W2^T, dres holds d(out). The gradients of h1
+           and h3 replace them (their last use). */
+        fx__swiglu_forward(a.work, h1, h3, N * F);
+        fx__sgemm(true, false, C, F, N, 1.0f, a.dres, C, a.work, F, 1.0f, g.w2, F);
+        fx__sgemm(false, false, N, F, C, 1.0f, a.dres, C, p.w2, F, 0.0f, a.work, F);
+        fx__progress_point(m);
+        float *dh1 = h1, *dh3 = h3;
+        fx__swiglu_backward(dh1, dh3, a.work, h1, h3, N * F);
+        fx__linear_backward(a.dxn, g.w1, dh1, xn2, p.w1, N, C, F, false);
+        fx__progress_point(m);
+        fx__linear_backward(a.dxn, g.w3, dh3, xn2, p.w3, N, C, F, true);
+        fx__rmsnorm_backward(a.dres, g.ln2, a.dxn, resm, p.ln2, rstd2, N, C);
+        fx__progress_point(m);
+
+        /* Attention: resm = res + from_heads(att) Wo^T, dres holds d(resm). */
+        /* d(att) goes to xn2's slot ([N, C], dead now), and the projections' gradients to
+           q, k and v once the attention's backward has read them. */
+        float *datt = xn2;
+        fx__from_heads(a.work, att, B, T, Hq, hd);
+        fx__sgemm(true, false, C, QD, N, 1.0f, a.dres, C, a.work, QD, 1.0f, g.wo, QD);
+        fx__sgemm(false, false, N, QD, C, 1.0f, a.dres, C, p.wo, QD, 0.0f, a.work, QD);
+        fx__progress_point(m);
+        fx__to_heads(datt, a.work, B, T, Hq, hd);
+        float *dq = a.work, *dk = a.work + N * QD, *dv = a.work + N * (QD + KD);
+        if ((rc = fx__attn_bwd(m, &call, q, k, v, att, lse, datt, dq, dk, dv)) != FX_OK)
+            return fx__error_context(rc, "layer %lld attention backward", (long long)l);
+        fx__progress_point(m);
+        float *dqt = q, *dkt = k, *dvt = v;
+        fx__rope_backward(dqt, dq, m->rope, B, T, Hq, hd);
+        fx__rope_backward(dkt, dk, m->rope, B, T, Hkv, hd);
+        fx__from_heads(dvt, dv, B, T, Hkv, hd);
+        if (p.bq) {
+            fx__bias_backward(g.bq, dqt, N, QD);
+            fx__bias_backward(g.bk, dkt, N, KD);
+            fx__bias_backward(g.bv, dvt, N, KD);
+        }
+        fx__linear_backward(a.dxn, g.wq, dqt, xn1, p.wq, N, C, QD, false);
+        fx__progress_point(m);
+        fx__linear_backward(a.dxn, g.wk, dkt, xn1, p.wk, N, C, KD, true);
+        fx__linear_backward(a.dxn, g.wv, dvt, xn1, p.wv, N, C, KD, true);
+        fx__rmsnorm_backward(a.dres, g.ln1, a.dxn, res, p.ln1, rstd1, N, C);
+
+        const fx__gpt_tensor *t0 = fx__layer_first(m, l);
+        size_t numel = fx__layer_first(m, l + 1)->offset - t0->offset;
+        fx__grad_hook(m, (int)l, fx__layer_base(m, true, l), numel);
+    }
+    fx__embed_backward(m->grads, a.dres, m->tokens, N, C);
+    fx__grad_hook(m, -1, m->grads, m->lay.t[0].numel);
+    return FX_OK;
+}
+
+void fx__gpt_zero_grad(fx__gpt *m)
+{
+    if (m->grads)
+        memset(m->grads, 0, m->lay.total * sizeof(float));
+    m->grads_zero = m->grads != NULL;
+}
+

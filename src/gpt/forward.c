@@ -1,0 +1,331 @@
+/* The forward pass: attention through flex or the reference, the views of a layer's saved
+   activations (parked ones included), one layer, and the whole model with its loss. */
+#include "model_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- attention through flex or the reference ------------------------------------------------------- */
+
+/* Causality as a score modifier, for the dense path (no block mask: every block computed). */
+static void fx__score_causal(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h, int64_t q0,
+                             int64_t kv0, const void *ctx)
+{
+    (void)b, (void)h, (void)ctx;
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t j = 0; j < nkv; j++)
+            if (kv0 + j > q0 + i)
+                s[i * ld + j] = -INFINITY;
+}
+
+static void fx__score_causal_grad(const float *s, float *g, int64_t ld, int64_t nq, int64_t nkv, int64_t b,
+                                  int64_t h, int64_t q0, int64_t kv0, const void *ctx)
+{
+    (void)s, (void)b, (void)h, (void)ctx;
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t j = 0; j < nkv; j++)
+            if (kv0 + j > q0 + i)
+                g[i * ld + j] = 0.0f;
+}
+
+static fx_attention fx__flex_desc(const fx__attn_call *c)
+{
+    fx_attention a = {.B = c->B, .Hq = c->Hq, .Hkv = c->Hkv, .Lq = c->Lq, .Lkv = c->Lkv, .D = c->D, .Dv = c->D,
+                      .scale = 0.0f, .q_offset = c->q_offset, .mask = c->bm};
+    if (c->dense_causal) {
+        a.score_mod = fx__score_causal;
+        a.score_mod_grad = fx__score_causal_grad;
+    }
+    return a;
+}
+
+static fx__attn_ref fx__ref_desc(const fx__attn_call *c)
+{
+    return (fx__attn_ref){.B = c->B, .Hq = c->Hq, .Hkv = c->Hkv, .Lq = c->Lq, .Lkv = c->Lkv, .D = c->D,
+                          .q_offset = c->q_offset, .mask = c->fn, .ctx = c->ctx};
+}
+
+int fx__attn_fwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
+                        float *out, float *lse)
+{
+    if (m->attn_impl == FX__GPT_ATTN_REF) {
+        fx__attn_ref r = fx__ref_desc(c);
+        fx__attn_ref_forward(&r, q, k, v, out, lse);
+        return FX_OK;
+    }
+    fx_attention a = fx__flex_desc(c);
+    return fx_flex_attention(&a, q, k, v, out, lse);
+}
+
+int fx__attn_bwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
+                        const float *out, const float *lse, const float *dout, float *dq, float *dk, float *dv)
+{
+    if (m->attn_impl == FX__GPT_ATTN_REF) {
+        fx__attn_ref r = fx__ref_desc(c);
+        fx__attn_ref_backward(&r, q, k, v, out, lse, dout, dq, dk, dv);
+        return FX_OK;
+    }
+    fx_attention a = fx__flex_desc(c);
+    return fx_flex_attention_backward(&a, q, k, v, out, lse, dout, dq, dk, dv);
+}
+
+/* The training-shape attention call; builds the block mask when the flex path needs one
+   (the backward pass reuses the forward's). */
+int fx__train_attn(fx__gpt *m, fx__attn_call *c, bool build)
+{
+    int64_t hd = m->c.head_dim;
+    m->mctx.sliding.window = m->window;
+    m->mctx.document = (fx_mask_document_ctx){.doc_ids = m->doc, .len = m->T, .batch_stride = m->T};
+    *c = (fx__attn_call){.B = m->B, .Hq = m->c.heads, .Hkv = m->c.kv_heads, .Lq = m->T, .Lkv = m->T, .D = hd};
+    c->fn = fx__gpt_mask_fn(m->mask, &m->mctx, &c->ctx);
+    if (m->attn_impl == FX__GPT_ATTN_REF)
+        return FX_OK;
+    if (m->mask == FX__GPT_MASK_CAUSAL_DENSE) {
+        c->dense_causal = true;
+        return FX_OK;
+    }
+    /* Document masks change with every batch; the others only with the shape. */
+    bool stale = !m->bmask || m->bmask_mask != m->mask || m->bmask_window != m->window;
+    if ((build && m->mask == FX__GPT_MASK_DOCUMENT) || stale) {
+        fx_block_mask_free(m->bmask);
+        m->bmask = NULL;
+        int64_t Bm = m->mask == FX__GPT_MASK_DOCUMENT ? m->B : 1;
+        int rc = fx_block_mask_create(&m->bmask, c->fn, c->ctx, Bm, 1, m->T, m->T, 0, 0);
+        if (rc)
+            return fx__error_context(rc, "attention mask");
+        m->bmask_mask = m->mask;
+        m->bmask_window = m->window;
+    }
+    c->bm = m->bmask;
+    return FX_OK;
+}
+
+/* One layer's activations (all but its input and output) carved from base in slot order;
+   returns the floats used. */
+static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__gpt *m)
+{
+    const fx__gpt_config *c = &m->c;
+    size_t N = (size_t)(m->B * m->T), C = (size_t)c->dim, F = (size_t)c->ffn, Hq = (size_t)c->heads;
+    size_t hd = (size_t)c->head_dim, QD = Hq * hd, KD = (size_t)c->kv_heads * hd, off = 0;
+#define FX__SLOT(field, n) (x->field = base ? base + off : NULL, off += ((n) + 15) / 16 * 16)
+    FX__SLOT(xn1, N * C);
+    FX__SLOT(rstd1, N);
+    FX__SLOT(q, N * QD);
+    FX__SLOT(k, N * KD);
+    FX__SLOT(v, N * KD);
+    FX__SLOT(att, N * QD);
+    FX__SLOT(lse, N * Hq);
+    FX__SLOT(resm, N * C);
+    FX__SLOT(xn2, N * C);
+    FX__SLOT(rstd2, N);
+    FX__SLOT(h1, N * F);
+    FX__SLOT(h3, N * F);
+#undef FX__SLOT
+    return off;
+}
+
+/* With recompute, a step whose gradient buffer starts clear can park layer l's activations
+   (l >= 1) in the gradient memory of layer l-1: the backward pass reaches layer l-1's
+   gradients only after it is done with layer l, and clears what was parked just before.
+   The activations then need no recomputation, for no memory beyond the recompute slot
+   (layer 0's). The residual stream entering layer l goes after them, and the final norm's
+   input in layer L-1's region. Where a region is too small for this (many tokens per step
+   for the model's size), layers are recomputed as usual. */
+static float *fx__park_base(const fx__gpt *m, int64_t l)
+{
+    float *g = m->grads + fx__layer_first(m, l - 1)->offset;
+    return g + ((16 - ((uintptr_t)g / sizeof(float)) % 16) % 16); /* 64-byte aligned, as fx__alloc */
+}
+
+static bool fx__park_fits(const fx__gpt *m)
+{
+    fx__layer_acts x;
+    size_t region = fx__layer_first(m, 1)->offset - fx__layer_first(m, 0)->offset;
+    size_t stream = ((size_t)(m->B * m->T * m->c.dim) + 15) / 16 * 16;
+    return m->c.layers > 1 && fx__slot_carve(&x, NULL, m) + stream + 16 <= region;
+}
+
+/* The residual stream entering layer l (l == layers: the final norm's input): parked, or
+   in the activation buffer; a forward pass without gradients keeps only two, in turn. */
+float *fx__res_at(const fx__gpt *m, const fx__acts *a, int64_t l)
+{
+    int64_t NC = m->B * m->T * m->c.dim;
+    if (m->park.acts_parked && l >= 1) {
+        fx__layer_acts x;
+        return fx__park_base(m, l) + (l == m->c.layers ? 0 : fx__slot_carve(&x, NULL, m));
+    }
+    return a->res + (m->park.res_two ? l % 2 : l) * NC;
+}
+
+/* Clears what is parked in layer l's gradient memory (layer l+1's activations and input,
+   or the final norm's input when l is the last layer), before its gradients go there. */
+void fx__park_clear(const fx__gpt *m, const fx__acts *a, int64_t l)
+{
+    float *region = fx__layer_base(m, true, l);
+    float *end = fx__res_at(m, a, l + 1) + m->B * m->T * m->c.dim;
+    memset(region, 0, (size_t)(end - region) * sizeof(float));
+}
+
+fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l)
+{
+    const fx__gpt_config *c = &m->c;
+    int64_t N = m->B * m->T, C = c->dim, F = c->ffn, Hq = c->heads, hd = c->head_dim, QD = Hq * hd;
+    int64_t KD = c->kv_heads * hd, s = m->recompute ? 0 : l;
+    if (m->park.acts_parked && l >= 1) {
+        fx__layer_acts x = {.res = fx__res_at(m, a, l), .out = fx__res_at(m, a, l + 1)};
+        fx__slot_carve(&x, fx__park_base(m, l), m);
+        return x;
+    }
+    return (fx__layer_acts){.res = fx__res_at(m, a, l), .xn1 = a->xn1 + s * N * C, .rstd1 = a->rstd1 + s * N,
+                            .q = a->q + s * N * QD, .k = a->k + s * N * KD, .v = a->v + s * N * KD,
+                            .att = a->att + s * N * QD, .lse = a->lse + s * N * Hq, .resm = a->resm + s * N * C,
+                            .xn2 = a->xn2 + s * N * C, .rstd2 = a->rstd2 + s * N, .h1 = a->h1 + s * N * F,
+                            .h3 = a->h3 + s * N * F, .out = fx__res_at(m, a, l + 1)};
+}
+
+/* Layer l from its input res[l]; writes res[l+1] when write_out (a recomputation for the
+   backward pass does not: the stream is already there, bit for bit). */
+int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, int64_t l, bool write_out)
+{
+    const fx__gpt_config *c = &m->c;
+    int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
+    int64_t Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd;
+    fx__layer_params p = fx__layer(m, false, l);
+    fx__layer_acts x = fx__layer_acts_at(m, a, l);
+
+    fx__rmsnorm_forward(x.xn1, x.rstd1, x.res, p.ln1, N, C, c->norm_eps);
+    float *qt = a->work, *kt = a->work + N * QD, *vt = a->work + N * (QD + KD);
+    fx__linear(qt, x.xn1, p.wq, N, C, QD, false);
+    fx__linear(kt, x.xn1, p.wk, N, C, KD, false);
+    fx__linear(vt, x.xn1, p.wv, N, C, KD, false);
+    if (p.bq) {
+        fx__bias_forward(qt, p.bq, N, QD);
+        fx__bias_forward(kt, p.bk, N, KD);
+        fx__bias_forward(vt, p.bv, N, KD);
+    }
+    fx__progress_point(m);
+    fx__rope_forward(x.q, qt, m->rope, B, T, Hq, hd, 0);
+    fx__rope_forward(x.k, kt, m->rope, B, T, Hkv, hd, 0);
+    fx__to_heads(x.v, vt, B, T, Hkv, hd);
+    int rc = fx__attn_fwd(m, call, x.q, x.k, x.v, x.att, x.lse);
+    if (rc)
+        return fx__error_context(rc, "layer %lld attention", (long long)l);
+    fx__progress_point(m);
+    fx__from_heads(a->work, x.att, B, T, Hq, hd);
+    memcpy(x.resm, x.res, (size_t)(N * C) * sizeof(float));
+    fx__linear(x.resm, a->work, p.wo, N, QD, C, true);
+    fx__progress_point(m);
+
+    fx__rmsnorm_forward(x.xn2, x.rstd2, x.resm, p.ln2, N, C, c->norm_eps);
+    fx__linear(x.h1, x.xn2, p.w1, N, C, F, false);
+    fx__linear(x.h3, x.xn2, p.w3, N, C, F, false);
+    fx__progress_point(m);
+    if (write_out) {
+        fx__swiglu_forward(a->work, x.h1, x.h3, N * F);
+        memcpy(x.out, x.resm, (size_t)(N * C) * sizeof(float));
+        fx__linear(x.out, a->work, p.w2, N, F, C, true);
+    }
+    return FX_OK;
+}
+
+/* Tokens per chunk of the fused loss. Each chunk reads the embedding twice (logits, then
+   d(h)) and its gradient once, so at a GPT-2 vocabulary the number of chunks, not the
+   arithmetic, sets the loss's time: the loss's automatic tile (under 1/32 of the logits)
+   would take 16 rows at a time. A tile of at most 26 MB lets the 256 tokens of a B=4,
+   T=64 step go in two chunks (a third of the time of sixteen); the chunks are made equal,
+   so none is a sliver of a few rows. */
+static int64_t fx__loss_chunk(int64_t N, int64_t V)
+{
+    int64_t rows = (int64_t)(26u << 20) / (4 * V);
+    rows = rows < 16 ? 16 : rows;
+    int64_t chunks = (N + rows - 1) / rows;
+    return (N + chunks - 1) / chunks;
+}
+
+int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
+{
+    if (!m || !tokens || !m->acts)
+        return fx__error(FX_EINVAL, "fx__gpt_forward: no model, tokens or batch shape (fx__gpt_set_batch)");
+    if (grad && (!m->grads || !targets))
+        return fx__error(FX_EINVAL, "fx__gpt_forward: gradients need targets and fx__gpt_alloc_train");
+    const fx__gpt_config *c = &m->c;
+    int64_t B = m->B, T = m->T, N = B * T, C = c->dim, V = c->vocab;
+    for (int64_t i = 0; i < N; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return fx__error(FX_ERANGE, "token[%lld] = %d is outside [0, %lld)", (long long)i, tokens[i], (long long)V);
+        if (targets && targets[i] != -100 && (targets[i] < 0 || targets[i] >= V))
+            return fx__error(FX_ERANGE, "target[%lld] = %d is outside [0, %lld)", (long long)i, targets[i],
+                             (long long)V);
+    }
+    memcpy(m->tokens, tokens, (size_t)N * sizeof(int32_t));
+    for (int64_t i = 0; i < N; i++)
+        m->targets[i] = targets ? targets[i] : -100;
+    /* Document ids: an end-of-text token closes its document. */
+    for (int64_t b = 0; b < B; b++) {
+        int64_t d = 0;
+        for (int64_t t = 0; t < T; t++) {
+            m->doc[b * T + t] = d;
+            d += tokens[b * T + t] == FX__GPT_EOT;
+        }
+    }
+    fx__acts a;
+    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
+    fx__attn_call call;
+    m->grad_ready = false;
+    int rc = fx__train_attn(m, &call, true);
+    if (rc)
+        return rc;
+
+    /* Parking needs gradient memory known to be clear and laid out flat, and no hooks that
+       might read it (multi-process training). */
+    m->park.acts_parked = grad && m->recompute && m->grads_zero && !fx__gpt_hooks_any(&m->hooks) &&
+                     fx__park_fits(m);
+    if (m->park.acts_parked)
+        m->grads_zero = false;
+    m->park.res_two = !grad && m->recompute;
+    fx__embed_forward(fx__res_at(m, &a, 0), tokens, m->params, N, C);
+    for (int64_t l = 0; l < c->layers; l++)
+        if ((rc = fx__layer_hook(m, l, false)) != FX_OK || (rc = fx__layer_forward(m, &a, &call, l, true)) != FX_OK)
+            return rc;
+    if ((rc = fx__layer_hook(m, c->layers, false)) != FX_OK)
+        return rc;
+    fx__rmsnorm_forward(a.xnf, a.rstdf, fx__res_at(m, &a, c->layers), fx__layer_base(m, false, c->layers), N, C,
+                        c->norm_eps);
+    if (!targets)
+        return FX_OK;
+
+    const float *head = fx__gpt_head(m, false);
+    float *dwte = grad ? fx__gpt_head(m, true) : NULL, *dxnf = grad ? a.dxn : NULL;
+    float l_out;
+    if (m->loss_impl == FX__GPT_LOSS_UNFUSED) {
+        l_out = fx__loss_unfused(a.logits, a.rowloss, a.xnf, head, m->targets, N, C, V, dxnf, dwte);
+    } else {
+        fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN,
+                    .chunk = fx__loss_chunk(N, V)};
+        rc = fx_linear_cross_entropy(&p, a.xnf, head, NULL, m->targets, &l_out, NULL, dxnf, dwte, NULL);
+        if (rc)
+            return fx__error_context(rc, "loss");
+    }
+    m->grad_ready = grad;
+    if (grad)
+        m->grads_zero = false;
+    if (loss)
+        *loss = l_out;
+    return FX_OK;
+}
+
+
+void fx__gpt_logits(const fx__gpt *m, float *logits, bool last_only)
+{
+    const fx__gpt_config *c = &m->c;
+    int64_t B = m->B, T = m->T, C = c->dim, V = c->vocab;
+    fx__acts a;
+    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
+    const float *head = fx__gpt_head(m, false);
+    if (!last_only) {
+        fx__linear(logits, a.xnf, head, B * T, C, V, false);
+        return;
+    }
+    for (int64_t b = 0; b < B; b++)
+        fx__linear(logits + b * V, a.xnf + (b * T + T - 1) * C, head, 1, C, V, false);
+}

@@ -1,0 +1,157 @@
+/* What the model's source files (model.c, forward.c, backward.c, decode.c, optim.c) share:
+   the activation buffer's views, the attention call, the per-layer views of the parameters
+   and the hook points. Not used outside src/gpt/. */
+#ifndef FX_GPT_MODEL_INTERNAL_H
+#define FX_GPT_MODEL_INTERNAL_H
+
+#include "gpt.h"
+
+/* Gradient-norm partial sums: one per fixed chunk of the flat buffer. */
+enum { FX__NORM_CHUNK = 1 << 14 };
+
+/* The first tensor of layer l (l == layers: the final norm). */
+static inline const fx__gpt_tensor *fx__layer_first(const fx__gpt *m, int64_t l)
+{
+    return &m->lay.t[1 + (size_t)l * m->lay.per_layer];
+}
+
+/* ---- the activation buffer ------------------------------------------------------------- */
+
+/* Views of the activation buffer for (B, T). Carved in a fixed order; `base` NULL only
+   counts. */
+typedef struct fx__acts {
+    float *res;   /* [L+1, N, C] residual stream entering each layer, then the last */
+    float *xn1;   /* [L, N, C] */
+    float *rstd1; /* [L, N] */
+    float *q;     /* [L, B, Hq, T, hd] after RoPE */
+    float *k;     /* [L, B, Hkv, T, hd] after RoPE */
+    float *v;     /* [L, B, Hkv, T, hd] */
+    float *att;   /* [L, B, Hq, T, hd] attention output */
+    float *lse;   /* [L, B, Hq, T] */
+    float *resm;  /* [L, N, C] residual after attention */
+    float *xn2;   /* [L, N, C] */
+    float *rstd2; /* [L, N] */
+    float *h1;    /* [L, N, F] gate */
+    float *h3;    /* [L, N, F] up */
+    float *xnf;   /* [N, C] */
+    float *rstdf; /* [N] */
+    /* Scratch (forward and backward): each use ends before the next begins; what would need
+       a second buffer goes to saved activations that are dead by then. */
+    float *work; /* [N * max(F, QD + 2 KD)] */
+    float *dres, *dxn; /* [N, C]; dxn holds d(xnf) from forward to backward */
+    float *logits; /* [N, V] unfused loss only */
+    float *rowloss; /* [N] */
+    size_t total;
+} fx__acts;
+
+
+/* Carves a (base NULL: only counts). With recompute, the per-layer activations have one
+   slot (the layer being worked on) and only the residual stream is kept for every layer. */
+void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, int64_t B, int64_t T, bool unfused,
+                    bool recompute);
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+typedef struct fx__attn_call {
+    int64_t B, Hq, Hkv, Lq, Lkv, D, q_offset;
+    const fx_block_mask *bm; /* flex: the block mask (NULL: dense with causal score_mod, or none) */
+    bool dense_causal;       /* flex, no block mask: causality by score_mod */
+    fx_mask_fn fn;           /* reference: the mask function */
+    const void *ctx;
+} fx__attn_call;
+
+/* Through fx_flex_attention(_backward) or the reference, as m->attn_impl says. */
+int fx__attn_fwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
+                 float *out, float *lse);
+int fx__attn_bwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
+                 const float *out, const float *lse, const float *dout, float *dq, float *dk, float *dv);
+/* The training-shape attention call; builds the block mask when the flex path needs one
+   (the backward pass reuses the forward's). */
+int fx__train_attn(fx__gpt *m, fx__attn_call *c, bool build);
+
+/* ---- linear layers -------------------------------------------------------------------------- */
+
+/* y [N,O] = x [N,I] W[O,I]^T (+ y when acc) */
+static inline void fx__linear(float *y, const float *x, const float *w, int64_t N, int64_t I, int64_t O, bool acc)
+{
+    fx__sgemm(false, true, N, O, I, 1.0f, x, I, w, I, acc ? 1.0f : 0.0f, y, O);
+}
+
+/* dx [N,I] (= or +=) dy [N,O] W [O,I];  dW [O,I] += dy^T x */
+static inline void fx__linear_backward(float *dx, float *dw, const float *dy, const float *x, const float *w,
+                                       int64_t N, int64_t I, int64_t O, bool acc_dx)
+{
+    fx__sgemm(false, false, N, I, O, 1.0f, dy, O, w, I, acc_dx ? 1.0f : 0.0f, dx, I);
+    fx__sgemm(true, false, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I);
+}
+
+/* ---- a layer's parameters, and the hook points ------------------------------------------------ */
+
+typedef struct fx__layer_params {
+    float *ln1, *wq, *wk, *wv, *wo, *ln2, *w1, *w3, *w2;
+    float *bq, *bk, *bv; /* NULL without qkv_bias */
+} fx__layer_params;
+
+/* Layer l's first float (l == layers: the final norm) in the parameters or the gradients:
+   in the flat buffer, or in the layer's own buffer when sharded training set one. */
+static inline float *fx__layer_base(const fx__gpt *m, bool grads, int64_t l)
+{
+    float **own = grads ? m->hooks.layer_grads : m->hooks.layer_params;
+    if (own)
+        return own[l];
+    return (grads ? m->grads : m->params) + fx__layer_first(m, l)->offset;
+}
+
+static inline fx__layer_params fx__layer(const fx__gpt *m, bool grads, int64_t l)
+{
+    const fx__gpt_tensor *t = fx__layer_first(m, l);
+    float *buf = fx__layer_base(m, grads, l);
+    size_t o = t->offset;
+    return (fx__layer_params){buf + (t[FX__GPT_LN1].offset - o), buf + (t[FX__GPT_WQ].offset - o),
+                              buf + (t[FX__GPT_WK].offset - o), buf + (t[FX__GPT_WV].offset - o),
+                              buf + (t[FX__GPT_WO].offset - o), buf + (t[FX__GPT_LN2].offset - o),
+                              buf + (t[FX__GPT_W1].offset - o), buf + (t[FX__GPT_W3].offset - o),
+                              buf + (t[FX__GPT_W2].offset - o),
+                              m->c.qkv_bias ? buf + (t[FX__GPT_BQ].offset - o) : NULL,
+                              m->c.qkv_bias ? buf + (t[FX__GPT_BK].offset - o) : NULL,
+                              m->c.qkv_bias ? buf + (t[FX__GPT_BV].offset - o) : NULL};
+}
+
+static inline int fx__layer_hook(fx__gpt *m, int64_t l, bool backward)
+{
+    return m->hooks.layer ? m->hooks.layer((int)l, backward, m->hooks.user) : FX_OK;
+}
+
+/* Between the sub-operations of a layer: lets a multi-process trainer drive its collectives
+   in flight (MPI moves them only inside its calls; each stage of a transfer waits for one). */
+static inline void fx__progress_point(fx__gpt *m)
+{
+    if (m->hooks.progress)
+        m->hooks.progress(m->hooks.user);
+}
+
+static inline void fx__grad_hook(fx__gpt *m, int layer, float *grad, size_t numel)
+{
+    if (m->hooks.grad)
+        m->hooks.grad(layer, grad, numel, m->hooks.user);
+}
+
+/* ---- a layer's saved activations ---------------------------------------------------------------- */
+
+/* Layer l's saved activations: slot l, or slot 0 when they are recomputed. */
+typedef struct fx__layer_acts {
+    float *res, *xn1, *rstd1, *q, *k, *v, *att, *lse, *resm, *xn2, *rstd2, *h1, *h3, *out;
+} fx__layer_acts;
+
+/* The residual stream entering layer l (l == layers: the final norm's input): parked, or
+   in the activation buffer; a forward pass without gradients keeps only two, in turn. */
+float *fx__res_at(const fx__gpt *m, const fx__acts *a, int64_t l);
+fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l);
+/* Clears what is parked in layer l's gradient memory (layer l+1's activations and input,
+   or the final norm's input when l is the last layer), before its gradients go there. */
+void fx__park_clear(const fx__gpt *m, const fx__acts *a, int64_t l);
+/* Layer l from its input res[l]; writes res[l+1] when write_out (a recomputation for the
+   backward pass does not: the stream is already there, bit for bit). */
+int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, int64_t l, bool write_out);
+
+#endif

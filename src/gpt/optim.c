@@ -1,0 +1,202 @@
+/* The optimizer: gradient norm and scaling, AdamW over the flat buffers (scalar reference and
+   vector twins picked per call), and the learning-rate schedule. */
+#include "model_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- optimizer --------------------------------------------------------------------------------------- */
+
+double fx__sumsq_scalar(const float *g, int64_t n)
+{
+    double lane[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++)
+            lane[j] += (double)g[i + j] * g[i + j];
+    return fx__sumsq_finish(lane, g + i, n - i);
+}
+
+static double (*fx__sumsq_kernel(void))(const float *, int64_t)
+{
+    switch (fx__isa()) {
+    case FX_ISA_AVX512: return fx__sumsq_avx512;
+    case FX_ISA_AVX2: return fx__sumsq_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return fx__sumsq_scalar;
+}
+
+double fx__gpt_grad_norm(const fx__gpt *m)
+{
+    size_t P = m->lay.total, nchunk = (P + FX__NORM_CHUNK - 1) / FX__NORM_CHUNK;
+    const float *g = m->grads;
+    double *parts = m->norm_parts;
+    double (*sumsq)(const float *, int64_t) = fx__sumsq_kernel();
+#pragma omp parallel for schedule(static)
+    for (size_t ch = 0; ch < nchunk; ch++) {
+        size_t i0 = ch * FX__NORM_CHUNK, i1 = i0 + FX__NORM_CHUNK < P ? i0 + FX__NORM_CHUNK : P;
+        parts[ch] = sumsq(g + i0, (int64_t)(i1 - i0));
+    }
+    double total = 0.0;
+    for (size_t ch = 0; ch < nchunk; ch++)
+        total += parts[ch];
+    return sqrt(total);
+}
+
+void fx__gpt_grad_scale(fx__gpt *m, float s)
+{
+    size_t P = m->lay.total;
+    float *g = m->grads;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < P; i++)
+        g[i] *= s;
+    m->grads_zero = false;
+}
+
+/* bfloat16 <-> float32 inline in the optimizer's loop (the same rounding as
+   fx_f32_to_bf16: nearest even, NaN kept quiet). */
+static inline float fx__bf16_load(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t fx__bf16_store(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+fx__adamw_k fx__adamw_consts(const fx__adamw *o, float wd, int64_t t)
+{
+    return (fx__adamw_k){.gs = o->grad_scale != 0.0f ? o->grad_scale : 1.0f, .b1 = o->beta1,
+                         .nb1 = 1.0f - o->beta1, .b2 = o->beta2, .nb2 = 1.0f - o->beta2, .lr = o->lr,
+                         .bc1 = 1.0f - powf(o->beta1, (float)t), .bc2 = 1.0f - powf(o->beta2, (float)t),
+                         .eps = o->eps, .wd = wd, .zero_grad = o->zero_grad};
+}
+
+/* The reference loops. The vector twins repeat these operations in this order. */
+void fx__adamw_f32_scalar(float *p, float *g, float *mm, float *vv, int64_t n, const fx__adamw_k *k)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i] * k->gs;
+        float mi = k->b1 * mm[i] + k->nb1 * gi;
+        float vi = k->b2 * vv[i] + k->nb2 * gi * gi;
+        mm[i] = mi;
+        vv[i] = vi;
+        p[i] -= k->lr * (mi / k->bc1 / (sqrtf(vi / k->bc2) + k->eps) + k->wd * p[i]);
+        if (k->zero_grad)
+            g[i] = 0.0f;
+    }
+}
+
+void fx__adamw_bf16_scalar(float *p, float *g, uint16_t *mm, uint16_t *vv, int64_t n, const fx__adamw_k *k)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i] * k->gs;
+        float mi = k->b1 * fx__bf16_load(mm[i]) + k->nb1 * gi;
+        float vi = k->b2 * fx__bf16_load(vv[i]) + k->nb2 * gi * gi;
+        mm[i] = fx__bf16_store(mi);
+        vv[i] = fx__bf16_store(vi);
+        p[i] -= k->lr * (mi / k->bc1 / (sqrtf(vi / k->bc2) + k->eps) + k->wd * p[i]);
+        if (k->zero_grad)
+            g[i] = 0.0f;
+    }
+}
+
+typedef void (*fx__adamw_f32_fn)(float *, float *, float *, float *, int64_t, const fx__adamw_k *);
+typedef void (*fx__adamw_bf16_fn)(float *, float *, uint16_t *, uint16_t *, int64_t, const fx__adamw_k *);
+
+static fx__adamw_f32_fn fx__adamw_f32_kernel(void)
+{
+    switch (fx__isa()) {
+    case FX_ISA_AVX512: return fx__adamw_f32_avx512;
+    case FX_ISA_AVX2: return fx__adamw_f32_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return fx__adamw_f32_scalar;
+}
+
+static fx__adamw_bf16_fn fx__adamw_bf16_kernel(void)
+{
+    switch (fx__isa()) {
+    case FX_ISA_AVX512: return fx__adamw_bf16_avx512;
+    case FX_ISA_AVX2: return fx__adamw_bf16_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return fx__adamw_bf16_scalar;
+}
+
+/* The optimizer walks the flat buffers in fixed blocks shared out statically: one parallel
+   pass over parameters, gradients and moments (it is memory-bound), whatever the tensors. */
+enum { FX__ADAM_BLOCK = 1 << 14 };
+
+/* The tensor holding float i of the flat buffer. */
+static size_t fx__tensor_at(const fx__gpt_layout *lay, size_t i)
+{
+    size_t lo = 0, hi = lay->n - 1;
+    while (lo < hi) {
+        size_t mid = (lo + hi + 1) / 2;
+        if (lay->t[mid].offset <= i)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
+{
+    const fx__gpt_layout *lay = &m->lay;
+    size_t P = lay->total, nblk = (P + FX__ADAM_BLOCK - 1) / FX__ADAM_BLOCK;
+    const fx__adamw_k kd = fx__adamw_consts(o, o->weight_decay, t), k0 = fx__adamw_consts(o, 0.0f, t);
+    const fx__adamw_f32_fn f32 = fx__adamw_f32_kernel();
+    const fx__adamw_bf16_fn bf16 = fx__adamw_bf16_kernel();
+    float *params = m->params, *grads = m->grads, *adam = m->adam;
+    uint16_t *adam16 = m->adam16;
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nblk; b++) {
+        size_t i = b * FX__ADAM_BLOCK, end = i + FX__ADAM_BLOCK < P ? i + FX__ADAM_BLOCK : P;
+        for (size_t ti = fx__tensor_at(lay, i); i < end; ti++) {
+            const fx__gpt_tensor *tt = &lay->t[ti];
+            size_t e = tt->offset + tt->numel < end ? tt->offset + tt->numel : end;
+            const fx__adamw_k *k = tt->decay ? &kd : &k0;
+            if (adam16)
+                bf16(params + i, grads + i, adam16 + i, adam16 + P + i, (int64_t)(e - i), k);
+            else
+                f32(params + i, grads + i, adam + i, adam + P + i, (int64_t)(e - i), k);
+            i = e;
+        }
+    }
+    if (o->zero_grad)
+        m->grads_zero = true;
+}
+
+void fx__adamw_f32(float *p, float *g, float *mm, float *vv, int64_t n, const fx__adamw *o, float wd, int64_t t)
+{
+    const fx__adamw_k k = fx__adamw_consts(o, wd, t);
+    const fx__adamw_f32_fn f32 = fx__adamw_f32_kernel();
+    int64_t nblk = (n + FX__ADAM_BLOCK - 1) / FX__ADAM_BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < nblk; b++) {
+        int64_t i = b * FX__ADAM_BLOCK, e = i + FX__ADAM_BLOCK < n ? i + FX__ADAM_BLOCK : n;
+        f32(p + i, g + i, mm + i, vv + i, e - i, &k);
+    }
+}
+
+float fx__lr_schedule(int64_t step, int64_t warmup, int64_t total, float lr, float min_lr)
+{
+    if (step < warmup)
+        return lr * (float)(step + 1) / (float)warmup;
+    if (total <= warmup || step >= total)
+        return total <= warmup ? lr : min_lr;
+    double frac = (double)(step - warmup) / (double)(total - warmup);
+    return min_lr + (float)(0.5 * (1.0 + cos(3.14159265358979323846 * frac))) * (lr - min_lr);
+}
+
