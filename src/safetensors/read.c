@@ -97,9 +97,9 @@ bool fx__st_utf8_valid(const unsigned char *s, size_t n, size_t *bad)
 
 /* ---- pass 2: lexical pre-scan -------------------------------------------------------------- */
 
-/* jansson accepts -0 (as 0), negative numbers, reals and nesting up to 2048 levels; the
-   format wants non-negative integers and three levels. Refusing those here keeps every
-   number jansson sees a plain digit string that fits int64_t. */
+/* JSON allows signed numbers (-0 too), reals and any nesting; the format wants non-negative
+   integers and three levels. Refusing those here keeps every number the parser below reads a
+   plain digit string that fits int64_t, and its recursion shallow. */
 static int prescan(const unsigned char *h, size_t n)
 {
     int depth = 0;
@@ -109,7 +109,7 @@ static int prescan(const unsigned char *h, size_t n)
     while (i < n) {
         unsigned char c = h[i];
         if (c == '"') {
-            /* Skip the string; jansson checks its escapes and characters. */
+            /* Skip the string; the syntax pass checks its escapes and characters. */
             i++;
             while (i < n && h[i] != '"')
                 i += h[i] == '\\' ? 2 : 1;
