@@ -6,6 +6,7 @@
 #   make test-sanitize  the test suite under ASan + UBSan (build-asan/)
 #   make test-noomp     build and test without OpenMP (build-noomp/)
 #   make fuzz           build the libFuzzer targets and run each for FUZZ_SECONDS
+#   make build-gpu      the build scripts/gpu-check.sh carries to a GPU machine (build-gpu/)
 
 BUILD ?= build
 PREFIX ?= /usr/local
@@ -13,7 +14,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 FUZZ_SECONDS ?= 60
 
-.PHONY: all deps build run test test-sanitize test-noomp fuzz install clean
+.PHONY: all deps build run test test-sanitize test-noomp fuzz install clean build-gpu
 
 all: build
 
@@ -31,16 +32,22 @@ test: deps build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-sanitize: deps
-	@$(MAKE) --no-print-directory test BUILD=build-asan CMAKE_FLAGS="-DFLEXC_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo"
+	@$(MAKE) --no-print-directory test BUILD=build-asan CMAKE_FLAGS="-DFLEXC_SANITIZE=ON -DFLEXC_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo"
 
 test-noomp: deps
-	@$(MAKE) --no-print-directory test BUILD=build-noomp CMAKE_FLAGS="-DFLEXC_OPENMP=OFF"
+	@$(MAKE) --no-print-directory test BUILD=build-noomp CMAKE_FLAGS="-DFLEXC_OPENMP=OFF -DFLEXC_CUDA=OFF"
 
 fuzz: deps
 	@scripts/deps.sh ci
-	@test -f build-fuzz/CMakeCache.txt || CC=clang cmake -S . -B build-fuzz -DFLEXC_FUZZ=ON -DFLEXC_OPENMP=OFF -DFLEXC_MPI=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+	@test -f build-fuzz/CMakeCache.txt || CC=clang cmake -S . -B build-fuzz -DFLEXC_FUZZ=ON -DFLEXC_OPENMP=OFF -DFLEXC_MPI=OFF -DFLEXC_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build build-fuzz -j $(JOBS)
 	@scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
+build-gpu:
+	@test -f build-gpu/CMakeCache.txt || cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DFLEXC_CUDA=ON -DFLEXC_MPI=OFF -DFLEXC_GPU_PORTABLE=ON >/dev/null
+	@cmake --build build-gpu -j $(JOBS) --target bench_cuda $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
+	@cd build-gpu && tar -czf gpu-bundle.tgz bench_cuda $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
+	@echo "build-gpu/gpu-bundle.tgz: $$(du -h build-gpu/gpu-bundle.tgz | cut -f1) (carry it with the repository; scripts/gpu-check.sh unpacks it)"
 
 install: build
 	@cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null
@@ -48,4 +55,4 @@ install: build
 	@cmake --install $(BUILD)
 
 clean:
-	rm -rf build build-asan build-noomp build-fuzz
+	rm -rf build build-asan build-noomp build-fuzz build-gpu

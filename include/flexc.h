@@ -56,7 +56,8 @@ extern "C" {
     X(FX_ERANGE, -5, "index out of range")                                       \
     X(FX_EUNSUPPORTED, -6, "not supported")                                      \
     X(FX_ETIMEDOUT, -7, "timed out")                                             \
-    X(FX_ECOMM, -8, "communication failure")
+    X(FX_ECOMM, -8, "communication failure")                                     \
+    X(FX_EDEVICE, -9, "CUDA device error")
 
 typedef enum fx_status {
 #define FX_STATUS_ENUM_(name, value, msg) name = value,
@@ -107,6 +108,13 @@ FX_API fx_isa fx_get_isa(void);
 /* FX_EUNSUPPORTED when this CPU (or this build) cannot run that path. */
 FX_API int fx_set_isa(fx_isa isa);
 FX_API const char *fx_isa_name(fx_isa isa);
+
+/* ---- CUDA devices ------------------------------------------------------------------------ */
+
+/* CUDA devices this process can use (docs/cuda.md): 0 when the library was built without
+   CUDA, when no driver is installed, or when no GPU is visible. Calls name device k - 1 with
+   device = k in their parameters (fx_attention, fx_lce); device = 0 is the CPU. */
+FX_API int fx_cuda_device_count(void);
 
 /* ---- memory accounting ------------------------------------------------------------------- */
 

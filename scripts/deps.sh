@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Installs the Debian packages flexc needs, only those that are missing.
-#   scripts/deps.sh          build, test and run: compiler, CMake, OpenBLAS, Open MPI, jansson, corpus
-#   scripts/deps.sh ci       also what CI's extra passes use (clang and its fuzzing runtime)
+#   scripts/deps.sh          build, test and run: compiler, CMake, OpenBLAS, Open MPI, jansson,
+#                            cairo and a font (flexc plot), corpus
+#   scripts/deps.sh ci       also what CI's extra passes use (clang and its fuzzing runtime, pip)
 # As root it installs directly; otherwise through sudo when that works without a password;
 # otherwise it prints the apt-get line to run and fails.
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
-          libjansson-dev fortunes-min fortunes)
+          libjansson-dev libcairo2-dev fonts-dejavu-core fortunes-min fortunes)
 if [[ "${1:-}" == ci ]]; then
-    packages+=(clang libclang-rt-14-dev python3)
+    packages+=(clang libclang-rt-14-dev python3 python3-pip)
 fi
 
 missing=()

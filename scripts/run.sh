@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job of `make run`: train the default GPT (`small`, about 10M parameters) on the
-# default corpus (the Debian fortunes) for a few minutes on 2 cores, then generate a sample
-# from the trained model. Set RUN_STEPS / RUN_OUT / RUN_THREADS to change the defaults.
+# default corpus (the Debian fortunes) for a few minutes on 2 cores, generate samples from
+# the trained model, and draw the run's loss curves (RUN_OUT/loss.png). Set RUN_STEPS /
+# RUN_OUT / RUN_THREADS to change the defaults.
 set -euo pipefail
 build=${1:-build}
 flexc="$build/flexc"
@@ -26,3 +27,11 @@ for seed in 1 2 3; do
     echo "== a sample (flexc generate --ckpt $out --prompt 'The ' --temperature 0.7 --seed $seed)"
     "$flexc" generate --ckpt "$out" --prompt "The " --tokens 400 --temperature 0.7 --seed "$seed" --threads "$threads"
 done
+echo
+echo "== the loss curves (flexc plot $out -o $out/loss.png)"
+if "$flexc" plot "$out" -o "$out/loss.png"; then
+    echo "wrote $out/loss.png"
+else
+    echo "flexc: no plot of the run (see the error above); the model is in $out" >&2
+    exit 1
+fi

@@ -328,6 +328,105 @@ static void test_mask_analytic(void)
     fx_block_mask_free(m);
 }
 
+/* ---- masks from row bitmaps ------------------------------------------------------------- */
+
+typedef struct rows_ctx {
+    fx_mask_fn fn;
+    int64_t kv_len;
+    int64_t calls, next_row; /* calls made; the q0 expected next within a slot */
+    int64_t fail_at;         /* call number that returns fail_rc (-1: never) */
+    int fail_rc;
+} rows_ctx;
+
+/* Evaluates fn element by element into the rows, and sets every bit past kv_len in the last
+   word (the builder must clear them). */
+static int fill_rows(uint64_t *bits, int64_t words, int64_t b, int64_t h, int64_t q0, int64_t nq, void *ctx)
+{
+    rows_ctx *c = ctx;
+    if (c->calls++ == c->fail_at)
+        return c->fail_rc;
+    if (words != (c->kv_len + 63) / 64 || (q0 != c->next_row && q0 != 0))
+        return FX_EINVAL;
+    c->next_row = q0 + nq;
+    for (int64_t i = 0; i < nq; i++) {
+        for (int64_t j = 0; j < c->kv_len; j++)
+            if (bits[i * words + j / 64] & ((uint64_t)1 << (j % 64)))
+                return FX_EINVAL; /* rows must arrive zeroed */
+        for (int64_t j = 0; j < c->kv_len; j++)
+            if (c->fn(b, h, q0 + i, j, NULL))
+                bits[i * words + j / 64] |= (uint64_t)1 << (j % 64);
+        for (int64_t j = c->kv_len; j < words * 64; j++)
+            bits[i * words + j / 64] |= (uint64_t)1 << (j % 64);
+    }
+    return FX_OK;
+}
+
+/* Masks from rows match the element-by-element structure and give bitwise the output of the
+   same mask built by fx_block_mask_create, for block sizes that are and are not whole words. */
+static void test_mask_rows(void)
+{
+    static const struct {
+        fx_mask_fn fn;
+        int64_t B, H, q_len, kv_len, bq, bk;
+    } cases[] = {
+        {mask_hash, 1, 2, 130, 230, 50, 100}, {mask_hash, 2, 1, 40, 45, 7, 8},
+        {mask_per_bh, 2, 2, 200, 200, 64, 64}, {mask_late_rows, 1, 1, 100, 100, 32, 32},
+        {mask_some_rows_empty, 1, 1, 129, 300, 128, 128},
+    };
+    for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++) {
+        char what[64];
+        snprintf(what, sizeof what, "rows case %zu", t);
+        rows_ctx rc = {.fn = cases[t].fn, .kv_len = cases[t].kv_len, .fail_at = -1};
+        fx_block_mask *m = NULL, *ref = NULL;
+        FXT_OK(fx_block_mask_create_rows(&m, fill_rows, &rc, cases[t].B, cases[t].H, cases[t].q_len, cases[t].kv_len,
+                                         cases[t].bq, cases[t].bk));
+        FXT_OK(fx_block_mask_create(&ref, cases[t].fn, NULL, cases[t].B, cases[t].H, cases[t].q_len,
+                                    cases[t].kv_len, cases[t].bq, cases[t].bk));
+        if (!m || !ref) {
+            fx_block_mask_free(m);
+            fx_block_mask_free(ref);
+            continue;
+        }
+        FXT_EQ_INT(rc.calls, cases[t].B * cases[t].H * ((cases[t].q_len + cases[t].bq - 1) / cases[t].bq));
+        check_structure(what, m, cases[t].fn, NULL);
+        FXT_EQ_INT(m->n_visited, ref->n_visited);
+        FXT_EQ_INT(m->n_partial, ref->n_partial);
+        FXT_CHECK(fx_block_mask_bytes(m) == fx_block_mask_bytes(ref));
+
+        fx_attention a = shape(cases[t].B, cases[t].H == 1 ? 2 : cases[t].H, 1, cases[t].q_len, cases[t].kv_len, 16, 16);
+        size_t nq = (size_t)(a.B * a.Hq * a.Lq), nk = (size_t)(a.B * a.Hkv * a.Lkv);
+        float *q = fxt_random(nq * 16, -1, 1, 20 + t), *k = fxt_random(nk * 16, -1, 1, 30 + t);
+        float *v = fxt_random(nk * 16, -1, 1, 40 + t);
+        float *o1 = fxt_guarded(nq * 16), *o2 = fxt_guarded(nq * 16), *l1 = fxt_guarded(nq), *l2 = fxt_guarded(nq);
+        a.mask = m;
+        FXT_OK(fx_flex_attention(&a, q, k, v, o1, l1));
+        a.mask = ref;
+        FXT_OK(fx_flex_attention(&a, q, k, v, o2, l2));
+        FXT_CHECK(memcmp(o1, o2, nq * 16 * sizeof(float)) == 0);
+        FXT_CHECK(memcmp(l1, l2, nq * sizeof(float)) == 0);
+        free(q), free(k), free(v);
+        fxt_guarded_free("out", o1), fxt_guarded_free("out", o2);
+        fxt_guarded_free("lse", l1), fxt_guarded_free("lse", l2);
+        fx_block_mask_free(m);
+        fx_block_mask_free(ref);
+    }
+
+    /* Errors: the callback's status is passed on (a positive one becomes FX_EINVAL), nothing
+       leaks, *out stays NULL; sizes are checked before the first call. */
+    fx_block_mask *m = NULL;
+    rows_ctx fail = {.fn = mask_hash, .kv_len = 300, .fail_at = 5, .fail_rc = FX_ERANGE};
+    FXT_STATUS(fx_block_mask_create_rows(&m, fill_rows, &fail, 1, 2, 300, 300, 16, 16), FX_ERANGE, "q0 = ");
+    FXT_CHECK(m == NULL && fail.calls == 6);
+    fail = (rows_ctx){.fn = mask_hash, .kv_len = 300, .fail_at = 0, .fail_rc = 7};
+    FXT_STATUS(fx_block_mask_create_rows(&m, fill_rows, &fail, 1, 1, 300, 300, 0, 0), FX_EINVAL, "b = 0");
+    FXT_STATUS(fx_block_mask_create_rows(&m, NULL, NULL, 1, 1, 8, 8, 0, 0), FX_EINVAL, "fill");
+    FXT_STATUS(fx_block_mask_create_rows(NULL, fill_rows, &fail, 1, 1, 8, 8, 0, 0), FX_EINVAL, "out");
+    fail.calls = 0;
+    FXT_STATUS(fx_block_mask_create_rows(&m, fill_rows, &fail, 1, 1, 8, 8, 5000, 0), FX_EINVAL, "block_q");
+    FXT_STATUS(fx_block_mask_create_rows(&m, fill_rows, &fail, 0, 1, 8, 8, 0, 0), FX_EINVAL, "B = 0");
+    FXT_CHECK(m == NULL && fail.calls == 0);
+}
+
 static void test_dense(void)
 {
     ref_case c = {.a = shape(2, 2, 2, 70, 150, 64, 64)};
@@ -830,6 +929,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_mask_causal_structure);
     FXT_RUN(test_mask_builtin_structure);
     FXT_RUN(test_mask_analytic);
+    FXT_RUN(test_mask_rows);
     FXT_RUN(test_dense);
     FXT_RUN(test_builtin_masks);
     FXT_RUN(test_custom_masks);

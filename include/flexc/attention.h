@@ -12,11 +12,15 @@
  * Masks are evaluated only while the block mask is built (a custom one in parallel: it must
  * be pure and thread-safe); empty blocks are skipped, full blocks run unmasked, partial
  * blocks use a bitmap. Built-in masks and score mods below are recognised by address.
+ *
+ * On a CUDA device (.device = k > 0, docs/cuda.md) the same call takes device pointers, after
+ * fx_block_mask_to_device(m, k); only the built-in score mods run there.
  */
 #ifndef FLEXC_ATTENTION_H
 #define FLEXC_ATTENTION_H
 
 #include "../flexc.h"
+#include "safetensors.h" /* fx_dtype */
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,6 +47,24 @@ FX_API void fx_block_mask_free(fx_block_mask *m);
 FX_API double fx_block_mask_density(const fx_block_mask *m); /* visited blocks / all blocks */
 /* Bytes the mask holds (visit lists, transposed lists, bitmaps of partial blocks). */
 FX_API size_t fx_block_mask_bytes(const fx_block_mask *m);
+/* Copies the mask's lists and bitmaps to CUDA device device - 1 (device >= 1), where calls
+   with that fx_attention.device use them; the host copy stays. Any mask can be copied,
+   custom ones included (their bits were evaluated here). A later copy to another device
+   replaces the earlier one; fx_block_mask_free releases it. FX_EUNSUPPORTED without CUDA in
+   the build or without a device (docs/cuda.md). */
+FX_API int fx_block_mask_to_device(fx_block_mask *m, int device);
+
+/* Fills the mask of nq query rows from q0 of batch b, head h: bit j % 64 of bits[i * words + j / 64]
+   is mask(b, h, q0 + i, j) for j < kv_len (words = ceil(kv_len / 64)); the rows arrive zeroed.
+   Returns FX_OK, or anything else to stop the build (a negative fx_status is passed on). */
+typedef int (*fx_mask_rows_fn)(uint64_t *bits, int64_t words, int64_t b, int64_t h, int64_t q0, int64_t nq,
+                               void *ctx);
+/* A block mask from its rows, one block row (block_q query rows x kv_len keys) at a time: fill
+   is called B * H * ceil(q_len / block_q) times, in order, on the calling thread (it need not
+   be thread-safe), and memory beyond the mask itself is one block row of bits. For masks
+   evaluated by other code (a vectorised mask in another language, a precomputed table). */
+FX_API int fx_block_mask_create_rows(fx_block_mask **out, fx_mask_rows_fn fill, void *ctx, int64_t B, int64_t H,
+                                     int64_t q_len, int64_t kv_len, int64_t block_q, int64_t block_kv);
 
 /* ---- built-in masks -----------------------------------------------------------------------
    Ordinary fx_mask_fn functions; the library recognises them by address and classifies
@@ -126,6 +148,12 @@ typedef struct fx_attention {
     fx_score_fn score_mod;           /* NULL: identity */
     fx_score_grad_fn score_mod_grad; /* required by the backward pass when score_mod is set */
     const void *score_ctx;
+    /* Where the call runs (docs/cuda.md); all zero keeps the CPU path and float32. */
+    int device;   /* 0: the CPU, host pointers; k > 0: CUDA device k - 1, every tensor (and the
+                     mask's copy, the score mods' slopes or tables) in that device's memory */
+    void *stream; /* device calls: the cudaStream_t they are queued on, NULL: the default stream */
+    int dtype;    /* 0 or FX_DT_F32: float32; FX_DT_BF16 (device only): q, k, v, out, dout, dq, dk,
+                     dv are bfloat16 (lse stays float32; accumulation is float32) */
 } fx_attention;
 
 /* q [B,Hq,Lq,D], k [B,Hkv,Lkv,D], v [B,Hkv,Lkv,Dv] -> out [B,Hq,Lq,Dv], lse [B,Hq,Lq] (may be NULL).

@@ -29,6 +29,7 @@
 #define FLEXC_LCE_H
 
 #include "../flexc.h"
+#include "safetensors.h" /* fx_dtype */
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,6 +48,11 @@ typedef struct fx_lce {
     int64_t chunk;         /* tokens per chunk, at most (shared evenly); 0: automatic */
     int64_t vocab_chunk;   /* vocabulary entries per tile; 0: automatic (whole rows unless a
                               chunk of whole rows would be too large) */
+    /* Where the call runs (docs/cuda.md); all zero keeps the CPU path and float32. */
+    int device;            /* 0: the CPU; k > 0: CUDA device k - 1, every pointer in its memory */
+    void *stream;          /* device calls: the cudaStream_t they are queued on, NULL: default */
+    int dtype;             /* 0 or FX_DT_F32: float32; FX_DT_BF16 (device only): h, w, bias, dh,
+                              dw, dbias are bfloat16 (loss, lse, grad_loss stay float32) */
 } fx_lce;
 
 /* N, D, V with PyTorch's defaults: MEAN, ignore_index -100, no smoothing, z-loss or cap,

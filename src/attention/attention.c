@@ -1,6 +1,7 @@
 /* fx_flex_attention: argument checks, work plan, and the choice of path. */
 #include "attention/internal.h"
 #include "attention/backward.h"
+#include "cuda/cuda.h"
 
 static bool fits(int64_t a, int64_t b, int64_t c, int64_t d)
 {
@@ -185,6 +186,8 @@ int fx__flex_forward(const fx_attention *a, const float *q, const float *k, cons
 int fx_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
                       float *lse)
 {
+    if (a && fx__cuda_wanted(a->device, a->dtype)) /* a device or bf16 call: src/cuda */
+        return fx__cuda_flex_attention(a, q, k, v, out, lse);
     int rc = fx__attention_check(a, q, k, v);
     if (rc != FX_OK)
         return rc;

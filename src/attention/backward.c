@@ -17,6 +17,7 @@
    Both call the same tile code in the same order per output element, so they agree to the
    bit and the choice between them may depend on the thread count. */
 #include "attention/backward.h"
+#include "cuda/cuda.h"
 
 #include <string.h>
 
@@ -404,6 +405,8 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
                                const float *out, const float *lse, const float *dout, float *dq,
                                float *dk, float *dv)
 {
+    if (a && fx__cuda_wanted(a->device, a->dtype)) /* a device or bf16 call: src/cuda */
+        return fx__cuda_flex_attention_backward(a, q, k, v, out, lse, dout, dq, dk, dv);
     int rc = bw_check(a, q, k, v, out, lse, dout, dq, dk, dv);
     if (rc != FX_OK)
         return rc;

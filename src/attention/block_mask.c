@@ -1,6 +1,7 @@
 /* Block masks: classification of every (q-block, kv-block) pair, visit lists in both
    directions, and bitmaps of the partial blocks. Layout: internal.h. */
 #include "attention/internal.h"
+#include "cuda/cuda.h"
 
 #include <string.h>
 
@@ -124,8 +125,112 @@ static void mask_free(fx_block_mask *m)
     fx__free(m);
 }
 
-int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx, int64_t B, int64_t H,
-                         int64_t q_len, int64_t kv_len, int64_t block_q, int64_t block_kv)
+/* From the class of every block (cls, [B*H*nqb*nkb], freed here) to the mask's lists: m is
+   freed on failure, stored in *out on success. bits: the bitmaps of the partial blocks already
+   packed in row order (block rows ascending, kv-blocks ascending within a row), owned by the
+   mask from here on; NULL to fill them from s->fn. */
+static int assemble(fx_block_mask **out, fx_block_mask *m, const build *s, uint8_t *cls, int64_t B, int64_t H,
+                    uint64_t *bits)
+{
+    size_t nslots = (size_t)B * (size_t)H, nrows = nslots * (size_t)s->nqb, ncols = nslots * (size_t)s->nkb;
+    int64_t q_len = s->q_len, kv_len = s->kv_len;
+    m->B = B, m->H = H, m->q_len = q_len, m->kv_len = kv_len, m->block_q = s->bq, m->block_kv = s->bk;
+    m->nqb = s->nqb, m->nkb = s->nkb, m->nslots = (int64_t)nslots, m->mask_kind = s->kind, m->bm_words = s->words;
+    m->bits = bits;
+    m->kv_ptr = fx__alloc((nrows + 1) * sizeof(int64_t));
+    m->q_ptr = fx__calloc(ncols + 1, sizeof(int64_t));
+    int64_t *part_ptr = fx__alloc((nrows + 1) * sizeof(int64_t)), nv = 0;
+    if (!m->kv_ptr || !m->q_ptr || !part_ptr)
+        goto nomem;
+    int64_t np = 0;
+    for (size_t r = 0; r < nrows; r++) {
+        m->kv_ptr[r] = nv;
+        part_ptr[r] = np;
+        int64_t slot = (int64_t)r / s->nqb;
+        for (int64_t kb = 0; kb < s->nkb; kb++) {
+            int c = cls[r * s->nkb + kb];
+            if (c != FX__BLOCK_EMPTY) {
+                nv++;
+                m->q_ptr[slot * s->nkb + kb + 1]++;
+            }
+            np += c == FX__BLOCK_PARTIAL;
+        }
+    }
+    m->kv_ptr[nrows] = nv;
+    part_ptr[nrows] = np;
+    for (size_t c = 0; c < ncols; c++)
+        m->q_ptr[c + 1] += m->q_ptr[c];
+    m->n_visited = nv, m->n_partial = np, m->n_full = nv - np;
+
+    size_t bm_floats = (size_t)s->bq * (size_t)s->words, nbits;
+    if (!fx__mul_size((size_t)np, bm_floats, &nbits))
+        goto nomem;
+    size_t nvs = nv ? (size_t)nv : 1;
+    m->kv_idx = fx__alloc(nvs * sizeof(int32_t));
+    m->kv_bits = fx__alloc(nvs * sizeof(int64_t));
+    m->q_idx = fx__alloc(nvs * sizeof(int32_t));
+    m->q_bits = fx__alloc(nvs * sizeof(int64_t));
+    if (!bits)
+        m->bits = np ? fx__calloc(nbits, sizeof(uint64_t)) : NULL;
+    if (!m->kv_idx || !m->kv_bits || !m->q_idx || !m->q_bits || (np && !m->bits))
+        goto nomem;
+
+    /* Pass 2: visit lists and bitmaps, in parallel over rows. */
+    const bool fill = !bits;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)nrows; r++) {
+        int64_t slot = r / s->nqb, qb = r % s->nqb, b = slot / H, h = slot % H;
+        int64_t e = m->kv_ptr[r], p = part_ptr[r];
+        for (int64_t kb = 0; kb < s->nkb; kb++) {
+            int c = cls[r * s->nkb + kb];
+            if (c == FX__BLOCK_EMPTY)
+                continue;
+            m->kv_idx[e] = (int32_t)kb;
+            m->kv_bits[e] = -1;
+            if (c == FX__BLOCK_PARTIAL) {
+                m->kv_bits[e] = p * (int64_t)bm_floats;
+                if (fill)
+                    fill_bits(s, m->bits + m->kv_bits[e], b, h, qb, kb);
+                p++;
+            }
+            e++;
+        }
+    }
+    /* Transposed lists: rows in ascending order append to their columns, so each column's
+       q-blocks come out ascending. */
+    int64_t *cursor = fx__alloc((ncols ? ncols : 1) * sizeof(int64_t));
+    if (!cursor)
+        goto nomem;
+    memcpy(cursor, m->q_ptr, ncols * sizeof(int64_t));
+    for (size_t r = 0; r < nrows; r++) {
+        int64_t slot = (int64_t)r / s->nqb, qb = (int64_t)r % s->nqb;
+        for (int64_t e = m->kv_ptr[r]; e < m->kv_ptr[r + 1]; e++) {
+            int64_t c = slot * s->nkb + m->kv_idx[e];
+            m->q_idx[cursor[c]] = (int32_t)qb;
+            m->q_bits[cursor[c]] = m->kv_bits[e];
+            cursor[c]++;
+        }
+    }
+    fx__free(cursor);
+    fx__free(part_ptr);
+    fx__free(cls);
+    m->bytes = sizeof *m + (nrows + 1 + ncols + 1) * sizeof(int64_t) +
+               (size_t)nv * 2 * (sizeof(int32_t) + sizeof(int64_t)) + nbits * sizeof(uint64_t);
+    *out = m;
+    return FX_OK;
+
+nomem:
+    fx__free(part_ptr);
+    fx__free(cls);
+    nv = m->n_visited;
+    mask_free(m);
+    return fx__error(FX_ENOMEM, "block mask: out of memory (%lld visited blocks)", (long long)nv);
+}
+
+/* Checks what every creator shares (out, sizes, block sizes) and fills s's sizes; nblocks is
+   the number of blocks of all slots. */
+static int setup(build *s, fx_block_mask **out, int64_t B, int64_t H, int64_t q_len, int64_t kv_len, int64_t block_q,
+                 int64_t block_kv, size_t *nblocks)
 {
     if (!out)
         return fx__error(FX_EINVAL, "out is NULL");
@@ -137,22 +242,33 @@ int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx, 
     if (block_q < 0 || block_q > MAX_BLOCK || block_kv < 0 || block_kv > MAX_BLOCK)
         return fx__error(FX_EINVAL, "block_q = %lld and block_kv = %lld must be in [0, %d] (0: 128)",
                          (long long)block_q, (long long)block_kv, MAX_BLOCK);
-    int rc = check_mask(mask, ctx, q_len, kv_len, 0, "mask");
+    s->H = H, s->q_len = q_len, s->kv_len = kv_len;
+    s->bq = block_q ? block_q : 128;
+    s->bk = block_kv ? block_kv : 128;
+    s->nqb = q_len / s->bq + (q_len % s->bq != 0); /* rounded up without overflow near INT64_MAX */
+    s->nkb = kv_len / s->bk + (kv_len % s->bk != 0);
+    s->words = (s->bk + 63) / 64;
+    if (s->nqb > INT32_MAX || s->nkb > INT32_MAX)
+        return fx__error(FX_EINVAL, "too many blocks (%lld x %lld)", (long long)s->nqb, (long long)s->nkb);
+    size_t nslots, nrows, ncols;
+    if (!fx__mul_size((size_t)B, (size_t)H, &nslots) || !fx__mul_size(nslots, (size_t)s->nqb, &nrows) ||
+        !fx__mul_size(nslots, (size_t)s->nkb, &ncols) || !fx__mul_size(nrows, (size_t)s->nkb, nblocks))
+        return fx__error(FX_EINVAL, "mask of %lld x %lld x %lld x %lld blocks is too large", (long long)B,
+                         (long long)H, (long long)s->nqb, (long long)s->nkb);
+    return FX_OK;
+}
+
+int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx, int64_t B, int64_t H,
+                         int64_t q_len, int64_t kv_len, int64_t block_q, int64_t block_kv)
+{
+    build s = {.fn = mask, .ctx = ctx, .kind = fx__mask_kind(mask)};
+    size_t nblocks, nrows;
+    int rc = setup(&s, out, B, H, q_len, kv_len, block_q, block_kv, &nblocks);
+    if (rc == FX_OK)
+        rc = check_mask(mask, ctx, q_len, kv_len, 0, "mask");
     if (rc != FX_OK)
         return rc;
-    build s = {.fn = mask, .ctx = ctx, .kind = fx__mask_kind(mask), .H = H, .q_len = q_len, .kv_len = kv_len};
-    s.bq = block_q ? block_q : 128;
-    s.bk = block_kv ? block_kv : 128;
-    s.nqb = q_len / s.bq + (q_len % s.bq != 0); /* rounded up without overflow near INT64_MAX */
-    s.nkb = kv_len / s.bk + (kv_len % s.bk != 0);
-    s.words = (s.bk + 63) / 64;
-    if (s.nqb > INT32_MAX || s.nkb > INT32_MAX)
-        return fx__error(FX_EINVAL, "too many blocks (%lld x %lld)", (long long)s.nqb, (long long)s.nkb);
-    size_t nslots, nrows, ncols, nblocks;
-    if (!fx__mul_size((size_t)B, (size_t)H, &nslots) || !fx__mul_size(nslots, (size_t)s.nqb, &nrows) ||
-        !fx__mul_size(nslots, (size_t)s.nkb, &ncols) || !fx__mul_size(nrows, (size_t)s.nkb, &nblocks))
-        return fx__error(FX_EINVAL, "mask of %lld x %lld x %lld x %lld blocks is too large", (long long)B,
-                         (long long)H, (long long)s.nqb, (long long)s.nkb);
+    nrows = nblocks / (size_t)s.nkb;
 
     /* Pass 1: the class of every block, O(number of blocks) for built-ins. */
     uint8_t *cls = fx__alloc(nblocks);
@@ -208,100 +324,124 @@ int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx, 
     }
 
     fx__free(doc);
+    return assemble(out, m, &s, cls, B, H, NULL);
+}
 
-    /* Offsets of every row's entries and bitmaps. */
-    m->B = B, m->H = H, m->q_len = q_len, m->kv_len = kv_len, m->block_q = s.bq, m->block_kv = s.bk;
-    m->nqb = s.nqb, m->nkb = s.nkb, m->nslots = (int64_t)nslots, m->mask_kind = s.kind, m->bm_words = s.words;
-    m->kv_ptr = fx__alloc((nrows + 1) * sizeof(int64_t));
-    m->q_ptr = fx__calloc(ncols + 1, sizeof(int64_t));
-    int64_t *part_ptr = fx__alloc((nrows + 1) * sizeof(int64_t)), nv = 0;
-    if (!m->kv_ptr || !m->q_ptr || !part_ptr)
-        goto nomem;
-    nv = 0;
-    int64_t np = 0;
-    for (size_t r = 0; r < nrows; r++) {
-        m->kv_ptr[r] = nv;
-        part_ptr[r] = np;
-        int64_t slot = (int64_t)r / s.nqb;
-        for (int64_t kb = 0; kb < s.nkb; kb++) {
-            int c = cls[r * s.nkb + kb];
-            if (c != FX__BLOCK_EMPTY) {
-                nv++;
-                m->q_ptr[slot * s.nkb + kb + 1]++;
-            }
-            np += c == FX__BLOCK_PARTIAL;
-        }
+/* ---- masks from row bitmaps ------------------------------------------------------------ */
+
+/* Bits [k0, k0 + nk) of a row (src, past its last word reads as 0) into dst[0 .. ceil(nk/64)). */
+static void copy_bits(uint64_t *dst, const uint64_t *src, int64_t src_words, int64_t k0, int64_t nk)
+{
+    int64_t shift = k0 & 63;
+    for (int64_t w = 0; w * 64 < nk; w++) {
+        int64_t at = (k0 >> 6) + w;
+        uint64_t x = at < src_words ? src[at] >> shift : 0;
+        if (shift && at + 1 < src_words)
+            x |= src[at + 1] << (64 - shift);
+        if (nk - w * 64 < 64)
+            x &= ((uint64_t)1 << (nk - w * 64)) - 1;
+        dst[w] = x;
     }
-    m->kv_ptr[nrows] = nv;
-    part_ptr[nrows] = np;
-    for (size_t c = 0; c < ncols; c++)
-        m->q_ptr[c + 1] += m->q_ptr[c];
-    m->n_visited = nv, m->n_partial = np, m->n_full = nv - np;
+}
 
-    size_t bm_floats = (size_t)s.bq * (size_t)s.words, nbits;
-    if (!fx__mul_size((size_t)np, bm_floats, &nbits))
-        goto nomem;
-    size_t nvs = nv ? (size_t)nv : 1;
-    m->kv_idx = fx__alloc(nvs * sizeof(int32_t));
-    m->kv_bits = fx__alloc(nvs * sizeof(int64_t));
-    m->q_idx = fx__alloc(nvs * sizeof(int32_t));
-    m->q_bits = fx__alloc(nvs * sizeof(int64_t));
-    m->bits = np ? fx__calloc(nbits, sizeof(uint64_t)) : NULL;
-    if (!m->kv_idx || !m->kv_bits || !m->q_idx || !m->q_bits || (np && !m->bits))
-        goto nomem;
+/* Ones among bits [k0, k0 + nk) of a row. */
+static int64_t count_bits(const uint64_t *row, int64_t k0, int64_t nk)
+{
+    int64_t n = 0;
+    for (int64_t j = k0; j < k0 + nk;) {
+        int64_t take = 64 - (j & 63) < k0 + nk - j ? 64 - (j & 63) : k0 + nk - j;
+        uint64_t x = row[j >> 6] >> (j & 63);
+        if (take < 64)
+            x &= ((uint64_t)1 << take) - 1;
+        n += __builtin_popcountll(x);
+        j += take;
+    }
+    return n;
+}
 
-    /* Pass 2: visit lists and bitmaps, in parallel over rows. */
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < (int64_t)nrows; r++) {
+int fx_block_mask_create_rows(fx_block_mask **out, fx_mask_rows_fn fill, void *ctx, int64_t B, int64_t H,
+                              int64_t q_len, int64_t kv_len, int64_t block_q, int64_t block_kv)
+{
+    build s = {.fn = NULL, .ctx = NULL, .kind = FX__MASK_CUSTOM};
+    size_t nblocks;
+    int rc = setup(&s, out, B, H, q_len, kv_len, block_q, block_kv, &nblocks);
+    if (rc != FX_OK)
+        return rc;
+    if (!fill)
+        return fx__error(FX_EINVAL, "fill is NULL");
+    const int64_t rwords = kv_len / 64 + (kv_len % 64 != 0);
+    size_t row_words, blk_words = (size_t)s.bq * (size_t)s.words;
+    if (!fx__mul_size((size_t)s.bq, (size_t)rwords, &row_words))
+        return fx__error(FX_EINVAL, "a block row of %lld x %lld positions is too large", (long long)s.bq,
+                         (long long)kv_len);
+    uint8_t *cls = fx__alloc(nblocks);
+    uint64_t *row = fx__alloc(row_words * sizeof(uint64_t));
+    fx_block_mask *m = fx__calloc(1, sizeof *m);
+    uint64_t *bits = NULL;
+    size_t np = 0, cap = 0;
+    if (!cls || !row || !m) {
+        rc = fx__error(FX_ENOMEM, "block mask: out of memory for %zu block classes and a block row", nblocks);
+        goto fail;
+    }
+    /* One block row at a time, in order, on the calling thread: fill need not be thread-safe,
+       and only one row of bits is held besides the partial blocks' bitmaps. */
+    for (int64_t r = 0; r < (int64_t)(nblocks / (size_t)s.nkb); r++) {
         int64_t slot = r / s.nqb, qb = r % s.nqb, b = slot / H, h = slot % H;
-        int64_t e = m->kv_ptr[r], p = part_ptr[r];
+        int64_t q0 = qb * s.bq, nq = q_len - q0 < s.bq ? q_len - q0 : s.bq;
+        memset(row, 0, (size_t)nq * (size_t)rwords * sizeof(uint64_t));
+        rc = fill(row, rwords, b, h, q0, nq, ctx);
+        if (rc != FX_OK) {
+            rc = rc < 0 ? rc : FX_EINVAL;
+            fx__error(rc, "block mask: the row callback failed at b = %lld, h = %lld, q0 = %lld", (long long)b,
+                      (long long)h, (long long)q0);
+            goto fail;
+        }
+        if (kv_len % 64) /* bits past kv_len are 0, whatever the callback left there */
+            for (int64_t i = 0; i < nq; i++)
+                row[i * rwords + rwords - 1] &= ((uint64_t)1 << (kv_len % 64)) - 1;
         for (int64_t kb = 0; kb < s.nkb; kb++) {
-            int c = cls[r * s.nkb + kb];
-            if (c == FX__BLOCK_EMPTY)
+            int64_t k0 = kb * s.bk, nk = kv_len - k0 < s.bk ? kv_len - k0 : s.bk, on = 0;
+            for (int64_t i = 0; i < nq; i++)
+                on += count_bits(row + i * rwords, k0, nk);
+            int c = on == 0 ? FX__BLOCK_EMPTY : on == nq * nk ? FX__BLOCK_FULL : FX__BLOCK_PARTIAL;
+            cls[r * s.nkb + kb] = (uint8_t)c;
+            if (c != FX__BLOCK_PARTIAL)
                 continue;
-            m->kv_idx[e] = (int32_t)kb;
-            m->kv_bits[e] = -1;
-            if (c == FX__BLOCK_PARTIAL) {
-                m->kv_bits[e] = p * (int64_t)bm_floats;
-                fill_bits(&s, m->bits + m->kv_bits[e], b, h, qb, kb);
-                p++;
+            if (np == cap) { /* grow the bitmaps by half (at least 16 blocks) */
+                size_t ncap = cap + cap / 2 + 16, nbytes;
+                uint64_t *nb = NULL;
+                if (fx__mul_size(ncap, blk_words * sizeof(uint64_t), &nbytes))
+                    nb = fx__calloc(nbytes, 1);
+                if (!nb) {
+                    rc = fx__error(FX_ENOMEM, "block mask: out of memory for %zu partial blocks", ncap);
+                    goto fail;
+                }
+                if (np)
+                    memcpy(nb, bits, np * blk_words * sizeof(uint64_t));
+                fx__free(bits);
+                bits = nb, cap = ncap;
             }
-            e++;
+            uint64_t *dst = bits + np * blk_words;
+            for (int64_t i = 0; i < nq; i++)
+                copy_bits(dst + i * s.words, row + i * rwords, rwords, k0, nk);
+            np++;
         }
     }
-    /* Transposed lists: rows in ascending order append to their columns, so each column's
-       q-blocks come out ascending. */
-    int64_t *cursor = fx__alloc((ncols ? ncols : 1) * sizeof(int64_t));
-    if (!cursor)
-        goto nomem;
-    memcpy(cursor, m->q_ptr, ncols * sizeof(int64_t));
-    for (size_t r = 0; r < nrows; r++) {
-        int64_t slot = (int64_t)r / s.nqb, qb = (int64_t)r % s.nqb;
-        for (int64_t e = m->kv_ptr[r]; e < m->kv_ptr[r + 1]; e++) {
-            int64_t c = slot * s.nkb + m->kv_idx[e];
-            m->q_idx[cursor[c]] = (int32_t)qb;
-            m->q_bits[cursor[c]] = m->kv_bits[e];
-            cursor[c]++;
-        }
-    }
-    fx__free(cursor);
-    fx__free(part_ptr);
-    fx__free(cls);
-    m->bytes = sizeof *m + (nrows + 1 + ncols + 1) * sizeof(int64_t) +
-               (size_t)nv * 2 * (sizeof(int32_t) + sizeof(int64_t)) + nbits * sizeof(uint64_t);
-    *out = m;
-    return FX_OK;
+    fx__free(row);
+    return assemble(out, m, &s, cls, B, H, bits);
 
-nomem:
-    fx__free(part_ptr);
+fail:
+    fx__free(bits);
+    fx__free(row);
     fx__free(cls);
-    nv = m->n_visited;
-    mask_free(m);
-    return fx__error(FX_ENOMEM, "block mask: out of memory (%lld visited blocks)", (long long)nv);
+    fx__free(m);
+    return rc;
 }
 
 void fx_block_mask_free(fx_block_mask *m)
 {
+    if (m)
+        fx__cuda_block_mask_release(m);
     mask_free(m);
 }
 

@@ -54,6 +54,9 @@ struct fx_block_mask {
 
     int64_t n_visited, n_partial, n_full; /* over all slots */
     size_t bytes;                         /* what fx_block_mask_bytes reports */
+
+    int dev_index; /* fx_attention.device of the copy made by fx_block_mask_to_device, 0: none */
+    void *dev;     /* that copy (src/cuda/device.c), NULL: none */
 };
 
 static inline int64_t fx__bm_slot(const fx_block_mask *m, int64_t b, int64_t h)

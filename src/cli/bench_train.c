@@ -151,7 +151,7 @@ int bench_train(int argc, char **argv)
     for (int i = first; i <= last; i++) {
         size_t before, peak;
         fx_mem_stats(&before, &peak);
-        if ((rc = fx__gpt_create(&v[i].m, &cfg, 1)) != FX_OK) {
+        if ((rc = fx_model_create(&v[i].m, &cfg, 1)) != FX_OK) {
             cli_fail(rc, "bench train");
             goto done;
         }
@@ -235,7 +235,7 @@ int bench_train(int argc, char **argv)
     }
     exit_code = CLI_EXIT_OK;
 done:
-    fx__gpt_free(v[0].m), fx__gpt_free(v[1].m);
+    fx_model_free(v[0].m), fx_model_free(v[1].m);
     free(d.tok), free(tok), free(tgt);
     return exit_code;
 }

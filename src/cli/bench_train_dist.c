@@ -92,7 +92,7 @@ int bench_train_dist(int argc, char **argv)
     /* The library's allocation counter: the whole model before sharding, what stays after. */
     size_t mem0, mem_whole, mem_sharded, peak;
     fx_mem_stats(&mem0, &peak);
-    if ((rc = fx__gpt_create(&m, &cfg, 1)) != FX_OK || (rc = fx__gpt_alloc_train(m)) != FX_OK) {
+    if ((rc = fx_model_create(&m, &cfg, 1)) != FX_OK || (rc = fx__gpt_alloc_train(m)) != FX_OK) {
         cli_fail(rc, "bench train");
         goto done;
     }
@@ -226,7 +226,7 @@ int bench_train_dist(int argc, char **argv)
     exit_code = CLI_EXIT_OK;
 done:
     fx__dist_free(dist);
-    fx__gpt_free(m);
+    fx_model_free(m);
     free(d.tok), free(tok), free(tgt);
     fx_comm_free(world);
     if (fx_comm_finalize() != FX_OK)

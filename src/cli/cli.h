@@ -43,6 +43,7 @@ int cmd_train(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 
 /* flexc bench <case>: each in its own file. */
 int bench_machine(int argc, char **argv);

@@ -15,6 +15,7 @@ static const subcommand commands[] = {
     {"generate", cmd_generate, "generate text from a trained checkpoint"},
     {"bench", cmd_bench, "measure kernels against their baselines (attention, lce, train, safetensors, machine)"},
     {"inspect", cmd_inspect, "validate a .safetensors file or index and list its tensors"},
+    {"plot", cmd_plot, "draw the loss and tokens/s curves of training runs (SVG or PNG)"},
 };
 
 static void usage(FILE *out)

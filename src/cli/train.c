@@ -813,7 +813,7 @@ done:
         fclose(metrics);
     free(tokens), free(targets);
     fx__dist_free(dist);
-    fx__gpt_free(m);
+    fx_model_free(m);
     fx__gpt_data_free(&data);
     return exit_code;
 }

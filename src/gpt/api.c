@@ -45,7 +45,7 @@ static int fx__load_flexc(fx_model **out, const char *file)
     if (rc)
         return rc;
     fx__gpt *m = NULL;
-    if ((rc = fx__gpt_create(&m, &cfg, 0)) != FX_OK)
+    if ((rc = fx__gpt_new(&m, &cfg)) != FX_OK) /* fx__gpt_load fills every tensor */
         return rc;
     /* The mask the model was trained with (read_config checked that it parses). */
     fx__gpt_mask_parse(ts.attn, &m->mask, &m->window);

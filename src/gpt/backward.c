@@ -62,7 +62,7 @@ int fx__gpt_backward(fx__gpt *m)
         fx__progress_point(m);
 
         /* Attention: resm = res + from_heads(att) Wo^T, dres holds d(resm). */
-        /* d(att) goes to xn2's slot ([N, C], dead now), and the projections' gradients to
+        /* d(att) goes to xn2's slot ([N, max(C, QD)], dead now), and the projections' gradients to
            q, k and v once the attention's backward has read them. */
         float *datt = xn2;
         fx__from_heads(a.work, att, B, T, Hq, hd);

@@ -116,7 +116,7 @@ static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__gpt *m)
     FX__SLOT(att, N * QD);
     FX__SLOT(lse, N * Hq);
     FX__SLOT(resm, N * C);
-    FX__SLOT(xn2, N * C);
+    FX__SLOT(xn2, N * (QD > C ? QD : C));
     FX__SLOT(rstd2, N);
     FX__SLOT(h1, N * F);
     FX__SLOT(h3, N * F);
@@ -179,7 +179,7 @@ fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l)
     return (fx__layer_acts){.res = fx__res_at(m, a, l), .xn1 = a->xn1 + s * N * C, .rstd1 = a->rstd1 + s * N,
                             .q = a->q + s * N * QD, .k = a->k + s * N * KD, .v = a->v + s * N * KD,
                             .att = a->att + s * N * QD, .lse = a->lse + s * N * Hq, .resm = a->resm + s * N * C,
-                            .xn2 = a->xn2 + s * N * C, .rstd2 = a->rstd2 + s * N, .h1 = a->h1 + s * N * F,
+                            .xn2 = a->xn2 + s * N * (QD > C ? QD : C), .rstd2 = a->rstd2 + s * N, .h1 = a->h1 + s * N * F,
                             .h3 = a->h3 + s * N * F, .out = fx__res_at(m, a, l + 1)};
 }
 

@@ -166,6 +166,9 @@ void fx__gpt_logits(const fx__gpt *m, float *logits, bool last_only);
 /* Allocates and initialises parameters (N(0, 0.02), output projections scaled by
    1/sqrt(2L), norms = 1) from seed. */
 int fx__gpt_create(fx__gpt **out, const fx__gpt_config *c, uint64_t seed);
+/* The model without initialising its parameters (their values are undefined): for a loader
+   that fills every tensor, so a large model is not drawn at random first. */
+int fx__gpt_new(fx__gpt **out, const fx__gpt_config *c);
 void fx__gpt_free(fx__gpt *m);
 /* Gradient and Adam buffers (zeroed). */
 int fx__gpt_alloc_train(fx__gpt *m);

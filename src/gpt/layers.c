@@ -254,9 +254,12 @@ void fx__embed_backward(float *dwte, const float *dout, const int32_t *tokens, i
 
 /* ---- projection biases ------------------------------------------------------------------ */
 
+/* Threads only for sizes worth a parallel region; each element's result is the same either way. */
+enum { FX__BIAS_PAR = 1 << 15 };
+
 void fx__bias_forward(float *y, const float *b, int64_t N, int64_t O)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * O >= FX__BIAS_PAR)
     for (int64_t n = 0; n < N; n++)
         for (int64_t o = 0; o < O; o++)
             y[n * O + o] += b[o];
@@ -266,7 +269,7 @@ void fx__bias_backward(float *db, const float *dy, int64_t N, int64_t O)
 {
     /* Each task owns a slice of outputs and adds the rows in order. */
     int64_t nblk = (O + FX__CBLOCK - 1) / FX__CBLOCK;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (N * O >= FX__BIAS_PAR)
     for (int64_t blk = 0; blk < nblk; blk++) {
         int64_t o0 = blk * FX__CBLOCK, o1 = o0 + FX__CBLOCK < O ? o0 + FX__CBLOCK : O;
         for (int64_t n = 0; n < N; n++)

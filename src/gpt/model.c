@@ -198,10 +198,10 @@ const fx__gpt_tensor *fx__gpt_find(const fx__gpt *m, const char *name)
 
 /* ---- the model ------------------------------------------------------------------------------------ */
 
-int fx__gpt_create(fx__gpt **out, const fx__gpt_config *cfg, uint64_t seed)
+int fx__gpt_new(fx__gpt **out, const fx__gpt_config *cfg)
 {
     if (!out || !cfg)
-        return fx__error(FX_EINVAL, "fx__gpt_create: NULL argument");
+        return fx__error(FX_EINVAL, "fx__gpt_new: NULL argument");
     fx__gpt_config c = *cfg;
     int rc = fx__gpt_config_check(&c);
     if (rc)
@@ -219,10 +219,23 @@ int fx__gpt_create(fx__gpt **out, const fx__gpt_config *cfg, uint64_t seed)
         rc = FX_ENOMEM;
         goto fail;
     }
+    *out = m;
+    return FX_OK;
+fail:
+    fx__gpt_free(m);
+    return rc;
+}
+
+int fx__gpt_create(fx__gpt **out, const fx__gpt_config *cfg, uint64_t seed)
+{
+    fx__gpt *m = NULL;
+    int rc = fx__gpt_new(&m, cfg);
+    if (rc)
+        return rc;
     /* N(0, 0.02) for matrices, the residual projections scaled by 1/sqrt(2L) (GPT-2),
        ones for norms, zeros for biases; tensor i draws from stream i, so the init is
        thread-independent. */
-    float resid_std = 0.02f / sqrtf(2.0f * (float)c.layers);
+    float resid_std = 0.02f / sqrtf(2.0f * (float)m->c.layers);
     for (size_t i = 0; i < m->lay.n; i++) {
         const fx__gpt_tensor *t = &m->lay.t[i];
         float *p = m->params + t->offset;
@@ -237,9 +250,6 @@ int fx__gpt_create(fx__gpt **out, const fx__gpt_config *cfg, uint64_t seed)
     }
     *out = m;
     return FX_OK;
-fail:
-    fx__gpt_free(m);
-    return rc;
 }
 
 void fx__gpt_free(fx__gpt *m)
@@ -353,7 +363,7 @@ void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, int64_t B
     FX__CARVE(att, L * N * QD);
     FX__CARVE(lse, L * N * (size_t)c->heads);
     FX__CARVE(resm, L * N * C);
-    FX__CARVE(xn2, L * N * C);
+    FX__CARVE(xn2, L * N * (QD > C ? QD : C)); /* backward: also d(att) [N, QD] */
     FX__CARVE(rstd2, L * N);
     FX__CARVE(h1, L * N * F);
     FX__CARVE(h3, L * N * F);

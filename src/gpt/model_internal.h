@@ -29,7 +29,7 @@ typedef struct fx__acts {
     float *att;   /* [L, B, Hq, T, hd] attention output */
     float *lse;   /* [L, B, Hq, T] */
     float *resm;  /* [L, N, C] residual after attention */
-    float *xn2;   /* [L, N, C] */
+    float *xn2;   /* [L, N, max(C, QD)]: [N, C] used, the rest holds d(att) in backward */
     float *rstd2; /* [L, N] */
     float *h1;    /* [L, N, F] gate */
     float *h3;    /* [L, N, F] up */

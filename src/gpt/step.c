@@ -14,8 +14,8 @@ static double fx__seconds(void)
 int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s, int32_t *tokens,
                        int32_t *targets, fx__gpt_step_info *info)
 {
-    if (!m->grads)
-        return fx__error(FX_EINVAL, "fx__gpt_train_step: no gradient buffers (fx__gpt_alloc_train)");
+    if (!m->grads || (!m->adam && !m->adam16))
+        return fx__error(FX_EINVAL, "fx__gpt_train_step: no gradient or optimizer buffers (fx__gpt_alloc_train)");
     int rc = fx__gpt_set_batch(m, s->batch, s->seq);
     if (rc)
         return rc;

@@ -5,7 +5,9 @@
 
 #include "flexc/model.h"
 
-/* Loads the model in dir into a new fx_model (*out untouched on failure). */
+/* Loads the model in dir into a new fx_model (*out untouched on failure). A loader builds
+   the model with fx__gpt_new (src/gpt/gpt.h: no random init) or fx_model_create, then fills
+   every tensor through fx_model_tensor_find / fx_model_tensor_at. */
 int fx__hf_load(fx_model **out, const char *dir);
 
 #endif

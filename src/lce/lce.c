@@ -4,6 +4,7 @@
    vocabulary-major, and the GEMMs are this module's own kernels (lce_internal.h), or
    OpenBLAS's on the AVX2 path. */
 #include "lce_internal.h"
+#include "cuda/cuda.h"
 
 #include <limits.h>
 #include <pthread.h>
@@ -279,7 +280,7 @@ static void lce_plan(const fx_lce *p, int64_t *chunk, int64_t *vchunk, size_t *b
 
 /* ---- checks ------------------------------------------------------------------------------- */
 
-static int lce_check_params(const fx_lce *p)
+int fx__lce_check_params(const fx_lce *p)
 {
     if (!p)
         return fx__error(FX_EINVAL, "p (the fx_lce parameters) is NULL");
@@ -731,7 +732,7 @@ fx_lce fx_lce_defaults(int64_t N, int64_t D, int64_t V)
 
 int fx_linear_cross_entropy_plan(const fx_lce *p, int64_t *chunk, int64_t *vocab_chunk, size_t *workspace_bytes)
 {
-    int rc = lce_check_params(p);
+    int rc = fx__lce_check_params(p);
     if (rc != FX_OK)
         return rc;
     int64_t c, vb;
@@ -748,7 +749,7 @@ int fx_linear_cross_entropy_plan(const fx_lce *p, int64_t *chunk, int64_t *vocab
 
 static int lce_check_common(const fx_lce *p, const float *h, const float *w, const int64_t *target)
 {
-    int rc = lce_check_params(p);
+    int rc = fx__lce_check_params(p);
     if (rc != FX_OK)
         return rc;
     if (!h)
@@ -763,6 +764,8 @@ static int lce_check_common(const fx_lce *p, const float *h, const float *w, con
 int fx_linear_cross_entropy(const fx_lce *p, const float *h, const float *w, const float *bias,
                             const int64_t *target, float *loss, float *lse, float *dh, float *dw, float *dbias)
 {
+    if (p && fx__cuda_wanted(p->device, p->dtype)) /* a device or bf16 call: src/cuda */
+        return fx__cuda_lce(p, h, w, bias, target, loss, lse, NULL, NULL, dh, dw, dbias);
     int rc = lce_check_common(p, h, w, target);
     if (rc != FX_OK)
         return rc;
@@ -785,6 +788,8 @@ int fx_linear_cross_entropy_backward(const fx_lce *p, const float *h, const floa
                                      const int64_t *target, const float *lse, const float *grad_loss,
                                      float *dh, float *dw, float *dbias)
 {
+    if (p && fx__cuda_wanted(p->device, p->dtype))
+        return fx__cuda_lce(p, h, w, bias, target, NULL, NULL, lse, grad_loss, dh, dw, dbias);
     int rc = lce_check_common(p, h, w, target);
     if (rc != FX_OK)
         return rc;

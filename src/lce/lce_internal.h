@@ -5,6 +5,10 @@
 
 #include "core/core.h"
 
+/* The checks of p's sizes and options every call makes (FX_OK or FX_EINVAL), shared with
+   the CUDA path. */
+int fx__lce_check_params(const fx_lce *p);
+
 /* The running statistics of one token's logits row, folded tile by tile. */
 typedef struct fx__lce_stat {
     float m;      /* max so far (-inf before the first tile) */

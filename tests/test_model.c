@@ -1,9 +1,13 @@
-/* The GPT: each layer against float64 references and finite differences, the whole model's
-   gradient against finite differences (reference and flex attention, fused and unfused
-   loss), decoding against the full forward, the optimizer, thread-count determinism. */
+/* The model (src/gpt/, include/flexc/model.h): each layer against float64 references and
+   finite differences, the whole model's gradient against finite differences (reference and
+   flex attention, fused and unfused loss; the byte-level GPT and a Llama-style configuration
+   with head_dim != dim/heads, q/k/v biases, an untied head, llama3 RoPE and a sliding
+   window), decoding against the full forward, the optimizer, thread-count determinism, and
+   the public API: argument errors, save/load, generation. */
 #include "harness.h"
 
 #include "gpt/gpt.h"
+#include "model_fixtures.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +19,31 @@ static fx__gpt_config small_cfg(void)
     fx__gpt_preset(&c, "tiny");
     c.layers = 2, c.dim = 16, c.heads = 4, c.kv_heads = 2, c.ffn = 24, c.ctx = 16;
     return c;
+}
+
+/* Every feature of the Llama family at once: head_dim 6 (Hq * hd = 24 != dim 16), q/k/v
+   biases, an untied LM head, llama3 RoPE scaling (with original_max_position_embeddings 8,
+   the three frequencies fall in the three bands), a sliding window of 5. */
+static fx__gpt_config llama_cfg(void)
+{
+    fx__gpt_config c = small_cfg();
+    snprintf(c.arch, sizeof c.arch, "LlamaForCausalLM");
+    c.head_dim = 6;
+    c.qkv_bias = true;
+    c.tied_embeddings = false;
+    c.rope_scaling.type = FX_ROPE_SCALING_LLAMA3;
+    c.rope_scaling.factor = 8.0f, c.rope_scaling.low_freq_factor = 1.0f, c.rope_scaling.high_freq_factor = 4.0f;
+    c.rope_scaling.original_max_position_embeddings = 8;
+    c.sliding_window = 5;
+    return c;
+}
+
+/* Biases drawn like the matrices (their init is zero, which would hide them). */
+static void randomize_biases(fx__gpt *m, uint64_t seed)
+{
+    for (size_t ti = 0; ti < m->lay.n; ti++)
+        if (strstr(m->lay.t[ti].name, "attn.b"))
+            fx_rng_fill_normal(m->params + m->lay.t[ti].offset, (int64_t)m->lay.t[ti].numel, 0.1f, seed, ti);
 }
 
 static double dot_f64(const float *a, const double *b, size_t n)
@@ -297,13 +326,15 @@ static void make_batch(int64_t B, int64_t T, int64_t V, uint64_t seed, int32_t *
 
 /* Whole-model gradient against central differences: every tensor's largest-gradient
    entries plus a random direction over the whole buffer. */
-static void gradcheck(fx__gpt_attn_impl ai, fx__gpt_loss_impl li, fx__gpt_mask mask, int64_t window)
+static void gradcheck_cfg(const fx__gpt_config *cfg, fx__gpt_attn_impl ai, fx__gpt_loss_impl li, fx__gpt_mask mask,
+                          int64_t window)
 {
-    fx__gpt_config c = small_cfg();
+    fx__gpt_config c = *cfg;
     fx__gpt *m = NULL;
     FXT_OK(fx__gpt_create(&m, &c, 42));
     if (!m)
         return;
+    randomize_biases(m, 43);
     m->attn_impl = ai, m->loss_impl = li, m->mask = mask, m->window = window;
     int64_t B = 2, T = 12, V = c.vocab;
     FXT_OK(fx__gpt_alloc_train(m));
@@ -364,11 +395,19 @@ static void gradcheck(fx__gpt_attn_impl ai, fx__gpt_loss_impl li, fx__gpt_mask m
     fx__gpt_free(m);
 }
 
+static void gradcheck(fx__gpt_attn_impl ai, fx__gpt_loss_impl li, fx__gpt_mask mask, int64_t window)
+{
+    fx__gpt_config c = small_cfg();
+    gradcheck_cfg(&c, ai, li, mask, window);
+}
+
 static void test_gradcheck_ref(void)
 {
     gradcheck(FX__GPT_ATTN_REF, FX__GPT_LOSS_UNFUSED, FX__GPT_MASK_CAUSAL, 0);
     gradcheck(FX__GPT_ATTN_REF, FX__GPT_LOSS_UNFUSED, FX__GPT_MASK_SLIDING, 3);
     gradcheck(FX__GPT_ATTN_REF, FX__GPT_LOSS_UNFUSED, FX__GPT_MASK_DOCUMENT, 0);
+    fx__gpt_config c = llama_cfg();
+    gradcheck_cfg(&c, FX__GPT_ATTN_REF, FX__GPT_LOSS_UNFUSED, FX__GPT_MASK_SLIDING, c.sliding_window);
 }
 
 static void test_gradcheck_flex(void)
@@ -377,19 +416,24 @@ static void test_gradcheck_flex(void)
     gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_SLIDING, 3);
     gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_DOCUMENT, 0);
     gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_CAUSAL_DENSE, 0);
+    fx__gpt_config c = llama_cfg();
+    gradcheck_cfg(&c, FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_SLIDING, c.sliding_window);
 }
 
 /* Flex + fused against reference + unfused: the same loss and gradients. */
 static void test_flex_matches_reference(void)
 {
-    const char *masks[] = {"causal", "sliding:4", "document", "dense"};
-    for (int mi = 0; mi < 4; mi++) {
-        fx__gpt_config c = small_cfg();
+    const char *masks[] = {"causal", "sliding:4", "document", "dense", "sliding:5", "causal"};
+    for (int mi = 0; mi < 6; mi++) {
+        fx__gpt_config c = mi < 4 ? small_cfg() : llama_cfg();
+        if (mi == 5)
+            c.sliding_window = 0;
         fx__gpt *a = NULL, *b = NULL;
         FXT_OK(fx__gpt_create(&a, &c, 3));
         FXT_OK(fx__gpt_create(&b, &c, 3));
         if (!a || !b)
             return;
+        randomize_biases(a, 8), randomize_biases(b, 8);
         fx__gpt_mask mk;
         int64_t w;
         FXT_OK(fx__gpt_mask_parse(masks[mi], &mk, &w));
@@ -419,14 +463,15 @@ static void test_flex_matches_reference(void)
 /* Recomputing the layers in backward gives bitwise the gradients of keeping them. */
 static void test_recompute_bitwise(void)
 {
-    const char *masks[] = {"causal", "document", "sliding:5", "dense"};
-    for (int mi = 0; mi < 4; mi++) {
-        fx__gpt_config c = small_cfg();
+    const char *masks[] = {"causal", "document", "sliding:5", "dense", "sliding:5"};
+    for (int mi = 0; mi < 5; mi++) {
+        fx__gpt_config c = mi < 4 ? small_cfg() : llama_cfg();
         fx__gpt *a = NULL, *b = NULL;
         FXT_OK(fx__gpt_create(&a, &c, 4));
         FXT_OK(fx__gpt_create(&b, &c, 4));
         if (!a || !b)
             return;
+        randomize_biases(a, 5), randomize_biases(b, 5);
         FXT_OK(fx__gpt_mask_parse(masks[mi], &a->mask, &a->window));
         FXT_OK(fx__gpt_mask_parse(masks[mi], &b->mask, &b->window));
         b->recompute = true;
@@ -504,13 +549,14 @@ static void test_grad_hook(void)
 }
 
 /* Decoding token by token (KV cache, q_offset, Lq = 1) gives the forward pass's loss. */
-static void decode_check(fx__gpt_attn_impl ai, const char *mask)
+static void decode_check_cfg(const fx__gpt_config *cfg, fx__gpt_attn_impl ai, const char *mask)
 {
-    fx__gpt_config c = small_cfg();
+    fx__gpt_config c = *cfg;
     fx__gpt *m = NULL;
     FXT_OK(fx__gpt_create(&m, &c, 5));
     if (!m)
         return;
+    randomize_biases(m, 6);
     m->attn_impl = ai;
     FXT_OK(fx__gpt_mask_parse(mask, &m->mask, &m->window));
     int64_t T = 16;
@@ -553,8 +599,16 @@ static void decode_check(fx__gpt_attn_impl ai, const char *mask)
     fx__gpt_free(m);
 }
 
+static void decode_check(fx__gpt_attn_impl ai, const char *mask)
+{
+    fx__gpt_config c = small_cfg();
+    decode_check_cfg(&c, ai, mask);
+}
+
 static void test_decode_ref(void)
 {
+    fx__gpt_config c = llama_cfg();
+    decode_check_cfg(&c, FX__GPT_ATTN_REF, "sliding:5");
     decode_check(FX__GPT_ATTN_REF, "causal");
     decode_check(FX__GPT_ATTN_REF, "sliding:5");
     decode_check(FX__GPT_ATTN_REF, "document");
@@ -566,6 +620,10 @@ static void test_decode_flex(void)
     decode_check(FX__GPT_ATTN_FLEX, "sliding:5");
     decode_check(FX__GPT_ATTN_FLEX, "document");
     decode_check(FX__GPT_ATTN_FLEX, "dense");
+    fx__gpt_config c = llama_cfg();
+    decode_check_cfg(&c, FX__GPT_ATTN_FLEX, "sliding:5");
+    c.sliding_window = 0;
+    decode_check_cfg(&c, FX__GPT_ATTN_FLEX, "causal");
 }
 
 /* ---- optimizer ------------------------------------------------------------------------------ */
@@ -1115,10 +1173,648 @@ static void test_config_errors(void)
     }
 }
 
+/* ---- Llama-family features ------------------------------------------------------------------- */
+
+/* llama3 RoPE frequencies against transformers' (float32) for three configurations; plain
+   theta is the pow of the table the GPT always used. */
+static void test_rope_llama3(void)
+{
+    for (size_t k = 0; k < sizeof fxt_rope_cases / sizeof fxt_rope_cases[0]; k++) {
+        const fxt_rope_case *rc = &fxt_rope_cases[k];
+        fx__gpt_config c = small_cfg();
+        c.head_dim = rc->head_dim, c.rope_theta = rc->theta;
+        c.rope_scaling.type = FX_ROPE_SCALING_LLAMA3;
+        c.rope_scaling.factor = rc->factor, c.rope_scaling.low_freq_factor = rc->low;
+        c.rope_scaling.high_freq_factor = rc->high, c.rope_scaling.original_max_position_embeddings = rc->original;
+        FXT_OK(fx__gpt_config_check(&c));
+        int64_t half = rc->head_dim / 2;
+        double *freq = fxt_alloc_f64((size_t)half), *ref = fxt_alloc_f64((size_t)half);
+        fx__rope_freqs(freq, &c);
+        float *got = malloc((size_t)half * sizeof(float));
+        for (int64_t i = 0; i < half; i++)
+            got[i] = (float)freq[i], ref[i] = rc->inv_freq[i];
+        /* transformers computes theta^(-2i/hd) in float32: a few ulp. */
+        fxt_close_f32("llama3 inv_freq", got, ref, (size_t)half, 0.0, 4e-6);
+        c.rope_scaling.type = FX_ROPE_SCALING_NONE;
+        fx__rope_freqs(freq, &c);
+        for (int64_t i = 0; i < half; i++)
+            FXT_CHECK(freq[i] == pow((double)rc->theta, -2.0 * (double)i / (double)rc->head_dim));
+        free(freq), free(ref), free(got);
+    }
+    /* The table rows: cos, sin of position * frequency, for any range of positions. */
+    fx__gpt_config c = llama_cfg();
+    FXT_OK(fx__gpt_config_check(&c));
+    double freq[3];
+    fx__rope_freqs(freq, &c);
+    float rows[10 * 6];
+    fx__rope_rows(rows, 0, 10, freq, 6);
+    float tail[10 * 6];
+    fx__rope_rows(tail, 7, 10, freq, 6);
+    fxt_bitwise_f32("rope rows 7..9", tail + 7 * 6, rows + 7 * 6, 3 * 6);
+    FXT_NEAR(rows[9 * 6 + 2 * 2 + 1], sin(9.0 * freq[2]), 1e-7, 0);
+}
+
+/* A model with Llama 3's context (131072) never builds a [ctx, ...] RoPE table: the table
+   covers the positions in use. */
+static void test_rope_lazy(void)
+{
+    fx__gpt_config c = small_cfg();
+    c.ctx = 131072;
+    fx__gpt *m = NULL;
+    FXT_OK(fx__gpt_create(&m, &c, 1));
+    if (!m)
+        return;
+    FXT_EQ_INT(m->rope_len, 0);
+    FXT_OK(fx__gpt_set_batch(m, 1, 12));
+    FXT_CHECK(m->rope_len >= 12 && m->rope_len <= 24);
+    fx__gpt_cache *kc = NULL;
+    FXT_OK(fx__gpt_cache_create(&kc, m, 100));
+    FXT_CHECK(m->rope_len >= 100 && m->rope_len <= 200);
+    /* Growing keeps the rows already there and adds the same rows a fresh table has. */
+    double freq[2];
+    fx__rope_freqs(freq, &m->c);
+    float *fresh = malloc((size_t)(m->rope_len * 4) * sizeof(float));
+    fx__rope_rows(fresh, 0, m->rope_len, freq, 4);
+    fxt_bitwise_f32("grown rope table", m->rope, fresh, (size_t)(m->rope_len * 4));
+    free(fresh);
+    fx__gpt_cache_free(kc);
+    FXT_STATUS(fx__gpt_rope_ensure(m, 131073), FX_EINVAL, "context");
+    fx__gpt_free(m);
+}
+
+/* The sliding window follows transformers' Mistral convention: a query at i sees the keys j
+   with i - W < j <= i. */
+static void test_sliding_window_convention(void)
+{
+    fx__gpt_config c = llama_cfg();
+    fx__gpt *m = NULL;
+    FXT_OK(fx__gpt_create(&m, &c, 1));
+    if (!m)
+        return;
+    FXT_EQ_INT(m->mask, FX__GPT_MASK_SLIDING);
+    FXT_EQ_INT(m->window, 5);
+    fx__gpt_mask_ctx mc = {.sliding = {.window = m->window}};
+    const void *ctx;
+    fx_mask_fn fn = fx__gpt_mask_fn(m->mask, &mc, &ctx);
+    for (int64_t i = 0; i < 12; i++)
+        for (int64_t j = 0; j < 12; j++)
+            if (fn(0, 0, i, j, ctx) != (i - 5 < j && j <= i))
+                FXT_FAIL("query %lld, key %lld: visible = %d", (long long)i, (long long)j, (int)fn(0, 0, i, j, ctx));
+    fx__gpt_free(m);
+}
+
+/* Builds a model from a fixture of transformers (see scripts/make_model_fixtures.py) through
+   the public API: config, create, tensors by name. */
+static fx_model *hf_fixture_model(const fxt_hf_case *h)
+{
+    fx_model_config c = {.vocab = h->vocab, .ctx = h->ctx, .layers = h->layers, .dim = h->dim, .heads = h->heads,
+                         .kv_heads = h->kv_heads, .head_dim = h->head_dim, .ffn = h->ffn, .rope_theta = h->theta,
+                         .norm_eps = h->norm_eps, .qkv_bias = h->qkv_bias, .tied_embeddings = h->tied,
+                         .sliding_window = h->window};
+    snprintf(c.arch, sizeof c.arch, "%s", h->arch);
+    if (h->llama3) {
+        c.rope_scaling.type = FX_ROPE_SCALING_LLAMA3;
+        c.rope_scaling.factor = h->factor, c.rope_scaling.low_freq_factor = h->low;
+        c.rope_scaling.high_freq_factor = h->high, c.rope_scaling.original_max_position_embeddings = h->original;
+    }
+    fx_model *m = NULL;
+    FXT_OK(fx_model_create(&m, &c, 1));
+    if (!m)
+        return NULL;
+    FXT_EQ_INT(fx_model_tensor_count(m), h->n_tensors);
+    for (int i = 0; i < h->n_tensors; i++) {
+        fx_model_tensor t;
+        FXT_OK(fx_model_tensor_find(m, h->tensors[i].name, &t));
+        FXT_EQ_INT(t.numel, h->tensors[i].numel);
+        if (t.data && t.numel == (size_t)h->tensors[i].numel)
+            memcpy(t.data, h->tensors[i].data, t.numel * sizeof(float));
+    }
+    return m;
+}
+
+/* Qwen2 (q/k/v biases, untied head), Llama with llama3 RoPE and Mistral with a sliding
+   window, head_dim 6 != 8 / 2: logits against transformers' float64 forward, through the
+   forward pass (flex and reference attention) and the KV cache. */
+static void test_hf_reference(void)
+{
+    for (size_t k = 0; k < sizeof fxt_hf_cases / sizeof fxt_hf_cases[0]; k++) {
+        const fxt_hf_case *h = &fxt_hf_cases[k];
+        fx_model *m = hf_fixture_model(h);
+        if (!m)
+            return;
+        int64_t T = h->T, V = h->vocab;
+        float *logits = fxt_guarded((size_t)(T * V));
+        char what[96];
+        for (int impl = 0; impl < 2; impl++) {
+            m->attn_impl = impl ? FX__GPT_ATTN_REF : FX__GPT_ATTN_FLEX;
+            FXT_OK(fx_model_forward(m, NULL, logits, h->tokens, NULL, 1, T, 0));
+            snprintf(what, sizeof what, "%s logits (%s attention)", h->arch, impl ? "reference" : "flex");
+            fxt_close_f32(what, logits, h->logits, (size_t)(T * V), 1e-4, 1e-4);
+        }
+        m->attn_impl = FX__GPT_ATTN_FLEX;
+        /* Decoding: a prefill of 3, then one token at a time; each step's logits are the row of
+           the position just fed. */
+        fx_model_cache *c = NULL;
+        FXT_OK(fx_model_cache_create(&c, m, T));
+        float *row = fxt_guarded((size_t)V);
+        for (int64_t t = 0; c && t < T;) {
+            if (t == 0) {
+                FXT_OK(fx_model_prefill(m, c, row, h->tokens, 3));
+                t = 3;
+            } else {
+                FXT_OK(fx_model_decode_step(m, c, row, h->tokens[t]));
+                t++;
+            }
+            snprintf(what, sizeof what, "%s decode position %lld", h->arch, (long long)(t - 1));
+            fxt_close_f32(what, row, h->logits + (t - 1) * V, (size_t)V, 1e-4, 1e-4);
+        }
+        fxt_guarded_free("decode logits", row);
+        fxt_guarded_free("logits", logits);
+        fx_model_cache_free(c);
+        fx_model_free(m);
+    }
+}
+
+/* A Llama 3 vocabulary (128256) through the fused loss: the loss and every gradient as the
+   unfused path's, ids at the top of the range included. */
+static void test_large_vocab(void)
+{
+    fx__gpt_config c = small_cfg();
+    c.vocab = 128256, c.dim = 8, c.heads = 2, c.kv_heads = 1, c.ffn = 16, c.layers = 1, c.ctx = 8;
+    c.tied_embeddings = false;
+    fx__gpt *a = NULL, *b = NULL;
+    FXT_OK(fx__gpt_create(&a, &c, 2));
+    FXT_OK(fx__gpt_create(&b, &c, 2));
+    if (!a || !b)
+        return;
+    b->loss_impl = FX__GPT_LOSS_UNFUSED;
+    FXT_OK(fx__gpt_alloc_grads(a));
+    FXT_OK(fx__gpt_alloc_grads(b));
+    FXT_OK(fx__gpt_set_batch(a, 2, 8));
+    FXT_OK(fx__gpt_set_batch(b, 2, 8));
+    int32_t tok[16], tgt[16];
+    make_batch(2, 8, c.vocab, 31, tok, tgt, false);
+    tok[1] = (int32_t)c.vocab - 1, tgt[4] = (int32_t)c.vocab - 1, tgt[9] = 0;
+    float la, lb;
+    FXT_OK(fx__gpt_forward(a, tok, tgt, &la, true));
+    FXT_OK(fx__gpt_backward(a));
+    FXT_OK(fx__gpt_forward(b, tok, tgt, &lb, true));
+    FXT_OK(fx__gpt_backward(b));
+    FXT_NEAR(la, lb, 1e-5, 1e-5);
+    FXT_NEAR(la, log(128256.0), 0.05, 0); /* a fresh model is about uniform */
+    double *ref = fxt_alloc_f64(a->lay.total);
+    for (size_t i = 0; i < a->lay.total; i++)
+        ref[i] = b->grads[i];
+    fxt_close_f32("grads, vocab 128256", a->grads, ref, a->lay.total, 1e-7, 1e-3);
+    free(ref);
+    fx__gpt_free(a), fx__gpt_free(b);
+    /* The id range is the int32 range. */
+    c.vocab = (int64_t)INT32_MAX + 1;
+    FXT_STATUS(fx__gpt_config_check(&c), FX_EINVAL, "vocab = 2147483648");
+}
+
+/* Every feature at once, forward + backward + logits + decoding: bitwise the same at 1 and
+   2 threads. */
+static void test_features_threads_bitwise(void)
+{
+    float *g[2] = {0}, *lg[2] = {0}, *dl[2] = {0};
+    size_t P = 0;
+    int64_t B = 2, T = 16, V = 257;
+    for (int th = 0; th < 2; th++) {
+        FXT_OK(fx_set_num_threads(th + 1));
+        fx__gpt_config c = llama_cfg();
+        c.dim = 128, c.heads = 4, c.kv_heads = 2, c.head_dim = 40, c.ffn = 160; /* wide enough to split */
+        fx__gpt *m = NULL;
+        FXT_OK(fx__gpt_create(&m, &c, 9));
+        if (!m)
+            return;
+        randomize_biases(m, 10);
+        int32_t tok[32], tgt[32];
+        make_batch(B, T, V, 13, tok, tgt, false);
+        float loss;
+        lg[th] = malloc((size_t)(B * T * V) * sizeof(float));
+        dl[th] = malloc((size_t)V * sizeof(float));
+        FXT_OK(fx_model_forward(m, &loss, lg[th], tok, tgt, B, T, FX_MODEL_GRAD));
+        FXT_OK(fx_model_backward(m));
+        P = m->lay.total;
+        g[th] = malloc(P * sizeof(float));
+        memcpy(g[th], m->grads, P * sizeof(float));
+        fx_model_cache *kc = NULL;
+        FXT_OK(fx_model_cache_create(&kc, m, T));
+        FXT_OK(fx_model_prefill(m, kc, dl[th], tok, T - 1));
+        FXT_OK(fx_model_decode_step(m, kc, dl[th], tok[T - 1]));
+        fx_model_cache_free(kc);
+        fx__gpt_free(m);
+    }
+    if (g[0] && g[1]) {
+        fxt_bitwise_f32("gradients", g[0], g[1], P);
+        fxt_bitwise_f32("logits", lg[0], lg[1], (size_t)(B * T * V));
+        fxt_bitwise_f32("decoded logits", dl[0], dl[1], (size_t)V);
+    }
+    for (int th = 0; th < 2; th++)
+        free(g[th]), free(lg[th]), free(dl[th]);
+    fx_set_num_threads(2);
+}
+
+/* A model file written before the model API (no head_dim, eos, ... in its metadata) loads
+   as the byte-level GPT it is, with its tensors as stored. */
+static void test_old_model_file(void)
+{
+    const char *src = getenv("FLEXC_SOURCE_DIR");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/data/gpt_v1_tiny.safetensors", src ? src : "..");
+    fx_model *m = NULL;
+    FXT_OK(fx_model_load(&m, path));
+    if (!m)
+        return;
+    const fx_model_config *c = fx_model_get_config(m);
+    FXT_EQ_STR(c->arch, "flexc-gpt");
+    FXT_EQ_INT(c->vocab, 257);
+    FXT_EQ_INT(c->dim, 16);
+    FXT_EQ_INT(c->head_dim, 8);
+    FXT_CHECK(c->tied_embeddings && !c->qkv_bias && c->sliding_window == 0);
+    FXT_CHECK(c->rope_scaling.type == FX_ROPE_SCALING_NONE);
+    FXT_EQ_INT(c->n_eos, 1);
+    FXT_EQ_INT(c->eos[0], 256);
+    fx_safetensors *f = NULL;
+    FXT_OK(fx_safetensors_open(&f, path));
+    FXT_EQ_INT(fx_safetensors_count(f), fx_model_tensor_count(m));
+    for (size_t i = 0; f && i < fx_model_tensor_count(m); i++) {
+        fx_model_tensor t;
+        FXT_OK(fx_model_tensor_at(m, i, &t));
+        const fx_tensor_view *v = fx_safetensors_find(f, t.name);
+        FXT_CHECK(v && v->nbytes == t.numel * sizeof(float));
+        if (v && v->nbytes == t.numel * sizeof(float))
+            fxt_bitwise_f32(t.name, t.data, v->data, t.numel);
+    }
+    fx_safetensors_close(f);
+    fx_model_free(m);
+}
+
+/* ---- the public API ------------------------------------------------------------------------------ */
+
+static void test_api_config(void)
+{
+    fx_model_config c;
+    FXT_STATUS(fx_model_preset(&c, "huge"), FX_EINVAL, "'huge'");
+    FXT_OK(fx_model_preset(&c, "tiny"));
+    FXT_CHECK(c.tied_embeddings && c.n_eos == 1 && c.eos[0] == 256);
+    FXT_OK(fx_model_config_validate(&c));
+    FXT_EQ_INT(c.head_dim, 16);
+    FXT_EQ_STR(c.arch, "flexc-gpt");
+    fx_model_config d = c;
+    d.head_dim = 7;
+    FXT_STATUS(fx_model_config_validate(&d), FX_EINVAL, "head_dim = 7");
+    d = c, d.vocab = 1;
+    FXT_STATUS(fx_model_config_validate(&d), FX_EINVAL, "vocab = 1");
+    d = c, d.sliding_window = -1;
+    FXT_STATUS(fx_model_config_validate(&d), FX_EINVAL, "sliding_window = -1");
+    d = c, d.eos[0] = 300;
+    FXT_STATUS(fx_model_config_validate(&d), FX_EINVAL, "eos[0] = 300");
+    d = c, d.n_eos = 9;
+    FXT_STATUS(fx_model_config_validate(&d), FX_EINVAL, "n_eos = 9");
+    d = c, d.rope_scaling.type = FX_ROPE_SCALING_LLAMA3;
+    FXT_STATUS(fx_model_config_validate(&d), FX_EINVAL, "rope_scaling.factor");
+    d.rope_scaling.factor = 8, d.rope_scaling.low_freq_factor = 4, d.rope_scaling.high_freq_factor = 1;
+    FXT_STATUS(fx_model_config_validate(&d), FX_EINVAL, "low_freq_factor");
+    d.rope_scaling.low_freq_factor = 1, d.rope_scaling.high_freq_factor = 4;
+    FXT_STATUS(fx_model_config_validate(&d), FX_EINVAL, "original_max_position_embeddings");
+    d = c, d.norm_eps = 0;
+    FXT_STATUS(fx_model_config_validate(&d), FX_EINVAL, "norm_eps");
+    d = c, d.dim = 18, d.head_dim = 0;
+    FXT_STATUS(fx_model_config_validate(&d), FX_EINVAL, "dim = 18 is not a multiple of heads = 4");
+    d.head_dim = 6; /* Hq * hd = 24 != dim: allowed */
+    FXT_OK(fx_model_config_validate(&d));
+    fx_model *m = (fx_model *)&d; /* must stay untouched */
+    FXT_STATUS(fx_model_create(&m, NULL, 1), FX_EINVAL, "config");
+    FXT_CHECK(m == (fx_model *)&d);
+    d.layers = 0;
+    FXT_STATUS(fx_model_create(&m, &d, 1), FX_EINVAL, "layers = 0");
+    FXT_CHECK(m == (fx_model *)&d);
+    FXT_STATUS(fx_model_load(&m, "/nonexistent/model"), FX_EIO, "no such file");
+    FXT_CHECK(m == (fx_model *)&d);
+    char hf[300];
+    snprintf(hf, sizeof hf, "%s/empty", tmpdir);
+    mkdir(hf, 0700);
+    FXT_STATUS(fx_model_load(&m, hf), FX_EINVAL, "holds neither");
+    snprintf(hf, sizeof hf, "%s/hf", tmpdir);
+    mkdir(hf, 0700);
+    snprintf(hf, sizeof hf, "%s/hf/config.json", tmpdir);
+    FILE *fp = fopen(hf, "w");
+    if (fp)
+        fputs("{}", fp), fclose(fp);
+    snprintf(hf, sizeof hf, "%s/hf", tmpdir);
+    int rc = fx_model_load(&m, hf); /* the Hugging Face loader: whatever it says, it says it cleanly */
+    FXT_CHECK(rc != FX_OK);
+    FXT_CHECK(m == (fx_model *)&d);
+}
+
+static fx_model *api_model(uint64_t seed)
+{
+    fx_model_config c = llama_cfg();
+    fx_model *m = NULL;
+    FXT_OK(fx_model_create(&m, &c, seed));
+    if (m)
+        randomize_biases(m, seed + 1);
+    return m;
+}
+
+/* Bad arguments: the right status, a message, and outputs untouched. */
+static void test_api_errors(void)
+{
+    fx_model *m = api_model(3);
+    if (!m)
+        return;
+    int64_t V = 257;
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8}, tgt[8] = {2, 3, 4, 5, 6, 7, 8, -100};
+    float loss = 7.0f;
+    float *logits = fxt_guarded((size_t)(8 * V));
+    for (int64_t i = 0; i < 8 * V; i++)
+        logits[i] = 3.0f;
+    tok[5] = 257;
+    FXT_STATUS(fx_model_forward(m, &loss, logits, tok, tgt, 1, 8, 0), FX_ERANGE, "token[5] = 257");
+    tok[5] = 6, tgt[6] = -1;
+    FXT_STATUS(fx_model_forward(m, &loss, logits, tok, tgt, 1, 8, 0), FX_ERANGE, "target[6] = -1");
+    tgt[6] = 8;
+    FXT_STATUS(fx_model_forward(m, &loss, logits, tok, tgt, 1, 17, 0), FX_EINVAL, "T = 17");
+    FXT_STATUS(fx_model_forward(m, &loss, logits, tok, tgt, 0, 8, 0), FX_EINVAL, "B = 0");
+    FXT_STATUS(fx_model_forward(m, &loss, logits, tok, NULL, 1, 8, 0), FX_EINVAL, "needs targets");
+    FXT_STATUS(fx_model_forward(m, NULL, logits, tok, NULL, 1, 8, FX_MODEL_GRAD), FX_EINVAL, "needs targets");
+    FXT_STATUS(fx_model_forward(m, NULL, logits, tok, tgt, 1, 8, 8), FX_EINVAL, "flags");
+    FXT_STATUS(fx_model_forward(m, NULL, logits, NULL, tgt, 1, 8, 0), FX_EINVAL, "tokens");
+    FXT_CHECK(loss == 7.0f);
+    bool same = true;
+    for (int64_t i = 0; i < 8 * V; i++)
+        same &= logits[i] == 3.0f;
+    FXT_CHECK(same);
+    FXT_STATUS(fx_model_backward(m), FX_EINVAL, "no forward with gradients");
+    fx_model_zero_grad(m); /* no gradient buffer yet: a no-op */
+    fx_model_tensor t = {.name = "keep"};
+    FXT_STATUS(fx_model_tensor_at(m, fx_model_tensor_count(m), &t), FX_ERANGE, "tensor");
+    FXT_STATUS(fx_model_tensor_find(m, "layers.9.attn.wq", &t), FX_EINVAL, "layers.9.attn.wq");
+    FXT_EQ_STR(t.name, "keep");
+    FXT_OK(fx_model_tensor_find(m, "lm_head", &t));
+    FXT_CHECK(t.ndim == 2 && t.shape[0] == V && t.shape[1] == 16 && t.grad == NULL);
+    FXT_OK(fx_model_tensor_find(m, "layers.1.attn.bk", &t));
+    FXT_CHECK(t.ndim == 1 && t.shape[0] == 12);
+    FXT_OK(fx_model_tensor_find(m, "layers.0.attn.wq", &t));
+    FXT_CHECK(t.shape[0] == 24 && t.shape[1] == 16);
+    /* Caches: sized by the caller, within the context. */
+    fx_model_cache *c = NULL;
+    FXT_STATUS(fx_model_cache_create(&c, m, 0), FX_EINVAL, "max_len = 0");
+    FXT_STATUS(fx_model_cache_create(&c, m, 17), FX_EINVAL, "max_len = 17");
+    FXT_CHECK(c == NULL);
+    FXT_OK(fx_model_cache_create(&c, m, 4));
+    if (!c)
+        return;
+    FXT_EQ_INT(fx_model_cache_capacity(c), 4);
+    float *row = fxt_guarded((size_t)V);
+    row[0] = 5.0f;
+    FXT_STATUS(fx_model_decode_step(m, c, row, 1), FX_EINVAL, "empty");
+    FXT_STATUS(fx_model_prefill(m, c, row, tok, 5), FX_ERANGE, "5 tokens");
+    tok[1] = -3;
+    FXT_STATUS(fx_model_prefill(m, c, row, tok, 3), FX_ERANGE, "token[1] = -3");
+    tok[1] = 2;
+    FXT_CHECK(row[0] == 5.0f);
+    FXT_EQ_INT(fx_model_cache_len(c), 0);
+    FXT_OK(fx_model_prefill(m, c, row, tok, 3));
+    FXT_STATUS(fx_model_decode_step(m, c, row, 300), FX_ERANGE, "token[0] = 300");
+    FXT_OK(fx_model_decode_step(m, c, row, 4));
+    FXT_EQ_INT(fx_model_cache_len(c), 4);
+    row[0] = 5.0f;
+    FXT_STATUS(fx_model_decode_step(m, c, row, 5), FX_ERANGE, "full");
+    FXT_CHECK(row[0] == 5.0f);
+    FXT_EQ_INT(fx_model_cache_len(c), 4);
+    fx_model *other = api_model(3);
+    FXT_STATUS(fx_model_prefill(other, c, row, tok, 2), FX_EINVAL, "another model");
+    fx_model_free(other);
+    /* Sampling options. */
+    int32_t out = 99;
+    fx_sample_opts so = {.temperature = 1, .top_k = 0, .top_p = 0};
+    fx_rng rng;
+    fx_rng_init(&rng, 1, 0);
+    FXT_STATUS(fx_sample(&out, row, V, &so, &rng, NULL), FX_EINVAL, "top_p = 0");
+    so.top_p = 1, so.top_k = -1;
+    FXT_STATUS(fx_sample(&out, row, V, &so, &rng, NULL), FX_EINVAL, "top_k = -1");
+    so.top_k = 0, so.temperature = -1;
+    FXT_STATUS(fx_sample(&out, row, V, &so, &rng, NULL), FX_EINVAL, "temperature = -1");
+    so.temperature = 1;
+    FXT_STATUS(fx_sample(&out, row, V, &so, &rng, NULL), FX_EINVAL, "scratch");
+    FXT_EQ_INT(out, 99);
+    fx_generate_opts g = fx_generate_defaults();
+    int64_t n_out = 42;
+    int32_t gen[8];
+    FXT_STATUS(fx_model_generate(m, c, gen, &n_out, tok, 5, &g), FX_ERANGE, "5 tokens");
+    FXT_EQ_INT(n_out, 42);
+    fxt_guarded_free("row", row);
+    fxt_guarded_free("logits", logits);
+    fx_model_cache_free(c);
+    fx_model_free(m);
+}
+
+/* The gradient buffer through the public API: forward + backward accumulate, zero_grad
+   clears, and the tensor views point into it. */
+static void test_api_train(void)
+{
+    fx_model *m = api_model(4);
+    if (!m)
+        return;
+    int32_t tok[16], tgt[16];
+    make_batch(1, 16, 257, 5, tok, tgt, false);
+    float l1, l2;
+    FXT_OK(fx_model_forward(m, &l1, NULL, tok, tgt, 1, 16, FX_MODEL_GRAD));
+    FXT_OK(fx_model_backward(m));
+    size_t P = fx_model_num_params(m);
+    float *g1 = malloc(P * sizeof(float));
+    memcpy(g1, m->grads, P * sizeof(float));
+    FXT_OK(fx_model_forward(m, &l2, NULL, tok, tgt, 1, 16, FX_MODEL_GRAD));
+    FXT_OK(fx_model_backward(m));
+    FXT_CHECK(l1 == l2);
+    /* Accumulated: twice the first (within rounding: a GEMM may add in blocks). */
+    double *twice = fxt_alloc_f64(P);
+    for (size_t i = 0; i < P; i++)
+        twice[i] = 2.0 * g1[i];
+    fxt_close_f32("two backward passes", m->grads, twice, P, 1e-7, 1e-5);
+    free(twice);
+    fx_model_tensor t;
+    FXT_OK(fx_model_tensor_find(m, "layers.0.attn.bq", &t));
+    FXT_CHECK(t.grad == m->grads + (t.data - m->params));
+    double s = 0;
+    for (size_t i = 0; i < t.numel; i++)
+        s += fabs(t.grad[i]);
+    FXT_CHECK(s > 0);
+    fx_model_zero_grad(m);
+    bool zero = true;
+    for (size_t i = 0; i < P; i++)
+        zero &= m->grads[i] == 0.0f;
+    FXT_CHECK(zero);
+    /* A forward without targets gives the logits the loss is made from. */
+    float *lg = malloc(16 * 257 * sizeof(float)), *last = malloc(257 * sizeof(float));
+    FXT_OK(fx_model_forward(m, NULL, lg, tok, NULL, 1, 16, 0));
+    FXT_OK(fx_model_forward(m, NULL, last, tok, NULL, 1, 16, FX_MODEL_LOGITS_LAST));
+    double *lref = fxt_alloc_f64(257);
+    for (int v = 0; v < 257; v++)
+        lref[v] = lg[15 * 257 + v];
+    fxt_close_f32("last position's logits", last, lref, 257, 1e-6, 1e-5);
+    free(lref);
+    double loss = 0;
+    int cnt = 0;
+    for (int64_t i = 0; i < 16; i++) {
+        if (tgt[i] < 0)
+            continue;
+        double mx = -1e300, z = 0;
+        for (int64_t v = 0; v < 257; v++)
+            mx = lg[i * 257 + v] > mx ? lg[i * 257 + v] : mx;
+        for (int64_t v = 0; v < 257; v++)
+            z += exp(lg[i * 257 + v] - mx);
+        loss += mx + log(z) - lg[i * 257 + tgt[i]], cnt++;
+    }
+    FXT_NEAR(l1, loss / cnt, 1e-5, 1e-5);
+    free(g1), free(lg), free(last);
+    fx_model_free(m);
+}
+
+/* Save then load: the same tensors bit for bit (float32), or rounded to bfloat16. */
+static void test_api_save_load(void)
+{
+    fx_model *m = api_model(6);
+    if (!m)
+        return;
+    char path[300], dir[300];
+    snprintf(path, sizeof path, "%s/llama.safetensors", tmpdir);
+    FXT_STATUS(fx_model_save(m, NULL, false), FX_EINVAL, "path");
+    FXT_OK(fx_model_save(m, path, false));
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        if (bf16) {
+            snprintf(dir, sizeof dir, "%s/run", tmpdir);
+            mkdir(dir, 0700);
+            snprintf(path, sizeof path, "%s/run/model.safetensors", tmpdir);
+            FXT_OK(fx_model_save(m, path, true));
+        }
+        fx_model *r = NULL;
+        FXT_OK(fx_model_load(&r, bf16 ? dir : path)); /* a training directory, or a file */
+        if (!r)
+            continue;
+        const fx_model_config *a = fx_model_get_config(m), *b = fx_model_get_config(r);
+        FXT_EQ_STR(b->arch, "LlamaForCausalLM");
+        FXT_CHECK(b->head_dim == 6 && b->qkv_bias && !b->tied_embeddings && b->sliding_window == 5);
+        FXT_CHECK(b->rope_scaling.type == FX_ROPE_SCALING_LLAMA3 && b->rope_scaling.factor == 8.0f &&
+                  b->rope_scaling.original_max_position_embeddings == 8);
+        FXT_CHECK(b->n_eos == a->n_eos && b->eos[0] == a->eos[0]);
+        FXT_EQ_INT(r->mask, FX__GPT_MASK_SLIDING);
+        FXT_EQ_INT(fx_model_num_params(r), fx_model_num_params(m));
+        size_t P = fx_model_num_params(m);
+        if (!bf16) {
+            fxt_bitwise_f32("reloaded parameters", r->params, m->params, P);
+        } else {
+            float *want = malloc(P * sizeof(float));
+            for (size_t i = 0; i < P; i++)
+                want[i] = fx_bf16_to_f32(fx_f32_to_bf16(m->params[i]));
+            fxt_bitwise_f32("reloaded bfloat16 parameters", r->params, want, P);
+            free(want);
+        }
+        fx_model_free(r);
+    }
+    fx_model_free(m);
+}
+
+static int count_tokens(int32_t t, void *user)
+{
+    (void)t;
+    return ++*(int *)user >= 1000;
+}
+
+/* Greedy generation is deterministic and is the argmax of the full forward pass at every
+   step; it stops at an eos id (kept) and when the cache is full. */
+static void test_api_generate(void)
+{
+    fx_model *m = api_model(7);
+    if (!m)
+        return;
+    fx_model_cache *c = NULL;
+    FXT_OK(fx_model_cache_create(&c, m, 16));
+    if (!c)
+        return;
+    int32_t prompt[3] = {10, 20, 30}, out[2][12];
+    int64_t n[2];
+    fx_generate_opts g = fx_generate_defaults();
+    g.max_tokens = 12, g.sample.temperature = 0, g.stop_at_eos = false;
+    int calls = 0;
+    g.on_token = count_tokens, g.user = &calls;
+    for (int r = 0; r < 2; r++)
+        FXT_OK(fx_model_generate(m, c, out[r], &n[r], prompt, 3, &g));
+    FXT_EQ_INT(n[0], 12);
+    FXT_EQ_INT(calls, 24);
+    FXT_CHECK(!memcmp(out[0], out[1], sizeof out[0]));
+    /* Against the forward pass over the whole sequence so far. */
+    int32_t seq[16];
+    memcpy(seq, prompt, sizeof prompt);
+    float *last = malloc(257 * sizeof(float));
+    for (int64_t t = 0; t < 12; t++) {
+        FXT_OK(fx_model_forward(m, NULL, last, seq, NULL, 1, 3 + t, FX_MODEL_LOGITS_LAST));
+        int32_t best = 0;
+        for (int v = 1; v < 257; v++)
+            best = last[v] > last[best] ? v : best;
+        if (best != out[0][t]) {
+            FXT_FAIL("greedy token %lld: %d, the forward pass's argmax is %d", (long long)t, out[0][t], best);
+            break;
+        }
+        seq[3 + t] = best;
+    }
+    free(last);
+    /* Sampling: the same seed, the same tokens; another seed, others. */
+    g.sample = (fx_sample_opts){.temperature = 1.5f, .top_k = 0, .top_p = 0.95f};
+    int32_t s1[12], s2[12], s3[12];
+    int64_t n1, n2, n3;
+    FXT_OK(fx_model_generate(m, c, s1, &n1, prompt, 3, &g));
+    FXT_OK(fx_model_generate(m, c, s2, &n2, prompt, 3, &g));
+    g.seed = 2;
+    FXT_OK(fx_model_generate(m, c, s3, &n3, prompt, 3, &g));
+    FXT_CHECK(n1 == 12 && n2 == 12 && !memcmp(s1, s2, sizeof s1));
+    FXT_CHECK(memcmp(s1, s3, sizeof s1) != 0);
+    /* EOS: a model whose eos is the greedy run's 5th token stops right after producing it
+       (the same weights: the init does not depend on eos). */
+    int64_t first = 0; /* where that token first appears */
+    while (out[0][first] != out[0][4])
+        first++;
+    fx_model_config ce = llama_cfg();
+    ce.eos[0] = out[0][4], ce.n_eos = 1;
+    fx_model *e = NULL;
+    FXT_OK(fx_model_create(&e, &ce, 7));
+    if (e) {
+        randomize_biases(e, 8);
+        fx_model_cache *ec = NULL;
+        FXT_OK(fx_model_cache_create(&ec, e, 16));
+        g.sample.temperature = 0, g.stop_at_eos = true, g.seed = 1;
+        int32_t eo[12];
+        int64_t en = 0;
+        FXT_OK(fx_model_generate(e, ec, eo, &en, prompt, 3, &g));
+        FXT_EQ_INT(en, first + 1);
+        FXT_EQ_INT(eo[en - 1], out[0][4]);
+        fx_model_cache_free(ec);
+        fx_model_free(e);
+    }
+    /* The cache: 16 positions hold the prompt and 13 generated tokens but the last, so a
+       request for 20 stops after 14. */
+    int32_t big[20];
+    int64_t nb = 0;
+    g.max_tokens = 20, g.stop_at_eos = false;
+    FXT_OK(fx_model_generate(m, c, big, &nb, prompt, 3, &g));
+    FXT_EQ_INT(nb, 14);
+    FXT_EQ_INT(fx_model_cache_len(c), 16);
+    FXT_CHECK(!memcmp(big, out[0], sizeof out[0]));
+    /* The callback stops generation (not an error). */
+    calls = 997;
+    FXT_OK(fx_model_generate(m, c, big, &nb, prompt, 3, &g));
+    FXT_EQ_INT(nb, 3);
+    fx_model_cache_free(c);
+    fx_model_free(m);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/fx_test_gpt.%d", (int)getpid());
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/fx_test_model.%d", (int)getpid());
     if (mkdir(tmpdir, 0700) != 0) {
         fprintf(stderr, "cannot create %s\n", tmpdir);
         return 2;
@@ -1146,6 +1842,18 @@ int main(int argc, char **argv)
     FXT_RUN(test_resume_bitwise);
     FXT_RUN(test_threads_bitwise);
     FXT_RUN(test_step_zeroing);
+    FXT_RUN(test_rope_llama3);
+    FXT_RUN(test_rope_lazy);
+    FXT_RUN(test_sliding_window_convention);
+    FXT_RUN(test_hf_reference);
+    FXT_RUN(test_large_vocab);
+    FXT_RUN(test_features_threads_bitwise);
+    FXT_RUN(test_old_model_file);
+    FXT_RUN(test_api_config);
+    FXT_RUN(test_api_errors);
+    FXT_RUN(test_api_train);
+    FXT_RUN(test_api_save_load);
+    FXT_RUN(test_api_generate);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0)

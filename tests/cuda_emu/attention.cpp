@@ -1,0 +1,2 @@
+// The attention kernels compiled for the CPU emulation (src/cuda/emu.h).
+#include "cuda/attention.cu"
