@@ -84,7 +84,7 @@ msg save-every-neg "--save-every -2 must be >= 0" "${t[@]}" --save-every -2
 msg eval-every-neg "--eval-every -2 must be >= 0" "${t[@]}" --eval-every -2
 msg eval-batches-0 "--eval-batches 0 must be >= 1" "${t[@]}" --eval-batches 0
 msg log-every-0 "--log-every 0 must be >= 1" "${t[@]}" --log-every 0
-msg until-neg "--until -2 must be >= 0" "${t[@]}" --until -2
+msg until-neg "--until -2 must be >= 1" "${t[@]}" --until -2
 msg seed-neg "--seed -1 must be >= 0" "${t[@]}" --seed -1
 msg out-empty "--out: the directory name is empty" train "${common[@]}" --out ""
 msg comm-log-alone "--comm-log $tmp/c.log: there are no collectives to record without --parallel" "${t[@]}" \

@@ -157,6 +157,26 @@ errors)
     run2 "$flexc" train "${common[@]}" --batch 2 --steps 2 --parallel fsdp --adam-bf16 --out "$tmp/e4" >"$tmp/out" 2>"$tmp/err"
     rc=$?
     [[ $rc == 2 ]] && grep -q 'drop --adam-bf16' "$tmp/err" && ok || bad "fsdp --adam-bf16: exit $rc: $(cat "$tmp/err")"
+    # One lock per --out for a whole job, taken by rank 0: a second job (of 2 ranks or 1) on
+    # the same directory is refused at once, once, naming the holder.
+    run2 "$flexc" train "${common[@]}" --batch 2 --steps 100000 --eval-every 0 --parallel ddp --quiet \
+        --out "$tmp/lk" 2>"$tmp/lk.err" &
+    job=$!
+    for _ in $(seq 300); do [[ -s $tmp/lk/metrics.jsonl ]] && break; sleep 0.1; done
+    holder=$(cat "$tmp/lk/.lock" 2>/dev/null)
+    run2 "$flexc" train "${common[@]}" --batch 2 --steps 2 --parallel ddp --force --out "$tmp/lk" >"$tmp/out" 2>"$tmp/err"
+    rc=$?
+    [[ $rc != 0 && $(grep -c "is in use by another flexc train (pid $holder)" "$tmp/err") == 1 ]] && ok ||
+        bad "second job on a locked --out: exit $rc: $(cat "$tmp/err")"
+    "$flexc" train "${common[@]}" --batch 2 --steps 2 --quiet --out "$tmp/lk" 2>"$tmp/err"
+    rc=$?
+    [[ $rc == 1 ]] && grep -q "in use by another flexc train (pid $holder)" "$tmp/err" && ok ||
+        bad "1 process on a locked --out: exit $rc: $(cat "$tmp/err")"
+    kill -INT "$holder" # rank 0: every rank stops after the same step
+    wait $job
+    # However the job ended, its lock went with it.
+    "$flexc" train "${common[@]}" --batch 2 --steps 1 --quiet --force --out "$tmp/lk" 2>"$tmp/err" && ok ||
+        bad "after the job: $(cat "$tmp/err")"
     ;;
 interrupt)
     for par in ddp fsdp; do

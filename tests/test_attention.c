@@ -574,6 +574,105 @@ static void test_fully_masked_rows(void)
     fx_block_mask_free(m);
 }
 
+/* NaN in, NaN out: a row that meets a NaN score has lse = NaN (as in PyTorch), never -inf,
+   which means "fully masked"; rows that never see the NaN are untouched, fully masked rows
+   stay -inf, and the backward turns NaN rows into NaN gradients instead of zeros. Every path:
+   the prefill kernels of each ISA, the split-KV decode, and the backward. */
+static void nan_rows(const char *what, const fx_attention *a, const float *q, const float *k, const float *v,
+                     const bool *want_nan, const bool *want_ninf)
+{
+    size_t nq = (size_t)(a->B * a->Hq * a->Lq);
+    fx_isa best = fx_get_isa();
+    for (size_t t = 0; t < sizeof all_isas / sizeof all_isas[0]; t++) {
+        if (fx_set_isa(all_isas[t]) != FX_OK)
+            continue;
+        float *out = fxt_guarded(nq * (size_t)a->Dv), *lse = fxt_guarded(nq);
+        FXT_OK(fx_flex_attention(a, q, k, v, out, lse));
+        for (size_t r = 0; r < nq; r++) {
+            bool ok = want_nan[r] ? isnan(lse[r]) && isnan(out[r * (size_t)a->Dv])
+                    : want_ninf[r] ? isinf(lse[r]) && lse[r] < 0 && out[r * (size_t)a->Dv] == 0.0f
+                                   : isfinite(lse[r]) && isfinite(out[r * (size_t)a->Dv]);
+            if (!ok) {
+                FXT_FAIL("%s [%s]: row %zu: lse %g, out[0] %g, expected %s", what, fx_isa_name(all_isas[t]), r,
+                         (double)lse[r], (double)out[r * (size_t)a->Dv],
+                         want_nan[r] ? "NaN" : want_ninf[r] ? "-inf" : "finite");
+                break;
+            }
+        }
+        fxt_guarded_free("nan out", out);
+        fxt_guarded_free("nan lse", lse);
+    }
+    fx_set_isa(best);
+}
+
+static void test_nan_propagation(void)
+{
+    /* Prefill, causal: query row 40 of head 0 is NaN; key 70 is NaN (rows >= 70 see it). */
+    fx_block_mask *m = NULL;
+    FXT_OK(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 100, 100, 32, 32));
+    fx_attention a = shape(1, 2, 1, 100, 100, 16, 16);
+    a.mask = m;
+    float *q = fxt_random(3200, -1, 1, 1), *k = fxt_random(1600, -1, 1, 2), *v = fxt_random(1600, -1, 1, 3);
+    bool nan[300] = {false}, ninf[300] = {false};
+    q[40 * 16 + 3] = NAN;
+    k[70 * 16 + 5] = NAN;
+    for (int h = 0; h < 2; h++)
+        for (int i = 70; i < 100; i++)
+            nan[h * 100 + i] = true;
+    nan[40] = true;
+    nan_rows("prefill causal", &a, q, k, v, nan, ninf);
+
+    /* The backward: NaN rows give NaN gradients, not the zeros of a masked row. */
+    float *out = fxt_guarded(3200), *lse = fxt_guarded(200), *dout = fxt_random(3200, -1, 1, 4);
+    float *dq = fxt_guarded(3200), *dk = fxt_guarded(1600), *dv = fxt_guarded(1600);
+    FXT_OK(fx_flex_attention(&a, q, k, v, out, lse));
+    FXT_OK(fx_flex_attention_backward(&a, q, k, v, out, lse, dout, dq, dk, dv));
+    FXT_CHECK(isnan(dq[40 * 16]));
+    FXT_CHECK(isnan(dq[100 * 16 + 80 * 16])); /* head 1, row 80: sees key 70 */
+    FXT_CHECK(isfinite(dq[100 * 16 + 30 * 16])); /* head 1, row 30: before it */
+    fxt_guarded_free("dq", dq), fxt_guarded_free("dk", dk), fxt_guarded_free("dv", dv);
+    fxt_guarded_free("out", out), fxt_guarded_free("lse", lse);
+    free(dout);
+    fx_block_mask_free(m);
+
+    /* Fully masked rows (queries before 70) stay -inf even when their query is NaN. */
+    FXT_OK(fx_block_mask_create(&m, mask_late_rows, NULL, 1, 1, 100, 100, 32, 32));
+    a.mask = m;
+    memset(nan, 0, sizeof nan);
+    q[40 * 16 + 3] = NAN;
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 100; i++)
+            ninf[h * 100 + i] = i < 70, nan[h * 100 + i] = i >= 70;
+    nan_rows("masked rows", &a, q, k, v, nan, ninf);
+    fx_block_mask_free(m);
+    free(q), free(k), free(v);
+
+    /* Decode (split-KV): 2 query rows at positions 398, 399 against 400 keys, causal and
+       dense; key 350 is NaN for both, then only a query. */
+    FXT_OK(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 400, 400, 64, 64));
+    fx_attention d = shape(1, 4, 2, 2, 400, 16, 16);
+    d.q_offset = 398;
+    q = fxt_random(128, -1, 1, 5), k = fxt_random(12800, -1, 1, 6), v = fxt_random(12800, -1, 1, 7);
+    memset(ninf, 0, sizeof ninf);
+    memset(nan, 0, sizeof nan);
+    for (int r = 0; r < 4; r++)
+        nan[r] = true; /* heads 0, 1 share kv head 0 */
+    k[350 * 16] = NAN;
+    d.mask = NULL;
+    nan_rows("decode dense, NaN key", &d, q, k, v, nan, ninf);
+    d.mask = m;
+    nan_rows("decode causal, NaN key", &d, q, k, v, nan, ninf);
+    k[350 * 16] = 0.5f;
+    memset(nan, 0, sizeof nan);
+    q[5 * 16 + 2] = NAN; /* head 2, row 1 */
+    nan[5] = true;
+    nan_rows("decode causal, NaN query", &d, q, k, v, nan, ninf);
+    d.mask = NULL;
+    nan_rows("decode dense, NaN query", &d, q, k, v, nan, ninf);
+    fx_block_mask_free(m);
+    free(q), free(k), free(v);
+}
+
 static void test_large_scores(void)
 {
     /* q, k in [11, 13], scale 1: scores around 9e3 .. 1e4; exp must not overflow. */
@@ -837,6 +936,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_gqa);
     FXT_RUN(test_score_mods);
     FXT_RUN(test_fully_masked_rows);
+    FXT_RUN(test_nan_propagation);
     FXT_RUN(test_large_scores);
     FXT_RUN(test_q_offset);
     FXT_RUN(test_lse_optional);

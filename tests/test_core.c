@@ -3,6 +3,10 @@
 #include "harness.h"
 
 #include "core/core.h"
+#include "core/finite.h"
+
+#include <float.h>
+#include <math.h>
 
 #include <stdarg.h>
 
@@ -283,6 +287,56 @@ static void test_gemm_thread_independent(void)
 }
 
 /* The harness itself: a guard that is overwritten must be caught. */
+/* The finite check: every path finds the first NaN or infinity at every position and
+   alignment (vector body and scalar tail), and returns -1 for finite data including the
+   largest values and subnormals. Other dtypes are tested on their bits. */
+static void test_first_nonfinite(void)
+{
+    enum { N = 300 };
+    float *x = fxt_random(N + 1, -1e38f, 1e38f, 7);
+    x[5] = FLT_MAX, x[6] = -FLT_MAX, x[7] = 1e-45f;
+    static const fx_isa isas[] = {FX_ISA_SCALAR, FX_ISA_AVX2, FX_ISA_AVX512};
+    const float bad[] = {NAN, -NAN, INFINITY, -INFINITY};
+    fx_isa best = fx_get_isa();
+    for (size_t t = 0; t < 3; t++) {
+        if (fx_set_isa(isas[t]) != FX_OK)
+            continue;
+        for (int off = 0; off < 2; off++) {
+            float *y = x + off;
+            FXT_CHECK(fx__first_nonfinite_f32(y, N) == -1);
+            for (int i = 0; i < N; i += 1 + i / 40)
+                for (size_t b = 0; b < 4; b++) {
+                    float keep = y[i];
+                    y[i] = bad[b];
+                    y[N - 1] = NAN; /* a later one must not be reported first */
+                    int64_t got = fx__first_nonfinite_f32(y, N);
+                    if (got != i)
+                        FXT_FAIL("[%s] offset %d: bad value at %d, found %lld", fx_isa_name(isas[t]), off, i,
+                                 (long long)got);
+                    y[i] = keep;
+                    y[N - 1] = 0.5f;
+                }
+        }
+    }
+    fx_set_isa(best);
+    uint16_t h[4] = {0x3c00, 0x7bff, 0x7c00, 0}; /* F16: 1, 65504, +inf */
+    FXT_CHECK(fx__first_nonfinite(h, FX_DT_F16, 4) == 2);
+    FXT_EQ_STR(fx__nonfinite_name(h, FX_DT_F16, 2), "+Inf");
+    uint16_t bf[3] = {0x3f80, 0xff81, 0}; /* BF16: 1, NaN */
+    FXT_CHECK(fx__first_nonfinite(bf, FX_DT_BF16, 3) == 1);
+    FXT_EQ_STR(fx__nonfinite_name(bf, FX_DT_BF16, 1), "NaN");
+    double d[2] = {1e308, -INFINITY};
+    FXT_CHECK(fx__first_nonfinite(d, FX_DT_F64, 2) == 1);
+    FXT_EQ_STR(fx__nonfinite_name(d, FX_DT_F64, 1), "-Inf");
+    uint8_t e4[3] = {0x7e, 0xfe, 0xff}; /* E4M3: 448, -448, NaN */
+    FXT_CHECK(fx__first_nonfinite(e4, FX_DT_F8_E4M3, 3) == 2);
+    uint8_t e5[2] = {0x7b, 0x7c}; /* E5M2: 57344, +inf */
+    FXT_CHECK(fx__first_nonfinite(e5, FX_DT_F8_E5M2, 2) == 1);
+    int32_t i32[2] = {-1, 0x7fffffff};
+    FXT_CHECK(fx__first_nonfinite(i32, FX_DT_I32, 2) == -1);
+    free(x);
+}
+
 static void test_harness_catches_guard_overwrite(void)
 {
     float *p = fxt_guarded(8);
@@ -314,6 +368,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_philox_known_answers);
     FXT_RUN(test_rng_streams);
     FXT_RUN(test_rng_fill_thread_independent);
+    FXT_RUN(test_first_nonfinite);
     FXT_RUN(test_harness_catches_guard_overwrite);
     return fxt_finish();
 }

@@ -909,6 +909,37 @@ static void run_steps(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s,
     }
 }
 
+/* A step whose loss is not finite is not applied: weights, Adam moments and the step count
+   stay as they were (the caller saves them and stops). */
+static void test_step_nonfinite_not_applied(void)
+{
+    fx__gpt_data d = corpus();
+    fx__gpt_config c = small_cfg();
+    fx__gpt *m = NULL;
+    FXT_OK(fx__gpt_create(&m, &c, 9));
+    if (!m)
+        return;
+    FXT_OK(fx__gpt_alloc_train(m));
+    fx__gpt_train_state s = train_state();
+    float l[2];
+    run_steps(m, &d, &s, 2, l);
+    size_t P = m->lay.total;
+    m->params[m->lay.t[1].offset] = NAN; /* the first layer's norm: every position sees it */
+    float *w = malloc(P * sizeof *w), *mo = malloc(2 * P * sizeof *mo);
+    memcpy(w, m->params, P * sizeof *w);
+    memcpy(mo, m->adam, 2 * P * sizeof *mo);
+    int32_t tok[32], tgt[32];
+    fx__gpt_step_info info;
+    FXT_OK(fx__gpt_train_step(m, &d, &s, tok, tgt, &info));
+    FXT_CHECK(isnan(info.loss));
+    FXT_EQ_INT(s.step, 2);
+    FXT_CHECK(memcmp(w, m->params, P * sizeof *w) == 0);
+    FXT_CHECK(memcmp(mo, m->adam, 2 * P * sizeof *mo) == 0);
+    free(w), free(mo);
+    fx__gpt_free(m);
+    fx__gpt_data_free(&d);
+}
+
 static void test_resume_bitwise(void)
 {
     fx__gpt_data d = corpus();
@@ -1807,6 +1838,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_recompute_parked);
     FXT_RUN(test_grad_hook);
     FXT_RUN(test_decode_flex);
+    FXT_RUN(test_step_nonfinite_not_applied);
     FXT_RUN(test_resume_bitwise);
     FXT_RUN(test_threads_bitwise);
     FXT_RUN(test_step_zeroing);

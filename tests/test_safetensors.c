@@ -467,7 +467,7 @@ static void test_rule_layout(void)
                   "\"b\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[4,12]}}", 12, FX_EFORMAT,
                   "tensor 'b': data_offsets [4, 12) overlap tensor 'a', which ends at 8");
     /* Trailing bytes after the last tensor; a buffer with no tensor at all. */
-    EXPECT_HEADER("{\"a\":" T_U8 "}", 5, FX_EFORMAT, "1 trailing bytes");
+    EXPECT_HEADER("{\"a\":" T_U8 "}", 5, FX_EFORMAT, "1 trailing byte belongs to no tensor");
     EXPECT_HEADER("{}", 3, FX_EFORMAT, "3 trailing bytes");
     /* Past the end of the file (including offsets far past it). */
     EXPECT_HEADER("{\"a\":" T_U8 "}", 3, FX_EFORMAT, "tensor 'a': data_offsets [0, 4) run past the end");
@@ -518,6 +518,22 @@ static void test_open_io_errors(void)
     fx_safetensors *f = SENTINEL;
     FXT_STATUS(fx_safetensors_open(&f, tpath("does-not-exist")), FX_EIO, "cannot open");
     FXT_STATUS(fx_safetensors_open(&f, tmpdir), FX_EIO, "not a regular file");
+    /* A FIFO with no writer: refused at once (opening it for reading blocked forever); the
+       alarm turns a hang into a failure. */
+    const char *fifo = tpath("fifo.safetensors");
+    unlink(fifo);
+    FXT_CHECK(mkfifo(fifo, 0600) == 0);
+    alarm(20);
+    FXT_STATUS(fx_safetensors_open(&f, fifo), FX_EIO, "not a regular file");
+    char idx[4096];
+    snprintf(idx, sizeof idx, "%s", tpath("fifo.json"));
+    unlink(idx);
+    FXT_CHECK(mkfifo(idx, 0600) == 0);
+    fx_safetensors_index *x = NULL;
+    FXT_STATUS(fx_safetensors_index_open(&x, idx), FX_EIO, "not a regular file");
+    alarm(0);
+    unlink(fifo);
+    unlink(idx);
     FXT_STATUS(fx_safetensors_open(NULL, tpath("x")), FX_EINVAL, "out is NULL");
     FXT_STATUS(fx_safetensors_open(&f, NULL), FX_EINVAL, "path is NULL");
     FXT_CHECK(f == SENTINEL);
@@ -874,6 +890,116 @@ static void test_index(void)
 }
 
 /* The library keeps nothing once everything is closed. */
+/* Short distinct names: base-62 numbers. */
+static size_t short_name(char *dst, size_t i)
+{
+    static const char d[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+    size_t n = 0;
+    do {
+        dst[n++] = d[i % 62];
+        i /= 62;
+    } while (i);
+    return n;
+}
+
+/* Cost proportional to the header: a legal header of many zero-size tensors (or many metadata
+   keys) is parsed with at most 3x its size plus 1 MiB of the library's memory, and names the
+   tensors right; a caller that wants one kind of file can refuse it by its metadata without
+   building the table. */
+static void test_header_cost(void)
+{
+    enum { NT = 200000 };
+    static const char entry[] = "\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,0]},";
+    size_t cap = (size_t)NT * (sizeof entry + 8) + 64, o = 0;
+    char *h = malloc(cap);
+    o += (size_t)sprintf(h + o, "{\"__metadata__\":{\"format\":\"pt\"},");
+    for (size_t i = 0; i < NT; i++) {
+        h[o++] = '"';
+        o += short_name(h + o, i);
+        memcpy(h + o, entry, sizeof entry - 1);
+        o += sizeof entry - 1;
+    }
+    h[o - 1] = '}';
+    const char *p = file_with("many.safetensors", h, o, 0);
+    size_t before, peak;
+    fx_mem_stats(&before, NULL);
+    fx_mem_reset_peak();
+    fx_safetensors *f = NULL;
+    FXT_OK(fx_safetensors_open(&f, p));
+    fx_mem_stats(NULL, &peak);
+    size_t used = peak - before, limit = 3 * o + (1u << 20);
+    printf("  %d zero-size tensors, header %zu bytes: the parser held at most %zu bytes (%.2fx the header)\n", NT, o,
+           used, (double)used / (double)o);
+    if (used > limit)
+        FXT_FAIL("parsing a %zu-byte header took %zu bytes, more than 3x + 1 MiB = %zu", o, used, limit);
+    if (f) {
+        FXT_CHECK(fx_safetensors_count(f) == NT);
+        char name[16];
+        name[short_name(name, NT - 1)] = '\0';
+        const fx_tensor_view *v = fx_safetensors_find(f, name);
+        FXT_CHECK(v && v->nbytes == 0 && v->ndim == 1 && v->shape[0] == 0);
+        /* Zero-size tensors at one offset keep header order. */
+        name[short_name(name, 5)] = '\0';
+        FXT_EQ_STR(fx_safetensors_tensor(f, 5)->name, name);
+        FXT_EQ_STR(fx_safetensors_metadata(f, "format"), "pt");
+        fx_safetensors_close(f);
+    }
+    /* The peek: the format key without the tensor table, and nothing of the header's size. */
+    char fmt[8];
+    bool found = false;
+    fx_mem_stats(&before, NULL);
+    fx_mem_reset_peak();
+    FXT_OK(fx_safetensors_peek_metadata(p, "format", fmt, sizeof fmt, &found));
+    fx_mem_stats(NULL, &peak);
+    FXT_CHECK(found);
+    FXT_EQ_STR(fmt, "pt");
+    if (peak - before > 4096)
+        FXT_FAIL("the peek allocated %zu bytes", peak - before);
+    FXT_OK(fx_safetensors_peek_metadata(p, "absent", fmt, sizeof fmt, &found));
+    FXT_CHECK(!found && fmt[0] == '\0');
+    FXT_STATUS(fx_safetensors_peek_metadata(p, "format", fmt, 2, &found), FX_ERANGE, "metadata 'format' is 2 bytes");
+    free(h);
+
+    /* Metadata-heavy: many one-letter keys with empty values. */
+    enum { NM = 150000 };
+    cap = (size_t)NM * 16 + 64, o = 0;
+    h = malloc(cap);
+    o += (size_t)sprintf(h + o, "{\"__metadata__\":{");
+    for (size_t i = 0; i < NM; i++) {
+        h[o++] = '"';
+        o += short_name(h + o, i);
+        memcpy(h + o, "\":\"\",", 5);
+        o += 5;
+    }
+    h[o - 1] = '}';
+    h[o++] = '}';
+    p = file_with("meta.safetensors", h, o, 0);
+    fx_mem_stats(&before, NULL);
+    fx_mem_reset_peak();
+    f = NULL;
+    FXT_OK(fx_safetensors_open(&f, p));
+    fx_mem_stats(NULL, &peak);
+    used = peak - before, limit = 3 * o + (1u << 20);
+    printf("  %d metadata keys, header %zu bytes: the parser held at most %zu bytes (%.2fx the header)\n", NM, o, used,
+           (double)used / (double)o);
+    if (used > limit)
+        FXT_FAIL("parsing a %zu-byte header took %zu bytes, more than 3x + 1 MiB = %zu", o, used, limit);
+    if (f) {
+        char key[16];
+        key[short_name(key, NM - 1)] = '\0';
+        FXT_EQ_STR(fx_safetensors_metadata(f, key), "");
+        FXT_EQ_STR(fx_safetensors_metadata_key(f, NM - 1), key);
+        fx_safetensors_close(f);
+    }
+    free(h);
+    /* The peek checks the syntax and the kind of __metadata__. */
+    p = file_with("bad.safetensors", "{\"__metadata__\":[1]}", 20, 0);
+    FXT_STATUS(fx_safetensors_peek_metadata(p, "format", fmt, sizeof fmt, &found), FX_EFORMAT, "__metadata__ is an array");
+    p = file_with("bad.safetensors", "{\"a\":1,}", 8, 0);
+    FXT_STATUS(fx_safetensors_peek_metadata(p, "format", fmt, sizeof fmt, &found), FX_EFORMAT, "not strict JSON");
+    FXT_STATUS(fx_safetensors_peek_metadata(tpath("none"), "format", fmt, sizeof fmt, &found), FX_EIO, "cannot open");
+}
+
 static void test_no_leaks(void)
 {
     size_t before, after, peak;
@@ -916,6 +1042,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_save_invalid);
     FXT_RUN(test_save_replaces_atomically);
     FXT_RUN(test_index);
+    FXT_RUN(test_header_cost);
     FXT_RUN(test_no_leaks);
     rm_tree(tmpdir);
     return fxt_finish();

@@ -157,6 +157,8 @@ typedef struct fx_attention {
 } fx_attention;
 
 /* q [B,Hq,Lq,D], k [B,Hkv,Lkv,D], v [B,Hkv,Lkv,Dv] -> out [B,Hq,Lq,Dv], lse [B,Hq,Lq] (may be NULL).
+   A fully masked row gives out = 0 and lse = -inf; a row that meets a NaN score gives NaN in
+   out and lse (as PyTorch does), so the two can be told apart; the backward propagates it.
    Outputs must not overlap the inputs or each other (FX_EINVAL), here and in the backward. */
 FX_API int fx_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v,
                              float *out, float *lse);

@@ -110,6 +110,8 @@ FX_API int fx_model_create(fx_model **out, const fx_model_config *c, uint64_t se
      - a directory holding config.json: a Hugging Face model (Llama, Mistral, Qwen2);
      - a flexc training directory: its model.safetensors, else its checkpoint.safetensors;
      - a flexc .safetensors file (model or checkpoint).
+   A file whose metadata format is not flexc's is refused from its header alone (FX_EFORMAT),
+   and so are weights holding a NaN or an infinity, naming the tensor and the first bad index.
    Leaves *out untouched on failure. */
 FX_API int fx_model_load(fx_model **out, const char *path);
 FX_API void fx_model_free(fx_model *m);

@@ -102,6 +102,19 @@ typedef struct fx_safetensors fx_safetensors;
 /* Maps and validates `path`. FX_EIO when it cannot be opened or mapped, FX_EFORMAT when it
    breaks a rule of the format (docs/safetensors.md). *out is set only on success. */
 FX_API int fx_safetensors_open(fx_safetensors **out, const char *path);
+/* Reads one `__metadata__` value without opening the file for use: a cheap way for a caller
+   that wants one kind of file to refuse another before paying for its tensor table. Only the
+   header's bytes, its UTF-8 and its JSON syntax are checked, and nothing of the file's size is
+   allocated (it is mapped, not read). value[0..cap) receives the value, NUL-terminated, and *found is
+   set; *found is false (and value "") when the file has no such key. FX_ERANGE when the value
+   does not fit in cap - 1 bytes; FX_EIO / FX_EFORMAT as fx_safetensors_open. A file this
+   accepts may still be refused by fx_safetensors_open.
+
+       char fmt[32];
+       bool found;
+       int rc = fx_safetensors_peek_metadata("m.safetensors", "format", fmt, sizeof fmt, &found);
+       if (rc == FX_OK && (!found || strcmp(fmt, "pt") != 0)) ... not a file for us ... */
+FX_API int fx_safetensors_peek_metadata(const char *path, const char *key, char *value, size_t cap, bool *found);
 FX_API size_t fx_safetensors_count(const fx_safetensors *f);
 /* Tensors in file order: by position of their data (zero-size tensors at the same position
    keep header order). NULL when i >= count. */

@@ -156,11 +156,13 @@ void fx__fwd_item_store(const fx__fwd_plan *p, const fx_attention *a, const fx__
         for (int64_t i = 0; i < it->nr; i++) {
             const float l = L[g * p->bq + i], *o = O + (g * p->bq + i) * ldo;
             float *dst = out + (size_t)(row0 + i) * (size_t)a->Dv;
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+            /* l is NaN when a visible score was NaN: out and lse are NaN then (as in PyTorch),
+               and -inf stays the mark of a row that saw no key. */
+            const float inv = l > 0.0f ? 1.0f / l : isnan(l) ? l : 0.0f;
             for (int64_t d = 0; d < a->Dv; d++)
                 dst[d] = o[d] * inv;
             if (lse)
-                lse[row0 + i] = l > 0.0f ? M[g * p->bq + i] + logf(l) : -INFINITY;
+                lse[row0 + i] = l > 0.0f ? M[g * p->bq + i] + logf(l) : isnan(l) ? l : -INFINITY;
         }
     }
 }

@@ -135,8 +135,8 @@ static void softmax_chunk_scalar(float *P, const float *S, int64_t ld, int64_t n
 {
     for (int64_t i = 0; i < nq; i++) {
         float mx = m[i];
-        for (int64_t j = 0; j < nk; j++)
-            mx = S[i * ld + j] > mx ? S[i * ld + j] : mx;
+        for (int64_t j = 0; j < nk; j++) /* a NaN score makes the max NaN (see forward_scalar.c) */
+            mx = S[i * ld + j] > mx || isnan(S[i * ld + j]) ? S[i * ld + j] : mx;
         if (mx == -INFINITY) {
             alpha[i] = 1.0f;
             for (int64_t j = 0; j < nk; j++)

@@ -145,8 +145,18 @@ static void dec_combine(const dec_plan *p, int64_t b, int64_t hk, int64_t r, flo
     int64_t h = hk * p->G + r / a->Lq, i = r % a->Lq;
     float *o = out + ((b * a->Hq + h) * a->Lq + i) * Dv;
     float M = -INFINITY;
-    for (int64_t s = 0; s < p->nsplit; s++)
+    bool nan = false; /* a split that met a NaN score has a NaN sum (or max) */
+    for (int64_t s = 0; s < p->nsplit; s++) {
         M = src[s * stride + Dv] > M ? src[s * stride + Dv] : M;
+        nan |= isnan(src[s * stride + Dv]) || isnan(src[s * stride + Dv + 1]);
+    }
+    if (nan) {
+        for (int64_t d = 0; d < Dv; d++)
+            o[d] = NAN;
+        if (lse)
+            lse[(b * a->Hq + h) * a->Lq + i] = NAN;
+        return;
+    }
     for (int64_t d = 0; d < Dv; d++)
         o[d] = 0.0f;
     float L = 0.0f;

@@ -60,9 +60,11 @@ int fx__flex_forward_scalar(const fx_attention *a, const float *q, const float *
                         for (int64_t j = 0; j < nk; j++)
                             if (!fx__bm_test(bits, m->bm_words, brow + i, j))
                                 s[j] = -INFINITY;
+                    /* A NaN score makes the row's max NaN, and from it M, L and the output:
+                       the row reads NaN, not "fully masked" (-inf). */
                     float mx = M[g * bq + i];
                     for (int64_t j = 0; j < nk; j++)
-                        mx = s[j] > mx ? s[j] : mx;
+                        mx = s[j] > mx || isnan(s[j]) ? s[j] : mx;
                     if (mx == -INFINITY)
                         continue; /* nothing visible in this row yet */
                     const float alpha = expf(M[g * bq + i] - mx);

@@ -59,6 +59,11 @@ int bench_generate(int argc, char **argv);
    an int, so that 4294967297 is refused rather than taken for 1. Returns CLI_EXIT_OK, or
    CLI_EXIT_USAGE with the error printed ("<cmd> --threads N: ..."). */
 int cli_threads(const char *cmd, int64_t n);
+/* The cores this process may run on (its CPU affinity); 0 when unknown. */
+int cli_cores(void);
+
+/* The plural ending of a count: "" for 1, "s" otherwise ("1 tensor", "2 tensors"). */
+static inline const char *cli_s(uint64_t n) { return n == 1 ? "" : "s"; }
 
 /* --model NAME|DIR (train, generate, bench): a preset name fills *cfg and leaves *loaded
    NULL; a directory (Hugging Face when it holds config.json, else a flexc training

@@ -5,21 +5,26 @@
 #include "gen_text.h"
 
 #include "gpt/gpt.h" /* fx__utf8_invalid_at, FX__GPT_EOT, FX__GPT_VOCAB: the byte tokenizer */
+#include "prompt.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+static int generate_run(const char *ckpt, const char *model, const char *prompt, size_t plen, int64_t ntok,
+                        double temp, int64_t top_k, double top_p, int64_t seed, bool json);
+
 int cmd_generate(int argc, char **argv)
 {
-    const char *ckpt = NULL, *model = NULL, *prompt = "";
+    const char *ckpt = NULL, *model = NULL, *prompt_arg = NULL, *prompt_file = NULL;
     int64_t ntok = 256, top_k = 40, seed = 1, threads = 0;
     double temp = 0.8, top_p = 1.0;
     bool json = false;
     const cli_opt opts[] = {
         {"--ckpt", CLI_STRING, &ckpt, "a training --out DIR, a .safetensors file, or a Hugging Face DIR"},
         {"--model", CLI_STRING, &model, "a preset (random weights) or a directory, as --ckpt"},
-        {"--prompt", CLI_STRING, &prompt, "text to continue (UTF-8; default: a new document)"},
+        {"--prompt", CLI_STRING, &prompt_arg, "text to continue (UTF-8; - reads standard input; default: a new document)"},
+        {"--prompt-file", CLI_STRING, &prompt_file, "read the prompt from this file"},
         {"--tokens", CLI_INT, &ntok, "tokens to generate (default 256)"},
         {"--temperature", CLI_FLOAT, &temp, "sampling temperature, 0 = greedy (default 0.8)"},
         {"--top-k", CLI_INT, &top_k, "sample among the k most likely tokens, 0 = all (default 40)"},
@@ -58,16 +63,26 @@ int cmd_generate(int argc, char **argv)
         cli_error("generate: --top-p %g is outside (0, 1]", top_p);
         return CLI_EXIT_USAGE;
     }
-    size_t plen = strlen(prompt);
-    int64_t bad = fx__utf8_invalid_at((const unsigned char *)prompt, plen);
-    if (bad >= 0) {
-        cli_error("--prompt is not valid UTF-8: byte 0x%02x at offset %lld", (unsigned char)prompt[bad],
-                  (long long)bad);
-        return CLI_EXIT_USAGE;
-    }
     if ((rc = cli_threads("generate", threads)) != CLI_EXIT_OK)
         return rc;
+    char *prompt = NULL;
+    size_t plen = 0;
+    if ((rc = cli_read_prompt(prompt_arg, prompt_file, &prompt, &plen)) != CLI_EXIT_OK)
+        return rc;
+    int64_t bad = fx__utf8_invalid_at((const unsigned char *)prompt, plen);
+    if (bad >= 0)
+        cli_error("%s is not valid UTF-8: byte 0x%02x at offset %lld", prompt_file ? "--prompt-file" : "--prompt",
+                  (unsigned char)prompt[bad], (long long)bad);
+    else
+        rc = generate_run(ckpt, model, prompt, plen, ntok, temp, top_k, top_p, seed, json);
+    free(prompt);
+    return bad >= 0 ? CLI_EXIT_USAGE : rc;
+}
 
+static int generate_run(const char *ckpt, const char *model, const char *prompt, size_t plen, int64_t ntok,
+                        double temp, int64_t top_k, double top_p, int64_t seed, bool json)
+{
+    int rc;
     fx_model *m = NULL;
     if (ckpt) {
         if ((rc = fx_model_load(&m, ckpt)) != FX_OK)

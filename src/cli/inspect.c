@@ -3,27 +3,51 @@
    ending in .json is read as a sharded checkpoint's index. */
 #include "cli.h"
 
+#include "core/finite.h"
+
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* Names and metadata come from the file: print control bytes escaped so that a file cannot
-   drive the terminal. */
+   drive the terminal, and Unicode's bidirectional controls (U+200E, U+200F, U+202A-U+202E,
+   U+2066-U+2069) escaped as \uXXXX so that a name cannot display as another (a right-to-left
+   override turns "wte.gnp" into "pgn.etw" on screen). */
+static unsigned bidi_at(const unsigned char *p)
+{
+    if (p[0] != 0xe2 || (p[1] != 0x80 && p[1] != 0x81) || !p[2])
+        return 0;
+    unsigned cp = 0x2000u | (unsigned)(p[1] & 0x3f) << 6 | (unsigned)(p[2] & 0x3f);
+    bool bidi = cp == 0x200e || cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069);
+    return bidi ? cp : 0;
+}
+
 static void put_safe(FILE *out, const char *s)
 {
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p < 0x20 || *p == 0x7f)
+        unsigned cp = bidi_at(p);
+        if (cp) {
+            fprintf(out, "\\u%04x", cp);
+            p += 2;
+        } else if (*p < 0x20 || *p == 0x7f) {
             fprintf(out, "\\x%02x", *p);
-        else
+        } else {
             fputc(*p, out);
+        }
     }
 }
 
 static int safe_width(const char *s)
 {
     int w = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        w += *p < 0x20 || *p == 0x7f ? 4 : (*p & 0xc0) != 0x80; /* count code points */
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (bidi_at(p)) {
+            w += 6;
+            p += 2;
+        } else {
+            w += *p < 0x20 || *p == 0x7f ? 4 : (*p & 0xc0) != 0x80; /* count code points */
+        }
+    }
     return w;
 }
 
@@ -92,6 +116,30 @@ static void print_table(const row *rows, size_t n)
     }
 }
 
+/* Non-finite values (NaN, +-Inf) in float tensors: a model holding one cannot be used, and
+   generate or --resume refuse it; inspect says where (every value is read once). */
+static int64_t first_bad(const fx_tensor_view *v)
+{
+    int64_t n = fx_tensor_numel(v);
+    return n > 0 ? fx__first_nonfinite(v->data, v->dtype, (size_t)n) : -1;
+}
+
+static size_t print_nonfinite(const row *rows, size_t n)
+{
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t at = first_bad(rows[i].v);
+        if (at < 0)
+            continue;
+        printf("non-finite: tensor ");
+        put_safe(stdout, rows[i].v->name);
+        printf(" holds %s at index %lld\n", fx__nonfinite_name(rows[i].v->data, rows[i].v->dtype, (size_t)at),
+               (long long)at);
+        bad++;
+    }
+    return bad;
+}
+
 static json_t *metadata_json(const fx_safetensors *f)
 {
     json_t *m = json_object();
@@ -114,6 +162,11 @@ static json_t *rows_json(const row *rows, size_t n)
                               "shape", shape, "bytes", (json_int_t)v->nbytes, "offset", (json_int_t)rows[i].offset);
         if (rows[i].shard)
             json_object_set_new(t, "shard", json_string(rows[i].shard));
+        int64_t at = first_bad(v);
+        if (at >= 0)
+            json_object_set_new(t, "first_nonfinite",
+                                json_pack("{s:I, s:s}", "index", (json_int_t)at, "value",
+                                          fx__nonfinite_name(v->data, v->dtype, (size_t)at)));
         json_array_append_new(a, t);
     }
     return a;
@@ -194,8 +247,10 @@ static int inspect_file(const char *path, bool as_json)
         printf("\nmetadata:%s\n", fx_safetensors_metadata_key(f, 0) ? "" : " (none)");
         print_metadata_text(f, "  ");
         print_table(rows, n);
-        printf("total: %zu tensors, %lld parameters, %llu bytes of data, %zu bytes of header\n", n,
-               (long long)params, (unsigned long long)bytes, fx_safetensors_header_size(f));
+        print_nonfinite(rows, n);
+        printf("total: %zu tensor%s, %lld parameter%s, %llu byte%s of data, %zu byte%s of header\n", n, cli_s(n),
+               (long long)params, cli_s((uint64_t)params), (unsigned long long)bytes, cli_s(bytes),
+               fx_safetensors_header_size(f), cli_s(fx_safetensors_header_size(f)));
         rc = CLI_EXIT_OK;
     }
     free(rows);
@@ -247,12 +302,13 @@ static int inspect_index(const char *path, bool as_json)
             const fx_safetensors *f = fx_safetensors_index_shard(x, s);
             printf("shard: ");
             put_safe(stdout, fx_safetensors_index_shard_name(x, s));
-            printf(" (%zu tensors)\n", fx_safetensors_count(f));
+            printf(" (%zu tensor%s)\n", fx_safetensors_count(f), cli_s(fx_safetensors_count(f)));
             print_metadata_text(f, "  ");
         }
         print_table(rows, n);
-        printf("total: %zu tensors in %zu shards, %lld parameters, %llu bytes of data\n", n, ns,
-               (long long)params, (unsigned long long)bytes);
+        print_nonfinite(rows, n);
+        printf("total: %zu tensor%s in %zu shard%s, %lld parameter%s, %llu byte%s of data\n", n, cli_s(n), ns,
+               cli_s(ns), (long long)params, cli_s((uint64_t)params), (unsigned long long)bytes, cli_s(bytes));
         rc = CLI_EXIT_OK;
     }
     free(rows);

@@ -4,9 +4,11 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 void cli_error(const char *fmt, ...)
 {
@@ -31,6 +33,15 @@ int cli_not_yet(const char *what)
     return CLI_EXIT_USAGE;
 }
 
+int cli_cores(void)
+{
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 && n < INT_MAX ? (int)n : 0;
+}
+
 int cli_threads(const char *cmd, int64_t n)
 {
     if (n == 0)
@@ -42,6 +53,17 @@ int cli_threads(const char *cmd, int64_t n)
     if (fx_set_num_threads((int)n) != FX_OK) {
         cli_error("%s --threads %lld: %s", cmd, (long long)n, fx_last_error());
         return CLI_EXIT_USAGE;
+    }
+    /* More threads than cores is allowed (it can help hide memory stalls) but is usually a
+       mistake, so it is said once; the count in effect may also have been lowered. */
+    int cores = cli_cores(), now = fx_get_num_threads();
+    if (cores > 0 && n > cores) {
+        if (now != n)
+            fprintf(stderr, "flexc: warning: %s --threads %lld is more than the %d cores of this machine; running "
+                    "%d threads (the most this build allows)\n", cmd, (long long)n, cores, now);
+        else
+            fprintf(stderr, "flexc: warning: %s --threads %lld is more than the %d cores of this machine\n", cmd,
+                    (long long)n, cores);
     }
     return CLI_EXIT_OK;
 }

@@ -5,8 +5,11 @@
 #include "train_data.h"
 
 #include "bench_util.h"
+#include "core/file.h"
 #include "gpt/dist.h"
 #include "gpt/gpt.h"
+#include "outdir_lock.h"
+#include "save_check.h"
 
 #include <errno.h>
 #include <math.h>
@@ -129,9 +132,10 @@ static void fmt_duration(char *buf, size_t n, double s)
 static int metrics_open(FILE **out, const char *path, int64_t last, bool resume)
 {
     if (resume && file_exists(path)) {
-        FILE *in = fopen(path, "rb");
+        bool not_regular;
+        FILE *in = fx__fopen_regular(path, &not_regular); /* a FIFO there would block the read */
         if (!in) {
-            cli_error("cannot read %s: %s", path, strerror(errno));
+            cli_error("cannot read %s: %s", path, not_regular ? "not a regular file" : strerror(errno));
             return CLI_EXIT_FAIL;
         }
         char tmp[4300];
@@ -352,6 +356,7 @@ int cmd_train(int argc, char **argv)
         }
     }
     rc = train_run(&o, par, world, rank, nproc);
+    outdir_unlock();
     fx_model_free(train_init);
     train_init = NULL;
     if (rc == CLI_EXIT_FAIL || rc == CLI_EXIT_USAGE)
@@ -454,6 +459,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             cli_error("--steps %lld must be >= 1", (long long)o.steps);
             return CLI_EXIT_USAGE;
         }
+        if (o.steps != UNSET && o.steps < st.step) {
+            cli_error("--resume: --steps %lld is below the checkpoint's step %lld (the schedule may end at or after "
+                      "it)", (long long)o.steps, (long long)st.step);
+            return CLI_EXIT_USAGE;
+        }
         if (o.steps != UNSET)
             st.steps = o.steps; /* extending (or shortening) the schedule is allowed */
     } else {
@@ -542,6 +552,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
                 cli_error("%s %g must be %s", fl[i].name, fl[i].given, fl[i].positive ? "> 0" : ">= 0");
                 return CLI_EXIT_USAGE;
             }
+        if (st.min_lr > st.lr) {
+            cli_error("--min-lr %g is above --lr %g (the cosine decays from --lr down to --min-lr)",
+                      fl[1].given, fl[0].given);
+            return CLI_EXIT_USAGE;
+        }
         if (!(st.beta1 >= 0 && st.beta1 < 1) || !(st.beta2 >= 0 && st.beta2 < 1)) {
             cli_error("the Adam betas %g, %g must be in [0, 1)", (double)st.beta1, (double)st.beta2);
             return CLI_EXIT_USAGE;
@@ -555,11 +570,14 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         return int_outside("--eval-batches", o.eval_batches, 1, INT64_MAX);
     if (o.log_every != UNSET && o.log_every < 1)
         return int_outside("--log-every", o.log_every, 1, INT64_MAX);
-    if (o.until != UNSET && o.until < 0) {
-        cli_error("--until %lld must be >= 0", (long long)o.until);
+    if (o.until != UNSET && o.until < 1)
+        return int_outside("--until", o.until, 1, INT64_MAX);
+    if (o.until != UNSET && o.until > st.steps) {
+        cli_error("--until %lld is above --steps %lld (--until stops a run early within its schedule)",
+                  (long long)o.until, (long long)st.steps);
         return CLI_EXIT_USAGE;
     }
-    int64_t until = o.until != UNSET ? (o.until < st.steps ? o.until : st.steps) : st.steps;
+    int64_t until = o.until != UNSET ? o.until : st.steps;
     int64_t eval_every = o.eval_every != UNSET ? o.eval_every : (st.steps / 10 > 0 ? st.steps / 10 : 1);
     /* By default about 50 lines, and at least one every 50 steps; a given --log-every is kept. */
     int64_t log_every = o.log_every != UNSET ? o.log_every : (st.steps / 50 > 0 ? st.steps / 50 : 1);
@@ -572,6 +590,8 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         return CLI_EXIT_USAGE;
     }
     rc = rank == 0 ? check_out_dir(o.out) : CLI_EXIT_OK;
+    if (rank == 0 && rc == CLI_EXIT_OK)
+        rc = outdir_lock(o.out); /* one lock for all ranks: only rank 0 writes */
     /* Fine-tuning a Hugging Face model: its configuration and tokenizer go with the run
        (out/hf), for resuming, generating and flexc export. */
     char hfcfg[4200];
@@ -651,6 +671,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         cli_error("out of memory");
         goto done;
     }
+    /* What a save writes: weights, the two Adam moments, the model file, and their headers. */
+    uint64_t P = m->lay.total, need = P * 4 + 2 * P * (st.adam_bf16 ? 2 : 4) + P * (o.bf16 ? 2 : 4) + (1u << 17);
+    rc = rank == 0 ? save_check(o.out, need) : CLI_EXIT_OK;
+    if (!all_ok(world, rc == CLI_EXIT_OK))
+        goto done;
     char mpath[4200];
     snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o.out);
     rc = rank == 0 ? metrics_open(&metrics, mpath, st.step, o.resume) : CLI_EXIT_OK;
@@ -659,17 +684,19 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
 
     bool tty = isatty(STDOUT_FILENO);
     if (!o.quiet) {
-        printf("flexc train: %.2fM parameters (%lld layers, dim %lld, %lld/%lld heads, ffn %lld, context %lld), "
+        printf("flexc train: %.2fM parameters (%lld layer%s, dim %lld, %lld/%lld heads, ffn %lld, context %lld), "
                "attention %s\n",
-               (double)m->lay.total / 1e6, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
+               (double)m->lay.total / 1e6, (long long)cfg.layers, cli_s((uint64_t)cfg.layers), (long long)cfg.dim,
+               (long long)cfg.heads,
                (long long)cfg.kv_heads, (long long)cfg.ffn, (long long)cfg.ctx, st.attn);
-        printf("data: %s: %lld tokens, %lld documents (%lld train, %lld validation)\n", data.source,
-               (long long)data.n, (long long)data.docs, (long long)data.n_train, (long long)(data.n - data.n_train));
+        printf("data: %s: %lld tokens, %lld document%s (%lld train, %lld validation)\n", data.source,
+               (long long)data.n, (long long)data.docs, cli_s((uint64_t)data.docs), (long long)data.n_train,
+               (long long)(data.n - data.n_train));
         printf("steps %lld..%lld of %lld, batch %lld x %lld tokens x accum %lld, lr %g (warmup %lld, cosine to %g), "
-               "%d threads, out %s\n",
+               "%d thread%s, out %s\n",
                (long long)st.step + 1, (long long)until, (long long)st.steps, (long long)st.batch, (long long)st.seq,
                (long long)st.accum, (double)st.lr, (long long)st.warmup, (double)st.min_lr, fx_get_num_threads(),
-               o.out);
+               cli_s((uint64_t)fx_get_num_threads()), o.out);
         if (world)
             printf("parallel %s over %d processes (%lld sequences each)%s, communication timeout %g s\n", o.parallel,
                    nproc, (long long)(st.batch / nproc), o.deterministic ? ", deterministic" : "",
@@ -692,6 +719,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     while (st.step < until && !(dist ? all_stop : interrupted)) {
         double t0 = bench_now();
         fx__gpt_step_info info;
+        fx__gpt_train_state before = st; /* what is saved if this step goes non-finite */
         bool stop = interrupted;
         rc = dist ? fx__dist_step(dist, &data, &st, tokens, targets, &info, &stop)
                   : fx__gpt_train_step(m, &data, &st, tokens, targets, &info);
@@ -707,8 +735,17 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             all_stop = true;
         }
         double dt = bench_now() - t0, tps = tok_per_step / dt;
-        if (!isfinite(info.loss)) {
-            cli_error("step %lld: the loss is %g; lower --lr", (long long)st.step, (double)info.loss);
+        if (!isfinite(info.loss) || !isfinite(info.grad_norm)) {
+            /* The step was not applied: save the previous one, then fail. */
+            st = before;
+            bool lossbad = !isfinite(info.loss);
+            float x = lossbad ? info.loss : info.grad_norm;
+            cli_error("step %lld: the %s is %s; stopping with the checkpoint of step %lld (a lower --lr may help)",
+                      (long long)st.step + 1, lossbad ? "loss" : "gradient norm",
+                      isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf", (long long)st.step);
+            if (save_dist(m, dist, world, &st, o.out, o.bf16) == CLI_EXIT_OK && !o.quiet)
+                printf("saved %s/checkpoint.safetensors and %s/model.safetensors at step %lld\n", o.out, o.out,
+                       (long long)st.step);
             goto done;
         }
         if (isnan(first_loss))

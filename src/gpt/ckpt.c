@@ -2,6 +2,8 @@
    metadata. Everything read is checked against the config before a byte is copied. */
 #include "gpt.h"
 
+#include "core/finite.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -297,8 +299,15 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
                 return rc;
             s->seed = (uint64_t)seed;
             const char *data = fx_safetensors_metadata(f, "data"), *dh = fx_safetensors_metadata(f, "data_hash");
-            if (!data || !dh || strlen(data) >= sizeof s->data || sscanf(dh, "%16llx%c", &a0, &tail) != 1)
-                return fx__error(FX_EFORMAT, "'%s': metadata 'data' or 'data_hash' is missing or malformed", path);
+            if (!data)
+                return fx__error(FX_EFORMAT, "'%s': metadata has no 'data'", path);
+            if (strlen(data) >= sizeof s->data)
+                return fx__error(FX_EFORMAT, "'%s': metadata 'data' is %zu bytes, more than %zu", path, strlen(data),
+                                 sizeof s->data - 1);
+            if (!dh)
+                return fx__error(FX_EFORMAT, "'%s': metadata has no 'data_hash'", path);
+            if (sscanf(dh, "%16llx%c", &a0, &tail) != 1)
+                return fx__error(FX_EFORMAT, "'%s': metadata data_hash = '%s' is not 16 hexadecimal digits", path, dh);
             snprintf(s->data, sizeof s->data, "%s", data);
             s->data_hash = a0;
             s->adam_bf16 = fx_safetensors_find(f, "optim.m")->dtype == FX_DT_BF16;
@@ -307,10 +316,17 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
             if (det && strcmp(det, "0") != 0 && strcmp(det, "1") != 0)
                 return fx__error(FX_EFORMAT, "'%s': metadata deterministic = '%s' is not 0 or 1", path, det);
             s->deterministic = det && det[0] == '1';
-            if (s->step < 0 || s->data_pos < 0 || s->batch < 1 || s->seq < 1 || s->seq > cc.ctx || s->accum < 1 ||
-                s->steps < 0 || s->warmup < 0)
-                return fx__error(FX_EFORMAT, "'%s': training state out of range (step %lld, batch %lld, seq %lld)", path,
-                                 (long long)s->step, (long long)s->batch, (long long)s->seq);
+            const struct { const char *key; int64_t v, lo, hi; } rg[] = {
+                {"step", s->step, 0, INT64_MAX}, {"data_pos", s->data_pos, 0, INT64_MAX},
+                {"batch", s->batch, 1, INT64_MAX}, {"seq", s->seq, 1, cc.ctx}, {"accum", s->accum, 1, INT64_MAX},
+                {"steps", s->steps, 0, INT64_MAX}, {"warmup", s->warmup, 0, INT64_MAX}};
+            for (size_t i = 0; i < sizeof rg / sizeof rg[0]; i++)
+                if (rg[i].v < rg[i].lo || rg[i].v > rg[i].hi)
+                    return rg[i].hi == INT64_MAX
+                               ? fx__error(FX_EFORMAT, "'%s': training state %s = %lld must be >= %lld", path, rg[i].key,
+                                           (long long)rg[i].v, (long long)rg[i].lo)
+                               : fx__error(FX_EFORMAT, "'%s': training state %s = %lld is outside [%lld, %lld]", path,
+                                           rg[i].key, (long long)rg[i].v, (long long)rg[i].lo, (long long)rg[i].hi);
         }
     }
     *c = cc;
@@ -319,10 +335,31 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
     return FX_OK;
 }
 
+/* A file of another kind is refused from its metadata alone, before its tensor table is
+   built (a header of a million tensors takes a while to index). */
+static int fx__check_format(const char *path)
+{
+    char fmt[32];
+    bool found = false;
+    int rc = fx_safetensors_peek_metadata(path, "format", fmt, sizeof fmt, &found);
+    if (rc == FX_ERANGE)
+        return fx__error(FX_EFORMAT, "'%s' is not a flexc GPT checkpoint or model (its metadata format is a long "
+                         "string)", path);
+    if (rc != FX_OK)
+        return rc;
+    if (!found || strcmp(fmt, FX__FORMAT) != 0)
+        return fx__error(FX_EFORMAT, "'%s' is not a flexc GPT checkpoint or model (metadata format = '%s')", path,
+                         found ? fmt : "(none)");
+    return FX_OK;
+}
+
 int fx__gpt_read_config(const char *path, fx__gpt_config *c, fx__gpt_train_state *s, bool *has_adam)
 {
     fx_safetensors *f = NULL;
-    int rc = fx_safetensors_open(&f, path);
+    int rc = fx__check_format(path);
+    if (rc)
+        return rc;
+    rc = fx_safetensors_open(&f, path);
     if (rc)
         return rc;
     rc = fx__read_config_open(f, path, c, s, has_adam);
@@ -336,8 +373,8 @@ static int fx__check_view(const char *path, const fx_tensor_view *v, const char 
     if (!v)
         return fx__error(FX_EFORMAT, "'%s' has no tensor '%s'", path, name);
     if (v->dtype != FX_DT_F32 && !(allow_bf16 && v->dtype == FX_DT_BF16))
-        return fx__error(FX_EFORMAT, "'%s': tensor '%s' has dtype %d, not F32%s", path, name, (int)v->dtype,
-                         allow_bf16 ? " or BF16" : "");
+        return fx__error(FX_EFORMAT, "'%s': tensor '%s' has dtype %s, not F32%s", path, name,
+                         fx_dtype_name(v->dtype), allow_bf16 ? " or BF16" : "");
     bool same = v->ndim == ndim;
     for (int d = 0; same && d < ndim; d++)
         same = v->shape[d] == shape[d];
@@ -348,10 +385,45 @@ static int fx__check_view(const char *path, const fx_tensor_view *v, const char 
     return FX_OK;
 }
 
+/* The Adam moments of a checkpoint: both finite, the second never negative (it is a running
+   mean of squares). Anything else is a corrupt file, not a training problem: resuming it
+   would fail steps later with a message about the learning rate. */
+static int fx__check_moments(const char *path, const fx_tensor_view *mv, const fx_tensor_view *vv)
+{
+    const fx_tensor_view *both[2] = {mv, vv};
+    for (int k = 0; k < 2; k++) {
+        const fx_tensor_view *t = both[k];
+        size_t n = (size_t)fx_tensor_numel(t);
+        int64_t bad = fx__first_nonfinite(t->data, t->dtype, n);
+        if (bad >= 0)
+            return fx__error(FX_EFORMAT, "'%s' is corrupt: optimizer state %s[%lld] is %s (the moments of a "
+                             "checkpoint are always finite)", path, t->name, (long long)bad,
+                             fx__nonfinite_name(t->data, t->dtype, (size_t)bad));
+    }
+    /* Negative: the sign bit set on anything but zero. */
+    const unsigned char *p = vv->data;
+    size_t n = (size_t)fx_tensor_numel(vv), es = fx_dtype_size(vv->dtype);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t w = es == 4 ? (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+                                   (uint32_t)p[4 * i + 3] << 24
+                             : ((uint32_t)p[2 * i] | (uint32_t)p[2 * i + 1] << 8) << 16;
+        if ((w & 0x80000000u) && (w & 0x7fffffffu)) {
+            float x;
+            memcpy(&x, &w, 4);
+            return fx__error(FX_EFORMAT, "'%s' is corrupt: optimizer state optim.v[%zu] = %g is negative (a second "
+                             "moment is a mean of squares)", path, i, (double)x);
+        }
+    }
+    return FX_OK;
+}
+
 int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
 {
     fx_safetensors *f = NULL;
-    int rc = fx_safetensors_open(&f, path);
+    int rc = fx__check_format(path);
+    if (rc)
+        return rc;
+    rc = fx_safetensors_open(&f, path);
     if (rc)
         return rc;
     fx__gpt_config c;
@@ -379,7 +451,8 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
     /* Check everything, then copy. */
     size_t expect = m->lay.n + (adam ? 2 : 0);
     if (fx_safetensors_count(f) != expect) {
-        rc = fx__error(FX_EFORMAT, "'%s' holds %zu tensors; the config needs %zu", path, fx_safetensors_count(f), expect);
+        rc = fx__error(FX_EFORMAT, "'%s' holds %zu tensor%s; the config needs %zu", path, fx_safetensors_count(f),
+                       fx_safetensors_count(f) == 1 ? "" : "s", expect);
         goto done;
     }
     for (size_t i = 0; i < m->lay.n && !rc; i++) {
@@ -397,6 +470,18 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
             rc = fx__error(FX_EINVAL, "'%s' holds %s Adam moments; the model keeps them in %s", path,
                            want == FX_DT_BF16 ? "float32" : "bfloat16", want == FX_DT_BF16 ? "bfloat16" : "float32");
     }
+    /* Values: a NaN or an infinity would load and then decode garbage or train to NaN far
+       from the cause. One pass over each tensor, before anything is copied. */
+    for (size_t i = 0; i < m->lay.n && !rc; i++) {
+        const fx_tensor_view *v = fx_safetensors_find(f, m->lay.t[i].name);
+        int64_t bad = fx__first_nonfinite(v->data, v->dtype, m->lay.t[i].numel);
+        if (bad >= 0)
+            rc = fx__error(FX_EFORMAT, "'%s': tensor '%s' holds %s at index %lld (a model with non-finite weights "
+                           "cannot be used)", path, v->name, fx__nonfinite_name(v->data, v->dtype, (size_t)bad),
+                           (long long)bad);
+    }
+    if (!rc && load_adam)
+        rc = fx__check_moments(path, fx_safetensors_find(f, "optim.m"), fx_safetensors_find(f, "optim.v"));
     if (rc)
         goto done;
     for (size_t i = 0; i < m->lay.n; i++) {

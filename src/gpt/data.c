@@ -2,6 +2,8 @@
    and batches drawn from a saveable counter-based generator. */
 #include "gpt.h"
 
+#include "core/file.h"
+
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -101,15 +103,51 @@ static int fx__tokenize(fx__toks *t, const unsigned char *s, size_t n)
     return FX_OK;
 }
 
+/* All of standard input ("--data -": a pipe makes sense there). */
+static int fx__read_stdin(unsigned char **out, size_t *n)
+{
+    size_t cap = 1 << 16, len = 0;
+    unsigned char *buf = malloc(cap);
+    if (!buf)
+        return fx__error(FX_ENOMEM, "cannot hold standard input");
+    for (;;) {
+        if (len == cap) {
+            unsigned char *b = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+            if (!b) {
+                free(buf);
+                return fx__error(FX_ENOMEM, "cannot hold standard input (more than %zu bytes)", len);
+            }
+            buf = b, cap *= 2;
+        }
+        size_t got = fread(buf + len, 1, cap - len, stdin);
+        len += got;
+        if (got == 0) {
+            if (ferror(stdin)) {
+                free(buf);
+                return fx__error(FX_EIO, "cannot read standard input: %s", strerror(errno));
+            }
+            break;
+        }
+    }
+    *out = buf;
+    *n = len;
+    return FX_OK;
+}
+
 static int fx__read_file(const char *path, unsigned char **out, size_t *n)
 {
-    FILE *f = fopen(path, "rb");
+    if (!strcmp(path, "-"))
+        return fx__read_stdin(out, n);
+    bool not_regular;
+    FILE *f = fx__fopen_regular(path, &not_regular); /* a FIFO would block the read forever */
+    if (!f && not_regular)
+        return fx__error(FX_EIO, "'%s' is not a regular file", path);
     if (!f)
         return fx__error(FX_EIO, "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), &st) != 0) {
         fclose(f);
-        return fx__error(FX_EIO, "'%s' is not a regular file", path);
+        return fx__error(FX_EIO, "cannot stat '%s': %s", path, strerror(errno));
     }
     size_t size = (size_t)st.st_size;
     unsigned char *buf = malloc(size ? size : 1);
@@ -296,9 +334,10 @@ int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir
     if (t.n - n_val < min_tokens) {
         free(t.p);
         return fx__error(FX_EINVAL,
-                         "%s holds %lld tokens; training needs at least %lld (one window of %lld for training and "
+                         "%s holds %lld token%s; training needs at least %lld (one window of %lld for training and "
                          "one for validation): give more text or a smaller --seq",
-                         d->source, (long long)t.n, (long long)(2 * min_tokens), (long long)min_tokens);
+                         d->source, (long long)t.n, t.n == 1 ? "" : "s", (long long)(2 * min_tokens),
+                         (long long)min_tokens);
     }
     return fx__data_finish(d, &t, val_frac, min_tokens);
 }

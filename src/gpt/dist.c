@@ -690,11 +690,15 @@ static void fx__finish(fx__dist *d, fx__gpt_train_state *s, double sumsq, double
     float lr = fx__lr_schedule(s->step, s->warmup, s->steps, s->lr, s->min_lr);
     fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f, .weight_decay = s->weight_decay,
                    .grad_scale = (float)scale};
-    if (d->mode == FX__PAR_FSDP)
-        fx__fsdp_adamw(d, &o, s->step + 1);
-    else
-        fx__gpt_adamw(d->m, &o, s->step + 1);
-    s->step++;
+    /* Every rank sees the same reduced loss and norm, so all skip a non-finite step alike
+       (fx__gpt_train_step's rule). */
+    if (isfinite(loss) && isfinite(norm)) {
+        if (d->mode == FX__PAR_FSDP)
+            fx__fsdp_adamw(d, &o, s->step + 1);
+        else
+            fx__gpt_adamw(d->m, &o, s->step + 1);
+        s->step++;
+    }
     if (info)
         *info = (fx__gpt_step_info){.loss = loss, .lr = lr, .grad_norm = (float)norm};
 }

@@ -394,7 +394,9 @@ typedef struct fx__gpt_step_info {
 
 /* One optimizer step from state s: accum micro-batches of (batch, seq) drawn from d with
    s->rng, the gradient averaged, clipped to s->clip (0: off), AdamW at the scheduled lr.
-   Advances s->step and s->data_pos. tokens, targets: [batch * seq] scratch. */
+   Advances s->step and s->data_pos. tokens, targets: [batch * seq] scratch. When the loss or
+   the gradient norm is not finite the update is not applied: the weights, the optimizer state
+   and s->step stay as they were (s->data_pos and s->rng have moved on), info says which. */
 int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s, int32_t *tokens,
                        int32_t *targets, fx__gpt_step_info *info);
 /* Mean loss over `batches` validation batches (no gradients). */

@@ -42,12 +42,17 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
     if (s->clip > 0.0f && norm > s->clip)
         scale *= s->clip / norm;
     float lr = fx__lr_schedule(s->step, s->warmup, s->steps, s->lr, s->min_lr);
-    fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f, .weight_decay = s->weight_decay,
-                   .grad_scale = (float)scale, .zero_grad = true};
-    fx__gpt_adamw(m, &o, s->step + 1);
-    s->step++;
+    float lossf = (float)(loss / (double)s->accum);
+    /* A non-finite loss or norm would write NaN into every weight: the step is not applied,
+       and the caller stops with the state of the previous step. */
+    if (isfinite(lossf) && isfinite(norm)) {
+        fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f,
+                       .weight_decay = s->weight_decay, .grad_scale = (float)scale, .zero_grad = true};
+        fx__gpt_adamw(m, &o, s->step + 1);
+        s->step++;
+    }
     if (info)
-        *info = (fx__gpt_step_info){.loss = (float)(loss / (double)s->accum), .lr = lr, .grad_norm = (float)norm,
+        *info = (fx__gpt_step_info){.loss = lossf, .lr = lr, .grad_norm = (float)norm,
                                     .time_s = {t_fwd, t_bwd, fx__seconds() - t_opt}};
     return FX_OK;
 }

@@ -3,6 +3,8 @@
    weight map. Shard names are confined to the index's directory. */
 #include "st_internal.h"
 
+#include "core/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -99,13 +101,17 @@ int fx__st_index_check(const char *text, size_t len, void **root_out)
 
 static int read_file(const char *path, char **out, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    bool not_regular;
+    int fd = fx__open_regular(path, &not_regular);
+    if (fd < 0 && not_regular)
+        return fx__error(FX_EIO, "not a regular file");
     if (fd < 0)
         return fx__error(FX_EIO, "cannot open: %s", strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
         close(fd);
-        return fx__error(FX_EIO, "not a readable regular file");
+        return fx__error(FX_EIO, "cannot stat: %s", strerror(e));
     }
     if ((uint64_t)st.st_size > FX__ST_MAX_HEADER) {
         close(fd);

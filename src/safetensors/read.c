@@ -1,13 +1,16 @@
 /* Reading safetensors files: map, validate everything, then hand out views.
-   The header is checked in three passes: bytes (length, UTF-8), a lexical pre-scan that
-   enforces what jansson would accept but the format forbids (signs, fractions, exponents,
-   integers past int64, deep nesting, long arrays), then jansson's strict parse with duplicate
-   keys refused, then the structure and the data layout. */
+   The header is checked in passes, none of which builds a JSON tree: bytes (length, UTF-8), a
+   lexical pre-scan that enforces what JSON allows but the format forbids (signs, fractions,
+   exponents, integers past int64, deep nesting, long arrays), strict JSON syntax, then the
+   structure, walked twice (count, then fill arrays of exactly that size), then duplicate names
+   and the data layout. The parser's memory is the views, the sorted name index and the
+   decoded strings: about twice the header's size at worst (docs/safetensors.md). */
 #include "st_internal.h"
+
+#include "core/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,9 +97,9 @@ bool fx__st_utf8_valid(const unsigned char *s, size_t n, size_t *bad)
 
 /* ---- pass 2: lexical pre-scan -------------------------------------------------------------- */
 
-/* jansson accepts -0 (as 0), negative numbers, reals and nesting up to 2048 levels; the
-   format wants non-negative integers and three levels. Refusing those here keeps every
-   number jansson sees a plain digit string that fits int64_t. */
+/* JSON allows signed numbers (-0 too), reals and any nesting; the format wants non-negative
+   integers and three levels. Refusing those here keeps every number the parser below reads a
+   plain digit string that fits int64_t, and its recursion shallow. */
 static int prescan(const unsigned char *h, size_t n)
 {
     int depth = 0;
@@ -106,7 +109,7 @@ static int prescan(const unsigned char *h, size_t n)
     while (i < n) {
         unsigned char c = h[i];
         if (c == '"') {
-            /* Skip the string; jansson checks its escapes and characters. */
+            /* Skip the string; the syntax pass checks its escapes and characters. */
             i++;
             while (i < n && h[i] != '"')
                 i += h[i] == '\\' ? 2 : 1;
@@ -154,21 +157,525 @@ static int prescan(const unsigned char *h, size_t n)
     return FX_OK;
 }
 
-/* ---- pass 3 and 4: JSON and structure -------------------------------------------------------- */
+/* ---- pass 3: strict JSON syntax ---------------------------------------------------------------
+   A small parser for exactly what a header holds. It builds nothing: the syntax pass walks the
+   whole text once, and the structure passes below read values where they lie. A general JSON
+   tree (what jansson builds) costs tens of bytes per value, so a legal 100 MB header of a
+   million small entries took gigabytes before anything could be said about it. */
 
-typedef struct span {
-    uint64_t begin, end;
-    size_t idx; /* header order */
-} span;
+typedef struct jcur {
+    const unsigned char *s;
+    size_t n, i;
+} jcur;
 
-static int cmp_span(const void *a, const void *b)
+typedef enum jkind { J_OBJECT, J_ARRAY, J_STRING, J_INTEGER, J_BOOL, J_NULL } jkind;
+
+static const char *jkind_name(jkind k)
 {
-    const span *x = a, *y = b;
-    if (x->begin != y->begin)
-        return x->begin < y->begin ? -1 : 1;
-    if (x->end != y->end)
-        return x->end < y->end ? -1 : 1;
-    return x->idx < y->idx ? -1 : x->idx > y->idx;
+    switch (k) {
+    case J_OBJECT: return "an object";
+    case J_ARRAY: return "an array";
+    case J_STRING: return "a string";
+    case J_INTEGER: return "an integer";
+    case J_BOOL: return "a boolean";
+    case J_NULL: return "null";
+    }
+    return "unknown";
+}
+
+static void jws(jcur *c)
+{
+    while (c->i < c->n && (c->s[c->i] == ' ' || c->s[c->i] == '\t' || c->s[c->i] == '\n' || c->s[c->i] == '\r'))
+        c->i++;
+}
+
+static int jerr(const jcur *c, const char *what)
+{
+    return fx__error(FX_EFORMAT, "header is not strict JSON: %s at byte %zu", what, c->i);
+}
+
+static int hexval(unsigned char h)
+{
+    return h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10 : h >= 'A' && h <= 'F' ? h - 'A' + 10 : -1;
+}
+
+/* Four hex digits at s[i..i+4) -> *cp; false if they are not. */
+static bool hex4(const jcur *c, size_t i, uint32_t *cp)
+{
+    if (c->n - i < 4)
+        return false;
+    uint32_t v = 0;
+    for (int k = 0; k < 4; k++) {
+        int h = hexval(c->s[i + k]);
+        if (h < 0)
+            return false;
+        v = v << 4 | (uint32_t)h;
+    }
+    *cp = v;
+    return true;
+}
+
+/* The string at c->i (its opening quote), escapes decoded: the first `cap` bytes of the text go
+   to dst (when not NULL), its whole decoded length to *len. The bytes were checked as UTF-8. */
+static int jstring(jcur *c, char *dst, size_t cap, size_t *len)
+{
+    size_t i = c->i + 1, o = 0;
+    for (;;) {
+        if (i >= c->n) {
+            c->i = i;
+            return jerr(c, "unterminated string");
+        }
+        unsigned char ch = c->s[i];
+        if (ch == '"')
+            break;
+        if (ch < 0x20) {
+            c->i = i;
+            return jerr(c, "control character in a string (it must be escaped)");
+        }
+        if (ch != '\\') {
+            if (dst && o < cap)
+                dst[o] = (char)ch;
+            o++, i++;
+            continue;
+        }
+        if (i + 1 >= c->n) {
+            c->i = i;
+            return jerr(c, "unterminated string");
+        }
+        uint32_t cp;
+        unsigned char e = c->s[i + 1];
+        switch (e) {
+        case '"': case '\\': case '/': cp = e; break;
+        case 'b': cp = '\b'; break;
+        case 'f': cp = '\f'; break;
+        case 'n': cp = '\n'; break;
+        case 'r': cp = '\r'; break;
+        case 't': cp = '\t'; break;
+        case 'u':
+            if (!hex4(c, i + 2, &cp)) {
+                c->i = i;
+                return jerr(c, "invalid \\u escape");
+            }
+            if (cp >= 0xdc00 && cp <= 0xdfff) {
+                c->i = i;
+                return jerr(c, "invalid Unicode escape (a lone low surrogate)");
+            }
+            if (cp >= 0xd800 && cp <= 0xdbff) {
+                uint32_t lo;
+                if (c->n - i < 12 || c->s[i + 6] != '\\' || c->s[i + 7] != 'u' || !hex4(c, i + 8, &lo) ||
+                    lo < 0xdc00 || lo > 0xdfff) {
+                    c->i = i;
+                    return jerr(c, "invalid Unicode escape (a high surrogate without its low one)");
+                }
+                cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+                i += 6;
+            }
+            if (cp == 0) {
+                c->i = i;
+                return jerr(c, "\\u0000 (a NUL character) in a string");
+            }
+            i += 4;
+            break;
+        default:
+            c->i = i;
+            return jerr(c, "invalid escape in a string");
+        }
+        i += 2;
+        unsigned char u[4];
+        int nb = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+        if (nb == 1)
+            u[0] = (unsigned char)cp;
+        else if (nb == 2)
+            u[0] = (unsigned char)(0xc0 | cp >> 6), u[1] = (unsigned char)(0x80 | (cp & 0x3f));
+        else if (nb == 3)
+            u[0] = (unsigned char)(0xe0 | cp >> 12), u[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3f)),
+            u[2] = (unsigned char)(0x80 | (cp & 0x3f));
+        else
+            u[0] = (unsigned char)(0xf0 | cp >> 18), u[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3f)),
+            u[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3f)), u[3] = (unsigned char)(0x80 | (cp & 0x3f));
+        for (int k = 0; k < nb; k++, o++)
+            if (dst && o < cap)
+                dst[o] = (char)u[k];
+    }
+    c->i = i + 1;
+    *len = o;
+    return FX_OK;
+}
+
+/* Skips the value at c->i (after whitespace), checking its syntax; *kind says what it was.
+   Nesting is bounded by the pre-scan, so the recursion is too. */
+static int jskip(jcur *c, jkind *kind)
+{
+    jws(c);
+    if (c->i >= c->n)
+        return jerr(c, "a value expected");
+    unsigned char ch = c->s[c->i];
+    size_t len;
+    jkind k;
+    int rc;
+    if (ch == '{' || ch == '[') {
+        bool obj = ch == '{';
+        *kind = obj ? J_OBJECT : J_ARRAY;
+        c->i++;
+        jws(c);
+        if (c->i < c->n && c->s[c->i] == (obj ? '}' : ']')) {
+            c->i++;
+            return FX_OK;
+        }
+        for (;;) {
+            if (obj) {
+                jws(c);
+                if (c->i >= c->n || c->s[c->i] != '"')
+                    return jerr(c, "a string (an object key) expected");
+                if ((rc = jstring(c, NULL, 0, &len)) != FX_OK)
+                    return rc;
+                jws(c);
+                if (c->i >= c->n || c->s[c->i] != ':')
+                    return jerr(c, "':' expected");
+                c->i++;
+            }
+            if ((rc = jskip(c, &k)) != FX_OK)
+                return rc;
+            jws(c);
+            if (c->i < c->n && c->s[c->i] == ',') {
+                c->i++;
+                continue;
+            }
+            if (c->i < c->n && c->s[c->i] == (obj ? '}' : ']')) {
+                c->i++;
+                return FX_OK;
+            }
+            return jerr(c, obj ? "',' or '}' expected" : "',' or ']' expected");
+        }
+    }
+    if (ch == '"') {
+        *kind = J_STRING;
+        return jstring(c, NULL, 0, &len);
+    }
+    if (ch >= '0' && ch <= '9') {
+        *kind = J_INTEGER;
+        if (ch == '0' && c->i + 1 < c->n && c->s[c->i + 1] >= '0' && c->s[c->i + 1] <= '9')
+            return jerr(c, "a number with a leading zero");
+        while (c->i < c->n && c->s[c->i] >= '0' && c->s[c->i] <= '9')
+            c->i++;
+        return FX_OK;
+    }
+    static const struct { const char *word; jkind kind; } lit[] = {
+        {"true", J_BOOL}, {"false", J_BOOL}, {"null", J_NULL}};
+    for (size_t w = 0; w < 3; w++) {
+        size_t wl = strlen(lit[w].word);
+        if (c->n - c->i >= wl && !memcmp(c->s + c->i, lit[w].word, wl)) {
+            c->i += wl;
+            *kind = lit[w].kind;
+            return FX_OK;
+        }
+    }
+    return jerr(c, "a value expected");
+}
+
+/* The non-negative integer at c->i (the pre-scan bounded it by INT64_MAX). */
+static uint64_t jint(jcur *c)
+{
+    uint64_t v = 0;
+    while (c->i < c->n && c->s[c->i] >= '0' && c->s[c->i] <= '9')
+        v = v * 10 + (uint64_t)(c->s[c->i++] - '0');
+    return v;
+}
+
+/* The whole header: one object or array, then only whitespace. */
+static int check_syntax(const unsigned char *h, size_t n)
+{
+    jcur c = {h, n, 0};
+    jws(&c);
+    if (c.i >= n || (h[c.i] != '{' && h[c.i] != '['))
+        return jerr(&c, "'{' expected");
+    jkind k;
+    int rc = jskip(&c, &k);
+    if (rc != FX_OK)
+        return rc;
+    jws(&c);
+    if (c.i != n)
+        return jerr(&c, "end of the header expected (one JSON value only)");
+    return FX_OK;
+}
+
+/* ---- pass 4: structure, counted once and then filled ----------------------------------------- */
+
+/* Views hold their data offset here until the layout is checked (the offset may lie past the
+   buffer, where no pointer may point). */
+static uint64_t view_offset(const fx_tensor_view *v) { return (uint64_t)(uintptr_t)v->data; }
+
+typedef struct hdr {
+    jcur c;
+    fx_safetensors *f; /* fill pass: arrays allocated */
+    bool fill;
+    size_t n, nmeta, sbytes; /* count pass: totals; fill pass: positions */
+    char *s;                 /* fill pass: where the next string goes */
+} hdr;
+
+/* The decoded start of the string at pos, quoted for a message. */
+static const char *quote_at(const hdr *h, size_t pos, char q[FX__ST_QUOTE_CAP])
+{
+    char buf[2 * FX__ST_QUOTE_CAP];
+    jcur c = {h->c.s, h->c.n, pos};
+    size_t len = 0;
+    if (jstring(&c, buf, sizeof buf - 1, &len) != FX_OK)
+        len = 0;
+    buf[len < sizeof buf - 1 ? len : sizeof buf - 1] = '\0';
+    return fx__st_quote(q, buf);
+}
+
+/* The value at pos: its kind (syntax was checked). */
+static jkind kind_at(const hdr *h, size_t pos)
+{
+    jcur c = {h->c.s, h->c.n, pos};
+    jkind k = J_NULL;
+    jskip(&c, &k);
+    return k;
+}
+
+enum { KEY_DTYPE, KEY_SHAPE, KEY_OFFSETS };
+
+/* One tensor entry at h->c.i (its key at key_pos, klen bytes decoded): exactly dtype, shape and
+   data_offsets, sizes checked for overflow, in the order the checks were always made. */
+static int entry(hdr *h, size_t key_pos, size_t klen)
+{
+    char q[FX__ST_QUOTE_CAP];
+    jcur *c = &h->c;
+    size_t start = c->i;
+    jkind k = kind_at(h, start);
+    if (k != J_OBJECT)
+        return fx__error(FX_EFORMAT, "tensor %s: entry is %s, not an object with dtype, shape and "
+                         "data_offsets", quote_at(h, key_pos, q), jkind_name(k));
+    size_t pos[3] = {SIZE_MAX, SIZE_MAX, SIZE_MAX}, unexpected = SIZE_MAX;
+    c->i++;
+    jws(c);
+    while (c->s[c->i] != '}') {
+        size_t kp = c->i, len;
+        char key[16];
+        jstring(c, key, sizeof key, &len);
+        int which = len == 5 && !memcmp(key, "dtype", 5) ? KEY_DTYPE
+                  : len == 5 && !memcmp(key, "shape", 5) ? KEY_SHAPE
+                  : len == 12 && !memcmp(key, "data_offsets", 12) ? KEY_OFFSETS : -1;
+        jws(c);
+        c->i++; /* ':' */
+        jws(c);
+        if (which >= 0 && pos[which] != SIZE_MAX) {
+            char qk[FX__ST_QUOTE_CAP];
+            return fx__error(FX_EFORMAT, "tensor %s: duplicate key %s", quote_at(h, key_pos, q),
+                             quote_at(h, kp, qk));
+        }
+        if (which >= 0)
+            pos[which] = c->i;
+        else if (unexpected == SIZE_MAX)
+            unexpected = kp;
+        jskip(c, &k);
+        jws(c);
+        if (c->s[c->i] == ',') {
+            c->i++;
+            jws(c);
+        }
+    }
+    size_t end = c->i + 1;
+    if (unexpected != SIZE_MAX) {
+        char qk[FX__ST_QUOTE_CAP];
+        return fx__error(FX_EFORMAT, "tensor %s: unexpected key %s (entries have exactly dtype, shape and "
+                         "data_offsets)", quote_at(h, key_pos, q), quote_at(h, unexpected, qk));
+    }
+    const char *missing = pos[KEY_DTYPE] == SIZE_MAX ? "dtype" : pos[KEY_SHAPE] == SIZE_MAX ? "shape"
+                        : pos[KEY_OFFSETS] == SIZE_MAX ? "data_offsets" : NULL;
+    if (missing)
+        return fx__error(FX_EFORMAT, "tensor %s: missing key '%s'", quote_at(h, key_pos, q), missing);
+
+    /* dtype */
+    if ((k = kind_at(h, pos[KEY_DTYPE])) != J_STRING)
+        return fx__error(FX_EFORMAT, "tensor %s: dtype is %s, not a string", quote_at(h, key_pos, q), jkind_name(k));
+    char dname[16];
+    size_t dlen;
+    c->i = pos[KEY_DTYPE];
+    jstring(c, dname, sizeof dname - 1, &dlen);
+    dname[dlen < sizeof dname - 1 ? dlen : sizeof dname - 1] = '\0';
+    fx_dtype dt;
+    if (dlen >= sizeof dname - 1 || fx_dtype_from_name(&dt, dname) != FX_OK) {
+        char qd[FX__ST_QUOTE_CAP];
+        return fx__error(FX_EFORMAT, "tensor %s: unknown dtype %s (names are upper case, e.g. F32, BF16, I64)",
+                         quote_at(h, key_pos, q), quote_at(h, pos[KEY_DTYPE], qd));
+    }
+
+    /* shape */
+    if ((k = kind_at(h, pos[KEY_SHAPE])) != J_ARRAY)
+        return fx__error(FX_EFORMAT, "tensor %s: shape is %s, not an array", quote_at(h, key_pos, q), jkind_name(k));
+    int64_t shape[FX_MAX_DIMS];
+    int nd = 0;
+    uint64_t numel = 1;
+    bool overflow = false;
+    c->i = pos[KEY_SHAPE] + 1;
+    for (jws(c); c->s[c->i] != ']'; nd++) {
+        jws(c);
+        if (nd == FX_MAX_DIMS) /* not reached: the pre-scan refuses longer arrays */
+            return fx__error(FX_EFORMAT, "tensor %s: shape has more than %d dimensions", quote_at(h, key_pos, q),
+                             FX_MAX_DIMS);
+        if ((k = kind_at(h, c->i)) != J_INTEGER)
+            return fx__error(FX_EFORMAT, "tensor %s: shape[%d] is %s, not a non-negative integer",
+                             quote_at(h, key_pos, q), nd, jkind_name(k));
+        uint64_t dim = jint(c);
+        shape[nd] = (int64_t)dim;
+        /* Checked at each step: a product that wraps (possibly to 0) is an error, never an empty
+           tensor. */
+        if (!overflow && __builtin_mul_overflow(numel, dim, &numel))
+            overflow = true;
+        jws(c);
+        if (c->s[c->i] == ',')
+            c->i++;
+        jws(c);
+    }
+    uint64_t nbytes;
+    if (overflow || numel > (uint64_t)INT64_MAX || __builtin_mul_overflow(numel, (uint64_t)fx_dtype_size(dt), &nbytes))
+        return fx__error(FX_EFORMAT, "tensor %s: shape product times %zu bytes overflows (the size-overflow rule)",
+                         quote_at(h, key_pos, q), fx_dtype_size(dt));
+
+    /* data_offsets */
+    k = kind_at(h, pos[KEY_OFFSETS]);
+    size_t count = 0;
+    bool ints = true;
+    uint64_t off[2] = {0, 0};
+    if (k == J_ARRAY) {
+        c->i = pos[KEY_OFFSETS] + 1;
+        for (jws(c); c->s[c->i] != ']'; count++) {
+            jws(c);
+            jkind ek = kind_at(h, c->i);
+            if (ek == J_INTEGER && count < 2)
+                off[count] = jint(c);
+            else
+                jskip(c, &ek);
+            ints &= ek == J_INTEGER;
+            jws(c);
+            if (c->s[c->i] == ',')
+                c->i++;
+            jws(c);
+        }
+    }
+    if (k != J_ARRAY || count != 2)
+        return fx__error(FX_EFORMAT, "tensor %s: data_offsets is %s%s, not an array of 2 integers",
+                         quote_at(h, key_pos, q), jkind_name(k), k == J_ARRAY ? " of another length" : "");
+    if (!ints)
+        return fx__error(FX_EFORMAT, "tensor %s: data_offsets holds something other than non-negative integers",
+                         quote_at(h, key_pos, q));
+    if (off[1] < off[0])
+        return fx__error(FX_EFORMAT, "tensor %s: data_offsets [%llu, %llu) end before they begin",
+                         quote_at(h, key_pos, q), (unsigned long long)off[0], (unsigned long long)off[1]);
+    if (off[1] - off[0] != nbytes)
+        return fx__error(FX_EFORMAT, "tensor %s: data_offsets [%llu, %llu) hold %llu bytes but %s shape needs %llu "
+                         "(the end - begin = byte size rule)", quote_at(h, key_pos, q), (unsigned long long)off[0],
+                         (unsigned long long)off[1], (unsigned long long)(off[1] - off[0]), fx_dtype_name(dt),
+                         (unsigned long long)nbytes);
+    c->i = end;
+    if (h->fill) {
+        fx_tensor_view *v = &h->f->views[h->n];
+        jcur kc = {c->s, c->n, key_pos};
+        size_t len;
+        jstring(&kc, h->s, klen, &len);
+        v->name = h->s;
+        h->s += klen;
+        *h->s++ = '\0';
+        v->dtype = dt;
+        v->ndim = nd;
+        memset(v->shape, 0, sizeof v->shape);
+        memcpy(v->shape, shape, (size_t)nd * sizeof shape[0]);
+        v->data = (const void *)(uintptr_t)off[0];
+        v->nbytes = (size_t)nbytes;
+    }
+    h->n++;
+    h->sbytes += klen + 1;
+    return FX_OK;
+}
+
+/* __metadata__ at h->c.i: an object of strings. */
+static int metadata(hdr *h)
+{
+    jcur *c = &h->c;
+    jkind k = kind_at(h, c->i);
+    if (k != J_OBJECT)
+        return fx__error(FX_EFORMAT, "__metadata__ is %s, not an object of strings", jkind_name(k));
+    c->i++;
+    jws(c);
+    while (c->s[c->i] != '}') {
+        size_t kp = c->i, klen, vlen;
+        jstring(c, NULL, 0, &klen);
+        jws(c);
+        c->i++; /* ':' */
+        jws(c);
+        size_t vp = c->i;
+        if ((k = kind_at(h, vp)) != J_STRING) {
+            char q[FX__ST_QUOTE_CAP];
+            return fx__error(FX_EFORMAT, "__metadata__ value of %s is %s, not a string (metadata maps strings to "
+                             "strings)", quote_at(h, kp, q), jkind_name(k));
+        }
+        jstring(c, NULL, 0, &vlen);
+        if (h->fill) {
+            jcur kc = {c->s, c->n, kp}, vc = {c->s, c->n, vp};
+            size_t len;
+            h->f->meta[h->nmeta] = h->s;
+            jstring(&kc, h->s, klen, &len);
+            h->s += klen;
+            *h->s++ = '\0';
+            jstring(&vc, h->s, vlen, &len);
+            h->s += vlen;
+            *h->s++ = '\0';
+        }
+        h->nmeta++;
+        h->sbytes += klen + 1 + vlen + 1;
+        jws(c);
+        if (c->s[c->i] == ',') {
+            c->i++;
+            jws(c);
+        }
+    }
+    c->i++;
+    return FX_OK;
+}
+
+/* One walk over the top-level object (syntax already checked). */
+static int walk(hdr *h)
+{
+    jcur *c = &h->c;
+    c->i = 0;
+    jws(c);
+    if (c->s[c->i] != '{')
+        return fx__error(FX_EFORMAT, "header is %s, not a JSON object", jkind_name(kind_at(h, c->i)));
+    c->i++;
+    jws(c);
+    bool seen_meta = false;
+    while (c->s[c->i] != '}') {
+        size_t kp = c->i, klen;
+        char key[16];
+        jstring(c, key, sizeof key, &klen);
+        jws(c);
+        c->i++; /* ':' */
+        jws(c);
+        int rc;
+        if (klen == 12 && !memcmp(key, "__metadata__", 12)) {
+            if (seen_meta)
+                return fx__error(FX_EFORMAT, "header: duplicate key '__metadata__'");
+            seen_meta = true;
+            rc = metadata(h);
+        } else {
+            rc = entry(h, kp, klen);
+        }
+        if (rc != FX_OK)
+            return rc;
+        jws(c);
+        if (c->s[c->i] == ',') {
+            c->i++;
+            jws(c);
+        }
+    }
+    return FX_OK;
+}
+
+static int cmp_str_ptr(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
 static int cmp_view_name(const void *a, const void *b)
@@ -177,134 +684,17 @@ static int cmp_view_name(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-static const char *json_kind(const json_t *v)
+/* File order: by data offset, then end, then header order (the views' addresses while they are
+   still in header order). */
+static int cmp_view_span(const void *a, const void *b)
 {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE: case JSON_FALSE: return "a boolean";
-    case JSON_NULL: return "null";
-    }
-    return "unknown";
-}
-
-/* A non-negative JSON integer (the pre-scan already refused signs and overflow; this is the
-   belt to its braces). */
-static bool json_u64(const json_t *v, uint64_t *out)
-{
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return false;
-    *out = (uint64_t)json_integer_value(v);
-    return true;
-}
-
-typedef struct entry {
-    fx_dtype dtype;
-    int ndim;
-    int64_t shape[FX_MAX_DIMS];
-    uint64_t begin, end, nbytes;
-} entry;
-
-/* One tensor entry: exactly dtype, shape, data_offsets; sizes checked for overflow. */
-static int check_entry(const char *name, const json_t *v, entry *e)
-{
-    char q[FX__ST_QUOTE_CAP];
-    if (!json_is_object(v))
-        return fx__error(FX_EFORMAT, "tensor %s: entry is %s, not an object with dtype, shape and "
-                         "data_offsets", fx__st_quote(q, name), json_kind(v));
-    const char *key;
-    json_t *val;
-    json_object_foreach((json_t *)v, key, val) {
-        if (strcmp(key, "dtype") && strcmp(key, "shape") && strcmp(key, "data_offsets")) {
-            char qk[FX__ST_QUOTE_CAP];
-            return fx__error(FX_EFORMAT, "tensor %s: unexpected key %s (entries have exactly dtype, "
-                             "shape and data_offsets)", fx__st_quote(q, name), fx__st_quote(qk, key));
-        }
-    }
-    const json_t *dt = json_object_get(v, "dtype"), *sh = json_object_get(v, "shape"),
-                 *off = json_object_get(v, "data_offsets");
-    const char *missing = !dt ? "dtype" : !sh ? "shape" : !off ? "data_offsets" : NULL;
-    if (missing)
-        return fx__error(FX_EFORMAT, "tensor %s: missing key '%s'", fx__st_quote(q, name), missing);
-
-    if (!json_is_string(dt))
-        return fx__error(FX_EFORMAT, "tensor %s: dtype is %s, not a string", fx__st_quote(q, name),
-                         json_kind(dt));
-    if (fx_dtype_from_name(&e->dtype, json_string_value(dt)) != FX_OK) {
-        char qd[FX__ST_QUOTE_CAP];
-        return fx__error(FX_EFORMAT, "tensor %s: unknown dtype %s (names are upper case, e.g. F32, "
-                         "BF16, I64)", fx__st_quote(q, name), fx__st_quote(qd, json_string_value(dt)));
-    }
-
-    if (!json_is_array(sh))
-        return fx__error(FX_EFORMAT, "tensor %s: shape is %s, not an array", fx__st_quote(q, name),
-                         json_kind(sh));
-    size_t nd = json_array_size(sh);
-    if (nd > FX_MAX_DIMS)
-        return fx__error(FX_EFORMAT, "tensor %s: shape has %zu dimensions, more than %d",
-                         fx__st_quote(q, name), nd, FX_MAX_DIMS);
-    e->ndim = (int)nd;
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (size_t d = 0; d < nd; d++) {
-        uint64_t dim;
-        if (!json_u64(json_array_get(sh, d), &dim))
-            return fx__error(FX_EFORMAT, "tensor %s: shape[%zu] is %s, not a non-negative integer",
-                             fx__st_quote(q, name), d, json_kind(json_array_get(sh, d)));
-        e->shape[d] = (int64_t)dim;
-        /* Checked at each step: a product that wraps (possibly to 0) is an error, never an
-           empty tensor. */
-        if (!overflow && __builtin_mul_overflow(numel, dim, &numel))
-            overflow = true;
-    }
-    uint64_t nbytes;
-    if (overflow || numel > (uint64_t)INT64_MAX || __builtin_mul_overflow(numel, (uint64_t)fx_dtype_size(e->dtype), &nbytes))
-        return fx__error(FX_EFORMAT, "tensor %s: shape product times %zu bytes overflows (the "
-                         "size-overflow rule)", fx__st_quote(q, name), fx_dtype_size(e->dtype));
-
-    if (!json_is_array(off) || json_array_size(off) != 2)
-        return fx__error(FX_EFORMAT, "tensor %s: data_offsets is %s%s, not an array of 2 integers",
-                         fx__st_quote(q, name), json_kind(off), json_is_array(off) ? " of another length" : "");
-    if (!json_u64(json_array_get(off, 0), &e->begin) || !json_u64(json_array_get(off, 1), &e->end))
-        return fx__error(FX_EFORMAT, "tensor %s: data_offsets holds something other than "
-                         "non-negative integers", fx__st_quote(q, name));
-    if (e->end < e->begin)
-        return fx__error(FX_EFORMAT, "tensor %s: data_offsets [%llu, %llu) end before they begin",
-                         fx__st_quote(q, name), (unsigned long long)e->begin, (unsigned long long)e->end);
-    if (e->end - e->begin != nbytes)
-        return fx__error(FX_EFORMAT, "tensor %s: data_offsets [%llu, %llu) hold %llu bytes but %s "
-                         "shape needs %llu (the end - begin = byte size rule)", fx__st_quote(q, name),
-                         (unsigned long long)e->begin, (unsigned long long)e->end,
-                         (unsigned long long)(e->end - e->begin), fx_dtype_name(e->dtype),
-                         (unsigned long long)nbytes);
-    e->nbytes = nbytes;
-    return FX_OK;
-}
-
-static int check_metadata(const json_t *v, size_t *count, size_t *bytes)
-{
-    if (!json_is_object(v))
-        return fx__error(FX_EFORMAT, "__metadata__ is %s, not an object of strings", json_kind(v));
-    const char *key;
-    json_t *val;
-    json_object_foreach((json_t *)v, key, val) {
-        if (!json_is_string(val)) {
-            char q[FX__ST_QUOTE_CAP];
-            return fx__error(FX_EFORMAT, "__metadata__ value of %s is %s, not a string (metadata maps "
-                             "strings to strings)", fx__st_quote(q, key), json_kind(val));
-        }
-        if (strlen(json_string_value(val)) != json_string_length(val)) {
-            char q[FX__ST_QUOTE_CAP];
-            return fx__error(FX_EFORMAT, "__metadata__ value of %s contains a NUL character",
-                             fx__st_quote(q, key));
-        }
-        *bytes += strlen(key) + 1 + json_string_length(val) + 1;
-        (*count)++;
-    }
-    return FX_OK;
+    const fx_tensor_view *x = *(const fx_tensor_view *const *)a, *y = *(const fx_tensor_view *const *)b;
+    uint64_t xb = view_offset(x), yb = view_offset(y);
+    if (xb != yb)
+        return xb < yb ? -1 : 1;
+    if (x->nbytes != y->nbytes)
+        return x->nbytes < y->nbytes ? -1 : 1;
+    return x < y ? -1 : x > y;
 }
 
 void fx__st_release(fx_safetensors *f)
@@ -319,150 +709,126 @@ void fx__st_release(fx_safetensors *f)
     f->strings = NULL;
 }
 
-static int parse_json(fx_safetensors *f, const char *hdr, size_t hlen)
+/* The data layout: sorted by offset, tensors must tile [0, buffer length) exactly. sorted holds
+   the views in file order. */
+static int check_layout(const fx_safetensors *f, const fx_tensor_view *const *sorted, size_t n)
 {
-    json_error_t jerr;
-    json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) {
-        char q[FX__ST_QUOTE_CAP];
-        return fx__error(FX_EFORMAT, "header is not strict JSON: %s at byte %d (line %d, column %d)",
-                         fx__st_printable(q, jerr.text), jerr.position, jerr.line, jerr.column);
-    }
-    int rc = FX_OK;
-    entry *ents = NULL;
-    span *spans = NULL;
-    if (!json_is_object(root)) {
-        rc = fx__error(FX_EFORMAT, "header is %s, not a JSON object", json_kind(root));
-        goto done;
-    }
-
-    /* Count and size everything first, so one allocation of each kind suffices. */
-    size_t total = json_object_size(root), nmeta = 0, sbytes = 0;
-    const json_t *meta = json_object_get(root, "__metadata__");
-    if (meta && (rc = check_metadata(meta, &nmeta, &sbytes)) != FX_OK)
-        goto done;
-    size_t n = total - (meta != NULL);
-
-    ents = fx__calloc(n ? n : 1, sizeof *ents);
-    spans = fx__calloc(n ? n : 1, sizeof *spans);
-    if (!ents || !spans) {
-        rc = FX_ENOMEM;
-        goto done;
-    }
-    const char *key;
-    json_t *val;
-    size_t k = 0;
-    json_object_foreach(root, key, val) {
-        if (!strcmp(key, "__metadata__"))
-            continue;
-        if ((rc = check_entry(key, val, &ents[k])) != FX_OK)
-            goto done;
-        spans[k] = (span){ents[k].begin, ents[k].end, k};
-        sbytes += strlen(key) + 1;
-        k++;
-    }
-
-    /* The data layout: sorted by offset, tensors must tile [0, buffer length) exactly. */
-    qsort(spans, n, sizeof *spans, cmp_span);
     uint64_t expect = 0;
+    char q[FX__ST_QUOTE_CAP], qp[FX__ST_QUOTE_CAP];
     for (size_t i = 0; i < n; i++) {
-        const span *s = &spans[i];
-        if (s->begin != expect || s->end > f->buffer_len) {
-            /* Name both sides of a gap or overlap: that is what a reader needs to see. */
-            const char *nm = NULL, *prev = NULL;
-            size_t j = 0;
-            json_object_foreach(root, key, val) {
-                if (!strcmp(key, "__metadata__"))
-                    continue;
-                if (j == s->idx)
-                    nm = key;
-                if (i > 0 && j == spans[i - 1].idx)
-                    prev = key;
-                j++;
-            }
-            char q[FX__ST_QUOTE_CAP], qp[FX__ST_QUOTE_CAP];
-            if (s->begin > expect)
-                rc = fx__error(FX_EFORMAT, "tensor %s: data_offsets [%llu, %llu) leave a hole: the "
-                               "data before them ends at %llu (offsets must tile the buffer)",
-                               fx__st_quote(q, nm), (unsigned long long)s->begin,
-                               (unsigned long long)s->end, (unsigned long long)expect);
-            else if (s->begin < expect)
-                rc = fx__error(FX_EFORMAT, "tensor %s: data_offsets [%llu, %llu) overlap tensor %s, "
-                               "which ends at %llu (offsets must not overlap)", fx__st_quote(q, nm),
-                               (unsigned long long)s->begin, (unsigned long long)s->end,
-                               fx__st_quote(qp, prev ? prev : "?"), (unsigned long long)expect);
-            else
-                rc = fx__error(FX_EFORMAT, "tensor %s: data_offsets [%llu, %llu) run past the end of "
-                               "the data buffer (%zu bytes; the file is incomplete)", fx__st_quote(q, nm),
-                               (unsigned long long)s->begin, (unsigned long long)s->end, f->buffer_len);
-            goto done;
-        }
-        expect = s->end;
+        const fx_tensor_view *v = sorted[i];
+        uint64_t b = view_offset(v), e = b + v->nbytes;
+        if (b > expect)
+            return fx__error(FX_EFORMAT, "tensor %s: data_offsets [%llu, %llu) leave a hole: the data before "
+                             "them ends at %llu (offsets must tile the buffer)", fx__st_quote(q, v->name),
+                             (unsigned long long)b, (unsigned long long)e, (unsigned long long)expect);
+        if (b < expect)
+            return fx__error(FX_EFORMAT, "tensor %s: data_offsets [%llu, %llu) overlap tensor %s, which ends at "
+                             "%llu (offsets must not overlap)", fx__st_quote(q, v->name), (unsigned long long)b,
+                             (unsigned long long)e, fx__st_quote(qp, sorted[i - 1]->name),
+                             (unsigned long long)expect);
+        if (e > f->buffer_len)
+            return fx__error(FX_EFORMAT, "tensor %s: data_offsets [%llu, %llu) run past the end of the data "
+                             "buffer (%zu byte%s; the file is incomplete)", fx__st_quote(q, v->name),
+                             (unsigned long long)b, (unsigned long long)e, f->buffer_len,
+                             f->buffer_len == 1 ? "" : "s");
+        expect = e;
     }
-    if (expect != f->buffer_len) {
-        rc = fx__error(FX_EFORMAT, "the tensors cover %llu bytes of the data buffer but it holds %zu: "
-                       "%zu trailing bytes belong to no tensor (the buffer must be covered exactly)",
-                       (unsigned long long)expect, f->buffer_len, f->buffer_len - (size_t)expect);
-        goto done;
+    if (expect != f->buffer_len)
+        return fx__error(FX_EFORMAT, "the tensors cover %llu bytes of the data buffer but it holds %zu: %zu "
+                         "trailing byte%s belong%s to no tensor (the buffer must be covered exactly)",
+                         (unsigned long long)expect, f->buffer_len, f->buffer_len - (size_t)expect,
+                         f->buffer_len - (size_t)expect == 1 ? "" : "s",
+                         f->buffer_len - (size_t)expect == 1 ? "s" : "");
+    return FX_OK;
+}
+
+static int parse_json(fx_safetensors *f, const unsigned char *text, size_t len)
+{
+    int rc = check_syntax(text, len);
+    if (rc != FX_OK)
+        return rc;
+    /* Count, so that each array is allocated once at its exact size, then fill. */
+    hdr h = {.c = {text, len, 0}, .f = f};
+    if ((rc = walk(&h)) != FX_OK)
+        return rc;
+    size_t n = h.n, nmeta = h.nmeta;
+    f->views = fx__alloc((n ? n : 1) * sizeof *f->views);
+    f->by_name = fx__alloc((n ? n : 1) * sizeof *f->by_name);
+    f->meta = fx__alloc((nmeta ? nmeta : 1) * sizeof *f->meta);
+    f->strings = fx__alloc(h.sbytes ? h.sbytes : 1);
+    if (!f->views || !f->by_name || !f->meta || !f->strings) {
+        fx__st_release(f);
+        return FX_ENOMEM;
+    }
+    h = (hdr){.c = {text, len, 0}, .f = f, .fill = true, .s = f->strings};
+    walk(&h); /* cannot fail: the same walk succeeded */
+    f->n = n;
+    f->nmeta = nmeta;
+
+    /* Duplicate metadata keys (header order is kept, so a sorted copy is checked). */
+    if (nmeta > 1) {
+        const char **keys = fx__alloc(nmeta * sizeof *keys);
+        if (!keys) {
+            fx__st_release(f);
+            return FX_ENOMEM;
+        }
+        memcpy(keys, f->meta, nmeta * sizeof *keys);
+        qsort(keys, nmeta, sizeof *keys, cmp_str_ptr);
+        for (size_t i = 1; i < nmeta && rc == FX_OK; i++)
+            if (!strcmp(keys[i - 1], keys[i])) {
+                char q[FX__ST_QUOTE_CAP];
+                rc = fx__error(FX_EFORMAT, "__metadata__: duplicate key %s", fx__st_quote(q, keys[i]));
+            }
+        fx__free(keys);
+        if (rc != FX_OK) {
+            fx__st_release(f);
+            return rc;
+        }
     }
 
-    /* Everything holds: build the views. */
-    f->views = fx__calloc(n ? n : 1, sizeof *f->views);
-    f->by_name = fx__calloc(n ? n : 1, sizeof *f->by_name);
-    f->meta = fx__calloc(nmeta ? 2 * nmeta : 1, sizeof *f->meta);
-    f->strings = fx__alloc(sbytes ? sbytes : 1);
-    if (!f->views || !f->by_name || !f->meta || !f->strings) {
-        rc = FX_ENOMEM;
-        goto done;
-    }
-    char *s = f->strings;
-    /* Header order -> names, then place each view at its rank in file order. */
-    const char **names = (const char **)f->by_name; /* borrowed as scratch until filled below */
-    k = 0;
-    json_object_foreach(root, key, val) {
-        if (!strcmp(key, "__metadata__"))
-            continue;
-        size_t len = strlen(key) + 1;
-        memcpy(s, key, len);
-        names[k++] = s;
-        s += len;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const entry *e = &ents[spans[i].idx];
-        fx_tensor_view *v = &f->views[i];
-        v->name = names[spans[i].idx];
-        v->dtype = e->dtype;
-        v->ndim = e->ndim;
-        memcpy(v->shape, e->shape, sizeof v->shape);
-        v->data = f->buffer + e->begin;
-        v->nbytes = (size_t)e->nbytes;
+    /* The layout, in file order; by_name serves as the permutation. A duplicate name outranks a
+       layout error (the duplicate is the cause). */
+    const fx_tensor_view **order = f->by_name;
+    for (size_t i = 0; i < n; i++)
+        order[i] = &f->views[i];
+    qsort(order, n, sizeof *order, cmp_view_span);
+    int layout = check_layout(f, order, n);
+    if (layout == FX_OK) {
+        /* Views into file order, in place: views[j] = old views[order[j]], cycle by cycle. */
+        for (size_t i = 0; i < n; i++) {
+            if (!order[i])
+                continue;
+            fx_tensor_view keep = f->views[i];
+            for (size_t j = i;;) {
+                size_t k = (size_t)(order[j] - f->views);
+                order[j] = NULL;
+                if (k == i) {
+                    f->views[j] = keep;
+                    break;
+                }
+                f->views[j] = f->views[k];
+                j = k;
+            }
+        }
+        for (size_t i = 0; i < n; i++)
+            f->views[i].data = f->buffer + view_offset(&f->views[i]);
     }
     for (size_t i = 0; i < n; i++)
         f->by_name[i] = &f->views[i];
     qsort(f->by_name, n, sizeof *f->by_name, cmp_view_name);
-    f->n = n;
-    if (meta) {
-        size_t m = 0;
-        json_object_foreach((json_t *)meta, key, val) {
-            size_t kl = strlen(key) + 1, vl = json_string_length(val) + 1;
-            memcpy(s, key, kl);
-            f->meta[2 * m] = s;
-            s += kl;
-            memcpy(s, json_string_value(val), vl);
-            f->meta[2 * m + 1] = s;
-            s += vl;
-            m++;
+    for (size_t i = 1; i < n; i++)
+        if (!strcmp(f->by_name[i - 1]->name, f->by_name[i]->name)) {
+            char q[FX__ST_QUOTE_CAP];
+            rc = fx__error(FX_EFORMAT, "header: duplicate tensor name %s", fx__st_quote(q, f->by_name[i]->name));
+            fx__st_release(f);
+            return rc;
         }
-    }
-    f->nmeta = nmeta;
-
-done:
-    if (rc != FX_OK)
+    if (layout != FX_OK) {
         fx__st_release(f);
-    fx__free(ents);
-    fx__free(spans);
-    json_decref(root);
-    return rc;
+        return layout;
+    }
+    return FX_OK;
 }
 
 int fx__st_parse(fx_safetensors *f, const unsigned char *file, size_t len)
@@ -494,18 +860,19 @@ int fx__st_parse(fx_safetensors *f, const unsigned char *file, size_t len)
     f->header_len = (size_t)n;
     f->buffer = file + stop;
     f->buffer_len = len - (size_t)stop;
-    return parse_json(f, (const char *)hdr, (size_t)n);
+    return parse_json(f, hdr, (size_t)n);
 }
 
 /* ---- the public API -------------------------------------------------------------------------- */
 
-int fx_safetensors_open(fx_safetensors **out, const char *path)
+/* Maps `path` read-only (*map NULL for an empty file). A FIFO or device at `path` is refused
+   before anything could block on it. */
+static int map_file(const char *path, void **map, size_t *len)
 {
-    if (!out)
-        return fx__error(FX_EINVAL, "out is NULL");
-    if (!path)
-        return fx__error(FX_EINVAL, "path is NULL");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    bool not_regular;
+    int fd = fx__open_regular(path, &not_regular);
+    if (fd < 0 && not_regular)
+        return fx__error(FX_EIO, "%s: not a regular file", path);
     if (fd < 0)
         return fx__error(FX_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -514,21 +881,32 @@ int fx_safetensors_open(fx_safetensors **out, const char *path)
         close(fd);
         return fx__error(FX_EIO, "%s: cannot stat: %s", path, strerror(e));
     }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return fx__error(FX_EIO, "%s: not a regular file", path);
-    }
-    size_t len = (size_t)st.st_size;
-    void *map = NULL;
-    if (len > 0) {
-        map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (map == MAP_FAILED) {
+    *len = (size_t)st.st_size;
+    *map = NULL;
+    if (*len > 0) {
+        void *m = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return fx__error(FX_EIO, "%s: cannot map %zu bytes: %s", path, len, strerror(e));
+            return fx__error(FX_EIO, "%s: cannot map %zu bytes: %s", path, *len, strerror(e));
         }
+        *map = m;
     }
     close(fd); /* the mapping keeps the file */
+    return FX_OK;
+}
+
+int fx_safetensors_open(fx_safetensors **out, const char *path)
+{
+    if (!out)
+        return fx__error(FX_EINVAL, "out is NULL");
+    if (!path)
+        return fx__error(FX_EINVAL, "path is NULL");
+    void *map;
+    size_t len;
+    int rc = map_file(path, &map, &len);
+    if (rc != FX_OK)
+        return rc;
     fx_safetensors *f = fx__calloc(1, sizeof *f);
     if (!f) {
         if (map)
@@ -536,7 +914,7 @@ int fx_safetensors_open(fx_safetensors **out, const char *path)
         return fx__error_context(FX_ENOMEM, "%s", path);
     }
     static const unsigned char empty[1];
-    int rc = fx__st_parse(f, map ? (const unsigned char *)map : empty, len);
+    rc = fx__st_parse(f, map ? (const unsigned char *)map : empty, len);
     if (rc != FX_OK) {
         if (map)
             munmap(map, len);
@@ -546,6 +924,131 @@ int fx_safetensors_open(fx_safetensors **out, const char *path)
     f->map = map;
     *out = f;
     return FX_OK;
+}
+
+/* The header of file[0..len) checked as fx__st_parse does up to the JSON syntax: *hdr and *n. */
+static int header_syntax(const unsigned char *file, size_t len, const unsigned char **hdr, size_t *n)
+{
+    if (len < 8)
+        return fx__error(FX_EFORMAT, "file is %zu byte%s, shorter than the 8-byte header length (header too small)",
+                         len, len == 1 ? "" : "s");
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--)
+        hl = hl << 8 | file[i];
+    if (hl > FX__ST_MAX_HEADER || hl > len - 8)
+        return fx__error(FX_EFORMAT, "header length %llu is past the limit or the end of the file (header too large "
+                         "or invalid header length)", (unsigned long long)hl);
+    size_t bad;
+    if (!fx__st_utf8_valid(file + 8, (size_t)hl, &bad))
+        return fx__error(FX_EFORMAT, "header is not valid UTF-8 (byte 0x%02x at header offset %zu)", file[8 + bad],
+                         bad);
+    int rc = prescan(file + 8, (size_t)hl);
+    if (rc == FX_OK)
+        rc = check_syntax(file + 8, (size_t)hl);
+    *hdr = file + 8;
+    *n = (size_t)hl;
+    return rc;
+}
+
+int fx_safetensors_peek_metadata(const char *path, const char *key, char *value, size_t cap, bool *found)
+{
+    if (!path || !key || !found || (cap && !value))
+        return fx__error(FX_EINVAL, "%s is NULL", !path ? "path" : !key ? "key" : !found ? "found" : "value");
+    *found = false;
+    if (cap)
+        value[0] = '\0';
+    void *map;
+    size_t len;
+    int rc = map_file(path, &map, &len);
+    if (rc != FX_OK)
+        return rc;
+    static const unsigned char empty[1];
+    const unsigned char *file = map ? map : empty, *text = NULL;
+    size_t n = 0;
+    if ((rc = header_syntax(file, len, &text, &n)) != FX_OK)
+        goto done;
+    hdr h = {.c = {text, n, 0}};
+    jcur *c = &h.c;
+    jws(c);
+    if (text[c->i] != '{') {
+        rc = fx__error(FX_EFORMAT, "header is %s, not a JSON object", jkind_name(kind_at(&h, c->i)));
+        goto done;
+    }
+    /* The top-level members: only __metadata__ is looked into. */
+    size_t klen = strlen(key);
+    c->i++;
+    jws(c);
+    while (text[c->i] != '}') {
+        char name[16];
+        size_t nl;
+        jstring(c, name, sizeof name, &nl);
+        jws(c);
+        c->i++; /* ':' */
+        jws(c);
+        if (!(nl == 12 && !memcmp(name, "__metadata__", 12))) {
+            jkind k;
+            jskip(c, &k);
+        } else {
+            jkind k = kind_at(&h, c->i);
+            if (k != J_OBJECT) {
+                rc = fx__error(FX_EFORMAT, "__metadata__ is %s, not an object of strings", jkind_name(k));
+                goto done;
+            }
+            c->i++;
+            jws(c);
+            while (text[c->i] != '}') {
+                size_t kp = c->i, l;
+                /* Compare the decoded key with `key`: decode one byte more than it has. */
+                char small[256], *kb = klen + 2 <= sizeof small ? small : fx__alloc(klen + 2);
+                if (!kb) {
+                    rc = FX_ENOMEM;
+                    goto done;
+                }
+                jstring(c, kb, klen + 1, &l);
+                bool match = l == klen && !memcmp(kb, key, klen);
+                if (kb != small)
+                    fx__free(kb);
+                jws(c);
+                c->i++; /* ':' */
+                jws(c);
+                if ((k = kind_at(&h, c->i)) != J_STRING) {
+                    char q[FX__ST_QUOTE_CAP];
+                    rc = fx__error(FX_EFORMAT, "__metadata__ value of %s is %s, not a string", quote_at(&h, kp, q),
+                                   jkind_name(k));
+                    goto done;
+                }
+                size_t vp = c->i;
+                jstring(c, NULL, 0, &l);
+                if (match) {
+                    if (l >= cap) {
+                        rc = fx__error(FX_ERANGE, "metadata '%s' is %zu bytes; the buffer holds %zu", key, l,
+                                       cap ? cap - 1 : 0);
+                        goto done;
+                    }
+                    jcur vc = {text, n, vp};
+                    jstring(&vc, value, l, &l);
+                    value[l] = '\0';
+                    *found = true;
+                    goto done;
+                }
+                jws(c);
+                if (text[c->i] == ',') {
+                    c->i++;
+                    jws(c);
+                }
+            }
+            goto done;
+        }
+        jws(c);
+        if (text[c->i] == ',') {
+            c->i++;
+            jws(c);
+        }
+    }
+done:
+    if (map)
+        munmap(map, len);
+    return rc == FX_OK ? FX_OK : fx__error_context(rc, "%s", path);
 }
 
 size_t fx_safetensors_count(const fx_safetensors *f) { return f ? f->n : 0; }
@@ -578,14 +1081,14 @@ const char *fx_safetensors_metadata(const fx_safetensors *f, const char *key)
     if (!f || !key)
         return NULL;
     for (size_t i = 0; i < f->nmeta; i++)
-        if (!strcmp(f->meta[2 * i], key))
-            return f->meta[2 * i + 1];
+        if (!strcmp(f->meta[i], key))
+            return f->meta[i] + strlen(f->meta[i]) + 1; /* the value follows its key */
     return NULL;
 }
 
 const char *fx_safetensors_metadata_key(const fx_safetensors *f, size_t i)
 {
-    return f && i < f->nmeta ? f->meta[2 * i] : NULL;
+    return f && i < f->nmeta ? f->meta[i] : NULL;
 }
 
 const void *fx_safetensors_buffer(const fx_safetensors *f, size_t *nbytes)

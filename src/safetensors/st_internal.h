@@ -22,7 +22,7 @@ struct fx_safetensors {
     fx_tensor_view *views;       /* file order */
     const fx_tensor_view **by_name;
     size_t nmeta;
-    const char **meta;           /* key0, value0, key1, value1, ... in header order */
+    const char **meta;           /* keys in header order; each value follows its key's NUL */
     char *strings;               /* every name, key and value */
 };
 
