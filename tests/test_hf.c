@@ -3,6 +3,7 @@
    flexc's layout against the transformers reference outputs of tests/fixtures/models (made by
    scripts/fixtures_models.py). */
 #include "harness.h"
+#include "tmpdir.h"
 
 #include "gpt/gpt.h"
 #include "hf/hf.h"
@@ -19,36 +20,6 @@ enum { NFIX = sizeof fixtures / sizeof fixtures[0] };
 
 static char tmpdir[512];
 
-static void make_tmpdir(void)
-{
-    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(tmpdir, sizeof tmpdir, "%s/flexc-hf-XXXXXX", base);
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        exit(2);
-    }
-}
-
-static void rm_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char p[1024];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
-            rm_tree(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static void fixture_path(char *buf, size_t n, const char *name, const char *suffix)
 {
@@ -1089,7 +1060,7 @@ static void test_data_large_vocab(void)
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
-    make_tmpdir();
+    fxt_make_tmpdir(tmpdir, sizeof tmpdir, "flexc-hf");
     FXT_RUN(test_config_fixtures);
     FXT_RUN(test_config_refusals);
     FXT_RUN(test_config_json_roundtrip);
@@ -1101,6 +1072,6 @@ int main(int argc, char **argv)
     FXT_RUN(test_bad_weights);
     FXT_RUN(test_model_parity);
     FXT_RUN(test_data_large_vocab);
-    rm_tree(tmpdir);
+    fxt_rm_tree(tmpdir);
     return fxt_finish();
 }

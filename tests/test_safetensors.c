@@ -1,6 +1,7 @@
 /* safetensors: the reference implementation's vectors, every validation rule, round trips of
    every dtype, atomic saving, sharded checkpoints. Conversions are in test_safetensors_convert.c. */
 #include "harness.h"
+#include "tmpdir.h"
 
 #include "safetensors/st_internal.h"
 
@@ -13,36 +14,6 @@
 
 static char tmpdir[512];
 
-static void make_tmpdir(void)
-{
-    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    snprintf(tmpdir, sizeof tmpdir, "%s/flexc-st-XXXXXX", base);
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
-        exit(2);
-    }
-}
-
-static void rm_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return;
-    struct dirent *e;
-    char p[1024];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode))
-            rm_tree(p);
-        else
-            unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static const char *tpath(const char *name)
 {
@@ -1021,7 +992,7 @@ static void test_no_leaks(void)
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
-    make_tmpdir();
+    fxt_make_tmpdir(tmpdir, sizeof tmpdir, "flexc-st");
     FXT_RUN(test_reference_deserialization);
     FXT_RUN(test_reference_scalar_and_zero_size);
     FXT_RUN(test_reference_errors);
@@ -1044,6 +1015,6 @@ int main(int argc, char **argv)
     FXT_RUN(test_index);
     FXT_RUN(test_header_cost);
     FXT_RUN(test_no_leaks);
-    rm_tree(tmpdir);
+    fxt_rm_tree(tmpdir);
     return fxt_finish();
 }
