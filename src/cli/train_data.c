@@ -2,6 +2,7 @@
    tokenizer of the model being fine-tuned, or an llm.c token file. */
 #include "train_data.h"
 
+#include "core/file.h"
 #include "hf/hf.h"
 
 #include <flexc/tokenizer.h>
@@ -15,7 +16,8 @@
 
 bool train_is_token_file(const char *path)
 {
-    FILE *f = path ? fopen(path, "rb") : NULL;
+    bool not_regular; /* a FIFO would block here: the loader then says what it is */
+    FILE *f = path ? fx__fopen_regular(path, &not_regular) : NULL;
     if (!f)
         return false;
     unsigned char b[4];

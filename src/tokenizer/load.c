@@ -837,7 +837,10 @@ int fx_tokenizer_load(fx_tokenizer **out, const char *path)
     if (!out || !path)
         return fx__error(FX_EINVAL, "out and path must not be NULL");
     *out = NULL;
-    FILE *f = fopen(path, "rb");
+    bool not_regular;
+    FILE *f = fx__fopen_regular(path, &not_regular);
+    if (!f && not_regular)
+        return fx__error(FX_EIO, "%s: not a regular file", path);
     if (!f)
         return fx__error(FX_EIO, "%s: %s", path, strerror(errno));
     fx__buf b = {0};

@@ -4,6 +4,7 @@
 #define FX_TOK_INTERNAL_H
 
 #include "core/core.h"
+#include "core/file.h"
 #include "flexc/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8

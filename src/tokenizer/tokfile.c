@@ -176,7 +176,10 @@ int fx_tokens_load(fx_ids *out, const char *path, int64_t vocab_size)
 {
     if (!out || !path)
         return fx__error(FX_EINVAL, "out and path must not be NULL");
-    FILE *f = fopen(path, "rb");
+    bool not_regular;
+    FILE *f = fx__fopen_regular(path, &not_regular);
+    if (!f && not_regular)
+        return fx__error(FX_EIO, "%s: not a regular file", path);
     if (!f)
         return fx__error(FX_EIO, "%s: %s", path, strerror(errno));
     struct stat st;
