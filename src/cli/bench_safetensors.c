@@ -135,17 +135,21 @@ int bench_safetensors(int argc, char **argv)
         views[i] = (fx_tensor_view){.name = names[i], .dtype = FX_DT_F32, .ndim = 2,
                                     .shape = {(int64_t)(per / 1024), 256}, .data = src, .nbytes = per};
     }
+    /* Ctrl-C or SIGTERM waits while the file is saved and the handler that removes it is put
+       in place: one arriving between the two would leave the file behind. */
+    sigset_t stop, prev;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    sigprocmask(SIG_BLOCK, &stop, &prev);
     double t0 = bench_now();
     rc = fx_safetensors_save(path, views, (size_t)ntensors, (const char *const[]){"format", "pt", NULL});
     double save_s = bench_now() - t0;
     free(views);
     free(names);
     free(src);
-    if (rc != FX_OK)
-        return cli_fail(rc, "bench safetensors: save");
-
     void (*old_int)(int) = SIG_DFL, (*old_term)(int) = SIG_DFL;
-    if (!keep) {
+    if (rc == FX_OK && !keep) {
         memcpy(bench_file, path, sizeof bench_file);
         /* a signal the caller ignores stays ignored */
         if ((old_int = signal(SIGINT, on_signal)) == SIG_IGN)
@@ -153,6 +157,9 @@ int bench_safetensors(int argc, char **argv)
         if ((old_term = signal(SIGTERM, on_signal)) == SIG_IGN)
             signal(SIGTERM, SIG_IGN);
     }
+    sigprocmask(SIG_SETMASK, &prev, NULL);
+    if (rc != FX_OK)
+        return cli_fail(rc, "bench safetensors: save");
     ctx c = {.path = path};
     fx_safetensors *f;
     if ((rc = fx_safetensors_open(&f, path)) != FX_OK) {
