@@ -1,6 +1,6 @@
 /* Measurement helpers for `flexc bench` (bench/README.md): wall-clock medians of alternating runs,
    and this machine's limits measured in the same run: fp32 FMA peak, STREAM-triad bandwidth
-   and OpenBLAS sgemm throughput. */
+   and BLIS sgemm throughput. */
 #ifndef FX_BENCH_UTIL_H
 #define FX_BENCH_UTIL_H
 
@@ -23,7 +23,7 @@ double bench_time(bench_fn f, void *ctx, int reps);
 double bench_fma_peak_gflops(void);
 /* STREAM triad a[i] = b[i] + s*c[i] bandwidth in GB/s (3 x 4 bytes per element counted). */
 double bench_triad_gbs(void);
-/* OpenBLAS sgemm C[M,N] = A[M,K] B[K,N]^T in GFLOP/s (median of a few runs). */
+/* BLIS sgemm C[M,N] = A[M,K] B[K,N]^T in GFLOP/s (median of a few runs). */
 double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K);
 
 /* Per-thread FMA loops of each width: flops done in `iters` iterations (called inside an

@@ -37,7 +37,7 @@ bool fx__in_parallel(void);
 static inline fx_isa fx__isa(void) { return fx_get_isa(); }
 
 /* Row-major C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C; op transposes when ta/tb.
-   lda/ldb/ldc are the row strides of A, B and C as stored. Goes to CBLAS (OpenBLAS), or to
+   lda/ldb/ldc are the row strides of A, B and C as stored. Goes to BLIS, or to
    the reference below when built with FLEXC_REFERENCE_KERNELS. Bitwise identical for any
    thread count (see gemm.c). */
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
