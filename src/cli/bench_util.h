@@ -4,6 +4,7 @@
 #ifndef FX_BENCH_UTIL_H
 #define FX_BENCH_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -31,6 +32,14 @@ double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K);
 double bench_fma_loop_scalar(int64_t iters);
 double bench_fma_loop_avx2(int64_t iters);
 double bench_fma_loop_avx512(int64_t iters);
+
+/* The matrix products of `steps` traced training steps (`bench train --gemm`, core.h's trace):
+   per shape, the time the steps spent in it against one BLIS call of that shape on BLIS's own
+   threads (its default settings, the same thread count), and the total; a table, or one JSON
+   line. step_s: the step's median seconds. */
+struct fx__gemm_shape;
+void bench_gemm_report(const struct fx__gemm_shape *shapes, int n, int64_t dropped, int steps, double step_s,
+                       bool json);
 
 /* Maximum resident set size of this process, in bytes. */
 size_t bench_max_rss(void);

@@ -43,6 +43,21 @@ static inline fx_isa fx__isa(void) { return fx_get_isa(); }
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc);
+/* Accounting of the matrix work (`flexc bench train --gemm`): between fx__gemm_trace_start
+   and fx__gemm_trace_stop, every fx__sgemm call made outside a parallel region adds its wall
+   time to the entry of its shape (up to `cap` distinct shapes; later new shapes are only
+   counted in *dropped). Calls inside parallel regions (the fused loss's blocks) are not
+   traced. One trace at a time, started and stopped by the thread that makes the calls. */
+typedef struct fx__gemm_shape {
+    bool ta, tb;
+    int64_t M, N, K;
+    int64_t calls;
+    double seconds;
+} fx__gemm_shape;
+void fx__gemm_trace_start(fx__gemm_shape *shapes, int cap);
+/* Stops tracing; returns the number of entries filled and sets *dropped (may be NULL). */
+int fx__gemm_trace_stop(int64_t *dropped);
+
 /* The plain triple loop (float64 accumulation), same contract: the tests' reference. */
 void fx__sgemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const float *B, int64_t ldb,

@@ -2,6 +2,7 @@
 #include "core.h"
 
 #include <blis.h>
+#include <time.h>
 
 /* Why BLIS: with its small-matrix path off, BLIS computes every element of C the same way
    whatever the shape of the call it is part of: the same micro-kernel over K in the same
@@ -30,15 +31,73 @@ static void fx__blis(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
                  &alpha, (float *)A, lda, 1, (float *)B, ldb, 1, &beta, C, ldc, 1, NULL, &rntm);
 }
 
+/* The trace (core.h): where calls go while it is on. */
+static struct {
+    fx__gemm_shape *shapes;
+    int cap, n;
+    int64_t dropped;
+} fx__trace;
+
+static double fx__gemm_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void fx__gemm_trace_start(fx__gemm_shape *shapes, int cap)
+{
+    fx__trace.shapes = shapes, fx__trace.cap = cap, fx__trace.n = 0, fx__trace.dropped = 0;
+}
+
+int fx__gemm_trace_stop(int64_t *dropped)
+{
+    if (dropped)
+        *dropped = fx__trace.dropped;
+    fx__trace.shapes = NULL;
+    return fx__trace.n;
+}
+
+static void fx__gemm_trace_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double seconds)
+{
+    for (int i = 0; i < fx__trace.n; i++) {
+        fx__gemm_shape *e = &fx__trace.shapes[i];
+        if (e->ta == ta && e->tb == tb && e->M == M && e->N == N && e->K == K) {
+            e->calls++, e->seconds += seconds;
+            return;
+        }
+    }
+    if (fx__trace.n == fx__trace.cap) {
+        fx__trace.dropped++;
+        return;
+    }
+    fx__trace.shapes[fx__trace.n++] = (fx__gemm_shape){ta, tb, M, N, K, 1, seconds};
+}
+
+static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc)
 {
+    if (M == 0 || N == 0)
+        return;
+    if (!fx__trace.shapes || fx__in_parallel()) {
+        fx__sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    const double t0 = fx__gemm_clock();
+    fx__sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    fx__gemm_trace_add(ta, tb, M, N, K, fx__gemm_clock() - t0);
+}
+
+static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
 #ifdef FLEXC_REFERENCE_KERNELS
     fx__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else
-    if (M == 0 || N == 0)
-        return;
     const double flops = 2.0 * (double)M * (double)N * (double)K;
     const int nt = fx__in_parallel() || flops < FX__GEMM_MIN_FLOPS ? 1 : fx__max_threads();
     if (nt == 1) {
