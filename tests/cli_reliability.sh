@@ -4,14 +4,8 @@
 # a save that cannot happen is found before the first step; prompts of any size.
 set -u
 flexc=${1:?path to flexc}
-tmp=$(mktemp -d /tmp/flexc_cli_rel.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/lib/checks.sh"
-
-for i in $(seq 1 200); do
-    echo "the quick brown fox $((i % 10)) jumps over the lazy dog."
-    (( i % 7 == 0 )) && echo "%"
-done > "$tmp/corpus.txt"
+scratch cli_rel 200
 common=(--model tiny --data "$tmp/corpus.txt" --batch 2 --seq 16 --threads 1)
 check base 0 "$flexc" train "${common[@]}" --steps 4 --until 2 --quiet --out "$tmp/r"
 
