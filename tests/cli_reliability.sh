@@ -88,6 +88,11 @@ check fifo-metrics 1 t5 "$flexc" train --resume --quiet --out "$tmp/fm"
 has fifo-metrics-msg "$tmp/err" "cannot read $tmp/fm/metrics.jsonl: not a regular file"
 check fifo-prompt 1 t5 "$flexc" generate --ckpt "$tmp/r" --prompt-file "$tmp/fifo"
 has fifo-prompt-msg "$tmp/err" "--prompt-file $tmp/fifo: not a regular file"
+# A Hugging Face directory whose generation_config.json is a FIFO (its open blocked forever).
+cp -r "$(dirname "$0")/fixtures/models/qwen2_bias" "$tmp/fh" && rm "$tmp/fh/generation_config.json"
+mkfifo "$tmp/fh/generation_config.json"
+check fifo-hf-config 1 t5 "$flexc" generate --model "$tmp/fh" --tokens 2
+has fifo-hf-config-msg "$tmp/err" "$tmp/fh/generation_config.json: not a regular file"
 # Standard input is a stream where one makes sense.
 check data-stdin 0 bash -c "\"$flexc\" train ${common[*]} --data - --steps 2 --quiet --out \"$tmp/in\" < \"$tmp/corpus.txt\""
 
