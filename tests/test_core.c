@@ -358,10 +358,11 @@ static void test_harness_catches_guard_overwrite(void)
    directories and FIFOs refused at once with the outputs untouched. */
 static void test_read_regular(void)
 {
-    char dir[512], path[600], fifo[600];
+    char dir[512], path[600], fifo[600], missing[600];
     fxt_make_tmpdir(dir, sizeof dir, "flexc_core");
     snprintf(path, sizeof path, "%s/text", dir);
     snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    snprintf(missing, sizeof missing, "%s/missing", dir);
     const char text[] = "{\"a\": 1}\nsecond line";
     FILE *f = fopen(path, "wb");
     FXT_CHECK(f && fwrite(text, 1, sizeof text - 1, f) == sizeof text - 1);
@@ -378,10 +379,8 @@ static void test_read_regular(void)
     char *keep = (char *)&len;
     buf = keep, len = 7;
     FXT_STATUS(fx__read_regular(&buf, &len, path, sizeof text - 2), FX_EFORMAT, "-byte limit");
-    snprintf(fifo, sizeof fifo, "%s/missing", dir);
-    FXT_STATUS(fx__read_regular(&buf, &len, fifo, 1000), FX_EIO, "cannot open: No such file");
+    FXT_STATUS(fx__read_regular(&buf, &len, missing, 1000), FX_EIO, "cannot open: No such file");
     FXT_STATUS(fx__read_regular(&buf, &len, dir, 1000), FX_EIO, "not a regular file");
-    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
     FXT_CHECK(mkfifo(fifo, 0600) == 0);
     alarm(20); /* a FIFO with no writer would block a plain open forever */
     FXT_STATUS(fx__read_regular(&buf, &len, fifo, 1000), FX_EIO, "not a regular file");
