@@ -166,8 +166,13 @@ int fx__hf_export(const char *dir, const fx__hf_export_spec *s);
 /* ---- into an fx_model ------------------------------------------------------------------------ */
 
 /* Loads the Hugging Face model in dir into a new fx_model (what fx_model_load calls for a
-   directory that holds config.json; *out untouched on failure). */
+   directory that holds config.json; *out untouched on failure): float32 parameters, rows
+   of q and k in flexc's interleaved order. */
 int fx__hf_load(fx_model **out, const char *dir);
+/* The same for generation (fx_model_load_inference): the file stays mapped and the model
+   reads its matrices there, in the file's dtype and row order (mapped weights, see
+   src/gpt/gpt.h); norms and biases are widened to float32. No parameter buffer. */
+int fx__hf_load_mapped(fx_model **out, const char *dir);
 /* The model configuration of c (arch is the HF class name, ctx max_position_embeddings). */
 int fx__hf_model_config(fx_model_config *mc, const fx__hf_config *c);
 /* The inverse, for export: the HF configuration of a model (arch as its label says; flexc's
