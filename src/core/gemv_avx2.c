@@ -40,19 +40,23 @@ static inline float fx__hsum(__m256 a, __m256 b)
     return _mm_cvtss_f32(q);
 }
 
-/* R rows starting at w (row stride I elements of esz bytes). Every row takes the same steps
-   whatever R is: 16 elements into accumulators a and b, then 8 into a, then the tail into b,
-   so a row's sum does not depend on the rows around it. */
+/* R rows starting at w (row stride I elements). Every row takes the same steps whatever R
+   is: 16 elements into accumulators a and b, then 8 into a, then the tail into b, so a
+   row's sum does not depend on the rows around it; R rows at once share the loads of x. R is
+   a constant at each call, and the loops over it unroll so the accumulators stay in
+   registers. */
 static inline __attribute__((always_inline)) void fx__rows(float *y, const unsigned char *w, fx_dtype dt,
                                                           const float *x, int64_t I, bool acc, const int R)
 {
     const size_t esz = fx__esz(dt), stride = (size_t)I * esz;
     __m256 a[4], b[4];
+#pragma GCC unroll 4
     for (int k = 0; k < R; k++)
         a[k] = _mm256_setzero_ps(), b[k] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= I; i += 16) {
         __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+#pragma GCC unroll 4
         for (int k = 0; k < R; k++) {
             const unsigned char *p = w + k * stride + (size_t)i * esz;
             a[k] = _mm256_fmadd_ps(fx__load8(p, dt), x0, a[k]);
@@ -61,6 +65,7 @@ static inline __attribute__((always_inline)) void fx__rows(float *y, const unsig
     }
     if (i + 8 <= I) {
         __m256 x0 = _mm256_loadu_ps(x + i);
+#pragma GCC unroll 4
         for (int k = 0; k < R; k++)
             a[k] = _mm256_fmadd_ps(fx__load8(w + k * stride + (size_t)i * esz, dt), x0, a[k]);
         i += 8;
@@ -69,9 +74,11 @@ static inline __attribute__((always_inline)) void fx__rows(float *y, const unsig
         float xt[8] = {0};
         __builtin_memcpy(xt, x + i, (size_t)(I - i) * sizeof(float));
         __m256 x0 = _mm256_loadu_ps(xt);
+#pragma GCC unroll 4
         for (int k = 0; k < R; k++)
             b[k] = _mm256_fmadd_ps(fx__load_tail(w + k * stride + (size_t)i * esz, dt, I - i), x0, b[k]);
     }
+#pragma GCC unroll 4
     for (int k = 0; k < R; k++) {
         float s = fx__hsum(a[k], b[k]);
         y[k] = acc ? y[k] + s : s;
