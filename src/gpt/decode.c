@@ -83,7 +83,10 @@ int fx__gpt_cache_create(fx__gpt_cache **out, fx__gpt *m, int64_t max_len)
     k->v = fx__alloc(kv * sizeof(float));
     k->doc = fx__alloc((size_t)cap * sizeof(int64_t));
     /* A mapped model in BF16 or F16 widens a tile of weight rows per prompt product. */
-    size_t tile = m->mapped ? (size_t)(FX__WIDEN_TILE * fx__widest_input(c)) : 0;
+    bool widen = false;
+    for (size_t i = 0; m->mapped && i < m->lay.n; i++)
+        widen = widen || m->mapped->t[i].dtype != FX_DT_F32;
+    size_t tile = widen ? (size_t)(FX__WIDEN_TILE * fx__widest_input(c)) : 0;
     k->scratch = fx__alloc((size_t)(cap * (2 * c->dim + 3 * QD + 2 * KD + wide + 2 * F + 1)) * sizeof(float) +
                            tile * sizeof(float));
     if (!k->k || !k->v || !k->doc || !k->scratch) {

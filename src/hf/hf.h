@@ -15,7 +15,9 @@
  * flexc rotates interleaved pairs (x[2i] with x[2i+1], frequency i). The rows of q_proj and
  * k_proj (and their biases) are permuted per head at load, flexc row 2i+s <- HF row i + s*hd/2,
  * and back at export. q.k is a sum over the head dimension, so the attention scores (and
- * everything after them) are unchanged; v and o_proj are not touched.
+ * everything after them) are unchanged; v and o_proj are not touched. A model loaded for
+ * generation only (fx__hf_load_mapped) reads q_proj and k_proj unpermuted from the mapped file
+ * and its decoding rotates halves instead.
  *
  *     fx__hf_model *m;
  *     if (fx__hf_open(&m, "path/to/model") != FX_OK) ... fx_last_error() names the problem
