@@ -742,9 +742,11 @@ static void test_export_roundtrip(void)
 
 /* dir/config.json from the fixture `name` (optionally patched), dir/model.safetensors from the
    fixture's tensors with `drop` removed, `extra` added, `reshape` given shape[0] - 1, and
-   `retype` stored as I8 bytes. */
+   `retype` stored as I8 bytes, `half` stored as BF16, and element 5 of `poison` (F32) set to
+   `poison_value`. */
 typedef struct variant {
-    const char *drop, *reshape, *retype, *half;
+    const char *drop, *reshape, *retype, *half, *poison;
+    float poison_value;
     const fx_tensor_view *extra;
 } variant;
 
@@ -765,7 +767,7 @@ static void write_variant(const char *dir, const char *name, const variant *v)
     }
     size_t n = fx_safetensors_count(f), k = 0;
     fx_tensor_view *t = calloc(n + 1, sizeof *t);
-    void *half = NULL;
+    void *half = NULL, *poisoned = NULL;
     for (size_t i = 0; i < n; i++) {
         fx_tensor_view x = *fx_safetensors_tensor(f, i);
         if (v->drop && strcmp(x.name, v->drop) == 0)
@@ -786,6 +788,12 @@ static void write_variant(const char *dir, const char *name, const variant *v)
             x.data = half;
             x.nbytes = ne * 2;
         }
+        if (v->poison && strcmp(x.name, v->poison) == 0) {
+            poisoned = malloc(x.nbytes);
+            memcpy(poisoned, x.data, x.nbytes);
+            ((float *)poisoned)[5] = v->poison_value;
+            x.data = poisoned;
+        }
         t[k++] = x;
     }
     if (v->extra)
@@ -796,6 +804,7 @@ static void write_variant(const char *dir, const char *name, const variant *v)
         exit(2);
     }
     free(half);
+    free(poisoned);
     free(t);
     fx_safetensors_close(f);
 }
@@ -834,6 +843,19 @@ static void test_bad_weights(void)
     snprintf(dir, sizeof dir, "%s/w-dtype", tmpdir);
     write_variant(dir, "llama3_tied", &(variant){.retype = "model.norm.weight"});
     FXT_STATUS(fx__hf_open(&m, dir), FX_EUNSUPPORTED, "tensor model.norm.weight is I8");
+
+    /* Non-finite weights are refused on every kind of load, naming the tensor and index. */
+    snprintf(dir, sizeof dir, "%s/w-nan", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.poison = "model.layers.1.mlp.down_proj.weight",
+                                                 .poison_value = NAN});
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "tensor model.layers.1.mlp.down_proj.weight holds NaN at index 5");
+    fx_model *bad = NULL;
+    FXT_STATUS(fx_model_load(&bad, dir), FX_EFORMAT, "model.layers.1.mlp.down_proj.weight holds NaN");
+    FXT_STATUS(fx_model_load_inference(&bad, dir), FX_EFORMAT, "model.layers.1.mlp.down_proj.weight holds NaN");
+    FXT_CHECK(bad == NULL);
+    snprintf(dir, sizeof dir, "%s/w-inf", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.poison = "model.embed_tokens.weight", .poison_value = -INFINITY});
+    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "tensor model.embed_tokens.weight holds -Inf at index 5");
 
     snprintf(dir, sizeof dir, "%s/w-mixed", tmpdir);
     write_variant(dir, "llama3_tied", &(variant){.half = "model.norm.weight"});

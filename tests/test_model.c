@@ -1303,6 +1303,23 @@ static void test_document_eos(void)
             ref[i] = part[i];
         fxt_close_f32(impl ? "first document (reference attention)" : "first document", got, ref,
                       (size_t)(split * V), 1e-5, 1e-5);
+        /* Decoding with the KV cache splits where training does: a prompt that starts with the
+           eos id is a new document after it (the last position's logits as the forward's). */
+        const int32_t seq[4] = {1, 8, 9, 10};
+        m->mask = FX__GPT_MASK_DOCUMENT;
+        FXT_OK(fx__gpt_set_batch(m, 1, 4));
+        FXT_OK(fx__gpt_forward(m, seq, NULL, &loss, false));
+        fx__gpt_logits(m, part, false);
+        fx__gpt_cache *kc = NULL;
+        FXT_OK(fx__gpt_cache_create(&kc, m, 8));
+        if (kc) {
+            FXT_OK(fx__gpt_decode(m, kc, seq, 4, got));
+            for (int64_t i = 0; i < V; i++)
+                ref[i] = part[3 * V + i];
+            fxt_close_f32(impl ? "decode after eos (reference attention)" : "decode after eos", got, ref, (size_t)V,
+                          1e-4, 1e-4);
+            fx__gpt_cache_free(kc);
+        }
         free(got), free(part), free(ref);
         fx__gpt_free(m);
     }

@@ -107,14 +107,16 @@ void fx__gpt_cache_free(fx__gpt_cache *c)
 }
 
 /* The mask over absolute positions [cap, cap] for a sequence starting with `first`. Only a
-   leading end-of-text can start a new document (generation stops at one). */
+   leading document separator (the model's first eos id, as in training: forward.c) can start
+   a new document (generation stops at one). */
 static int fx__cache_mask(fx__gpt *m, fx__gpt_cache *kc, int32_t first)
 {
     int64_t ctx = kc->cap;
+    const int32_t sep = m->c.n_eos ? m->c.eos[0] : -1;
     kc->mctx.sliding.window = m->window;
     kc->mctx.document = (fx_mask_document_ctx){.doc_ids = kc->doc, .len = ctx, .batch_stride = 0};
     for (int64_t t = 0; t < ctx; t++)
-        kc->doc[t] = t > 0 && first == FX__GPT_EOT;
+        kc->doc[t] = t > 0 && first == sep;
     fx_block_mask_free(kc->bmask);
     kc->bmask = NULL;
     if (m->attn_impl == FX__GPT_ATTN_REF)

@@ -2,6 +2,8 @@
    permutations, and opening a model directory with every tensor checked before any is read. */
 #include "hf/hf.h"
 
+#include "core/finite.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,7 +189,18 @@ static int check_tensors(fx__hf_model *m)
             rc = fx__error(FX_EFORMAT, "tensor %s has shape %s, config.json implies %s", t->hf_name, got, want);
             break;
         }
-        m->params += t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
+        /* A NaN or an infinity would load and then decode garbage or train to NaN far from
+           the cause: one pass over each tensor (its pages are read at the first forward
+           anyway). */
+        const int64_t numel = t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
+        const int64_t bad = fx__first_nonfinite(v->data, v->dtype, (size_t)numel);
+        if (bad >= 0) {
+            rc = fx__error(FX_EFORMAT, "tensor %s holds %s at index %lld (a model with non-finite weights cannot "
+                           "be used)", t->hf_name, fx__nonfinite_name(v->data, v->dtype, (size_t)bad),
+                           (long long)bad);
+            break;
+        }
+        m->params += numel;
     }
     if (rc == FX_OK && tied_head) {
         /* A tied checkpoint may store the head anyway; it must then be the embedding. */
