@@ -159,7 +159,7 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
     const fx__adamw_f32_fn f32 = fx__adamw_f32_kernel();
     const fx__adamw_bf16_fn bf16 = fx__adamw_bf16_kernel();
     float *params = m->params, *grads = m->grads, *adam = m->adam;
-    uint16_t *adam16 = m->adam16;
+    uint16_t *adam16 = m->adam16, *params16 = m->params16;
 #pragma omp parallel for schedule(static)
     for (size_t b = 0; b < nblk; b++) {
         size_t i = b * FX__ADAM_BLOCK, end = i + FX__ADAM_BLOCK < P ? i + FX__ADAM_BLOCK : P;
@@ -172,6 +172,11 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
             else
                 f32(params + i, grads + i, adam + i, adam + P + i, (int64_t)(e - i), k);
             i = e;
+        }
+        /* bf16 training: the weights' bfloat16 copy, while the block is still in cache. */
+        if (params16) {
+            size_t b0 = b * FX__ADAM_BLOCK;
+            fx__f32_to_bf16_n(params16 + b0, params + b0, (int64_t)(end - b0));
         }
     }
     if (o->zero_grad)
