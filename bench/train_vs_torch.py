@@ -15,7 +15,9 @@ Shapes: `small` (6 layers, dim 384, 6/2 heads, byte vocabulary 257) at B=4, T=25
 GPT-2 124M shape (12 layers, dim 768, 12 heads, vocabulary 50257) at B=4, T=64.
 
 Variants: PyTorch eager and torch.compile, each in float32 and with bfloat16 autocast,
-against `flexc bench train --only flex` (flex attention + fused loss, float32). Every
+against `flexc bench train --only flex` (flex attention + fused loss, float32) and, as
+`flexc-bf16`, the same with `--dtype bf16` (bfloat16 inputs to every matrix product,
+float32 master weights; compared with every PyTorch variant and with flexc in float32). Every
 measurement runs in a fresh child process, in rounds (the order reversed every other round),
 with the same threads and OMP_WAIT_POLICY; each child times its steps after a warm-up and
 reports the median step time, its process's maximum resident set, and the growth of the
@@ -66,7 +68,7 @@ SHAPES = {
     "gpt2": dict(model="gpt2", layers=12, dim=768, heads=12, kv_heads=12, vocab=50257, B=4, T=64),
 }
 CTX = {"small": 256, "gpt2": 1024}
-VARIANTS = ["flexc", "torch-eager-f32", "torch-compile-f32", "torch-eager-bf16", "torch-compile-bf16"]
+VARIANTS = ["flexc", "flexc-bf16", "torch-eager-f32", "torch-compile-f32", "torch-eager-bf16", "torch-compile-bf16"]
 
 
 def ffn_width(dim):
@@ -222,10 +224,11 @@ def child_torch(shape, compiled, dtype, steps, threads):
             "params": sum(p.numel() for p in params)}
 
 
-def run_flexc(flexc, shape, steps, threads, env):
+def run_flexc(flexc, shape, steps, threads, env, dtype="f32"):
     s = SHAPES[shape]
     cmd = [flexc, "bench", "train", "--model", s["model"], "--vocab", str(s["vocab"]), "--batch", str(s["B"]),
-           "--seq", str(s["T"]), "--only", "flex", "--steps", str(steps), "--threads", str(threads), "--json"]
+           "--seq", str(s["T"]), "--only", "flex", "--steps", str(steps), "--threads", str(threads),
+           "--dtype", dtype, "--json"]
     # Through a shell that forks it: a process exec'd straight from this one would report
     # this process's resident peak (Linux keeps the maximum RSS across exec).
     out = subprocess.run(["sh", "-c", '"$@" & wait $!', "sh"] + cmd, env=env, capture_output=True, text=True,
@@ -348,28 +351,32 @@ def main():
             for r in range(a.rounds):
                 order = variants if r % 2 == 0 else variants[::-1]
                 for v in order:
-                    m = run_flexc(a.flexc, shape, a.steps, a.threads, env) if v == "flexc" else \
-                        run_torch(shape, v, a.steps, a.threads, env, a.timeout)
+                    if v.startswith("flexc"):
+                        m = run_flexc(a.flexc, shape, a.steps, a.threads, env, "bf16" if v == "flexc-bf16" else "f32")
+                    else:
+                        m = run_torch(shape, v, a.steps, a.threads, env, a.timeout)
                     res[v].append(m)
                     print(json.dumps({"case": "train_vs_torch_run", "shape": shape, "variant": v, "round": r,
                                       "threads": a.threads, **m}), flush=True)
-            fx = res["flexc"]
             params = {v: m["params"] for v in variants for m in res[v] if "params" in m}
             if len(set(params.values())) != 1:
                 print(json.dumps({"case": "train_vs_torch", "shape": shape, "error": "parameter counts differ",
                                   "params": params}))
                 ok = False
-            for v in variants:
-                if v == "flexc":
-                    continue
+            # Each flexc variant against every PyTorch variant; flexc-bf16 also against flexc.
+            rows = [(b, v) for b in ("flexc", "flexc-bf16") if b in variants for v in variants
+                    if not v.startswith("flexc") or (b == "flexc-bf16" and v == "flexc")]
+            for base, v in rows:
+                fx = res[base]
                 pairs = [(f, t) for f, t in zip(fx, res[v]) if "error" not in t]  # the rounds it finished
                 if not pairs:
-                    print(json.dumps({"case": "train_vs_torch", "shape": shape, "peer": v, "error": res[v][0]["error"]}))
+                    print(json.dumps({"case": "train_vs_torch", "shape": shape, "flexc_variant": base, "peer": v,
+                                      "error": res[v][0]["error"]}))
                     continue
                 fx_ok, ms = [f for f, _ in pairs], [t for _, t in pairs]
-                row = {"case": "train_vs_torch", "shape": shape, "peer": v, "threads": a.threads,
+                row = {"case": "train_vs_torch", "shape": shape, "flexc_variant": base, "peer": v, "threads": a.threads,
                        "batch": SHAPES[shape]["B"], "seq": SHAPES[shape]["T"], "vocab": SHAPES[shape]["vocab"],
-                       "params": params["flexc"], "rounds": len(pairs), "steps": a.steps,
+                       "params": params[base], "rounds": len(pairs), "steps": a.steps,
                        "flexc_tokens_per_s": statistics.median(m["tokens_per_s"] for m in fx_ok),
                        "torch_tokens_per_s": statistics.median(m["tokens_per_s"] for m in ms),
                        "speedup": statistics.median(f["tokens_per_s"] / t["tokens_per_s"] for f, t in pairs),

@@ -43,6 +43,37 @@ check first-bf16 0 "$flexc" train "${common[@]}" --steps 8 --until 4 --adam-bf16
 check second-bf16 0 "$flexc" train --resume --out "$tmp/rb" --threads 1 --quiet
 same resume-bf16 "$tmp/sb/checkpoint.safetensors" "$tmp/rb/checkpoint.safetensors"
 check resume-switch 2 "$flexc" train --resume --adam-bf16 --out "$tmp/r" --quiet
+# bfloat16 matrix products (--dtype bf16): the loss falls, stays within 2% of float32's
+# after the same 20 steps, 1 and 2 threads agree bitwise, and a resumed run equals an
+# uninterrupted one (the weights' bf16 copy is rebuilt from the checkpoint's float32 ones).
+lastloss() { tail -n 1 "$1" | sed 's/.*"loss":\([0-9.e-]*\).*/\1/'; }
+check bf16-straight 0 "$flexc" train "${common[@]}" --steps 20 --dtype bf16 --out "$tmp/h" --threads 1
+contains bf16-metrics "$tmp/h/metrics.jsonl" '"step":20,.*"dtype":"bf16"}'
+contains f32-metrics "$tmp/s/metrics.jsonl" '"step":20,.*"dtype":"f32"}'
+first=$(head -1 "$tmp/h/metrics.jsonl" | sed 's/.*"loss":\([0-9.e-]*\).*/\1/')
+lb=$(lastloss "$tmp/h/metrics.jsonl"); lf=$(lastloss "$tmp/s/metrics.jsonl")
+if awk -v a="$first" -v b="$lb" 'BEGIN { exit !(b < a - 1.0) }'; then ok; else
+    bad "bf16-loss-falls: first loss $first, last $lb"; fi
+if awk -v b="$lb" -v f="$lf" 'BEGIN { d = b - f; if (d < 0) d = -d; exit !(d <= 0.02 * f && b != f) }'; then ok; else
+    bad "bf16-near-f32: loss after 20 steps $lb (bf16) vs $lf (f32): not within 2%, or equal"; fi
+check bf16-threads2 0 "$flexc" train "${common[@]}" --steps 20 --dtype bf16 --out "$tmp/h2" --threads 2
+same bf16-threads "$tmp/h/checkpoint.safetensors" "$tmp/h2/checkpoint.safetensors"
+check bf16-first-half 0 "$flexc" train "${common[@]}" --steps 20 --until 10 --dtype bf16 --out "$tmp/hr" --threads 1
+check bf16-second-half 0 "$flexc" train --resume --out "$tmp/hr" --threads 1 --quiet
+losses "$tmp/h/metrics.jsonl" > "$tmp/h.l"; losses "$tmp/hr/metrics.jsonl" > "$tmp/hr.l"
+same bf16-resume-losses "$tmp/h.l" "$tmp/hr.l"
+same bf16-resume-checkpoint "$tmp/h/checkpoint.safetensors" "$tmp/hr/checkpoint.safetensors"
+check bf16-resume-same 0 "$flexc" train --resume --dtype bf16 --steps 21 --out "$tmp/hr" --threads 1 --quiet
+check bf16-resume-switch 2 "$flexc" train --resume --dtype f32 --out "$tmp/hr" --quiet
+contains bf16-resume-switch-msg "$tmp/err" "the checkpoint was trained with --dtype bf16, not f32"
+check f32-resume-switch 2 "$flexc" train --resume --dtype bf16 --out "$tmp/r" --quiet
+contains f32-resume-switch-msg "$tmp/err" "the checkpoint was trained with --dtype f32, not bf16"
+check bad-dtype 2 "$flexc" train "${common[@]}" --dtype fp16 --out "$tmp/e-dt"
+contains bad-dtype-msg "$tmp/err" "--dtype fp16: expected f32 or bf16"
+check bad-dtype-empty 2 "$flexc" train "${common[@]}" --dtype "" --out "$tmp/e-dt"
+check bf16-deterministic 2 "$flexc" train "${common[@]}" --dtype bf16 --deterministic --out "$tmp/e-dt"
+contains bf16-deterministic-msg "$tmp/err" "--dtype bf16 does not go with --deterministic"
+[[ ! -e "$tmp/e-dt" ]] && ok || bad "refused --dtype left $tmp/e-dt behind"
 # The schedule, the optimizer's settings and the seed come from the checkpoint: a different
 # value is refused (not ignored) and the checkpoint is left alone; the same value is accepted.
 cp "$tmp/r/checkpoint.safetensors" "$tmp/r.ck"
@@ -150,5 +181,9 @@ check gen-bad-temp 2 "$flexc" generate --ckpt "$tmp/s" --temperature -1
 check bench 0 "$flexc" bench train --model tiny --batch 2 --seq 32 --steps 1 --json
 contains bench-json "$tmp/out" '"speedup":'
 contains bench-mem "$tmp/out" '"memory_ratio":'
+check bench-bf16 0 "$flexc" bench train --model tiny --batch 2 --seq 32 --steps 1 --dtype bf16 --json
+contains bench-bf16-json "$tmp/out" '"dtype":"bf16","baseline":"flex+fused f32".*"speedup":'
+check bench-bad-dtype 2 "$flexc" bench train --model tiny --dtype f16
+contains bench-bad-dtype-msg "$tmp/err" "--dtype f16: expected f32 or bf16"
 
 finish cli_train

@@ -439,6 +439,78 @@ static void test_tied_weight(void)
     problem_free(&pr);
 }
 
+/* The bf16 training call (fx__linear_cross_entropy_bf16): with bfloat16 inputs, the loss and
+   lse are bitwise the float32 call's, and the gradients are those of the logits' gradient
+   rounded to bfloat16: against a float64 reference that rounds its own gradient the same
+   way, within TOL of the largest value, plus, for a term whose gradient lies within 1e-5
+   of a rounding midpoint (float32 and float64 may round it apart), one bfloat16 step of it.
+   The float32 call's gradients must miss that reference, so the check can fail. */
+static bool bf16_close(const char *what, const float *got, const double *ref, const double *amb, int64_t rows,
+                       int64_t cols)
+{
+    const double tol = TOL * max_abs(ref, (size_t)(rows * cols));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            double err = fabs((double)got[r * cols + c] - ref[r * cols + c]);
+            if (!(err <= tol + amb[r])) {
+                FXT_FAIL("%s [%lld, %lld]: %.9g vs ref %.9g (error %.3g > %.3g)", what, (long long)r, (long long)c,
+                         (double)got[r * cols + c], ref[r * cols + c], err, tol + amb[r]);
+                return false;
+            }
+        }
+    return true;
+}
+
+static void test_bf16_call(void)
+{
+    problem pr = problem_make(24, 16, 300, 1.0f, false, 0, 800);
+    const int64_t N = pr.p.N, D = pr.p.D, V = pr.p.V;
+    for (int64_t i = 0; i < N * D; i++)
+        pr.h[i] = fx__bf16_round(pr.h[i]);
+    for (int64_t i = 0; i < V * D; i++)
+        pr.w[i] = fx__bf16_round(pr.w[i]);
+    outputs a = outputs_make(&pr), b = outputs_make(&pr);
+    memset(a.dw, 0, (size_t)(V * D) * sizeof(float)), memset(b.dw, 0, (size_t)(V * D) * sizeof(float));
+    FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, pr.h, pr.w, NULL, pr.t, a.loss, a.lse, a.dh, a.dw, NULL));
+    FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, b.loss, b.lse, b.dh, b.dw, NULL));
+    fxt_bitwise_f32("bf16 loss", a.loss, b.loss, 1);
+    fxt_bitwise_f32("bf16 lse", a.lse, b.lse, (size_t)N);
+    /* The reference, its token gradients rounded to bfloat16 (|h|, |w| <= 1 bound a term). */
+    double *dh = fxt_alloc_f64(N * D), *dw = fxt_alloc_f64(V * D), *gz = fxt_alloc_f64(V), *zb = fxt_alloc_f64(V);
+    double *amb_h = fxt_alloc_f64(N), *amb_w = fxt_alloc_f64(V), lse;
+    int64_t nv = 0;
+    for (int64_t i = 0; i < N; i++)
+        nv += pr.t[i] != pr.p.ignore_index;
+    for (int64_t i = 0; i < N; i++) {
+        for (int64_t j = 0; j < V; j++)
+            gz[j] = 0.0;
+        ref_token(&pr.p, pr.h, pr.w, NULL, i, pr.t[i], 1.0 / (double)nv, &lse, gz, zb);
+        for (int64_t j = 0; j < V; j++) {
+            double g = fx__bf16_round((float)gz[j]);
+            if (fx__bf16_round((float)(gz[j] * (1 + 1e-5))) != fx__bf16_round((float)(gz[j] * (1 - 1e-5)))) {
+                amb_h[i] += fabs(g) / 128.0;
+                amb_w[j] += fabs(g) / 128.0;
+            }
+            for (int64_t k = 0; k < D; k++) {
+                dh[i * D + k] += g * pr.w[j * D + k];
+                dw[j * D + k] += g * pr.h[i * D + k];
+            }
+        }
+    }
+    bf16_close("bf16 dh", a.dh, dh, amb_h, N, D);
+    bf16_close("bf16 dw", a.dw, dw, amb_w, V, D);
+    /* The float32 call's dh must fail the same check (without the midpoint allowance). */
+    double miss = 0.0;
+    for (int64_t i = 0; i < N * D; i++)
+        miss = fabs(b.dh[i] - dh[i]) > miss ? fabs(b.dh[i] - dh[i]) : miss;
+    if (!(miss > 10 * TOL * max_abs(dh, (size_t)(N * D))))
+        FXT_FAIL("the float32 call's dh is within 10x the tolerance of the bf16 reference (largest error %.3g): "
+                 "the check cannot tell them apart", miss);
+    free(dh), free(dw), free(gz), free(zb), free(amb_h), free(amb_w);
+    outputs_free(&a), outputs_free(&b);
+    problem_free(&pr);
+}
+
 /* Every output bitwise equal at 1 and 2 threads, in whole-row and tiled plans, forward and
    backward; and the forward's gradients bitwise equal to a backward with grad_loss = 1. */
 static void test_threads_bitwise(void)
@@ -882,6 +954,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_large_logits);
     FXT_RUN(test_tied_weight);
     FXT_RUN(test_threads_bitwise);
+    FXT_RUN(test_bf16_call);
     FXT_RUN(test_errors);
     FXT_RUN(test_plan);
     return fxt_finish();

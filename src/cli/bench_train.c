@@ -1,6 +1,7 @@
 /* flexc bench train: training throughput and memory of the GPT with block-sparse flex
    attention and the fused loss, against the same model with dense attention and the
-   unfused (materialised logits) loss, measured side by side in one run (bench/README.md). */
+   unfused (materialised logits) loss, measured side by side in one run (bench/README.md).
+   With --dtype bf16 the baseline is the same flex + fused model in float32 instead. */
 #include "cli.h"
 
 #include "bench_train_dist.h"
@@ -61,7 +62,7 @@ static void run_step(void *p)
 
 int bench_train(int argc, char **argv)
 {
-    const char *model = "small", *attn = "causal", *only = NULL, *parallel = NULL;
+    const char *model = "small", *attn = "causal", *only = NULL, *parallel = NULL, *dtype = "f32";
     int64_t batch = 4, seq = 0, steps = 5, vocab = 0, threads = 0, accum = 1;
     bool json = false, adam_bf16 = false, recompute = false, gemm = false;
     for (int i = 0; i < argc; i++) /* over MPI processes: a benchmark of its own */
@@ -77,6 +78,8 @@ int bench_train(int argc, char **argv)
         {"--threads", CLI_INT, &threads, "threads (default: all cores)"},
         {"--only", CLI_STRING, &only, "flex | baseline: build and time one variant (its process max RSS is then its own)"},
         {"--adam-bf16", CLI_FLAG, &adam_bf16, "both variants keep the Adam moments in bfloat16"},
+        {"--dtype", CLI_STRING, &dtype, "f32 | bf16: the flex variant's matrix products; bf16 compares it with "
+                                        "the same model in f32 (default f32)"},
         {"--recompute", CLI_FLAG, &recompute, "the flex variant recomputes activations in backward"},
         {"--json", CLI_FLAG, &json, "one JSON object"},
         {"--gemm", CLI_FLAG, &gemm, "with --only: the step's matrix products by shape, against BLIS alone at each"},
@@ -91,6 +94,11 @@ int bench_train(int argc, char **argv)
         return rc;
     if ((rc = cli_threads("bench train", threads)) != CLI_EXIT_OK)
         return rc;
+    if (strcmp(dtype, "f32") != 0 && strcmp(dtype, "bf16") != 0) {
+        cli_error("bench train --dtype %s: expected f32 or bf16", dtype);
+        return CLI_EXIT_USAGE;
+    }
+    const bool bf16 = strcmp(dtype, "bf16") == 0;
     /* A preset, or the configuration of a saved model (the timing does not depend on the
        weights, so the benchmark draws its own). */
     fx__gpt_config cfg;
@@ -151,7 +159,8 @@ int bench_train(int argc, char **argv)
     for (int64_t i = 0; i < d.n; i++)
         d.tok[i] = (uint32_t)(fx_rng_u32(&r) % (uint32_t)cfg.vocab);
 
-    variant v[2] = {{.name = "flex+fused"}, {.name = "dense+unfused"}};
+    variant v[2] = {{.name = bf16 ? "flex+fused bf16" : "flex+fused"},
+                    {.name = bf16 ? "flex+fused f32" : "dense+unfused"}};
     int exit_code = CLI_EXIT_FAIL;
     for (int i = first; i <= last; i++) {
         size_t before, peak;
@@ -166,10 +175,11 @@ int bench_train(int argc, char **argv)
             cli_fail(rc, "bench train");
             goto done;
         }
-        v[i].m->mask = i == 0 ? mask : FX__GPT_MASK_CAUSAL_DENSE;
+        v[i].m->mask = i == 0 || bf16 ? mask : FX__GPT_MASK_CAUSAL_DENSE;
         v[i].m->window = window;
-        v[i].m->loss_impl = i == 0 ? FX__GPT_LOSS_FUSED : FX__GPT_LOSS_UNFUSED;
-        if ((rc = fx__gpt_set_batch(v[i].m, batch, seq)) != FX_OK) {
+        v[i].m->loss_impl = i == 0 || bf16 ? FX__GPT_LOSS_FUSED : FX__GPT_LOSS_UNFUSED;
+        if ((rc = fx__gpt_set_batch(v[i].m, batch, seq)) != FX_OK ||
+            (rc = fx__gpt_set_bf16(v[i].m, bf16 && i == 0)) != FX_OK) {
             cli_fail(rc, "bench train");
             goto done;
         }
@@ -213,10 +223,10 @@ int bench_train(int argc, char **argv)
         variant *x = &v[first];
         double t = first == 0 ? ta : tb, mem = (double)(x->own_bytes + x->step_peak);
         if (json)
-            printf("{\"case\":\"train\",\"variant\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"vocab\":%lld,"
+            printf("{\"case\":\"train\",\"variant\":\"%s\",\"dtype\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"vocab\":%lld,"
                    "\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"tokens_per_s\":%.1f,\"forward_s\":%.4f,"
                    "\"backward_s\":%.4f,\"optimizer_s\":%.4f,\"peak_bytes\":%.0f,\"max_rss_bytes\":%zu}\n",
-                   x->name, x->m->recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.vocab, (long long)batch, (long long)seq,
+                   x->name, x->m->params16 ? "bf16" : "f32", x->m->recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.vocab, (long long)batch, (long long)seq,
                    fx_get_num_threads(), tokens / t, phase_median(x, 0), phase_median(x, 1), phase_median(x, 2), mem,
                    bench_max_rss());
         else
@@ -235,20 +245,22 @@ int bench_train(int argc, char **argv)
     char an[32];
     fx__gpt_mask_name(mask, window, an, sizeof an);
     if (json) {
-        printf("{\"case\":\"train\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"layers\":%lld,\"dim\":%lld,\"heads\":%lld,"
+        printf("{\"case\":\"train\",\"dtype\":\"%s\",\"baseline\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"layers\":%lld,\"dim\":%lld,\"heads\":%lld,"
                "\"kv_heads\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"attn\":\"%s\","
                "\"tokens_per_s\":%.1f,\"baseline_tokens_per_s\":%.1f,\"speedup\":%.3f,"
                "\"peak_bytes\":%.0f,\"baseline_peak_bytes\":%.0f,\"memory_ratio\":%.3f,\"max_rss_bytes\":%zu}\n",
-               recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
+               dtype, bf16 ? "flex+fused f32" : "dense+unfused", recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32",
+               model, params, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
                (long long)cfg.kv_heads, (long long)cfg.vocab, (long long)batch, (long long)seq, fx_get_num_threads(),
                an, tokens / ta, tokens / tb, tb / ta, mem_a, mem_b, mem_a / mem_b, bench_max_rss());
     } else {
         printf("train %s: %.2fM params, vocab %lld, batch %lld x %lld, %d threads (median of %lld step pairs)\n",
                model, params / 1e6, (long long)cfg.vocab, (long long)batch, (long long)seq, fx_get_num_threads(),
                (long long)steps);
-        printf("  %-28s %10.1f tokens/s  peak %8.1f MB\n", "flex (" "attention mask) + fused", tokens / ta,
-               mem_a / 1048576.0);
-        printf("  %-28s %10.1f tokens/s  peak %8.1f MB\n", "dense + unfused loss", tokens / tb, mem_b / 1048576.0);
+        printf("  %-28s %10.1f tokens/s  peak %8.1f MB\n", bf16 ? "flex + fused, bf16" : "flex (attention mask) + fused",
+               tokens / ta, mem_a / 1048576.0);
+        printf("  %-28s %10.1f tokens/s  peak %8.1f MB\n", bf16 ? "flex + fused, f32" : "dense + unfused loss",
+               tokens / tb, mem_b / 1048576.0);
         printf("  speedup %.2fx, memory %.2fx of the baseline (mask %s); process max RSS %.1f MB\n", tb / ta,
                mem_a / mem_b, an, (double)bench_max_rss() / 1048576.0);
     }

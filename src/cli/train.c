@@ -27,7 +27,7 @@ static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { interrupted = sig; }
 
 typedef struct train_opts {
-    const char *data, *model, *attn, *out, *parallel, *comm_log;
+    const char *data, *model, *attn, *out, *parallel, *comm_log, *dtype;
     int64_t steps, batch, seq, seed, threads, accum, warmup, save_every, eval_every, eval_batches, log_every, until;
     int64_t layers, dim, heads, kv_heads;
     double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac, comm_timeout;
@@ -284,6 +284,7 @@ int cmd_train(int argc, char **argv)
         {"--eval-every", CLI_INT, &o.eval_every, "validation loss every N steps (default steps/10)"},
         {"--eval-batches", CLI_INT, &o.eval_batches, "validation batches per evaluation (default 4)"},
         {"--log-every", CLI_INT, &o.log_every, "progress line every N steps when not on a terminal"},
+        {"--dtype", CLI_STRING, &o.dtype, "f32 | bf16: the matrix products' inputs (default f32; see docs/train.md)"},
         {"--bf16", CLI_FLAG, &o.bf16, "write model.safetensors in bfloat16"},
         {"--adam-bf16", CLI_FLAG, &o.adam_bf16, "keep the Adam moments in bfloat16 (half the optimizer memory)"},
         {"--recompute", CLI_FLAG, &o.recompute, "keep only layer inputs, recompute the rest in backward"},
@@ -313,6 +314,10 @@ int cmd_train(int argc, char **argv)
     /* Checkpoints record the seed as a signed integer: a negative one could not be read back. */
     if (o.seed != UNSET && o.seed < 0)
         return int_outside("--seed", o.seed, 0, INT64_MAX);
+    if (o.dtype && strcmp(o.dtype, "f32") != 0 && strcmp(o.dtype, "bf16") != 0) {
+        cli_error("--dtype %s: expected f32 or bf16", o.dtype);
+        return CLI_EXIT_USAGE;
+    }
     fx__par par;
     if (fx__par_parse(o.parallel, &par) != FX_OK) {
         cli_error("%s", fx_last_error());
@@ -439,6 +444,11 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
                       (unsigned long long)st.seed, (long long)o.seed);
             return CLI_EXIT_USAGE;
         }
+        if (o.dtype && (strcmp(o.dtype, "bf16") == 0) != st.bf16) {
+            cli_error("--resume: the checkpoint was trained with --dtype %s, not %s (drop --dtype)",
+                      st.bf16 ? "bf16" : "f32", o.dtype);
+            return CLI_EXIT_USAGE;
+        }
         if (o.adam_bf16 && !st.adam_bf16) {
             cli_error("--resume: the checkpoint keeps its Adam moments in float32; drop --adam-bf16");
             return CLI_EXIT_USAGE;
@@ -515,6 +525,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         st.seed = o.seed != UNSET ? (uint64_t)o.seed : 1337;
         st.adam_bf16 = o.adam_bf16;
         st.deterministic = o.deterministic;
+        st.bf16 = o.dtype && strcmp(o.dtype, "bf16") == 0;
         fx_rng_init(&st.rng, st.seed, 1);
         fx__gpt_mask mk;
         int64_t w;
@@ -561,6 +572,13 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
             cli_error("the Adam betas %g, %g must be in [0, 1)", (double)st.beta1, (double)st.beta2);
             return CLI_EXIT_USAGE;
         }
+    }
+    /* The multi-process and deterministic paths run their own optimizer over their own
+       buffers, which do not keep the weights' bfloat16 copy. */
+    if (st.bf16 && (par != FX__PAR_NONE || o.deterministic)) {
+        cli_error("--dtype bf16 does not go with %s (float32 only)",
+                  par != FX__PAR_NONE ? (par == FX__PAR_DDP ? "--parallel ddp" : "--parallel fsdp") : "--deterministic");
+        return CLI_EXIT_USAGE;
     }
     if (o.save_every < 0)
         return int_outside("--save-every", o.save_every, 0, INT64_MAX);
@@ -652,6 +670,10 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
         cli_fail(rc, "--resume");
         goto done;
     }
+    if (st.bf16 && (rc = fx__gpt_set_bf16(m, true)) != FX_OK) {
+        cli_fail(rc, "--dtype bf16");
+        goto done;
+    }
     if ((par != FX__PAR_NONE || o.deterministic) &&
         (rc = fx__dist_create(&dist, m, world, par, o.deterministic, st.batch)) != FX_OK) {
         if (comm_broken(world, dist))
@@ -697,6 +719,8 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
                (long long)st.step + 1, (long long)until, (long long)st.steps, (long long)st.batch, (long long)st.seq,
                (long long)st.accum, (double)st.lr, (long long)st.warmup, (double)st.min_lr, fx_get_num_threads(),
                cli_s((uint64_t)fx_get_num_threads()), o.out);
+        if (st.bf16)
+            printf("dtype bf16: bfloat16 inputs to every matrix product, float32 weights, sums and loss\n");
         if (world)
             printf("parallel %s over %d processes (%lld sequences each)%s, communication timeout %g s\n", o.parallel,
                    nproc, (long long)(st.batch / nproc), o.deterministic ? ", deterministic" : "",
@@ -770,7 +794,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
                     (long long)st.step, (double)info.loss, (double)info.lr, (double)info.grad_norm, tps, elapsed);
             if (eval)
                 fprintf(metrics, ",\"val_loss\":%.9g", (double)val);
-            fprintf(metrics, "}\n");
+            fprintf(metrics, ",\"dtype\":\"%s\"}\n", st.bf16 ? "bf16" : "f32");
             /* A metrics line that cannot be written (a full disk) stops the run as a signal
                would (every process after the same step, the checkpoint saved), then fails. */
             if (fflush(metrics) != 0 || ferror(metrics)) {

@@ -50,14 +50,14 @@ int fx__gpt_backward(fx__gpt *m)
         /* MLP: out = resm + swiglu(h1, h3) W2^T, dres holds d(out). The gradients of h1
            and h3 replace them (their last use). */
         fx__swiglu_forward(a.work, h1, h3, N * F);
-        fx__sgemm(true, false, C, F, N, 1.0f, a.dres, C, a.work, F, 1.0f, g.w2, F);
-        fx__sgemm(false, false, N, F, C, 1.0f, a.dres, C, p.w2, F, 0.0f, a.work, F);
+        fx__mm(m, true, false, C, F, N, a.dres, false, C, a.work, false, F, 1.0f, g.w2, F);
+        fx__mm(m, false, false, N, F, C, a.dres, false, C, p.w2, true, F, 0.0f, a.work, F);
         fx__progress_point(m);
         float *dh1 = h1, *dh3 = h3;
         fx__swiglu_backward(dh1, dh3, a.work, h1, h3, N * F);
-        fx__linear_backward(a.dxn, g.w1, dh1, xn2, p.w1, N, C, F, false);
+        fx__mm_linear_backward(m, a.dxn, g.w1, dh1, xn2, p.w1, N, C, F, false);
         fx__progress_point(m);
-        fx__linear_backward(a.dxn, g.w3, dh3, xn2, p.w3, N, C, F, true);
+        fx__mm_linear_backward(m, a.dxn, g.w3, dh3, xn2, p.w3, N, C, F, true);
         fx__rmsnorm_backward(a.dres, g.ln2, a.dxn, resm, p.ln2, rstd2, N, C);
         fx__progress_point(m);
 
@@ -66,8 +66,8 @@ int fx__gpt_backward(fx__gpt *m)
            q, k and v once the attention's backward has read them. */
         float *datt = xn2;
         fx__from_heads(a.work, att, B, T, Hq, hd);
-        fx__sgemm(true, false, C, QD, N, 1.0f, a.dres, C, a.work, QD, 1.0f, g.wo, QD);
-        fx__sgemm(false, false, N, QD, C, 1.0f, a.dres, C, p.wo, QD, 0.0f, a.work, QD);
+        fx__mm(m, true, false, C, QD, N, a.dres, false, C, a.work, false, QD, 1.0f, g.wo, QD);
+        fx__mm(m, false, false, N, QD, C, a.dres, false, C, p.wo, true, QD, 0.0f, a.work, QD);
         fx__progress_point(m);
         fx__to_heads(datt, a.work, B, T, Hq, hd);
         float *dq = a.work, *dk = a.work + N * QD, *dv = a.work + N * (QD + KD);
@@ -83,10 +83,10 @@ int fx__gpt_backward(fx__gpt *m)
             fx__bias_backward(g.bk, dkt, N, KD);
             fx__bias_backward(g.bv, dvt, N, KD);
         }
-        fx__linear_backward(a.dxn, g.wq, dqt, xn1, p.wq, N, C, QD, false);
+        fx__mm_linear_backward(m, a.dxn, g.wq, dqt, xn1, p.wq, N, C, QD, false);
         fx__progress_point(m);
-        fx__linear_backward(a.dxn, g.wk, dkt, xn1, p.wk, N, C, KD, true);
-        fx__linear_backward(a.dxn, g.wv, dvt, xn1, p.wv, N, C, KD, true);
+        fx__mm_linear_backward(m, a.dxn, g.wk, dkt, xn1, p.wk, N, C, KD, true);
+        fx__mm_linear_backward(m, a.dxn, g.wv, dvt, xn1, p.wv, N, C, KD, true);
         fx__rmsnorm_backward(a.dres, g.ln1, a.dxn, res, p.ln1, rstd1, N, C);
 
         const fx__gpt_tensor *t0 = fx__layer_first(m, l);

@@ -13,7 +13,7 @@
 #define FX__FORMAT "flexc-gpt"
 #define FX__FORMAT_VERSION "1"
 
-enum { FX__META_MAX = 48, FX__META_LEN = 96 };
+enum { FX__META_MAX = 64, FX__META_LEN = 96 };
 
 typedef struct fx__meta {
     const char *kv[2 * FX__META_MAX + 1];
@@ -118,6 +118,7 @@ int fx__gpt_save_checkpoint(const fx__gpt *m, const fx__gpt_train_state *s, cons
     fx__meta_add(&md, "seed", "%llu", (unsigned long long)s->seed);
     fx__meta_add(&md, "data_hash", "%016llx", (unsigned long long)s->data_hash);
     fx__meta_add(&md, "deterministic", "%d", s->deterministic ? 1 : 0);
+    fx__meta_add(&md, "dtype", "%s", s->bf16 ? "bf16" : "f32");
     md.kv[2 * md.n] = "data"; /* a path may be longer than the other values */
     md.kv[2 * md.n + 1] = s->data;
     md.kv[2 * md.n + 2] = NULL;
@@ -316,6 +317,12 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
             if (det && strcmp(det, "0") != 0 && strcmp(det, "1") != 0)
                 return fx__error(FX_EFORMAT, "'%s': metadata deterministic = '%s' is not 0 or 1", path, det);
             s->deterministic = det && det[0] == '1';
+            /* The matrix products' dtype; absent in checkpoints written before it was
+               recorded: f32. */
+            const char *dt = fx_safetensors_metadata(f, "dtype");
+            if (dt && strcmp(dt, "f32") != 0 && strcmp(dt, "bf16") != 0)
+                return fx__error(FX_EFORMAT, "'%s': metadata dtype = '%s' is not f32 or bf16", path, dt);
+            s->bf16 = dt && strcmp(dt, "bf16") == 0;
             const struct { const char *key; int64_t v, lo, hi; } rg[] = {
                 {"step", s->step, 0, INT64_MAX}, {"data_pos", s->data_pos, 0, INT64_MAX},
                 {"batch", s->batch, 1, INT64_MAX}, {"seq", s->seq, 1, cc.ctx}, {"accum", s->accum, 1, INT64_MAX},
@@ -496,6 +503,7 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
         memcpy(dst, fx_safetensors_find(f, "optim.m")->data, (size_t)P * es);
         memcpy(dst + (size_t)P * es, fx_safetensors_find(f, "optim.v")->data, (size_t)P * es);
     }
+    fx__gpt_bf16_sync(m); /* bf16 training: the weights' copy follows what was loaded */
 done:
     fx_safetensors_close(f);
     return rc;

@@ -1,6 +1,7 @@
 /* The forward pass: attention through flex or the reference, the views of a layer's saved
    activations (parked ones included), one layer, and the whole model with its loss. */
 #include "model_internal.h"
+#include "lce/lce_internal.h"
 
 #include <math.h>
 #include <string.h>
@@ -195,9 +196,9 @@ int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, 
 
     fx__rmsnorm_forward(x.xn1, x.rstd1, x.res, p.ln1, N, C, c->norm_eps);
     float *qt = a->work, *kt = a->work + N * QD, *vt = a->work + N * (QD + KD);
-    fx__linear(qt, x.xn1, p.wq, N, C, QD, false);
-    fx__linear(kt, x.xn1, p.wk, N, C, KD, false);
-    fx__linear(vt, x.xn1, p.wv, N, C, KD, false);
+    fx__mm_linear(m, qt, x.xn1, p.wq, N, C, QD, false);
+    fx__mm_linear(m, kt, x.xn1, p.wk, N, C, KD, false);
+    fx__mm_linear(m, vt, x.xn1, p.wv, N, C, KD, false);
     if (p.bq) {
         fx__bias_forward(qt, p.bq, N, QD);
         fx__bias_forward(kt, p.bk, N, KD);
@@ -213,17 +214,17 @@ int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, 
     fx__progress_point(m);
     fx__from_heads(a->work, x.att, B, T, Hq, hd);
     memcpy(x.resm, x.res, (size_t)(N * C) * sizeof(float));
-    fx__linear(x.resm, a->work, p.wo, N, QD, C, true);
+    fx__mm_linear(m, x.resm, a->work, p.wo, N, QD, C, true);
     fx__progress_point(m);
 
     fx__rmsnorm_forward(x.xn2, x.rstd2, x.resm, p.ln2, N, C, c->norm_eps);
-    fx__linear(x.h1, x.xn2, p.w1, N, C, F, false);
-    fx__linear(x.h3, x.xn2, p.w3, N, C, F, false);
+    fx__mm_linear(m, x.h1, x.xn2, p.w1, N, C, F, false);
+    fx__mm_linear(m, x.h3, x.xn2, p.w3, N, C, F, false);
     fx__progress_point(m);
     if (write_out) {
         fx__swiglu_forward(a->work, x.h1, x.h3, N * F);
         memcpy(x.out, x.resm, (size_t)(N * C) * sizeof(float));
-        fx__linear(x.out, a->work, p.w2, N, F, C, true);
+        fx__mm_linear(m, x.out, a->work, p.w2, N, F, C, true);
     }
     return FX_OK;
 }
@@ -248,6 +249,8 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
         return fx__error(FX_EINVAL, "fx__gpt_forward: no model, tokens or batch shape (fx__gpt_set_batch)");
     if (grad && (!m->grads || !targets))
         return fx__error(FX_EINVAL, "fx__gpt_forward: gradients need targets and fx__gpt_alloc_train");
+    if (m->params16 && m->loss_impl == FX__GPT_LOSS_UNFUSED)
+        return fx__error(FX_EUNSUPPORTED, "bf16 matrix products use the fused loss (not the unfused one)");
     const fx__gpt_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, V = c->vocab;
     for (int64_t i = 0; i < N; i++) {
@@ -274,8 +277,10 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
     fx__attn_call call;
     m->grad_ready = false;
-    int rc = fx__train_attn(m, &call, true);
+    int rc = fx__gpt_bf16_ws_ensure(m);
     if (rc)
+        return rc;
+    if ((rc = fx__train_attn(m, &call, true)) != FX_OK)
         return rc;
 
     /* Parking needs gradient memory known to be clear and laid out flat, and no hooks that
@@ -301,6 +306,17 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     float l_out;
     if (m->loss_impl == FX__GPT_LOSS_UNFUSED) {
         l_out = fx__loss_unfused(a.logits, a.rowloss, a.xnf, head, m->targets, N, C, V, dxnf, dwte);
+    } else if (m->params16) {
+        /* bf16: the loss's products read the final norm's output rounded to bfloat16 and the
+           head's bfloat16 copy, both widened into the scratch. */
+        float *h16 = m->bf16_ws, *w16 = m->bf16_ws + N * C;
+        fx__bf16_pack(h16, fx__bf16_of_f32(a.xnf), N, C, C);
+        fx__bf16_pack(w16, fx__bf16_of(m->params16 + (head - m->params)), V, C, C);
+        fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN,
+                    .chunk = fx__loss_chunk(N, V)};
+        rc = fx__linear_cross_entropy_bf16(&p, h16, w16, NULL, m->targets, &l_out, NULL, dxnf, dwte, NULL);
+        if (rc)
+            return fx__error_context(rc, "loss");
     } else {
         fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN,
                     .chunk = fx__loss_chunk(N, V)};

@@ -139,6 +139,10 @@ struct fx_model {
     float *adam;      /* [2P]: m then v, float32 ... */
     uint16_t *adam16; /* ... or bfloat16 when adam_bf16 (exactly one of the two is set) */
     bool adam_bf16;   /* set before fx__gpt_alloc_train: half the optimizer memory and traffic */
+    uint16_t *params16; /* [P] bfloat16 copy of params when training in bf16 (fx__gpt_set_bf16):
+                           every matrix product reads the weights from it, AdamW refreshes it */
+    float *bf16_ws;     /* the bf16 products' scratch (fx__gpt_bf16_ws_floats), with params16 */
+    size_t bf16_ws_floats;
     float *rope;      /* [rope_len, hd/2, 2] cos, sin: positions 0 .. rope_len-1, grown on
                          demand (fx__gpt_rope_ensure), never [ctx, ...] up front */
     int64_t rope_len;
@@ -221,6 +225,19 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
 /* Accumulates (+=) the gradients of the last forward's mean loss into grads. */
 int fx__gpt_backward(fx__gpt *m);
 void fx__gpt_zero_grad(fx__gpt *m);
+
+/* ---- bfloat16 matrix products (--dtype bf16) --------------------------------------------- */
+
+/* On: allocates params16 (and the scratch for the current batch shape) and fills it from
+   params; off: frees both, and the products are float32 again. Parameters changed outside
+   fx__gpt_adamw afterwards (a load) need fx__gpt_bf16_sync. */
+int fx__gpt_set_bf16(fx__gpt *m, bool on);
+/* params16 = bfloat16 of params (nearest even), in parallel. */
+void fx__gpt_bf16_sync(fx__gpt *m);
+/* Floats of scratch the bf16 products of a (B, T) step need. */
+size_t fx__gpt_bf16_ws_floats(const fx__gpt *m, int64_t B, int64_t T);
+/* Grows bf16_ws for the current batch shape (with params16 only). */
+int fx__gpt_bf16_ws_ensure(fx__gpt *m);
 
 /* ---- optimizer ------------------------------------------------------------------------- */
 
@@ -396,6 +413,7 @@ typedef struct fx__gpt_train_state {
     char data[4096];   /* the --data file, absolute ("" for the default corpus) */
     bool adam_bf16;    /* the checkpoint's Adam moments are bfloat16 */
     bool deterministic; /* trained with --deterministic (the sliced, fixed-order gradient sum) */
+    bool bf16;         /* trained with --dtype bf16 (bfloat16 matrix products) */
     uint64_t data_hash;
     /* Hyper-parameters, kept so a resume continues the same schedule. */
     int64_t steps, warmup, batch, seq, accum;

@@ -316,6 +316,8 @@ void fx__gpt_free(fx__gpt *m)
     fx__free(m->grads);
     fx__free(m->adam);
     fx__free(m->adam16);
+    fx__free(m->params16);
+    fx__free(m->bf16_ws);
     fx__free(m->rope);
     fx__free(m->acts);
     fx__free(m->targets);

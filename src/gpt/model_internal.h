@@ -4,6 +4,7 @@
 #ifndef FX_GPT_MODEL_INTERNAL_H
 #define FX_GPT_MODEL_INTERNAL_H
 
+#include "core/gemm_bf16.h"
 #include "gpt.h"
 
 /* Gradient-norm partial sums: one per fixed chunk of the flat buffer. */
@@ -83,6 +84,37 @@ static inline void fx__linear_backward(float *dx, float *dw, const float *dy, co
 {
     fx__sgemm(false, false, N, I, O, 1.0f, dy, O, w, I, acc_dx ? 1.0f : 0.0f, dx, I);
     fx__sgemm(true, false, O, I, N, 1.0f, dy, O, x, I, 1.0f, dw, I);
+}
+
+/* The model's matrix products: C [M,N] = op(A) op(B) + beta C, as fx__sgemm, or with
+   bfloat16 inputs and float32 accumulation when training in bf16 (params16 set): an operand
+   that is a parameter (a_w, b_w: a pointer into params) is read from its bfloat16 copy, the
+   others (activations, gradients) are rounded to bfloat16 as the product reads them. */
+static inline void fx__mm(const fx__gpt *m, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A,
+                          bool a_w, int64_t lda, const float *B, bool b_w, int64_t ldb, float beta, float *C,
+                          int64_t ldc)
+{
+    if (!m->params16) {
+        fx__sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    fx__bf16_mat a = a_w ? fx__bf16_of(m->params16 + (A - m->params)) : fx__bf16_of_f32(A);
+    fx__bf16_mat b = b_w ? fx__bf16_of(m->params16 + (B - m->params)) : fx__bf16_of_f32(B);
+    fx__gemm_bf16(ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc, m->bf16_ws);
+}
+
+/* fx__linear and fx__linear_backward through fx__mm (w a parameter). */
+static inline void fx__mm_linear(const fx__gpt *m, float *y, const float *x, const float *w, int64_t N, int64_t I,
+                                 int64_t O, bool acc)
+{
+    fx__mm(m, false, true, N, O, I, x, false, I, w, true, I, acc ? 1.0f : 0.0f, y, O);
+}
+
+static inline void fx__mm_linear_backward(const fx__gpt *m, float *dx, float *dw, const float *dy, const float *x,
+                                          const float *w, int64_t N, int64_t I, int64_t O, bool acc_dx)
+{
+    fx__mm(m, false, false, N, I, O, dy, false, O, w, true, I, acc_dx ? 1.0f : 0.0f, dx, I);
+    fx__mm(m, true, false, O, I, N, dy, false, O, x, false, I, 1.0f, dw, I);
 }
 
 /* ---- a layer's parameters, and the hook points ------------------------------------------------ */

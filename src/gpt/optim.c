@@ -54,25 +54,6 @@ void fx__gpt_grad_scale(fx__gpt *m, float s)
     m->grads_zero = false;
 }
 
-/* bfloat16 <-> float32 inline in the optimizer's loop (the same rounding as
-   fx_f32_to_bf16: nearest even, NaN kept quiet). */
-static inline float fx__bf16_load(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint16_t fx__bf16_store(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 fx__adamw_k fx__adamw_consts(const fx__adamw *o, float wd, int64_t t)
 {
     return (fx__adamw_k){.gs = o->grad_scale != 0.0f ? o->grad_scale : 1.0f, .b1 = o->beta1,
@@ -100,10 +81,10 @@ void fx__adamw_bf16_scalar(float *p, float *g, uint16_t *mm, uint16_t *vv, int64
 {
     for (int64_t i = 0; i < n; i++) {
         float gi = g[i] * k->gs;
-        float mi = k->b1 * fx__bf16_load(mm[i]) + k->nb1 * gi;
-        float vi = k->b2 * fx__bf16_load(vv[i]) + k->nb2 * gi * gi;
-        mm[i] = fx__bf16_store(mi);
-        vv[i] = fx__bf16_store(vi);
+        float mi = k->b1 * fx__bf16_to_f32(mm[i]) + k->nb1 * gi;
+        float vi = k->b2 * fx__bf16_to_f32(vv[i]) + k->nb2 * gi * gi;
+        mm[i] = fx__f32_to_bf16(mi);
+        vv[i] = fx__f32_to_bf16(vi);
         p[i] -= k->lr * (mi / k->bc1 / (sqrtf(vi / k->bc2) + k->eps) + k->wd * p[i]);
         if (k->zero_grad)
             g[i] = 0.0f;
@@ -159,7 +140,7 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
     const fx__adamw_f32_fn f32 = fx__adamw_f32_kernel();
     const fx__adamw_bf16_fn bf16 = fx__adamw_bf16_kernel();
     float *params = m->params, *grads = m->grads, *adam = m->adam;
-    uint16_t *adam16 = m->adam16;
+    uint16_t *adam16 = m->adam16, *params16 = m->params16;
 #pragma omp parallel for schedule(static)
     for (size_t b = 0; b < nblk; b++) {
         size_t i = b * FX__ADAM_BLOCK, end = i + FX__ADAM_BLOCK < P ? i + FX__ADAM_BLOCK : P;
@@ -172,6 +153,11 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
             else
                 f32(params + i, grads + i, adam + i, adam + P + i, (int64_t)(e - i), k);
             i = e;
+        }
+        /* bf16 training: the weights' bfloat16 copy, while the block is still in cache. */
+        if (params16) {
+            size_t b0 = b * FX__ADAM_BLOCK;
+            fx__f32_to_bf16_n(params16 + b0, params + b0, (int64_t)(end - b0));
         }
     }
     if (o->zero_grad)

@@ -367,6 +367,8 @@ typedef struct lce_call {
     int64_t cs;                /* row stride of hT and of the statistics */
     const fx__lce_ops *ops;
     bool blas;                 /* the GEMMs go to BLAS (ops without GEMM kernels) */
+    bool round_g;              /* bf16 training: the logits' gradient rounded to bfloat16 before
+                                  the dw and dh products (fx__linear_cross_entropy_bf16) */
 } lce_call;
 
 /* Column blocks of dh on the BLAS path: a fixed count (at most 4, widths multiples of 16),
@@ -444,6 +446,9 @@ static void lce_block_grad(const lce_call *k, int64_t n0, int64_t c, int64_t v0,
         }
         G[y * c + r] = (k->c_a[r] * expf(zy - k->c_lse[r]) - k->c_b[r] - t) * d;
     }
+    if (k->round_g)
+        for (int64_t i = 0; i < n * c; i++)
+            G[i] = fx__bf16_round(G[i]);
     if (k->dw) {
         if (k->blas)
             lce_sgemm(false, false, n, D, c, G, c, k->h + n0 * D, D, 1.0f, k->dw + (v0 + j0) * D, D);
@@ -699,11 +704,9 @@ static int lce_check_common(const fx_lce *p, const float *h, const float *w, con
     return FX_OK;
 }
 
-int fx_linear_cross_entropy(const fx_lce *p, const float *h, const float *w, const float *bias,
-                            const int64_t *target, float *loss, float *lse, float *dh, float *dw, float *dbias)
+static int lce_forward(const fx_lce *p, const float *h, const float *w, const float *bias, const int64_t *target,
+                       float *loss, float *lse, float *dh, float *dw, float *dbias, bool round_g)
 {
-    if (p && fx__cuda_wanted(p->device, p->dtype)) /* a device or bf16 call: src/cuda */
-        return fx__cuda_lce(p, h, w, bias, target, loss, lse, NULL, NULL, dh, dw, dbias);
     int rc = lce_check_common(p, h, w, target);
     if (rc != FX_OK)
         return rc;
@@ -716,10 +719,26 @@ int fx_linear_cross_entropy(const fx_lce *p, const float *h, const float *w, con
     if ((rc = fx__check_overlaps(in, 4, out, 5)) != FX_OK)
         return rc;
     lce_call k = {.p = p, .h = h, .w = w, .bias = bias, .target = target, .loss = loss, .lse_out = lse,
-                  .dh = dh, .dw = dw, .dbias = dbias};
+                  .dh = dh, .dw = dw, .dbias = dbias, .round_g = round_g};
     if ((rc = lce_check_targets(p, target, &k.n_valid)) != FX_OK)
         return rc;
     return lce_run(&k);
+}
+
+int fx_linear_cross_entropy(const fx_lce *p, const float *h, const float *w, const float *bias,
+                            const int64_t *target, float *loss, float *lse, float *dh, float *dw, float *dbias)
+{
+    if (p && fx__cuda_wanted(p->device, p->dtype)) /* a device or bf16 call: src/cuda */
+        return fx__cuda_lce(p, h, w, bias, target, loss, lse, NULL, NULL, dh, dw, dbias);
+    return lce_forward(p, h, w, bias, target, loss, lse, dh, dw, dbias, false);
+}
+
+int fx__linear_cross_entropy_bf16(const fx_lce *p, const float *h, const float *w, const float *bias,
+                                  const int64_t *target, float *loss, float *lse, float *dh, float *dw, float *dbias)
+{
+    if (p && fx__cuda_wanted(p->device, p->dtype))
+        return fx__error(FX_EINVAL, "fx__linear_cross_entropy_bf16: the CPU's float32 call only");
+    return lce_forward(p, h, w, bias, target, loss, lse, dh, dw, dbias, true);
 }
 
 int fx_linear_cross_entropy_backward(const fx_lce *p, const float *h, const float *w, const float *bias,

@@ -4,10 +4,18 @@
 #define FX_LCE_INTERNAL_H
 
 #include "core/core.h"
+#include "core/gemm_bf16.h"
 
 /* The checks of p's sizes and options every call makes (FX_OK or FX_EINVAL), shared with
    the CUDA path. */
 int fx__lce_check_params(const fx_lce *p);
+
+/* fx_linear_cross_entropy for bfloat16 training (CPU, float32 storage): h and w hold
+   bfloat16 values (the caller rounds them; their products are then exact in float32), and
+   the logits' gradient is rounded to bfloat16 before the dw, dh and dbias products, so every
+   product has bfloat16 inputs; sums, softmax, loss and outputs stay float32. */
+int fx__linear_cross_entropy_bf16(const fx_lce *p, const float *h, const float *w, const float *bias,
+                                  const int64_t *target, float *loss, float *lse, float *dh, float *dw, float *dbias);
 
 /* The running statistics of one token's logits row, folded tile by tile. */
 typedef struct fx__lce_stat {

@@ -1,0 +1,71 @@
+/* bfloat16 training (--dtype bf16): the weights' bfloat16 copy and the scratch of the bf16
+   matrix products. The products themselves go through fx__mm (model_internal.h); the copy
+   is refreshed by fx__gpt_adamw in its pass over the parameters. */
+#include "model_internal.h"
+
+/* Floats per conversion task of fx__gpt_bf16_sync: fixed, so the work is shared the same
+   way at any thread count (each element's value depends on nothing else anyway). */
+enum { FX__BF16_SYNC_BLOCK = 1 << 14 };
+
+void fx__gpt_bf16_sync(fx__gpt *m)
+{
+    if (!m->params16)
+        return;
+    const size_t P = m->lay.total, nblk = (P + FX__BF16_SYNC_BLOCK - 1) / FX__BF16_SYNC_BLOCK;
+    const float *p = m->params;
+    uint16_t *h = m->params16;
+#pragma omp parallel for schedule(static)
+    for (size_t b = 0; b < nblk; b++) {
+        size_t i = b * FX__BF16_SYNC_BLOCK, n = P - i < FX__BF16_SYNC_BLOCK ? P - i : FX__BF16_SYNC_BLOCK;
+        fx__f32_to_bf16_n(h + i, p + i, (int64_t)n);
+    }
+}
+
+/* The largest scratch any product of a step needs: a projection's two operands (activations
+   [N, D] and a weight [D, D'], or two activations in a weight gradient), or the loss's
+   rounded input [N, C] and widened head [V, C]. */
+size_t fx__gpt_bf16_ws_floats(const fx__gpt *m, int64_t B, int64_t T)
+{
+    const fx__gpt_config *c = &m->c;
+    size_t N = (size_t)(B * T), C = (size_t)c->dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
+    size_t QD = (size_t)(c->heads * c->head_dim), KD = (size_t)(c->kv_heads * c->head_dim);
+    size_t D = C;
+    D = F > D ? F : D;
+    D = QD > D ? QD : D;
+    D = KD > D ? KD : D;
+    size_t proj = N * D + (N > D ? N : D) * D, loss = N * C + V * C;
+    return proj > loss ? proj : loss;
+}
+
+int fx__gpt_bf16_ws_ensure(fx__gpt *m)
+{
+    if (!m->params16)
+        return FX_OK;
+    size_t need = fx__gpt_bf16_ws_floats(m, m->B, m->T);
+    if (m->bf16_ws && m->bf16_ws_floats >= need)
+        return FX_OK;
+    fx__free(m->bf16_ws);
+    m->bf16_ws_floats = 0;
+    if (!(m->bf16_ws = fx__alloc(need * sizeof(float))))
+        return fx__error(FX_ENOMEM, "bf16 training: cannot allocate %zu bytes of scratch", need * sizeof(float));
+    m->bf16_ws_floats = need;
+    return FX_OK;
+}
+
+int fx__gpt_set_bf16(fx__gpt *m, bool on)
+{
+    if (!on) {
+        fx__free(m->params16);
+        fx__free(m->bf16_ws);
+        m->params16 = NULL, m->bf16_ws = NULL, m->bf16_ws_floats = 0;
+        return FX_OK;
+    }
+    /* Sharded training keeps each layer's parameters in a buffer of its own, which a flat
+       copy would not follow. */
+    if (m->hooks.layer_params)
+        return fx__error(FX_EUNSUPPORTED, "bf16 matrix products need the flat parameter buffer (not sharded training)");
+    if (!m->params16 && !(m->params16 = fx__alloc(m->lay.total * sizeof(uint16_t))))
+        return fx__error(FX_ENOMEM, "bf16 training: cannot allocate the weights' bfloat16 copy");
+    fx__gpt_bf16_sync(m);
+    return m->acts ? fx__gpt_bf16_ws_ensure(m) : FX_OK;
+}

@@ -1,0 +1,248 @@
+/* The bfloat16 GEMM (src/core/gemm_bf16.c): the conversions (nearest even, NaN, infinities;
+   every path bitwise the scalar loop), the GEMM's paths and its fixed-order reference
+   against a float64 sum of the bfloat16-rounded inputs at odd shapes, every transpose and
+   both operand kinds, and its results bitwise equal across thread counts and paths.
+
+   Tolerance: |c - ref| <= 1e-5 * (sum_k |a_ik b_kj| + |beta c_ij|), ref the float64 value of
+   the same sum over the rounded inputs (float32 sums of K exact products, in whatever
+   order, stay well inside it at these K). */
+#include "harness.h"
+
+#include "core/gemm_bf16.h"
+
+#include <float.h>
+#include <math.h>
+
+static uint32_t bits_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float float_of(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ---- conversions ----------------------------------------------------------------------------- */
+
+static void test_bf16_rounding(void)
+{
+    const struct { uint32_t in; uint16_t out; } cases[] = {
+        {0x3f800000u, 0x3f80}, /* 1 */
+        {0x3f808000u, 0x3f80}, /* a tie rounds to even (down) */
+        {0x3f818000u, 0x3f82}, /* a tie rounds to even (up) */
+        {0x3f808001u, 0x3f81}, /* just above a tie */
+        {0x3f807fffu, 0x3f80}, /* just below */
+        {0x80000000u, 0x8000}, /* -0 */
+        {0x7f800000u, 0x7f80}, /* inf */
+        {0xff800000u, 0xff80}, /* -inf */
+        {0x7f7fffffu, 0x7f80}, /* FLT_MAX rounds up to inf */
+        {0x7f800001u, 0x7fc0}, /* a signalling NaN comes back quiet */
+        {0xffc00000u, 0xffc0}, /* a quiet NaN keeps its sign */
+        {0x00000001u, 0x0000}, /* the smallest subnormal rounds to 0 */
+        {0x00018000u, 0x0002}, /* a subnormal tie to even */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint16_t got = fx__f32_to_bf16(float_of(cases[i].in));
+        if (got != cases[i].out)
+            FXT_FAIL("case %zu: 0x%08x -> 0x%04x, want 0x%04x", i, cases[i].in, got, cases[i].out);
+        FXT_EQ_INT(got, fx_f32_to_bf16(float_of(cases[i].in))); /* the public conversion agrees */
+        FXT_EQ_INT(bits_of(fx__bf16_to_f32(got)), (uint32_t)got << 16);
+    }
+}
+
+/* Every path's conversion and packing loops are bitwise the scalar ones: random values and
+   every special case above, at lengths that leave each vector tail. */
+static void test_bf16_paths_bitwise(void)
+{
+    enum { N = 203 };
+    float *x = fxt_random(N, -3, 3, 5);
+    const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu,
+                                0x7f800001u, 0xffc00000u, 0x00018000u, 0x80000000u};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        x[7 * i + 3] = float_of(special[i]);
+    if (fx_get_isa() == FX_ISA_SCALAR) {
+        fprintf(stderr, "  (no AVX2: the scalar loops only)\n");
+        free(x);
+        return;
+    }
+    for (int64_t n = 0; n <= N; n += n < 20 ? 1 : 61) {
+        uint16_t a[N], b[N];
+        memset(a, 0xee, sizeof a), memset(b, 0xee, sizeof b);
+        fx__f32_to_bf16_n_scalar(a, x, n);
+        fx__f32_to_bf16_n_avx2(b, x, n);
+        if (memcmp(a, b, sizeof a) != 0)
+            FXT_FAIL("f32 -> bf16, n = %lld: the AVX2 loop differs from the scalar one", (long long)n);
+    }
+    uint16_t h[N];
+    fx__f32_to_bf16_n_scalar(h, x, N);
+    /* Packing: 7 rows of 29 (rows 29 apart), from float32 and from bfloat16. */
+    float p1[N], p2[N];
+    for (int kind = 0; kind < 2; kind++) {
+        fx__bf16_mat src = kind ? fx__bf16_of(h) : fx__bf16_of_f32(x);
+        fx__bf16_pack_scalar(p1, src, 7, 27, 29);
+        fx__bf16_pack_avx2(p2, src, 7, 27, 29);
+        fxt_bitwise_f32(kind ? "pack bf16" : "pack f32", p1, p2, 7 * 27);
+        for (int64_t r = 0; r < 7; r++)
+            for (int64_t c = 0; c < 27; c++)
+                if (bits_of(p1[r * 27 + c]) != (uint32_t)h[r * 29 + c] << 16) {
+                    FXT_FAIL("pack %s [%lld, %lld]: 0x%08x, want 0x%04x0000", kind ? "bf16" : "f32", (long long)r,
+                             (long long)c, bits_of(p1[r * 27 + c]), h[r * 29 + c]);
+                    r = 7;
+                    break;
+                }
+    }
+    free(x);
+}
+
+/* ---- the GEMM ------------------------------------------------------------------------------- */
+
+typedef struct operand {
+    float *f;     /* float32 values (rounded as read when the operand is given in float32) */
+    uint16_t *h;  /* the same, in bfloat16 */
+    int64_t rows, cols, ld;
+} operand;
+
+static operand operand_new(int64_t rows, int64_t cols, int64_t ld, uint64_t seed)
+{
+    operand o = {fxt_random((size_t)(rows * ld), -1, 1, seed), malloc((size_t)(rows * ld) * sizeof(uint16_t)), rows,
+                 cols, ld};
+    fx__f32_to_bf16_n_scalar(o.h, o.f, rows * ld);
+    return o;
+}
+
+static void operand_free(operand *o) { free(o->f), free(o->h); }
+
+/* The value the GEMM reads at flat index i: the bfloat16 rounding of the float32 value. */
+static double rd(const operand *o, int64_t i) { return (double)fx__bf16_to_f32(o->h[i]); }
+
+/* C (M x ldc, padded) against the float64 sum of the rounded inputs; also returns the
+   largest error against the unrounded inputs relative to sum |a b| (a product that skipped
+   the rounding would show there). */
+static bool gemm_check(const char *what, const float *C, const float *C0, bool ta, bool tb, int64_t M, int64_t N,
+                       int64_t K, const operand *A, const operand *B, float beta, double *unrounded)
+{
+    size_t bad = 0, first = 0;
+    double worst = 0.0, worst_un = 0.0;
+    size_t worst_i = 0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0.0, un = 0.0, mag = 0.0;
+            for (int64_t k = 0; k < K; k++) {
+                int64_t ia = ta ? k * A->ld + i : i * A->ld + k, ib = tb ? j * B->ld + k : k * B->ld + j;
+                acc += rd(A, ia) * rd(B, ib);
+                un += (double)A->f[ia] * B->f[ib];
+                mag += fabs(rd(A, ia) * rd(B, ib));
+            }
+            double c0 = beta == 0.0f ? 0.0 : (double)beta * C0[i * N + j];
+            double ref = acc + c0, bound = 1e-5 * (mag + fabs(c0)) + 1e-30;
+            double err = fabs((double)C[i * N + j] - ref);
+            if (!(err <= bound)) {
+                if (!bad++)
+                    first = (size_t)(i * N + j);
+            }
+            if (err / bound > worst) {
+                worst = err / bound;
+                worst_i = (size_t)(i * N + j);
+            }
+            double e_un = fabs((double)C[i * N + j] - (un + c0)) / (mag + 1e-30);
+            worst_un = e_un > worst_un ? e_un : worst_un;
+        }
+    if (unrounded)
+        *unrounded = worst_un;
+    if (bad)
+        FXT_FAIL("%s (M %lld N %lld K %lld ta %d tb %d): %zu values off; first at [%zu] = %.9g; largest error "
+                 "%.3g of its bound at [%zu]",
+                 what, (long long)M, (long long)N, (long long)K, ta, tb, bad, first, (double)C[first], worst, worst_i);
+    return bad == 0;
+}
+
+static void test_gemm_bf16_against_reference(void)
+{
+    const int64_t shapes[][3] = {{37, 29, 53}, {1, 17, 300}, {65, 3, 1}, {130, 70, 513}, {8, 8, 8}, {3, 97, 17}};
+    const int64_t pad = 3;
+    double unrounded_max = 0.0;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            operand A = operand_new(ta ? K : M, ta ? M : K, (ta ? M : K) + pad, 100 + s);
+            operand B = operand_new(tb ? N : K, tb ? K : N, (tb ? K : N) + pad, 200 + s);
+            for (int kinds = 0; kinds < 3; kinds++) { /* f32 x bf16, bf16 x f32, bf16 x bf16 */
+                fx__bf16_mat a = kinds == 0 ? fx__bf16_of_f32(A.f) : fx__bf16_of(A.h);
+                fx__bf16_mat b = kinds == 1 ? fx__bf16_of_f32(B.f) : fx__bf16_of(B.h);
+                for (int bi = 0; bi < 2; bi++) {
+                    float beta = bi ? 1.0f : 0.0f;
+                    float *C0 = fxt_random((size_t)(M * N), -1, 1, 300 + s);
+                    if (!bi)
+                        for (int64_t i = 0; i < M * N; i++)
+                            C0[i] = NAN; /* beta 0 overwrites, NaN included */
+                    float *C = fxt_guarded_copy(C0, (size_t)(M * N)), *R = fxt_guarded_copy(C0, (size_t)(M * N));
+                    float *ws = malloc(fx__gemm_bf16_ws(M, N, K) * sizeof(float));
+                    fx__gemm_bf16(ta, tb, M, N, K, a, A.ld, b, B.ld, beta, C, N, ws);
+                    fx__gemm_bf16_ref(ta, tb, M, N, K, a, A.ld, b, B.ld, beta, R, N);
+                    double un = 0.0;
+                    gemm_check("fx__gemm_bf16", C, C0, ta, tb, M, N, K, &A, &B, beta, &un);
+                    gemm_check("fx__gemm_bf16_ref", R, C0, ta, tb, M, N, K, &A, &B, beta, NULL);
+                    unrounded_max = un > unrounded_max ? un : unrounded_max;
+                    fxt_guarded_free("C", C);
+                    fxt_guarded_free("R", R);
+                    free(C0), free(ws);
+                }
+            }
+            operand_free(&A), operand_free(&B);
+        }
+    }
+    /* The inputs were rounded: against the unrounded values the results are off by about
+       bfloat16's precision (2^-9 relative per input), far more than the tolerance. */
+    if (!(unrounded_max > 1e-3))
+        FXT_FAIL("the products look like float32 ones: largest error against unrounded inputs %.3g of sum |ab|",
+                 unrounded_max);
+}
+
+/* Bitwise the same at 1 and 2 threads, and on the scalar path as on the AVX2 one. */
+static void test_gemm_bf16_deterministic(void)
+{
+    const int64_t shapes[][3] = {{300, 70, 1000}, {70, 300, 1000}, {1, 2000, 777}, {513, 129, 2049}};
+    const int before = fx_get_num_threads();
+    const fx_isa best = fx_get_isa();
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int t = 0; t < 4; t++) {
+            bool ta = t & 1, tb = t & 2;
+            operand A = operand_new(ta ? K : M, ta ? M : K, ta ? M : K, 10 + s);
+            operand B = operand_new(tb ? N : K, tb ? K : N, tb ? K : N, 20 + s);
+            float *ws = malloc(fx__gemm_bf16_ws(M, N, K) * sizeof(float));
+            float *C[3];
+            for (int r = 0; r < 3; r++) {
+                C[r] = fxt_guarded((size_t)(M * N));
+                fx_set_num_threads(r == 1 ? 2 : 1);
+                if (r == 2)
+                    fx_set_isa(FX_ISA_SCALAR);
+                fx__gemm_bf16(ta, tb, M, N, K, fx__bf16_of_f32(A.f), A.ld, fx__bf16_of(B.h), B.ld, 0.0f, C[r], N, ws);
+                fx_set_isa(best);
+            }
+            fxt_bitwise_f32("bf16 gemm, 1 vs 2 threads", C[0], C[1], (size_t)(M * N));
+            fxt_bitwise_f32("bf16 gemm, AVX2 vs scalar path", C[0], C[2], (size_t)(M * N));
+            for (int r = 0; r < 3; r++)
+                fxt_guarded_free("C", C[r]);
+            free(ws);
+            operand_free(&A), operand_free(&B);
+        }
+    }
+    fx_set_num_threads(before);
+}
+
+int main(int argc, char **argv)
+{
+    FXT_INIT(argc, argv);
+    FXT_RUN(test_bf16_rounding);
+    FXT_RUN(test_bf16_paths_bitwise);
+    FXT_RUN(test_gemm_bf16_against_reference);
+    FXT_RUN(test_gemm_bf16_deterministic);
+    return fxt_finish();
+}
