@@ -471,38 +471,33 @@ static void test_token_file(void)
         FXT_EQ_INT(got.n, 70000); /* unchanged */
         fx_ids_free(&got);
     }
-    /* malformed files */
-    int32_t head[256] = {20240520, 1, 3};
-    unsigned char file[1024 + 6];
-    memcpy(file, head, 1024);
-    memset(file + 1024, 0, 6);
+    /* malformed files: a good 3-token file, then changes to it; a failed load keeps `got` */
+    static const struct {
+        int32_t magic, version, count;
+        size_t size;
+        int status;
+        const char *msg;
+    } files[] = {
+        {20240520, 1, 3, 1024 + 6, FX_OK, ""},
+        {20240520, 1, 3, 1024 + 5, FX_EFORMAT, "header says 3 tokens"},
+        {12345, 1, 3, 1024 + 6, FX_EFORMAT, "magic 12345"},
+        {20240520, 7, 3, 1024 + 6, FX_EFORMAT, "version 7"},
+        {20240520, 1, -1, 1024 + 6, FX_EFORMAT, ""},
+        {20240520, 1, -1, 100, FX_EFORMAT, "header"},
+    };
+    unsigned char file[1024 + 6] = {0};
     fx_ids got = {0};
-    write_raw(path, file, sizeof file);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_OK);
-    FXT_EQ_INT(got.n, 3);
-    write_raw(path, file, sizeof file - 1);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EFORMAT);
-    FXT_HAS_STR(fx_last_error(), "header says 3 tokens");
-    head[0] = 12345;
-    memcpy(file, head, 1024);
-    write_raw(path, file, sizeof file);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EFORMAT);
-    FXT_HAS_STR(fx_last_error(), "magic 12345");
-    head[0] = 20240520;
-    head[1] = 7;
-    memcpy(file, head, 1024);
-    write_raw(path, file, sizeof file);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EFORMAT);
-    FXT_HAS_STR(fx_last_error(), "version 7");
-    head[1] = 1;
-    head[2] = -1;
-    memcpy(file, head, 1024);
-    write_raw(path, file, sizeof file);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EFORMAT);
-    write_raw(path, file, 100);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EFORMAT);
-    FXT_HAS_STR(fx_last_error(), "header");
-    FXT_EQ_INT(got.n, 3);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        const int32_t head[256] = {files[i].magic, files[i].version, files[i].count};
+        memcpy(file, head, 1024);
+        write_raw(path, file, files[i].size);
+        fx_clear_error();
+        int rc = fx_tokens_load(&got, path, 0);
+        if (rc != files[i].status || !strstr(fx_last_error(), files[i].msg))
+            FXT_FAIL("file %zu: %s \"%s\", expected %s naming \"%s\"", i, fx_status_name(rc), fx_last_error(),
+                     fx_status_name(files[i].status), files[i].msg);
+        FXT_EQ_INT(got.n, 3);
+    }
     fx_ids_free(&got);
     unlink(path);
     FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EIO);
