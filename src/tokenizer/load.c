@@ -145,17 +145,6 @@ static int get_prepend_scheme(fx__prepend *p, const json_t *o, const char *where
    into t, named `where` in messages (*cap: the capacity of t's array for that stage). */
 typedef int (*component_fn)(fx_tokenizer *t, const json_t *o, const char *where, size_t *cap);
 
-/* A component must be an object with a "type". */
-static int component_type(const char **type, const json_t *o, const char *where)
-{
-    if (!json_is_object(o))
-        return fx__error(FX_EFORMAT, "%s must be an object", where);
-    *type = type_of(o);
-    if (!*type)
-        return fx__error(FX_EFORMAT, "%s.type is missing", where);
-    return FX_OK;
-}
-
 /* A "Sequence" component: each member of its array `key`, in order, read by add. */
 static int add_sequence(fx_tokenizer *t, const json_t *o, const char *key, const char *where, size_t *cap,
                         component_fn add)
@@ -190,16 +179,30 @@ static void *reserve_one(void *p, size_t n, size_t *cap, size_t size)
     return grown;
 }
 
+/* A component must be an object with a "type". A "Sequence" (its members listed under `key`)
+   is read whole here, each member through add, and *type comes back NULL. */
+static int component_type(const char **type, fx_tokenizer *t, const json_t *o, const char *where, size_t *cap,
+                          const char *key, component_fn add)
+{
+    if (!json_is_object(o))
+        return fx__error(FX_EFORMAT, "%s must be an object", where);
+    *type = type_of(o);
+    if (!*type)
+        return fx__error(FX_EFORMAT, "%s.type is missing", where);
+    if (strcmp(*type, "Sequence"))
+        return FX_OK;
+    *type = NULL;
+    return add_sequence(t, o, key, where, cap, add);
+}
+
 /* ---- normalizers ---------------------------------------------------------------------------- */
 
 static int add_norm(fx_tokenizer *t, const json_t *o, const char *where, size_t *cap)
 {
     const char *type;
-    int rc = component_type(&type, o, where);
-    if (rc != FX_OK)
+    int rc = component_type(&type, t, o, where, cap, "normalizers", add_norm);
+    if (rc != FX_OK || !type)
         return rc;
-    if (!strcmp(type, "Sequence"))
-        return add_sequence(t, o, "normalizers", where, cap, add_norm);
     fx__norm *norms = reserve_one(t->norms, t->n_norms, cap, sizeof *norms);
     if (!norms)
         return FX_ENOMEM;
@@ -242,11 +245,9 @@ static int add_norm(fx_tokenizer *t, const json_t *o, const char *where, size_t 
 static int add_pre(fx_tokenizer *t, const json_t *o, const char *where, size_t *cap)
 {
     const char *type;
-    int rc = component_type(&type, o, where);
-    if (rc != FX_OK)
+    int rc = component_type(&type, t, o, where, cap, "pretokenizers", add_pre);
+    if (rc != FX_OK || !type)
         return rc;
-    if (!strcmp(type, "Sequence"))
-        return add_sequence(t, o, "pretokenizers", where, cap, add_pre);
     if (strcmp(type, "Split") && strcmp(type, "ByteLevel") && strcmp(type, "Metaspace") && strcmp(type, "Digits"))
         return fx__error(FX_EUNSUPPORTED, "%s.type '%s' is not supported", where, type);
     fx__pre *pres = reserve_one(t->pres, t->n_pres, cap, sizeof *pres);
@@ -308,11 +309,9 @@ static int add_pre(fx_tokenizer *t, const json_t *o, const char *where, size_t *
 static int add_dec(fx_tokenizer *t, const json_t *o, const char *where, size_t *cap)
 {
     const char *type;
-    int rc = component_type(&type, o, where);
-    if (rc != FX_OK)
+    int rc = component_type(&type, t, o, where, cap, "decoders", add_dec);
+    if (rc != FX_OK || !type)
         return rc;
-    if (!strcmp(type, "Sequence"))
-        return add_sequence(t, o, "decoders", where, cap, add_dec);
     static const char *const names[] = {"ByteLevel", "Replace", "ByteFallback", "Fuse", "Strip", "Metaspace"};
     int k = name_index(names, 6, type);
     if (k < 0)
