@@ -81,7 +81,8 @@ int fx__hf_config_parse(fx__hf_config *c, const char *config, size_t config_len,
 /* The same from dir/config.json and dir/generation_config.json (optional). */
 int fx__hf_config_read(fx__hf_config *c, const char *dir);
 
-/* Reads a small text file whole, NUL-terminated, *out fx__alloc'd. FX_EIO when unreadable. */
+/* Reads a small text file (at most 64 MiB) whole, NUL-terminated, *out fx__alloc'd: fx__read_regular
+   with the path in the message. */
 int fx__hf_read_text(char **out, size_t *len, const char *path);
 
 /* inv_freq [head_dim/2]: RoPE frequency of pair i, rope_theta^(-2i/hd), with llama3 scaling
