@@ -20,23 +20,7 @@ endif()
 set_tests_properties(safetensors_python_interop PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120)
 
 if(FLEXC_FUZZ)
-  if(NOT CMAKE_C_COMPILER_ID MATCHES "Clang")
-    message(FATAL_ERROR "FLEXC_FUZZ needs clang (CC=clang)")
-  endif()
-  # The parser and what it calls, instrumented for coverage, ASan and UBSan; the rest of the
-  # library is not needed by this target.
-  set(FLEXC_FUZZ_SANITIZE -fsanitize=address,undefined -fno-sanitize-recover=undefined
-      -fno-omit-frame-pointer -g)
-  set(fx_st_fuzz_sources ${FLEXC_LIB_SOURCES})
-  list(FILTER fx_st_fuzz_sources INCLUDE REGEX "/src/(core|safetensors)/")
-  add_library(fx_st_fuzz_obj OBJECT ${fx_st_fuzz_sources})
-  target_include_directories(fx_st_fuzz_obj PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_compile_options(fx_st_fuzz_obj PRIVATE -fsanitize=fuzzer-no-link ${FLEXC_FUZZ_SANITIZE})
-  target_link_libraries(fx_st_fuzz_obj PUBLIC ${FLEXC_DEPS})
-  add_executable(fuzz_safetensors ${PROJECT_SOURCE_DIR}/src/safetensors/fuzz/fuzz_safetensors.c
-                 $<TARGET_OBJECTS:fx_st_fuzz_obj>)
-  target_include_directories(fuzz_safetensors PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
-  target_compile_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer ${FLEXC_FUZZ_SANITIZE})
-  target_link_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer ${FLEXC_FUZZ_SANITIZE})
-  target_link_libraries(fuzz_safetensors PRIVATE ${FLEXC_DEPS})
+  # The parser and what it calls.
+  flexc_add_fuzzer(fuzz_safetensors ${PROJECT_SOURCE_DIR}/src/safetensors/fuzz/fuzz_safetensors.c
+                   "/src/(core|safetensors)/")
 endif()

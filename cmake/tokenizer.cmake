@@ -16,20 +16,9 @@ endif()
 set_tests_properties(tokenizer_python_parity PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
 
 if(FLEXC_FUZZ)
-  # The tokenizer and what it calls, instrumented like the safetensors target (which checks
-  # for clang); fixtures are read from the working directory, as scripts/fuzz.sh runs it.
-  set(fx_tok_fuzz_sources ${FLEXC_LIB_SOURCES})
-  list(FILTER fx_tok_fuzz_sources INCLUDE REGEX "/src/(core|tokenizer)/")
-  # no GEMM or tensor checks in a tokenizer (the finite check needs the safetensors dtypes)
-  list(FILTER fx_tok_fuzz_sources EXCLUDE REGEX "/src/core/(gemm|finite)")
-  add_library(fx_tok_fuzz_obj OBJECT ${fx_tok_fuzz_sources})
-  target_include_directories(fx_tok_fuzz_obj PUBLIC ${PROJECT_SOURCE_DIR}/include PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_compile_options(fx_tok_fuzz_obj PRIVATE -fsanitize=fuzzer-no-link ${FLEXC_FUZZ_SANITIZE})
-  target_link_libraries(fx_tok_fuzz_obj PUBLIC ${FLEXC_DEPS})
-  add_executable(fuzz_tokenizer ${PROJECT_SOURCE_DIR}/src/tokenizer/fuzz/fuzz_tokenizer.c
-                 $<TARGET_OBJECTS:fx_tok_fuzz_obj>)
-  target_include_directories(fuzz_tokenizer PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
-  target_compile_options(fuzz_tokenizer PRIVATE -fsanitize=fuzzer ${FLEXC_FUZZ_SANITIZE})
-  target_link_options(fuzz_tokenizer PRIVATE -fsanitize=fuzzer ${FLEXC_FUZZ_SANITIZE})
-  target_link_libraries(fuzz_tokenizer PRIVATE ${FLEXC_DEPS})
+  # The tokenizer and what it calls; fixtures are read from the working directory, as
+  # scripts/fuzz.sh runs it. No GEMM or tensor checks in a tokenizer (the finite check needs
+  # the safetensors dtypes).
+  flexc_add_fuzzer(fuzz_tokenizer ${PROJECT_SOURCE_DIR}/src/tokenizer/fuzz/fuzz_tokenizer.c "/src/(core|tokenizer)/"
+                   "/src/core/(gemm|finite)")
 endif()

@@ -239,32 +239,31 @@ static void test_refused(void)
     FXT_EQ_INT(load_str("{\"model\":{\"type\":\"Unigram\",\"vocab\":[]}}"), FX_EUNSUPPORTED);
     FXT_HAS_STR(fx_last_error(), "model.type 'Unigram'");
     FXT_EQ_INT(load_str("{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}"), FX_EUNSUPPORTED);
-    snprintf(buf, sizeof buf, "{%s,\"normalizer\":{\"type\":\"BertNormalizer\"}}", base_model);
-    FXT_EQ_INT(load_str(buf), FX_EUNSUPPORTED);
-    FXT_HAS_STR(fx_last_error(), "normalizer.type 'BertNormalizer'");
-    snprintf(buf, sizeof buf,
-             "{%s,\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{\"type\":\"Precompiled\"}]}}",
-             base_model);
-    FXT_EQ_INT(load_str(buf), FX_EUNSUPPORTED);
-    FXT_HAS_STR(fx_last_error(), "normalizer.normalizers[1].type 'Precompiled'");
-    snprintf(buf, sizeof buf, "{%s,\"pre_tokenizer\":{\"type\":\"Whitespace\"}}", base_model);
-    FXT_EQ_INT(load_str(buf), FX_EUNSUPPORTED);
-    FXT_HAS_STR(fx_last_error(), "pre_tokenizer.type 'Whitespace'");
-    snprintf(buf, sizeof buf, "{%s,\"decoder\":{\"type\":\"WordPiece\"}}", base_model);
-    FXT_EQ_INT(load_str(buf), FX_EUNSUPPORTED);
-    FXT_HAS_STR(fx_last_error(), "decoder.type 'WordPiece'");
-    snprintf(buf, sizeof buf, "{%s,\"post_processor\":{\"type\":\"Mystery\"}}", base_model);
-    FXT_EQ_INT(load_str(buf), FX_EUNSUPPORTED);
-    FXT_HAS_STR(fx_last_error(), "post_processor.type 'Mystery'");
-    snprintf(buf, sizeof buf, "{%s,\"post_processor\":{\"type\":\"TemplateProcessing\"}}", base_model);
-    FXT_EQ_INT(load_str(buf), FX_OK);
-    snprintf(buf, sizeof buf, "{%s,\"truncation\":{\"max_length\":5}}", base_model);
-    FXT_EQ_INT(load_str(buf), FX_EUNSUPPORTED);
-    FXT_HAS_STR(fx_last_error(), "truncation");
-    snprintf(buf, sizeof buf, "{%s,\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},"
-                              "\"behavior\":\"Isolated\",\"invert\":false}}", base_model);
-    FXT_EQ_INT(load_str(buf), FX_EUNSUPPORTED);
-    FXT_HAS_STR(fx_last_error(), "pre_tokenizer.pattern");
+    /* The base model and one member more: the status, and what the message must name. */
+    static const struct {
+        const char *member;
+        int status;
+        const char *msg;
+    } cases[] = {
+        {"\"normalizer\":{\"type\":\"BertNormalizer\"}", FX_EUNSUPPORTED, "normalizer.type 'BertNormalizer'"},
+        {"\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"NFC\"},{\"type\":\"Precompiled\"}]}",
+         FX_EUNSUPPORTED, "normalizer.normalizers[1].type 'Precompiled'"},
+        {"\"pre_tokenizer\":{\"type\":\"Whitespace\"}", FX_EUNSUPPORTED, "pre_tokenizer.type 'Whitespace'"},
+        {"\"decoder\":{\"type\":\"WordPiece\"}", FX_EUNSUPPORTED, "decoder.type 'WordPiece'"},
+        {"\"post_processor\":{\"type\":\"Mystery\"}", FX_EUNSUPPORTED, "post_processor.type 'Mystery'"},
+        {"\"post_processor\":{\"type\":\"TemplateProcessing\"}", FX_OK, ""},
+        {"\"truncation\":{\"max_length\":5}", FX_EUNSUPPORTED, "truncation"},
+        {"\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\",\"invert\":false}",
+         FX_EUNSUPPORTED, "pre_tokenizer.pattern"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(buf, sizeof buf, "{%s,%s}", base_model, cases[i].member);
+        fx_clear_error();
+        int rc = load_str(buf);
+        if (rc != cases[i].status || !strstr(fx_last_error(), cases[i].msg))
+            FXT_FAIL("case %zu (%s): %s \"%s\", expected %s naming \"%s\"", i, cases[i].member, fx_status_name(rc),
+                     fx_last_error(), fx_status_name(cases[i].status), cases[i].msg);
+    }
     FXT_EQ_INT(load_str("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a b\"]}}"), FX_EFORMAT);
     FXT_HAS_STR(fx_last_error(), "model.merges[0]");
     FXT_EQ_INT(load_str("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[],\"dropout\":0.1}}"),
@@ -472,38 +471,33 @@ static void test_token_file(void)
         FXT_EQ_INT(got.n, 70000); /* unchanged */
         fx_ids_free(&got);
     }
-    /* malformed files */
-    int32_t head[256] = {20240520, 1, 3};
-    unsigned char file[1024 + 6];
-    memcpy(file, head, 1024);
-    memset(file + 1024, 0, 6);
+    /* malformed files: a good 3-token file, then changes to it; a failed load keeps `got` */
+    static const struct {
+        int32_t magic, version, count;
+        size_t size;
+        int status;
+        const char *msg;
+    } files[] = {
+        {20240520, 1, 3, 1024 + 6, FX_OK, ""},
+        {20240520, 1, 3, 1024 + 5, FX_EFORMAT, "header says 3 tokens"},
+        {12345, 1, 3, 1024 + 6, FX_EFORMAT, "magic 12345"},
+        {20240520, 7, 3, 1024 + 6, FX_EFORMAT, "version 7"},
+        {20240520, 1, -1, 1024 + 6, FX_EFORMAT, ""},
+        {20240520, 1, -1, 100, FX_EFORMAT, "header"},
+    };
+    unsigned char file[1024 + 6] = {0};
     fx_ids got = {0};
-    write_raw(path, file, sizeof file);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_OK);
-    FXT_EQ_INT(got.n, 3);
-    write_raw(path, file, sizeof file - 1);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EFORMAT);
-    FXT_HAS_STR(fx_last_error(), "header says 3 tokens");
-    head[0] = 12345;
-    memcpy(file, head, 1024);
-    write_raw(path, file, sizeof file);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EFORMAT);
-    FXT_HAS_STR(fx_last_error(), "magic 12345");
-    head[0] = 20240520;
-    head[1] = 7;
-    memcpy(file, head, 1024);
-    write_raw(path, file, sizeof file);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EFORMAT);
-    FXT_HAS_STR(fx_last_error(), "version 7");
-    head[1] = 1;
-    head[2] = -1;
-    memcpy(file, head, 1024);
-    write_raw(path, file, sizeof file);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EFORMAT);
-    write_raw(path, file, 100);
-    FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EFORMAT);
-    FXT_HAS_STR(fx_last_error(), "header");
-    FXT_EQ_INT(got.n, 3);
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        const int32_t head[256] = {files[i].magic, files[i].version, files[i].count};
+        memcpy(file, head, 1024);
+        write_raw(path, file, files[i].size);
+        fx_clear_error();
+        int rc = fx_tokens_load(&got, path, 0);
+        if (rc != files[i].status || !strstr(fx_last_error(), files[i].msg))
+            FXT_FAIL("file %zu: %s \"%s\", expected %s naming \"%s\"", i, fx_status_name(rc), fx_last_error(),
+                     fx_status_name(files[i].status), files[i].msg);
+        FXT_EQ_INT(got.n, 3);
+    }
     fx_ids_free(&got);
     unlink(path);
     FXT_EQ_INT(fx_tokens_load(&got, path, 0), FX_EIO);

@@ -128,6 +128,48 @@ __device__ __forceinline__ void visit_range(const fx__cu_attn &a, const RowBlock
     }
 }
 
+/* Rows [row0, row0 + rows) of a row-major (., n) matrix into shared memory with leading
+   dimension ld, by the whole thread block; rows from nvalid on are zeros. */
+template <typename T>
+__device__ __forceinline__ void stage_rows(float *dst, int ld, int rows, const T *src, int64_t row0, int nvalid, int n)
+{
+    for (int i = threadIdx.x; i < rows * n; i += THREADS) {
+        const int j = i / n, d = i % n;
+        dst[j * ld + d] = j < nvalid ? load(src, (row0 + j) * n + d) : 0.0f;
+    }
+}
+
+/* Entry e of a row block's visited list: the block's first key *k0, its key count *nk in this
+   call and its bitmap offset *boff (-1: a full block); false for a block past this call's keys
+   (a mask longer than the call). */
+__device__ __forceinline__ bool kv_entry(const fx__cu_attn &a, int64_t e, int64_t *k0, int64_t *nk, int64_t *boff)
+{
+    const int64_t kb = a.has_mask ? a.m.kv_idx[e] : e;
+    *boff = a.has_mask ? a.m.kv_bits[e] : -1;
+    *k0 = kb * a.bk;
+    if (*k0 >= a.Lkv)
+        return false;
+    *nk = min(a.bk, a.Lkv - *k0);
+    return true;
+}
+
+/* The backward's view of one visible (query, key) pair from its staged rows q (D), k (D),
+   dout (Dv), v (Dv): *p, the probability, and the return value dS, the gradient w.r.t. the
+   raw score (times scale). */
+__device__ __forceinline__ float score_backward(const fx__cu_attn &a, const float *qr, const float *kr,
+                                                const float *gr, const float *vr, int D, int Dv, int64_t h,
+                                                int64_t qpos, int64_t kpos, float lse, float di, float *p)
+{
+    float acc = 0.0f, dp = 0.0f;
+    for (int d = 0; d < D; d++)
+        acc += qr[d] * kr[d];
+    for (int d = 0; d < Dv; d++)
+        dp += gr[d] * vr[d];
+    const float raw = acc * a.scale;
+    *p = expf(score_mod(a, raw, h, qpos, kpos) - lse);
+    return score_grad(a, raw, *p * (dp - di)) * a.scale;
+}
+
 template <typename T>
 __global__ void __launch_bounds__(THREADS) fwd_kernel(fx__cu_attn a, float *part)
 {
@@ -142,8 +184,7 @@ __global__ void __launch_bounds__(THREADS) fwd_kernel(fx__cu_attn a, float *part
     const T *q = (const T *)a.q, *k = (const T *)a.k, *v = (const T *)a.v;
     const int64_t qrow0 = (rb.b * a.Hq + rb.h) * a.Lq + (rb.lo - a.q_offset);
     const int64_t kbase = (rb.b * a.Hkv + rb.h / (a.Hq / a.Hkv)) * a.Lkv;
-    for (int i = tid; i < ROWS * D; i += THREADS)
-        Qs[i] = i / D < nr ? load(q, (qrow0 + i / D) * a.D + i % D) : 0.0f;
+    stage_rows(Qs, D, ROWS, q, qrow0, nr, D);
 
     int64_t e0, e1;
     visit_range(a, rb, &e0, &e1);
@@ -161,23 +202,14 @@ __global__ void __launch_bounds__(THREADS) fwd_kernel(fx__cu_attn a, float *part
     }
 
     for (int64_t e = s0; e < s1; e++) {
-        const int64_t kb = a.has_mask ? a.m.kv_idx[e] : e;
-        const int64_t boff = a.has_mask ? a.m.kv_bits[e] : -1; /* -1: a full block */
-        const int64_t k0 = kb * a.bk;
-        if (k0 >= a.Lkv)
-            continue; /* a mask longer than this call's keys */
-        const int64_t nk = min(a.bk, a.Lkv - k0);
+        int64_t k0, nk, boff;
+        if (!kv_entry(a, e, &k0, &nk, &boff))
+            continue;
         for (int64_t t0 = 0; t0 < nk; t0 += KT) {
             const int nt = (int)min((int64_t)KT, nk - t0);
             __syncthreads();
-            for (int i = tid; i < KT * D; i += THREADS) {
-                const int j = i / D, d = i % D;
-                Ks[j * ldk + d] = j < nt ? load(k, (kbase + k0 + t0 + j) * a.D + d) : 0.0f;
-            }
-            for (int i = tid; i < KT * Dv; i += THREADS) {
-                const int j = i / Dv, d = i % Dv;
-                Vs[j * ldv + d] = j < nt ? load(v, (kbase + k0 + t0 + j) * a.Dv + d) : 0.0f;
-            }
+            stage_rows(Ks, ldk, KT, k, kbase + k0 + t0, nt, D);
+            stage_rows(Vs, ldv, KT, v, kbase + k0 + t0, nt, Dv);
             __syncthreads();
 #pragma unroll
             for (int rr = 0; rr < RPW; rr++) {
@@ -305,10 +337,8 @@ template <typename T> __global__ void __launch_bounds__(THREADS) dq_kernel(fx__c
     const T *q = (const T *)a.q, *k = (const T *)a.k, *v = (const T *)a.v, *dout = (const T *)a.dout;
     const int64_t qrow0 = (rb.b * a.Hq + rb.h) * a.Lq + (rb.lo - a.q_offset);
     const int64_t kbase = (rb.b * a.Hkv + rb.h / (a.Hq / a.Hkv)) * a.Lkv;
-    for (int i = tid; i < ROWS * D; i += THREADS)
-        Qs[i] = i / D < nr ? load(q, (qrow0 + i / D) * a.D + i % D) : 0.0f;
-    for (int i = tid; i < ROWS * Dv; i += THREADS)
-        dOs[i] = i / Dv < nr ? load(dout, (qrow0 + i / Dv) * a.Dv + i % Dv) : 0.0f;
+    stage_rows(Qs, D, ROWS, q, qrow0, nr, D);
+    stage_rows(dOs, Dv, ROWS, dout, qrow0, nr, Dv);
     float lse_r[RPW], di_r[RPW], dq[RPW][DT];
 #pragma unroll
     for (int rr = 0; rr < RPW; rr++) {
@@ -322,23 +352,14 @@ template <typename T> __global__ void __launch_bounds__(THREADS) dq_kernel(fx__c
     int64_t e0, e1;
     visit_range(a, rb, &e0, &e1);
     for (int64_t e = e0; e < e1; e++) {
-        const int64_t kb = a.has_mask ? a.m.kv_idx[e] : e;
-        const int64_t boff = a.has_mask ? a.m.kv_bits[e] : -1;
-        const int64_t k0 = kb * a.bk;
-        if (k0 >= a.Lkv)
+        int64_t k0, nk, boff;
+        if (!kv_entry(a, e, &k0, &nk, &boff))
             continue;
-        const int64_t nk = min(a.bk, a.Lkv - k0);
         for (int64_t t0 = 0; t0 < nk; t0 += KT) {
             const int nt = (int)min((int64_t)KT, nk - t0);
             __syncthreads();
-            for (int i = tid; i < KT * D; i += THREADS) {
-                const int j = i / D, d = i % D;
-                Ks[j * ldk + d] = j < nt ? load(k, (kbase + k0 + t0 + j) * a.D + d) : 0.0f;
-            }
-            for (int i = tid; i < KT * Dv; i += THREADS) {
-                const int j = i / Dv, d = i % Dv;
-                Vs[j * ldv + d] = j < nt ? load(v, (kbase + k0 + t0 + j) * a.Dv + d) : 0.0f;
-            }
+            stage_rows(Ks, ldk, KT, k, kbase + k0 + t0, nt, D);
+            stage_rows(Vs, ldv, KT, v, kbase + k0 + t0, nt, Dv);
             __syncthreads();
 #pragma unroll
             for (int rr = 0; rr < RPW; rr++) {
@@ -349,14 +370,9 @@ template <typename T> __global__ void __launch_bounds__(THREADS) dq_kernel(fx__c
                 float ds = 0.0f;
                 if (lane < nt && lse_r[rr] != -INFINITY &&
                     (boff < 0 || mask_bit(a.m, boff, qpos - rb.base, t0 + lane))) {
-                    const float *qr = Qs + r * D, *kr = Ks + lane * ldk, *gr = dOs + r * Dv, *vr = Vs + lane * ldv;
-                    float acc = 0.0f, dp = 0.0f;
-                    for (int d = 0; d < D; d++)
-                        acc += qr[d] * kr[d];
-                    for (int d = 0; d < Dv; d++)
-                        dp += gr[d] * vr[d];
-                    const float raw = acc * a.scale, p = expf(score_mod(a, raw, rb.h, qpos, kpos) - lse_r[rr]);
-                    ds = score_grad(a, raw, p * (dp - di_r[rr])) * a.scale;
+                    float p;
+                    ds = score_backward(a, Qs + r * D, Ks + lane * ldk, dOs + r * Dv, Vs + lane * ldv, D, Dv, rb.h,
+                                        qpos, kpos, lse_r[rr], di_r[rr], &p);
                 }
                 for (int j = 0; j < nt; j++) {
                     const float dj = __shfl_sync(0xffffffffu, ds, j);
@@ -407,10 +423,8 @@ template <typename T> __global__ void __launch_bounds__(THREADS) dkv_kernel(fx__
         return;
     const T *q = (const T *)a.q, *k = (const T *)a.k, *v = (const T *)a.v, *dout = (const T *)a.dout;
     const int64_t krow0 = (b * a.Hkv + hkv) * a.Lkv + kpos0;
-    for (int i = tid; i < ROWS * D; i += THREADS)
-        Kr[i] = i / D < nkeys ? load(k, (krow0 + i / D) * a.D + i % D) : 0.0f;
-    for (int i = tid; i < ROWS * Dv; i += THREADS)
-        Vr[i] = i / Dv < nkeys ? load(v, (krow0 + i / Dv) * a.Dv + i % Dv) : 0.0f;
+    stage_rows(Kr, D, ROWS, k, krow0, nkeys, D);
+    stage_rows(Vr, Dv, ROWS, v, krow0, nkeys, Dv);
     float dk[RPW][DT], dv[RPW][DT];
 #pragma unroll
     for (int rr = 0; rr < RPW; rr++)
@@ -443,14 +457,8 @@ template <typename T> __global__ void __launch_bounds__(THREADS) dkv_kernel(fx__
             for (int64_t t0 = rlo; t0 < rhi; t0 += KT) {
                 const int nt = (int)min((int64_t)KT, rhi - t0);
                 __syncthreads();
-                for (int i = tid; i < KT * D; i += THREADS) {
-                    const int j = i / D, d = i % D;
-                    Qt[j * ldq + d] = j < nt ? load(q, (qrow + t0 + j) * a.D + d) : 0.0f;
-                }
-                for (int i = tid; i < KT * Dv; i += THREADS) {
-                    const int j = i / Dv, d = i % Dv;
-                    dOt[j * ldo + d] = j < nt ? load(dout, (qrow + t0 + j) * a.Dv + d) : 0.0f;
-                }
+                stage_rows(Qt, ldq, KT, q, qrow + t0, nt, D);
+                stage_rows(dOt, ldo, KT, dout, qrow + t0, nt, Dv);
                 if (tid < KT) {
                     lse_t[tid] = tid < nt ? a.lse[qrow + t0 + tid] : -INFINITY;
                     di_t[tid] = tid < nt ? Di[qrow + t0 + tid] : 0.0f;
@@ -465,15 +473,8 @@ template <typename T> __global__ void __launch_bounds__(THREADS) dkv_kernel(fx__
                     float p = 0.0f, ds = 0.0f;
                     if (lane < nt && lse_t[lane] != -INFINITY &&
                         (boff < 0 || mask_bit(a.m, boff, qpos - base, kpos - kb * a.bk))) {
-                        const float *qr = Qt + lane * ldq, *kr = Kr + key * D, *gr = dOt + lane * ldo, *vr = Vr + key * Dv;
-                        float acc = 0.0f, dp = 0.0f;
-                        for (int d = 0; d < D; d++)
-                            acc += qr[d] * kr[d];
-                        for (int d = 0; d < Dv; d++)
-                            dp += gr[d] * vr[d];
-                        const float raw = acc * a.scale;
-                        p = expf(score_mod(a, raw, h, qpos, kpos) - lse_t[lane]);
-                        ds = score_grad(a, raw, p * (dp - di_t[lane])) * a.scale;
+                        ds = score_backward(a, Qt + lane * ldq, Kr + key * D, dOt + lane * ldo, Vr + key * Dv, D, Dv,
+                                            h, qpos, kpos, lse_t[lane], di_t[lane], &p);
                     }
                     for (int i = 0; i < nt; i++) {
                         const float pi = __shfl_sync(0xffffffffu, p, i), dsi = __shfl_sync(0xffffffffu, ds, i);

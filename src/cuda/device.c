@@ -328,6 +328,31 @@ static int check_mod_ptrs(const char *who, const fx__cu_attn *c, int device, boo
 }
 #endif
 
+/* What the forward and the backward do once their buffers are known: none may overlap an
+   output, the device becomes current (*prev: what close_device restores), *c describes the
+   call and every buffer must live on that device. On failure the device is closed again. */
+static int attn_open(const char *who, const fx_attention *a, const fx__span *in, size_t nin, const fx__span *outs,
+                     size_t nout, bool backward, fx__cu_attn *c, int *prev)
+{
+    int rc = fx__check_overlaps(in, nin, outs, nout);
+    if (rc != FX_OK || (rc = open_device(who, a->device, prev)) != FX_OK)
+        return rc;
+    rc = attn_describe(who, a, c);
+#ifdef FLEXC_HAVE_CUDA
+    if (rc == FX_OK)
+        rc = check_ptrs(who, in, nin, a->device);
+    if (rc == FX_OK)
+        rc = check_ptrs(who, outs, nout, a->device);
+    if (rc == FX_OK)
+        rc = check_mod_ptrs(who, c, a->device, backward);
+#else
+    (void)backward;
+#endif
+    if (rc != FX_OK)
+        close_device(*prev);
+    return rc;
+}
+
 int fx__cuda_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
                             float *lse)
 {
@@ -342,28 +367,17 @@ int fx__cuda_flex_attention(const fx_attention *a, const float *q, const float *
     const fx__span in[] = {{"q", q, nq * (size_t)a->D * f}, {"k", k, nkv * (size_t)a->D * f},
                            {"v", v, nkv * (size_t)a->Dv * f}};
     const fx__span outs[] = {{"out", out, nq * (size_t)a->Dv * f}, {"lse", lse, nq * sizeof(float)}};
-    if ((rc = fx__check_overlaps(in, 3, outs, 2)) != FX_OK)
-        return rc;
     int prev = 0;
-    if ((rc = open_device(who, a->device, &prev)) != FX_OK)
-        return rc;
     fx__cu_attn c;
-    rc = attn_describe(who, a, &c);
+    if ((rc = attn_open(who, a, in, 3, outs, 2, false, &c, &prev)) != FX_OK)
+        return rc;
 #ifdef FLEXC_HAVE_CUDA
-    if (rc == FX_OK)
-        rc = check_ptrs(who, in, 3, a->device);
-    if (rc == FX_OK)
-        rc = check_ptrs(who, outs, 2, a->device);
-    if (rc == FX_OK)
-        rc = check_mod_ptrs(who, &c, a->device, false);
-    if (rc == FX_OK) {
-        int sms = 0;
-        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a->device - 1) != cudaSuccess)
-            sms = 1;
-        c.q = q, c.k = k, c.v = v, c.out = out, c.lse = lse;
-        c.nsplit = fx__cu_attn_splits(&c, sms);
-        rc = fx__cu_attn_forward(&c);
-    }
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, a->device - 1) != cudaSuccess)
+        sms = 1;
+    c.q = q, c.k = k, c.v = v, c.out = out, c.lse = lse;
+    c.nsplit = fx__cu_attn_splits(&c, sms);
+    rc = fx__cu_attn_forward(&c);
 #endif
     close_device(prev);
     return rc;
@@ -389,26 +403,15 @@ int fx__cuda_flex_attention_backward(const fx_attention *a, const float *q, cons
     const fx__span in[] = {{"q", q, qd},     {"k", k, kd},         {"v", v, kv},
                            {"out", out, qv}, {"lse", lse, nq * sizeof(float)}, {"dout", dout, qv}};
     const fx__span outs[] = {{"dq", dq, qd}, {"dk", dk, kd}, {"dv", dv, kv}};
-    if ((rc = fx__check_overlaps(in, 6, outs, 3)) != FX_OK)
-        return rc;
     int prev = 0;
-    if ((rc = open_device(who, a->device, &prev)) != FX_OK)
-        return rc;
     fx__cu_attn c;
-    rc = attn_describe(who, a, &c);
+    if ((rc = attn_open(who, a, in, 6, outs, 3, true, &c, &prev)) != FX_OK)
+        return rc;
 #ifdef FLEXC_HAVE_CUDA
-    if (rc == FX_OK)
-        rc = check_ptrs(who, in, 6, a->device);
-    if (rc == FX_OK)
-        rc = check_ptrs(who, outs, 3, a->device);
-    if (rc == FX_OK)
-        rc = check_mod_ptrs(who, &c, a->device, true);
-    if (rc == FX_OK) {
-        c.q = q, c.k = k, c.v = v, c.out = (void *)out, c.lse = (float *)lse, c.dout = dout;
-        c.dq = dq, c.dk = dk, c.dv = dv;
-        c.nsplit = 1;
-        rc = fx__cu_attn_backward(&c);
-    }
+    c.q = q, c.k = k, c.v = v, c.out = (void *)out, c.lse = (float *)lse, c.dout = dout;
+    c.dq = dq, c.dk = dk, c.dv = dv;
+    c.nsplit = 1;
+    rc = fx__cu_attn_backward(&c);
 #endif
     close_device(prev);
     return rc;

@@ -268,19 +268,12 @@ int fx_tokenizer_decode(const fx_tokenizer *t, fx_text *out, const int32_t *ids,
 {
     if (!t || !out || (!ids && n) || n < 0)
         return fx__error(FX_EINVAL, "tokenizer, out and ids must not be NULL, n >= 0");
-    fx_tokenizer *mt = (fx_tokenizer *)t;
     size_t len0 = out->len;
-    int rc;
-    if (pthread_mutex_trylock(&mt->lock) == 0) {
-        rc = decode_with(t, &mt->scratch, out, ids, n);
-        pthread_mutex_unlock(&mt->lock);
-    } else {
-        fx__scratch own;
-        rc = fx__scratch_init(&own, NULL);
-        if (rc == FX_OK)
-            rc = decode_with(t, &own, out, ids, n);
-        fx__scratch_free(&own);
-    }
+    fx__scratch own, *s;
+    int rc = fx__scratch_acquire(t, &own, &s);
+    if (rc == FX_OK)
+        rc = decode_with(t, s, out, ids, n);
+    fx__scratch_release(t, &own, s);
     if (rc != FX_OK && out->data) {
         out->len = len0;
         out->data[len0] = '\0';

@@ -48,6 +48,26 @@ void fx__scratch_free(fx__scratch *s)
     *s = (fx__scratch){0};
 }
 
+int fx__scratch_acquire(const fx_tokenizer *t, fx__scratch *own, fx__scratch **s)
+{
+    fx_tokenizer *mt = (fx_tokenizer *)t; /* the lock and the shared scratch are not the tokenizer's state */
+    if (pthread_mutex_trylock(&mt->lock) == 0) {
+        *s = &mt->scratch;
+        return FX_OK;
+    }
+    *s = own;
+    return fx__scratch_init(own, NULL);
+}
+
+void fx__scratch_release(const fx_tokenizer *t, fx__scratch *own, fx__scratch *s)
+{
+    fx_tokenizer *mt = (fx_tokenizer *)t;
+    if (s == &mt->scratch)
+        pthread_mutex_unlock(&mt->lock);
+    else
+        fx__scratch_free(own);
+}
+
 void fx__cache_free(fx__cache *c)
 {
     fx__free(c->slot);
@@ -870,19 +890,12 @@ int fx_tokenizer_encode(const fx_tokenizer *t, fx_ids *out, const char *text, si
         return fx__error(FX_EINVAL, "tokenizer, out and text must not be NULL");
     if (!text)
         text = "";
-    fx_tokenizer *mt = (fx_tokenizer *)t; /* the lock and the shared scratch are not the tokenizer's state */
     int64_t n0 = out->n;
-    int rc;
-    if (pthread_mutex_trylock(&mt->lock) == 0) {
-        rc = encode_with(t, &mt->scratch, out, text, len);
-        pthread_mutex_unlock(&mt->lock);
-    } else {
-        fx__scratch own;
-        rc = fx__scratch_init(&own, NULL);
-        if (rc == FX_OK)
-            rc = encode_with(t, &own, out, text, len);
-        fx__scratch_free(&own);
-    }
+    fx__scratch own, *s;
+    int rc = fx__scratch_acquire(t, &own, &s);
+    if (rc == FX_OK)
+        rc = encode_with(t, s, out, text, len);
+    fx__scratch_release(t, &own, s);
     if (rc != FX_OK)
         out->n = n0;
     return rc;

@@ -70,6 +70,25 @@ static char *dup_bytes(const char *s, size_t n)
     return d;
 }
 
+/* A required string member, copied (NUL-terminated, owned by the caller) into *out. */
+static int get_str_copy(char **out, size_t *len, const json_t *o, const char *key, const char *where)
+{
+    const char *s;
+    int rc = get_str(&s, len, o, key, true, where);
+    if (rc == FX_OK && !(*out = dup_bytes(s, *len)))
+        rc = FX_ENOMEM;
+    return rc;
+}
+
+/* The index of s in names[0..n), or -1. */
+static int name_index(const char *const *names, int n, const char *s)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(s, names[i]))
+            return i;
+    return -1;
+}
+
 /* {"String": s} or {"Regex": r} */
 static int get_pattern(fx__regex *re, const json_t *o, const char *where)
 {
@@ -105,15 +124,12 @@ static int get_prepend_scheme(fx__prepend *p, const json_t *o, const char *where
 {
     const json_t *v = json_object_get(o, "prepend_scheme");
     if (json_is_string(v)) {
+        static const char *const names[] = {"always", "first", "never"}; /* fx__prepend's order */
         const char *s = json_string_value(v);
-        if (!strcmp(s, "always"))
-            *p = FX__PREPEND_ALWAYS;
-        else if (!strcmp(s, "first"))
-            *p = FX__PREPEND_FIRST;
-        else if (!strcmp(s, "never"))
-            *p = FX__PREPEND_NEVER;
-        else
+        int k = name_index(names, 3, s);
+        if (k < 0)
             return fx__error(FX_EUNSUPPORTED, "%s.prepend_scheme '%s' is not supported", where, s);
+        *p = (fx__prepend)k;
         return FX_OK;
     }
     /* Older files: add_prefix_space (true: always). */
@@ -123,42 +139,76 @@ static int get_prepend_scheme(fx__prepend *p, const json_t *o, const char *where
     return rc;
 }
 
+/* ---- pipeline components ---------------------------------------------------------------------- */
+
+/* Normalizers, pre-tokenizers, decoders and post-processors: each reads one component `o`
+   into t, named `where` in messages (*cap: the capacity of t's array for that stage). */
+typedef int (*component_fn)(fx_tokenizer *t, const json_t *o, const char *where, size_t *cap);
+
+/* A "Sequence" component: each member of its array `key`, in order, read by add. */
+static int add_sequence(fx_tokenizer *t, const json_t *o, const char *key, const char *where, size_t *cap,
+                        component_fn add)
+{
+    const json_t *list = json_object_get(o, key);
+    if (!json_is_array(list))
+        return fx__error(FX_EFORMAT, "%s.%s must be an array", where, key);
+    for (size_t i = 0; i < json_array_size(list); i++) {
+        char sub[96];
+        snprintf(sub, sizeof sub, "%s.%s[%zu]", where, key, i);
+        int rc = add(t, json_array_get(list, i), sub, cap);
+        if (rc != FX_OK)
+            return rc;
+    }
+    return FX_OK;
+}
+
+/* Room for one more element in p, an array of n elements of `size` bytes and capacity *cap:
+   p itself, or a copy twice as large (p freed), or NULL when out of memory. */
+static void *reserve_one(void *p, size_t n, size_t *cap, size_t size)
+{
+    if (n < *cap)
+        return p;
+    size_t ncap = *cap ? *cap * 2 : 4;
+    void *grown = fx__calloc(ncap, size);
+    if (!grown)
+        return NULL;
+    if (n)
+        memcpy(grown, p, n * size);
+    fx__free(p);
+    *cap = ncap;
+    return grown;
+}
+
+/* A component must be an object with a "type". A "Sequence" (its members listed under `key`)
+   is read whole here, each member through add, and *type comes back NULL. */
+static int component_type(const char **type, fx_tokenizer *t, const json_t *o, const char *where, size_t *cap,
+                          const char *key, component_fn add)
+{
+    if (!json_is_object(o))
+        return fx__error(FX_EFORMAT, "%s must be an object", where);
+    *type = type_of(o);
+    if (!*type)
+        return fx__error(FX_EFORMAT, "%s.type is missing", where);
+    if (strcmp(*type, "Sequence"))
+        return FX_OK;
+    *type = NULL;
+    return add_sequence(t, o, key, where, cap, add);
+}
+
 /* ---- normalizers ---------------------------------------------------------------------------- */
 
 static int add_norm(fx_tokenizer *t, const json_t *o, const char *where, size_t *cap)
 {
-    if (!json_is_object(o))
-        return fx__error(FX_EFORMAT, "%s must be an object", where);
-    const char *type = type_of(o);
-    if (!type)
-        return fx__error(FX_EFORMAT, "%s.type is missing", where);
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "normalizers");
-        if (!json_is_array(list))
-            return fx__error(FX_EFORMAT, "%s.normalizers must be an array", where);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            char sub[96];
-            snprintf(sub, sizeof sub, "%s.normalizers[%zu]", where, i);
-            int rc = add_norm(t, json_array_get(list, i), sub, cap);
-            if (rc != FX_OK)
-                return rc;
-        }
-        return FX_OK;
-    }
-    if (t->n_norms == *cap) {
-        size_t ncap = *cap ? *cap * 2 : 4;
-        fx__norm *n = fx__calloc(ncap, sizeof *n);
-        if (!n)
-            return FX_ENOMEM;
-        if (t->n_norms)
-            memcpy(n, t->norms, t->n_norms * sizeof *n);
-        fx__free(t->norms);
-        t->norms = n;
-        *cap = ncap;
-    }
+    const char *type;
+    int rc = component_type(&type, t, o, where, cap, "normalizers", add_norm);
+    if (rc != FX_OK || !type)
+        return rc;
+    fx__norm *norms = reserve_one(t->norms, t->n_norms, cap, sizeof *norms);
+    if (!norms)
+        return FX_ENOMEM;
+    t->norms = norms;
     fx__norm *n = &t->norms[t->n_norms];
     *n = (fx__norm){0};
-    int rc = FX_OK;
     if (!strcmp(type, "NFC")) {
         n->kind = FX__NORM_NFC;
     } else if (!strcmp(type, "NFD")) {
@@ -177,12 +227,7 @@ static int add_norm(fx_tokenizer *t, const json_t *o, const char *where, size_t 
     } else if (!strcmp(type, "Replace") || !strcmp(type, "Prepend")) {
         bool replace = type[0] == 'R';
         n->kind = replace ? FX__NORM_REPLACE : FX__NORM_PREPEND;
-        const char *s;
-        size_t len;
-        rc = get_str(&s, &len, o, replace ? "content" : "prepend", true, where);
-        if (rc == FX_OK && !(n->content = dup_bytes(s, len)))
-            rc = FX_ENOMEM;
-        n->content_len = len;
+        rc = get_str_copy(&n->content, &n->content_len, o, replace ? "content" : "prepend", where);
         t->n_norms++; /* owned from here on, freed with the tokenizer */
         if (rc == FX_OK && replace)
             rc = get_pattern(&n->pattern, o, where);
@@ -199,40 +244,18 @@ static int add_norm(fx_tokenizer *t, const json_t *o, const char *where, size_t 
 
 static int add_pre(fx_tokenizer *t, const json_t *o, const char *where, size_t *cap)
 {
-    if (!json_is_object(o))
-        return fx__error(FX_EFORMAT, "%s must be an object", where);
-    const char *type = type_of(o);
-    if (!type)
-        return fx__error(FX_EFORMAT, "%s.type is missing", where);
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "pretokenizers");
-        if (!json_is_array(list))
-            return fx__error(FX_EFORMAT, "%s.pretokenizers must be an array", where);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            char sub[96];
-            snprintf(sub, sizeof sub, "%s.pretokenizers[%zu]", where, i);
-            int rc = add_pre(t, json_array_get(list, i), sub, cap);
-            if (rc != FX_OK)
-                return rc;
-        }
-        return FX_OK;
-    }
+    const char *type;
+    int rc = component_type(&type, t, o, where, cap, "pretokenizers", add_pre);
+    if (rc != FX_OK || !type)
+        return rc;
     if (strcmp(type, "Split") && strcmp(type, "ByteLevel") && strcmp(type, "Metaspace") && strcmp(type, "Digits"))
         return fx__error(FX_EUNSUPPORTED, "%s.type '%s' is not supported", where, type);
-    if (t->n_pres == *cap) {
-        size_t ncap = *cap ? *cap * 2 : 4;
-        fx__pre *n = fx__calloc(ncap, sizeof *n);
-        if (!n)
-            return FX_ENOMEM;
-        if (t->n_pres)
-            memcpy(n, t->pres, t->n_pres * sizeof *n);
-        fx__free(t->pres);
-        t->pres = n;
-        *cap = ncap;
-    }
+    fx__pre *pres = reserve_one(t->pres, t->n_pres, cap, sizeof *pres);
+    if (!pres)
+        return FX_ENOMEM;
+    t->pres = pres;
     fx__pre *p = &t->pres[t->n_pres++];
     *p = (fx__pre){0};
-    int rc;
     if (!strcmp(type, "Split")) {
         p->kind = FX__PRE_SPLIT;
         rc = get_pattern(&p->pattern, o, where);
@@ -245,10 +268,7 @@ static int add_pre(fx_tokenizer *t, const json_t *o, const char *where, size_t *
         const char *bs = json_is_string(b) ? json_string_value(b) : "";
         static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
                                             "Contiguous"};
-        int k = -1;
-        for (int i = 0; i < 5; i++)
-            if (!strcmp(bs, names[i]))
-                k = i;
+        int k = name_index(names, 5, bs);
         if (k < 0)
             return fx__error(FX_EUNSUPPORTED, "%s.behavior '%s' is not supported", where, bs);
         p->behavior = (fx__split_behavior)k;
@@ -288,53 +308,23 @@ static int add_pre(fx_tokenizer *t, const json_t *o, const char *where, size_t *
 
 static int add_dec(fx_tokenizer *t, const json_t *o, const char *where, size_t *cap)
 {
-    if (!json_is_object(o))
-        return fx__error(FX_EFORMAT, "%s must be an object", where);
-    const char *type = type_of(o);
-    if (!type)
-        return fx__error(FX_EFORMAT, "%s.type is missing", where);
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "decoders");
-        if (!json_is_array(list))
-            return fx__error(FX_EFORMAT, "%s.decoders must be an array", where);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            char sub[96];
-            snprintf(sub, sizeof sub, "%s.decoders[%zu]", where, i);
-            int rc = add_dec(t, json_array_get(list, i), sub, cap);
-            if (rc != FX_OK)
-                return rc;
-        }
-        return FX_OK;
-    }
+    const char *type;
+    int rc = component_type(&type, t, o, where, cap, "decoders", add_dec);
+    if (rc != FX_OK || !type)
+        return rc;
     static const char *const names[] = {"ByteLevel", "Replace", "ByteFallback", "Fuse", "Strip", "Metaspace"};
-    int k = -1;
-    for (int i = 0; i < 6; i++)
-        if (!strcmp(type, names[i]))
-            k = i;
+    int k = name_index(names, 6, type);
     if (k < 0)
         return fx__error(FX_EUNSUPPORTED, "%s.type '%s' is not supported", where, type);
-    if (t->n_decs == *cap) {
-        size_t ncap = *cap ? *cap * 2 : 4;
-        fx__dec *n = fx__calloc(ncap, sizeof *n);
-        if (!n)
-            return FX_ENOMEM;
-        if (t->n_decs)
-            memcpy(n, t->decs, t->n_decs * sizeof *n);
-        fx__free(t->decs);
-        t->decs = n;
-        *cap = ncap;
-    }
+    fx__dec *decs = reserve_one(t->decs, t->n_decs, cap, sizeof *decs);
+    if (!decs)
+        return FX_ENOMEM;
+    t->decs = decs;
     fx__dec *d = &t->decs[t->n_decs++];
     *d = (fx__dec){0};
     d->kind = (fx__dec_kind)k;
-    int rc = FX_OK;
     if (d->kind == FX__DEC_REPLACE) {
-        const char *s;
-        size_t len;
-        rc = get_str(&s, &len, o, "content", true, where);
-        if (rc == FX_OK && !(d->content = dup_bytes(s, len)))
-            rc = FX_ENOMEM;
-        d->content_len = len;
+        rc = get_str_copy(&d->content, &d->content_len, o, "content", where);
         if (rc == FX_OK)
             rc = get_pattern(&d->pattern, o, where);
     } else if (d->kind == FX__DEC_STRIP) {
@@ -358,26 +348,16 @@ static int add_dec(fx_tokenizer *t, const json_t *o, const char *where, size_t *
 /* ---- post-processor, truncation, padding: accepted when encoding without special tokens does
    not depend on them ---------------------------------------------------------------------------- */
 
-static int check_post(const json_t *o, const char *where)
+/* Checked only: t and cap are not used (the signature is a component_fn's, for Sequence). */
+static int check_post(fx_tokenizer *t, const json_t *o, const char *where, size_t *cap)
 {
     if (!o || json_is_null(o))
         return FX_OK;
     const char *type = json_is_object(o) ? type_of(o) : NULL;
     if (!type)
         return fx__error(FX_EFORMAT, "%s.type is missing", where);
-    if (!strcmp(type, "Sequence")) {
-        const json_t *list = json_object_get(o, "processors");
-        if (!json_is_array(list))
-            return fx__error(FX_EFORMAT, "%s.processors must be an array", where);
-        for (size_t i = 0; i < json_array_size(list); i++) {
-            char sub[96];
-            snprintf(sub, sizeof sub, "%s.processors[%zu]", where, i);
-            int rc = check_post(json_array_get(list, i), sub);
-            if (rc != FX_OK)
-                return rc;
-        }
-        return FX_OK;
-    }
+    if (!strcmp(type, "Sequence"))
+        return add_sequence(t, o, "processors", where, cap, check_post);
     if (strcmp(type, "TemplateProcessing") && strcmp(type, "ByteLevel") && strcmp(type, "RobertaProcessing") &&
         strcmp(type, "BertProcessing"))
         return fx__error(FX_EUNSUPPORTED, "%s.type '%s' is not supported", where, type);
@@ -776,7 +756,8 @@ static int load_root(fx_tokenizer *t, const json_t *root)
     t->has_decoder = o && !json_is_null(o);
     if (t->has_decoder && (rc = add_dec(t, o, "decoder", &cap)) != FX_OK)
         return rc;
-    if ((rc = check_post(json_object_get(root, "post_processor"), "post_processor")) != FX_OK)
+    cap = 0;
+    if ((rc = check_post(t, json_object_get(root, "post_processor"), "post_processor", &cap)) != FX_OK)
         return rc;
 
     /* Normalized added tokens are matched in normalized text, by their normalized form. */
@@ -832,21 +813,29 @@ int fx_tokenizer_load_json(fx_tokenizer **out, const char *json, size_t len)
     return FX_OK;
 }
 
+int fx__tok_fopen(FILE **f, const char *path)
+{
+    bool not_regular;
+    *f = fx__fopen_regular(path, &not_regular);
+    if (!*f && not_regular)
+        return fx__error(FX_EIO, "%s: not a regular file", path);
+    if (!*f)
+        return fx__error(FX_EIO, "%s: %s", path, strerror(errno));
+    return FX_OK;
+}
+
 int fx_tokenizer_load(fx_tokenizer **out, const char *path)
 {
     if (!out || !path)
         return fx__error(FX_EINVAL, "out and path must not be NULL");
     *out = NULL;
-    bool not_regular;
-    FILE *f = fx__fopen_regular(path, &not_regular);
-    if (!f && not_regular)
-        return fx__error(FX_EIO, "%s: not a regular file", path);
-    if (!f)
-        return fx__error(FX_EIO, "%s: %s", path, strerror(errno));
+    FILE *f;
+    int rc = fx__tok_fopen(&f, path);
+    if (rc != FX_OK)
+        return rc;
     fx__buf b = {0};
     char chunk[65536];
     size_t got;
-    int rc = FX_OK;
     while (rc == FX_OK && (got = fread(chunk, 1, sizeof chunk, f)) > 0)
         rc = fx__buf_put(&b, chunk, got);
     if (rc == FX_OK && ferror(f))

@@ -249,7 +249,15 @@ int fx__bytelevel_byte(int32_t c);
 
 int fx__scratch_init(fx__scratch *s, fx__cache *cache);
 void fx__scratch_free(fx__scratch *s);
+/* The scratch one encode or decode call works in: the tokenizer's own when no other thread
+   holds it (*s = &t->scratch, locked), else `own`, made here (*s = own). Whatever it returns,
+   fx__scratch_release(t, own, *s) ends the call's use of it. */
+int fx__scratch_acquire(const fx_tokenizer *t, fx__scratch *own, fx__scratch **s);
+void fx__scratch_release(const fx_tokenizer *t, fx__scratch *own, fx__scratch *s);
 void fx__cache_free(fx__cache *c);
+
+/* Opens a tokenizer.json or token file for reading: a regular file only (FX_EIO otherwise). */
+int fx__tok_fopen(FILE **f, const char *path);
 
 /* Runs the normalizers on in[0 .. n), result in *out (which may be one of s->norm). */
 int fx__normalize(const fx_tokenizer *t, fx__scratch *s, const char *in, size_t n, const char **out, size_t *out_n);

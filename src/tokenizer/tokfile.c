@@ -176,15 +176,12 @@ int fx_tokens_load(fx_ids *out, const char *path, int64_t vocab_size)
 {
     if (!out || !path)
         return fx__error(FX_EINVAL, "out and path must not be NULL");
-    bool not_regular;
-    FILE *f = fx__fopen_regular(path, &not_regular);
-    if (!f && not_regular)
-        return fx__error(FX_EIO, "%s: not a regular file", path);
-    if (!f)
-        return fx__error(FX_EIO, "%s: %s", path, strerror(errno));
+    FILE *f;
+    int rc = fx__tok_fopen(&f, path);
+    if (rc != FX_OK)
+        return rc;
     struct stat st;
     unsigned char head[HEADER_INTS * 4];
-    int rc = FX_OK;
     if (fstat(fileno(f), &st) != 0)
         rc = fx__error(FX_EIO, "%s: %s", path, strerror(errno));
     else if (!S_ISREG(st.st_mode))
