@@ -435,15 +435,9 @@ int fx__cuda_lce(const fx_lce *p, const float *h, const float *w, const float *b
 {
     const bool backward = lse_in != NULL || grad_loss != NULL;
     const char *who = backward ? "fx_linear_cross_entropy_backward" : "fx_linear_cross_entropy";
-    int rc = fx__lce_check_params(p);
+    int rc = fx__lce_check_inputs(p, h, w, target);
     if (rc != FX_OK)
         return rc;
-    if (!h)
-        return fx__error(FX_EINVAL, "h is NULL");
-    if (!w)
-        return fx__error(FX_EINVAL, "w is NULL");
-    if (!target)
-        return fx__error(FX_EINVAL, "target is NULL");
     if (backward && !lse_in)
         return fx__error(FX_EINVAL, "lse is NULL (pass the lse of the forward call)");
     if (backward && !grad_loss)

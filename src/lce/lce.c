@@ -690,7 +690,7 @@ int fx_linear_cross_entropy_plan(const fx_lce *p, int64_t *chunk, int64_t *vocab
     return FX_OK;
 }
 
-static int lce_check_common(const fx_lce *p, const float *h, const float *w, const int64_t *target)
+int fx__lce_check_inputs(const fx_lce *p, const float *h, const float *w, const int64_t *target)
 {
     int rc = fx__lce_check_params(p);
     if (rc != FX_OK)
@@ -707,7 +707,7 @@ static int lce_check_common(const fx_lce *p, const float *h, const float *w, con
 static int lce_forward(const fx_lce *p, const float *h, const float *w, const float *bias, const int64_t *target,
                        float *loss, float *lse, float *dh, float *dw, float *dbias, bool round_g)
 {
-    int rc = lce_check_common(p, h, w, target);
+    int rc = fx__lce_check_inputs(p, h, w, target);
     if (rc != FX_OK)
         return rc;
     const size_t N = (size_t)p->N, D = (size_t)p->D, V = (size_t)p->V, f = sizeof(float);
@@ -747,7 +747,7 @@ int fx_linear_cross_entropy_backward(const fx_lce *p, const float *h, const floa
 {
     if (p && fx__cuda_wanted(p->device, p->dtype))
         return fx__cuda_lce(p, h, w, bias, target, NULL, NULL, lse, grad_loss, dh, dw, dbias);
-    int rc = lce_check_common(p, h, w, target);
+    int rc = fx__lce_check_inputs(p, h, w, target);
     if (rc != FX_OK)
         return rc;
     if (!lse)

@@ -9,6 +9,8 @@
 /* The checks of p's sizes and options every call makes (FX_OK or FX_EINVAL), shared with
    the CUDA path. */
 int fx__lce_check_params(const fx_lce *p);
+/* fx__lce_check_params, and h, w and target given: what every call of the loss checks first. */
+int fx__lce_check_inputs(const fx_lce *p, const float *h, const float *w, const int64_t *target);
 
 /* fx_linear_cross_entropy for bfloat16 training (CPU, float32 storage): h and w hold
    bfloat16 values (the caller rounds them; their products are then exact in float32), and
