@@ -1,20 +1,27 @@
 #!/usr/bin/env python3
 """flexc's fused linear cross-entropy against PyTorch's, forward and backward, in float32.
 
-For each shape, the same step is timed every way:
-  flexc:           fx_linear_cross_entropy(h, w, target) -> loss, dh, dw   (libflexc.so, ctypes)
-  flexc_torch:     flexc.torch.linear_cross_entropy(h, w, target).backward()  (the Python package)
-  torch:           F.cross_entropy(h @ w.T, target).backward()             (unfused, eager)
-  torch_fused:     F.linear_cross_entropy(h, w, target, options=LinearCrossEntropyOptions()).backward()
-  torch_reference: F.linear_cross_entropy(h, w, target, options=None).backward()
-Each measurement runs in a fresh child process (modes alternating: A, B, C, A, B, C, ...), and
-each child reports its time for one step and the growth of its resident set's peak over that
-step, after a warm-up and with the gradient buffers already in place (as in a training loop
-that zeroes its gradients). Prints one JSON object per shape with the medians and the ratios
-against torch (unfused) and torch_fused.
+For each shape, the same training step (loss, then input.grad and weight.grad) is run every way:
+  flexc_torch:      flexc.torch.linear_cross_entropy(h, w, target).backward()  (the Python package)
+  torch_fused:      F.linear_cross_entropy(h, w, target, options=LinearCrossEntropyOptions()).backward()
+                    (PyTorch's chunked path)
+  torch_reference:  F.linear_cross_entropy(h, w, target, options=None).backward()  (unchunked: logits)
+  flexc_torch_c16:  flexc_torch with LinearCrossEntropyOptions(batch_chunk_size=16): 16-token chunks,
+                    a smaller scratch for more, smaller GEMMs
+  flexc:            fx_linear_cross_entropy(h, w, target) -> loss, dh, dw   (libflexc.so, ctypes: the
+                    kernel alone, without the package's glue)
+  torch:            F.cross_entropy(h @ w.T, target).backward()  (unfused, eager; not run by default)
+Each measurement runs in a fresh child process, the modes in turn (A, B, C, A, B, C, ...); each
+child warms up on small separate tensors, then reports its time for one step and the growth of
+its resident set's peak over it. The autograd modes start from .grad None (as after
+optimizer.zero_grad()), so the step allocates its outputs; the C call is handed its outputs.
+Extra memory, the same for every mode: the peak growth beyond the outputs every implementation
+returns (loss, input.grad, weight.grad). A mode whose child fails (for instance out of memory)
+is reported as failed. Prints one JSON object per shape with the medians and the ratios, then a
+summary against the targets (>= 1.5x faster than torch_fused at <= 1/8 of its extra memory).
 
-    python3 bench/lce_vs_torch.py [path/to/libflexc.so] [--threads T] [--reps R] [--shape N,D,V]
-                                  [--modes flexc,flexc_torch,torch,torch_fused,torch_reference]
+    python3 bench/lce_vs_torch.py [path/to/libflexc.so] [--threads T] [--reps R] [--shape N,D,V ...]
+                                  [--modes flexc_torch,torch_fused,torch_reference,flexc_torch_c16,flexc,torch]
 
 flexc_torch imports the installed flexc package (pip install ./python), or python/ of this tree
 with FLEXC_LIBRARY pointing at the library given. Default shapes: N=4096, D=512, V=32768 and
