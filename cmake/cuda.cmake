@@ -70,16 +70,11 @@ if(FLEXC_HAVE_CUDA)
   if(FLEXC_GPU_PORTABLE)
     # The library's objects without its shared dependencies, then static archives of them.
     add_library(flexc_gpu_static STATIC $<TARGET_OBJECTS:flexc_obj>)
-    execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libgfortran.a OUTPUT_VARIABLE fx_gfortran_a
-                    OUTPUT_STRIP_TRAILING_WHITESPACE)
-    execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libquadmath.a OUTPUT_VARIABLE fx_quadmath_a
-                    OUTPUT_STRIP_TRAILING_WHITESPACE)
     execute_process(COMMAND ${CMAKE_C_COMPILER} -print-file-name=libgomp.a OUTPUT_VARIABLE fx_gomp_a
                     OUTPUT_STRIP_TRAILING_WHITESPACE)
-    find_library(fx_openblas_a NAMES libopenblas.a
-                 PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp NO_DEFAULT_PATH REQUIRED)
+    find_library(fx_blis_a NAMES libblis.a PATHS ${FLEXC_BLIS_LIBDIR} NO_DEFAULT_PATH REQUIRED)
     find_library(fx_jansson_a NAMES libjansson.a REQUIRED)
-    set(fx_gpu_link flexc_gpu_static ${fx_openblas_a} ${fx_gfortran_a} ${fx_quadmath_a} ${fx_gomp_a}
+    set(fx_gpu_link flexc_gpu_static ${fx_blis_a} ${fx_gomp_a}
         ${fx_jansson_a} CUDA::cudart_static m pthread dl rt)
     target_compile_definitions(flexc_gpu_static PUBLIC FLEXC_HAVE_CUDA)
   endif()

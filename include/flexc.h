@@ -90,11 +90,9 @@ FX_API void fx_set_log_callback(fx_log_fn fn, void *user, fx_log_level min_level
 
 /* ---- threads ----------------------------------------------------------------------------- */
 
-/* Threads used by flexc kernels (OpenMP and OpenBLAS). n >= 1; the default follows
-   OMP_NUM_THREADS, else the number of cores. With OpenMP, n above the most OpenBLAS was
-   built for (often 64) may be lowered to it; fx_get_num_threads() returns the count in effect.
-   A build without OpenMP accepts any n >= 1; its kernels run on one thread and OpenBLAS
-   keeps its own thread count. */
+/* Threads used by flexc's kernels and matrix products (OpenMP). n >= 1; the default follows
+   OMP_NUM_THREADS, else the number of cores; fx_get_num_threads() returns the count in effect.
+   A build without OpenMP accepts any n >= 1 and runs on one thread. */
 FX_API int fx_set_num_threads(int n);
 FX_API int fx_get_num_threads(void);
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages flexc needs, only those that are missing.
-#   scripts/deps.sh          build, test and run: compiler, CMake, OpenBLAS, Open MPI, jansson,
+#   scripts/deps.sh          build, test and run: compiler, CMake, BLIS, Open MPI, jansson,
 #                            PCRE2, utf8proc, cairo and a font (flexc plot), corpus
 #   scripts/deps.sh ci       also what CI's extra passes use (clang and its fuzzing runtime, pip)
 # As root it installs directly; otherwise through sudo when that works without a password;
 # otherwise it prints the apt-get line to run and fails.
 set -euo pipefail
 
-packages=(build-essential cmake pkg-config libopenblas-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin
+packages=(build-essential cmake pkg-config libblis-dev libblis4-openmp libopenmpi-dev openmpi-bin
           libjansson-dev libpcre2-dev libutf8proc-dev libcairo2-dev libfontconfig-dev fonts-dejavu-core
           fortunes-min fortunes)
 if [[ "${1:-}" == ci ]]; then

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU tests, on a machine with a CUDA GPU, from a build made beforehand on another one.
 #
-#   make build-gpu             on the build machine (nvcc, OpenBLAS, jansson installed): makes
+#   make build-gpu             on the build machine (nvcc, BLIS, jansson installed): makes
 #                              build-gpu/ with CUDA on, MPI off, and the test programs linked
-#                              statically against OpenBLAS, libgfortran, libquadmath, libgomp,
+#                              statically against BLIS, libgomp,
 #                              jansson and the CUDA runtime
 #   scripts/gpu-check.sh [DIR] on the GPU machine (DIR: the build directory, default build-gpu)
 #
@@ -11,7 +11,7 @@
 #   build-gpu/gpu-bundle.tgz   (about 21 MB: test_cuda_gpu_attention, test_cuda_gpu_lce and
 #                               bench_cuda, 28 MB each unpacked; unpacked here when missing)
 # The programs need only libc, libm, libstdc++, libgcc_s and the CUDA driver; this script
-# prints `ldd` for each and stops if a library is missing. No network, no OpenBLAS, MPI or
+# prints `ldd` for each and stops if a library is missing. No network, no BLIS, MPI or
 # jansson needed there. Runs in about a minute; each program is given at most 240 s.
 #
 # Prints the GPU, driver, each program's output and time, and a summary line for the

@@ -9,8 +9,8 @@ flexc="$build/flexc"
 out=${RUN_OUT:-out/run}
 steps=${RUN_STEPS:-500}
 threads=${RUN_THREADS:-2}
-# Idle OpenMP threads sleep instead of spinning, so they leave the cores to OpenBLAS's
-# threads between the layers' GEMMs (two thread pools share the 2 cores).
+# Idle OpenMP threads sleep instead of spinning: the cores are the run's only, and a
+# thread that spins between parallel regions takes them from the one with work.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 if [[ ! -d /usr/share/games/fortunes ]]; then

@@ -50,15 +50,15 @@ contains shared-output "$tmp/out" "^$("$flexc" --version | cut -d' ' -f2) 0 "
 static_libs=$(pkg-config --cflags --static --libs flexc | sed "s#-lflexc#$build/libflexc.a#")
 check static-link 0 cc "${san[@]}" "$tmp/prog.c" $static_libs -o "$tmp/prog_static"
 check static-run 0 "$tmp/prog_static"
-# The static flags name the OpenBLAS build the library itself loads (the OpenMP one where it
-# was built with OpenMP), not whichever build pkg-config's search would find first.
-blas_dir=$(ldd "$build/libflexc.so" 2>/dev/null | sed -n 's#.*=> \(.*\)/libopenblas[^/]*\.so.*#\1#p' | head -1)
+# The static flags name the BLIS build the library itself loads (the OpenMP one where it
+# was built with OpenMP), not whichever build a library search would find first.
+blas_dir=$(ldd "$build/libflexc.so" 2>/dev/null | sed -n 's#.*=> \(.*\)/libblis[^/]*\.so.*#\1#p' | head -1)
 if [[ -n $blas_dir ]]; then
     real=$(readlink -f "$blas_dir")
     found=no
     for d in $(pkg-config --static --libs-only-L flexc | tr ' ' '\n' | sed -n 's#^-L##p'); do
         [[ $(readlink -f "$d") == "$real" ]] && found=yes
     done
-    [[ $found == yes ]] && ok || bad "static-openblas: flexc.pc does not name $blas_dir: $(pkg-config --static --libs flexc)"
+    [[ $found == yes ]] && ok || bad "static-blis: flexc.pc does not name $blas_dir: $(pkg-config --static --libs flexc)"
 fi
 finish cli_pkgconfig

@@ -261,8 +261,25 @@ static void test_rng_fill_thread_independent(void)
     fxt_guarded_free("c", c);
 }
 
-/* Long K (which OpenBLAS splits differently on one thread than on several), both split
-   directions and transposes: bitwise equal at 1 and 2 threads. */
+/* C computed block by block (random row or column blocks, each its own call) is bitwise C
+   computed by one call: what lets fx__sgemm cut C into one block per thread (gemm.c). */
+static void gemm_by_blocks(bool ta, bool tb, bool rows, int64_t M, int64_t N, int64_t K, const float *A,
+                           const float *B, float *C, uint64_t seed)
+{
+    const int64_t lda = ta ? M : K, ldb = tb ? K : N, dim = rows ? M : N;
+    for (int64_t lo = 0, len; lo < dim; lo += len) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        len = 1 + (int64_t)((seed >> 33) % 97);
+        len = len < dim - lo ? len : dim - lo;
+        if (rows)
+            fx__sgemm(ta, tb, len, N, K, 1.0f, ta ? A + lo : A + lo * lda, lda, B, ldb, 0.0f, C + lo * N, N);
+        else
+            fx__sgemm(ta, tb, M, len, K, 1.0f, A, lda, tb ? B + lo * ldb : B + lo, ldb, 0.0f, C + lo, N);
+    }
+}
+
+/* Long K, both split directions and transposes: bitwise equal at 1, 2 and 3 threads, and to
+   the same product computed in random row blocks and in random column blocks. */
 static void test_gemm_thread_independent(void)
 {
     const int64_t shapes[][3] = {{300, 70, 1000}, {70, 300, 1000}, {1, 2000, 777}, {513, 129, 2049}};
@@ -275,9 +292,16 @@ static void test_gemm_thread_independent(void)
             float *C1 = fxt_guarded((size_t)(M * N)), *C2 = fxt_guarded((size_t)(M * N));
             fx_set_num_threads(1);
             fx__sgemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, C1, N);
-            fx_set_num_threads(2);
-            fx__sgemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, C2, N);
-            fxt_bitwise_f32("sgemm 1 vs 2 threads", C1, C2, (size_t)(M * N));
+            for (int nt = 2; nt <= 3; nt++) {
+                fx_set_num_threads(nt);
+                fx__sgemm(ta, tb, M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, C2, N);
+                fxt_bitwise_f32(nt == 2 ? "sgemm 1 vs 2 threads" : "sgemm 1 vs 3 threads", C1, C2, (size_t)(M * N));
+            }
+            fx_set_num_threads(1);
+            gemm_by_blocks(ta, tb, true, M, N, K, A, B, C2, 7 + s);
+            fxt_bitwise_f32("sgemm in row blocks", C1, C2, (size_t)(M * N));
+            gemm_by_blocks(ta, tb, false, M, N, K, A, B, C2, 9 + s);
+            fxt_bitwise_f32("sgemm in column blocks", C1, C2, (size_t)(M * N));
             fxt_guarded_free("C1", C1);
             fxt_guarded_free("C2", C2);
             free(A), free(B);

@@ -22,8 +22,7 @@
  *
  * Results are bitwise identical for any thread count: the chunk plan depends only on the
  * sizes, chunks run in order, and threads share fixed vocabulary and hidden-size blocks,
- * each computed whole by one thread. With a pthreads OpenBLAS, the call runs OpenBLAS on
- * one thread per block (restoring its thread count on return).
+ * each computed whole by one thread.
  */
 #ifndef FLEXC_LCE_H
 #define FLEXC_LCE_H

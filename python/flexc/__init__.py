@@ -19,7 +19,7 @@ _state = {"threads": None}
 
 
 def set_num_threads(n):
-    """Threads used by flexc's kernels (OpenMP and OpenBLAS); PyTorch's are set apart, with
+    """Threads used by flexc's kernels and matrix products (OpenMP); PyTorch's are set apart, with
     torch.set_num_threads. Results are bitwise the same for any count."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"set_num_threads: n must be an int, got {type(n).__name__}")

@@ -11,25 +11,33 @@
 enum { MR = 4 };
 
 /* C[mr, VL*nv] block; a(i, k) = A[i*sa_m + k*sa_k]; `last` holds the lanes of the last
-   vector. acc: C += A B, else C = alpha * A B. */
+   vector, which is whole when `full`. acc: C += A B, else C = alpha * A B.
+   Whole vectors use plain loads: with MR x NV accumulators, NV vectors of B and the
+   broadcast a, a mask register more would not fit the 16 of AVX2 and an accumulator would
+   live on the stack (half the kernel's time went to that spill). Only a block that ends
+   inside a vector pays for it. */
 MK_INLINE void SIMD_FN(mk)(float *C, int64_t ldc, const float *A, int64_t sa_m, int64_t sa_k, const float *B,
-                           int64_t ldb, int mr, int nv, vm last, int64_t K, float alpha, bool acc)
+                           int64_t ldb, int mr, int nv, bool full, vm last, int64_t K, float alpha, bool acc)
 {
+#define MK_LD(v, p) (full || (v) < nv - 1 ? V_LOAD(p) : V_MLOAD(last, p))
+#define MK_ST(v, p, x)                                                                                    \
+    do {                                                                                                  \
+        if (full || (v) < nv - 1)                                                                         \
+            V_STORE(p, x);                                                                                \
+        else                                                                                              \
+            V_MSTORE(p, last, x);                                                                         \
+    } while (0)
     vf c[MR][NV];
-    vm mv[NV];
-#pragma GCC unroll 4
-    for (int v = 0; v < nv; v++)
-        mv[v] = v == nv - 1 ? last : V_TAIL(VL);
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++)
-            c[i][v] = acc ? V_MLOAD(mv[v], C + i * ldc + VL * v) : V_ZERO();
+            c[i][v] = acc ? MK_LD(v, C + i * ldc + VL * v) : V_ZERO();
     for (int64_t k = 0; k < K; k++) {
         vf b[NV];
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++)
-            b[v] = V_MLOAD(mv[v], B + k * ldb + VL * v);
+            b[v] = MK_LD(v, B + k * ldb + VL * v);
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             vf a = V_SET1(A[i * sa_m + k * sa_k]);
@@ -43,13 +51,19 @@ MK_INLINE void SIMD_FN(mk)(float *C, int64_t ldc, const float *A, int64_t sa_m, 
     for (int i = 0; i < mr; i++)
 #pragma GCC unroll 4
         for (int v = 0; v < nv; v++)
-            V_MSTORE(C + i * ldc + VL * v, mv[v], acc ? c[i][v] : V_MUL(c[i][v], al));
+            MK_ST(v, C + i * ldc + VL * v, acc ? c[i][v] : V_MUL(c[i][v], al));
+#undef MK_LD
+#undef MK_ST
 }
 
-/* One switch case a block shape, so that every shape runs a fully unrolled kernel. */
+/* One switch case a block shape (and whether its last vector is whole), so that every shape
+   runs a fully unrolled kernel. */
 #define MK_CASE(mr_, nv_)                                                                         \
     case (mr_) * 8 + (nv_):                                                                       \
-        SIMD_FN(mk)(Cb, ldc, Ab, sa_m, sa_k, Bb, ldb, mr_, nv_, last, K, alpha, acc);             \
+        if (full)                                                                                 \
+            SIMD_FN(mk)(Cb, ldc, Ab, sa_m, sa_k, Bb, ldb, mr_, nv_, true, last, K, alpha, acc);   \
+        else                                                                                      \
+            SIMD_FN(mk)(Cb, ldc, Ab, sa_m, sa_k, Bb, ldb, mr_, nv_, false, last, K, alpha, acc);  \
         break;
 #if NV == 4
 #define MK_CASE4(mr_) MK_CASE(mr_, 4)
@@ -66,6 +80,7 @@ static void SIMD_FN(mk_dispatch)(float *C, int64_t ldc, const float *A, int64_t 
     for (int64_t n0 = 0; n0 < N; n0 += VL * NV) {
         int64_t nn = N - n0 < VL * NV ? N - n0 : VL * NV;
         int nv = (int)((nn + VL - 1) / VL);
+        const bool full = nn % VL == 0;
         vm last = V_TAIL(nn - VL * (nv - 1));
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             int mr = (int)(M - m0 < MR ? M - m0 : MR);

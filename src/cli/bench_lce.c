@@ -2,7 +2,7 @@
    replaces (materialised [N, V] logits, softmax, two GEMMs), at the benchmark shapes (docs/lce.md).
    Time: the two alternate in one run (A, B, A, B, ...), medians. Memory: the bytes each
    allocates, and the growth of the maximum resident set in a child process per mode.
-   Throughput: 6 N V D flops per call against OpenBLAS sgemm at the logits GEMM's shape. */
+   Throughput: 6 N V D flops per call against BLIS sgemm at the logits GEMM's shape. */
 #include "bench_util.h"
 #include "cli.h"
 
@@ -256,8 +256,8 @@ static int bench_shape(int64_t N, int64_t D, int64_t V, int64_t chunk, int reps,
     const double gf = flops / tf * 1e-9, gu = flops / tu * 1e-9;
     const int threads = fx_get_num_threads();
     const char *isa = fx_isa_name(fx_get_isa());
-    /* Which GEMMs the fused path ran: its own kernels, or OpenBLAS's (the AVX2 path). */
-    const char *gemm = fx__lce_ops_now()->logits ? "lce kernels" : "openblas";
+    /* Which GEMMs the fused path ran: its own kernels, or BLIS's (the AVX2 path). */
+    const char *gemm = fx__lce_ops_now()->logits ? "lce kernels" : "blas";
     if (json) {
         printf("{\"case\":\"lce\",\"N\":%lld,\"D\":%lld,\"V\":%lld,\"threads\":%d,\"isa\":\"%s\",\"reps\":%d,"
                "\"chunk\":%lld,\"vocab_chunk\":%lld,\"fused_gemm\":\"%s\",\"peer\":\"unfused (materialised logits%s)\","

@@ -63,7 +63,7 @@ int bench_train(int argc, char **argv)
 {
     const char *model = "small", *attn = "causal", *only = NULL, *parallel = NULL;
     int64_t batch = 4, seq = 0, steps = 5, vocab = 0, threads = 0, accum = 1;
-    bool json = false, adam_bf16 = false, recompute = false;
+    bool json = false, adam_bf16 = false, recompute = false, gemm = false;
     for (int i = 0; i < argc; i++) /* over MPI processes: a benchmark of its own */
         if (!strcmp(argv[i], "--parallel") || !strncmp(argv[i], "--parallel=", 11))
             return bench_train_dist(argc, argv);
@@ -79,6 +79,7 @@ int bench_train(int argc, char **argv)
         {"--adam-bf16", CLI_FLAG, &adam_bf16, "both variants keep the Adam moments in bfloat16"},
         {"--recompute", CLI_FLAG, &recompute, "the flex variant recomputes activations in backward"},
         {"--json", CLI_FLAG, &json, "one JSON object"},
+        {"--gemm", CLI_FLAG, &gemm, "with --only: the step's matrix products by shape, against BLIS alone at each"},
         /* Never parsed here: --parallel selects the benchmark above. Listed for --help. */
         {"--parallel", CLI_STRING, &parallel, "fsdp | ddp: overlapped vs. serialised steps under mpirun (options: "
                                               "flexc bench train --parallel fsdp --help)"},
@@ -114,6 +115,10 @@ int bench_train(int argc, char **argv)
         first = 1;
     else if (only) {
         cli_error("bench train --only: '%s' is not flex or baseline", only);
+        return CLI_EXIT_USAGE;
+    }
+    if (gemm && !only) {
+        cli_error("bench train --gemm: needs --only flex or --only baseline");
         return CLI_EXIT_USAGE;
     }
     const struct { const char *name; int64_t v, lo, hi; } lim[] = {
@@ -178,12 +183,24 @@ int bench_train(int argc, char **argv)
     }
     bench_ctx ca = {&v[0], &d, tok, tgt}, cb = {&v[1], &d, tok, tgt};
     double ta = 0, tb = 0;
+    /* --gemm: one warm-up step untraced, then every step bench_time runs (its own warm-up
+       included, all warm by then). */
+    enum { MAX_SHAPES = 64 };
+    fx__gemm_shape shapes[MAX_SHAPES];
+    int traced_from = 0;
+    if (gemm) {
+        run_step(first == 0 ? &ca : &cb);
+        traced_from = v[first].steps;
+        fx__gemm_trace_start(shapes, MAX_SHAPES);
+    }
     if (first == 0 && last == 1)
         bench_pair(run_step, &ca, run_step, &cb, (int)steps, &ta, &tb);
     else if (first == 0)
         ta = bench_time(run_step, &ca, (int)steps);
     else
         tb = bench_time(run_step, &cb, (int)steps);
+    int64_t dropped = 0;
+    const int nshapes = gemm ? fx__gemm_trace_stop(&dropped) : 0;
     for (int i = first; i <= last; i++)
         if (v[i].rc) {
             cli_fail(v[i].rc, v[i].name);
@@ -210,6 +227,8 @@ int bench_train(int argc, char **argv)
         if (!json)
             printf("  per step (median): forward with the loss %.3f s, backward %.3f s, norm and optimizer %.3f s\n",
                    phase_median(x, 0), phase_median(x, 1), phase_median(x, 2));
+        if (gemm)
+            bench_gemm_report(shapes, nshapes, dropped, x->steps - traced_from, t, json);
         exit_code = CLI_EXIT_OK;
         goto done;
     }

@@ -1,9 +1,10 @@
 /* Measurement helpers for `flexc bench` (bench/README.md): wall-clock medians of alternating runs,
    and this machine's limits measured in the same run: fp32 FMA peak, STREAM-triad bandwidth
-   and OpenBLAS sgemm throughput. */
+   and BLIS sgemm throughput. */
 #ifndef FX_BENCH_UTIL_H
 #define FX_BENCH_UTIL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,7 +24,7 @@ double bench_time(bench_fn f, void *ctx, int reps);
 double bench_fma_peak_gflops(void);
 /* STREAM triad a[i] = b[i] + s*c[i] bandwidth in GB/s (3 x 4 bytes per element counted). */
 double bench_triad_gbs(void);
-/* OpenBLAS sgemm C[M,N] = A[M,K] B[K,N]^T in GFLOP/s (median of a few runs). */
+/* BLIS sgemm C[M,N] = A[M,K] B[K,N]^T in GFLOP/s (median of a few runs). */
 double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K);
 
 /* Per-thread FMA loops of each width: flops done in `iters` iterations (called inside an
@@ -31,6 +32,14 @@ double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K);
 double bench_fma_loop_scalar(int64_t iters);
 double bench_fma_loop_avx2(int64_t iters);
 double bench_fma_loop_avx512(int64_t iters);
+
+/* The matrix products of `steps` traced training steps (`bench train --gemm`, core.h's trace):
+   per shape, the time the steps spent in it against one BLIS call of that shape on BLIS's own
+   threads (its default settings, the same thread count), and the total; a table, or one JSON
+   line. step_s: the step's median seconds. */
+struct fx__gemm_shape;
+void bench_gemm_report(const struct fx__gemm_shape *shapes, int n, int64_t dropped, int steps, double step_s,
+                       bool json);
 
 /* Maximum resident set size of this process, in bytes. */
 size_t bench_max_rss(void);

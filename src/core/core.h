@@ -37,12 +37,27 @@ bool fx__in_parallel(void);
 static inline fx_isa fx__isa(void) { return fx_get_isa(); }
 
 /* Row-major C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C; op transposes when ta/tb.
-   lda/ldb/ldc are the row strides of A, B and C as stored. Goes to CBLAS (OpenBLAS), or to
+   lda/ldb/ldc are the row strides of A, B and C as stored. Goes to BLIS, or to
    the reference below when built with FLEXC_REFERENCE_KERNELS. Bitwise identical for any
    thread count (see gemm.c). */
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc);
+/* Accounting of the matrix work (`flexc bench train --gemm`): between fx__gemm_trace_start
+   and fx__gemm_trace_stop, every fx__sgemm call made outside a parallel region adds its wall
+   time to the entry of its shape (up to `cap` distinct shapes; later new shapes are only
+   counted in *dropped). Calls inside parallel regions (the fused loss's blocks) are not
+   traced. One trace at a time, started and stopped by the thread that makes the calls. */
+typedef struct fx__gemm_shape {
+    bool ta, tb;
+    int64_t M, N, K;
+    int64_t calls;
+    double seconds;
+} fx__gemm_shape;
+void fx__gemm_trace_start(fx__gemm_shape *shapes, int cap);
+/* Stops tracing; returns the number of entries filled and sets *dropped (may be NULL). */
+int fx__gemm_trace_stop(int64_t *dropped);
+
 /* The plain triple loop (float64 accumulation), same contract: the tests' reference. */
 void fx__sgemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const float *B, int64_t ldb,

@@ -1,70 +1,120 @@
-/* The one GEMM entry point of the library, row-major, over CBLAS. */
+/* The one GEMM entry point of the library, row-major, over BLIS. */
 #include "core.h"
 
-#include <assert.h>
-#include <limits.h>
+#include <blis.h>
+#include <time.h>
 
-#include <cblas.h>
+/* Why BLIS: with its small-matrix path off, BLIS computes every element of C the same way
+   whatever the shape of the call it is part of: the same micro-kernel over K in the same
+   blocks, edge tiles included (tests/test_core.c checks it against calls on random row and
+   column blocks). So C can be cut into any blocks, one per thread, and the result is bitwise
+   that of one call: determinism across thread counts without fixing the blocks by shape.
 
-/* OpenBLAS's threading model: 0 sequential, 1 pthreads, 2 OpenMP. */
-int openblas_get_parallel(void);
+   The threads are flexc's (OpenMP), not BLIS's: BLIS's own threads wait for each other by
+   spinning, which stalls whole time slices when the cores are shared (several processes of
+   an MPI run, a busy machine), while OpenMP's idle threads yield. Each thread's call packs
+   the operand the blocks share once more; with one block per thread that costs little. */
+enum {
+    FX__GEMM_ALIGN = 16,           /* block edges on multiples of this (the micro-tiles' size) */
+    FX__GEMM_MIN_FLOPS = 1 << 20,  /* below this, one thread: waking the team costs more */
+};
 
-static void fx__cblas(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                      int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+static void fx__blis(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                     int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
-    /* CBLAS takes int; callers size their chunks so that this holds. */
-    assert(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX && ldc <= INT_MAX);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+    rntm_t rntm = BLIS_RNTM_INITIALIZER;
+    bli_rntm_set_num_threads_only(1, &rntm);
+    bli_rntm_disable_l3_sup(&rntm);
+    /* BLIS takes each operand as stored (row stride, column stride) with a transposition
+       flag, and alpha and beta by address. A and B are only read. */
+    bli_sgemm_ex(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M, N, K,
+                 &alpha, (float *)A, lda, 1, (float *)B, ldb, 1, &beta, C, ldc, 1, NULL, &rntm);
 }
 
-/* OpenBLAS splits K differently on one thread than on several (past K of a few hundred), so
-   a multi-threaded call is not bitwise reproducible across thread counts. Instead, C is cut
-   into a fixed number of row (or column) blocks that depends on the shape only, and OpenMP
-   threads share them out, each block a one-thread GEMM (an OpenMP OpenBLAS runs one thread
-   inside a parallel region). Every element is then computed the same way at any count. */
-enum { FX__GEMM_MIN_BLOCK = 64, FX__GEMM_MAX_BLOCKS = 16 };
+/* The trace (core.h): where calls go while it is on. */
+static struct {
+    fx__gemm_shape *shapes;
+    int cap, n;
+    int64_t dropped;
+} fx__trace;
+
+static double fx__gemm_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void fx__gemm_trace_start(fx__gemm_shape *shapes, int cap)
+{
+    fx__trace.shapes = shapes, fx__trace.cap = cap, fx__trace.n = 0, fx__trace.dropped = 0;
+}
+
+int fx__gemm_trace_stop(int64_t *dropped)
+{
+    if (dropped)
+        *dropped = fx__trace.dropped;
+    fx__trace.shapes = NULL;
+    return fx__trace.n;
+}
+
+static void fx__gemm_trace_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double seconds)
+{
+    for (int i = 0; i < fx__trace.n; i++) {
+        fx__gemm_shape *e = &fx__trace.shapes[i];
+        if (e->ta == ta && e->tb == tb && e->M == M && e->N == N && e->K == K) {
+            e->calls++, e->seconds += seconds;
+            return;
+        }
+    }
+    if (fx__trace.n == fx__trace.cap) {
+        fx__trace.dropped++;
+        return;
+    }
+    fx__trace.shapes[fx__trace.n++] = (fx__gemm_shape){ta, tb, M, N, K, 1, seconds};
+}
+
+static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc)
 {
+    if (M == 0 || N == 0)
+        return;
+    if (!fx__trace.shapes || fx__in_parallel()) {
+        fx__sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    const double t0 = fx__gemm_clock();
+    fx__sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    fx__gemm_trace_add(ta, tb, M, N, K, fx__gemm_clock() - t0);
+}
+
+static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
 #ifdef FLEXC_REFERENCE_KERNELS
     fx__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else
-    if (M == 0 || N == 0)
-        return;
-    const bool split_rows = M >= N;
-    const int64_t dim = split_rows ? M : N;
-    int64_t bs = (dim + FX__GEMM_MAX_BLOCKS - 1) / FX__GEMM_MAX_BLOCKS;
-    bs = bs < FX__GEMM_MIN_BLOCK ? FX__GEMM_MIN_BLOCK : (bs + 15) / 16 * 16;
-    const int64_t nblocks = (dim + bs - 1) / bs;
-    /* A pthreads OpenBLAS would not stay on one thread per block; it runs whole calls on its
-       own threads instead, with K cut into blocks short enough that it never splits them,
-       added in order. */
-    if (openblas_get_parallel() == 1) {
-        enum { KBLOCK = 256 };
-        for (int64_t k0 = 0; k0 < K || k0 == 0; k0 += KBLOCK) {
-            const int64_t kn = K - k0 < KBLOCK ? K - k0 : KBLOCK;
-            fx__cblas(ta, tb, M, N, kn, alpha, ta ? A + k0 * lda : A + k0, lda, tb ? B + k0 : B + k0 * ldb, ldb,
-                      k0 ? 1.0f : beta, C, ldc);
-        }
+    const double flops = 2.0 * (double)M * (double)N * (double)K;
+    const int nt = fx__in_parallel() || flops < FX__GEMM_MIN_FLOPS ? 1 : fx__max_threads();
+    if (nt == 1) {
+        fx__blis(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    /* Inside a parallel region the blocks run in turn on the calling thread: the same calls
-       as outside it, since some OpenBLAS kernels (Zen's, for one) round an element
-       differently depending on the shape of the call it is part of. Outside, the blocks
-       always run in a region of their own, so that OpenBLAS never threads a call itself
-       (its split depends on the thread count and changes the rounding too). */
-    const bool nested = fx__in_parallel();
-    (void)nested; /* read only by the pragma, which is gone without OpenMP */
-#pragma omp parallel for schedule(static) if (!nested)
-    for (int64_t blk = 0; blk < nblocks; blk++) {
-        const int64_t lo = blk * bs, n = dim - lo < bs ? dim - lo : bs;
-        if (split_rows)
-            fx__cblas(ta, tb, n, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
-        else
-            fx__cblas(ta, tb, M, n, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
+    /* One block of the longer side of C per thread. */
+    const bool split_rows = M >= N;
+    const int64_t dim = split_rows ? M : N;
+    const int64_t per = (dim + nt - 1) / nt, bs = (per + FX__GEMM_ALIGN - 1) / FX__GEMM_ALIGN * FX__GEMM_ALIGN;
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t blk = 0; blk < nt; blk++) {
+        const int64_t lo = blk * bs, len = lo >= dim ? 0 : (dim - lo < bs ? dim - lo : bs);
+        if (len > 0 && split_rows)
+            fx__blis(ta, tb, len, N, K, alpha, ta ? A + lo : A + lo * lda, lda, B, ldb, beta, C + lo * ldc, ldc);
+        else if (len > 0)
+            fx__blis(ta, tb, M, len, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
     }
 #endif
 }

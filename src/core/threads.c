@@ -1,28 +1,24 @@
-/* Thread count (OpenMP and OpenBLAS together) and the CPU path. */
+/* Thread count (of the kernels and the GEMMs) and the CPU path. */
 #include "core.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include <cblas.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-/* OpenBLAS's own setter; declared here because not every cblas.h declares it. */
-void openblas_set_num_threads(int num_threads);
 
 int fx_set_num_threads(int n)
 {
     if (n < 1)
         return fx__error(FX_EINVAL, "thread count %d must be >= 1", n);
 #ifdef _OPENMP
+    /* The GEMMs take their count from here too (gemm.c passes it to BLIS per call). */
     omp_set_num_threads(n);
-    openblas_set_num_threads(n);
 #endif
-    /* Without OpenMP the kernels run on one thread and OpenBLAS keeps its own count
-       (OPENBLAS_NUM_THREADS), so results do not depend on n either. */
+    /* Without OpenMP the kernels and the GEMMs run on one thread, so results do not depend
+       on n either. */
     return FX_OK;
 }
 

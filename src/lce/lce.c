@@ -2,12 +2,11 @@
    with one GEMM, reduced to the log-sum-exp and the loss, turned into gradients in place and
    fed to the dh and dw GEMMs, so the [N, V] logits never exist. A chunk's logits are held
    vocabulary-major, and the GEMMs are this module's own kernels (lce_internal.h), or
-   OpenBLAS's on the AVX2 path. */
+   BLIS's on the AVX2 path. */
 #include "lce_internal.h"
 #include "cuda/cuda.h"
 
 #include <limits.h>
-#include <pthread.h>
 #include <math.h>
 #include <string.h>
 
@@ -334,76 +333,19 @@ static int lce_check_targets(const fx_lce *p, const int64_t *target, int64_t *n_
 
 /* ---- threads and GEMMs -------------------------------------------------------------------- */
 
-/* OpenBLAS's own controls, declared here because not every cblas.h declares them. */
-int openblas_get_parallel(void);
-int openblas_get_num_threads(void);
-void openblas_set_num_threads(int num_threads);
-
 /* With OpenMP, the work of a chunk is split into vocabulary blocks and hidden-size blocks
-   that OpenMP threads share out, each calling a one-thread GEMM: the blocks are the same for
-   any thread count, so every element is computed the same way whatever the count, and the
-   small GEMMs of a chunk run at the speed of independent single-core GEMMs instead of
-   paying a thread hand-off each. A pthreads OpenBLAS is set to one thread for the duration
-   of the call (and restored after); an OpenMP OpenBLAS runs one thread inside a parallel
-   region by itself. */
-#if defined(_OPENMP) && !defined(FLEXC_REFERENCE_KERNELS)
-static pthread_mutex_t lce_blas_lock = PTHREAD_MUTEX_INITIALIZER;
-static int lce_blas_users, lce_blas_saved;
-#endif
-
-static bool lce_blas_serial_begin(void)
-{
-#if defined(_OPENMP) && !defined(FLEXC_REFERENCE_KERNELS)
-    const int kind = openblas_get_parallel();
-    if (kind == 0)
-        return true;
-    if (kind != 1)
-        return false;
-    pthread_mutex_lock(&lce_blas_lock);
-    if (lce_blas_users++ == 0) {
-        lce_blas_saved = openblas_get_num_threads();
-        if (lce_blas_saved > 1)
-            openblas_set_num_threads(1);
-    }
-    pthread_mutex_unlock(&lce_blas_lock);
-    return true;
-#else
-    return false;
-#endif
-}
-
-static void lce_blas_serial_end(bool serial)
-{
-#if defined(_OPENMP) && !defined(FLEXC_REFERENCE_KERNELS)
-    if (!serial || openblas_get_parallel() != 1)
-        return;
-    pthread_mutex_lock(&lce_blas_lock);
-    if (--lce_blas_users == 0 && lce_blas_saved > 1)
-        openblas_set_num_threads(lce_blas_saved);
-    pthread_mutex_unlock(&lce_blas_lock);
-#else
-    (void)serial;
-#endif
-}
-
-/* When the GEMMs may run on several BLAS threads, their K is cut into blocks of at most
-   LCE_KBLOCK, added in order: OpenBLAS splits K differently on one thread than on several
-   once K exceeds its GEMM_Q (384 on current x86 cores, 256 or more everywhere), and a GEMM
-   whose K fits one block is computed the same way on any number of threads. */
-enum { LCE_KBLOCK = 256 };
+   that OpenMP threads share out, each calling a one-thread GEMM (fx__sgemm runs one thread
+   inside a parallel region): the blocks are the same for any thread count, so every element
+   is computed the same way whatever the count, and the small GEMMs of a chunk run at the
+   speed of independent single-core GEMMs instead of paying a thread hand-off each. */
 
 /* Tiles smaller than this run on one thread: waking the team would cost more. */
 enum { LCE_PAR_MIN = 1 << 16 };
 
-static void lce_sgemm(bool serial, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+static void lce_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
-    const int64_t step = serial ? K : LCE_KBLOCK;
-    for (int64_t k0 = 0; k0 < K; k0 += step) {
-        const int64_t kb = K - k0 < step ? K - k0 : step;
-        fx__sgemm(ta, tb, M, N, kb, 1.0f, ta ? A + k0 * lda : A + k0, lda, tb ? B + k0 : B + k0 * ldb, ldb,
-                  k0 == 0 ? beta : 1.0f, C, ldc);
-    }
+    fx__sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* ---- the fused pass ----------------------------------------------------------------------- */
@@ -425,7 +367,6 @@ typedef struct lce_call {
     int64_t cs;                /* row stride of hT and of the statistics */
     const fx__lce_ops *ops;
     bool blas;                 /* the GEMMs go to BLAS (ops without GEMM kernels) */
-    bool serial;               /* the BLAS runs one thread per call */
 } lce_call;
 
 /* Column blocks of dh on the BLAS path: a fixed count (at most 4, widths multiples of 16),
@@ -448,7 +389,7 @@ static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v
     const int64_t D = p->D, j0 = b * LCE_VBLOCK, n = lce_min64(LCE_VBLOCK, vb - j0);
     float *Z = k->zt + j0 * c;
     if (k->blas)
-        lce_sgemm(k->serial, false, true, n, c, D, k->w + (v0 + j0) * D, D, k->h + n0 * D, D, 0.0f, Z, c);
+        lce_sgemm(false, true, n, c, D, k->w + (v0 + j0) * D, D, k->h + n0 * D, D, 0.0f, Z, c);
     else
         k->ops->logits(n, c, D, k->w + (v0 + j0) * D, k->hT, k->cs, Z, c);
     const float *bias = k->bias ? k->bias + v0 + j0 : NULL;
@@ -505,7 +446,7 @@ static void lce_block_grad(const lce_call *k, int64_t n0, int64_t c, int64_t v0,
     }
     if (k->dw) {
         if (k->blas)
-            lce_sgemm(k->serial, false, false, n, D, c, G, c, k->h + n0 * D, D, 1.0f, k->dw + (v0 + j0) * D, D);
+            lce_sgemm(false, false, n, D, c, G, c, k->h + n0 * D, D, 1.0f, k->dw + (v0 + j0) * D, D);
         else
             k->ops->dw(n, c, D, G, c, k->h + n0 * D, k->dw + (v0 + j0) * D);
     }
@@ -576,7 +517,7 @@ static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t 
 #pragma omp for schedule(static)
             for (int64_t q = 0; q < nd; q++) {
                 const int64_t d0 = q * db, dn = lce_min64(db, D - d0);
-                lce_sgemm(k->serial, true, false, c, dn, vb, k->zt, c, k->w + v0 * D + d0, D, v0 == 0 ? 0.0f : 1.0f,
+                lce_sgemm(true, false, c, dn, vb, k->zt, c, k->w + v0 * D + d0, D, v0 == 0 ? 0.0f : 1.0f,
                           k->dh + n0 * D + d0, D);
             }
         } else if (k->dh) {
@@ -634,7 +575,6 @@ static int lce_run(lce_call *k)
     k->c_keep = k->c_b + k->cs;
     k->ops = fx__lce_ops_now();
     k->blas = k->ops->logits == NULL;
-    k->serial = k->blas ? lce_blas_serial_begin() : true;
 
     /* d(reduced loss)/d(token loss) times the upstream gradient, for MEAN and SUM. */
     double gscale = 1.0;
@@ -717,8 +657,6 @@ static int lce_run(lce_call *k)
         else
             k->loss[0] = (float)total;
     }
-    if (k->blas)
-        lce_blas_serial_end(k->serial);
     fx__free(scratch);
     return FX_OK;
 }

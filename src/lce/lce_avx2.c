@@ -1,5 +1,5 @@
 /* The AVX2 path of the fused loss: lce_simd.h's row and tile kernels over 8-float vectors;
-   the GEMMs are OpenBLAS's (NULL in the table). Called only when fx_get_isa() allows. */
+   the GEMMs are BLIS's (NULL in the table). Called only when fx_get_isa() allows. */
 #include "core/simd_avx2.h"
 #include "lce_simd.h"
 

@@ -1,0 +1,72 @@
+/* flexc bench train --gemm: how fast the step's matrix products run, shape by shape, against
+   the BLAS they call (BLIS) running each shape alone with its own threading. */
+#include "bench_util.h"
+#include "core/core.h"
+
+#include <flexc.h>
+
+#include <blis.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Median seconds of one BLIS call of this shape on its own threads (after a warm-up). */
+static double blis_alone_seconds(const fx__gemm_shape *g, float *A, float *B, float *C)
+{
+    rntm_t rntm = BLIS_RNTM_INITIALIZER;
+    bli_rntm_set_num_threads_only(fx_get_num_threads(), &rntm);
+    float one = 1.0f, zero = 0.0f;
+    const int64_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
+    double t[5];
+    for (int r = 0; r < 6; r++) {
+        const double t0 = bench_now();
+        bli_sgemm_ex(g->ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, g->tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, g->M,
+                     g->N, g->K, &one, A, lda, 1, B, ldb, 1, &zero, C, g->N, 1, NULL, &rntm);
+        if (r > 0)
+            t[r - 1] = bench_now() - t0;
+    }
+    return bench_median(t, 5);
+}
+
+void bench_gemm_report(const fx__gemm_shape *shapes, int n, int64_t dropped, int steps, double step_s, bool json)
+{
+    double step_gemm = 0.0, step_blis = 0.0, step_flops = 0.0;
+    if (!json)
+        printf("  matrix products per step (outside the fused loss), against one BLIS call of each shape:\n"
+               "    %-3s %6s %6s %6s %6s %10s %10s %10s %7s\n", "op", "M", "N", "K", "calls", "ms", "GFLOP/s",
+               "BLIS GF/s", "ratio");
+    for (int i = 0; i < n && steps > 0; i++) {
+        const fx__gemm_shape *g = &shapes[i];
+        const double flops = 2.0 * (double)g->M * (double)g->N * (double)g->K;
+        float *A = malloc((size_t)(g->M * g->K) * sizeof *A), *B = malloc((size_t)(g->K * g->N) * sizeof *B),
+              *C = malloc((size_t)(g->M * g->N) * sizeof *C);
+        if (!A || !B || !C) {
+            free(A), free(B), free(C);
+            fprintf(stderr, "bench train --gemm: out of memory\n");
+            return;
+        }
+        fx_rng_fill_uniform(A, g->M * g->K, -1, 1, 1, 0);
+        fx_rng_fill_uniform(B, g->K * g->N, -1, 1, 2, 0);
+        const double alone = blis_alone_seconds(g, A, B, C);
+        free(A), free(B), free(C);
+        const double per_call = g->seconds / (double)g->calls, calls = (double)g->calls / steps;
+        step_gemm += g->seconds / steps;
+        step_blis += alone * calls;
+        step_flops += flops * calls;
+        if (!json)
+            printf("    %c%c  %6lld %6lld %6lld %6.1f %10.2f %10.1f %10.1f %7.3f\n", g->ta ? 'T' : 'N', g->tb ? 'T' : 'N',
+                   (long long)g->M, (long long)g->N, (long long)g->K, calls, 1e3 * g->seconds / steps,
+                   flops / per_call * 1e-9, flops / alone * 1e-9, alone / per_call);
+    }
+    if (json)
+        printf("{\"case\":\"train_gemm\",\"shapes\":%d,\"dropped_calls\":%lld,\"steps\":%d,\"step_s\":%.4f,"
+               "\"gemm_s\":%.4f,\"gemm_share\":%.3f,\"gemm_gflops\":%.1f,\"blis_alone_s\":%.4f,"
+               "\"blis_alone_gflops\":%.1f,\"ratio\":%.3f}\n",
+               n, (long long)dropped, steps, step_s, step_gemm, step_gemm / step_s, step_flops / step_gemm * 1e-9,
+               step_blis, step_flops / step_blis * 1e-9, step_blis / step_gemm);
+    else
+        printf("  all: %.3f s of the %.3f s step (%.0f%%), %.1f GFLOP/s; BLIS alone at the same shapes %.3f s, "
+               "%.1f GFLOP/s: the step's matrix work runs at %.0f%% of BLIS's rate%s\n",
+               step_gemm, step_s, 100.0 * step_gemm / step_s, step_flops / step_gemm * 1e-9, step_blis,
+               step_flops / step_blis * 1e-9, 100.0 * step_blis / step_gemm,
+               dropped ? " (some shapes not traced)" : "");
+}
