@@ -195,6 +195,8 @@ def main():
         for _ in range(args.reps):
             for mode in modes:
                 runs[mode].append(run_child(args, mode, (N, D, V)))
+                # Each step as it comes, on stderr: a run cut short still leaves its measurements.
+                print(json.dumps({"step": mode, "N": N, "D": D, "V": V, **runs[mode][-1]}), file=sys.stderr, flush=True)
         out = {"case": "lce_vs_torch", "N": N, "D": D, "V": V, "threads": args.threads, "reps": args.reps,
                "torch_version": torch.__version__, "logits_bytes": 4 * N * V, "grads_bytes": 4 * (N * D + V * D)}
         med = {}
