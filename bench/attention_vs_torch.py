@@ -181,8 +181,9 @@ def main():
         verdict = ""
         if out["direction"] == "forward" and "speedup_vs_torch_compiled_flex" in out:
             verdict = "; target " + ("met" if out["speedup_vs_torch_compiled_flex"] >= 3 else "missed")
-        print(f"  L={out['L']} window={out['window']} {out['direction']}: flexc {out.get('flexc_s', float('nan')):.3f} s; "
-              + "; ".join(parts) + verdict)
+        flexc_s = out.get("flexc_s", float("nan"))
+        print(f"  L={out['L']} window={out['window']} {out['direction']}: flexc {flexc_s:.3f} s; " + "; ".join(parts)
+              + verdict)
 
 
 if __name__ == "__main__":
