@@ -8,8 +8,8 @@
 #   scripts/gpu-check.sh [DIR] on the GPU machine (DIR: the build directory, default build-gpu)
 #
 # Paths to carry to the GPU machine: the repository's tracked files, and
-#   build-gpu/gpu-bundle.tgz   (about 21 MB: test_cuda_gpu_attention, test_cuda_gpu_lce and
-#                               bench_cuda, 28 MB each unpacked; unpacked here when missing)
+#   build-gpu/gpu-bundle.tgz   (about 13 MB: test_cuda_gpu_attention, test_cuda_gpu_lce and
+#                               bench_cuda, 13 MB each unpacked; unpacked here when missing)
 # The programs need only libc, libm, libstdc++, libgcc_s and the CUDA driver; this script
 # prints `ldd` for each and stops if a library is missing. No network, no BLIS, MPI or
 # jansson needed there. Runs in about a minute; each program is given at most 240 s.

@@ -4,14 +4,8 @@
 # output that cannot be written, and interruptions, leave nothing half done or unreported.
 set -u
 flexc=${1:?path to flexc}
-tmp=$(mktemp -d /tmp/flexc_cli_args.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/lib/checks.sh"
-
-for i in $(seq 1 100); do
-    echo "the quick brown fox $((i % 10)) jumps over the lazy dog."
-    (( i % 7 == 0 )) && echo "%"
-done > "$tmp/corpus.txt"
+scratch cli_args 100
 common=(--model tiny --data "$tmp/corpus.txt" --batch 2 --seq 16 --quiet --threads 1)
 
 # -1 is a value like any other, not "use the default".

@@ -4,14 +4,8 @@
 # a save that cannot happen is found before the first step; prompts of any size.
 set -u
 flexc=${1:?path to flexc}
-tmp=$(mktemp -d /tmp/flexc_cli_rel.XXXXXX)
-trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$tmp"' EXIT
 source "$(dirname "$0")/lib/checks.sh"
-
-for i in $(seq 1 200); do
-    echo "the quick brown fox $((i % 10)) jumps over the lazy dog."
-    (( i % 7 == 0 )) && echo "%"
-done > "$tmp/corpus.txt"
+scratch cli_rel 200
 common=(--model tiny --data "$tmp/corpus.txt" --batch 2 --seq 16 --threads 1)
 check base 0 "$flexc" train "${common[@]}" --steps 4 --until 2 --quiet --out "$tmp/r"
 
@@ -94,6 +88,11 @@ check fifo-metrics 1 t5 "$flexc" train --resume --quiet --out "$tmp/fm"
 has fifo-metrics-msg "$tmp/err" "cannot read $tmp/fm/metrics.jsonl: not a regular file"
 check fifo-prompt 1 t5 "$flexc" generate --ckpt "$tmp/r" --prompt-file "$tmp/fifo"
 has fifo-prompt-msg "$tmp/err" "--prompt-file $tmp/fifo: not a regular file"
+# A Hugging Face directory whose generation_config.json is a FIFO (its open blocked forever).
+cp -r "$(dirname "$0")/fixtures/models/qwen2_bias" "$tmp/fh" && rm "$tmp/fh/generation_config.json"
+mkfifo "$tmp/fh/generation_config.json"
+check fifo-hf-config 1 t5 "$flexc" generate --model "$tmp/fh" --tokens 2
+has fifo-hf-config-msg "$tmp/err" "$tmp/fh/generation_config.json: not a regular file"
 # Standard input is a stream where one makes sense.
 check data-stdin 0 bash -c "\"$flexc\" train ${common[*]} --data - --steps 2 --quiet --out \"$tmp/in\" < \"$tmp/corpus.txt\""
 

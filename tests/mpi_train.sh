@@ -21,30 +21,9 @@ set -u
 mpirun=$1
 flexc=$2
 case=$3
-tmp=$(mktemp -d /tmp/flexc_mpi_train.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fails=0 passes=0
-ok() { passes=$((passes + 1)); }
-bad() { echo "FAIL $case: $*"; fails=$((fails + 1)); }
-run2() { "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$@"; }
-same() { if cmp -s "$2" "$3"; then ok; else bad "$1: $2 and $3 differ"; fi; }
-# metrics without the timing fields
-losses() { sed -e 's/"tokens_per_s":[^,]*,//' -e 's/"time_s":[^,}]*//' "$1"; }
-# every number of two metrics files agrees within a relative tolerance
-close() { # name, a, b, rtol
-    if paste -d'\n' <(losses "$2") <(losses "$3") | awk -v tol="$4" '
-        { gsub(/[{}"]/, ""); n = split($0, f, ","); line[NR % 2] = $0; cnt[NR % 2] = n
-          for (i = 1; i <= n; i++) { split(f[i], kv, ":"); v[NR % 2, i] = kv[2] } }
-        NR % 2 == 0 { if (cnt[0] != cnt[1]) { bad = 1; next }
-          for (i = 1; i <= cnt[0]; i++) { a = v[1, i]; b = v[0, i]; d = a - b; if (d < 0) d = -d
-            m = a < 0 ? -a : a; if (d > tol * m + 1e-6) { print "  " line[1] "\n  " line[0]; bad = 1 } } }
-        END { exit bad }'; then ok; else bad "$1: $2 and $3 differ beyond rtol $4"; fi
-}
-
-for i in $(seq 1 300); do
-    echo "the quick brown fox $((i % 10)) jumps over the lazy dog."
-    ((i % 7 == 0)) && echo "%"
-done >"$tmp/corpus.txt"
+source "$(dirname "$0")/lib/checks.sh"
+source "$(dirname "$0")/lib/mpi.sh"
+scratch mpi_train 300
 common=(--model tiny --data "$tmp/corpus.txt" --seq 32 --lr 3e-3 --threads 1 --comm-timeout 30)
 
 equal_case() { # ddp | fsdp
@@ -135,7 +114,7 @@ kill)
             ok || bad "$sig: not one error naming rank 1: $(grep '^flexc' "$k/err")"
         grep -q '"flight_recorder":"world"' "$k/err" && ok || bad "$sig: no flight recorder dump"
         # The last checkpoint is intact: one process resumes from it.
-        step=$(head -c 65536 "$k/o/checkpoint.safetensors" | tr -d '\0' | grep -ao '"step":"[0-9]*"' | tr -dc 0-9)
+        step=$(ckpt_step "$k/o")
         "$flexc" train --resume --threads 1 --quiet --out "$k/o" --until $((step + 2)) || bad "$sig: resume on 1 process"
         first=$(tail -2 "$k/o/metrics.jsonl" | head -1 | sed 's/{"step":\([0-9]*\).*/\1/')
         [[ $first == $((step + 1)) ]] && ok || bad "$sig: resumed at step $first, checkpoint step $step"
@@ -192,7 +171,7 @@ interrupt)
         wait "$job"
         [[ $(cat "$k/rc.0" 2>/dev/null) == 130 && $(cat "$k/rc.1" 2>/dev/null) == 130 ]] && ok ||
             bad "$par: exit statuses $(cat "$k/rc.0" 2>/dev/null) and $(cat "$k/rc.1" 2>/dev/null), expected 130: $(grep '^flexc' "$k/err")"
-        step=$(head -c 65536 "$k/o/checkpoint.safetensors" 2>/dev/null | tr -d '\0' | grep -ao '"step":"[0-9]*"' | tr -dc 0-9)
+        step=$(ckpt_step "$k/o")
         last=$(tail -1 "$k/o/metrics.jsonl" | sed 's/{"step":\([0-9]*\).*/\1/')
         [[ -n $step && $step == "$last" ]] && ok || bad "$par: checkpoint step '$step', last metrics step $last"
         "$flexc" train --resume --threads 1 --quiet --out "$k/o" --until $((step + 1)) || bad "$par: resume"
@@ -220,7 +199,6 @@ nompi) # a build without MPI
     [[ $rc == 1 ]] && ok || bad "exit status $rc, expected 1"
     grep -q '^flexc: error: --parallel ddp: flexc was built without MPI' "$tmp/err" && ok || bad "$(cat "$tmp/err")"
     ;;
-*) bad "unknown case" ;;
+*) bad "unknown case $case" ;;
 esac
-echo "mpi_train $case: $passes passed, $fails failed"
-exit $((fails > 0))
+finish "mpi_train $case"

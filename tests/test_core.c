@@ -1,8 +1,10 @@
 /* The foundation: status strings, last error, version, logging, threads, CPU path, memory
-   accounting, GEMM against its reference, and the counter-based RNG. */
+   accounting, GEMM against its reference, the counter-based RNG, and whole-file reads. */
 #include "harness.h"
+#include "tmpdir.h"
 
 #include "core/core.h"
+#include "core/file.h"
 #include "core/finite.h"
 
 #include <float.h>
@@ -376,6 +378,49 @@ static void test_harness_catches_guard_overwrite(void)
     fxt_guarded_free("p", p);
 }
 
+/* fx__read_regular: the whole file, NUL-terminated; the size limit; missing files,
+   directories and FIFOs refused at once with the outputs untouched. */
+static void test_read_regular(void)
+{
+    char dir[512], path[600], fifo[600], missing[600];
+    fxt_make_tmpdir(dir, sizeof dir, "flexc_core");
+    snprintf(path, sizeof path, "%s/text", dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    snprintf(missing, sizeof missing, "%s/missing", dir);
+    const char text[] = "{\"a\": 1}\nsecond line";
+    FILE *f = fopen(path, "wb");
+    FXT_CHECK(f && fwrite(text, 1, sizeof text - 1, f) == sizeof text - 1);
+    if (f)
+        fclose(f);
+    char *buf = NULL;
+    size_t len = 0;
+    FXT_OK(fx__read_regular(&buf, &len, path, sizeof text - 1));
+    FXT_EQ_INT((long long)len, (long long)(sizeof text - 1));
+    if (buf) {
+        FXT_CHECK(memcmp(buf, text, sizeof text - 1) == 0 && buf[len] == '\0');
+        fx__free(buf);
+    }
+    char *keep = (char *)&len;
+    buf = keep, len = 7;
+    FXT_STATUS(fx__read_regular(&buf, &len, path, sizeof text - 2), FX_EFORMAT, "-byte limit");
+    FXT_STATUS(fx__read_regular(&buf, &len, missing, 1000), FX_EIO, "cannot open: No such file");
+    FXT_STATUS(fx__read_regular(&buf, &len, dir, 1000), FX_EIO, "not a regular file");
+    FXT_CHECK(mkfifo(fifo, 0600) == 0);
+    alarm(20); /* a FIFO with no writer would block a plain open forever */
+    FXT_STATUS(fx__read_regular(&buf, &len, fifo, 1000), FX_EIO, "not a regular file");
+    alarm(0);
+    FXT_CHECK(buf == keep && len == 7);
+    /* An empty file: an empty string. */
+    f = fopen(path, "wb");
+    if (f)
+        fclose(f);
+    FXT_OK(fx__read_regular(&buf, &len, path, 0));
+    FXT_CHECK(buf != keep && len == 0 && buf && buf[0] == '\0');
+    if (buf != keep)
+        fx__free(buf);
+    fxt_rm_tree(dir);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
@@ -393,6 +438,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_rng_streams);
     FXT_RUN(test_rng_fill_thread_independent);
     FXT_RUN(test_first_nonfinite);
+    FXT_RUN(test_read_regular);
     FXT_RUN(test_harness_catches_guard_overwrite);
     return fxt_finish();
 }

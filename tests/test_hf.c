@@ -1026,6 +1026,130 @@ static void test_model_parity(void)
     FXT_CHECK(m == NULL);
 }
 
+/* fx_model_load_inference: the weights stay in the mapped file in its dtype (F32 in place,
+   BF16 / F16 widened per product, q/k rows in rotate-half order), nothing of training is
+   allocated, and prefill + decode give fx_model_load's logits and transformers' greedy
+   tokens. The first call that needs float32 parameters reads them, with the same result. */
+static void test_inference_parity(void)
+{
+    static const fx_dtype want_dt[NFIX] = {FX_DT_F32, FX_DT_BF16, FX_DT_F16, FX_DT_F32};
+    for (int f = 0; f < NFIX; f++) {
+        char dir[1024], path[1024];
+        fixture_path(dir, sizeof dir, fixtures[f], "");
+        fixture_path(path, sizeof path, fixtures[f], ".ref.safetensors");
+        fx_model *a = NULL, *b = NULL;
+        fx_safetensors *ref = NULL;
+        FXT_OK(fx_model_load(&a, dir));
+        size_t cur0, peak0, cur1, peak1;
+        fx_mem_reset_peak();
+        fx_mem_stats(&cur0, &peak0);
+        FXT_OK(fx_model_load_inference(&b, dir));
+        size_t cur_load, peak_load, cur_cache, peak_cache;
+        fx_mem_stats(&cur_load, &peak_load);
+        FXT_OK(fx_safetensors_open(&ref, path));
+        if (!a || !b || !ref) {
+            fx_model_free(a), fx_model_free(b), fx_safetensors_close(ref);
+            continue;
+        }
+        /* Mapped: no parameter buffer; every matrix read where the file holds it. */
+        FXT_CHECK(b->params == NULL && b->mapped != NULL && b->mapped->rope_half);
+        for (size_t i = 0; b->mapped && i < b->lay.n; i++)
+            if (b->lay.t[i].ndim == 2 && b->mapped->t[i].dtype != want_dt[f])
+                FXT_FAIL("%s: %s is read as %s, the file holds %s", fixtures[f], b->lay.t[i].name,
+                         fx_dtype_name(b->mapped->t[i].dtype), fx_dtype_name(want_dt[f]));
+
+        int64_t T0, G, nm, nlog;
+        int64_t *p0 = ref_i64(ref, "prompt0.ids", &T0);
+        int64_t *gen = ref_i64(ref, "greedy.ids", &G);
+        float *margin = ref_f32(ref, "greedy.margin", &nm);
+        float *l0 = ref_f32(ref, "prompt0.logits", &nlog);
+        const double tol = 1e-4 * max_abs(l0, nlog);
+        const int64_t V = fx_model_get_config(a)->vocab;
+        int32_t *prompt = malloc((size_t)T0 * sizeof *prompt), tok = 0;
+        for (int64_t i = 0; i < T0; i++)
+            prompt[i] = (int32_t)p0[i];
+        fx_model_cache *ca = NULL, *cb = NULL;
+        FXT_OK(fx_model_cache_create(&ca, a, T0 + G));
+        FXT_OK(fx_model_cache_create(&cb, b, T0 + G));
+        fx_mem_stats(&cur_cache, &peak_cache);
+        float *la = fxt_guarded((size_t)V), *lb = fxt_guarded((size_t)V);
+        double *lad = fxt_alloc_f64((size_t)V);
+        bool agree = true;
+        for (int64_t s = 0; s <= G && ca && cb; s++) {
+            if (s == 0) {
+                FXT_OK(fx_model_prefill(a, ca, la, prompt, T0));
+                FXT_OK(fx_model_prefill(b, cb, lb, prompt, T0));
+            } else {
+                FXT_OK(fx_model_decode_step(a, ca, la, tok));
+                FXT_OK(fx_model_decode_step(b, cb, lb, tok));
+            }
+            for (int64_t v = 0; v < V; v++)
+                lad[v] = la[v];
+            char what[96];
+            snprintf(what, sizeof what, "%s step %lld logits (mapped vs float32)", fixtures[f], (long long)s);
+            fxt_close_f32(what, lb, lad, (size_t)V, tol, 0);
+            int32_t best = 0;
+            for (int64_t v = 1; v < V; v++)
+                best = lb[v] > lb[best] ? (int32_t)v : best;
+            if (s < G) {
+                agree = agree && margin[s] > tol;
+                if (agree && best != gen[s])
+                    FXT_FAIL("%s greedy step %lld: %d, transformers %lld (margin %.3g)", fixtures[f], (long long)s,
+                             best, (long long)gen[s], (double)margin[s]);
+            }
+            tok = best;
+        }
+        /* Loading allocated tables, not parameters; generation past the cache (sized by
+           its capacity) only the attention mask and small scratch; no training buffers. */
+        fx_mem_stats(&cur1, &peak1);
+        const size_t param_bytes = fx_model_num_params(b) * sizeof(float);
+        FXT_CHECK(b->params == NULL && b->grads == NULL && b->adam == NULL && b->adam16 == NULL &&
+                  b->acts == NULL);
+        if (!(peak_load - cur0 < param_bytes / 8))
+            FXT_FAIL("%s: loading peaked at %zu bytes, the float32 parameters are %zu", fixtures[f],
+                     peak_load - cur0, param_bytes);
+        if (!(peak1 - cur_cache < param_bytes / 4))
+            FXT_FAIL("%s: generation peaked at %zu bytes above the cache, the float32 parameters are %zu",
+                     fixtures[f], peak1 - cur_cache, param_bytes);
+
+        /* A forward pass needs float32 parameters: read on demand, then the model is
+           fx_model_load's, bit for bit. */
+        float *fa = malloc((size_t)(T0 * V) * sizeof *fa), *fb = malloc((size_t)(T0 * V) * sizeof *fb);
+        FXT_OK(fx_model_forward(a, NULL, fa, prompt, NULL, 1, T0, 0));
+        FXT_OK(fx_model_forward(b, NULL, fb, prompt, NULL, 1, T0, 0));
+        FXT_CHECK(b->params != NULL && b->mapped == NULL);
+        char what[96];
+        snprintf(what, sizeof what, "%s forward after reading the parameters", fixtures[f]);
+        fxt_bitwise_f32(what, fa, fb, (size_t)(T0 * V));
+        fx_model_tensor ta, tb;
+        for (size_t i = 0; i < fx_model_tensor_count(a); i++) {
+            FXT_OK(fx_model_tensor_at(a, i, &ta));
+            FXT_OK(fx_model_tensor_at(b, i, &tb));
+            if (memcmp(ta.data, tb.data, ta.numel * sizeof(float)) != 0)
+                FXT_FAIL("%s: tensor %s differs from fx_model_load's", fixtures[f], ta.name);
+        }
+        fxt_guarded_free("logits a", la), fxt_guarded_free("logits b", lb);
+        fx_model_cache_free(ca), fx_model_cache_free(cb);
+        free(p0), free(gen), free(margin), free(l0), free(prompt), free(lad), free(fa), free(fb);
+        fx_safetensors_close(ref);
+        fx_model_free(a), fx_model_free(b);
+    }
+    /* A tensor access reads the parameters too; a refused directory is refused alike. */
+    char dir[1024];
+    fixture_path(dir, sizeof dir, "llama_bf16", "");
+    fx_model *m = NULL;
+    FXT_OK(fx_model_load_inference(&m, dir));
+    fx_model_tensor t;
+    FXT_OK(fx_model_tensor_find(m, "layers.0.attn.wq", &t));
+    FXT_CHECK(m && m->params != NULL && t.data != NULL);
+    fx_model_free(m);
+    snprintf(dir, sizeof dir, "%s/m-dtype", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.retype = "model.norm.weight"});
+    m = NULL;
+    FXT_STATUS(fx_model_load_inference(&m, dir), FX_EUNSUPPORTED, "tensor model.norm.weight is I8");
+    FXT_CHECK(m == NULL);
+}
+
 /* Training data from token ids of a large vocabulary: ids past 65535 reach the batches whole;
    documents are counted at the end-of-text id. */
 static void test_data_large_vocab(void)
@@ -1071,6 +1195,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_export_roundtrip);
     FXT_RUN(test_bad_weights);
     FXT_RUN(test_model_parity);
+    FXT_RUN(test_inference_parity);
     FXT_RUN(test_data_large_vocab);
     fxt_rm_tree(tmpdir);
     return fxt_finish();

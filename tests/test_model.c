@@ -1263,6 +1263,51 @@ static void test_sliding_window_convention(void)
     fx__gpt_free(m);
 }
 
+/* --attn document splits at the model's first eos id (a Hugging Face model's, not flexc's
+   byte end-of-text 256, which is an ordinary token of a larger vocabulary): the second
+   document's logits equal those of the document alone, and the first document's (the eos
+   closes it; it holds a 256) those of a causal run over it. */
+static void test_document_eos(void)
+{
+    fx__gpt_config c = small_cfg();
+    c.vocab = 300, c.eos[0] = 1, c.n_eos = 1;
+    const int32_t full[12] = {5, 6, 7, 256, 8, 1, 9, 10, 11, 12, 13, 14};
+    const int64_t V = c.vocab, split = 6;
+    for (int impl = 0; impl < 2; impl++) {
+        fx__gpt *m = NULL;
+        FXT_OK(fx__gpt_create(&m, &c, 3));
+        if (!m)
+            return;
+        m->attn_impl = impl ? FX__GPT_ATTN_REF : FX__GPT_ATTN_FLEX;
+        float *got = malloc((size_t)(12 * V) * sizeof(float)), *part = malloc((size_t)(12 * V) * sizeof(float));
+        double *ref = malloc((size_t)(12 * V) * sizeof(double));
+        float loss;
+        m->mask = FX__GPT_MASK_DOCUMENT;
+        FXT_OK(fx__gpt_set_batch(m, 1, 12));
+        FXT_OK(fx__gpt_forward(m, full, NULL, &loss, false));
+        fx__gpt_logits(m, got, false);
+        /* The second document alone (RoPE is relative: equal within rounding). */
+        FXT_OK(fx__gpt_set_batch(m, 1, 12 - split));
+        FXT_OK(fx__gpt_forward(m, full + split, NULL, &loss, false));
+        fx__gpt_logits(m, part, false);
+        for (int64_t i = 0; i < (12 - split) * V; i++)
+            ref[i] = part[i];
+        fxt_close_f32(impl ? "second document (reference attention)" : "second document", got + split * V, ref,
+                      (size_t)((12 - split) * V), 1e-4, 1e-4);
+        /* The first document, eos included, under a plain causal mask. */
+        m->mask = FX__GPT_MASK_CAUSAL;
+        FXT_OK(fx__gpt_set_batch(m, 1, split));
+        FXT_OK(fx__gpt_forward(m, full, NULL, &loss, false));
+        fx__gpt_logits(m, part, false);
+        for (int64_t i = 0; i < split * V; i++)
+            ref[i] = part[i];
+        fxt_close_f32(impl ? "first document (reference attention)" : "first document", got, ref,
+                      (size_t)(split * V), 1e-5, 1e-5);
+        free(got), free(part), free(ref);
+        fx__gpt_free(m);
+    }
+}
+
 /* Builds a model from a fixture of transformers (see scripts/make_model_fixtures.py) through
    the public API: config, create, tensors by name. */
 static fx_model *hf_fixture_model(const fxt_hf_case *h)
@@ -1845,6 +1890,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_rope_llama3);
     FXT_RUN(test_rope_lazy);
     FXT_RUN(test_sliding_window_convention);
+    FXT_RUN(test_document_eos);
     FXT_RUN(test_hf_reference);
     FXT_RUN(test_large_vocab);
     FXT_RUN(test_features_threads_bitwise);

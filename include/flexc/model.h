@@ -114,6 +114,12 @@ FX_API int fx_model_create(fx_model **out, const fx_model_config *c, uint64_t se
    and so are weights holding a NaN or an infinity, naming the tensor and the first bad index.
    Leaves *out untouched on failure. */
 FX_API int fx_model_load(fx_model **out, const char *path);
+/* For generation: a Hugging Face directory's weights stay in the mapped file, in its dtype
+   (F32 used in place, BF16 and F16 widened to float32 tile by tile as each product reads
+   them), so the model costs the file's pages and no copy. The first call that needs float32
+   parameters (fx_model_forward, fx_model_tensor_at / _find, fx_model_save) reads them into
+   memory as fx_model_load would, and closes the file. Other paths load as fx_model_load. */
+FX_API int fx_model_load_inference(fx_model **out, const char *path);
 FX_API void fx_model_free(fx_model *m);
 FX_API const fx_model_config *fx_model_get_config(const fx_model *m);
 /* Parameters (and elements of each of the model's gradient buffers). */

@@ -34,7 +34,7 @@ int bench_generate(int argc, char **argv)
         return rc;
     fx_model_config cfg;
     fx_model *m = NULL;
-    if ((rc = cli_model_open("--model", model, &cfg, &m)) != CLI_EXIT_OK)
+    if ((rc = cli_model_open_for("--model", model, &cfg, &m, true)) != CLI_EXIT_OK)
         return rc;
     if (!m && (rc = fx_model_create(&m, &cfg, 1)) != FX_OK)
         return cli_fail(rc, "--model");

@@ -70,6 +70,9 @@ static inline const char *cli_s(uint64_t n) { return n == 1 ? "" : "s"; }
    directory) or a flexc .safetensors file is loaded into *loaded, and *cfg is its config.
    Returns CLI_EXIT_OK, or the exit status with the error printed ("<opt>: ..."). */
 int cli_model_open(const char *opt, const char *name, fx_model_config *cfg, fx_model **loaded);
+/* The same; with inference, a Hugging Face directory is loaded for generation only (its
+   weights stay mapped in their dtype: fx_model_load_inference). */
+int cli_model_open_for(const char *opt, const char *name, fx_model_config *cfg, fx_model **loaded, bool inference);
 
 /* A subcommand whose feature has not landed yet: says so and returns 2. */
 int cli_not_yet(const char *what);

@@ -89,7 +89,7 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
             return cli_fail(rc, "--ckpt");
     } else {
         fx_model_config pc;
-        if ((rc = cli_model_open("--model", model, &pc, &m)) != CLI_EXIT_OK)
+        if ((rc = cli_model_open_for("--model", model, &pc, &m, true)) != CLI_EXIT_OK)
             return rc;
         if (!m && (rc = fx_model_create(&m, &pc, (uint64_t)seed)) != FX_OK)
             return cli_fail(rc, "--model");

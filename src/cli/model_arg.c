@@ -1,9 +1,10 @@
-/* --model NAME|DIR: a preset, or a model read from a directory or file (fx_model_load). */
+/* --model NAME|DIR: a preset, or a model read from a directory or file (fx_model_load, or
+   fx_model_load_inference for generation). */
 #include "cli.h"
 
 #include <sys/stat.h>
 
-int cli_model_open(const char *opt, const char *name, fx_model_config *cfg, fx_model **loaded)
+int cli_model_open_for(const char *opt, const char *name, fx_model_config *cfg, fx_model **loaded, bool inference)
 {
     *loaded = NULL;
     if (fx_model_preset(cfg, name) == FX_OK)
@@ -13,7 +14,7 @@ int cli_model_open(const char *opt, const char *name, fx_model_config *cfg, fx_m
         cli_error("%s %s is neither a preset (tiny, small, gpt2) nor a directory", opt, name);
         return CLI_EXIT_USAGE;
     }
-    int rc = fx_model_load(loaded, name);
+    int rc = inference ? fx_model_load_inference(loaded, name) : fx_model_load(loaded, name);
     if (rc != FX_OK) {
         char what[256];
         snprintf(what, sizeof what, "%s %s", opt, name);
@@ -21,4 +22,9 @@ int cli_model_open(const char *opt, const char *name, fx_model_config *cfg, fx_m
     }
     *cfg = *fx_model_get_config(*loaded);
     return CLI_EXIT_OK;
+}
+
+int cli_model_open(const char *opt, const char *name, fx_model_config *cfg, fx_model **loaded)
+{
+    return cli_model_open_for(opt, name, cfg, loaded, false);
 }

@@ -8,6 +8,7 @@
 #include <flexc/tokenizer.h>
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,7 +105,9 @@ int train_data_load(fx__gpt_data *d, const char *path, const char *tokenizer, co
     }
     char *text = NULL;
     size_t len = 0;
-    if ((rc = fx__hf_read_text(&text, &len, path)) != FX_OK) {
+    /* The whole text at once (no size limit beyond memory: the tokens take about as much). */
+    if ((rc = fx__read_regular(&text, &len, path, SIZE_MAX - 1)) != FX_OK) {
+        fx__error_context(rc, "%s", path);
         fx_tokenizer_free(tok);
         return cli_fail(rc, "--data");
     }

@@ -92,6 +92,23 @@ done:
     return rc;
 }
 
+int fx_model_load_inference(fx_model **out, const char *path)
+{
+    if (!out || !path)
+        return fx__error(FX_EINVAL, "fx_model_load_inference: %s is NULL", !out ? "out" : "path");
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return fx__error(FX_EIO, "'%s': no such file or directory", path);
+    size_t n = strlen(path) + 32;
+    char *file = fx__alloc(n);
+    if (!file)
+        return FX_ENOMEM;
+    snprintf(file, n, "%s/config.json", path);
+    bool hf = S_ISDIR(st.st_mode) && fx__is_file(file);
+    fx__free(file);
+    return hf ? fx__hf_load_mapped(out, path) : fx_model_load(out, path);
+}
+
 void fx_model_free(fx_model *m)
 {
     fx__gpt_free(m);
@@ -111,6 +128,9 @@ int fx_model_save(const fx_model *m, const char *path, bool bf16)
 {
     if (!m || !path)
         return fx__error(FX_EINVAL, "fx_model_save: %s is NULL", !m ? "model" : "path");
+    int rc = fx__gpt_own_params((fx_model *)m);
+    if (rc)
+        return rc;
     if (!m->params || m->hooks.layer_params)
         return fx__error(FX_EINVAL, "fx_model_save: the model's parameters are sharded");
     return fx__gpt_save_model(m, path, bf16);
@@ -137,6 +157,9 @@ int fx_model_tensor_at(const fx_model *m, size_t i, fx_model_tensor *out)
         return fx__error(FX_EINVAL, "fx_model_tensor_at: %s is NULL", !m ? "model" : "out");
     if (i >= m->lay.n)
         return fx__error(FX_ERANGE, "tensor %zu is outside [0, %zu)", i, m->lay.n);
+    int rc = fx__gpt_own_params((fx_model *)m);
+    if (rc)
+        return rc;
     fx__tensor_view(m, i, out);
     return FX_OK;
 }
@@ -148,6 +171,9 @@ int fx_model_tensor_find(const fx_model *m, const char *name, fx_model_tensor *o
     const fx__gpt_tensor *t = fx__gpt_find(m, name);
     if (!t)
         return fx__error(FX_EINVAL, "the model has no tensor '%s'", name);
+    int rc = fx__gpt_own_params((fx_model *)m);
+    if (rc)
+        return rc;
     fx__tensor_view(m, (size_t)(t - m->lay.t), out);
     return FX_OK;
 }
@@ -178,9 +204,11 @@ int fx_model_forward(fx_model *m, float *loss, float *logits, const int32_t *tok
     if (T < 1 || T > m->c.ctx)
         return fx__error(FX_EINVAL, "T = %lld is outside [1, %lld] (the model's context)", (long long)T,
                          (long long)m->c.ctx);
+    int rc;
+    if (m->mapped && (rc = fx__gpt_own_params(m)) != FX_OK)
+        return rc;
     if (m->hooks.layer_params || !m->params)
         return fx__error(FX_EINVAL, "fx_model_forward: the model's parameters are sharded");
-    int rc;
     if ((rc = fx__check_ids("token", tokens, B * T, m->c.vocab, false)) != FX_OK ||
         (targets && (rc = fx__check_ids("target", targets, B * T, m->c.vocab, true)) != FX_OK))
         return rc;

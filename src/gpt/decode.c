@@ -1,8 +1,61 @@
-/* Decoding with a KV cache: prefill and one-token steps over the same layer code as the
-   forward pass, attention through the decoding path of fx_flex_attention. */
+/* Decoding with a KV cache: prefill and one-token steps, attention through the decoding
+   path of fx_flex_attention. The projections read each weight where it is (the model's
+   float32 buffer, or a mapped file in F32, BF16 or F16): one token is a matrix-vector
+   product per weight (fx__gemv), a prompt a matrix product (fx__linear_dt). */
 #include "model_internal.h"
 
+#include "core/gemv.h"
+
 #include <string.h>
+
+/* ---- where the weights are ----------------------------------------------------------------------------- */
+
+/* Tensor `which` of layer l (l == layers: the final norm, then lm_head). */
+static fx__gpt_weight fx__weight(const fx__gpt *m, int64_t l, int which)
+{
+    const fx__gpt_tensor *t = fx__layer_first(m, l);
+    if (m->mapped)
+        return m->mapped->t[(size_t)(t - m->lay.t) + (size_t)which];
+    return (fx__gpt_weight){fx__layer_base(m, false, l) + (t[which].offset - t->offset), FX_DT_F32};
+}
+
+static fx__gpt_weight fx__embedding(const fx__gpt *m)
+{
+    return m->mapped ? m->mapped->t[0] : (fx__gpt_weight){m->params, FX_DT_F32};
+}
+
+static fx__gpt_weight fx__head(const fx__gpt *m)
+{
+    return m->c.tied_embeddings ? fx__embedding(m) : fx__weight(m, m->c.layers, 1);
+}
+
+/* The longest row a projection reads (C, Hq*hd or F): the widening tile's width. */
+static int64_t fx__widest_input(const fx__gpt_config *c)
+{
+    int64_t QD = c->heads * c->head_dim, w = c->dim > QD ? c->dim : QD;
+    return w > c->ffn ? w : c->ffn;
+}
+
+/* As fx__rope_forward, for q and k whose heads hold the rotated pairs as halves (x[i] with
+   x[i + hd/2], frequency i: Hugging Face's order): the same products, other places. */
+static void fx__rope_half_forward(float *out, const float *x, const float *rope, int64_t T, int64_t H, int64_t hd,
+                                  int64_t pos0)
+{
+    int64_t half = hd / 2;
+    for (int64_t t = 0; t < T; t++) {
+        const float *cs = rope + (pos0 + t) * half * 2;
+        for (int64_t h = 0; h < H; h++) {
+            const float *src = x + (t * H + h) * hd;
+            float *dst = out + (h * T + t) * hd;
+            for (int64_t i = 0; i < half; i++) {
+                float c = cs[2 * i], s = cs[2 * i + 1];
+                float x0 = src[i], x1 = src[i + half];
+                dst[i] = x0 * c - x1 * s;
+                dst[i + half] = x0 * s + x1 * c;
+            }
+        }
+    }
+}
 
 /* ---- decoding ------------------------------------------------------------------------------------------ */
 
@@ -29,7 +82,13 @@ int fx__gpt_cache_create(fx__gpt_cache **out, fx__gpt *m, int64_t max_len)
     k->k = fx__alloc(kv * sizeof(float));
     k->v = fx__alloc(kv * sizeof(float));
     k->doc = fx__alloc((size_t)cap * sizeof(int64_t));
-    k->scratch = fx__alloc((size_t)(cap * (2 * c->dim + 3 * QD + 2 * KD + wide + 2 * F + 1)) * sizeof(float));
+    /* A mapped model in BF16 or F16 widens a tile of weight rows per prompt product. */
+    bool widen = false;
+    for (size_t i = 0; m->mapped && i < m->lay.n; i++)
+        widen = widen || m->mapped->t[i].dtype != FX_DT_F32;
+    size_t tile = widen ? (size_t)(FX__WIDEN_TILE * fx__widest_input(c)) : 0;
+    k->scratch = fx__alloc((size_t)(cap * (2 * c->dim + 3 * QD + 2 * KD + wide + 2 * F + 1)) * sizeof(float) +
+                           tile * sizeof(float));
     if (!k->k || !k->v || !k->doc || !k->scratch) {
         fx__gpt_cache_free(k);
         return FX_ENOMEM;
@@ -84,29 +143,46 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t
     int64_t wide = F > QD ? F : QD;
     float *x = kc->scratch, *xn = x + ctx * C, *qt = xn + ctx * C, *q = qt + ctx * QD, *att = q + ctx * QD;
     float *t1 = att + ctx * QD, *t2 = t1 + ctx * KD, *sx = t2 + ctx * KD, *h1 = sx + ctx * wide;
-    float *h3 = h1 + ctx * F, *rstd = h3 + ctx * F;
+    float *h3 = h1 + ctx * F, *rstd = h3 + ctx * F, *tile = rstd + ctx;
+    const bool half = m->mapped && m->mapped->rope_half;
 
-    fx__embed_forward(x, tokens, m->params, n, C);
+    fx__gpt_weight wte = fx__embedding(m);
+    for (int64_t i = 0; i < n; i++)
+        fx__widen_rows(x + i * C, wte.data, wte.dtype, tokens[i], tokens[i] + 1, C);
     for (int64_t l = 0; l < c->layers; l++) {
-        fx__layer_params p = fx__layer(m, false, l);
+        fx__gpt_weight wq = fx__weight(m, l, FX__GPT_WQ), wk = fx__weight(m, l, FX__GPT_WK);
+        fx__gpt_weight wv = fx__weight(m, l, FX__GPT_WV), wo = fx__weight(m, l, FX__GPT_WO);
+        fx__gpt_weight w1 = fx__weight(m, l, FX__GPT_W1), w3 = fx__weight(m, l, FX__GPT_W3);
+        fx__gpt_weight w2 = fx__weight(m, l, FX__GPT_W2);
+        const float *ln1 = fx__weight(m, l, FX__GPT_LN1).data, *ln2 = fx__weight(m, l, FX__GPT_LN2).data;
         float *kl = kc->k + l * KD * ctx, *vl = kc->v + l * KD * ctx;
-        fx__rmsnorm_forward(xn, rstd, x, p.ln1, n, C, c->norm_eps);
-        fx__linear(qt, xn, p.wq, n, C, QD, false);
-        fx__linear(t1, xn, p.wk, n, C, KD, false);
-        fx__linear(t2, xn, p.wv, n, C, KD, false);
-        if (p.bq) {
-            fx__bias_forward(qt, p.bq, n, QD);
-            fx__bias_forward(t1, p.bk, n, KD);
-            fx__bias_forward(t2, p.bv, n, KD);
+        fx__rmsnorm_forward(xn, rstd, x, ln1, n, C, c->norm_eps);
+        fx__linear_dt(qt, xn, wq.data, wq.dtype, n, C, QD, false, tile);
+        fx__linear_dt(t1, xn, wk.data, wk.dtype, n, C, KD, false, tile);
+        fx__linear_dt(t2, xn, wv.data, wv.dtype, n, C, KD, false, tile);
+        if (c->qkv_bias) {
+            fx__bias_forward(qt, fx__weight(m, l, FX__GPT_BQ).data, n, QD);
+            fx__bias_forward(t1, fx__weight(m, l, FX__GPT_BK).data, n, KD);
+            fx__bias_forward(t2, fx__weight(m, l, FX__GPT_BV).data, n, KD);
         }
-        fx__rope_forward(q, qt, m->rope, 1, n, Hq, hd, p0);
         /* New keys and values go to positions p0.. of each head's [cap, hd] cache. */
-        fx__rope_forward(sx, t1, m->rope, 1, n, Hkv, hd, p0);
+        if (half) {
+            fx__rope_half_forward(q, qt, m->rope, n, Hq, hd, p0);
+            fx__rope_half_forward(sx, t1, m->rope, n, Hkv, hd, p0);
+        } else {
+            fx__rope_forward(q, qt, m->rope, 1, n, Hq, hd, p0);
+            fx__rope_forward(sx, t1, m->rope, 1, n, Hkv, hd, p0);
+        }
         for (int64_t h = 0; h < Hkv; h++)
             memcpy(kl + (h * ctx + p0) * hd, sx + h * n * hd, (size_t)(n * hd) * sizeof(float));
-        fx__to_heads(sx, t2, 1, n, Hkv, hd);
-        for (int64_t h = 0; h < Hkv; h++)
-            memcpy(vl + (h * ctx + p0) * hd, sx + h * n * hd, (size_t)(n * hd) * sizeof(float));
+        if (n == 1) { /* one token: [1, Hkv, hd] is already head-major */
+            for (int64_t h = 0; h < Hkv; h++)
+                memcpy(vl + (h * ctx + p0) * hd, t2 + h * hd, (size_t)hd * sizeof(float));
+        } else {
+            fx__to_heads(sx, t2, 1, n, Hkv, hd);
+            for (int64_t h = 0; h < Hkv; h++)
+                memcpy(vl + (h * ctx + p0) * hd, sx + h * n * hd, (size_t)(n * hd) * sizeof(float));
+        }
         /* The cache holds each KV head's keys with a stride of cap, so each KV head and its
            group of query heads is one call. One causal query sees every cached key. */
         for (int64_t h = 0; h < Hkv; h++) {
@@ -121,17 +197,21 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t
             if (rc)
                 return fx__error_context(rc, "layer %lld attention", (long long)l);
         }
-        fx__from_heads(sx, att, 1, n, Hq, hd);
-        fx__linear(x, sx, p.wo, n, QD, C, true);
-        fx__rmsnorm_forward(xn, rstd, x, p.ln2, n, C, c->norm_eps);
-        fx__linear(h1, xn, p.w1, n, C, F, false);
-        fx__linear(h3, xn, p.w3, n, C, F, false);
+        const float *ao = att; /* one token: [Hq, 1, hd] is already token-major */
+        if (n > 1) {
+            fx__from_heads(sx, att, 1, n, Hq, hd);
+            ao = sx;
+        }
+        fx__linear_dt(x, ao, wo.data, wo.dtype, n, QD, C, true, tile);
+        fx__rmsnorm_forward(xn, rstd, x, ln2, n, C, c->norm_eps);
+        fx__linear_dt(h1, xn, w1.data, w1.dtype, n, C, F, false, tile);
+        fx__linear_dt(h3, xn, w3.data, w3.dtype, n, C, F, false, tile);
         fx__swiglu_forward(sx, h1, h3, n * F);
-        fx__linear(x, sx, p.w2, n, F, C, true);
+        fx__linear_dt(x, sx, w2.data, w2.dtype, n, F, C, true, tile);
     }
-    const fx__gpt_tensor *tn = fx__layer_first(m, c->layers);
-    fx__rmsnorm_forward(xn, rstd, x + (n - 1) * C, m->params + tn->offset, 1, C, c->norm_eps);
-    fx__linear(logits, xn, fx__gpt_head(m, false), 1, C, V, false);
+    fx__rmsnorm_forward(xn, rstd, x + (n - 1) * C, fx__weight(m, c->layers, 0).data, 1, C, c->norm_eps);
+    fx__gpt_weight head = fx__head(m);
+    fx__gemv(logits, head.data, head.dtype, xn, V, C, false);
     kc->len = p0 + n;
     return FX_OK;
 }

@@ -32,7 +32,9 @@ struct fx__dist {
     int64_t *stack_n;
     int levels;
 
-    /* FSDP: unit u = 0 the embedding, 1..L layer u-1, L+1 the final norm. */
+    /* FSDP: unit u = 0 the embedding, 1..L layer u-1, L+1 the final norm (and the LM head
+       when it is not tied: it follows the norm in the flat buffer, is read right after it by
+       the loss, and its gradient is final with the norm's). */
     int64_t units;
     size_t *uoff, *unum, *ush, *soff; /* flat offset, size, shard size, offset in the shards */
     size_t S, maxsh;
@@ -571,8 +573,6 @@ int fx__dist_create(fx__dist **out, fx__gpt *m, fx_comm *world, fx__par mode, bo
                          (long long)batch, size, (long long)local);
     if (mode == FX__PAR_FSDP && m->adam_bf16)
         return fx__error(FX_EUNSUPPORTED, "--parallel fsdp keeps float32 Adam moments; drop --adam-bf16");
-    if (mode == FX__PAR_FSDP && !m->c.tied_embeddings)
-        return fx__error(FX_EUNSUPPORTED, "--parallel fsdp: models with an untied LM head are not supported yet");
     fx__dist *d = fx__calloc(1, sizeof *d);
     if (!d)
         return FX_ENOMEM;

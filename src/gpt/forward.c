@@ -260,12 +260,14 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     memcpy(m->tokens, tokens, (size_t)N * sizeof(int32_t));
     for (int64_t i = 0; i < N; i++)
         m->targets[i] = targets ? targets[i] : -100;
-    /* Document ids: an end-of-text token closes its document. */
+    /* Document ids: the model's first eos id (the one the data loader puts between
+       documents; flexc's end-of-text for its own models) closes its document. */
+    const int32_t sep = c->n_eos ? c->eos[0] : -1;
     for (int64_t b = 0; b < B; b++) {
         int64_t d = 0;
         for (int64_t t = 0; t < T; t++) {
             m->doc[b * T + t] = d;
-            d += tokens[b * T + t] == FX__GPT_EOT;
+            d += tokens[b * T + t] == sep;
         }
     }
     fx__acts a;

@@ -104,6 +104,29 @@ typedef struct fx__gpt_layout {
     size_t per_layer; /* FX__GPT_PER_LAYER, or FX__GPT_PER_LAYER_BIAS with qkv_bias */
 } fx__gpt_layout;
 
+/* ---- weights kept in their file (generation) ------------------------------------------- */
+
+/* One tensor where decoding reads it: float32 in the model's buffer, or the file's bytes. */
+typedef struct fx__gpt_weight {
+    const void *data;
+    fx_dtype dtype; /* F32, BF16 or F16 */
+} fx__gpt_weight;
+
+/* A model loaded for generation (fx_model_load_inference): params stays NULL and the
+   matrices are read in place from the mapped file, in its dtype. The vectors (norms,
+   biases), and a matrix the file holds misaligned, are widened to float32 in `own`. The
+   first call that needs float32 parameters (forward, tensor access, save) reads every
+   tensor into a new params buffer through `read` and closes the file. */
+typedef struct fx__gpt_mapped {
+    fx__gpt_weight *t; /* [lay.n], layout order */
+    float *own;
+    bool rope_half;    /* the rows of wq, wk (bq, bk) are in rotate-half order (Hugging Face):
+                          decoding rotates x[i] with x[i + hd/2], not x[2i] with x[2i+1] */
+    void *file;
+    int (*read)(void *file, size_t i, float *dst); /* tensor i, float32, flexc's row order */
+    void (*close)(void *file);
+} fx__gpt_mapped;
+
 /* ---- the model ------------------------------------------------------------------------- */
 
 /* The public fx_model is this struct. */
@@ -154,6 +177,7 @@ struct fx_model {
     bool grad_ready;      /* a forward with grad ran, and its backward has not */
 
     fx__gpt_hooks hooks; /* distributed training's points of entry (hooks.h); all NULL alone */
+    fx__gpt_mapped *mapped; /* generation-only weights (params NULL until needed), or NULL */
 };
 
 /* Grows the RoPE table to positions [0, len) (len <= ctx). */
@@ -170,6 +194,13 @@ int fx__gpt_create(fx__gpt **out, const fx__gpt_config *c, uint64_t seed);
    that fills every tensor, so a large model is not drawn at random first. */
 int fx__gpt_new(fx__gpt **out, const fx__gpt_config *c);
 void fx__gpt_free(fx__gpt *m);
+/* The model without a parameter buffer, its weights in `mp` (taken over, also on failure:
+   closed and freed). */
+int fx__gpt_new_mapped(fx__gpt **out, const fx__gpt_config *c, fx__gpt_mapped *mp);
+/* Float32 parameters for a mapped model: reads every tensor into a new buffer, then closes
+   the file. FX_OK at once for a model that is not mapped. */
+int fx__gpt_own_params(fx__gpt *m);
+void fx__gpt_mapped_free(fx__gpt_mapped *mp);
 /* Gradient and Adam buffers (zeroed). */
 int fx__gpt_alloc_train(fx__gpt *m);
 /* The gradient buffer alone (zeroed), for forward / backward without the optimizer. */

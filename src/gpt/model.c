@@ -198,7 +198,8 @@ const fx__gpt_tensor *fx__gpt_find(const fx__gpt *m, const char *name)
 
 /* ---- the model ------------------------------------------------------------------------------------ */
 
-int fx__gpt_new(fx__gpt **out, const fx__gpt_config *cfg)
+/* The model's struct and layout, no buffers. */
+static int fx__gpt_shell(fx__gpt **out, const fx__gpt_config *cfg)
 {
     if (!out || !cfg)
         return fx__error(FX_EINVAL, "fx__gpt_new: NULL argument");
@@ -212,18 +213,70 @@ int fx__gpt_new(fx__gpt **out, const fx__gpt_config *cfg)
     m->c = c;
     if (c.sliding_window > 0)
         m->mask = FX__GPT_MASK_SLIDING, m->window = c.sliding_window;
-    if ((rc = fx__layout_build(&m->lay, &c)) != FX_OK)
-        goto fail;
-    m->params = fx__alloc(m->lay.total * sizeof(float));
-    if (!m->params) {
-        rc = FX_ENOMEM;
-        goto fail;
+    if ((rc = fx__layout_build(&m->lay, &c)) != FX_OK) {
+        fx__gpt_free(m);
+        return rc;
     }
     *out = m;
     return FX_OK;
-fail:
-    fx__gpt_free(m);
-    return rc;
+}
+
+void fx__gpt_mapped_free(fx__gpt_mapped *mp)
+{
+    if (!mp)
+        return;
+    if (mp->close)
+        mp->close(mp->file);
+    fx__free(mp->t);
+    fx__free(mp->own);
+    fx__free(mp);
+}
+
+int fx__gpt_new_mapped(fx__gpt **out, const fx__gpt_config *cfg, fx__gpt_mapped *mp)
+{
+    fx__gpt *m = NULL;
+    int rc = fx__gpt_shell(&m, cfg);
+    if (rc) {
+        fx__gpt_mapped_free(mp);
+        return rc;
+    }
+    m->mapped = mp;
+    *out = m;
+    return FX_OK;
+}
+
+int fx__gpt_own_params(fx__gpt *m)
+{
+    if (m->params || !m->mapped)
+        return FX_OK;
+    float *p = fx__alloc(m->lay.total * sizeof(float));
+    if (!p)
+        return FX_ENOMEM;
+    for (size_t i = 0; i < m->lay.n; i++) {
+        int rc = m->mapped->read(m->mapped->file, i, p + m->lay.t[i].offset);
+        if (rc) {
+            fx__free(p);
+            return fx__error_context(rc, "tensor %s", m->lay.t[i].name);
+        }
+    }
+    m->params = p;
+    fx__gpt_mapped_free(m->mapped);
+    m->mapped = NULL;
+    return FX_OK;
+}
+
+int fx__gpt_new(fx__gpt **out, const fx__gpt_config *cfg)
+{
+    fx__gpt *m = NULL;
+    int rc = fx__gpt_shell(&m, cfg);
+    if (rc)
+        return rc;
+    if (!(m->params = fx__alloc(m->lay.total * sizeof(float)))) {
+        fx__gpt_free(m);
+        return FX_ENOMEM;
+    }
+    *out = m;
+    return FX_OK;
 }
 
 int fx__gpt_create(fx__gpt **out, const fx__gpt_config *cfg, uint64_t seed)
@@ -257,6 +310,7 @@ void fx__gpt_free(fx__gpt *m)
     if (!m)
         return;
     fx_block_mask_free(m->bmask);
+    fx__gpt_mapped_free(m->mapped);
     fx__free(m->lay.t);
     fx__free(m->params);
     fx__free(m->grads);

@@ -2,14 +2,13 @@
    jansson, every field the model depends on checked, anything it cannot run refused by name. */
 #include "hf/hf.h"
 
-#include <errno.h>
-#include <fcntl.h>
+#include "core/file.h"
+
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 static const struct {
@@ -419,37 +418,8 @@ done:
 
 int fx__hf_read_text(char **out, size_t *len, const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return fx__error(FX_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (64 << 20)) {
-        close(fd);
-        return fx__error(FX_EIO, "%s: not a regular file of at most 64 MiB", path);
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    char *buf = fx__alloc(n + 1);
-    if (!buf) {
-        close(fd);
-        return FX_ENOMEM;
-    }
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            int e = errno;
-            close(fd);
-            fx__free(buf);
-            return fx__error(FX_EIO, "%s: cannot read: %s", path, r < 0 ? strerror(e) : "file shrank");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return FX_OK;
+    int rc = fx__read_regular(out, len, path, (size_t)64 << 20);
+    return rc ? fx__error_context(rc, "%s", path) : FX_OK;
 }
 
 int fx__hf_config_read(fx__hf_config *c, const char *dir)

@@ -15,7 +15,9 @@
  * flexc rotates interleaved pairs (x[2i] with x[2i+1], frequency i). The rows of q_proj and
  * k_proj (and their biases) are permuted per head at load, flexc row 2i+s <- HF row i + s*hd/2,
  * and back at export. q.k is a sum over the head dimension, so the attention scores (and
- * everything after them) are unchanged; v and o_proj are not touched.
+ * everything after them) are unchanged; v and o_proj are not touched. A model loaded for
+ * generation only (fx__hf_load_mapped) reads q_proj and k_proj unpermuted from the mapped file
+ * and its decoding rotates halves instead.
  *
  *     fx__hf_model *m;
  *     if (fx__hf_open(&m, "path/to/model") != FX_OK) ... fx_last_error() names the problem
@@ -81,7 +83,8 @@ int fx__hf_config_parse(fx__hf_config *c, const char *config, size_t config_len,
 /* The same from dir/config.json and dir/generation_config.json (optional). */
 int fx__hf_config_read(fx__hf_config *c, const char *dir);
 
-/* Reads a small text file whole, NUL-terminated, *out fx__alloc'd. FX_EIO when unreadable. */
+/* Reads a small text file (at most 64 MiB) whole, NUL-terminated, *out fx__alloc'd: fx__read_regular
+   with the path in the message. */
 int fx__hf_read_text(char **out, size_t *len, const char *path);
 
 /* inv_freq [head_dim/2]: RoPE frequency of pair i, rope_theta^(-2i/hd), with llama3 scaling
@@ -166,8 +169,13 @@ int fx__hf_export(const char *dir, const fx__hf_export_spec *s);
 /* ---- into an fx_model ------------------------------------------------------------------------ */
 
 /* Loads the Hugging Face model in dir into a new fx_model (what fx_model_load calls for a
-   directory that holds config.json; *out untouched on failure). */
+   directory that holds config.json; *out untouched on failure): float32 parameters, rows
+   of q and k in flexc's interleaved order. */
 int fx__hf_load(fx_model **out, const char *dir);
+/* The same for generation (fx_model_load_inference): the file stays mapped and the model
+   reads its matrices there, in the file's dtype and row order (mapped weights, see
+   src/gpt/gpt.h); norms and biases are widened to float32. No parameter buffer. */
+int fx__hf_load_mapped(fx_model **out, const char *dir);
 /* The model configuration of c (arch is the HF class name, ctx max_position_embeddings). */
 int fx__hf_model_config(fx_model_config *mc, const fx__hf_config *c);
 /* The inverse, for export: the HF configuration of a model (arch as its label says; flexc's

@@ -5,13 +5,9 @@
 
 #include "core/file.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 typedef struct ix_entry {
     const char *name;           /* the shard's copy */
@@ -97,49 +93,6 @@ int fx__st_index_check(const char *text, size_t len, void **root_out)
     else
         *root_out = root;
     return rc;
-}
-
-static int read_file(const char *path, char **out, size_t *len)
-{
-    bool not_regular;
-    int fd = fx__open_regular(path, &not_regular);
-    if (fd < 0 && not_regular)
-        return fx__error(FX_EIO, "not a regular file");
-    if (fd < 0)
-        return fx__error(FX_EIO, "cannot open: %s", strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = errno;
-        close(fd);
-        return fx__error(FX_EIO, "cannot stat: %s", strerror(e));
-    }
-    if ((uint64_t)st.st_size > FX__ST_MAX_HEADER) {
-        close(fd);
-        return fx__error(FX_EFORMAT, "index is %lld bytes, more than the %llu-byte limit",
-                         (long long)st.st_size, FX__ST_MAX_HEADER);
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    char *buf = fx__alloc(n + 1);
-    if (!buf) {
-        close(fd);
-        return FX_ENOMEM;
-    }
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            int e = errno;
-            close(fd);
-            fx__free(buf);
-            return fx__error(FX_EIO, "cannot read: %s", r < 0 ? strerror(e) : "file shrank");
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    *out = buf;
-    *len = n;
-    return FX_OK;
 }
 
 static int cmp_str(const void *a, const void *b)
@@ -253,7 +206,7 @@ int fx_safetensors_index_open(fx_safetensors_index **out, const char *path)
         return fx__error(FX_EINVAL, "%s is NULL", !out ? "out" : "path");
     char *text = NULL;
     size_t len = 0;
-    int rc = read_file(path, &text, &len);
+    int rc = fx__read_regular(&text, &len, path, FX__ST_MAX_HEADER);
     if (rc != FX_OK)
         return fx__error_context(rc, "%s", path);
     void *root = NULL;

@@ -1,0 +1,49 @@
+/* Matrix-vector products and row widening over weights stored as float32, bfloat16 or
+   float16: what one decoding step (batch 1) spends its time in. Internal (fx__ names).
+
+     fx__gemv(y, w, FX_DT_BF16, x, O, I, false);   // y [O] = W [O, I] x [I]
+
+   W stays in its dtype; each row is widened to float32 as it is read and every product is
+   computed in float32. Rows are independent and each row's sum is taken in one fixed order
+   (8 lanes in two accumulators, then the lanes pairwise), so y is bitwise the same for any
+   thread count. The scalar reference is the tests' check and the path without AVX2. */
+#ifndef FX_CORE_GEMV_H
+#define FX_CORE_GEMV_H
+
+#include "core/core.h"
+
+#include <flexc/safetensors.h>
+
+/* True for the dtypes the kernels read: F32, BF16, F16. */
+static inline bool fx__gemv_dtype_ok(fx_dtype dt)
+{
+    return dt == FX_DT_F32 || dt == FX_DT_BF16 || dt == FX_DT_F16;
+}
+
+/* y [O] = W [O, I] x [I] (+ y when acc). W row-major in dt (F32: 4-byte aligned; BF16, F16:
+   2-byte aligned). Threads split O in static blocks. */
+void fx__gemv(float *y, const void *w, fx_dtype dt, const float *x, int64_t O, int64_t I, bool acc);
+
+/* dst [r1 - r0, I] = rows r0 .. r1-1 of W widened to float32 (exact: every BF16 and F16
+   value is a float32). */
+void fx__widen_rows(float *dst, const void *w, fx_dtype dt, int64_t r0, int64_t r1, int64_t I);
+
+/* Rows per tile of fx__linear_dt's widening: scratch of FX__WIDEN_TILE * I floats. */
+enum { FX__WIDEN_TILE = 128 };
+
+/* y [N, O] = x [N, I] W [O, I]^T (+ y when acc) for W in dt: N == 1 is fx__gemv; F32 goes
+   to fx__sgemm in place; BF16 / F16 are widened FX__WIDEN_TILE rows at a time into
+   scratch [FX__WIDEN_TILE * I] and multiplied by fx__sgemm. */
+void fx__linear_dt(float *y, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I, int64_t O, bool acc,
+                   float *scratch);
+
+/* The row kernels (rows r0 .. r1-1 of y), without threads: the reference and its AVX2 twin
+   (called only when fx_get_isa() allows). */
+void fx__gemv_rows_scalar(float *y, const void *w, fx_dtype dt, const float *x, int64_t r0, int64_t r1, int64_t I,
+                          bool acc);
+void fx__gemv_rows_avx2(float *y, const void *w, fx_dtype dt, const float *x, int64_t r0, int64_t r1, int64_t I,
+                        bool acc);
+/* dst [n] = src [n] widened (BF16 or F16). */
+void fx__widen_avx2(float *dst, const void *src, fx_dtype dt, int64_t n);
+
+#endif

@@ -1,0 +1,186 @@
+/* The matrix-vector kernels (src/core/gemv.c): fx__gemv over F32, BF16 and F16 weights
+   against a float64 reference at odd sizes on every CPU path, bitwise equal at 1 and N
+   threads, exact widening, and fx__linear_dt (the prompt's tiled path). */
+#include "harness.h"
+#include "core/core.h"
+#include "core/gemv.h"
+
+static const fx_dtype dtypes[] = {FX_DT_F32, FX_DT_BF16, FX_DT_F16};
+static const char *const dtype_names[] = {"F32", "BF16", "F16"};
+
+/* W [n] in dt from uniform floats; widened [n] gets the values as stored. */
+static void *make_weights(fx_dtype dt, size_t n, uint64_t seed, double *widened)
+{
+    float *f = fxt_random(n, -1.0f, 1.0f, seed);
+    void *w;
+    if (dt == FX_DT_F32) {
+        w = f;
+        for (size_t i = 0; i < n; i++)
+            widened[i] = f[i];
+        return w;
+    }
+    uint16_t *h = malloc((n ? n : 1) * sizeof *h);
+    for (size_t i = 0; i < n; i++) {
+        h[i] = dt == FX_DT_BF16 ? fx_f32_to_bf16(f[i]) : fx_f32_to_f16(f[i]);
+        widened[i] = dt == FX_DT_BF16 ? fx_bf16_to_f32(h[i]) : fx_f16_to_f32(h[i]);
+    }
+    free(f);
+    return h;
+}
+
+/* The ISA paths this CPU has (the scalar reference always). */
+static int paths(fx_isa *out)
+{
+    fx_isa best = fx_get_isa();
+    int n = 0;
+    out[n++] = FX_ISA_SCALAR;
+    if (best >= FX_ISA_AVX2)
+        out[n++] = FX_ISA_AVX2;
+    return n;
+}
+
+/* y = W x (+ y0) against float64, for sizes that are not multiples of 8 or 16, I = 1. */
+static void test_gemv_reference(void)
+{
+    static const int64_t sizes[][2] = {{1, 1}, {3, 1}, {5, 7}, {4, 8}, {13, 9}, {7, 16}, {37, 33}, {67, 129},
+                                       {130, 1000}, {33, 2051}};
+    fx_isa best = fx_get_isa(), isa[3];
+    int np = paths(isa);
+    for (int p = 0; p < np; p++) {
+        FXT_OK(fx_set_isa(isa[p]));
+        for (int d = 0; d < 3; d++)
+            for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+                const int64_t O = sizes[s][0], I = sizes[s][1];
+                double *wd = fxt_alloc_f64((size_t)(O * I));
+                void *w = make_weights(dtypes[d], (size_t)(O * I), 11 + s, wd);
+                float *x = fxt_random((size_t)I, -1.0f, 1.0f, 7 + s);
+                float *y0 = fxt_random((size_t)O, -1.0f, 1.0f, 3 + s);
+                for (int acc = 0; acc < 2; acc++) {
+                    float *y = fxt_guarded_copy(y0, (size_t)O);
+                    double *ref = fxt_alloc_f64((size_t)O);
+                    double worst = 0.0;
+                    for (int64_t r = 0; r < O; r++) {
+                        double sum = 0.0, mag = 0.0;
+                        for (int64_t i = 0; i < I; i++)
+                            sum += wd[r * I + i] * x[i], mag += fabs(wd[r * I + i] * x[i]);
+                        ref[r] = sum + (acc ? y0[r] : 0.0);
+                        mag += acc ? fabs(y0[r]) : 0.0;
+                        worst = mag > worst ? mag : worst;
+                    }
+                    fx__gemv(y, w, dtypes[d], x, O, I, acc);
+                    char what[96];
+                    snprintf(what, sizeof what, "gemv %s %s O=%lld I=%lld acc=%d", fx_isa_name(isa[p]),
+                             dtype_names[d], (long long)O, (long long)I, acc);
+                    /* float32 sums of I products: rounding grows like sqrt(I) ulp of the
+                       largest row's magnitude; a lost or doubled term is far above it. */
+                    fxt_close_f32(what, y, ref, (size_t)O, 2e-7 * sqrt((double)I) * worst + 1e-7, 0);
+                    fxt_guarded_free(what, y);
+                    free(ref);
+                }
+                free(wd), free(w), free(x), free(y0);
+            }
+    }
+    FXT_OK(fx_set_isa(best));
+}
+
+/* Every row is its own fixed-order sum: 1 and N threads give the same bits, on each path. */
+static void test_gemv_threads(void)
+{
+    const int64_t O = 1003, I = 517;
+    fx_isa best = fx_get_isa(), isa[3];
+    int np = paths(isa);
+    int before = fx_get_num_threads();
+    for (int p = 0; p < np; p++) {
+        FXT_OK(fx_set_isa(isa[p]));
+        for (int d = 0; d < 3; d++) {
+            double *wd = fxt_alloc_f64((size_t)(O * I));
+            void *w = make_weights(dtypes[d], (size_t)(O * I), 5, wd);
+            float *x = fxt_random((size_t)I, -1.0f, 1.0f, 6);
+            float *y1 = fxt_guarded((size_t)O), *y4 = fxt_guarded((size_t)O), *y3 = fxt_guarded((size_t)O);
+            FXT_OK(fx_set_num_threads(1));
+            fx__gemv(y1, w, dtypes[d], x, O, I, false);
+            FXT_OK(fx_set_num_threads(4));
+            fx__gemv(y4, w, dtypes[d], x, O, I, false);
+            FXT_OK(fx_set_num_threads(3));
+            fx__gemv(y3, w, dtypes[d], x, O, I, false);
+            char what[64];
+            snprintf(what, sizeof what, "gemv %s %s 1 vs 4 threads", fx_isa_name(isa[p]), dtype_names[d]);
+            fxt_bitwise_f32(what, y1, y4, (size_t)O);
+            snprintf(what, sizeof what, "gemv %s %s 1 vs 3 threads", fx_isa_name(isa[p]), dtype_names[d]);
+            fxt_bitwise_f32(what, y1, y3, (size_t)O);
+            fxt_guarded_free("y1", y1), fxt_guarded_free("y4", y4), fxt_guarded_free("y3", y3);
+            free(wd), free(w), free(x);
+        }
+    }
+    FXT_OK(fx_set_num_threads(before));
+    FXT_OK(fx_set_isa(best));
+}
+
+/* Widening is exact (every BF16 / F16 value is a float32), on every path and at odd counts. */
+static void test_widen_rows(void)
+{
+    fx_isa best = fx_get_isa(), isa[3];
+    int np = paths(isa);
+    const int64_t O = 9, I = 70001; /* more than one chunk of the thread split */
+    for (int p = 0; p < np; p++) {
+        FXT_OK(fx_set_isa(isa[p]));
+        for (int d = 0; d < 3; d++) {
+            double *wd = fxt_alloc_f64((size_t)(O * I));
+            void *w = make_weights(dtypes[d], (size_t)(O * I), 9, wd);
+            for (int64_t r0 = 0; r0 < O; r0 += 4) {
+                int64_t r1 = r0 + 3 < O ? r0 + 3 : O;
+                float *dst = fxt_guarded((size_t)((r1 - r0) * I));
+                fx__widen_rows(dst, w, dtypes[d], r0, r1, I);
+                char what[64];
+                snprintf(what, sizeof what, "widen %s %s rows %lld..%lld", fx_isa_name(isa[p]), dtype_names[d],
+                         (long long)r0, (long long)r1);
+                fxt_close_f32(what, dst, wd + r0 * I, (size_t)((r1 - r0) * I), 0, 0);
+                fxt_guarded_free(what, dst);
+            }
+            free(wd), free(w);
+        }
+    }
+    FXT_OK(fx_set_isa(best));
+}
+
+/* y [N, O] = x W^T (+ y) through fx__linear_dt: N = 1 (gemv), N > 1 (sgemm in place for F32,
+   tiles of widened rows otherwise, O not a multiple of the tile). */
+static void test_linear_dt(void)
+{
+    const int64_t Ns[] = {1, 5}, I = 45, O = FX__WIDEN_TILE * 2 + 17;
+    for (int d = 0; d < 3; d++)
+        for (int k = 0; k < 2; k++) {
+            const int64_t N = Ns[k];
+            double *wd = fxt_alloc_f64((size_t)(O * I));
+            void *w = make_weights(dtypes[d], (size_t)(O * I), 21, wd);
+            float *x = fxt_random((size_t)(N * I), -1.0f, 1.0f, 22);
+            float *y0 = fxt_random((size_t)(N * O), -1.0f, 1.0f, 23);
+            float *y = fxt_guarded_copy(y0, (size_t)(N * O));
+            float *scratch = fxt_guarded((size_t)(FX__WIDEN_TILE * I));
+            double *ref = fxt_alloc_f64((size_t)(N * O));
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t o = 0; o < O; o++) {
+                    double s = y0[n * O + o];
+                    for (int64_t i = 0; i < I; i++)
+                        s += (double)x[n * I + i] * wd[o * I + i];
+                    ref[n * O + o] = s;
+                }
+            fx__linear_dt(y, x, w, dtypes[d], N, I, O, true, scratch);
+            char what[64];
+            snprintf(what, sizeof what, "linear_dt %s N=%lld", dtype_names[d], (long long)N);
+            fxt_close_f32(what, y, ref, (size_t)(N * O), 1e-5, 1e-5);
+            fxt_guarded_free(what, y);
+            fxt_guarded_free("scratch", scratch);
+            free(wd), free(w), free(x), free(y0), free(ref);
+        }
+}
+
+int main(int argc, char **argv)
+{
+    FXT_INIT(argc, argv);
+    FXT_RUN(test_gemv_reference);
+    FXT_RUN(test_gemv_threads);
+    FXT_RUN(test_widen_rows);
+    FXT_RUN(test_linear_dt);
+    return fxt_finish();
+}
