@@ -9,13 +9,13 @@
 # machine without a GPU or without the driver (libcuda.so.1 is opened at run time, and a
 # missing one only makes fx_cuda_device_count() return 0).
 #
-# -DFLEXC_GPU_PORTABLE=ON additionally links the GPU test programs with static OpenBLAS,
-# libgfortran, libquadmath, libgomp and jansson, so that they run on a GPU machine that has
-# none of those installed (scripts/gpu-check.sh).
+# -DFLEXC_GPU_PORTABLE=ON additionally links the GPU test programs with static BLIS, libgomp
+# and jansson, so that they run on a GPU machine that has none of those installed
+# (scripts/gpu-check.sh).
 
 set(FLEXC_CUDA AUTO CACHE STRING "Build the CUDA backend: AUTO, ON or OFF")
 set_property(CACHE FLEXC_CUDA PROPERTY STRINGS AUTO ON OFF)
-option(FLEXC_GPU_PORTABLE "Link the GPU tests with static OpenBLAS, Fortran and OpenMP runtimes" OFF)
+option(FLEXC_GPU_PORTABLE "Link the GPU tests with static BLIS, OpenMP and jansson libraries" OFF)
 
 set(FLEXC_HAVE_CUDA OFF)
 if(NOT FLEXC_CUDA STREQUAL "OFF")

@@ -515,8 +515,8 @@ static void test_bf16_call(void)
    backward; and the forward's gradients bitwise equal to a backward with grad_loss = 1. */
 static void test_threads_bitwise(void)
 {
-    /* D, V and one chunk above 384, OpenBLAS's K block: the sizes where its 1-thread and
-       multi-thread paths would sum differently. */
+    /* D, V and one chunk above 384, a common BLAS K block: the sizes where a BLAS's 1-thread
+       and multi-thread paths may sum differently. */
     problem pr = problem_make(400, 400, 500, 0.2f, true, 7, 700);
     pr.p.label_smoothing = 0.1f;
     pr.p.z_loss = 1e-4f;
