@@ -34,7 +34,7 @@ static bool fx__use_avx2(void)
 #endif
 }
 
-/* Rows per block of the thread split: a multiple of the AVX2 kernel's four rows. */
+/* Rows per block of the thread split. */
 enum { FX__GEMV_BLOCK = 32 };
 
 void fx__gemv(float *y, const void *w, fx_dtype dt, const float *x, int64_t O, int64_t I, bool acc)
