@@ -5,27 +5,8 @@
 
 #include <flexc.h>
 
-#include <blis.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-/* Median seconds of one BLIS call of this shape on its own threads (after a warm-up). */
-static double blis_alone_seconds(const fx__gemm_shape *g, float *A, float *B, float *C)
-{
-    rntm_t rntm = BLIS_RNTM_INITIALIZER;
-    bli_rntm_set_num_threads_only(fx_get_num_threads(), &rntm);
-    float one = 1.0f, zero = 0.0f;
-    const int64_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
-    double t[5];
-    for (int r = 0; r < 6; r++) {
-        const double t0 = bench_now();
-        bli_sgemm_ex(g->ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, g->tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, g->M,
-                     g->N, g->K, &one, A, lda, 1, B, ldb, 1, &zero, C, g->N, 1, NULL, &rntm);
-        if (r > 0)
-            t[r - 1] = bench_now() - t0;
-    }
-    return bench_median(t, 5);
-}
 
 void bench_gemm_report(const fx__gemm_shape *shapes, int n, int64_t dropped, int steps, double step_s, bool json)
 {
@@ -37,17 +18,11 @@ void bench_gemm_report(const fx__gemm_shape *shapes, int n, int64_t dropped, int
     for (int i = 0; i < n && steps > 0; i++) {
         const fx__gemm_shape *g = &shapes[i];
         const double flops = 2.0 * (double)g->M * (double)g->N * (double)g->K;
-        float *A = malloc((size_t)(g->M * g->K) * sizeof *A), *B = malloc((size_t)(g->K * g->N) * sizeof *B),
-              *C = malloc((size_t)(g->M * g->N) * sizeof *C);
-        if (!A || !B || !C) {
-            free(A), free(B), free(C);
+        const double alone = bench_blis_seconds(g->ta, g->tb, g->M, g->N, g->K);
+        if (alone < 0.0) {
             fprintf(stderr, "bench train --gemm: out of memory\n");
             return;
         }
-        fx_rng_fill_uniform(A, g->M * g->K, -1, 1, 1, 0);
-        fx_rng_fill_uniform(B, g->K * g->N, -1, 1, 2, 0);
-        const double alone = blis_alone_seconds(g, A, B, C);
-        free(A), free(B), free(C);
         const double per_call = g->seconds / (double)g->calls, calls = (double)g->calls / steps;
         step_gemm += g->seconds / steps;
         step_blis += alone * calls;

@@ -135,31 +135,35 @@ double bench_triad_gbs(void)
     return best;
 }
 
-double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K)
+double bench_blis_seconds(bool ta, bool tb, int64_t M, int64_t N, int64_t K)
 {
     float *A = malloc((size_t)(M * K) * sizeof *A), *B = malloc((size_t)(N * K) * sizeof *B),
           *C = malloc((size_t)(M * N) * sizeof *C);
     if (!A || !B || !C) {
         free(A), free(B), free(C);
-        return 0.0;
+        return -1.0;
     }
     fx_rng_fill_uniform(A, M * K, -1, 1, 1, 0);
     fx_rng_fill_uniform(B, N * K, -1, 1, 2, 0);
-    /* BLIS itself on all the threads, the way fx__sgemm calls it. */
     rntm_t rntm = BLIS_RNTM_INITIALIZER;
     bli_rntm_set_num_threads_only(fx_get_num_threads(), &rntm);
-    bli_rntm_disable_l3_sup(&rntm);
     float one = 1.0f, zero = 0.0f;
     double t[5];
     for (int r = 0; r < 6; r++) {
         double t0 = bench_now();
-        bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_TRANSPOSE, M, N, K, &one, A, K, 1, B, K, 1, &zero, C, N, 1, NULL,
-                     &rntm);
+        bli_sgemm_ex(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M, N, K, &one,
+                     A, ta ? M : K, 1, B, tb ? K : N, 1, &zero, C, N, 1, NULL, &rntm);
         if (r > 0)
             t[r - 1] = bench_now() - t0;
     }
     free(A), free(B), free(C);
-    return 2.0 * (double)M * (double)N * (double)K / bench_median(t, 5) * 1e-9;
+    return bench_median(t, 5);
+}
+
+double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K)
+{
+    const double s = bench_blis_seconds(false, true, M, N, K);
+    return s > 0.0 ? 2.0 * (double)M * (double)N * (double)K / s * 1e-9 : 0.0;
 }
 
 size_t bench_max_rss(void)

@@ -24,7 +24,11 @@ double bench_time(bench_fn f, void *ctx, int reps);
 double bench_fma_peak_gflops(void);
 /* STREAM triad a[i] = b[i] + s*c[i] bandwidth in GB/s (3 x 4 bytes per element counted). */
 double bench_triad_gbs(void);
-/* BLIS sgemm C[M,N] = A[M,K] B[K,N]^T in GFLOP/s (median of a few runs). */
+/* Median seconds of one BLIS sgemm C[M,N] = op(A) op(B) of random operands, on BLIS's own
+   threads (its default settings, flexc's thread count), after a warm-up; -1 when the
+   operands cannot be allocated. */
+double bench_blis_seconds(bool ta, bool tb, int64_t M, int64_t N, int64_t K);
+/* BLIS sgemm C[M,N] = A[M,K] B[K,N]^T in GFLOP/s (bench_blis_seconds; 0 without memory). */
 double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K);
 
 /* Per-thread FMA loops of each width: flops done in `iters` iterations (called inside an
@@ -36,7 +40,7 @@ double bench_fma_loop_avx512(int64_t iters);
 /* The matrix products of `steps` traced training steps (`bench train --gemm`, core.h's trace):
    per shape, the time the steps spent in it against one BLIS call of that shape on BLIS's own
    threads (its default settings, the same thread count), and the total; a table, or one JSON
-   line. step_s: the step's median seconds. */
+   line. step_s: the traced steps' mean seconds. */
 struct fx__gemm_shape;
 void bench_gemm_report(const struct fx__gemm_shape *shapes, int n, int64_t dropped, int steps, double step_s,
                        bool json);
