@@ -224,7 +224,9 @@ enum { LCE_DH_ROWS = 256 };
      zt [vb, c]          a tile's logits, then gradients, vocabulary-major (lce_internal.h)
      hT [D, cs]          the chunk's h transposed (cs: c rounded up to 16)
      rows [c]            per token
-     pm, ps, pz [nb, cs] statistics per vocabulary block and token
+     pm, ps, pz [nb, cs] statistics per vocabulary block and token, for every block of the
+                         vocabulary (nb: blocks per tile times tiles), so that the tiles of the
+                         forward pass need not wait for each other's statistics to be merged
      lse, a, b, keep [cs] per-token coefficients of the gradients */
 typedef struct lce_layout {
     size_t zt, hT, rows, part, coef, total;
@@ -232,9 +234,15 @@ typedef struct lce_layout {
 
 static size_t lce_al(size_t n) { return (n + 63) & ~(size_t)63; }
 
-static lce_layout lce_layout_of(int64_t c, int64_t vb, int64_t D)
+/* Blocks of statistics a plan keeps: LCE_VBLOCK-entry blocks per tile, times tiles. */
+static int64_t lce_stat_blocks(int64_t vb, int64_t V)
 {
-    const size_t cs = (size_t)(c + 15) / 16 * 16, nb = (size_t)((vb + LCE_VBLOCK - 1) / LCE_VBLOCK);
+    return (vb + LCE_VBLOCK - 1) / LCE_VBLOCK * ((V + vb - 1) / vb);
+}
+
+static lce_layout lce_layout_of(int64_t c, int64_t vb, int64_t D, int64_t V)
+{
+    const size_t cs = (size_t)(c + 15) / 16 * 16, nb = (size_t)lce_stat_blocks(vb, V);
     lce_layout l;
     l.zt = 0;
     l.hT = l.zt + lce_al((size_t)c * (size_t)vb * sizeof(float));
@@ -258,11 +266,11 @@ static void lce_plan(const fx_lce *p, int64_t *chunk, int64_t *vchunk, size_t *b
         const double logits = 4.0 * (double)N * (double)V;
         const double budget = fmin(LCE_TILE_TARGET, fmax(LCE_TILE_MIN, logits / 32.0));
         const double per_row = 4.0 * (double)vb + 4.0 * (double)D + (double)sizeof(lce_row) +
-                               12.0 * (double)((vb + LCE_VBLOCK - 1) / LCE_VBLOCK) + 16.0;
+                               12.0 * (double)lce_stat_blocks(vb, V) + 16.0;
         const int64_t lo = lce_min64(N, LCE_ROWS_MIN);
         c = lce_min64(lce_max64((int64_t)(budget / per_row), lo), N);
         /* The estimate leaves out the rounding of each piece: step down until it all fits. */
-        while (c > lo && (double)lce_layout_of(c, vb, D).total > budget)
+        while (c > lo && (double)lce_layout_of(c, vb, D, V).total > budget)
             c--;
     }
     c = lce_min64(c, INT_MAX);
@@ -274,7 +282,7 @@ static void lce_plan(const fx_lce *p, int64_t *chunk, int64_t *vchunk, size_t *b
         *bytes = SIZE_MAX; /* no allocation can satisfy it: fx__alloc reports FX_ENOMEM */
         return;
     }
-    *bytes = lce_layout_of(c, vb, D).total;
+    *bytes = lce_layout_of(c, vb, D, V).total;
 }
 
 /* ---- checks ------------------------------------------------------------------------------- */
@@ -362,7 +370,7 @@ typedef struct lce_call {
     float *zt;                 /* [Vb, c] */
     float *hT;                 /* [D, cs] */
     lce_row *rows;             /* [C] */
-    float *pm, *ps, *pz;       /* [blocks of a tile, cs] */
+    float *pm, *ps, *pz;       /* [blocks of the vocabulary, cs] */
     float *c_lse, *c_a, *c_b, *c_keep; /* [cs] */
     int64_t cs;                /* row stride of hT and of the statistics */
     const fx__lce_ops *ops;
@@ -384,7 +392,7 @@ static int64_t lce_dblock(int64_t D)
 
 /* Logits of block b of tile [v0, v0+vb) of chunk [n0, n0+c), then either their statistics
    per token (forward) or just the bias and cap (recomputation); the targets' logits are
-   kept for the gradients. */
+   kept for the gradients. A block's statistics go to slot (v0 / Vb) * blocks per tile + b. */
 static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, int64_t b, bool stats)
 {
     const fx_lce *p = k->p;
@@ -395,10 +403,12 @@ static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v
     else
         k->ops->logits(n, c, D, k->w + (v0 + j0) * D, k->hT, k->cs, Z, c);
     const float *bias = k->bias ? k->bias + v0 + j0 : NULL;
-    if (stats)
-        k->ops->stats(Z, n, c, c, bias, p->softcap, k->pm + b * k->cs, k->ps + b * k->cs, k->pz + b * k->cs);
-    else
+    if (stats) {
+        const int64_t g = v0 / k->Vb * ((k->Vb + LCE_VBLOCK - 1) / LCE_VBLOCK) + b;
+        k->ops->stats(Z, n, c, c, bias, p->softcap, k->pm + g * k->cs, k->ps + g * k->cs, k->pz + g * k->cs);
+    } else {
         k->ops->prep(Z, n, c, c, bias, p->softcap);
+    }
     for (int64_t r = 0; r < c; r++) {
         const int64_t y = k->target[n0 + r];
         if (y != p->ignore_index && y >= v0 + j0 && y < v0 + j0 + n)
@@ -406,21 +416,26 @@ static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v
     }
 }
 
-/* Folds the block statistics of a tile into token r's running statistics, in block order. */
-static void lce_row_merge(const lce_call *k, int64_t r, int64_t nb)
+/* Folds the block statistics of every tile into token r's running statistics, tile by tile
+   and block by block. */
+static void lce_row_merge(const lce_call *k, int64_t r)
 {
+    const int64_t V = k->p->V, nbt = (k->Vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
     fx__lce_stat *st = &k->rows[r].st;
-    for (int64_t b = 0; b < nb; b++) {
-        const float qm = k->pm[b * k->cs + r];
-        st->sum_z += (double)k->pz[b * k->cs + r];
-        if (qm == -INFINITY)
-            continue; /* a block of masked entries adds nothing to the sum of exps */
-        const double qs = (double)k->ps[b * k->cs + r];
-        if (qm > st->m) {
-            st->s = st->s * exp((double)st->m - (double)qm) + qs;
-            st->m = qm;
-        } else {
-            st->s += qs * exp((double)qm - (double)st->m);
+    for (int64_t v0 = 0, g0 = 0; v0 < V; v0 += k->Vb, g0 += nbt) {
+        const int64_t nb = (lce_min64(k->Vb, V - v0) + LCE_VBLOCK - 1) / LCE_VBLOCK;
+        for (int64_t g = g0; g < g0 + nb; g++) {
+            const float qm = k->pm[g * k->cs + r];
+            st->sum_z += (double)k->pz[g * k->cs + r];
+            if (qm == -INFINITY)
+                continue; /* a block of masked entries adds nothing to the sum of exps */
+            const double qs = (double)k->ps[g * k->cs + r];
+            if (qm > st->m) {
+                st->s = st->s * exp((double)st->m - (double)qm) + qs;
+                st->m = qm;
+            } else {
+                st->s += qs * exp((double)qm - (double)st->m);
+            }
         }
     }
 }
@@ -467,7 +482,10 @@ static void lce_block_grad(const lce_call *k, int64_t n0, int64_t c, int64_t v0,
     }
 }
 
-/* Statistics of chunk [n0, n0+c) over every tile; the last tile's logits stay in k->zt. */
+/* Statistics of chunk [n0, n0+c) over every tile; the last tile's logits stay in k->zt.
+   One parallel region for all tiles: a thread goes on to its blocks of the next tile without
+   waiting for the others (a static schedule gives it the same blocks, hence the same part of
+   zt, whenever two tiles have as many blocks), and the statistics are merged at the end. */
 static void lce_chunk_stats(const lce_call *k, int64_t n0, int64_t c)
 {
     const fx_lce *p = k->p;
@@ -475,17 +493,24 @@ static void lce_chunk_stats(const lce_call *k, int64_t n0, int64_t c)
         k->rows[r].st = (fx__lce_stat){-INFINITY, 0.0, 0.0};
         k->rows[r].z_y = 0.0f;
     }
-    for (int64_t v0 = 0; v0 < p->V; v0 += k->Vb) {
-        const int64_t vb = lce_min64(k->Vb, p->V - v0), nb = (vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
-#pragma omp parallel if (c * vb >= LCE_PAR_MIN)
-        {
+#pragma omp parallel if (c * k->Vb >= LCE_PAR_MIN)
+    {
+        for (int64_t v0 = 0; v0 < p->V; v0 += k->Vb) {
+            const int64_t vb = lce_min64(k->Vb, p->V - v0), nb = (vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
+            const int64_t v1 = v0 + k->Vb, nb1 = v1 < p->V ? (lce_min64(k->Vb, p->V - v1) + LCE_VBLOCK - 1) / LCE_VBLOCK : 0;
+            if (nb1 == nb) {
+#pragma omp for schedule(static) nowait
+                for (int64_t b = 0; b < nb; b++)
+                    lce_block_logits(k, n0, c, v0, vb, b, true);
+            } else {
 #pragma omp for schedule(static)
-            for (int64_t b = 0; b < nb; b++)
-                lce_block_logits(k, n0, c, v0, vb, b, true);
-#pragma omp for schedule(static)
-            for (int64_t r = 0; r < c; r++)
-                lce_row_merge(k, r, nb);
+                for (int64_t b = 0; b < nb; b++)
+                    lce_block_logits(k, n0, c, v0, vb, b, true);
+            }
         }
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < c; r++)
+            lce_row_merge(k, r);
     }
 }
 
@@ -505,36 +530,44 @@ static void lce_thread_range(int64_t n, int64_t *lo, int64_t *hi)
 
 /* Gradients of tile [v0, v0+vb) of chunk [n0, n0+c): recomputed logits unless resident,
    then dw and dbias per vocabulary block, and dh (+)= G w[v0:v0+vb] (overwritten by the
-   first tile), w's rows taken in order for every element. */
+   first tile), w's rows taken in order for every element. Called by every thread of a
+   team (or by one thread outside any); it returns once the tile's zt may be reused. */
 static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, bool resident)
 {
     const int64_t D = k->p->D, nb = (vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
     const int64_t db = lce_dblock(D), nd = (D + db - 1) / db;
-#pragma omp parallel if (c * vb >= LCE_PAR_MIN)
-    {
 #pragma omp for schedule(static)
-        for (int64_t b = 0; b < nb; b++) {
-            if (!resident)
-                lce_block_logits(k, n0, c, v0, vb, b, false);
-            lce_block_grad(k, n0, c, v0, vb, b);
-        }
-        if (k->dh && k->blas) {
-#pragma omp for schedule(static)
-            for (int64_t q = 0; q < nd; q++) {
-                const int64_t d0 = q * db, dn = lce_min64(db, D - d0);
-                lce_sgemm(true, false, c, dn, vb, k->zt, c, k->w + v0 * D + d0, D, v0 == 0 ? 0.0f : 1.0f,
-                          k->dh + n0 * D + d0, D);
-            }
-        } else if (k->dh) {
-            int64_t d0, d1;
-            lce_thread_range(D, &d0, &d1);
-            if (d0 < d1) {
-                for (int64_t j0 = 0; j0 < vb; j0 += LCE_DH_ROWS)
-                    k->ops->dh(lce_min64(LCE_DH_ROWS, vb - j0), c, D, d0, d1, k->zt + j0 * c, c,
-                               k->w + (v0 + j0) * D, k->dh + n0 * D, v0 + j0 > 0);
-            }
-        }
+    for (int64_t b = 0; b < nb; b++) {
+        if (!resident)
+            lce_block_logits(k, n0, c, v0, vb, b, false);
+        lce_block_grad(k, n0, c, v0, vb, b);
     }
+    if (k->dh && k->blas) {
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < nd; q++) {
+            const int64_t d0 = q * db, dn = lce_min64(db, D - d0);
+            lce_sgemm(true, false, c, dn, vb, k->zt, c, k->w + v0 * D + d0, D, v0 == 0 ? 0.0f : 1.0f,
+                      k->dh + n0 * D + d0, D);
+        }
+    } else if (k->dh) {
+        int64_t d0, d1;
+        lce_thread_range(D, &d0, &d1);
+        if (d0 < d1) {
+            for (int64_t j0 = 0; j0 < vb; j0 += LCE_DH_ROWS)
+                k->ops->dh(lce_min64(LCE_DH_ROWS, vb - j0), c, D, d0, d1, k->zt + j0 * c, c,
+                           k->w + (v0 + j0) * D, k->dh + n0 * D, v0 + j0 > 0);
+        }
+#pragma omp barrier
+    }
+}
+
+/* The gradients of chunk [n0, n0+c), tile by tile, in one parallel region. */
+static void lce_chunk_backprop(const lce_call *k, int64_t n0, int64_t c, bool resident)
+{
+    const int64_t V = k->p->V;
+#pragma omp parallel if (c * k->Vb >= LCE_PAR_MIN)
+    for (int64_t v0 = 0; v0 < V; v0 += k->Vb)
+        lce_tile_backprop(k, n0, c, v0, lce_min64(k->Vb, V - v0), resident);
 }
 
 /* h of chunk [n0, n0+c) transposed into hT [D, cs], the lanes past c zeroed. */
@@ -565,8 +598,8 @@ static int lce_run(lce_call *k)
     if (!scratch)
         return fx__error(FX_ENOMEM, "fused cross-entropy: cannot allocate %zu bytes of scratch (chunk %lld x %lld)",
                          bytes, (long long)k->C, (long long)k->Vb);
-    const lce_layout lay = lce_layout_of(k->C, k->Vb, D);
-    const int64_t nbmax = (k->Vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
+    const lce_layout lay = lce_layout_of(k->C, k->Vb, D, V);
+    const int64_t nbmax = lce_stat_blocks(k->Vb, V);
     k->cs = (k->C + 15) / 16 * 16;
     k->zt = (float *)(scratch + lay.zt);
     k->hT = (float *)(scratch + lay.hT);
@@ -653,8 +686,7 @@ static int lce_run(lce_call *k)
         }
         /* With one tile per chunk, the forward's logits are still in the buffer. */
         const bool resident = forward && k->Vb >= V;
-        for (int64_t v0 = 0; v0 < V; v0 += k->Vb)
-            lce_tile_backprop(k, n0, c, v0, lce_min64(k->Vb, V - v0), resident);
+        lce_chunk_backprop(k, n0, c, resident);
     }
     if (forward && k->loss && p->reduction != FX_REDUCTION_NONE) {
         if (p->reduction == FX_REDUCTION_MEAN)
