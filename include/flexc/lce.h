@@ -10,9 +10,10 @@
  *
  * Tokens are processed in chunks of at most `chunk` rows (shared evenly): a chunk's logits
  * are computed with one GEMM, turned into gradients in place, and fed to two more GEMMs
- * (dh and dw), so the working set is chunk x V floats. When even a small chunk of whole rows would be too large,
- * the vocabulary is tiled as well (vocab_chunk) and the logits of each tile are computed
- * twice: once for the log-sum-exp, once for the gradients.
+ * (dh and dw), so the working set is chunk x V floats. The vocabulary may be tiled as well
+ * (vocab_chunk), and the logits of each tile are then computed twice: once for the
+ * log-sum-exp, once for the gradients. The automatic plan keeps its scratch within 2 MiB,
+ * tiling the vocabulary unless 64 tokens of whole rows fit.
  *
  * Per-token loss, with z the (soft-capped) logits and y the target:
  *     (1 - eps) (lse - z_y) + eps (lse - mean_j z_j) + s lse^2
@@ -45,8 +46,9 @@ typedef struct fx_lce {
     float softcap;         /* 0: off; else logits = softcap * tanh(logits / softcap), with
                               1/softcap finite (softcap > 1/FLT_MAX, about 2.9e-39) */
     int64_t chunk;         /* tokens per chunk, at most (shared evenly); 0: automatic */
-    int64_t vocab_chunk;   /* vocabulary entries per tile; 0: automatic (whole rows unless a
-                              chunk of whole rows would be too large) */
+    int64_t vocab_chunk;   /* vocabulary entries per tile; 0: automatic (with chunk 0: whole
+                              rows if 64 tokens of them fit in 2 MiB, else 2048; with a given
+                              chunk: whole rows) */
     /* Where the call runs (docs/cuda.md); all zero keeps the CPU path and float32. */
     int device;            /* 0: the CPU; k > 0: CUDA device k - 1, every pointer in its memory */
     void *stream;          /* device calls: the cudaStream_t they are queued on, NULL: default */

@@ -118,7 +118,7 @@ print(json.dumps({"growth": rss("VmHWM") - start, "outputs": h.grad.nbytes + w.g
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's resident-peak reset")
 def test_resident_peak_beyond_the_outputs(reduction="mean"):
     # The whole step in a fresh process, the C kernel's scratch included: the resident peak
-    # grows by the gradients plus the scratch (at most logits/32 here), far below one more
+    # grows by the gradients plus the scratch (at most 2 MiB), far below one more
     # [V, D] buffer (32 MiB) or the [N, V] logits (64 MiB).
     Nn, Dn, Vn = 256, 128, 65536
     env = dict(os.environ, OMP_NUM_THREADS="2",
