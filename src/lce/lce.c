@@ -230,9 +230,10 @@ enum { LCE_DH_ROWS = 256 };
      pm, ps, pz [nb, cs] statistics per vocabulary block and token, for every block of the
                          vocabulary (nb: blocks per tile times tiles), so that the tiles of the
                          forward pass need not wait for each other's statistics to be merged
-     lse, a, b, keep [cs] per-token coefficients of the gradients */
+     lse, a, b, keep [cs] per-token coefficients of the gradients
+     dhp [LCE_SLABS - 1, c, D] dh of the chunk from every slab but the first (lce_slabbed) */
 typedef struct lce_layout {
-    size_t zt, hT, rows, part, coef, total;
+    size_t zt, hT, rows, part, coef, dhp, total;
 } lce_layout;
 
 static size_t lce_al(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -241,6 +242,21 @@ static size_t lce_al(size_t n) { return (n + 63) & ~(size_t)63; }
 static int64_t lce_stat_blocks(int64_t vb, int64_t V)
 {
     return (vb + LCE_VBLOCK - 1) / LCE_VBLOCK * ((V + vb - 1) / vb);
+}
+
+/* The backward pass of a tiled plan splits the vocabulary into LCE_SLABS slabs: slab s is
+   block s, s + LCE_SLABS, ... of every tile. Each slab recomputes its blocks' logits, writes
+   their dw and dbias rows and sums its own dh of the chunk, without waiting for the other
+   slabs; the slabs' dh are then added in slab order. The slabs are fixed by the plan, not by
+   the thread count, so every element is summed in the same order on 1, 2 or 3 threads, and
+   a chunk waits twice instead of twice per tile. The first slab sums into dh itself; each
+   other slab needs a [c, D] buffer, hence only two (the blocks of a tile of two threads).
+   Plans of one tile keep the per-tile split: their tile is resident or read once. */
+enum { LCE_SLABS = 2 };
+
+static bool lce_slabbed(int64_t vb, int64_t V)
+{
+    return vb < V && (vb + LCE_VBLOCK - 1) / LCE_VBLOCK >= LCE_SLABS;
 }
 
 static lce_layout lce_layout_of(int64_t c, int64_t vb, int64_t D, int64_t V)
@@ -252,7 +268,8 @@ static lce_layout lce_layout_of(int64_t c, int64_t vb, int64_t D, int64_t V)
     l.rows = l.hT + lce_al((size_t)D * cs * sizeof(float));
     l.part = l.rows + lce_al((size_t)c * sizeof(lce_row));
     l.coef = l.part + lce_al(3 * nb * cs * sizeof(float));
-    l.total = l.coef + lce_al(4 * cs * sizeof(float));
+    l.dhp = l.coef + lce_al(4 * cs * sizeof(float));
+    l.total = l.dhp + (lce_slabbed(vb, V) ? lce_al((size_t)(LCE_SLABS - 1) * (size_t)c * (size_t)D * sizeof(float)) : 0);
     return l;
 }
 
@@ -261,7 +278,8 @@ static lce_layout lce_layout_of(int64_t c, int64_t vb, int64_t D, int64_t V)
 static int64_t lce_plan_rows(int64_t N, int64_t D, int64_t V, int64_t vb)
 {
     const double per_row = 4.0 * (double)vb + 4.0 * (double)D + (double)sizeof(lce_row) +
-                           12.0 * (double)lce_stat_blocks(vb, V) + 16.0;
+                           12.0 * (double)lce_stat_blocks(vb, V) + 16.0 +
+                           (lce_slabbed(vb, V) ? 4.0 * (double)(LCE_SLABS - 1) * (double)D : 0.0);
     int64_t c = lce_min64((int64_t)(LCE_SCRATCH / per_row) + 1, N);
     /* The estimate leaves out the rounding of each piece: step down until it all fits. */
     while (c > 0 && (double)lce_layout_of(c, vb, D, V).total > LCE_SCRATCH)
@@ -382,6 +400,7 @@ typedef struct lce_call {
     lce_row *rows;             /* [C] */
     float *pm, *ps, *pz;       /* [blocks of the vocabulary, cs] */
     float *c_lse, *c_a, *c_b, *c_keep; /* [cs] */
+    float *dhp;                /* [LCE_SLABS - 1, c, D] when lce_slabbed */
     int64_t cs;                /* row stride of hT and of the statistics */
     const fx__lce_ops *ops;
     bool blas;                 /* the GEMMs go to BLAS (ops without GEMM kernels) */
@@ -580,6 +599,61 @@ static void lce_chunk_backprop(const lce_call *k, int64_t n0, int64_t c, bool re
         lce_tile_backprop(k, n0, c, v0, lce_min64(k->Vb, V - v0), resident);
 }
 
+/* The gradients of slab s (lce_slabbed) of chunk [n0, n0+c): every block's logits again,
+   then its gradients, dw and dbias, and the slab's dh, summed block after block into dh
+   (slab 0) or the slab's partial [c, D]. */
+static void lce_slab_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t s)
+{
+    const int64_t V = k->p->V, D = k->p->D;
+    float *dh = k->dh ? (s == 0 ? k->dh + n0 * D : k->dhp + (s - 1) * c * D) : NULL;
+    bool first = true;
+    for (int64_t v0 = 0; v0 < V; v0 += k->Vb) {
+        const int64_t vb = lce_min64(k->Vb, V - v0), nb = (vb + LCE_VBLOCK - 1) / LCE_VBLOCK;
+        for (int64_t b = s; b < nb; b += LCE_SLABS) {
+            lce_block_logits(k, n0, c, v0, vb, b, false);
+            lce_block_grad(k, n0, c, v0, vb, b);
+            if (!dh)
+                continue;
+            const int64_t j0 = b * LCE_VBLOCK, n = lce_min64(LCE_VBLOCK, vb - j0);
+            const float *G = k->zt + j0 * c;
+            if (k->blas) {
+                lce_sgemm(true, false, c, D, n, G, c, k->w + (v0 + j0) * D, D, first ? 0.0f : 1.0f, dh, D);
+            } else {
+                for (int64_t i = 0; i < n; i += LCE_DH_ROWS)
+                    k->ops->dh(lce_min64(LCE_DH_ROWS, n - i), c, D, 0, D, G + i * c, c, k->w + (v0 + j0 + i) * D,
+                               dh, !first || i > 0);
+            }
+            first = false;
+        }
+    }
+    if (dh && first) /* no block in this slab (the first tile has LCE_SLABS blocks or more) */
+        memset(dh, 0, (size_t)(c * D) * sizeof(float));
+}
+
+/* The gradients of chunk [n0, n0+c) slab by slab (lce_slabbed), then dh = the slabs' dh
+   added in slab order: two waits per chunk. */
+static void lce_chunk_backprop_slabs(const lce_call *k, int64_t n0, int64_t c)
+{
+    const int64_t D = k->p->D;
+#pragma omp parallel if (c * k->Vb >= LCE_PAR_MIN)
+    {
+#pragma omp for schedule(static)
+        for (int64_t s = 0; s < LCE_SLABS; s++)
+            lce_slab_backprop(k, n0, c, s);
+        if (k->dh) {
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < c; r++) {
+                float *dst = k->dh + (n0 + r) * D;
+                for (int64_t s = 1; s < LCE_SLABS; s++) {
+                    const float *src = k->dhp + ((s - 1) * c + r) * D;
+                    for (int64_t d = 0; d < D; d++)
+                        dst[d] += src[d];
+                }
+            }
+        }
+    }
+}
+
 /* h of chunk [n0, n0+c) transposed into hT [D, cs], the lanes past c zeroed. */
 static void lce_pack_h(const lce_call *k, int64_t n0, int64_t c)
 {
@@ -621,6 +695,7 @@ static int lce_run(lce_call *k)
     k->c_a = k->c_lse + k->cs;
     k->c_b = k->c_a + k->cs;
     k->c_keep = k->c_b + k->cs;
+    k->dhp = lce_slabbed(k->Vb, V) ? (float *)(scratch + lay.dhp) : NULL;
     k->ops = fx__lce_ops_now();
     k->blas = k->ops->logits == NULL;
 
@@ -696,7 +771,10 @@ static int lce_run(lce_call *k)
         }
         /* With one tile per chunk, the forward's logits are still in the buffer. */
         const bool resident = forward && k->Vb >= V;
-        lce_chunk_backprop(k, n0, c, resident);
+        if (lce_slabbed(k->Vb, V))
+            lce_chunk_backprop_slabs(k, n0, c);
+        else
+            lce_chunk_backprop(k, n0, c, resident);
     }
     if (forward && k->loss && p->reduction != FX_REDUCTION_NONE) {
         if (p->reduction == FX_REDUCTION_MEAN)
