@@ -202,7 +202,7 @@ typedef struct lce_row {
    taken when at least LCE_ROWS_WHOLE tokens of them fit: three GEMMs per chunk. Otherwise
    the vocabulary is tiled, LCE_VTILE entries per tile (two blocks, one per thread of two),
    with as many tokens per chunk as fit: each tile's logits are then computed twice (four
-   GEMMs instead of three), but chunks of 150 to 200 tokens run their GEMMs faster than the
+   GEMMs instead of three), but chunks of 110 to 160 tokens run their GEMMs faster than the
    thin chunks of whole rows the same memory would allow (6 to 14 tokens at V = 32768 to
    128256), and about as fast as the 32 MiB chunks of whole rows the plan used before.
    A chunk never has fewer than LCE_ROWS_MIN tokens (or N), below which the GEMMs lose much
