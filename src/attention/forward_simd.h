@@ -282,11 +282,30 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
             }
             used[slot] = ++clock;
             const float *Kt = panels + slot * panel, *Vp = Kt + kt_len;
+            /* In a run of a window's items, the next one packs the block after this item's
+               last: its K and V rows are fetched towards L2 while the strips below compute,
+               a share per strip, instead of stalling that packing on memory. */
+            const char *ahead_k = NULL, *ahead_v = NULL;
+            int64_t k_lines = 0, v_lines = 0, ahead_step = 0, ahead_at = 0;
+            if (chunk > 1 && e == it.e1 - 1 && k0 + bk < a->Lkv && (item + 1) % chunk != 0 &&
+                (item + 1) % p.n_qb != 0) {
+                const int64_t rows = a->Lkv - k0 - bk < bk ? a->Lkv - k0 - bk : bk;
+                const int64_t strips = (nr + MRMAX - 1) / MRMAX * gs;
+                ahead_k = (const char *)(kh + (k0 + bk) * D), ahead_v = (const char *)(vh + (k0 + bk) * Dv);
+                k_lines = rows * D * (int64_t)sizeof(float) / 64, v_lines = rows * Dv * (int64_t)sizeof(float) / 64;
+                ahead_step = ((k_lines > v_lines ? k_lines : v_lines) + strips - 1) / strips;
+            }
             for (int64_t g = 0; g < gs; g++) {
                 const int64_t h = h0 + g;
                 const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
                 for (int64_t i0 = 0; i0 < nr; i0 += MRMAX) {
                     const int mr = (int)(nr - i0 < MRMAX ? nr - i0 : MRMAX);
+                    for (int64_t x = 0; x < ahead_step; x++, ahead_at++) {
+                        if (ahead_at < k_lines)
+                            __builtin_prefetch(ahead_k + ahead_at * 64, 0, 2);
+                        if (ahead_at < v_lines)
+                            __builtin_prefetch(ahead_v + ahead_at * 64, 0, 2);
+                    }
                     /* Columns [c0, c1) (whole vectors) hold every key the strip's rows see:
                        in a partial block the rest is skipped (half of a diagonal block, most
                        of a sliding window's edge blocks). */
