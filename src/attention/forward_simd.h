@@ -298,8 +298,12 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
             for (int64_t g = 0; g < gs; g++) {
                 const int64_t h = h0 + g;
                 const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
-                for (int64_t i0 = 0; i0 < nr; i0 += MRMAX) {
-                    const int mr = (int)(nr - i0 < MRMAX ? nr - i0 : MRMAX);
+                for (int64_t i0 = 0, mr; i0 < nr; i0 += mr) {
+                    /* Strips of MRMAX rows; the last 7 .. 11 rows go as two strips of about
+                       half (128 = 20 x 6 + 4 + 4, not + 6 + 2: a 2-row tile leaves the FMA
+                       units half idle). A row's result does not depend on its strip mates: the keys they
+                       add to its columns are masked (P = 0). */
+                    mr = nr - i0 >= 2 * MRMAX ? MRMAX : nr - i0 > MRMAX ? (nr - i0 + 1) / 2 : nr - i0;
                     for (int64_t x = 0; x < ahead_step; x++, ahead_at++) {
                         if (ahead_at < k_lines)
                             __builtin_prefetch(ahead_k + ahead_at * 64, 0, 2);
@@ -342,17 +346,28 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                         alpha[r] = 0.0f;
                     for (int r = 0; r < mr; r++) {
                         float *s = S + r * bkp;
-                        if (bits) {
-                            const uint64_t *row = bits + (brow + i0 + r) * m->bm_words;
-                            for (int64_t j = c0; j < c1; j += VL)
-                                V_STORE(s + j, V_BITS(V_LOAD(s + j), (uint32_t)(row[j >> 6] >> (j & 63))));
-                        }
                         for (int64_t j = kend; j < c1; j++)
                             s[j] = -INFINITY;
+                        /* Masking (only vectors with a hidden key: a window's edge rows see
+                           most of theirs) in the same pass as the maximum. */
+                        vf mx = V_SET1(-INFINITY);
+                        if (bits) {
+                            const uint64_t *row = bits + (brow + i0 + r) * m->bm_words;
+                            const uint32_t all = (uint32_t)((1ull << VL) - 1);
+                            for (int64_t j = c0; j < c1; j += VL) {
+                                const uint32_t w = (uint32_t)(row[j >> 6] >> (j & 63)) & all;
+                                vf x = V_LOAD(s + j);
+                                if (w != all) {
+                                    x = V_BITS(x, w);
+                                    V_STORE(s + j, x);
+                                }
+                                mx = V_MAX(mx, x);
+                            }
+                        } else {
+                            for (int64_t j = c0; j < c1; j += VL)
+                                mx = V_MAX(mx, V_LOAD(s + j));
+                        }
                         const int64_t ri = g * bq + i0 + r;
-                        vf mx = V_LOAD(s + c0);
-                        for (int64_t j = c0 + VL; j < c1; j += VL)
-                            mx = V_MAX(mx, V_LOAD(s + j));
                         float mnew = V_HMAX(mx);
                         mnew = mnew > M[ri] ? mnew : M[ri];
                         /* Nothing visible yet: exponents against 0 give P = 0 and, from
