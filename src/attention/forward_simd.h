@@ -229,22 +229,25 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
     const size_t kt_len = LINES_(D * bkp), vp_len = LINES_(bk * dvp), s_len = LINES_(MRMAX * bkp),
                  o_len = LINES_(gs * bq * dvp), ml_len = LINES_(gs * bq), al_len = LINES_(MRMAX);
 #undef LINES_
-    const size_t panel = kt_len + vp_len;
-    const size_t per = FWD_CACHED * panel + s_len + o_len + 2 * ml_len + al_len;
     const int nt = fx__max_threads();
+    const int64_t chunk = SIMD_FN(fwd_chunk)(&p, a, nt);
+    /* Packed blocks kept per thread: FWD_CACHED for runs of a window's items, else one (the
+       scratch of a small call, such as a short prompt, stays small). */
+    const int cached = chunk > 1 ? FWD_CACHED : 1;
+    const size_t panel = kt_len + vp_len;
+    const size_t per = (size_t)cached * panel + s_len + o_len + 2 * ml_len + al_len;
     float *scratch = fx__alloc((size_t)nt * per * sizeof(float));
     if (!scratch)
         return fx__error(FX_ENOMEM, "attention: out of memory for %d x %zu scratch floats", nt, per);
-    const int64_t chunk = SIMD_FN(fwd_chunk)(&p, a, nt);
 
 #pragma omp parallel
     {
-    float *const panels = scratch + (size_t)fx__thread_id() * per, *S = panels + FWD_CACHED * panel, *O = S + s_len;
+    float *const panels = scratch + (size_t)fx__thread_id() * per, *S = panels + cached * panel, *O = S + s_len;
     float *M = O + o_len, *L = M + ml_len, *alpha = L + ml_len;
     /* The packed kv-blocks this thread holds: tag (b * Hkv + hkv) * nkb + kb, -1 for none,
        and when each was last used. */
     int64_t tag[FWD_CACHED], used[FWD_CACHED], clock = 0;
-    for (int c = 0; c < FWD_CACHED; c++)
+    for (int c = 0; c < cached; c++)
         tag[c] = -1, used[c] = 0;
 #pragma omp for schedule(static, chunk)
     for (int64_t item = 0; item < p.n_items; item++) {
@@ -267,11 +270,11 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                 continue; /* a mask longer than this call's keys */
             const int64_t nk = a->Lkv - k0 < bk ? a->Lkv - k0 : bk;
             /* K^T (zero columns past nk) and V's panels of this block: packed once while they
-               stay among the thread's FWD_CACHED latest, so a window's next q-block reuses
+               stay among the thread's `cached` latest, so a window's next q-block reuses
                them. Packing is a copy: a reused block is the same bits as a new one. */
             const int64_t key = (b * a->Hkv + hkv) * p.nkb + kb;
             int slot = -1, lru = 0;
-            for (int c = 0; c < FWD_CACHED; c++) {
+            for (int c = 0; c < cached; c++) {
                 slot = tag[c] == key ? c : slot;
                 lru = used[c] < used[lru] ? c : lru;
             }
