@@ -923,6 +923,99 @@ static void test_no_leak(void)
     FXT_EQ_INT(after, before);
 }
 
+/* Windows cut into many q-blocks: each thread takes runs of consecutive items and reuses the
+   kv-blocks it packed for the previous one (and prefetches the next one's). How many items a
+   run holds depends on the thread count (44 items: runs of 2 at 1 thread, of 1 at 2 and 3;
+   147 items: 9, 4 and 3), so 1, 2 and 3 threads must agree bit for bit, and every path must
+   match the reference. The cases cut blocks every way: D and Dv not whole vectors (V's last
+   panel partly loaded), a last kv-block shorter than the others (the prefetch of a short
+   block), q_offset inside a block, GQA sharing one item's blocks, a window as wide as the
+   three blocks an item can hold and one narrower than a block, and heads so short that a run
+   goes on into the next head's first blocks (the same block numbers of other K and V). */
+static void window_runs(const char *what, int64_t window, fx_attention a, int64_t bq, int64_t bk, uint64_t seed)
+{
+    fx_mask_sliding_window_ctx sw = {.window = window};
+    fx_block_mask *m = NULL;
+    FXT_OK(fx_block_mask_create(&m, fx_mask_sliding_window, &sw, 1, 1, a.q_offset + a.Lq, a.Lkv, bq, bk));
+    if (!m)
+        return;
+    ref_case c = {.a = a, .mask = fx_mask_sliding_window, .mask_ctx = &sw, .mask_B = 1, .mask_H = 1};
+    c.a.mask = m;
+    check_case(what, &c, -1, 1, seed, 2e-5, 2e-4);
+    size_t nq = (size_t)(a.B * a.Hq * a.Lq), nk = (size_t)(a.B * a.Hkv * a.Lkv);
+    float *q = fxt_random(nq * a.D, -1, 1, seed + 7), *k = fxt_random(nk * a.D, -1, 1, seed + 8);
+    float *v = fxt_random(nk * a.Dv, -1, 1, seed + 9);
+    float *o1 = fxt_guarded(nq * a.Dv), *o3 = fxt_guarded(nq * a.Dv), *l1 = fxt_guarded(nq), *l3 = fxt_guarded(nq);
+    int threads = fx_get_num_threads();
+    fx_set_num_threads(1);
+    FXT_OK(fx_flex_attention(&c.a, q, k, v, o1, l1));
+    fx_set_num_threads(3);
+    FXT_OK(fx_flex_attention(&c.a, q, k, v, o3, l3));
+    fx_set_num_threads(threads);
+    char name[160];
+    snprintf(name, sizeof name, "%s threads 1 vs 3", what);
+    fxt_bitwise_f32(name, o1, o3, nq * a.Dv);
+    fxt_bitwise_f32(name, l1, l3, nq);
+    fxt_guarded_free(name, o1), fxt_guarded_free(name, o3), fxt_guarded_free(name, l1), fxt_guarded_free(name, l3);
+    free(q), free(k), free(v);
+    fx_block_mask_free(m);
+}
+
+static void test_window_runs(void)
+{
+    fx_attention a = shape(1, 4, 2, 700, 700, 24, 20); /* 2 head groups x 22 q-blocks */
+    window_runs("window runs gqa", 40, a, 32, 32, 130);
+    a = shape(1, 3, 3, 1150, 1190, 16, 40); /* 3 heads x 49 q-blocks, last kv-block 6 keys */
+    a.q_offset = 37;
+    window_runs("window runs q_offset", 49, a, 24, 32, 131);
+    a = shape(2, 2, 1, 600, 600, 8, 8);
+    window_runs("window runs narrow", 5, a, 16, 16, 132);
+    a = shape(2, 8, 8, 90, 90, 16, 16); /* 16 (b, head) x 3 q-blocks: runs cross heads and batches */
+    window_runs("window runs short heads", 40, a, 32, 32, 133);
+}
+
+/* A forward whose output spans whole huge pages (8 MiB, starting 1 MiB + 16 bytes past a
+   2 MiB boundary): the advice to back it with huge pages leaves the results as they are,
+   equal bit for bit to those written into a small guarded buffer, and the bytes around it
+   (filled beforehand) untouched. */
+static void test_large_output(void)
+{
+    fx_mask_sliding_window_ctx sw = {.window = 64};
+    fx_attention a = shape(1, 8, 8, 4096, 4096, 32, 64);
+    fx_block_mask *m = NULL;
+    FXT_OK(fx_block_mask_create(&m, fx_mask_sliding_window, &sw, 1, 1, a.Lq, a.Lkv, 0, 0));
+    if (!m)
+        return;
+    a.mask = m;
+    const size_t nq = (size_t)(a.B * a.Hq * a.Lq), nk = (size_t)(a.B * a.Hkv * a.Lkv), n = nq * (size_t)a.Dv;
+    const size_t mib = (size_t)1 << 20, total = n * sizeof(float) + 4 * mib;
+    float *q = fxt_random(nq * a.D, -1, 1, 140), *k = fxt_random(nk * a.D, -1, 1, 141);
+    float *v = fxt_random(nk * a.Dv, -1, 1, 142);
+    unsigned char *big = malloc(total);
+    FXT_CHECK(big != NULL);
+    if (big) {
+        memset(big, 0xa5, total);
+        uintptr_t at = ((uintptr_t)big + 2 * mib - 1) & ~(uintptr_t)(2 * mib - 1);
+        float *out = (float *)(at + mib + 16);
+        float *ref = fxt_guarded(n), *l1 = fxt_guarded(nq), *l2 = fxt_guarded(nq);
+        FXT_OK(fx_flex_attention(&a, q, k, v, out, l1));
+        FXT_OK(fx_flex_attention(&a, q, k, v, ref, l2));
+        fxt_bitwise_f32("huge-page output", out, ref, n);
+        fxt_bitwise_f32("huge-page output lse", l1, l2, nq);
+        const unsigned char *end = (const unsigned char *)(out + n);
+        size_t bad = 0, first = 0;
+        for (const unsigned char *p = big; p < big + total; p++)
+            if ((p < (const unsigned char *)out || p >= end) && *p != 0xa5 && bad++ == 0)
+                first = (size_t)(p - big);
+        if (bad)
+            FXT_FAIL("huge-page output: %zu bytes around the output changed, first at byte %zu", bad, first);
+        fxt_guarded_free("ref", ref), fxt_guarded_free("l1", l1), fxt_guarded_free("l2", l2);
+        free(big);
+    }
+    free(q), free(k), free(v);
+    fx_block_mask_free(m);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
@@ -941,6 +1034,8 @@ int main(int argc, char **argv)
     FXT_RUN(test_q_offset);
     FXT_RUN(test_lse_optional);
     FXT_RUN(test_determinism_large);
+    FXT_RUN(test_window_runs);
+    FXT_RUN(test_large_output);
     FXT_RUN(test_errors);
     FXT_RUN(test_random_sweep);
     FXT_RUN(test_mask_evaluation);

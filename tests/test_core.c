@@ -136,6 +136,31 @@ static void test_alloc_accounting(void)
     fx__free(NULL);
 }
 
+/* The huge-page advice is only a hint: memory already written keeps every byte, at any
+   alignment and size (below four huge pages, unaligned ends, NULL), and stays writable. */
+static void test_advise_huge_pages(void)
+{
+    const size_t n = (size_t)11 << 20;
+    unsigned char *p = malloc(n);
+    FXT_CHECK(p != NULL);
+    if (!p)
+        return;
+    for (size_t i = 0; i < n; i++)
+        p[i] = (unsigned char)(i * 131 + (i >> 12));
+    fx__advise_huge_pages(p + 4097, n - 5000);
+    fx__advise_huge_pages(p + 3, 100);
+    fx__advise_huge_pages(NULL, n);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != (unsigned char)(i * 131 + (i >> 12)) && bad++ == 0)
+            first = i;
+    if (bad)
+        FXT_FAIL("advise_huge_pages changed %zu bytes, first at %zu", bad, first);
+    memset(p, 7, n);
+    FXT_CHECK(p[0] == 7 && p[n / 2] == 7 && p[n - 1] == 7);
+    free(p);
+}
+
 /* Every transpose combination and leading dimensions wider than the matrices. */
 static void test_gemm_against_reference(void)
 {
@@ -431,6 +456,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_threads);
     FXT_RUN(test_isa);
     FXT_RUN(test_alloc_accounting);
+    FXT_RUN(test_advise_huge_pages);
     FXT_RUN(test_gemm_against_reference);
     FXT_RUN(test_gemm_beta_zero);
     FXT_RUN(test_gemm_thread_independent);

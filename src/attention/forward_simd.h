@@ -13,6 +13,7 @@
 #include "attention/transpose.h"
 
 #define MRMAX 6 /* query rows per strip */
+#define FWD_CACHED 4 /* packed kv-blocks kept per thread */
 
 /* Kt[d, j] = K[j, d] for j < nk, zero for nk <= j < bkp. */
 static void SIMD_FN(pack_kt)(const float *ks, int64_t D, int64_t nk, float *kt, int64_t bkp)
@@ -118,12 +119,33 @@ static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *k
     }
 }
 
-static void SIMD_FN(pv_strip)(int mr, const float *p, int64_t ldp, const float *vv, int64_t ldv, int64_t nk, float *o,
-                              int64_t dvp, const float *alpha)
+/* V of a kv-block packed as the column panels pv_strip reads: the panel of columns
+   [c, c + w) (w = NC*VL, or what is left of dvp) starts at vp + c * bk and holds row j at
+   j * w, so a strip streams each panel contiguously instead of one line per 4 rows of V.
+   Columns past Dv are zero. */
+static void SIMD_FN(pack_v)(const float *vs, int64_t Dv, int64_t nk, float *vp, int64_t bk, int64_t dvp)
+{
+    for (int64_t j = 0; j < nk; j++) /* V's rows in order: one stream from memory */
+        for (int64_t c = 0; c < dvp; c += NC * VL) {
+            const int64_t w = dvp - c < NC * VL ? dvp - c : NC * VL;
+            for (int64_t x = 0; x < w; x += VL) {
+                const float *src = vs + j * Dv + c + x;
+                const int64_t n = Dv - c - x;
+                const vf y = n >= VL ? V_LOAD(src) : n > 0 ? V_MLOAD(V_TAIL((int)n), src) : V_ZERO();
+                V_STORE(vp + c * bk + j * w + x, y);
+            }
+        }
+}
+
+/* O[r, ...] = alpha[r] O[r, ...] + sum_{j < nk} P[r, j] V[j0 + j, ...] over V packed by pack_v. */
+static void SIMD_FN(pv_strip)(int mr, const float *p, int64_t ldp, const float *vp, int64_t bk, int64_t j0, int64_t nk,
+                              float *o, int64_t dvp, const float *alpha)
 {
     for (int64_t c0 = 0; c0 < dvp; c0 += NC * VL) {
-        int nc = (int)((dvp - c0) / VL < NC ? (dvp - c0) / VL : NC);
-#define PV_(MRV, NCV, ...) SIMD_FN(pv_tile)(MRV, NCV, p, ldp, vv + c0, ldv, nk, o + c0, dvp, alpha)
+        const int64_t w = dvp - c0 < NC * VL ? dvp - c0 : NC * VL;
+        const int nc = (int)(w / VL);
+        const float *vv = vp + c0 * bk + j0 * w;
+#define PV_(MRV, NCV, ...) SIMD_FN(pv_tile)(MRV, NCV, p, ldp, vv, w, nk, o + c0, dvp, alpha)
         SIMD_MR_CASES(PV_, 0)
 #undef PV_
     }
@@ -163,6 +185,29 @@ static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t 
     }
 }
 
+/* Items per chunk of the static schedule. When every item visits at most FWD_CACHED - 1
+   kv-blocks (a window), neighbouring q-blocks share most of them: runs of consecutive items
+   per thread let the packed blocks be reused, and the items cost about the same, so runs of
+   up to 16, at least 16 per thread, keep the threads within one run of even. Otherwise
+   (causal, dense: costs grow along the rows) items are dealt one by one. Any chunk gives the
+   same bits. */
+static int64_t SIMD_FN(fwd_chunk)(const fx__fwd_plan *p, const fx_attention *a, int nt)
+{
+    const fx_block_mask *m = a->mask;
+    if (!m || nt < 1)
+        return 1;
+    int64_t most = 0;
+    for (int64_t s = 0; s < m->nslots; s++)
+        for (int64_t qb = p->qb_lo; qb < p->qb_lo + p->n_qb; qb++) {
+            const int64_t r = fx__bm_row(m, s, qb);
+            most = m->kv_ptr[r + 1] - m->kv_ptr[r] > most ? m->kv_ptr[r + 1] - m->kv_ptr[r] : most;
+        }
+    if (most > FWD_CACHED - 1)
+        return 1;
+    const int64_t c = p->n_items / ((int64_t)nt * 16);
+    return c < 1 ? 1 : c > 16 ? 16 : c;
+}
+
 int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
                               float *lse)
 {
@@ -171,7 +216,6 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
     const fx_block_mask *m = a->mask;
     const int64_t D = a->D, Dv = a->Dv, bq = p.bq, bk = p.bk, gs = p.gs;
     const int64_t bkp = (bk + VL - 1) / VL * VL, dvp = (Dv + VL - 1) / VL * VL;
-    const bool pack_v = dvp != Dv;
     const int score_kind = fx__score_kind(a->score_mod);
     /* Alibi distances go through int32, relative-bias indices through float: beyond those
        ranges the generic per-tile call is exact. */
@@ -184,127 +228,178 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
     }
     /* Per-thread scratch, in floats, each part a whole number of 64-byte lines. */
 #define LINES_(n) (((size_t)(n) + 15) / 16 * 16)
-    const size_t kt_len = LINES_(D * bkp), vp_len = pack_v ? LINES_(bk * dvp) : 0, s_len = LINES_(MRMAX * bkp),
+    const size_t kt_len = LINES_(D * bkp), vp_len = LINES_(bk * dvp), s_len = LINES_(MRMAX * bkp),
                  o_len = LINES_(gs * bq * dvp), ml_len = LINES_(gs * bq), al_len = LINES_(MRMAX);
 #undef LINES_
-    const size_t per = kt_len + vp_len + s_len + o_len + 2 * ml_len + al_len;
     const int nt = fx__max_threads();
+    const int64_t chunk = SIMD_FN(fwd_chunk)(&p, a, nt);
+    /* Packed blocks kept per thread: FWD_CACHED for runs of a window's items, else one (the
+       scratch of a small call, such as a short prompt, stays small). */
+    const int cached = chunk > 1 ? FWD_CACHED : 1;
+    const size_t panel = kt_len + vp_len;
+    const size_t per = (size_t)cached * panel + s_len + o_len + 2 * ml_len + al_len;
     float *scratch = fx__alloc((size_t)nt * per * sizeof(float));
     if (!scratch)
         return fx__error(FX_ENOMEM, "attention: out of memory for %d x %zu scratch floats", nt, per);
 
-#pragma omp parallel for schedule(static, 1)
-    for (int64_t item = 0; item < p.n_items; item++) {
-        float *Kt = scratch + (size_t)fx__thread_id() * per, *Vp = Kt + kt_len, *S = Vp + vp_len, *O = S + s_len;
+#pragma omp parallel
+    {
+        float *const panels = scratch + (size_t)fx__thread_id() * per, *S = panels + cached * panel, *O = S + s_len;
         float *M = O + o_len, *L = M + ml_len, *alpha = L + ml_len;
-        fx__fwd_item it;
-        fx__fwd_item_init(&p, a, item, &it);
-        const int64_t b = it.b, h0 = it.h0, hkv = it.hkv, qa0 = it.qa0, nr = it.nr, brow = it.brow;
-        for (int64_t i = 0; i < gs * bq; i++) {
-            M[i] = -INFINITY;
-            L[i] = 0.0f;
-        }
-        memset(O, 0, (size_t)(gs * bq * dvp) * sizeof(float));
+        /* The packed kv-blocks this thread holds: tag (b * Hkv + hkv) * nkb + kb, -1 for none,
+           and when each was last used. */
+        int64_t tag[FWD_CACHED], used[FWD_CACHED], clock = 0;
+        for (int c = 0; c < cached; c++)
+            tag[c] = -1, used[c] = 0;
+#pragma omp for schedule(static, chunk)
+        for (int64_t item = 0; item < p.n_items; item++) {
+            fx__fwd_item it;
+            fx__fwd_item_init(&p, a, item, &it);
+            const int64_t b = it.b, h0 = it.h0, hkv = it.hkv, qa0 = it.qa0, nr = it.nr, brow = it.brow;
+            for (int64_t i = 0; i < gs * bq; i++) {
+                M[i] = -INFINITY;
+                L[i] = 0.0f;
+            }
+            memset(O, 0, (size_t)(gs * bq * dvp) * sizeof(float));
 
-        const float *kh = k + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)D;
-        const float *vh = v + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)Dv;
-        for (int64_t e = it.e0; e < it.e1; e++) {
-            const int64_t kb = m ? m->kv_idx[e] : e;
-            const uint64_t *bits = m ? fx__bm_bits(m, m->kv_bits[e]) : NULL;
-            const int64_t k0 = kb * bk;
-            if (k0 >= a->Lkv)
-                continue; /* a mask longer than this call's keys */
-            const int64_t nk = a->Lkv - k0 < bk ? a->Lkv - k0 : bk;
-            /* K^T of this block, zero columns past nk. */
-            SIMD_FN(pack_kt)(kh + k0 * D, D, nk, Kt, bkp);
-            const float *vb = vh + k0 * Dv;
-            int64_t ldv = Dv;
-            if (pack_v) {
-                for (int64_t j = 0; j < nk; j++) {
-                    memcpy(Vp + j * dvp, vb + j * Dv, (size_t)Dv * sizeof(float));
-                    memset(Vp + j * dvp + Dv, 0, (size_t)(dvp - Dv) * sizeof(float));
+            const float *kh = k + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)D;
+            const float *vh = v + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)Dv;
+            for (int64_t e = it.e0; e < it.e1; e++) {
+                const int64_t kb = m ? m->kv_idx[e] : e;
+                const uint64_t *bits = m ? fx__bm_bits(m, m->kv_bits[e]) : NULL;
+                const int64_t k0 = kb * bk;
+                if (k0 >= a->Lkv)
+                    continue; /* a mask longer than this call's keys */
+                const int64_t nk = a->Lkv - k0 < bk ? a->Lkv - k0 : bk;
+                /* K^T (zero columns past nk) and V's panels of this block: packed once while they
+                   stay among the thread's `cached` latest, so a window's next q-block reuses
+                   them. Packing is a copy: a reused block is the same bits as a new one. */
+                const int64_t key = (b * a->Hkv + hkv) * p.nkb + kb;
+                int slot = -1, lru = 0;
+                for (int c = 0; c < cached; c++) {
+                    slot = tag[c] == key ? c : slot;
+                    lru = used[c] < used[lru] ? c : lru;
                 }
-                vb = Vp, ldv = dvp;
-            }
-            for (int64_t g = 0; g < gs; g++) {
-                const int64_t h = h0 + g;
-                const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
-                for (int64_t i0 = 0; i0 < nr; i0 += MRMAX) {
-                    const int mr = (int)(nr - i0 < MRMAX ? nr - i0 : MRMAX);
-                    /* Columns [c0, c1) (whole vectors) hold every key the strip's rows see:
-                       in a partial block the rest is skipped (half of a diagonal block, most
-                       of a sliding window's edge blocks). */
-                    int64_t c0 = 0, c1 = bkp;
-                    if (bits) {
-                        int64_t jlo = INT64_MAX, jhi = -1;
-                        for (int64_t w = 0; w < m->bm_words; w++) {
-                            uint64_t u = 0;
-                            for (int r = 0; r < mr; r++)
-                                u |= bits[(brow + i0 + r) * m->bm_words + w];
-                            if (u) {
-                                jlo = jlo == INT64_MAX ? w * 64 + __builtin_ctzll(u) : jlo;
-                                jhi = w * 64 + 63 - __builtin_clzll(u);
-                            }
+                if (slot < 0) {
+                    slot = lru, tag[slot] = key;
+                    SIMD_FN(pack_kt)(kh + k0 * D, D, nk, panels + slot * panel, bkp);
+                    SIMD_FN(pack_v)(vh + k0 * Dv, Dv, nk, panels + slot * panel + kt_len, bk, dvp);
+                }
+                used[slot] = ++clock;
+                const float *Kt = panels + slot * panel, *Vp = Kt + kt_len;
+                /* In a run of a window's items, the next one packs the block after this item's
+                   last: its K and V rows are fetched towards L2 while the strips below compute,
+                   a share per strip, instead of stalling that packing on memory. */
+                const char *ahead_k = NULL, *ahead_v = NULL;
+                int64_t k_lines = 0, v_lines = 0, ahead_step = 0, ahead_at = 0;
+                if (chunk > 1 && e == it.e1 - 1 && k0 + bk < a->Lkv && (item + 1) % chunk != 0 &&
+                    (item + 1) % p.n_qb != 0) {
+                    const int64_t rows = a->Lkv - k0 - bk < bk ? a->Lkv - k0 - bk : bk;
+                    const int64_t strips = (nr + MRMAX - 1) / MRMAX * gs;
+                    ahead_k = (const char *)(kh + (k0 + bk) * D), ahead_v = (const char *)(vh + (k0 + bk) * Dv);
+                    k_lines = rows * D * (int64_t)sizeof(float) / 64, v_lines = rows * Dv * (int64_t)sizeof(float) / 64;
+                    ahead_step = ((k_lines > v_lines ? k_lines : v_lines) + strips - 1) / strips;
+                }
+                for (int64_t g = 0; g < gs; g++) {
+                    const int64_t h = h0 + g;
+                    const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
+                    for (int64_t i0 = 0, mr; i0 < nr; i0 += mr) {
+                        /* Strips of MRMAX rows; the last 7 .. 11 rows go as two strips of about
+                           half (128 = 20 x 6 + 4 + 4, not + 6 + 2: a 2-row tile leaves the FMA
+                           units half idle). A row's result does not depend on its strip mates: the keys they
+                           add to its columns are masked (P = 0). */
+                        mr = nr - i0 >= 2 * MRMAX ? MRMAX : nr - i0 > MRMAX ? (nr - i0 + 1) / 2 : nr - i0;
+                        for (int64_t x = 0; x < ahead_step; x++, ahead_at++) {
+                            if (ahead_at < k_lines)
+                                __builtin_prefetch(ahead_k + ahead_at * 64, 0, 2);
+                            if (ahead_at < v_lines)
+                                __builtin_prefetch(ahead_v + ahead_at * 64, 0, 2);
                         }
-                        jhi = jhi < nk ? jhi : nk - 1;
-                        if (jlo > jhi)
-                            continue; /* no key visible to these rows here: their state stays */
-                        c0 = jlo / VL * VL, c1 = (jhi / VL + 1) * VL;
-                    }
-                    const int64_t kend = nk < c1 ? nk : c1; /* keys c0 .. kend - 1 are real */
-                    SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, p.scale);
-                    if (a->score_mod) {
-                        if (fast_mod)
-                            SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h, qa0 + i0,
-                                                   k0 + c0);
-                        else
-                            a->score_mod(S + c0, bkp, mr, kend - c0, b, h, qa0 + i0, k0 + c0, a->score_ctx);
-                    }
-                    /* Row maxima, then every row's rescale factor in one vector exp, then
-                       P = exp(S - m) and its row sums. */
-                    float muse[VL];
-                    for (int r = 0; r < VL; r++)
-                        alpha[r] = 0.0f;
-                    for (int r = 0; r < mr; r++) {
-                        float *s = S + r * bkp;
+                        /* Columns [c0, c1) (whole vectors) hold every key the strip's rows see:
+                           in a partial block the rest is skipped (half of a diagonal block, most
+                           of a sliding window's edge blocks). */
+                        int64_t c0 = 0, c1 = bkp;
                         if (bits) {
-                            const uint64_t *row = bits + (brow + i0 + r) * m->bm_words;
-                            for (int64_t j = c0; j < c1; j += VL)
-                                V_STORE(s + j, V_BITS(V_LOAD(s + j), (uint32_t)(row[j >> 6] >> (j & 63))));
+                            int64_t jlo = INT64_MAX, jhi = -1;
+                            for (int64_t w = 0; w < m->bm_words; w++) {
+                                uint64_t u = 0;
+                                for (int r = 0; r < mr; r++)
+                                    u |= bits[(brow + i0 + r) * m->bm_words + w];
+                                if (u) {
+                                    jlo = jlo == INT64_MAX ? w * 64 + __builtin_ctzll(u) : jlo;
+                                    jhi = w * 64 + 63 - __builtin_clzll(u);
+                                }
+                            }
+                            jhi = jhi < nk ? jhi : nk - 1;
+                            if (jlo > jhi)
+                                continue; /* no key visible to these rows here: their state stays */
+                            c0 = jlo / VL * VL, c1 = (jhi / VL + 1) * VL;
                         }
-                        for (int64_t j = kend; j < c1; j++)
-                            s[j] = -INFINITY;
-                        const int64_t ri = g * bq + i0 + r;
-                        vf mx = V_LOAD(s + c0);
-                        for (int64_t j = c0 + VL; j < c1; j += VL)
-                            mx = V_MAX(mx, V_LOAD(s + j));
-                        float mnew = V_HMAX(mx);
-                        mnew = mnew > M[ri] ? mnew : M[ri];
-                        /* Nothing visible yet: exponents against 0 give P = 0 and, from
-                           M = -inf, alpha = 0. */
-                        muse[r] = mnew == -INFINITY ? 0.0f : mnew;
-                        alpha[r] = M[ri] - muse[r];
-                        M[ri] = mnew;
-                    }
-                    V_STORE(alpha, SIMD_FN(vexp)(V_LOAD(alpha)));
-                    for (int r = 0; r < mr; r++) {
-                        float *s = S + r * bkp;
-                        const vf vm_ = V_SET1(muse[r]);
-                        vf sum = V_ZERO();
-                        for (int64_t j = c0; j < c1; j += VL) {
-                            vf pj = SIMD_FN(vexp)(V_SUB(V_LOAD(s + j), vm_));
-                            V_STORE(s + j, pj);
-                            sum = V_ADD(sum, pj);
+                        const int64_t kend = nk < c1 ? nk : c1; /* keys c0 .. kend - 1 are real */
+                        SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, p.scale);
+                        if (a->score_mod) {
+                            if (fast_mod)
+                                SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h, qa0 + i0,
+                                                       k0 + c0);
+                            else
+                                a->score_mod(S + c0, bkp, mr, kend - c0, b, h, qa0 + i0, k0 + c0, a->score_ctx);
                         }
-                        const int64_t ri = g * bq + i0 + r;
-                        L[ri] = L[ri] * alpha[r] + V_HSUM(sum);
+                        /* Row maxima, then every row's rescale factor in one vector exp, then
+                           P = exp(S - m) and its row sums. */
+                        float muse[VL];
+                        for (int r = 0; r < VL; r++)
+                            alpha[r] = 0.0f;
+                        for (int r = 0; r < mr; r++) {
+                            float *s = S + r * bkp;
+                            for (int64_t j = kend; j < c1; j++)
+                                s[j] = -INFINITY;
+                            /* Masking (only vectors with a hidden key: a window's edge rows see
+                               most of theirs) in the same pass as the maximum. */
+                            vf mx = V_SET1(-INFINITY);
+                            if (bits) {
+                                const uint64_t *row = bits + (brow + i0 + r) * m->bm_words;
+                                const uint32_t all = (uint32_t)((1ull << VL) - 1);
+                                for (int64_t j = c0; j < c1; j += VL) {
+                                    const uint32_t w = (uint32_t)(row[j >> 6] >> (j & 63)) & all;
+                                    vf x = V_LOAD(s + j);
+                                    if (w != all) {
+                                        x = V_BITS(x, w);
+                                        V_STORE(s + j, x);
+                                    }
+                                    mx = V_MAX(mx, x);
+                                }
+                            } else {
+                                for (int64_t j = c0; j < c1; j += VL)
+                                    mx = V_MAX(mx, V_LOAD(s + j));
+                            }
+                            const int64_t ri = g * bq + i0 + r;
+                            float mnew = V_HMAX(mx);
+                            mnew = mnew > M[ri] ? mnew : M[ri];
+                            /* Nothing visible yet: exponents against 0 give P = 0 and, from
+                               M = -inf, alpha = 0. */
+                            muse[r] = mnew == -INFINITY ? 0.0f : mnew;
+                            alpha[r] = M[ri] - muse[r];
+                            M[ri] = mnew;
+                        }
+                        V_STORE(alpha, SIMD_FN(vexp)(V_LOAD(alpha)));
+                        for (int r = 0; r < mr; r++) {
+                            float *s = S + r * bkp;
+                            const vf vm_ = V_SET1(muse[r]);
+                            vf sum = V_ZERO();
+                            for (int64_t j = c0; j < c1; j += VL) {
+                                vf pj = SIMD_FN(vexp)(V_SUB(V_LOAD(s + j), vm_));
+                                V_STORE(s + j, pj);
+                                sum = V_ADD(sum, pj);
+                            }
+                            const int64_t ri = g * bq + i0 + r;
+                            L[ri] = L[ri] * alpha[r] + V_HSUM(sum);
+                        }
+                        SIMD_FN(pv_strip)(mr, S + c0, bkp, Vp, bk, c0, kend - c0, O + (g * bq + i0) * dvp, dvp, alpha);
                     }
-                    SIMD_FN(pv_strip)(mr, S + c0, bkp, vb + c0 * ldv, ldv, kend - c0, O + (g * bq + i0) * dvp, dvp,
-                                      alpha);
                 }
             }
+            fx__fwd_item_store(&p, a, &it, O, dvp, M, L, out, lse);
         }
-        fx__fwd_item_store(&p, a, &it, O, dvp, M, L, out, lse);
     }
     fx__free(scratch);
     return FX_OK;

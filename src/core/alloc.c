@@ -3,7 +3,11 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* The size lives in a 64-byte header in front of the block, so alignment is kept. */
 enum { FX__ALIGN = 64 };
@@ -70,3 +74,17 @@ void fx_mem_stats(size_t *current, size_t *peak)
 }
 
 void fx_mem_reset_peak(void) { atomic_store(&fx__mem_peak, atomic_load(&fx__mem_current)); }
+
+void fx__advise_huge_pages(void *p, size_t n)
+{
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t huge = (uintptr_t)2 << 20;
+    if (!p || n < 4 * huge)
+        return;
+    const uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + n) & ~(huge - 1);
+    if (hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* EINVAL etc.: not anonymous memory, no THP */
+#else
+    (void)p, (void)n;
+#endif
+}

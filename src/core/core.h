@@ -26,6 +26,12 @@ void fx__log(fx_log_level level, const char *fmt, ...) FX__PRINTF(2, 3);
 void *fx__alloc(size_t n);
 void *fx__calloc(size_t count, size_t size);
 void fx__free(void *p);
+/* Asks the OS (Linux: madvise MADV_HUGEPAGE) to back the 2 MiB pages wholly inside
+   [p, p + n) with huge pages when they are first written. A large output fresh from the
+   allocator otherwise costs one page fault per 4 KiB as the kernel writes it, a sizeable
+   part of a sparse kernel's time. Only a hint: contents and results are unchanged, and
+   nothing happens below a few huge pages, on other systems or where the OS declines. */
+void fx__advise_huge_pages(void *p, size_t n);
 
 /* Threads: the OpenMP team size kernels use, and this thread's index in a team. */
 int fx__max_threads(void);
