@@ -256,21 +256,15 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
             fx__fwd_item it;
             fx__fwd_item_init(&p, a, item, &it);
             const int64_t b = it.b, h0 = it.h0, hkv = it.hkv, qa0 = it.qa0, nr = it.nr, brow = it.brow;
-            for (int64_t i = 0; i < gs * bq; i++) {
-                M[i] = -INFINITY;
-                L[i] = 0.0f;
-            }
-            memset(O, 0, (size_t)(gs * bq * dvp) * sizeof(float));
+            fx__fwd_state_reset(M, L, gs * bq, O, (size_t)(gs * bq * dvp));
 
             const float *kh = k + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)D;
             const float *vh = v + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)Dv;
             for (int64_t e = it.e0; e < it.e1; e++) {
-                const int64_t kb = m ? m->kv_idx[e] : e;
-                const uint64_t *bits = m ? fx__bm_bits(m, m->kv_bits[e]) : NULL;
-                const int64_t k0 = kb * bk;
-                if (k0 >= a->Lkv)
-                    continue; /* a mask longer than this call's keys */
-                const int64_t nk = a->Lkv - k0 < bk ? a->Lkv - k0 : bk;
+                int64_t kb, k0, nk;
+                const uint64_t *bits;
+                if (!fx__fwd_kv_block(m, a, bk, e, &kb, &k0, &nk, &bits))
+                    continue;
                 /* K^T (zero columns past nk) and V's panels of this block: packed once while they
                    stay among the thread's `cached` latest, so a window's next q-block reuses
                    them. Packing is a copy: a reused block is the same bits as a new one. */

@@ -8,6 +8,7 @@
 #include "core/core.h"
 
 #include <math.h>
+#include <string.h>
 
 /* ---- block mask ---------------------------------------------------------------------------
 
@@ -166,6 +167,30 @@ typedef struct fx__fwd_item {
     int64_t e0, e1;     /* the visited entries of the mask row (every kv-block without a mask) */
 } fx__fwd_item;
 void fx__fwd_item_init(const fx__fwd_plan *p, const fx_attention *a, int64_t item, fx__fwd_item *it);
+/* An item's running state before its first kv-block: row maxima -inf, sums and outputs 0
+   (rows: gs * bq; O: o_len floats, any padding included). */
+static inline void fx__fwd_state_reset(float *M, float *L, int64_t rows, float *O, size_t o_len)
+{
+    for (int64_t i = 0; i < rows; i++) {
+        M[i] = -INFINITY;
+        L[i] = 0.0f;
+    }
+    memset(O, 0, o_len * sizeof(float));
+}
+/* Entry e of an item's mask row (kv-block e without a mask): its kv-block *kb, first key
+   *k0, key count *nk and bitmap *bits (NULL: every key visible). False when the block
+   starts past the call's keys (a mask longer than the call). */
+static inline bool fx__fwd_kv_block(const fx_block_mask *m, const fx_attention *a, int64_t bk, int64_t e,
+                                    int64_t *kb, int64_t *k0, int64_t *nk, const uint64_t **bits)
+{
+    *kb = m ? m->kv_idx[e] : e;
+    *bits = m ? fx__bm_bits(m, m->kv_bits[e]) : NULL;
+    *k0 = *kb * bk;
+    if (*k0 >= a->Lkv)
+        return false;
+    *nk = a->Lkv - *k0 < bk ? a->Lkv - *k0 : bk;
+    return true;
+}
 /* Writes an item's output rows from its running state: out = O / L (O rows of stride ldo, g
    major as [gs, bq]) and lse = M + log L (-inf and zeros where a row saw no key). */
 void fx__fwd_item_store(const fx__fwd_plan *p, const fx_attention *a, const fx__fwd_item *it, const float *O,
