@@ -3,6 +3,10 @@
 #include "attention/backward.h"
 #include "cuda/cuda.h"
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
 static bool fits(int64_t a, int64_t b, int64_t c, int64_t d)
 {
     size_t x;
@@ -121,6 +125,7 @@ void fx__fwd_plan_init(fx__fwd_plan *p, const fx_attention *a)
     p->n_hg = a->Hq / p->gs;
     p->n_items = a->B * p->n_hg * p->n_qb;
     p->scale = fx__attention_scale(a);
+    p->stream = (size_t)(a->B * a->Hq * a->Lq) * (size_t)a->Dv * sizeof(float) >= FX__STREAM_OUT_BYTES;
 }
 
 void fx__fwd_item_init(const fx__fwd_plan *p, const fx_attention *a, int64_t item, fx__fwd_item *it)
@@ -159,12 +164,24 @@ void fx__fwd_item_store(const fx__fwd_plan *p, const fx_attention *a, const fx__
             /* l is NaN when a visible score was NaN: out and lse are NaN then (as in PyTorch),
                and -inf stays the mark of a row that saw no key. */
             const float inv = l > 0.0f ? 1.0f / l : isnan(l) ? l : 0.0f;
-            for (int64_t d = 0; d < a->Dv; d++)
+            int64_t d = 0;
+#ifdef __SSE2__
+            if (p->stream && (uintptr_t)dst % 16 == 0) {
+                const __m128 vi = _mm_set1_ps(inv);
+                for (; d + 4 <= a->Dv; d += 4)
+                    _mm_stream_ps(dst + d, _mm_mul_ps(_mm_loadu_ps(o + d), vi));
+            }
+#endif
+            for (; d < a->Dv; d++)
                 dst[d] = o[d] * inv;
             if (lse)
                 lse[row0 + i] = l > 0.0f ? M[g * p->bq + i] + logf(l) : isnan(l) ? l : -INFINITY;
         }
     }
+#ifdef __SSE2__
+    if (p->stream)
+        _mm_sfence(); /* the streamed rows are visible to every thread from here on */
+#endif
 }
 
 int fx__flex_forward(const fx_attention *a, const float *q, const float *k, const float *v, float *out,

@@ -157,7 +157,13 @@ typedef struct fx__fwd_plan {
     int64_t G, gs, n_hg; /* GQA group size, heads per item, head groups per batch */
     int64_t n_items;     /* B * n_hg * n_qb */
     float scale;
+    bool stream;         /* out is written with non-temporal stores (FX__STREAM_OUT_BYTES) */
 } fx__fwd_plan;
+/* Outputs of at least this many bytes are streamed to memory: more than the caches would keep
+   until the caller reads them, so fetching their lines before overwriting them is wasted
+   (3-14% of a sliding-window forward at L = 8192 to 32768). Smaller ones, such as a training
+   step's, stay in cache for the next product to read. */
+#define FX__STREAM_OUT_BYTES ((size_t)16 << 20)
 void fx__fwd_plan_init(fx__fwd_plan *p, const fx_attention *a);
 /* One work item of a plan: its rows and the kv-blocks it visits. */
 typedef struct fx__fwd_item {
