@@ -185,6 +185,123 @@ static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t 
     }
 }
 
+/* The packed kv-blocks a thread holds: a tag per slot ((b * Hkv + hkv) * nkb + kb, -1 for
+   none) and when each was last used. */
+typedef struct SIMD_FN(fwd_cache) {
+    int64_t tag[FWD_CACHED], used[FWD_CACHED], clock;
+    int n;
+} SIMD_FN(fwd_cache);
+
+/* The slot holding block `key`, or the least recently used one, retagged (*fresh: it must be
+   packed). */
+static int SIMD_FN(cache_slot)(SIMD_FN(fwd_cache) *c, int64_t key, bool *fresh)
+{
+    int slot = -1, lru = 0;
+    for (int i = 0; i < c->n; i++) {
+        slot = c->tag[i] == key ? i : slot;
+        lru = c->used[i] < c->used[lru] ? i : lru;
+    }
+    *fresh = slot < 0;
+    if (slot < 0)
+        slot = lru, c->tag[slot] = key;
+    c->used[slot] = ++c->clock;
+    return slot;
+}
+
+/* The rows of the next kv-block, fetched towards L2 a share per strip while the strips of
+   this one compute, so that packing it next does not stall on memory. */
+typedef struct fwd_ahead {
+    const char *k, *v;
+    int64_t k_lines, v_lines, step, at;
+} fwd_ahead;
+
+static inline void SIMD_FN(ahead_step)(fwd_ahead *f)
+{
+    for (int64_t x = 0; x < f->step; x++, f->at++) {
+        if (f->at < f->k_lines)
+            __builtin_prefetch(f->k + f->at * 64, 0, 2);
+        if (f->at < f->v_lines)
+            __builtin_prefetch(f->v + f->at * 64, 0, 2);
+    }
+}
+
+/* Columns [*c0, *c1) (whole vectors) of a partial block holding every key rows r0 .. r0 + mr - 1
+   of its bitmap see among its first nk; false when they see none there. */
+static inline bool SIMD_FN(strip_keys)(const fx_block_mask *m, const uint64_t *bits, int64_t r0, int mr, int64_t nk,
+                                       int64_t *c0, int64_t *c1)
+{
+    int64_t jlo = INT64_MAX, jhi = -1;
+    for (int64_t w = 0; w < m->bm_words; w++) {
+        uint64_t u = 0;
+        for (int r = 0; r < mr; r++)
+            u |= bits[(r0 + r) * m->bm_words + w];
+        if (u) {
+            jlo = jlo == INT64_MAX ? w * 64 + __builtin_ctzll(u) : jlo;
+            jhi = w * 64 + 63 - __builtin_clzll(u);
+        }
+    }
+    jhi = jhi < nk ? jhi : nk - 1;
+    if (jlo > jhi)
+        return false;
+    *c0 = jlo / VL * VL, *c1 = (jhi / VL + 1) * VL;
+    return true;
+}
+
+/* The online softmax of a strip's scores S[r, c0 .. c1) in place (rows lds apart; keys kend and
+   on are padding): keys hidden by the bitmap rows (NULL: none) become -inf, the rows' maxima
+   M and sums L are updated, alpha[r] = exp(old max - new max) rescales what the row summed
+   before, and S becomes P = exp(S - max). */
+static inline void SIMD_FN(strip_softmax)(int mr, float *S, int64_t lds, int64_t c0, int64_t c1, int64_t kend,
+                                          const uint64_t *bits, int64_t words, float *M, float *L, float *alpha)
+{
+    float muse[VL];
+    for (int r = 0; r < VL; r++)
+        alpha[r] = 0.0f;
+    for (int r = 0; r < mr; r++) {
+        float *s = S + r * lds;
+        for (int64_t j = kend; j < c1; j++)
+            s[j] = -INFINITY;
+        /* Masking (only vectors with a hidden key: a window's edge rows see most of theirs) in
+           the same pass as the maximum. */
+        vf mx = V_SET1(-INFINITY);
+        if (bits) {
+            const uint64_t *row = bits + r * words;
+            const uint32_t all = (uint32_t)((1ull << VL) - 1);
+            for (int64_t j = c0; j < c1; j += VL) {
+                const uint32_t w = (uint32_t)(row[j >> 6] >> (j & 63)) & all;
+                vf x = V_LOAD(s + j);
+                if (w != all) {
+                    x = V_BITS(x, w);
+                    V_STORE(s + j, x);
+                }
+                mx = V_MAX(mx, x);
+            }
+        } else {
+            for (int64_t j = c0; j < c1; j += VL)
+                mx = V_MAX(mx, V_LOAD(s + j));
+        }
+        float mnew = V_HMAX(mx);
+        mnew = mnew > M[r] ? mnew : M[r];
+        /* Nothing visible yet: exponents against 0 give P = 0 and, from M = -inf, alpha = 0. */
+        muse[r] = mnew == -INFINITY ? 0.0f : mnew;
+        alpha[r] = M[r] - muse[r];
+        M[r] = mnew;
+    }
+    /* Every row's rescale factor in one vector exp, then P and its row sums. */
+    V_STORE(alpha, SIMD_FN(vexp)(V_LOAD(alpha)));
+    for (int r = 0; r < mr; r++) {
+        float *s = S + r * lds;
+        const vf vm_ = V_SET1(muse[r]);
+        vf sum = V_ZERO();
+        for (int64_t j = c0; j < c1; j += VL) {
+            vf pj = SIMD_FN(vexp)(V_SUB(V_LOAD(s + j), vm_));
+            V_STORE(s + j, pj);
+            sum = V_ADD(sum, pj);
+        }
+        L[r] = L[r] * alpha[r] + V_HSUM(sum);
+    }
+}
+
 /* Items per chunk of the static schedule. When every item visits at most FWD_CACHED - 1
    kv-blocks (a window), neighbouring q-blocks share most of them: runs of consecutive items
    per thread let the packed blocks be reused, and the items cost about the same, so runs of
@@ -246,11 +363,9 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
     {
         float *const panels = scratch + (size_t)fx__thread_id() * per, *S = panels + cached * panel, *O = S + s_len;
         float *M = O + o_len, *L = M + ml_len, *alpha = L + ml_len;
-        /* The packed kv-blocks this thread holds: tag (b * Hkv + hkv) * nkb + kb, -1 for none,
-           and when each was last used. */
-        int64_t tag[FWD_CACHED], used[FWD_CACHED], clock = 0;
+        SIMD_FN(fwd_cache) cache = {.clock = 0, .n = cached};
         for (int c = 0; c < cached; c++)
-            tag[c] = -1, used[c] = 0;
+            cache.tag[c] = -1, cache.used[c] = 0;
 #pragma omp for schedule(static, chunk)
         for (int64_t item = 0; item < p.n_items; item++) {
             fx__fwd_item it;
@@ -268,127 +383,55 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                 /* K^T (zero columns past nk) and V's panels of this block: packed once while they
                    stay among the thread's `cached` latest, so a window's next q-block reuses
                    them. Packing is a copy: a reused block is the same bits as a new one. */
-                const int64_t key = (b * a->Hkv + hkv) * p.nkb + kb;
-                int slot = -1, lru = 0;
-                for (int c = 0; c < cached; c++) {
-                    slot = tag[c] == key ? c : slot;
-                    lru = used[c] < used[lru] ? c : lru;
-                }
-                if (slot < 0) {
-                    slot = lru, tag[slot] = key;
+                bool fresh;
+                const int slot = SIMD_FN(cache_slot)(&cache, (b * a->Hkv + hkv) * p.nkb + kb, &fresh);
+                const float *Kt = panels + slot * panel, *Vp = Kt + kt_len;
+                if (fresh) {
                     SIMD_FN(pack_kt)(kh + k0 * D, D, nk, panels + slot * panel, bkp);
                     SIMD_FN(pack_v)(vh + k0 * Dv, Dv, nk, panels + slot * panel + kt_len, bk, dvp);
                 }
-                used[slot] = ++clock;
-                const float *Kt = panels + slot * panel, *Vp = Kt + kt_len;
                 /* In a run of a window's items, the next one packs the block after this item's
-                   last: its K and V rows are fetched towards L2 while the strips below compute,
-                   a share per strip, instead of stalling that packing on memory. */
-                const char *ahead_k = NULL, *ahead_v = NULL;
-                int64_t k_lines = 0, v_lines = 0, ahead_step = 0, ahead_at = 0;
+                   last: fetch it while this one computes. */
+                fwd_ahead ahead = {0};
                 if (chunk > 1 && e == it.e1 - 1 && k0 + bk < a->Lkv && (item + 1) % chunk != 0 &&
                     (item + 1) % p.n_qb != 0) {
                     const int64_t rows = a->Lkv - k0 - bk < bk ? a->Lkv - k0 - bk : bk;
                     const int64_t strips = (nr + MRMAX - 1) / MRMAX * gs;
-                    ahead_k = (const char *)(kh + (k0 + bk) * D), ahead_v = (const char *)(vh + (k0 + bk) * Dv);
-                    k_lines = rows * D * (int64_t)sizeof(float) / 64, v_lines = rows * Dv * (int64_t)sizeof(float) / 64;
-                    ahead_step = ((k_lines > v_lines ? k_lines : v_lines) + strips - 1) / strips;
+                    ahead.k = (const char *)(kh + (k0 + bk) * D), ahead.v = (const char *)(vh + (k0 + bk) * Dv);
+                    ahead.k_lines = rows * D * (int64_t)sizeof(float) / 64;
+                    ahead.v_lines = rows * Dv * (int64_t)sizeof(float) / 64;
+                    ahead.step = ((ahead.k_lines > ahead.v_lines ? ahead.k_lines : ahead.v_lines) + strips - 1) / strips;
                 }
                 for (int64_t g = 0; g < gs; g++) {
                     const int64_t h = h0 + g;
                     const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
-                    for (int64_t i0 = 0, mr; i0 < nr; i0 += mr) {
+                    int mr;
+                    for (int64_t i0 = 0; i0 < nr; i0 += mr) {
                         /* Strips of MRMAX rows; the last 7 .. 11 rows go as two strips of about
                            half (128 = 20 x 6 + 4 + 4, not + 6 + 2: a 2-row tile leaves the FMA
                            units half idle). A row's result does not depend on its strip mates: the keys they
                            add to its columns are masked (P = 0). */
-                        mr = nr - i0 >= 2 * MRMAX ? MRMAX : nr - i0 > MRMAX ? (nr - i0 + 1) / 2 : nr - i0;
-                        for (int64_t x = 0; x < ahead_step; x++, ahead_at++) {
-                            if (ahead_at < k_lines)
-                                __builtin_prefetch(ahead_k + ahead_at * 64, 0, 2);
-                            if (ahead_at < v_lines)
-                                __builtin_prefetch(ahead_v + ahead_at * 64, 0, 2);
-                        }
-                        /* Columns [c0, c1) (whole vectors) hold every key the strip's rows see:
-                           in a partial block the rest is skipped (half of a diagonal block, most
-                           of a sliding window's edge blocks). */
+                        mr = (int)(nr - i0 >= 2 * MRMAX ? MRMAX : nr - i0 > MRMAX ? (nr - i0 + 1) / 2 : nr - i0);
+                        SIMD_FN(ahead_step)(&ahead);
+                        /* In a partial block the strip computes only the keys its rows can see
+                           (half of a diagonal block, most of a sliding window's edge blocks). */
                         int64_t c0 = 0, c1 = bkp;
-                        if (bits) {
-                            int64_t jlo = INT64_MAX, jhi = -1;
-                            for (int64_t w = 0; w < m->bm_words; w++) {
-                                uint64_t u = 0;
-                                for (int r = 0; r < mr; r++)
-                                    u |= bits[(brow + i0 + r) * m->bm_words + w];
-                                if (u) {
-                                    jlo = jlo == INT64_MAX ? w * 64 + __builtin_ctzll(u) : jlo;
-                                    jhi = w * 64 + 63 - __builtin_clzll(u);
-                                }
-                            }
-                            jhi = jhi < nk ? jhi : nk - 1;
-                            if (jlo > jhi)
-                                continue; /* no key visible to these rows here: their state stays */
-                            c0 = jlo / VL * VL, c1 = (jhi / VL + 1) * VL;
-                        }
+                        if (bits && !SIMD_FN(strip_keys)(m, bits, brow + i0, mr, nk, &c0, &c1))
+                            continue; /* no key visible to these rows here: their state stays */
                         const int64_t kend = nk < c1 ? nk : c1; /* keys c0 .. kend - 1 are real */
                         SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, p.scale);
                         if (a->score_mod) {
                             if (fast_mod)
-                                SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h, qa0 + i0,
-                                                       k0 + c0);
+                                SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h,
+                                                       qa0 + i0, k0 + c0);
                             else
                                 a->score_mod(S + c0, bkp, mr, kend - c0, b, h, qa0 + i0, k0 + c0, a->score_ctx);
                         }
-                        /* Row maxima, then every row's rescale factor in one vector exp, then
-                           P = exp(S - m) and its row sums. */
-                        float muse[VL];
-                        for (int r = 0; r < VL; r++)
-                            alpha[r] = 0.0f;
-                        for (int r = 0; r < mr; r++) {
-                            float *s = S + r * bkp;
-                            for (int64_t j = kend; j < c1; j++)
-                                s[j] = -INFINITY;
-                            /* Masking (only vectors with a hidden key: a window's edge rows see
-                               most of theirs) in the same pass as the maximum. */
-                            vf mx = V_SET1(-INFINITY);
-                            if (bits) {
-                                const uint64_t *row = bits + (brow + i0 + r) * m->bm_words;
-                                const uint32_t all = (uint32_t)((1ull << VL) - 1);
-                                for (int64_t j = c0; j < c1; j += VL) {
-                                    const uint32_t w = (uint32_t)(row[j >> 6] >> (j & 63)) & all;
-                                    vf x = V_LOAD(s + j);
-                                    if (w != all) {
-                                        x = V_BITS(x, w);
-                                        V_STORE(s + j, x);
-                                    }
-                                    mx = V_MAX(mx, x);
-                                }
-                            } else {
-                                for (int64_t j = c0; j < c1; j += VL)
-                                    mx = V_MAX(mx, V_LOAD(s + j));
-                            }
-                            const int64_t ri = g * bq + i0 + r;
-                            float mnew = V_HMAX(mx);
-                            mnew = mnew > M[ri] ? mnew : M[ri];
-                            /* Nothing visible yet: exponents against 0 give P = 0 and, from
-                               M = -inf, alpha = 0. */
-                            muse[r] = mnew == -INFINITY ? 0.0f : mnew;
-                            alpha[r] = M[ri] - muse[r];
-                            M[ri] = mnew;
-                        }
-                        V_STORE(alpha, SIMD_FN(vexp)(V_LOAD(alpha)));
-                        for (int r = 0; r < mr; r++) {
-                            float *s = S + r * bkp;
-                            const vf vm_ = V_SET1(muse[r]);
-                            vf sum = V_ZERO();
-                            for (int64_t j = c0; j < c1; j += VL) {
-                                vf pj = SIMD_FN(vexp)(V_SUB(V_LOAD(s + j), vm_));
-                                V_STORE(s + j, pj);
-                                sum = V_ADD(sum, pj);
-                            }
-                            const int64_t ri = g * bq + i0 + r;
-                            L[ri] = L[ri] * alpha[r] + V_HSUM(sum);
-                        }
-                        SIMD_FN(pv_strip)(mr, S + c0, bkp, Vp, bk, c0, kend - c0, O + (g * bq + i0) * dvp, dvp, alpha);
+                        const int64_t ri = g * bq + i0;
+                        SIMD_FN(strip_softmax)(mr, S, bkp, c0, c1, kend,
+                                               bits ? bits + (brow + i0) * m->bm_words : NULL, m ? m->bm_words : 0,
+                                               M + ri, L + ri, alpha);
+                        SIMD_FN(pv_strip)(mr, S + c0, bkp, Vp, bk, c0, kend - c0, O + ri * dvp, dvp, alpha);
                     }
                 }
             }
