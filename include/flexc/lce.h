@@ -47,7 +47,7 @@ typedef struct fx_lce {
                               1/softcap finite (softcap > 1/FLT_MAX, about 2.9e-39) */
     int64_t chunk;         /* tokens per chunk, at most (shared evenly); 0: automatic */
     int64_t vocab_chunk;   /* vocabulary entries per tile; 0: automatic (with chunk 0: whole
-                              rows if 64 tokens of them fit in 2 MiB, else 2048; with a given
+                              rows if 64 tokens of them fit in 2 MiB, else 1024; with a given
                               chunk: whole rows) */
     /* Where the call runs (docs/cuda.md); all zero keeps the CPU path and float32. */
     int device;            /* 0: the CPU; k > 0: CUDA device k - 1, every pointer in its memory */
