@@ -161,7 +161,7 @@ typedef struct fx__fwd_plan {
 } fx__fwd_plan;
 /* Outputs of at least this many bytes are streamed to memory: more than the caches would keep
    until the caller reads them, so fetching their lines before overwriting them is wasted
-   (3-14% of a sliding-window forward at L = 8192 to 32768). Smaller ones, such as a training
+   (6-14% of a sliding-window forward at L = 32768 and 8192). Smaller ones, such as a training
    step's, stay in cache for the next product to read. */
 #define FX__STREAM_OUT_BYTES ((size_t)16 << 20)
 void fx__fwd_plan_init(fx__fwd_plan *p, const fx_attention *a);
