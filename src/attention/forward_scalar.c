@@ -25,11 +25,11 @@ int fx__flex_forward_scalar(const fx_attention *a, const float *q, const float *
         float *S = scratch + (size_t)fx__thread_id() * per, *O = S + s_len, *M = O + o_len, *L = M + ml_len;
         fx__fwd_item it;
         fx__fwd_item_init(&p, a, item, &it);
-        const int64_t b = it.b, h0 = it.h0, hkv = it.hkv, qa0 = it.qa0, nr = it.nr, brow = it.brow;
+        const int64_t b = it.b, h0 = it.h0, qa0 = it.qa0, nr = it.nr, brow = it.brow;
         fx__fwd_state_reset(M, L, gs * bq, O, o_len);
 
-        const float *kh = k + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)D;
-        const float *vh = v + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)Dv;
+        const float *kh = fx__fwd_kv_rows(a, &it, k, D);
+        const float *vh = fx__fwd_kv_rows(a, &it, v, Dv);
         for (int64_t e = it.e0; e < it.e1; e++) {
             int64_t kb, k0, nk;
             const uint64_t *bits;
@@ -37,7 +37,7 @@ int fx__flex_forward_scalar(const fx_attention *a, const float *q, const float *
                 continue;
             for (int64_t g = 0; g < gs; g++) {
                 const int64_t h = h0 + g;
-                const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
+                const float *qh = fx__fwd_q_rows(a, &it, q, h);
                 for (int64_t i = 0; i < nr; i++)
                     for (int64_t j = 0; j < nk; j++) {
                         float acc = 0.0f;

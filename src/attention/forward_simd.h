@@ -373,8 +373,8 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
             const int64_t b = it.b, h0 = it.h0, hkv = it.hkv, qa0 = it.qa0, nr = it.nr, brow = it.brow;
             fx__fwd_state_reset(M, L, gs * bq, O, (size_t)(gs * bq * dvp));
 
-            const float *kh = k + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)D;
-            const float *vh = v + (size_t)((b * a->Hkv + hkv) * a->Lkv) * (size_t)Dv;
+            const float *kh = fx__fwd_kv_rows(a, &it, k, D);
+            const float *vh = fx__fwd_kv_rows(a, &it, v, Dv);
             for (int64_t e = it.e0; e < it.e1; e++) {
                 int64_t kb, k0, nk;
                 const uint64_t *bits;
@@ -404,7 +404,7 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                 }
                 for (int64_t g = 0; g < gs; g++) {
                     const int64_t h = h0 + g;
-                    const float *qh = q + (size_t)((b * a->Hq + h) * a->Lq + (qa0 - a->q_offset)) * (size_t)D;
+                    const float *qh = fx__fwd_q_rows(a, &it, q, h);
                     int mr;
                     for (int64_t i0 = 0; i0 < nr; i0 += mr) {
                         /* Strips of MRMAX rows; the last 7 .. 11 rows go as two strips of about

@@ -183,6 +183,17 @@ static inline void fx__fwd_state_reset(float *M, float *L, int64_t rows, float *
     }
     memset(O, 0, o_len * sizeof(float));
 }
+/* The rows an item reads: its KV head's Lkv rows of k (width D) or v (width Dv), and the
+   item's first query row of head h (width D). */
+static inline const float *fx__fwd_kv_rows(const fx_attention *a, const fx__fwd_item *it, const float *x,
+                                           int64_t width)
+{
+    return x + (size_t)((it->b * a->Hkv + it->hkv) * a->Lkv) * (size_t)width;
+}
+static inline const float *fx__fwd_q_rows(const fx_attention *a, const fx__fwd_item *it, const float *q, int64_t h)
+{
+    return q + (size_t)((it->b * a->Hq + h) * a->Lq + (it->qa0 - a->q_offset)) * (size_t)a->D;
+}
 /* Entry e of an item's mask row (kv-block e without a mask): its kv-block *kb, first key
    *k0, key count *nk and bitmap *bits (NULL: every key visible). False when the block
    starts past the call's keys (a mask longer than the call). */
