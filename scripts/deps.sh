@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages flexc needs, only those that are missing.
 #   scripts/deps.sh          build, test and run: compiler, CMake, BLIS, Open MPI, jansson,
-#                            PCRE2, utf8proc, cairo and a font (flexc plot), corpus
+#                            PCRE2, utf8proc, cairo and a font (flexc plot), corpus, SIMDe
+#                            (the tests' portable build of the AVX512-BF16 kernel)
 #   scripts/deps.sh ci       also what CI's extra passes use (clang and its fuzzing runtime, pip)
 # As root it installs directly; otherwise through sudo when that works without a password;
 # otherwise it prints the apt-get line to run and fails.
@@ -9,7 +10,7 @@ set -euo pipefail
 
 packages=(build-essential cmake pkg-config libblis-dev libblis4-openmp libopenmpi-dev openmpi-bin
           libjansson-dev libpcre2-dev libutf8proc-dev libcairo2-dev libfontconfig-dev fonts-dejavu-core
-          fortunes-min fortunes)
+          fortunes-min fortunes libsimde-dev)
 if [[ "${1:-}" == ci ]]; then
     packages+=(clang libclang-rt-14-dev python3 python3-pip)
 fi

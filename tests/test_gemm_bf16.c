@@ -1,7 +1,10 @@
 /* The bfloat16 GEMM (src/core/gemm_bf16.c): the conversions (nearest even, NaN, infinities;
    every path bitwise the scalar loop), the GEMM's paths and its fixed-order reference
    against a float64 sum of the bfloat16-rounded inputs at odd shapes, every transpose and
-   both operand kinds, and its results bitwise equal across thread counts and paths.
+   both operand kinds, and its results bitwise equal across thread counts and paths. The
+   vdpbf16ps (AVX512-BF16) path is tested the same way with its micro-kernel built from
+   SIMDe's portable intrinsics (gemm_bf16_simde.c), on any CPU, and with the library's own
+   build where the CPU has the instruction.
 
    Tolerance: |c - ref| <= 1e-5 * (sum_k |a_ik b_kj| + |beta c_ij|), ref the float64 value of
    the same sum over the rounded inputs (float32 sums of K exact products, in whatever
@@ -204,7 +207,8 @@ static void test_gemm_bf16_against_reference(void)
                  unrounded_max);
 }
 
-/* Bitwise the same at 1 and 2 threads, and on the scalar path as on the AVX2 one. */
+/* Bitwise the same at 1 and 2 threads on the CPU's best path, and on the scalar path as on
+   the AVX2 one (both widen to float32; the vdpbf16ps path sums in another order). */
 static void test_gemm_bf16_deterministic(void)
 {
     const int64_t shapes[][3] = {{300, 70, 1000}, {70, 300, 1000}, {1, 2000, 777}, {513, 129, 2049}};
@@ -217,23 +221,153 @@ static void test_gemm_bf16_deterministic(void)
             operand A = operand_new(ta ? K : M, ta ? M : K, ta ? M : K, 10 + s);
             operand B = operand_new(tb ? N : K, tb ? K : N, tb ? K : N, 20 + s);
             float *ws = malloc(fx__gemm_bf16_ws(M, N, K) * sizeof(float));
-            float *C[3];
-            for (int r = 0; r < 3; r++) {
+            /* C[0], C[1]: the best path on 1 and 2 threads; C[2], C[3]: scalar, AVX2 (or best). */
+            const fx_isa isa[4] = {best, best, FX_ISA_SCALAR, best < FX_ISA_AVX2 ? best : FX_ISA_AVX2};
+            float *C[4];
+            for (int r = 0; r < 4; r++) {
                 C[r] = fxt_guarded((size_t)(M * N));
                 fx_set_num_threads(r == 1 ? 2 : 1);
-                if (r == 2)
-                    fx_set_isa(FX_ISA_SCALAR);
+                fx_set_isa(isa[r]);
                 fx__gemm_bf16(ta, tb, M, N, K, fx__bf16_of_f32(A.f), A.ld, fx__bf16_of(B.h), B.ld, 0.0f, C[r], N, ws);
                 fx_set_isa(best);
             }
             fxt_bitwise_f32("bf16 gemm, 1 vs 2 threads", C[0], C[1], (size_t)(M * N));
-            fxt_bitwise_f32("bf16 gemm, AVX2 vs scalar path", C[0], C[2], (size_t)(M * N));
-            for (int r = 0; r < 3; r++)
+            fxt_bitwise_f32("bf16 gemm, AVX2 vs scalar path", C[3], C[2], (size_t)(M * N));
+            for (int r = 0; r < 4; r++)
                 fxt_guarded_free("C", C[r]);
             free(ws);
             operand_free(&A), operand_free(&B);
         }
     }
+    fx_set_num_threads(before);
+}
+
+/* ---- the vdpbf16ps path ------------------------------------------------------------------------ */
+
+#ifdef FXT_HAVE_SIMDE
+void fxt_bf16_dp_kernel_simde(int64_t K2, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
+                              int64_t mr, int64_t nr);
+#endif
+
+/* The kernels to test: SIMDe's build (any CPU), the library's (where the CPU has vdpbf16ps). */
+static int dp_kernels(fx__bf16_dp_kernel *k, const char **name)
+{
+    int n = 0;
+#ifdef FXT_HAVE_SIMDE
+    k[n] = fxt_bf16_dp_kernel_simde, name[n++] = "vdpbf16ps (SIMDe)";
+#endif
+    if (fx__cpu_avx512bf16())
+        k[n] = fx__bf16_dp_kernel_avx512bf16, name[n++] = "vdpbf16ps (AVX512-BF16)";
+    if (!n)
+        fprintf(stderr, "  (no SIMDe and no AVX512-BF16: the vdpbf16ps path is not tested here)\n");
+    return n;
+}
+
+/* Packing: each word holds (x(l, 2p), x(l, 2p+1)) in its low and high halves, zeros past the
+   lines and past an odd K, for both element layouts. */
+static void test_gemm_bf16_pack_pairs(void)
+{
+    enum { LINES = 13, K = 7, LD = 9, W = 12 };
+    operand X = operand_new(LINES > K ? LINES : K, LD, LD, 7); /* room for either layout */
+    uint32_t P[2 * W * ((K + 1) / 2)];
+    for (int lk = 0; lk < 2; lk++)
+        for (int kind = 0; kind < 2; kind++) {
+            fx__bf16_mat x = kind ? fx__bf16_of(X.h) : fx__bf16_of_f32(X.f);
+            for (int64_t q = 0; q < 2; q++) {
+                memset(P, 0xab, sizeof P);
+                fx__bf16_pack_pairs(P, x, LD, lk, LINES, K, W, q);
+                for (int64_t p = 0; p < (K + 1) / 2; p++)
+                    for (int64_t l = 0; l < W; l++) {
+                        uint32_t want = 0;
+                        for (int64_t h = 0; h < 2; h++) {
+                            const int64_t line = q * W + l, k = 2 * p + h;
+                            if (line < LINES && k < K)
+                                want |= (uint32_t)X.h[lk ? line * LD + k : k * LD + line] << (16 * h);
+                        }
+                        if (P[p * W + l] != want) {
+                            FXT_FAIL("lk %d kind %d panel %lld word (%lld, %lld): 0x%08x, want 0x%08x", lk, kind,
+                                     (long long)q, (long long)p, (long long)l, P[p * W + l], want);
+                            p = K;
+                            break;
+                        }
+                    }
+            }
+        }
+    operand_free(&X);
+}
+
+/* Each kernel through fx__gemm_bf16_dp against the float64 sums of the rounded inputs, at
+   shapes that leave partial tiles in M and N and an odd K, every transpose, both operand
+   kinds, beta 0 (over NaN) and 1. */
+static void test_gemm_bf16_dp_against_reference(void)
+{
+    fx__bf16_dp_kernel kern[2];
+    const char *name[2];
+    const int nk = dp_kernels(kern, name);
+    const int64_t shapes[][3] = {{37, 29, 53}, {1, 17, 300}, {65, 3, 1}, {130, 70, 513}, {12, 32, 8}, {3, 97, 17}};
+    const int64_t pad = 3;
+    for (int q = 0; q < nk; q++) {
+        double unrounded_max = 0.0;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            for (int t = 0; t < 4; t++) {
+                bool ta = t & 1, tb = t & 2;
+                operand A = operand_new(ta ? K : M, ta ? M : K, (ta ? M : K) + pad, 100 + s);
+                operand B = operand_new(tb ? N : K, tb ? K : N, (tb ? K : N) + pad, 200 + s);
+                for (int kinds = 0; kinds < 3; kinds++) {
+                    fx__bf16_mat a = kinds == 0 ? fx__bf16_of_f32(A.f) : fx__bf16_of(A.h);
+                    fx__bf16_mat b = kinds == 1 ? fx__bf16_of_f32(B.f) : fx__bf16_of(B.h);
+                    for (int bi = 0; bi < 2; bi++) {
+                        const float beta = bi ? 1.0f : 0.0f;
+                        float *C0 = fxt_random((size_t)(M * N), -1, 1, 300 + s);
+                        if (!bi)
+                            for (int64_t i = 0; i < M * N; i++)
+                                C0[i] = NAN;
+                        float *C = fxt_guarded_copy(C0, (size_t)(M * N));
+                        uint32_t *ws = malloc(fx__bf16_dp_words(M, N, K) * sizeof(uint32_t));
+                        fx__gemm_bf16_dp(ta, tb, M, N, K, a, A.ld, b, B.ld, beta, C, N, ws, kern[q]);
+                        double un = 0.0;
+                        gemm_check(name[q], C, C0, ta, tb, M, N, K, &A, &B, beta, &un);
+                        unrounded_max = un > unrounded_max ? un : unrounded_max;
+                        fxt_guarded_free("C", C);
+                        free(C0), free(ws);
+                    }
+                }
+                operand_free(&A), operand_free(&B);
+            }
+        }
+        if (!(unrounded_max > 1e-3))
+            FXT_FAIL("%s: the products look like float32 ones (%.3g)", name[q], unrounded_max);
+    }
+}
+
+/* Each kernel's results bitwise the same at 1, 2 and 3 threads. */
+static void test_gemm_bf16_dp_deterministic(void)
+{
+    fx__bf16_dp_kernel kern[2];
+    const char *name[2];
+    const int nk = dp_kernels(kern, name);
+    const int64_t shapes[][3] = {{300, 70, 1000}, {70, 300, 1001}, {513, 129, 257}};
+    const int before = fx_get_num_threads();
+    for (int q = 0; q < nk; q++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            operand A = operand_new(M, K, K, 10 + s), B = operand_new(N, K, K, 20 + s);
+            uint32_t *ws = malloc(fx__bf16_dp_words(M, N, K) * sizeof(uint32_t));
+            float *C[3];
+            for (int r = 0; r < 3; r++) {
+                C[r] = fxt_guarded((size_t)(M * N));
+                fx_set_num_threads(r + 1);
+                fx__gemm_bf16_dp(false, true, M, N, K, fx__bf16_of_f32(A.f), K, fx__bf16_of(B.h), K, 0.0f, C[r], N, ws,
+                                 kern[q]);
+            }
+            fxt_bitwise_f32(name[q], C[0], C[1], (size_t)(M * N));
+            fxt_bitwise_f32(name[q], C[0], C[2], (size_t)(M * N));
+            for (int r = 0; r < 3; r++)
+                fxt_guarded_free("C", C[r]);
+            free(ws);
+            operand_free(&A), operand_free(&B);
+        }
     fx_set_num_threads(before);
 }
 
@@ -244,5 +378,8 @@ int main(int argc, char **argv)
     FXT_RUN(test_bf16_paths_bitwise);
     FXT_RUN(test_gemm_bf16_against_reference);
     FXT_RUN(test_gemm_bf16_deterministic);
+    FXT_RUN(test_gemm_bf16_pack_pairs);
+    FXT_RUN(test_gemm_bf16_dp_against_reference);
+    FXT_RUN(test_gemm_bf16_dp_deterministic);
     return fxt_finish();
 }

@@ -41,6 +41,8 @@ bool fx__in_parallel(void);
 
 /* The CPU path kernels take now (fx_get_isa()). */
 static inline fx_isa fx__isa(void) { return fx_get_isa(); }
+/* The CPU has AVX512-BF16 (vdpbf16ps) and the AVX-512 path is allowed (fx_get_isa()). */
+bool fx__cpu_avx512bf16(void);
 
 /* Row-major C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C; op transposes when ta/tb.
    lda/ldb/ldc are the row strides of A, B and C as stored. Goes to BLIS, or to

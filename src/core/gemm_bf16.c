@@ -83,16 +83,73 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
 #else
     if (M == 0 || N == 0)
         return;
-    /* Every path widens into ws and multiplies in float32 (fx__bf16_pack_kernel picks the
-       widening loop). A vdpbf16ps (AVX512-BF16) or AMX kernel would be a switch on the CPU's
-       features here, reading the bfloat16 operands directly; none exists yet. */
-    /* The operands keep their stored orientation (transposes stay flags of fx__sgemm). */
+    /* vdpbf16ps multiplies the bfloat16 pairs directly, where the CPU has it and the packed
+       operands fit (they take about half the widened ones' room, plus the panels' padding). */
+    if (fx__cpu_avx512bf16() && fx__bf16_dp_words(M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
+        fx__gemm_bf16_dp(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, (uint32_t *)ws, fx__bf16_dp_kernel_avx512bf16);
+        return;
+    }
+    /* Otherwise the operands are widened into ws and multiplied in float32
+       (fx__bf16_pack_kernel picks the widening loop); they keep their stored orientation
+       (transposes stay flags of fx__sgemm). */
     const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
     float *a32 = ws, *b32 = ws + ar * ac;
     fx__bf16_pack(a32, A, ar, ac, lda);
     fx__bf16_pack(b32, B, br, bc, ldb);
     fx__sgemm(ta, tb, M, N, K, 1.0f, a32, ac, b32, bc, beta, C, ldc);
 #endif
+}
+
+/* ---- the vdpbf16ps path ------------------------------------------------------------------------ */
+
+static inline uint16_t fx__bf16_bits(fx__bf16_mat x, int64_t i)
+{
+    return x.bf16 ? ((const uint16_t *)x.p)[i] : fx__f32_to_bf16(((const float *)x.p)[i]);
+}
+
+void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t width,
+                         int64_t q)
+{
+    const int64_t K2 = (K + 1) / 2, l0 = q * width;
+    for (int64_t p = 0; p < K2; p++) {
+        uint32_t *d = dst + p * width;
+        for (int64_t l = 0; l < width; l++) {
+            uint32_t w = 0;
+            if (l0 + l < lines)
+                for (int64_t h = 0; h < 2 && 2 * p + h < K; h++) {
+                    const int64_t k = 2 * p + h, i = lk ? (l0 + l) * ld + k : k * ld + l0 + l;
+                    w |= (uint32_t)fx__bf16_bits(x, i) << (16 * h);
+                }
+            d[l] = w;
+        }
+    }
+}
+
+void fx__gemm_bf16_dp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
+                      int64_t ldb, float beta, float *C, int64_t ldc, uint32_t *ws, fx__bf16_dp_kernel kernel)
+{
+    const int64_t K2 = (K + 1) / 2, mp = (M + FX__DP_MR - 1) / FX__DP_MR, np = (N + FX__DP_NR - 1) / FX__DP_NR;
+    uint32_t *ap = ws, *bp = ws + mp * FX__DP_MR * K2;
+    const bool nested = fx__in_parallel();
+    (void)nested; /* read only by the pragmas, which are gone without OpenMP */
+    /* Each panel is packed by one thread and each tile of C computed by one, over all of K in
+       order: the split changes who computes an element, never how. Tiles go B panel by B
+       panel, so a thread's consecutive tiles share theirs. */
+#pragma omp parallel if (!nested && M * N * K >= (1 << 18))
+    {
+#pragma omp for schedule(static) nowait
+        for (int64_t q = 0; q < mp; q++)
+            fx__bf16_pack_pairs(ap + q * FX__DP_MR * K2, A, lda, !ta, M, K, FX__DP_MR, q);
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < np; q++)
+            fx__bf16_pack_pairs(bp + q * FX__DP_NR * K2, B, ldb, tb, N, K, FX__DP_NR, q);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < mp * np; t++) {
+            const int64_t i = t % mp, j = t / mp, mr = M - i * FX__DP_MR, nr = N - j * FX__DP_NR;
+            kernel(K2, ap + i * FX__DP_MR * K2, bp + j * FX__DP_NR * K2, beta, C + i * FX__DP_MR * ldc + j * FX__DP_NR, ldc,
+                   mr < FX__DP_MR ? mr : FX__DP_MR, nr < FX__DP_NR ? nr : FX__DP_NR);
+        }
+    }
 }
 
 static inline float fx__bf16_at(fx__bf16_mat x, int64_t i)

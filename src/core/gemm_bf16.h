@@ -59,14 +59,54 @@ size_t fx__gemm_bf16_ws(int64_t M, int64_t N, int64_t K);
                     pass each; the products of bfloat16 values are exact in float32, so these
                     are the products a vdpbf16ps kernel makes, summed in another order);
      scalar:        the same with plain C widening: bitwise the AVX2 path's results.
-   An AVX512-BF16 (vdpbf16ps) or AMX-BF16 kernel would be one more case of the switch in
-   gemm_bf16.c; neither exists yet (see docs/train.md). */
+     AVX512-BF16:   on CPUs with vdpbf16ps (fx__cpu_avx512bf16) and the AVX-512 path, the
+                    operands packed in bfloat16 pairs and multiplied by fx__gemm_bf16_dp's
+                    micro-kernel; when the packed operands would not fit in ws (a handful of
+                    rows or columns), the widening path above.
+   The paths differ in the order of the float32 sums only. No AMX-BF16 kernel exists (see
+   docs/train.md). */
 void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
                    int64_t ldb, float beta, float *C, int64_t ldc, float *ws);
 /* The reference: the same contract, each element a float32 sum over k in increasing order
    (bfloat16 inputs, float32 accumulation, fixed order); the tests compare the paths to it. */
 void fx__gemm_bf16_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda,
                        fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* ---- the vdpbf16ps path ------------------------------------------------------------------------ */
+
+/* The micro-kernel's tile: FX__DP_MR rows of C by FX__DP_NR columns (two 16-lane vectors). */
+enum { FX__DP_MR = 12, FX__DP_NR = 32 };
+
+/* 32-bit words of the packed operands of (M, N, K): A and B in panels of FX__DP_MR and
+   FX__DP_NR lines, each line (K + 1) / 2 pairs, the last panel and pair padded with zeros. */
+static inline size_t fx__bf16_dp_words(int64_t M, int64_t N, int64_t K)
+{
+    const size_t K2 = (size_t)(K + 1) / 2;
+    return ((size_t)(M + FX__DP_MR - 1) / FX__DP_MR * FX__DP_MR + (size_t)(N + FX__DP_NR - 1) / FX__DP_NR * FX__DP_NR) *
+           K2;
+}
+
+/* Panel q of lines [q * width, q * width + width) of x, packed: word p * width + l holds the
+   bfloat16 values of (line q * width + l, k = 2p) in its low half and (..., 2p + 1) in its
+   high half, zeros past `lines` or K. Element (l, k) of x is at l * ld + k when lk (A not
+   transposed, B transposed), else at k * ld + l. */
+void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t width,
+                         int64_t q);
+
+/* A micro-kernel: C [mr, nr] (mr <= FX__DP_MR, nr <= FX__DP_NR, rows ldc apart) = the sums over
+   K2 pairs of panel a (FX__DP_MR words per pair) times panel b (FX__DP_NR words per pair),
+   plus beta * C (beta 0 overwrites). gemm_bf16_dp.h is its body. */
+typedef void (*fx__bf16_dp_kernel)(int64_t K2, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
+                                   int64_t mr, int64_t nr);
+void fx__bf16_dp_kernel_avx512bf16(int64_t K2, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
+                                   int64_t mr, int64_t nr);
+
+/* fx__gemm_bf16's contract, computed by packing both operands into ws (fx__bf16_dp_words(M,
+   N, K) words, which must fit) and running `kernel` over C's tiles, each tile by one thread
+   over all of K: bitwise identical for any thread count. The tests run it with the kernel
+   built from SIMDe's portable intrinsics. */
+void fx__gemm_bf16_dp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
+                      int64_t ldb, float beta, float *C, int64_t ldc, uint32_t *ws, fx__bf16_dp_kernel kernel);
 
 /* dst [rows, cols] (contiguous) = src [rows, cols] (rows ld apart) as float32 bfloat16 values:
    the packing step of the paths above: the loops of each path (no threads), and the

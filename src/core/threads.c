@@ -107,6 +107,22 @@ int fx_set_isa(fx_isa isa)
     return FX_OK;
 }
 
+bool fx__cpu_avx512bf16(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FLEXC_REFERENCE_KERNELS)
+    static atomic_int has = -1;
+    int h = atomic_load(&has);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx512bf16") && fx__isa_supported() == FX_ISA_AVX512;
+        atomic_store(&has, h);
+    }
+    return h && fx_get_isa() == FX_ISA_AVX512;
+#else
+    return false;
+#endif
+}
+
 const char *fx_isa_name(fx_isa isa)
 {
     switch (isa) {
