@@ -45,8 +45,8 @@ fuzz: deps
 
 build-gpu:
 	@test -f build-gpu/CMakeCache.txt || cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DFLEXC_CUDA=ON -DFLEXC_MPI=OFF -DFLEXC_GPU_PORTABLE=ON >/dev/null
-	@cmake --build build-gpu -j $(JOBS) --target bench_cuda $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
-	@cd build-gpu && tar -czf gpu-bundle.tgz bench_cuda $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
+	@cmake --build build-gpu -j $(JOBS) --target bench_cuda test_gemm_bf16_portable bench_gemm_bf16_portable $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
+	@cd build-gpu && tar -czf gpu-bundle.tgz bench_cuda test_gemm_bf16_portable bench_gemm_bf16_portable $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
 	@echo "build-gpu/gpu-bundle.tgz: $$(du -h build-gpu/gpu-bundle.tgz | cut -f1) (carry it with the repository; scripts/gpu-check.sh unpacks it)"
 
 install: build

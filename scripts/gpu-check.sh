@@ -8,8 +8,9 @@
 #   scripts/gpu-check.sh [DIR] on the GPU machine (DIR: the build directory, default build-gpu)
 #
 # Paths to carry to the GPU machine: the repository's tracked files, and
-#   build-gpu/gpu-bundle.tgz   (about 13 MB: test_cuda_gpu_attention, test_cuda_gpu_lce and
-#                               bench_cuda, 13 MB each unpacked; unpacked here when missing)
+#   build-gpu/gpu-bundle.tgz   (test_cuda_gpu_attention, test_cuda_gpu_lce and bench_cuda,
+#                               13 MB each unpacked, and the host CPU's bfloat16 GEMM test and
+#                               benchmark; unpacked here when missing)
 # The programs need only libc, libm, libstdc++, libgcc_s and the CUDA driver; this script
 # prints `ldd` for each and stops if a library is missing. No network, no BLIS, MPI or
 # jansson needed there. Runs in about a minute; each program is given at most 240 s.
@@ -64,8 +65,29 @@ for t in "${tests[@]}"; do
     esac
 done
 
+# The host CPU: GPU machines' CPUs often have AVX512-BF16 (and AMX), which the build machine
+# lacks; the bfloat16 GEMM's test then runs its vdpbf16ps path natively, and the benchmark
+# gives its speed against the float32 GEMM (docs/train.md).
+cpu_bf16="no AVX512-BF16"
+if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then
+    cpu_bf16="AVX512-BF16"
+fi
+cpu_test="missing"
+if [[ -x $build/test_gemm_bf16_portable ]]; then
+    echo "==== host CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) CPUs"
+    echo "bfloat16 flags: $(grep -m1 -ow 'avx512_bf16\|amx_bf16\|amx_tile' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    timeout 240 "$build/test_gemm_bf16_portable"
+    rc=$?
+    cpu_test="exit $rc"
+    [[ $rc -eq 0 ]] || status=1
+    for th in 2 "$(nproc)"; do
+        echo "---- bench_gemm_bf16, $th threads"
+        OMP_NUM_THREADS=$th timeout 120 "$build/bench_gemm_bf16_portable" 5
+    done
+fi
+
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-echo "==== summary: $(date -u +%Y-%m-%d) | ${gpu:-no GPU} | passed $passed, skipped $skipped, of ${#tests[@]}"
+echo "==== summary: $(date -u +%Y-%m-%d) | ${gpu:-no GPU} | passed $passed, skipped $skipped, of ${#tests[@]} | host CPU ($cpu_bf16): test_gemm_bf16 $cpu_test"
 if [[ $status -ne 0 ]]; then
     exit 1
 fi

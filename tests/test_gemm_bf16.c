@@ -264,35 +264,40 @@ static int dp_kernels(fx__bf16_dp_kernel *k, const char **name)
 }
 
 /* Packing: each word holds (x(l, 2p), x(l, 2p+1)) in its low and high halves, zeros past the
-   lines and past an odd K, for both element layouts. */
+   lines and past an odd K, for both element layouts, both operand kinds, a full and a
+   partial panel, and a K that spans several of the packing's steps along a line. */
 static void test_gemm_bf16_pack_pairs(void)
 {
-    enum { LINES = 13, K = 7, LD = 9, W = 12 };
-    operand X = operand_new(LINES > K ? LINES : K, LD, LD, 7); /* room for either layout */
-    uint32_t P[2 * W * ((K + 1) / 2)];
-    for (int lk = 0; lk < 2; lk++)
-        for (int kind = 0; kind < 2; kind++) {
-            fx__bf16_mat x = kind ? fx__bf16_of(X.h) : fx__bf16_of_f32(X.f);
-            for (int64_t q = 0; q < 2; q++) {
-                memset(P, 0xab, sizeof P);
-                fx__bf16_pack_pairs(P, x, LD, lk, LINES, K, W, q);
-                for (int64_t p = 0; p < (K + 1) / 2; p++)
-                    for (int64_t l = 0; l < W; l++) {
-                        uint32_t want = 0;
-                        for (int64_t h = 0; h < 2; h++) {
-                            const int64_t line = q * W + l, k = 2 * p + h;
-                            if (line < LINES && k < K)
-                                want |= (uint32_t)X.h[lk ? line * LD + k : k * LD + line] << (16 * h);
+    enum { LINES = 13, W = 12, LD = 140 };
+    const int64_t Ks[] = {7, 131};
+    operand X = operand_new(LD, LD, LD, 7); /* room for either layout */
+    uint32_t *P = malloc(W * 66 * sizeof(uint32_t));
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+        const int64_t K = Ks[ki], K2 = (K + 1) / 2;
+        for (int lk = 0; lk < 2; lk++)
+            for (int kind = 0; kind < 2; kind++) {
+                fx__bf16_mat x = kind ? fx__bf16_of(X.h) : fx__bf16_of_f32(X.f);
+                for (int64_t q = 0; q < 2; q++) {
+                    memset(P, 0xab, W * 66 * sizeof(uint32_t));
+                    fx__bf16_pack_pairs(P, x, LD, lk, LINES, K, W, q);
+                    size_t bad = 0;
+                    for (int64_t p = 0; p < K2; p++)
+                        for (int64_t l = 0; l < W; l++) {
+                            uint32_t want = 0;
+                            for (int64_t h = 0; h < 2; h++) {
+                                const int64_t line = q * W + l, k = 2 * p + h;
+                                if (line < LINES && k < K)
+                                    want |= (uint32_t)X.h[lk ? line * LD + k : k * LD + line] << (16 * h);
+                            }
+                            if (P[p * W + l] != want && !bad++)
+                                FXT_FAIL("K %lld lk %d kind %d panel %lld word (%lld, %lld): 0x%08x, want 0x%08x",
+                                         (long long)K, lk, kind, (long long)q, (long long)p, (long long)l, P[p * W + l],
+                                         want);
                         }
-                        if (P[p * W + l] != want) {
-                            FXT_FAIL("lk %d kind %d panel %lld word (%lld, %lld): 0x%08x, want 0x%08x", lk, kind,
-                                     (long long)q, (long long)p, (long long)l, P[p * W + l], want);
-                            p = K;
-                            break;
-                        }
-                    }
+                }
             }
-        }
+    }
+    free(P);
     operand_free(&X);
 }
 

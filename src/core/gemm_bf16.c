@@ -102,27 +102,53 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
 
 /* ---- the vdpbf16ps path ------------------------------------------------------------------------ */
 
-static inline uint16_t fx__bf16_bits(fx__bf16_mat x, int64_t i)
+/* dst [n] = the bfloat16 values of x's n elements from flat index i on. */
+static void fx__bf16_bits_n(uint16_t *dst, fx__bf16_mat x, int64_t i, int64_t n)
 {
-    return x.bf16 ? ((const uint16_t *)x.p)[i] : fx__f32_to_bf16(((const float *)x.p)[i]);
+    if (x.bf16)
+        memcpy(dst, (const uint16_t *)x.p + i, (size_t)n * sizeof(uint16_t));
+    else
+        fx__f32_to_bf16_n(dst, (const float *)x.p + i, n);
 }
+
+/* Pairs converted per step (by fx__f32_to_bf16_n's vector loop) along a line whose k are
+   contiguous. */
+enum { FX__PACK_PAIRS = 64 };
 
 void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t width,
                          int64_t q)
 {
-    const int64_t K2 = (K + 1) / 2, l0 = q * width;
-    for (int64_t p = 0; p < K2; p++) {
-        uint32_t *d = dst + p * width;
-        for (int64_t l = 0; l < width; l++) {
-            uint32_t w = 0;
-            if (l0 + l < lines)
-                for (int64_t h = 0; h < 2 && 2 * p + h < K; h++) {
-                    const int64_t k = 2 * p + h, i = lk ? (l0 + l) * ld + k : k * ld + l0 + l;
-                    w |= (uint32_t)fx__bf16_bits(x, i) << (16 * h);
-                }
-            d[l] = w;
+    const int64_t K2 = (K + 1) / 2, l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
+    if (lk) {
+        /* Line by line: its k are contiguous, so two neighbours are one word (low half: the
+           even k), scattered to the line's column of the panel. */
+        uint16_t h[2 * FX__PACK_PAIRS];
+        for (int64_t l = 0; l < nl; l++)
+            for (int64_t p0 = 0; p0 < K2; p0 += FX__PACK_PAIRS) {
+                const int64_t np = K2 - p0 < FX__PACK_PAIRS ? K2 - p0 : FX__PACK_PAIRS;
+                const int64_t nk = K - 2 * p0 < 2 * np ? K - 2 * p0 : 2 * np;
+                fx__bf16_bits_n(h, x, (l0 + l) * ld + 2 * p0, nk);
+                if (nk < 2 * np)
+                    h[nk] = 0; /* past an odd K */
+                for (int64_t i = 0; i < np; i++)
+                    dst[(p0 + i) * width + l] = (uint32_t)h[2 * i] | (uint32_t)h[2 * i + 1] << 16;
+            }
+    } else {
+        /* Pair by pair: rows 2p and 2p + 1 hold the panel's lines contiguously; interleaved. */
+        uint16_t lo[FX__DP_NR], hi[FX__DP_NR];
+        for (int64_t p = 0; p < K2; p++) {
+            fx__bf16_bits_n(lo, x, 2 * p * ld + l0, nl);
+            if (2 * p + 1 < K)
+                fx__bf16_bits_n(hi, x, (2 * p + 1) * ld + l0, nl);
+            else
+                memset(hi, 0, sizeof hi);
+            for (int64_t l = 0; l < nl; l++)
+                dst[p * width + l] = (uint32_t)lo[l] | (uint32_t)hi[l] << 16;
         }
     }
+    if (nl < width) /* the last panel's missing lines */
+        for (int64_t p = 0; p < K2; p++)
+            memset(dst + p * width + nl, 0, (size_t)(width - nl) * sizeof(uint32_t));
 }
 
 void fx__gemm_bf16_dp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,

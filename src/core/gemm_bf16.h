@@ -89,7 +89,7 @@ static inline size_t fx__bf16_dp_words(int64_t M, int64_t N, int64_t K)
 /* Panel q of lines [q * width, q * width + width) of x, packed: word p * width + l holds the
    bfloat16 values of (line q * width + l, k = 2p) in its low half and (..., 2p + 1) in its
    high half, zeros past `lines` or K. Element (l, k) of x is at l * ld + k when lk (A not
-   transposed, B transposed), else at k * ld + l. */
+   transposed, B transposed), else at k * ld + l. width <= FX__DP_NR. */
 void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t width,
                          int64_t q);
 

@@ -1,0 +1,85 @@
+/* The bfloat16 GEMM of `--dtype bf16` (fx__gemm_bf16, whichever path the CPU takes: vdpbf16ps
+   where it has AVX512-BF16, else the operands widened to float32) against the float32 GEMM
+   (fx__sgemm) on the same operands, at the projections' shapes of the `small` and `gpt2`
+   models (a step's forward x W^T, backward dy W and dy^T x). Calls in turn (bf16, f32, bf16,
+   ...), medians; prints one JSON object per shape with both rates and bf16 / f32 speed.
+   Threads: OMP_NUM_THREADS. Built by CMake as bench_gemm_bf16 (and into the GPU bundle, so
+   that scripts/gpu-check.sh measures the GPU machine's CPU too).
+
+       OMP_NUM_THREADS=2 build/bench_gemm_bf16 [REPS] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "core/gemm_bf16.h"
+
+enum { MAX_REPS = 64 };
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int main(int argc, char **argv)
+{
+    const int reps = argc > 1 ? atoi(argv[1]) : 7;
+    if (argc > 2 || reps < 1 || reps > MAX_REPS) {
+        fprintf(stderr, "usage: bench_gemm_bf16 [REPS (1..%d, default 7)]\n", MAX_REPS);
+        return 2;
+    }
+    /* name, M, N, K, ta, tb: small (1024 tokens, dim 384, ffn 1024), gpt2 (256 tokens, 768, 3072). */
+    const struct { const char *name; int64_t M, N, K; bool ta, tb; } shapes[] = {
+        {"small x W^T", 1024, 1024, 384, false, true}, {"small dy W", 1024, 384, 1024, false, false},
+        {"small dy^T x", 1024, 384, 1024, true, false}, {"gpt2 x W^T", 256, 3072, 768, false, true},
+        {"gpt2 dy W", 256, 768, 3072, false, false},   {"gpt2 dy^T x", 3072, 768, 256, true, false},
+    };
+    const char *path = fx__cpu_avx512bf16() ? "vdpbf16ps" : "widened to float32";
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s].M, N = shapes[s].N, K = shapes[s].K;
+        const bool ta = shapes[s].ta, tb = shapes[s].tb;
+        float *A = malloc((size_t)(M * K) * sizeof(float)), *B = malloc((size_t)(K * N) * sizeof(float));
+        float *C = malloc((size_t)(M * N) * sizeof(float)), *ws = malloc(fx__gemm_bf16_ws(M, N, K) * sizeof(float));
+        if (!A || !B || !C || !ws) {
+            fprintf(stderr, "bench_gemm_bf16: out of memory\n");
+            return 1;
+        }
+        unsigned seed = 1;
+        for (int64_t i = 0; i < M * K; i++)
+            A[i] = fx__bf16_round((float)rand_r(&seed) / (float)RAND_MAX - 0.5f);
+        for (int64_t i = 0; i < K * N; i++)
+            B[i] = fx__bf16_round((float)rand_r(&seed) / (float)RAND_MAX - 0.5f);
+        const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+        double t16[MAX_REPS], t32[MAX_REPS];
+        for (int r = -1; r < reps; r++) { /* r = -1: a warm-up of each */
+            double t0 = now();
+            fx__gemm_bf16(ta, tb, M, N, K, fx__bf16_of_f32(A), lda, fx__bf16_of_f32(B), ldb, 0.0f, C, N, ws);
+            const double a = now() - t0;
+            t0 = now();
+            fx__sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
+            const double b = now() - t0;
+            if (r >= 0)
+                t16[r] = a, t32[r] = b;
+        }
+        const double m16 = median(t16, reps), m32 = median(t32, reps), gf = 2e-9 * (double)(M * N * K);
+        printf("{\"case\":\"gemm_bf16\",\"shape\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"bf16_path\":\"%s\","
+               "\"threads\":%d,\"reps\":%d,\"bf16_gflops\":%.1f,\"f32_gflops\":%.1f,\"bf16_over_f32\":%.2f}\n",
+               shapes[s].name, (long long)M, (long long)N, (long long)K, path, fx_get_num_threads(), reps, gf / m16,
+               gf / m32, m32 / m16);
+        free(A), free(B), free(C), free(ws);
+    }
+    return 0;
+}
