@@ -31,3 +31,24 @@ if(FLEXC_HAVE_CUDA AND FLEXC_GPU_PORTABLE)
                                ${PROJECT_SOURCE_DIR}/tests)
   endforeach()
 endif()
+
+# The library's own AVX512-BF16 micro-kernel on an emulated CPU that has vdpbf16ps
+# (tests/gemm_bf16_emu.py: Bochs's CPU emulator, PyPI's bochscpu-python, which CI installs;
+# skipped without it): the object file of src/core/gemm_bf16_avx512bf16.c, as built into the
+# library, linked alone with tests/gemm_bf16_emu_entry.S, without libc. Not in the sanitizer
+# and fuzz builds, whose objects call their runtimes.
+if(NOT FLEXC_SANITIZE AND NOT FLEXC_FUZZ AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+  enable_language(ASM)
+  add_executable(gemm_bf16_kernel_elf ${PROJECT_SOURCE_DIR}/tests/gemm_bf16_emu_entry.S
+                 $<FILTER:$<TARGET_OBJECTS:flexc_obj>,INCLUDE,gemm_bf16_avx512bf16>)
+  set_target_properties(gemm_bf16_kernel_elf PROPERTIES OUTPUT_NAME gemm_bf16_kernel.elf LINKER_LANGUAGE C)
+  target_link_options(gemm_bf16_kernel_elf PRIVATE -nostdlib -static -no-pie -Wl,-e,fxt_entry)
+  find_program(FLEXC_PYTHON3 python3)
+  if(FLEXC_PYTHON3)
+    add_test(NAME test_gemm_bf16_emu
+             COMMAND ${FLEXC_PYTHON3} ${PROJECT_SOURCE_DIR}/tests/gemm_bf16_emu.py $<TARGET_FILE:gemm_bf16_kernel_elf>)
+  else()
+    add_test(NAME test_gemm_bf16_emu COMMAND sh -c "echo 'python3 not found: skipped'; exit 77")
+  endif()
+  set_tests_properties(test_gemm_bf16_emu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
