@@ -1,5 +1,6 @@
-/* The bfloat16 GEMM of `--dtype bf16` (fx__gemm_bf16, whichever path the CPU takes: vdpbf16ps
-   where it has AVX512-BF16, else the operands widened to float32) against the float32 GEMM
+/* The bfloat16 GEMM of `--dtype bf16` (fx__gemm_bf16, whichever path the CPU takes: AMX tiles
+   where it has AMX-BF16, vdpbf16ps where it has AVX512-BF16, else the operands widened to
+   float32) against the float32 GEMM
    (fx__sgemm) on the same operands, at the projections' shapes of the `small` and `gpt2`
    models (a step's forward x W^T, backward dy W and dy^T x). Calls in turn (bf16, f32, bf16,
    ...), medians; prints one JSON object per shape with both rates and bf16 / f32 speed.
@@ -47,7 +48,7 @@ int main(int argc, char **argv)
         {"small dy^T x", 1024, 384, 1024, true, false}, {"gpt2 x W^T", 256, 3072, 768, false, true},
         {"gpt2 dy W", 256, 768, 3072, false, false},   {"gpt2 dy^T x", 3072, 768, 256, true, false},
     };
-    const char *path = fx__cpu_avx512bf16() ? "vdpbf16ps" : "widened to float32";
+    const char *path = fx__cpu_amx_bf16() ? "AMX" : fx__cpu_avx512bf16() ? "vdpbf16ps" : "widened to float32";
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t M = shapes[s].M, N = shapes[s].N, K = shapes[s].K;
         const bool ta = shapes[s].ta, tb = shapes[s].tb;

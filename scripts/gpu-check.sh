@@ -65,12 +65,15 @@ for t in "${tests[@]}"; do
     esac
 done
 
-# The host CPU: GPU machines' CPUs often have AVX512-BF16 (and AMX), which the build machine
-# lacks; the bfloat16 GEMM's test then runs its vdpbf16ps path natively, and the benchmark
-# gives its speed against the float32 GEMM (docs/train.md).
+# The host CPU: GPU machines' CPUs often have AVX512-BF16 and AMX-BF16, which the build machine
+# lacks; the bfloat16 GEMM's test then runs its vdpbf16ps and AMX kernels natively, and the
+# benchmark gives the CPU's path's speed against the float32 GEMM (docs/train.md).
 cpu_bf16="no AVX512-BF16"
 if grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null; then
     cpu_bf16="AVX512-BF16"
+fi
+if grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null; then
+    cpu_bf16="$cpu_bf16, AMX-BF16"
 fi
 cpu_test="missing"
 if [[ -x $build/test_gemm_bf16_portable ]]; then

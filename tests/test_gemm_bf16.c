@@ -2,9 +2,10 @@
    every path bitwise the scalar loop), the GEMM's paths and its fixed-order reference
    against a float64 sum of the bfloat16-rounded inputs at odd shapes, every transpose and
    both operand kinds, and its results bitwise equal across thread counts and paths. The
-   vdpbf16ps (AVX512-BF16) path is tested the same way with its micro-kernel built from
-   SIMDe's portable intrinsics (gemm_bf16_simde.c), on any CPU, and with the library's own
-   build where the CPU has the instruction.
+   tiled paths are tested the same way on any CPU: the vdpbf16ps (AVX512-BF16) one with its
+   micro-kernel built from SIMDe's portable intrinsics (gemm_bf16_simde.c), the AMX one's
+   packing and tiling with a plain C kernel of the same contract; and with the library's own
+   kernels where the CPU has them (test_gemm_bf16_emu runs those on an emulated CPU).
 
    Tolerance: |c - ref| <= 1e-5 * (sum_k |a_ik b_kj| + |beta c_ij|), ref the float64 value of
    the same sum over the rounded inputs (float32 sums of K exact products, in whatever
@@ -242,76 +243,112 @@ static void test_gemm_bf16_deterministic(void)
     fx_set_num_threads(before);
 }
 
-/* ---- the vdpbf16ps path ------------------------------------------------------------------------ */
+/* ---- the tiled paths (vdpbf16ps, AMX) ---------------------------------------------------------- */
 
 #ifdef FXT_HAVE_SIMDE
-void fxt_bf16_dp_kernel_simde(int64_t K2, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
+void fxt_bf16_dp_kernel_simde(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
                               int64_t mr, int64_t nr);
 #endif
 
-/* The kernels to test: SIMDe's build (any CPU), the library's (where the CPU has vdpbf16ps). */
-static int dp_kernels(fx__bf16_dp_kernel *k, const char **name)
+static float lo_of(uint32_t w) { return fx__bf16_to_f32((uint16_t)w); }
+static float hi_of(uint32_t w) { return fx__bf16_to_f32((uint16_t)(w >> 16)); }
+
+/* The AMX kernel's contract in plain C (A row by row, B pair by pair, 32 x 32 tiles), so that
+   the AMX path's packing and tiling run on any CPU. */
+static void amx_contract_kernel(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
+                                int64_t mr, int64_t nr)
+{
+    float tile[FX__AMX_MR * FX__AMX_NR];
+    for (int64_t r = 0; r < FX__AMX_MR; r++)
+        for (int64_t j = 0; j < FX__AMX_NR; j++) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < pairs; p++) {
+                const uint32_t wa = a[r * pairs + p], wb = b[p * FX__AMX_NR + j];
+                acc += lo_of(wa) * lo_of(wb);
+                acc += hi_of(wa) * hi_of(wb);
+            }
+            tile[r * FX__AMX_NR + j] = acc;
+        }
+    fx__bf16_tile_store(tile, FX__AMX_NR, beta, C, ldc, mr, nr);
+}
+
+/* The paths to test: each contract with a kernel that runs on any CPU (SIMDe's build of the
+   vdpbf16ps one, the plain C one above), and the library's own where the CPU has them. */
+static int tiled_paths(fx__bf16_tiled *t, const char **name)
 {
     int n = 0;
 #ifdef FXT_HAVE_SIMDE
-    k[n] = fxt_bf16_dp_kernel_simde, name[n++] = "vdpbf16ps (SIMDe)";
+    t[n] = fx__bf16_tiled_dp, t[n].kernel = fxt_bf16_dp_kernel_simde, name[n++] = "vdpbf16ps (SIMDe)";
+#else
+    fprintf(stderr, "  (no SIMDe: the vdpbf16ps kernel's portable build is not tested)\n");
 #endif
+    t[n] = fx__bf16_tiled_amx, t[n].kernel = amx_contract_kernel, name[n++] = "AMX packing (plain C kernel)";
     if (fx__cpu_avx512bf16())
-        k[n] = fx__bf16_dp_kernel_avx512bf16, name[n++] = "vdpbf16ps (AVX512-BF16)";
-    if (!n)
-        fprintf(stderr, "  (no SIMDe and no AVX512-BF16: the vdpbf16ps path is not tested here)\n");
+        t[n] = fx__bf16_tiled_dp, name[n++] = "vdpbf16ps (AVX512-BF16)";
+    if (fx__cpu_amx_bf16())
+        t[n] = fx__bf16_tiled_amx, name[n++] = "AMX-BF16";
     return n;
 }
 
 /* Packing: each word holds (x(l, 2p), x(l, 2p+1)) in its low and high halves, zeros past the
-   lines and past an odd K, for both element layouts, both operand kinds, a full and a
-   partial panel, and a K that spans several of the packing's steps along a line. */
-static void test_gemm_bf16_pack_pairs(void)
+   lines, past an odd K and up to the padded pair count, in both orders (pair by pair, row by
+   row), both element layouts and operand kinds, a full and a partial panel, and a K that
+   spans several of the packing's steps along a line. */
+static void test_gemm_bf16_pack(void)
 {
-    enum { LINES = 13, W = 12, LD = 140 };
-    const int64_t Ks[] = {7, 131};
+    enum { LINES = 13, W = 12, LD = 140, MAXP = 80 };
+    const int64_t Ks[][2] = {{7, 4}, {7, 16}, {131, 66}, {131, 80}}; /* K, pairs */
     operand X = operand_new(LD, LD, LD, 7); /* room for either layout */
-    uint32_t *P = malloc(W * 66 * sizeof(uint32_t));
+    uint32_t *P = malloc((W * MAXP + 1) * sizeof(uint32_t)); /* and a word past the largest panel */
     for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
-        const int64_t K = Ks[ki], K2 = (K + 1) / 2;
-        for (int lk = 0; lk < 2; lk++)
-            for (int kind = 0; kind < 2; kind++) {
-                fx__bf16_mat x = kind ? fx__bf16_of(X.h) : fx__bf16_of_f32(X.f);
-                for (int64_t q = 0; q < 2; q++) {
-                    memset(P, 0xab, W * 66 * sizeof(uint32_t));
-                    fx__bf16_pack_pairs(P, x, LD, lk, LINES, K, W, q);
-                    size_t bad = 0;
-                    for (int64_t p = 0; p < K2; p++)
-                        for (int64_t l = 0; l < W; l++) {
-                            uint32_t want = 0;
-                            for (int64_t h = 0; h < 2; h++) {
-                                const int64_t line = q * W + l, k = 2 * p + h;
-                                if (line < LINES && k < K)
-                                    want |= (uint32_t)X.h[lk ? line * LD + k : k * LD + line] << (16 * h);
+        const int64_t K = Ks[ki][0], pairs = Ks[ki][1];
+        for (int rows = 0; rows < 2; rows++)
+            for (int lk = 0; lk < 2; lk++)
+                for (int kind = 0; kind < 2; kind++) {
+                    fx__bf16_mat x = kind ? fx__bf16_of(X.h) : fx__bf16_of_f32(X.f);
+                    for (int64_t q = 0; q < 2; q++) {
+                        memset(P, 0xab, (W * MAXP + 1) * sizeof(uint32_t));
+                        if (rows)
+                            fx__bf16_pack_rows(P, x, LD, lk, LINES, K, pairs, W, q);
+                        else
+                            fx__bf16_pack_pairs(P, x, LD, lk, LINES, K, pairs, W, q);
+                        size_t bad = 0;
+                        for (int64_t p = 0; p < pairs; p++)
+                            for (int64_t l = 0; l < W; l++) {
+                                uint32_t want = 0;
+                                for (int64_t h = 0; h < 2; h++) {
+                                    const int64_t line = q * W + l, k = 2 * p + h;
+                                    if (line < LINES && k < K)
+                                        want |= (uint32_t)X.h[lk ? line * LD + k : k * LD + line] << (16 * h);
+                                }
+                                const uint32_t got = P[rows ? l * pairs + p : p * W + l];
+                                if (got != want && !bad++)
+                                    FXT_FAIL("%s: K %lld pairs %lld lk %d kind %d panel %lld word (%lld, %lld): "
+                                             "0x%08x, want 0x%08x",
+                                             rows ? "rows" : "pairs", (long long)K, (long long)pairs, lk, kind,
+                                             (long long)q, (long long)p, (long long)l, got, want);
                             }
-                            if (P[p * W + l] != want && !bad++)
-                                FXT_FAIL("K %lld lk %d kind %d panel %lld word (%lld, %lld): 0x%08x, want 0x%08x",
-                                         (long long)K, lk, kind, (long long)q, (long long)p, (long long)l, P[p * W + l],
-                                         want);
-                        }
+                        if (P[W * pairs] != 0xabababab)
+                            FXT_FAIL("K %lld pairs %lld: the packing wrote past its panel", (long long)K,
+                                     (long long)pairs);
+                    }
                 }
-            }
     }
     free(P);
     operand_free(&X);
 }
 
-/* Each kernel through fx__gemm_bf16_dp against the float64 sums of the rounded inputs, at
+/* Each path through fx__gemm_bf16_tiled against the float64 sums of the rounded inputs, at
    shapes that leave partial tiles in M and N and an odd K, every transpose, both operand
    kinds, beta 0 (over NaN) and 1. */
-static void test_gemm_bf16_dp_against_reference(void)
+static void test_gemm_bf16_tiled_against_reference(void)
 {
-    fx__bf16_dp_kernel kern[2];
-    const char *name[2];
-    const int nk = dp_kernels(kern, name);
+    fx__bf16_tiled path[4];
+    const char *name[4];
+    const int np = tiled_paths(path, name);
     const int64_t shapes[][3] = {{37, 29, 53}, {1, 17, 300}, {65, 3, 1}, {130, 70, 513}, {12, 32, 8}, {3, 97, 17}};
     const int64_t pad = 3;
-    for (int q = 0; q < nk; q++) {
+    for (int q = 0; q < np; q++) {
         double unrounded_max = 0.0;
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
@@ -329,8 +366,8 @@ static void test_gemm_bf16_dp_against_reference(void)
                             for (int64_t i = 0; i < M * N; i++)
                                 C0[i] = NAN;
                         float *C = fxt_guarded_copy(C0, (size_t)(M * N));
-                        uint32_t *ws = malloc(fx__bf16_dp_words(M, N, K) * sizeof(uint32_t));
-                        fx__gemm_bf16_dp(ta, tb, M, N, K, a, A.ld, b, B.ld, beta, C, N, ws, kern[q]);
+                        uint32_t *ws = malloc(fx__bf16_tiled_words(&path[q], M, N, K) * sizeof(uint32_t));
+                        fx__gemm_bf16_tiled(&path[q], ta, tb, M, N, K, a, A.ld, b, B.ld, beta, C, N, ws);
                         double un = 0.0;
                         gemm_check(name[q], C, C0, ta, tb, M, N, K, &A, &B, beta, &un);
                         unrounded_max = un > unrounded_max ? un : unrounded_max;
@@ -346,25 +383,25 @@ static void test_gemm_bf16_dp_against_reference(void)
     }
 }
 
-/* Each kernel's results bitwise the same at 1, 2 and 3 threads. */
-static void test_gemm_bf16_dp_deterministic(void)
+/* Each path's results bitwise the same at 1, 2 and 3 threads. */
+static void test_gemm_bf16_tiled_deterministic(void)
 {
-    fx__bf16_dp_kernel kern[2];
-    const char *name[2];
-    const int nk = dp_kernels(kern, name);
+    fx__bf16_tiled path[4];
+    const char *name[4];
+    const int np = tiled_paths(path, name);
     const int64_t shapes[][3] = {{300, 70, 1000}, {70, 300, 1001}, {513, 129, 257}};
     const int before = fx_get_num_threads();
-    for (int q = 0; q < nk; q++)
+    for (int q = 0; q < np; q++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
             operand A = operand_new(M, K, K, 10 + s), B = operand_new(N, K, K, 20 + s);
-            uint32_t *ws = malloc(fx__bf16_dp_words(M, N, K) * sizeof(uint32_t));
+            uint32_t *ws = malloc(fx__bf16_tiled_words(&path[q], M, N, K) * sizeof(uint32_t));
             float *C[3];
             for (int r = 0; r < 3; r++) {
                 C[r] = fxt_guarded((size_t)(M * N));
                 fx_set_num_threads(r + 1);
-                fx__gemm_bf16_dp(false, true, M, N, K, fx__bf16_of_f32(A.f), K, fx__bf16_of(B.h), K, 0.0f, C[r], N, ws,
-                                 kern[q]);
+                fx__gemm_bf16_tiled(&path[q], false, true, M, N, K, fx__bf16_of_f32(A.f), K, fx__bf16_of(B.h), K, 0.0f,
+                                    C[r], N, ws);
             }
             fxt_bitwise_f32(name[q], C[0], C[1], (size_t)(M * N));
             fxt_bitwise_f32(name[q], C[0], C[2], (size_t)(M * N));
@@ -383,8 +420,8 @@ int main(int argc, char **argv)
     FXT_RUN(test_bf16_paths_bitwise);
     FXT_RUN(test_gemm_bf16_against_reference);
     FXT_RUN(test_gemm_bf16_deterministic);
-    FXT_RUN(test_gemm_bf16_pack_pairs);
-    FXT_RUN(test_gemm_bf16_dp_against_reference);
-    FXT_RUN(test_gemm_bf16_dp_deterministic);
+    FXT_RUN(test_gemm_bf16_pack);
+    FXT_RUN(test_gemm_bf16_tiled_against_reference);
+    FXT_RUN(test_gemm_bf16_tiled_deterministic);
     return fxt_finish();
 }

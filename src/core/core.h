@@ -43,6 +43,9 @@ bool fx__in_parallel(void);
 static inline fx_isa fx__isa(void) { return fx_get_isa(); }
 /* The CPU has AVX512-BF16 (vdpbf16ps) and the AVX-512 path is allowed (fx_get_isa()). */
 bool fx__cpu_avx512bf16(void);
+/* The CPU has AMX tiles with bfloat16 (tdpbf16ps), the kernel lets this process use them, and
+   the AVX-512 path is allowed. */
+bool fx__cpu_amx_bf16(void);
 
 /* Row-major C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C; op transposes when ta/tb.
    lda/ldb/ldc are the row strides of A, B and C as stored. Goes to BLIS, or to

@@ -83,10 +83,11 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
 #else
     if (M == 0 || N == 0)
         return;
-    /* vdpbf16ps multiplies the bfloat16 pairs directly, where the CPU has it and the packed
-       operands fit (they take about half the widened ones' room, plus the panels' padding). */
-    if (fx__cpu_avx512bf16() && fx__bf16_dp_words(M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
-        fx__gemm_bf16_dp(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, (uint32_t *)ws, fx__bf16_dp_kernel_avx512bf16);
+    /* AMX or vdpbf16ps multiply the bfloat16 pairs directly, where the CPU has them and the
+       packed operands fit (about half the widened ones' room, plus the panels' padding). */
+    const fx__bf16_tiled *t = fx__cpu_amx_bf16() ? &fx__bf16_tiled_amx : fx__cpu_avx512bf16() ? &fx__bf16_tiled_dp : NULL;
+    if (t && fx__bf16_tiled_words(t, M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
+        fx__gemm_bf16_tiled(t, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, (uint32_t *)ws);
         return;
     }
     /* Otherwise the operands are widened into ws and multiplied in float32
@@ -100,7 +101,10 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
 #endif
 }
 
-/* ---- the vdpbf16ps path ------------------------------------------------------------------------ */
+/* ---- the tiled paths ------------------------------------------------------------------------- */
+
+const fx__bf16_tiled fx__bf16_tiled_dp = {FX__DP_MR, FX__DP_NR, 1, false, fx__bf16_dp_kernel_avx512bf16};
+const fx__bf16_tiled fx__bf16_tiled_amx = {FX__AMX_MR, FX__AMX_NR, FX__AMX_PAIRS, true, fx__bf16_amx_kernel};
 
 /* dst [n] = the bfloat16 values of x's n elements from flat index i on. */
 static void fx__bf16_bits_n(uint16_t *dst, fx__bf16_mat x, int64_t i, int64_t n)
@@ -112,50 +116,86 @@ static void fx__bf16_bits_n(uint16_t *dst, fx__bf16_mat x, int64_t i, int64_t n)
 }
 
 /* Pairs converted per step (by fx__f32_to_bf16_n's vector loop) along a line whose k are
-   contiguous. */
-enum { FX__PACK_PAIRS = 64 };
+   contiguous; the widest panel (fx__bf16_pack_pairs' width). */
+enum { FX__PACK_PAIRS = 64, FX__PACK_WIDTH = 32 };
 
-void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t width,
-                         int64_t q)
+/* Words [p0, p0 + np) of line (l0 + l) of a panel whose lines have their k contiguous (lk):
+   dst [i] = pair p0 + i, zero past K. */
+static void fx__bf16_line_words(uint32_t *dst, fx__bf16_mat x, int64_t ld, int64_t line, int64_t K, int64_t p0,
+                                int64_t np)
+{
+    uint16_t h[2 * FX__PACK_PAIRS];
+    const int64_t nk = K - 2 * p0 < 2 * np ? K - 2 * p0 : 2 * np;
+    fx__bf16_bits_n(h, x, line * ld + 2 * p0, nk);
+    if (nk < 2 * np)
+        h[nk] = 0; /* past an odd K */
+    for (int64_t i = 0; i < np; i++)
+        dst[i] = (uint32_t)h[2 * i] | (uint32_t)h[2 * i + 1] << 16;
+}
+
+/* Pair p of the panel's nl lines when rows of x hold lines contiguously (not lk): rows 2p and
+   2p + 1 interleaved, dst [l * stride]. */
+static void fx__bf16_pair_words(uint32_t *dst, int64_t stride, fx__bf16_mat x, int64_t ld, int64_t l0, int64_t nl,
+                                int64_t K, int64_t p)
+{
+    uint16_t lo[FX__PACK_WIDTH], hi[FX__PACK_WIDTH];
+    fx__bf16_bits_n(lo, x, 2 * p * ld + l0, nl);
+    if (2 * p + 1 < K)
+        fx__bf16_bits_n(hi, x, (2 * p + 1) * ld + l0, nl);
+    else
+        memset(hi, 0, sizeof hi);
+    for (int64_t l = 0; l < nl; l++)
+        dst[l * stride] = (uint32_t)lo[l] | (uint32_t)hi[l] << 16;
+}
+
+void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
+                         int64_t width, int64_t q)
 {
     const int64_t K2 = (K + 1) / 2, l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
     if (lk) {
-        /* Line by line: its k are contiguous, so two neighbours are one word (low half: the
-           even k), scattered to the line's column of the panel. */
-        uint16_t h[2 * FX__PACK_PAIRS];
+        /* Line by line (its k contiguous), each run of words scattered to the line's column. */
+        uint32_t w[FX__PACK_PAIRS];
         for (int64_t l = 0; l < nl; l++)
             for (int64_t p0 = 0; p0 < K2; p0 += FX__PACK_PAIRS) {
                 const int64_t np = K2 - p0 < FX__PACK_PAIRS ? K2 - p0 : FX__PACK_PAIRS;
-                const int64_t nk = K - 2 * p0 < 2 * np ? K - 2 * p0 : 2 * np;
-                fx__bf16_bits_n(h, x, (l0 + l) * ld + 2 * p0, nk);
-                if (nk < 2 * np)
-                    h[nk] = 0; /* past an odd K */
+                fx__bf16_line_words(w, x, ld, l0 + l, K, p0, np);
                 for (int64_t i = 0; i < np; i++)
-                    dst[(p0 + i) * width + l] = (uint32_t)h[2 * i] | (uint32_t)h[2 * i + 1] << 16;
+                    dst[(p0 + i) * width + l] = w[i];
             }
     } else {
-        /* Pair by pair: rows 2p and 2p + 1 hold the panel's lines contiguously; interleaved. */
-        uint16_t lo[FX__DP_NR], hi[FX__DP_NR];
-        for (int64_t p = 0; p < K2; p++) {
-            fx__bf16_bits_n(lo, x, 2 * p * ld + l0, nl);
-            if (2 * p + 1 < K)
-                fx__bf16_bits_n(hi, x, (2 * p + 1) * ld + l0, nl);
-            else
-                memset(hi, 0, sizeof hi);
-            for (int64_t l = 0; l < nl; l++)
-                dst[p * width + l] = (uint32_t)lo[l] | (uint32_t)hi[l] << 16;
-        }
-    }
-    if (nl < width) /* the last panel's missing lines */
         for (int64_t p = 0; p < K2; p++)
-            memset(dst + p * width + nl, 0, (size_t)(width - nl) * sizeof(uint32_t));
+            fx__bf16_pair_words(dst + p * width, 1, x, ld, l0, nl, K, p);
+    }
+    for (int64_t p = 0; p < pairs; p++) { /* the missing lines, and the pairs past K */
+        const int64_t from = p < K2 ? nl : 0;
+        memset(dst + p * width + from, 0, (size_t)(width - from) * sizeof(uint32_t));
+    }
 }
 
-void fx__gemm_bf16_dp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
-                      int64_t ldb, float beta, float *C, int64_t ldc, uint32_t *ws, fx__bf16_dp_kernel kernel)
+void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
+                        int64_t width, int64_t q)
 {
-    const int64_t K2 = (K + 1) / 2, mp = (M + FX__DP_MR - 1) / FX__DP_MR, np = (N + FX__DP_NR - 1) / FX__DP_NR;
-    uint32_t *ap = ws, *bp = ws + mp * FX__DP_MR * K2;
+    const int64_t K2 = (K + 1) / 2, l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
+    if (lk) {
+        for (int64_t l = 0; l < nl; l++)
+            for (int64_t p0 = 0; p0 < K2; p0 += FX__PACK_PAIRS)
+                fx__bf16_line_words(dst + l * pairs + p0, x, ld, l0 + l, K, p0,
+                                    K2 - p0 < FX__PACK_PAIRS ? K2 - p0 : FX__PACK_PAIRS);
+    } else {
+        for (int64_t p = 0; p < K2; p++)
+            fx__bf16_pair_words(dst + p, pairs, x, ld, l0, nl, K, p);
+    }
+    for (int64_t l = 0; l < width; l++) { /* the pairs past K, and the missing lines */
+        const int64_t from = l < nl ? K2 : 0;
+        memset(dst + l * pairs + from, 0, (size_t)(pairs - from) * sizeof(uint32_t));
+    }
+}
+
+void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A,
+                         int64_t lda, fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc, uint32_t *ws)
+{
+    const int64_t P = fx__bf16_tiled_pairs(t, K), mp = (M + t->mr - 1) / t->mr, np = (N + t->nr - 1) / t->nr;
+    uint32_t *ap = ws, *bp = ws + mp * t->mr * P;
     const bool nested = fx__in_parallel();
     (void)nested; /* read only by the pragmas, which are gone without OpenMP */
     /* Each panel is packed by one thread and each tile of C computed by one, over all of K in
@@ -164,16 +204,20 @@ void fx__gemm_bf16_dp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf1
 #pragma omp parallel if (!nested && M * N * K >= (1 << 18))
     {
 #pragma omp for schedule(static) nowait
-        for (int64_t q = 0; q < mp; q++)
-            fx__bf16_pack_pairs(ap + q * FX__DP_MR * K2, A, lda, !ta, M, K, FX__DP_MR, q);
+        for (int64_t q = 0; q < mp; q++) {
+            if (t->a_rows)
+                fx__bf16_pack_rows(ap + q * t->mr * P, A, lda, !ta, M, K, P, t->mr, q);
+            else
+                fx__bf16_pack_pairs(ap + q * t->mr * P, A, lda, !ta, M, K, P, t->mr, q);
+        }
 #pragma omp for schedule(static)
         for (int64_t q = 0; q < np; q++)
-            fx__bf16_pack_pairs(bp + q * FX__DP_NR * K2, B, ldb, tb, N, K, FX__DP_NR, q);
+            fx__bf16_pack_pairs(bp + q * t->nr * P, B, ldb, tb, N, K, P, t->nr, q);
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < mp * np; t++) {
-            const int64_t i = t % mp, j = t / mp, mr = M - i * FX__DP_MR, nr = N - j * FX__DP_NR;
-            kernel(K2, ap + i * FX__DP_MR * K2, bp + j * FX__DP_NR * K2, beta, C + i * FX__DP_MR * ldc + j * FX__DP_NR, ldc,
-                   mr < FX__DP_MR ? mr : FX__DP_MR, nr < FX__DP_NR ? nr : FX__DP_NR);
+        for (int64_t k = 0; k < mp * np; k++) {
+            const int64_t i = k % mp, j = k / mp, mr = M - i * t->mr, nr = N - j * t->nr;
+            t->kernel(P, ap + i * t->mr * P, bp + j * t->nr * P, beta, C + i * t->mr * ldc + j * t->nr, ldc,
+                      mr < t->mr ? mr : t->mr, nr < t->nr ? nr : t->nr);
         }
     }
 }

@@ -59,12 +59,15 @@ size_t fx__gemm_bf16_ws(int64_t M, int64_t N, int64_t K);
                     pass each; the products of bfloat16 values are exact in float32, so these
                     are the products a vdpbf16ps kernel makes, summed in another order);
      scalar:        the same with plain C widening: bitwise the AVX2 path's results.
-     AVX512-BF16:   on CPUs with vdpbf16ps (fx__cpu_avx512bf16) and the AVX-512 path, the
-                    operands packed in bfloat16 pairs and multiplied by fx__gemm_bf16_dp's
-                    micro-kernel; when the packed operands would not fit in ws (a handful of
-                    rows or columns), the widening path above.
-   The paths differ in the order of the float32 sums only. No AMX-BF16 kernel exists (see
-   docs/train.md). */
+     AMX-BF16:      on CPUs with AMX tiles (fx__cpu_amx_bf16) and the AVX-512 path, the
+                    operands packed in bfloat16 pairs and multiplied by tdpbf16ps, 32 x 32
+                    tiles of C (fx__bf16_tiled_amx);
+     AVX512-BF16:   otherwise on CPUs with vdpbf16ps (fx__cpu_avx512bf16) and the AVX-512
+                    path, the same packing and a 12 x 32 vdpbf16ps micro-kernel
+                    (fx__bf16_tiled_dp).
+   The last two take the widening path when their packed operands would not fit in ws (a
+   handful of rows or columns, or K below 32 for AMX). The paths differ in the order of the
+   float32 sums only (docs/train.md). */
 void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
                    int64_t ldb, float beta, float *C, int64_t ldc, float *ws);
 /* The reference: the same contract, each element a float32 sum over k in increasing order
@@ -72,41 +75,78 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
 void fx__gemm_bf16_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda,
                        fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc);
 
-/* ---- the vdpbf16ps path ------------------------------------------------------------------------ */
+/* ---- the tiled paths (AMX-BF16, AVX512-BF16) ------------------------------------------------- */
 
-/* The micro-kernel's tile: FX__DP_MR rows of C by FX__DP_NR columns (two 16-lane vectors). */
-enum { FX__DP_MR = 12, FX__DP_NR = 32 };
+/* Both paths pack the operands as bfloat16 pairs along k, in panels of lines (rows of op(A),
+   columns of op(B)), and run a kernel over C's tiles. A tile's kernel call:
+     C [mr, nr] (mr <= tile's mr, nr <= its nr, rows ldc apart) = the sums over `pairs` pairs
+     of A panel a times B panel b, plus beta * C (beta 0 overwrites). */
+typedef void (*fx__bf16_tile_kernel)(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C,
+                                     int64_t ldc, int64_t mr, int64_t nr);
 
-/* 32-bit words of the packed operands of (M, N, K): A and B in panels of FX__DP_MR and
-   FX__DP_NR lines, each line (K + 1) / 2 pairs, the last panel and pair padded with zeros. */
-static inline size_t fx__bf16_dp_words(int64_t M, int64_t N, int64_t K)
+typedef struct fx__bf16_tiled {
+    int64_t mr, nr;     /* the kernel's tile of C: lines per A and per B panel */
+    int64_t align;      /* pairs padded with zeros to a multiple of this */
+    bool a_rows;        /* A's panels row by row (fx__bf16_pack_rows), else pair by pair */
+    fx__bf16_tile_kernel kernel;
+} fx__bf16_tiled;
+
+/* The paths: vdpbf16ps, 12 x 32 tiles, both operands pair by pair (gemm_bf16_dp.h); AMX,
+   32 x 32 tiles from 16 x 16 ones, pairs in blocks of 16 (a tile's k is 32), A row by row
+   (gemm_bf16_amx.c). */
+void fx__bf16_dp_kernel_avx512bf16(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C,
+                                   int64_t ldc, int64_t mr, int64_t nr);
+void fx__bf16_amx_kernel(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
+                         int64_t mr, int64_t nr);
+enum { FX__DP_MR = 12, FX__DP_NR = 32, FX__AMX_MR = 32, FX__AMX_NR = 32, FX__AMX_PAIRS = 16 };
+extern const fx__bf16_tiled fx__bf16_tiled_dp, fx__bf16_tiled_amx;
+
+/* Pairs per line of a (K) product on path t: (K + 1) / 2 rounded up to t->align. */
+static inline int64_t fx__bf16_tiled_pairs(const fx__bf16_tiled *t, int64_t K)
 {
-    const size_t K2 = (size_t)(K + 1) / 2;
-    return ((size_t)(M + FX__DP_MR - 1) / FX__DP_MR * FX__DP_MR + (size_t)(N + FX__DP_NR - 1) / FX__DP_NR * FX__DP_NR) *
-           K2;
+    return ((K + 1) / 2 + t->align - 1) / t->align * t->align;
 }
 
-/* Panel q of lines [q * width, q * width + width) of x, packed: word p * width + l holds the
-   bfloat16 values of (line q * width + l, k = 2p) in its low half and (..., 2p + 1) in its
-   high half, zeros past `lines` or K. Element (l, k) of x is at l * ld + k when lk (A not
-   transposed, B transposed), else at k * ld + l. width <= FX__DP_NR. */
-void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t width,
-                         int64_t q);
+/* 32-bit words of the packed operands of (M, N, K) on path t: every panel whole. */
+static inline size_t fx__bf16_tiled_words(const fx__bf16_tiled *t, int64_t M, int64_t N, int64_t K)
+{
+    return ((size_t)((M + t->mr - 1) / t->mr * t->mr) + (size_t)((N + t->nr - 1) / t->nr * t->nr)) *
+           (size_t)fx__bf16_tiled_pairs(t, K);
+}
 
-/* A micro-kernel: C [mr, nr] (mr <= FX__DP_MR, nr <= FX__DP_NR, rows ldc apart) = the sums over
-   K2 pairs of panel a (FX__DP_MR words per pair) times panel b (FX__DP_NR words per pair),
-   plus beta * C (beta 0 overwrites). gemm_bf16_dp.h is its body. */
-typedef void (*fx__bf16_dp_kernel)(int64_t K2, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
-                                   int64_t mr, int64_t nr);
-void fx__bf16_dp_kernel_avx512bf16(int64_t K2, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
-                                   int64_t mr, int64_t nr);
+/* Panel q of lines [q * width, q * width + width) of x, as `pairs` pairs per line (zeros past
+   `lines` and past K): pair by pair (word p * width + l) or row by row (word l * pairs + p),
+   each word the bfloat16 values of (line, k = 2p) in its low half and (line, 2p + 1) in its
+   high half. Element (l, k) of x is at l * ld + k when lk (A not transposed, B transposed),
+   else at k * ld + l. width <= 32. */
+void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
+                         int64_t width, int64_t q);
+void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
+                        int64_t width, int64_t q);
 
-/* fx__gemm_bf16's contract, computed by packing both operands into ws (fx__bf16_dp_words(M,
-   N, K) words, which must fit) and running `kernel` over C's tiles, each tile by one thread
-   over all of K: bitwise identical for any thread count. The tests run it with the kernel
-   built from SIMDe's portable intrinsics. */
-void fx__gemm_bf16_dp(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
-                      int64_t ldb, float beta, float *C, int64_t ldc, uint32_t *ws, fx__bf16_dp_kernel kernel);
+/* The end of a tile kernel: C [mr, nr] (rows ldc apart) = tile [mr, nr] (rows ts apart) +
+   beta * C, beta 0 overwriting (NaN included). */
+static inline void fx__bf16_tile_store(const float *tile, int64_t ts, float beta, float *C, int64_t ldc, int64_t mr,
+                                       int64_t nr)
+{
+    for (int64_t r = 0; r < mr; r++) {
+        const float *t = tile + r * ts;
+        float *c = C + r * ldc;
+        if (beta == 0.0f)
+            for (int64_t j = 0; j < nr; j++)
+                c[j] = t[j];
+        else
+            for (int64_t j = 0; j < nr; j++)
+                c[j] = t[j] + beta * c[j];
+    }
+}
+
+/* fx__gemm_bf16's contract on path t: both operands packed into ws (fx__bf16_tiled_words
+   words, which must fit), then t's kernel over C's tiles, each tile by one thread over all
+   of K: bitwise identical for any thread count. The tests also run it with kernels of the
+   same contracts that run on any CPU (SIMDe's build of the vdpbf16ps one, a plain C one). */
+void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A,
+                         int64_t lda, fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc, uint32_t *ws);
 
 /* dst [rows, cols] (contiguous) = src [rows, cols] (rows ld apart) as float32 bfloat16 values:
    the packing step of the paths above: the loops of each path (no threads), and the

@@ -1,6 +1,6 @@
 /* The micro-kernel of the vdpbf16ps bfloat16 GEMM (AVX512-BF16): a FX__DP_MR x FX__DP_NR tile
-   of C from one panel of each packed operand (fx__bf16_pack_pairs), every element summed over
-   all of k in increasing pairs, then C = sum + beta * C (beta 0 overwrites).
+   of C from one panel of each operand packed pair by pair (fx__bf16_pack_pairs), every
+   element summed over all of k in increasing pairs, then stored (fx__bf16_tile_store).
 
    Written with the intrinsics' names only, so that one body serves two builds: the library's
    (gemm_bf16_avx512bf16.c, compiled with -mavx512bf16, run where the CPU has the instruction)
@@ -17,8 +17,8 @@ enum { FX__DP_NV = FX__DP_NR / 16 };
 
 static inline __m512bh fx__dp_bh(__m512i x) { return (__m512bh)x; }
 
-void FX__DP_KERNEL(int64_t K2, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc, int64_t mr,
-                   int64_t nr)
+void FX__DP_KERNEL(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
+                   int64_t mr, int64_t nr)
 {
     /* The accumulators are indexed by constants only (the loops unrolled), so that they live
        in registers: 24 of the 32 vector registers, with 2 for b and 1 for a's broadcast. */
@@ -28,7 +28,7 @@ void FX__DP_KERNEL(int64_t K2, const uint32_t *a, const uint32_t *b, float beta,
 #pragma GCC unroll 4
         for (int v = 0; v < FX__DP_NV; v++)
             acc[r][v] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < K2; p++) {
+    for (int64_t p = 0; p < pairs; p++) {
         const uint32_t *ap = a + p * FX__DP_MR;
         __m512i bv[FX__DP_NV];
 #pragma GCC unroll 4
@@ -42,21 +42,11 @@ void FX__DP_KERNEL(int64_t K2, const uint32_t *a, const uint32_t *b, float beta,
                 acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, fx__dp_bh(bv[v]));
         }
     }
-    /* The tile through a buffer, then into C's mr x nr corner: C = sum + beta * C. */
     float tile[FX__DP_MR * FX__DP_NR];
 #pragma GCC unroll 16
     for (int r = 0; r < FX__DP_MR; r++)
 #pragma GCC unroll 4
         for (int v = 0; v < FX__DP_NV; v++)
             _mm512_storeu_ps(tile + r * FX__DP_NR + 16 * v, acc[r][v]);
-    for (int64_t r = 0; r < mr; r++) {
-        const float *t = tile + r * FX__DP_NR;
-        float *c = C + r * ldc;
-        if (beta == 0.0f)
-            for (int64_t j = 0; j < nr; j++)
-                c[j] = t[j];
-        else
-            for (int64_t j = 0; j < nr; j++)
-                c[j] = t[j] + beta * c[j];
-    }
+    fx__bf16_tile_store(tile, FX__DP_NR, beta, C, ldc, mr, nr);
 }

@@ -9,6 +9,11 @@
 #include <omp.h>
 #endif
 
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 int fx_set_num_threads(int n)
 {
     if (n < 1)
@@ -122,6 +127,28 @@ bool fx__cpu_avx512bf16(void)
     return false;
 #endif
 }
+
+/* Linux hands out AMX's tile data state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+   XTILEDATA, once per process); a tile instruction without it faults. */
+#if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__) && !defined(FLEXC_REFERENCE_KERNELS)
+enum { FX__ARCH_REQ_XCOMP_PERM = 0x1023, FX__XFEATURE_XTILEDATA = 18 };
+
+bool fx__cpu_amx_bf16(void)
+{
+    static atomic_int has = -1;
+    int h = atomic_load(&has);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
+            fx__isa_supported() == FX_ISA_AVX512 &&
+            syscall(SYS_arch_prctl, FX__ARCH_REQ_XCOMP_PERM, FX__XFEATURE_XTILEDATA) == 0;
+        atomic_store(&has, h);
+    }
+    return h && fx_get_isa() == FX_ISA_AVX512;
+}
+#else
+bool fx__cpu_amx_bf16(void) { return false; }
+#endif
 
 const char *fx_isa_name(fx_isa isa)
 {
