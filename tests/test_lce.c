@@ -866,7 +866,7 @@ static void test_plan(void)
 static void test_row_kernels(void)
 {
     const fx_isa best = fx_get_isa();
-    const fx__lce_kernels *vec[] = {&fx__lce_kernels_avx2, &fx__lce_kernels_avx512};
+    const fx__lce_row_kernels *vec[] = {&fx__lce_row_kernels_avx2, &fx__lce_row_kernels_avx512};
     const size_t lens[] = {1, 7, 8, 9, 15, 16, 17, 100, 1023, 1024, 1025, 3001};
     float *bias = fxt_random(4096, -2.0f, 2.0f, 1100);
     for (int v = 0; v < 2; v++) {
@@ -884,7 +884,7 @@ static void test_row_kernels(void)
                 z0[n / 2] = -200.0f; /* exp underflows to 0 */
                 float *zs = fxt_guarded_copy(z0, un), *zv = fxt_guarded_copy(z0, un);
                 fx__lce_stat ss = {-INFINITY, 0.0, 0.0}, sv = ss;
-                fx__lce_kernels_scalar.stats(zs, n, b, cap, &ss);
+                fx__lce_row_kernels_scalar.stats(zs, n, b, cap, &ss);
                 vec[v]->stats(zv, n, b, cap, &sv);
                 double *ref = fxt_alloc_f64(un);
                 for (int64_t j = 0; j < n; j++)
@@ -894,7 +894,7 @@ static void test_row_kernels(void)
                 FXT_NEAR(sv.s, ss.s, 0.0, 1e-5);
                 FXT_NEAR(sv.sum_z, ss.sum_z, 1e-4 * (double)n, 1e-5);
                 const float lse = (float)(ss.m + log(ss.s));
-                fx__lce_kernels_scalar.grad(zs, n, lse, 0.7f, 0.01f, cap);
+                fx__lce_row_kernels_scalar.grad(zs, n, lse, 0.7f, 0.01f, cap);
                 vec[v]->grad(zv, n, lse, 0.7f, 0.01f, cap);
                 for (int64_t j = 0; j < n; j++)
                     ref[j] = zs[j];
@@ -928,14 +928,14 @@ static void test_row_kernels(void)
 static void test_fused_kernels(void)
 {
     const fx_isa best = fx_get_isa();
-    const fx__lce_ops *vec[] = {&fx__lce_ops_avx2, &fx__lce_ops_avx512};
+    const fx__lce_tile_kernels *vec[] = {&fx__lce_tile_kernels_avx2, &fx__lce_tile_kernels_avx512};
     const int64_t njs[] = {1, 5, 6, 7, 13, 64};
     const int64_t cs[] = {1, 15, 16, 17, 63, 70};
     const int64_t Ds[] = {1, 16, 17, 65, 130};
     for (int v = 0; v < 2; v++) {
         if ((int)best < v + 1)
             break; /* this CPU cannot run that path */
-        const fx__lce_ops *o = vec[v];
+        const fx__lce_tile_kernels *o = vec[v];
         for (size_t a = 0; a < sizeof njs / sizeof njs[0]; a++)
             for (size_t b = 0; b < sizeof cs / sizeof cs[0]; b++)
                 for (size_t e = 0; e < sizeof Ds / sizeof Ds[0]; e++) {
@@ -1018,7 +1018,7 @@ static void test_fused_kernels(void)
                         z0[uz / 2] = -200.0f;
                         float *zs = fxt_guarded_copy(z0, uz), *zv = fxt_guarded_copy(z0, uz);
                         float *st_s = fxt_guarded((size_t)(3 * c)), *st_v = fxt_guarded((size_t)(3 * c));
-                        fx__lce_ops_scalar.stats(zs, nj, c, c, bb, cap, st_s, st_s + c, st_s + 2 * c);
+                        fx__lce_tile_kernels_scalar.stats(zs, nj, c, c, bb, cap, st_s, st_s + c, st_s + 2 * c);
                         o->stats(zv, nj, c, c, bb, cap, st_v, st_v + c, st_v + 2 * c);
                         for (size_t i = 0; i < uz; i++)
                             ref[i] = zs[i];
@@ -1036,7 +1036,7 @@ static void test_fused_kernels(void)
                         float *lse = coef, *ca = coef + c, *cb = coef + 2 * c, *keep = coef + 3 * c;
                         for (int64_t i = 0; i < c; i++)
                             lse[i] = st_s[i] + logf(st_s[c + i]);
-                        fx__lce_ops_scalar.grad(zs, nj, c, c, lse, ca, cb, keep, cap);
+                        fx__lce_tile_kernels_scalar.grad(zs, nj, c, c, lse, ca, cb, keep, cap);
                         o->grad(zv, nj, c, c, lse, ca, cb, keep, cap);
                         for (size_t i = 0; i < uz; i++)
                             ref[i] = zs[i];

@@ -43,7 +43,7 @@ static void run_unfused(void *ctx)
         b->status = FX_ENOMEM;
         return;
     }
-    const fx__lce_kernels *k = fx__lce_kernels_now();
+    const fx__lce_row_kernels *k = fx__lce_row_kernels_now();
     fx__sgemm(false, true, N, V, D, 1.0f, b->h, D, b->w, D, 0.0f, z, V);
     const float inv_n = 1.0f / (float)N;
 #pragma omp parallel for schedule(static)
@@ -257,7 +257,7 @@ static int bench_shape(int64_t N, int64_t D, int64_t V, int64_t chunk, int reps,
     const int threads = fx_get_num_threads();
     const char *isa = fx_isa_name(fx_get_isa());
     /* Which GEMMs the fused path ran: its own kernels, or BLIS's (the AVX2 path). */
-    const char *gemm = fx__lce_ops_now()->logits ? "lce kernels" : "blas";
+    const char *gemm = fx__lce_tile_kernels_now()->logits ? "lce kernels" : "blas";
     if (json) {
         printf("{\"case\":\"lce\",\"N\":%lld,\"D\":%lld,\"V\":%lld,\"threads\":%d,\"isa\":\"%s\",\"reps\":%d,"
                "\"chunk\":%lld,\"vocab_chunk\":%lld,\"fused_gemm\":\"%s\",\"peer\":\"unfused (materialised logits%s)\","

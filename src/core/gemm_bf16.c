@@ -85,7 +85,9 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
         return;
     /* AMX or vdpbf16ps multiply the bfloat16 pairs directly, where the CPU has them and the
        packed operands fit (about half the widened ones' room, plus the panels' padding). */
-    const fx__bf16_tiled *t = fx__cpu_amx_bf16() ? &fx__bf16_tiled_amx : fx__cpu_avx512bf16() ? &fx__bf16_tiled_dp : NULL;
+    const fx__bf16_tiled *t = fx__cpu_amx_bf16()     ? &fx__bf16_tiled_amx
+                              : fx__cpu_avx512bf16() ? &fx__bf16_tiled_dp
+                                                     : NULL;
     if (t && fx__bf16_tiled_words(t, M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
         fx__gemm_bf16_tiled(t, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, (uint32_t *)ws);
         return;

@@ -73,16 +73,16 @@ static void lce_grad_scalar(float *z, int64_t n, float lse, float a, float b, fl
     }
 }
 
-const fx__lce_kernels fx__lce_kernels_scalar = {lce_stats_scalar, lce_prep_scalar, lce_grad_scalar};
+const fx__lce_row_kernels fx__lce_row_kernels_scalar = {lce_stats_scalar, lce_prep_scalar, lce_grad_scalar};
 
-const fx__lce_kernels *fx__lce_kernels_now(void)
+const fx__lce_row_kernels *fx__lce_row_kernels_now(void)
 {
     switch (fx__isa()) {
-    case FX_ISA_AVX512: return &fx__lce_kernels_avx512;
-    case FX_ISA_AVX2: return &fx__lce_kernels_avx2;
+    case FX_ISA_AVX512: return &fx__lce_row_kernels_avx512;
+    case FX_ISA_AVX2: return &fx__lce_row_kernels_avx2;
     case FX_ISA_SCALAR: break;
     }
-    return &fx__lce_kernels_scalar;
+    return &fx__lce_row_kernels_scalar;
 }
 
 /* ---- scalar reference of the fused-pass kernels (lce_internal.h) -------------------------- */
@@ -172,17 +172,17 @@ static void lce_dh_scalar(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t 
     }
 }
 
-const fx__lce_ops fx__lce_ops_scalar = {lce_logits_scalar, lce_stats_t_scalar, lce_prep_t_scalar,
+const fx__lce_tile_kernels fx__lce_tile_kernels_scalar = {lce_logits_scalar, lce_stats_t_scalar, lce_prep_t_scalar,
                                         lce_grad_t_scalar, lce_dw_scalar, lce_dh_scalar};
 
-const fx__lce_ops *fx__lce_ops_now(void)
+const fx__lce_tile_kernels *fx__lce_tile_kernels_now(void)
 {
     switch (fx__isa()) {
-    case FX_ISA_AVX512: return &fx__lce_ops_avx512;
-    case FX_ISA_AVX2: return &fx__lce_ops_avx2;
+    case FX_ISA_AVX512: return &fx__lce_tile_kernels_avx512;
+    case FX_ISA_AVX2: return &fx__lce_tile_kernels_avx2;
     case FX_ISA_SCALAR: break;
     }
-    return &fx__lce_ops_scalar;
+    return &fx__lce_tile_kernels_scalar;
 }
 
 /* ---- the chunk plan ----------------------------------------------------------------------- */
@@ -410,8 +410,8 @@ typedef struct lce_call {
     float *c_lse, *c_a, *c_b, *c_keep; /* [cs] */
     float *dhp;                /* [LCE_SLABS - 1, c, D] when lce_slabbed */
     int64_t cs;                /* row stride of hT and of the statistics */
-    const fx__lce_ops *ops;
-    bool blas;                 /* the GEMMs go to BLAS (ops without GEMM kernels) */
+    const fx__lce_tile_kernels *kern;
+    bool blas;                 /* the GEMMs go to BLAS (a path without GEMM kernels) */
     bool round_g;              /* bf16 training: the logits' gradient rounded to bfloat16 before
                                   the dw and dh products (fx__linear_cross_entropy_bf16) */
 } lce_call;
@@ -438,13 +438,13 @@ static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v
     if (k->blas)
         lce_sgemm(false, true, n, c, D, k->w + (v0 + j0) * D, D, k->h + n0 * D, D, 0.0f, Z, c);
     else
-        k->ops->logits(n, c, D, k->w + (v0 + j0) * D, k->hT, k->cs, Z, c);
+        k->kern->logits(n, c, D, k->w + (v0 + j0) * D, k->hT, k->cs, Z, c);
     const float *bias = k->bias ? k->bias + v0 + j0 : NULL;
     if (stats) {
         const int64_t g = v0 / k->Vb * ((k->Vb + k->blk - 1) / k->blk) + b;
-        k->ops->stats(Z, n, c, c, bias, p->softcap, k->pm + g * k->cs, k->ps + g * k->cs, k->pz + g * k->cs);
+        k->kern->stats(Z, n, c, c, bias, p->softcap, k->pm + g * k->cs, k->ps + g * k->cs, k->pz + g * k->cs);
     } else {
-        k->ops->prep(Z, n, c, c, bias, p->softcap);
+        k->kern->prep(Z, n, c, c, bias, p->softcap);
     }
     for (int64_t r = 0; r < c; r++) {
         const int64_t y = k->target[n0 + r];
@@ -484,7 +484,7 @@ static void lce_block_grad(const lce_call *k, int64_t n0, int64_t c, int64_t v0,
     const int64_t D = p->D, j0 = b * k->blk, n = lce_min64(k->blk, vb - j0);
     const float cap = p->softcap, eps = p->label_smoothing;
     float *G = k->zt + j0 * c;
-    k->ops->grad(G, n, c, c, k->c_lse, k->c_a, k->c_b, k->c_keep, cap);
+    k->kern->grad(G, n, c, c, k->c_lse, k->c_a, k->c_b, k->c_keep, cap);
     /* The target's entry: d loss / d z_y = p_y (1 + 2 s lse) - eps/V - (1-eps). */
     for (int64_t r = 0; r < c; r++) {
         const int64_t y = k->target[n0 + r] - v0 - j0;
@@ -505,7 +505,7 @@ static void lce_block_grad(const lce_call *k, int64_t n0, int64_t c, int64_t v0,
         if (k->blas)
             lce_sgemm(false, false, n, D, c, G, c, k->h + n0 * D, D, 1.0f, k->dw + (v0 + j0) * D, D);
         else
-            k->ops->dw(n, c, D, G, c, k->h + n0 * D, k->dw + (v0 + j0) * D);
+            k->kern->dw(n, c, D, G, c, k->h + n0 * D, k->dw + (v0 + j0) * D);
     }
     if (k->dbias) {
         float *db = k->dbias + v0 + j0;
@@ -591,7 +591,7 @@ static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t 
         lce_thread_range(D, &d0, &d1);
         if (d0 < d1) {
             for (int64_t j0 = 0; j0 < vb; j0 += LCE_DH_ROWS)
-                k->ops->dh(lce_min64(LCE_DH_ROWS, vb - j0), c, D, d0, d1, k->zt + j0 * c, c,
+                k->kern->dh(lce_min64(LCE_DH_ROWS, vb - j0), c, D, d0, d1, k->zt + j0 * c, c,
                            k->w + (v0 + j0) * D, k->dh + n0 * D, v0 + j0 > 0);
         }
 #pragma omp barrier
@@ -628,7 +628,7 @@ static void lce_slab_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t 
                 lce_sgemm(true, false, c, D, n, G, c, k->w + (v0 + j0) * D, D, first ? 0.0f : 1.0f, dh, D);
             } else {
                 for (int64_t i = 0; i < n; i += LCE_DH_ROWS)
-                    k->ops->dh(lce_min64(LCE_DH_ROWS, n - i), c, D, 0, D, G + i * c, c, k->w + (v0 + j0 + i) * D,
+                    k->kern->dh(lce_min64(LCE_DH_ROWS, n - i), c, D, 0, D, G + i * c, c, k->w + (v0 + j0 + i) * D,
                                dh, !first || i > 0);
             }
             first = false;
@@ -705,8 +705,8 @@ static int lce_run(lce_call *k)
     k->c_b = k->c_a + k->cs;
     k->c_keep = k->c_b + k->cs;
     k->dhp = lce_slabbed(k->Vb, V) ? (float *)(scratch + lay.dhp) : NULL;
-    k->ops = fx__lce_ops_now();
-    k->blas = k->ops->logits == NULL;
+    k->kern = fx__lce_tile_kernels_now();
+    k->blas = k->kern->logits == NULL;
 
     /* d(reduced loss)/d(token loss) times the upstream gradient, for MEAN and SUM. */
     double gscale = 1.0;

@@ -3,6 +3,7 @@
 #include "core/simd_avx2.h"
 #include "lce_simd.h"
 
-const fx__lce_kernels fx__lce_kernels_avx2 = {SIMD_FN(lce_stats), SIMD_FN(lce_prep), SIMD_FN(lce_grad)};
+const fx__lce_row_kernels fx__lce_row_kernels_avx2 = {SIMD_FN(lce_stats), SIMD_FN(lce_prep), SIMD_FN(lce_grad)};
 
-const fx__lce_ops fx__lce_ops_avx2 = {NULL, SIMD_FN(lce_stats_t), SIMD_FN(lce_prep_t), SIMD_FN(lce_grad_t), NULL, NULL};
+const fx__lce_tile_kernels fx__lce_tile_kernels_avx2 = {NULL, SIMD_FN(lce_stats_t), SIMD_FN(lce_prep_t),
+                                                        SIMD_FN(lce_grad_t), NULL, NULL};

@@ -3,7 +3,7 @@
 #include "core/simd_avx512.h"
 #include "lce_simd.h"
 
-const fx__lce_kernels fx__lce_kernels_avx512 = {SIMD_FN(lce_stats), SIMD_FN(lce_prep), SIMD_FN(lce_grad)};
+const fx__lce_row_kernels fx__lce_row_kernels_avx512 = {SIMD_FN(lce_stats), SIMD_FN(lce_prep), SIMD_FN(lce_grad)};
 
 /* ---- GEMM kernels of the fused pass (the layout is described in lce_internal.h) ----------
    Register tiles of 6 x 4 vectors (24 accumulators): each step loads 4 vectors and
@@ -167,5 +167,5 @@ static void lce_dh_avx512(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t 
     }
 }
 
-const fx__lce_ops fx__lce_ops_avx512 = {lce_logits_avx512, SIMD_FN(lce_stats_t), SIMD_FN(lce_prep_t),
+const fx__lce_tile_kernels fx__lce_tile_kernels_avx512 = {lce_logits_avx512, SIMD_FN(lce_stats_t), SIMD_FN(lce_prep_t),
                                         SIMD_FN(lce_grad_t), lce_dw_avx512, lce_dh_avx512};

@@ -1,5 +1,7 @@
-/* Internal pieces of the fused linear + cross-entropy: the per-row kernels (a scalar
-   reference, AVX2 and AVX-512 twins), shared with the benchmark's unfused peer. */
+/* Internal pieces of the fused linear + cross-entropy. Two tables of kernels, each with a
+   scalar reference and AVX2 and AVX-512 twins, chosen per call by the CPU path:
+     fx__lce_row_kernels   one token's row of logits at a time (the benchmark's unfused peer);
+     fx__lce_tile_kernels  a vocabulary-major tile of a chunk's tokens (the fused pass). */
 #ifndef FX_LCE_INTERNAL_H
 #define FX_LCE_INTERNAL_H
 
@@ -31,18 +33,18 @@ typedef struct fx__lce_stat {
    prep:  the same transform without statistics (recomputed tiles).
    grad:  z (transformed logits) -> gradient w.r.t. the raw logits of the non-target terms:
           (a exp(z - lse) - b) (1 - (z/cap)^2 when cap > 0). */
-typedef struct fx__lce_kernels {
+typedef struct fx__lce_row_kernels {
     void (*stats)(float *z, int64_t n, const float *bias, float cap, fx__lce_stat *st);
     void (*prep)(float *z, int64_t n, const float *bias, float cap);
     void (*grad)(float *z, int64_t n, float lse, float a, float b, float cap);
-} fx__lce_kernels;
+} fx__lce_row_kernels;
 
-extern const fx__lce_kernels fx__lce_kernels_scalar;
-extern const fx__lce_kernels fx__lce_kernels_avx2;
-extern const fx__lce_kernels fx__lce_kernels_avx512;
+extern const fx__lce_row_kernels fx__lce_row_kernels_scalar;
+extern const fx__lce_row_kernels fx__lce_row_kernels_avx2;
+extern const fx__lce_row_kernels fx__lce_row_kernels_avx512;
 
 /* The kernels for the current CPU path (fx_get_isa()). */
-const fx__lce_kernels *fx__lce_kernels_now(void);
+const fx__lce_row_kernels *fx__lce_row_kernels_now(void);
 
 /* Kernels of the fused pass over one chunk of c tokens. A tile's logits, then gradients,
    are held vocabulary-major, zt [nj, ldz] (row j: entry j of every token), so that
@@ -51,7 +53,7 @@ const fx__lce_kernels *fx__lce_kernels_now(void);
    - the per-token statistics and gradients are vectors across tokens;
    - the dw GEMM (rows of w's shape) and the dh GEMM both read zt rows directly.
    logits: zt[j, i] = sum_d w[j, d] hT[d, i], j < nj, i < c.
-   stats:  zt[j, :] = transform(zt[j, :] + bias[j]) (bias NULL: 0; cap as in fx__lce_kernels),
+   stats:  zt[j, :] = transform(zt[j, :] + bias[j]) (bias NULL: 0; cap as in fx__lce_row_kernels),
            then per token i: pm[i] = max_j, pz[i] = sum_j of the transformed values and
            ps[i] = sum_j exp(z - pm[i]) (exp(z) when pm[i] is -inf).
    prep:   the same transform, without statistics.
@@ -62,7 +64,7 @@ const fx__lce_kernels *fx__lce_kernels_now(void);
    not with every term); the caller gives dh a few hundred rows of w per call.
    The GEMM pointers are NULL on paths that leave the GEMMs to BLAS. Every lane of a vector
    is computed alone, so a result does not depend on how rows or columns are grouped. */
-typedef struct fx__lce_ops {
+typedef struct fx__lce_tile_kernels {
     void (*logits)(int64_t nj, int64_t c, int64_t D, const float *w, const float *hT, int64_t ldh, float *zt,
                    int64_t ldz);
     void (*stats)(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *bias, float cap, float *pm, float *ps,
@@ -73,13 +75,13 @@ typedef struct fx__lce_ops {
     void (*dw)(int64_t nj, int64_t c, int64_t D, const float *zt, int64_t ldz, const float *h, float *dw);
     void (*dh)(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t d1, const float *zt, int64_t ldz,
                const float *w, float *dh, bool accumulate);
-} fx__lce_ops;
+} fx__lce_tile_kernels;
 
-extern const fx__lce_ops fx__lce_ops_scalar;
-extern const fx__lce_ops fx__lce_ops_avx2;
-extern const fx__lce_ops fx__lce_ops_avx512;
+extern const fx__lce_tile_kernels fx__lce_tile_kernels_scalar;
+extern const fx__lce_tile_kernels fx__lce_tile_kernels_avx2;
+extern const fx__lce_tile_kernels fx__lce_tile_kernels_avx512;
 
 /* The fused-pass kernels for the current CPU path. */
-const fx__lce_ops *fx__lce_ops_now(void);
+const fx__lce_tile_kernels *fx__lce_tile_kernels_now(void);
 
 #endif

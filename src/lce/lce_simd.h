@@ -1,5 +1,5 @@
-/* The vector twins of lce.c's per-row kernels (fx__lce_kernels) and of the statistics and
-   gradients over a vocabulary-major tile (fx__lce_ops), written once over the SIMD layer
+/* The vector twins of lce.c's per-row kernels (fx__lce_row_kernels) and of the statistics and
+   gradients over a vocabulary-major tile (fx__lce_tile_kernels), written once over the SIMD layer
    (core/simd_avx2.h or core/simd_avx512.h, included first; see core/simd_math.h) and
    included by lce_avx2.c and lce_avx512.c. Every exponent here is of a value <= 0 (logits
    minus their max or their log-sum-exp), the domain of vexp. */
@@ -28,7 +28,7 @@ static inline vf SIMD_FN(lce_cap_grad)(vf g, vf x, float cap, vf inv_cap)
     return V_MUL(g, V_FMA(V_SUB(V_ZERO(), t), t, V_SET1(1.0f)));
 }
 
-/* ---- one row of a token-major tile (fx__lce_kernels) ---- */
+/* ---- one row of a token-major tile (fx__lce_row_kernels) ---- */
 
 static void SIMD_FN(lce_prep)(float *z, int64_t n, const float *bias, float cap)
 {
@@ -91,7 +91,7 @@ static void SIMD_FN(lce_grad)(float *z, int64_t n, float lse, float a, float b, 
     }
 }
 
-/* ---- a vocabulary-major tile, vectors across tokens (fx__lce_ops) ---- */
+/* ---- a vocabulary-major tile, vectors across tokens (fx__lce_tile_kernels) ---- */
 
 static void SIMD_FN(lce_stats_t)(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *bias, float cap,
                                  float *pm, float *ps, float *pz)
