@@ -10,18 +10,10 @@
        OMP_NUM_THREADS=2 build/bench_gemm_bf16 [REPS] */
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "core/gemm_bf16.h"
 
 enum { MAX_REPS = 64 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp(const void *a, const void *b)
 {
@@ -66,12 +58,12 @@ int main(int argc, char **argv)
         const int64_t lda = ta ? M : K, ldb = tb ? K : N;
         double t16[MAX_REPS], t32[MAX_REPS];
         for (int r = -1; r < reps; r++) { /* r = -1: a warm-up of each */
-            double t0 = now();
+            double t0 = fx__seconds();
             fx__gemm_bf16(ta, tb, M, N, K, fx__bf16_of_f32(A), lda, fx__bf16_of_f32(B), ldb, 0.0f, C, N, ws);
-            const double a = now() - t0;
-            t0 = now();
+            const double a = fx__seconds() - t0;
+            t0 = fx__seconds();
             fx__sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
-            const double b = now() - t0;
+            const double b = fx__seconds() - t0;
             if (r >= 0)
                 t16[r] = a, t32[r] = b;
         }

@@ -15,19 +15,11 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include "core/core.h"
 #include "flexc/lce.h"
 
 enum { MAX_REPS = 64 };
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp(const void *a, const void *b)
 {
@@ -89,7 +81,7 @@ int main(int argc, char **argv)
     const int64_t nch = (N + c - 1) / c, nb = V / BLOCK;
     double t_prod[MAX_REPS], t_fused[MAX_REPS], ratio[MAX_REPS];
     for (int r = 0; r < reps; r++) {
-        double t0 = now();
+        double t0 = fx__seconds();
         for (int64_t q = 0; q < nch; q++) {
             const int64_t n0 = q * (N / nch) + (q < N % nch ? q : N % nch), cc = N / nch + (q < N % nch);
             const float *hc = h + n0 * D;
@@ -107,13 +99,13 @@ int main(int argc, char **argv)
                 }
             }
         }
-        t_prod[r] = now() - t0;
-        t0 = now();
+        t_prod[r] = fx__seconds() - t0;
+        t0 = fx__seconds();
         if (fx_linear_cross_entropy(&p, h, w, NULL, target, &loss, NULL, dh, dw, NULL) != FX_OK) {
             fprintf(stderr, "lce_products: %s\n", fx_last_error());
             return 1;
         }
-        t_fused[r] = now() - t0;
+        t_fused[r] = fx__seconds() - t0;
         ratio[r] = t_fused[r] / t_prod[r];
     }
     printf("{\"case\":\"lce_products\",\"N\":%lld,\"D\":%lld,\"V\":%lld,\"chunk\":%lld,\"vocab_chunk\":%lld,"

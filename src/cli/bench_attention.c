@@ -54,7 +54,7 @@ int bench_attn_setup(bench_attn_data *d, const bench_attn_case *c)
         return 1;
     }
     int rc = FX_OK;
-    double t0 = bench_now();
+    double t0 = fx__seconds();
     switch (c->mask) {
     case BENCH_MASK_CAUSAL:
         rc = fx_block_mask_create(&d->mask, fx_mask_causal, NULL, 1, 1, c->L, c->L, 0, 0);
@@ -79,7 +79,7 @@ int bench_attn_setup(bench_attn_data *d, const bench_attn_case *c)
     default:
         break;
     }
-    d->mask_ms = (bench_now() - t0) * 1e3;
+    d->mask_ms = (fx__seconds() - t0) * 1e3;
     if (rc != FX_OK) {
         cli_fail(rc, "block mask");
         bench_attn_teardown(d);
@@ -99,18 +99,18 @@ void bench_attn_pair(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps,
     enum { MAX_REPS = 64 };
     double ta[MAX_REPS], tb[MAX_REPS];
     reps = reps < 1 ? 1 : reps > MAX_REPS ? MAX_REPS : reps;
-    double t0 = bench_now();
+    double t0 = fx__seconds();
     a(ctx_a); /* warm-up of the fast one; the slow one warms up only if it is cheap */
-    if (bench_now() - t0 < 0.05) {
+    if (fx__seconds() - t0 < 0.05) {
         a(ctx_a);
         b(ctx_b);
     }
     for (int r = 0; r < reps; r++) {
-        double t1 = bench_now();
+        double t1 = fx__seconds();
         a(ctx_a);
-        double t2 = bench_now();
+        double t2 = fx__seconds();
         b(ctx_b);
-        double t3 = bench_now();
+        double t3 = fx__seconds();
         ta[r] = t2 - t1;
         tb[r] = t3 - t2;
     }

@@ -69,12 +69,12 @@ int bench_generate(int argc, char **argv)
         goto done;
     }
     for (int64_t r = 0; r < reps; r++) {
-        double t0 = bench_now();
+        double t0 = fx__seconds();
         if ((rc = fx_model_prefill(m, c, logits, prompt, plen)) != FX_OK) {
             cli_fail(rc, "prefill");
             goto done;
         }
-        double t1 = bench_now();
+        double t1 = fx__seconds();
         for (int64_t t = 1; t < ntok; t++) {
             int32_t next = 0; /* greedy */
             for (int64_t j = 1; j < V; j++)
@@ -84,7 +84,7 @@ int bench_generate(int argc, char **argv)
                 goto done;
             }
         }
-        double t2 = bench_now();
+        double t2 = fx__seconds();
         pre[r] = (double)plen / (t1 - t0);
         dec[r] = (double)(ntok - 1) / (t2 - t1);
     }

@@ -142,9 +142,9 @@ int bench_safetensors(int argc, char **argv)
     sigaddset(&stop, SIGINT);
     sigaddset(&stop, SIGTERM);
     sigprocmask(SIG_BLOCK, &stop, &prev);
-    double t0 = bench_now();
+    double t0 = fx__seconds();
     rc = fx_safetensors_save(path, views, (size_t)ntensors, (const char *const[]){"format", "pt", NULL});
-    double save_s = bench_now() - t0;
+    double save_s = fx__seconds() - t0;
     free(views);
     free(names);
     free(src);

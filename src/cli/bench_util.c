@@ -6,16 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include <blis.h>
-
-double bench_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -42,11 +34,11 @@ void bench_pair(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, doub
     a(ctx_a);
     b(ctx_b);
     for (int r = 0; r < reps; r++) {
-        double t0 = bench_now();
+        double t0 = fx__seconds();
         a(ctx_a);
-        double t1 = bench_now();
+        double t1 = fx__seconds();
         b(ctx_b);
-        double t2 = bench_now();
+        double t2 = fx__seconds();
         ta[r] = t1 - t0;
         tb[r] = t2 - t1;
     }
@@ -64,9 +56,9 @@ double bench_time(bench_fn f, void *ctx, int reps)
         reps = 1;
     f(ctx);
     for (int r = 0; r < reps; r++) {
-        double t0 = bench_now();
+        double t0 = fx__seconds();
         f(ctx);
-        t[r] = bench_now() - t0;
+        t[r] = fx__seconds() - t0;
     }
     return bench_median(t, reps);
 }
@@ -96,11 +88,11 @@ double bench_fma_peak_gflops(void)
 #pragma omp parallel reduction(+ : rate)
         {
 #pragma omp barrier
-            double t0 = bench_now();
+            double t0 = fx__seconds();
             double flops = isa == FX_ISA_AVX512 ? bench_fma_loop_avx512(iters)
                          : isa == FX_ISA_AVX2   ? bench_fma_loop_avx2(iters)
                                                 : bench_fma_loop_scalar(iters);
-            rate += flops / (bench_now() - t0);
+            rate += flops / (fx__seconds() - t0);
         }
         best = rate * 1e-9 > best ? rate * 1e-9 : best;
     }
@@ -122,11 +114,11 @@ double bench_triad_gbs(void)
     double best = 0.0;
     for (int rep = 0; rep < 5; rep++) {
         const float s = 3.0f;
-        double t0 = bench_now();
+        double t0 = fx__seconds();
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++)
             a[i] = b[i] + s * c[i];
-        double gbs = 3.0 * 4.0 * (double)n / (bench_now() - t0) * 1e-9;
+        double gbs = 3.0 * 4.0 * (double)n / (fx__seconds() - t0) * 1e-9;
         best = gbs > best ? gbs : best;
     }
     volatile float sink = a[n / 2];
@@ -150,11 +142,11 @@ double bench_blis_seconds(bool ta, bool tb, int64_t M, int64_t N, int64_t K)
     float one = 1.0f, zero = 0.0f;
     double t[5];
     for (int r = 0; r < 6; r++) {
-        double t0 = bench_now();
+        double t0 = fx__seconds();
         bli_sgemm_ex(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M, N, K, &one,
                      A, ta ? M : K, 1, B, tb ? K : N, 1, &zero, C, N, 1, NULL, &rntm);
         if (r > 0)
-            t[r - 1] = bench_now() - t0;
+            t[r - 1] = fx__seconds() - t0;
     }
     free(A), free(B), free(C);
     return bench_median(t, 5);

@@ -8,8 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Monotonic seconds. */
-double bench_now(void);
+#include "core/core.h" /* fx__seconds(): the clock of every measurement */
+
 /* The median of x[0..n) (sorts x in place). */
 double bench_median(double *x, int n);
 

@@ -3,24 +3,17 @@
    llm.c token file, read in pieces cut where the tokenizer allows (the ids are those of the
    whole file encoded at once), with progress on standard error. See docs/tokenizers.md. */
 #include "cli.h"
+#include "core/core.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 static const char SYNOPSIS[] = "--model DIR (FILE -o tokens.bin | --text S)";
 
 enum { READ_CHUNK = 4 << 20, PROGRESS_MIN = 8 << 20 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int load(fx_tokenizer **tok, const char *model)
 {
@@ -65,7 +58,7 @@ static void progress_show(progress *p, long long done, int64_t tokens, bool fina
 {
     if (!p->on)
         return;
-    double t = now_s();
+    double t = fx__seconds();
     double mb = (double)done / 1e6, rate = mb / (t - p->t0 > 1e-9 ? t - p->t0 : 1e-9);
     if (p->tty) {
         if (!final && t - p->last < 0.2)
@@ -95,7 +88,7 @@ static int write_file(const fx_tokenizer *tok, const char *in_path, const char *
         cli_error("tokenize: %s: %s", in_path, strerror(errno));
         return CLI_EXIT_FAIL;
     }
-    progress pr = {.t0 = now_s(), .total = -1, .last_decile = -1, .tty = isatty(STDERR_FILENO)};
+    progress pr = {.t0 = fx__seconds(), .total = -1, .last_decile = -1, .tty = isatty(STDERR_FILENO)};
     struct stat st;
     if (fstat(fileno(in), &st) == 0 && S_ISREG(st.st_mode))
         pr.total = (long long)st.st_size;

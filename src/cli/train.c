@@ -733,7 +733,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
     /* A closed output pipe (`flexc train ... | head`) stops the run like a signal, with the
        checkpoint saved, instead of killing it mid-step; main() then reports the lost output. */
     signal(SIGPIPE, on_sigint);
-    double t_start = bench_now(), tok_per_step = (double)(st.batch * st.seq * st.accum);
+    double t_start = fx__seconds(), tok_per_step = (double)(st.batch * st.seq * st.accum);
     int64_t first = st.step;
     float first_loss = NAN, last_loss = NAN;
     /* Over several processes a signal reaches each at its own moment: a rank stops only when
@@ -741,7 +741,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
        same step (one leaving alone would meet the others' next step with its own collectives). */
     bool all_stop = false, metrics_failed = false;
     while (st.step < until && !(dist ? all_stop : interrupted)) {
-        double t0 = bench_now();
+        double t0 = fx__seconds();
         fx__gpt_step_info info;
         fx__gpt_train_state before = st; /* what is saved if this step goes non-finite */
         bool stop = interrupted;
@@ -758,7 +758,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
                 interrupted = -1; /* another process was signalled */
             all_stop = true;
         }
-        double dt = bench_now() - t0, tps = tok_per_step / dt;
+        double dt = fx__seconds() - t0, tps = tok_per_step / dt;
         if (!isfinite(info.loss) || !isfinite(info.grad_norm)) {
             /* The step was not applied: save the previous one, then fail. */
             st = before;
@@ -787,7 +787,7 @@ static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int 
                 goto done;
             }
         }
-        double elapsed = bench_now() - t_start;
+        double elapsed = fx__seconds() - t_start;
         if (metrics) {
             fprintf(metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
                              "\"time_s\":%.3f",

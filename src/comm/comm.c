@@ -12,20 +12,6 @@
 
 static bool fx__we_initialised;
 
-double fx__comm_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-double fx__comm_wall(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* An op name for a fingerprint that came over the wire (may be anything). */
 static const char *fx__op_name64(int64_t op)
 {
@@ -175,13 +161,13 @@ static int fx__probe_peers(fx_comm *c, double wait, char *buf, size_t cap)
         MPI_Irecv(&c->answer_in[p], 1, MPI_INT64_T, p, c->tag_mod + 1, c->ctl, &c->answer_recv[p]);
         fx__probe_send(c, p, c->tag_mod);
     }
-    double until = fx__comm_now() + wait;
+    double until = fx__seconds() + wait;
     int spins = 0, flag = 0;
     for (;;) {
         fx__serve_probes(c);
         if (MPI_Testall(c->size, c->answer_recv, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
             flag = 0;
-        if (flag || fx__comm_now() > until)
+        if (flag || fx__seconds() > until)
             break;
         fx__backoff(&spins);
     }
@@ -271,7 +257,7 @@ static int fx__slot_reclaim(fx_comm *c, int k, double deadline, const char *why)
             s->seq = -1;
             return FX_OK;
         }
-        if (fx__comm_now() > deadline) {
+        if (fx__seconds() > deadline) {
             char miss[400];
             if (fx__missing(c, s->seq, miss, sizeof miss) == 0)
                 snprintf(miss, sizeof miss, "the notices to the peers were not delivered");
@@ -325,7 +311,7 @@ static bool fx__confirmed(const fx_comm *c, const fx_comm_work *w)
 static int fx__timeout(fx_comm *c, fx_comm_work *w)
 {
     char miss[400], quiet[200];
-    double took = fx__comm_now() - w->t0;
+    double took = fx__seconds() - w->t0;
     const char *op = fx_comm_op_name(w->op);
     long long seq = (long long)w->seq, bytes = (long long)w->bytes;
     if (c->tracking && fx__missing(c, w->seq, miss, sizeof miss) > 0)
@@ -346,9 +332,9 @@ static int fx__timeout(fx_comm *c, fx_comm_work *w)
    explains the error better than MPI's message does. */
 static int fx__data_error(fx_comm *c, fx_comm_work *w, int mpi_rc)
 {
-    double until = fmin(w->deadline, fx__comm_now() + 0.5);
+    double until = fmin(w->deadline, fx__seconds() + 0.5);
     int spins = 0;
-    while (c->tracking && !fx__confirmed(c, w) && fx__comm_now() < until) {
+    while (c->tracking && !fx__confirmed(c, w) && fx__seconds() < until) {
         int rc = fx__notices_poll(c, w);
         if (rc != FX_OK)
             return rc;
@@ -399,7 +385,7 @@ static int fx__work_step(fx_comm_work *w, double deadline, bool *done)
         *done = true;
         return FX_OK;
     }
-    if (fx__comm_now() > deadline) {
+    if (fx__seconds() > deadline) {
         *done = true;
         return fx__timeout(c, w);
     }
@@ -450,7 +436,7 @@ static int fx__begin(fx_comm *c, fx_comm_op op, int64_t n, int root, size_t scra
     int k = fx__slot_of(seq);
     char why[64];
     snprintf(why, sizeof why, "%s seq %lld", fx_comm_op_name(op), (long long)seq);
-    rc = fx__slot_reclaim(c, k, fx__comm_now() + c->timeout, why);
+    rc = fx__slot_reclaim(c, k, fx__seconds() + c->timeout, why);
     if (rc != FX_OK)
         return rc;
 
@@ -481,8 +467,8 @@ static int fx__begin(fx_comm *c, fx_comm_op op, int64_t n, int root, size_t scra
     w->det = false;
     w->out = NULL;
     w->req = MPI_REQUEST_NULL;
-    w->t0 = fx__comm_now();
-    w->t0_wall = fx__comm_wall();
+    w->t0 = fx__seconds();
+    w->t0_wall = fx__wall_seconds();
     w->deadline = w->t0 + c->timeout;
     w->data_done = w->finished = w->detached = false;
     w->status = FX_OK;
@@ -684,7 +670,7 @@ int fx_comm_work_wait(fx_comm_work *w, double timeout)
         return fx__error(FX_EINVAL, "timeout = %g must be > 0, or < 0 for the op's deadline", timeout);
     double deadline = w->deadline;
     if (timeout > 0.0)
-        deadline = fmin(deadline, fx__comm_now() + timeout);
+        deadline = fmin(deadline, fx__seconds() + timeout);
     return fx__work_wait(w, deadline);
 }
 
@@ -722,7 +708,7 @@ static int fx__wait_request(MPI_Request *req, double deadline, const char *what,
         }
         if (flag)
             return FX_OK;
-        if (fx__comm_now() > deadline) {
+        if (fx__seconds() > deadline) {
             fx__comm_note_failure();
             return fx__error(FX_ETIMEDOUT, "%s did not complete within %.3g s: a rank did not take part", what,
                              timeout);
@@ -764,7 +750,7 @@ static int fx__create(fx_comm **out, MPI_Comm parent, const char *name, double t
     c->comm = c->ctl = MPI_COMM_NULL;
     char what[96];
     snprintf(what, sizeof what, "creating communicator '%s'", c->name);
-    double deadline = fx__comm_now() + timeout;
+    double deadline = fx__seconds() + timeout;
     MPI_Request req;
     int rc = MPI_Comm_idup(parent, &c->comm, &req);
     if (rc == MPI_SUCCESS) {
@@ -893,7 +879,7 @@ void fx_comm_free(fx_comm *c)
         fx__release(w);
     }
     if (c->failed == FX_OK && c->tracking) {
-        double deadline = fx__comm_now() + c->timeout;
+        double deadline = fx__seconds() + c->timeout;
         for (int k = 0; k < FX__NOTICE_SLOTS && c->failed == FX_OK; k++)
             fx__slot_reclaim(c, k, deadline, "freeing");
     }
@@ -912,12 +898,12 @@ void fx_comm_free(fx_comm *c)
         MPI_Wait(&c->probe_recv, MPI_STATUS_IGNORE);
     }
     int sent = 0, probes_sent = 0, spins = 0;
-    double until = fx__comm_now() + 1.0;
+    double until = fx__seconds() + 1.0;
     for (;;) {
         if (MPI_Testall((int)slots, c->nsend, &sent, MPI_STATUSES_IGNORE) != MPI_SUCCESS ||
             MPI_Testall(c->size, c->probe_send, &probes_sent, MPI_STATUSES_IGNORE) != MPI_SUCCESS)
             sent = probes_sent = 0;
-        if ((sent && probes_sent) || fx__comm_now() > until)
+        if ((sent && probes_sent) || fx__seconds() > until)
             break;
         fx__backoff(&spins);
     }
@@ -993,7 +979,7 @@ int fx_comm_set_tracking(fx_comm *c, bool on)
                          c->name);
     if (!on && c->tracking && c->failed == FX_OK) {
         /* The notices already on their way must be collected before the slots are forgotten. */
-        double deadline = fx__comm_now() + c->timeout;
+        double deadline = fx__seconds() + c->timeout;
         for (int k = 0; k < FX__NOTICE_SLOTS; k++) {
             int rc = fx__slot_reclaim(c, k, deadline, "turning tracking off");
             if (rc != FX_OK)
@@ -1013,7 +999,7 @@ int fx_comm_check(fx_comm *c)
     int rc = fx__progress_detached(c);
     if (rc != FX_OK || !c->tracking)
         return rc;
-    double deadline = fx__comm_now() + c->timeout;
+    double deadline = fx__seconds() + c->timeout;
     for (int k = 0; k < FX__NOTICE_SLOTS; k++) {
         /* A slot of an op still in flight keeps its notices until the op completes. */
         bool busy = false;

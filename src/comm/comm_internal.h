@@ -90,9 +90,6 @@ struct fx_comm {
     fx_comm *next_live;     /* registry of live communicators (dumps) */
 };
 
-double fx__comm_now(void);      /* monotonic seconds */
-double fx__comm_wall(void);     /* Unix seconds */
-
 /* trace.c: the registry, the recorder, the log and dumps. */
 void fx__comm_register(fx_comm *c);
 fx_comm *fx__comm_live(void);        /* the first live communicator; then ->next_live */

@@ -108,7 +108,7 @@ void fx__comm_rec_finish(fx_comm *c, const fx_comm_work *w)
     fx__rec *r = &c->rec[w->seq % c->rec_cap];
     if (r->seq != w->seq)
         return;
-    r->duration = fx__comm_now() - w->t0;
+    r->duration = fx__seconds() - w->t0;
     r->status = w->status;
     r->state = w->status == FX_OK ? FX__REC_DONE : FX__REC_FAILED;
     if (fx__log_fd >= 0) {
@@ -187,7 +187,7 @@ int fx_comm_dump(int fd)
 {
     if (fd < 0)
         return fx__error(FX_EINVAL, "fd = %d is not a file descriptor", fd);
-    double now_wall = fx__comm_wall();
+    double now_wall = fx__wall_seconds();
     int err = 0;
     fx__lock_take();
     for (const fx_comm *c = fx__live; c && !err; c = c->next_live)

@@ -39,6 +39,10 @@ int fx__thread_id(void);
 /* True inside an OpenMP parallel region. */
 bool fx__in_parallel(void);
 
+/* Seconds on the monotonic clock (for intervals), and Unix seconds (for timestamps). */
+double fx__seconds(void);
+double fx__wall_seconds(void);
+
 /* The CPU path kernels take now (fx_get_isa()). */
 static inline fx_isa fx__isa(void) { return fx_get_isa(); }
 /* The CPU has AVX512-BF16 (vdpbf16ps) and the AVX-512 path is allowed (fx_get_isa()). */

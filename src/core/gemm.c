@@ -2,7 +2,6 @@
 #include "core.h"
 
 #include <blis.h>
-#include <time.h>
 
 /* Why BLIS: with its small-matrix path off, BLIS computes every element of C the same way
    whatever the shape of the call it is part of: the same micro-kernel over K in the same
@@ -37,13 +36,6 @@ static struct {
     int cap, n;
     int64_t dropped;
 } fx__trace;
-
-static double fx__gemm_clock(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 void fx__gemm_trace_start(fx__gemm_shape *shapes, int cap)
 {
@@ -87,9 +79,9 @@ void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
         fx__sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    const double t0 = fx__gemm_clock();
+    const double t0 = fx__seconds();
     fx__sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    fx__gemm_trace_add(ta, tb, M, N, K, fx__gemm_clock() - t0);
+    fx__gemm_trace_add(ta, tb, M, N, K, fx__seconds() - t0);
 }
 
 static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,

@@ -3,7 +3,6 @@
 
 #include <math.h>
 #include <string.h>
-#include <time.h>
 
 /* FSDP's whole-layer buffers: the fewest that let a gather and a reduce-scatter overlap the
    backward of a layer (see the FSDP section). */
@@ -62,13 +61,6 @@ int fx__par_parse(const char *s, fx__par *out)
     return FX_OK;
 }
 
-static double fx__now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ---- collectives with bookkeeping ------------------------------------------------------------- */
 
 static int fx__fail(fx__dist *d, int rc)
@@ -80,7 +72,7 @@ static int fx__fail(fx__dist *d, int rc)
 
 static void fx__waited(fx__dist *d, double t0)
 {
-    double dt = fx__now() - t0;
+    double dt = fx__seconds() - t0;
     d->cur.wait_s += dt;
     if (d->phase == 0)
         d->cur.wait_head_s += dt;
@@ -92,7 +84,7 @@ static int fx__wait(fx__dist *d, fx_comm_work **w)
 {
     if (!*w)
         return FX_OK;
-    double t0 = fx__now();
+    double t0 = fx__seconds();
     int rc = fx_comm_work_wait(*w, -1.0);
     fx__waited(d, t0);
     fx_comm_work_free(*w);
@@ -114,11 +106,11 @@ static void fx__progress(fx__dist *d)
     if (d->err)
         return;
     d->cur.progress_calls++;
-    double t0 = fx__now();
+    double t0 = fx__seconds();
     int rc = fx_comm_progress(d->world);
     if (!rc && d->rs)
         rc = fx_comm_progress(d->rs);
-    d->cur.progress_s += fx__now() - t0;
+    d->cur.progress_s += fx__seconds() - t0;
     fx__fail(d, rc);
 }
 
@@ -132,7 +124,7 @@ static int fx__all_reduce(fx__dist *d, float *buf, int64_t n)
 {
     if (d->err)
         return d->err;
-    double t0 = fx__now();
+    double t0 = fx__seconds();
     int rc = fx_comm_all_reduce(d->world, buf, n, NULL);
     fx__waited(d, t0);
     return fx__started(d, rc, 4.0 * (double)n);
@@ -147,9 +139,9 @@ static void fx__ddp_hook(int layer, float *grad, size_t numel, void *user)
     if (!d->reducing || d->err)
         return;
     fx_comm_work *w = NULL;
-    double t0 = fx__now();
+    double t0 = fx__seconds();
     int rc = fx_comm_all_reduce(d->world, grad, (int64_t)numel, &w);
-    d->cur.progress_s += fx__now() - t0; /* starting it: communication time too */
+    d->cur.progress_s += fx__seconds() - t0; /* starting it: communication time too */
     if (fx__started(d, rc, 4.0 * (double)numel))
         return;
     d->works[d->nworks++] = w;
@@ -208,9 +200,9 @@ static int fx__gather(fx__dist *d, int64_t u, float *out, fx_comm_work **w)
 {
     if (d->err)
         return d->err;
-    double t0 = fx__now();
+    double t0 = fx__seconds();
     int rc = fx_comm_all_gather_single(d->world, out, d->sp + d->soff[u], (int64_t)d->ush[u], w);
-    d->cur.progress_s += fx__now() - t0; /* starting it: communication time too */
+    d->cur.progress_s += fx__seconds() - t0; /* starting it: communication time too */
     if (fx__started(d, rc, 4.0 * (double)(d->ush[u] * (size_t)d->size)))
         return rc;
     return d->serial ? fx__wait(d, w) : FX_OK;
@@ -274,7 +266,7 @@ static void fx__fsdp_poll(fx__dist *d)
     if (d->err)
         return;
     d->cur.progress_calls++;
-    double t0 = fx__now();
+    double t0 = fx__seconds();
     int rc = fx_comm_progress(d->world);
     if (!rc)
         rc = fx_comm_progress(d->rs);
@@ -287,12 +279,12 @@ static void fx__fsdp_poll(fx__dist *d)
         fx_comm_work_free(d->sw[b]);
         d->sw[b] = NULL;
         d->skind[b] = FX__SLOT_FREE;
-        d->cur.progress_s += fx__now() - t0;
+        d->cur.progress_s += fx__seconds() - t0;
         fx__rs_add(d, d->slot[b], d->slayer[b] + 1); /* compute: not timed */
-        t0 = fx__now();
+        t0 = fx__seconds();
         d->slayer[b] = -1;
     }
-    d->cur.progress_s += fx__now() - t0;
+    d->cur.progress_s += fx__seconds() - t0;
     if (!rc)
         fx__prefetch(d); /* timed where the gather starts */
     fx__fail(d, rc);
@@ -373,9 +365,9 @@ static void fx__fsdp_grad_hook(int layer, float *grad, size_t numel, void *user)
         out = grad, w = &d->sw[b];
         d->skind[b] = FX__SLOT_RS, d->sage[b] = ++d->clock;
     }
-    double t0 = fx__now();
+    double t0 = fx__seconds();
     int rc = fx_comm_reduce_scatter_single(d->rs, out, grad, (int64_t)d->ush[u], w);
-    d->cur.progress_s += fx__now() - t0; /* starting it: communication time too */
+    d->cur.progress_s += fx__seconds() - t0; /* starting it: communication time too */
     if (fx__started(d, rc, 4.0 * (double)(d->ush[u] * (size_t)d->size)))
         return;
     if (d->serial) {
@@ -786,7 +778,7 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
             return FX_ENOMEM;
         float pf[2];
         memcpy(pf, &part, sizeof part);
-        double t0 = fx__now();
+        double t0 = fx__seconds();
         rc = fx_comm_all_gather_single(d->world, (float *)allp, pf, 2, NULL);
         fx__waited(d, t0);
         if (!fx__fail(d, fx__started(d, rc, 8.0 * d->size)))

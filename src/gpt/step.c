@@ -2,14 +2,6 @@
 #include "gpt.h"
 
 #include <math.h>
-#include <time.h>
-
-static double fx__seconds(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s, int32_t *tokens,
                        int32_t *targets, fx__gpt_step_info *info)
