@@ -94,30 +94,6 @@ double bench_attn_flops(const fx_attention *a, double density)
     return 2.0 * (double)(a->D + a->Dv) * (double)a->B * (double)a->Hq * (double)a->Lq * (double)a->Lkv * density;
 }
 
-void bench_attn_pair(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, double *med_a, double *med_b)
-{
-    enum { MAX_REPS = 64 };
-    double ta[MAX_REPS], tb[MAX_REPS];
-    reps = reps < 1 ? 1 : reps > MAX_REPS ? MAX_REPS : reps;
-    double t0 = fx__seconds();
-    a(ctx_a); /* warm-up of the fast one; the slow one warms up only if it is cheap */
-    if (fx__seconds() - t0 < 0.05) {
-        a(ctx_a);
-        b(ctx_b);
-    }
-    for (int r = 0; r < reps; r++) {
-        double t1 = fx__seconds();
-        a(ctx_a);
-        double t2 = fx__seconds();
-        b(ctx_b);
-        double t3 = fx__seconds();
-        ta[r] = t2 - t1;
-        tb[r] = t3 - t2;
-    }
-    *med_a = bench_median(ta, reps);
-    *med_b = bench_median(tb, reps);
-}
-
 typedef struct run_ctx {
     const fx_attention *a;
     bench_attn_data *d;
@@ -143,7 +119,7 @@ static int run_case(const bench_attn_case *c, double peak, bool json)
     dense.mask = NULL;
     run_ctx flex_run = {.a = &d.a, .d = &d, .out = d.out}, dense_run = {.a = &dense, .d = &d, .out = d.out2};
     double t_flex, t_dense;
-    bench_attn_pair(run_forward, &flex_run, run_forward, &dense_run, c->reps, &t_flex, &t_dense);
+    bench_pair_warm(run_forward, &flex_run, run_forward, &dense_run, c->reps, 0.05, &t_flex, &t_dense);
     if (flex_run.rc != FX_OK || dense_run.rc != FX_OK) {
         cli_fail(flex_run.rc != FX_OK ? flex_run.rc : dense_run.rc, "flex attention");
         bench_attn_teardown(&d);

@@ -40,9 +40,5 @@ void bench_attn_teardown(bench_attn_data *d);
    the pairs of visited blocks (density). */
 double bench_attn_flops(const fx_attention *a, double density);
 const char *bench_attn_mask_name(bench_attn_mask m);
-/* As bench_pair (a, b, a, b, ... medians of `reps` pairs), but b is warmed up only when a
-   first run of a takes under 50 ms, so a slow peer (a dense 32768 forward) is not run twice
-   for nothing. */
-void bench_attn_pair(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, double *med_a, double *med_b);
 
 #endif

@@ -3,6 +3,7 @@
 
 #include <flexc.h>
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -23,27 +24,32 @@ double bench_median(double *x, int n)
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
-void bench_pair(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, double *med_a, double *med_b)
+void bench_pair_warm(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, double warm_b_below, double *med_a,
+                     double *med_b)
 {
     enum { MAX_REPS = 64 };
     double ta[MAX_REPS], tb[MAX_REPS];
-    if (reps > MAX_REPS)
-        reps = MAX_REPS;
-    if (reps < 1)
-        reps = 1;
+    reps = reps < 1 ? 1 : reps > MAX_REPS ? MAX_REPS : reps;
+    const double t0 = fx__seconds();
     a(ctx_a);
-    b(ctx_b);
-    for (int r = 0; r < reps; r++) {
-        double t0 = fx__seconds();
-        a(ctx_a);
-        double t1 = fx__seconds();
+    if (fx__seconds() - t0 < warm_b_below)
         b(ctx_b);
-        double t2 = fx__seconds();
-        ta[r] = t1 - t0;
-        tb[r] = t2 - t1;
+    for (int r = 0; r < reps; r++) {
+        const double t1 = fx__seconds();
+        a(ctx_a);
+        const double t2 = fx__seconds();
+        b(ctx_b);
+        const double t3 = fx__seconds();
+        ta[r] = t2 - t1;
+        tb[r] = t3 - t2;
     }
     *med_a = bench_median(ta, reps);
     *med_b = bench_median(tb, reps);
+}
+
+void bench_pair(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, double *med_a, double *med_b)
+{
+    bench_pair_warm(a, ctx_a, b, ctx_b, reps, INFINITY, med_a, med_b);
 }
 
 double bench_time(bench_fn f, void *ctx, int reps)

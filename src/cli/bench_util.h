@@ -16,6 +16,10 @@ double bench_median(double *x, int n);
 typedef void (*bench_fn)(void *ctx);
 /* Runs each once to warm up, then a, b, a, b, ... `reps` pairs; medians in seconds. */
 void bench_pair(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, double *med_a, double *med_b);
+/* As bench_pair, but b is warmed up only when a's warm-up took under warm_b_below seconds, so
+   that a slow peer (a dense 32768-token forward) is not run once more for nothing. */
+void bench_pair_warm(bench_fn a, void *ctx_a, bench_fn b, void *ctx_b, int reps, double warm_b_below, double *med_a,
+                     double *med_b);
 /* Median seconds of `reps` runs after one warm-up. */
 double bench_time(bench_fn f, void *ctx, int reps);
 
