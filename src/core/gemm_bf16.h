@@ -63,8 +63,8 @@ size_t fx__gemm_bf16_ws(int64_t M, int64_t N, int64_t K);
                     operands packed in bfloat16 pairs and multiplied by tdpbf16ps, 32 x 32
                     tiles of C (fx__bf16_tiled_amx);
      AVX512-BF16:   otherwise on CPUs with vdpbf16ps (fx__cpu_avx512bf16) and the AVX-512
-                    path, the same packing and a 12 x 32 vdpbf16ps micro-kernel
-                    (fx__bf16_tiled_dp).
+                    path, both operands packed pair by pair and a 12 x 32 vdpbf16ps
+                    micro-kernel (fx__bf16_tiled_dp).
    The last two take the widening path when their packed operands would not fit in ws (a
    handful of rows or columns, or K below 32 for AMX). The paths differ in the order of the
    float32 sums only (docs/train.md). */
