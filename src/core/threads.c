@@ -13,6 +13,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 
 int fx_set_num_threads(int n)
 {
@@ -139,8 +142,11 @@ bool fx__cpu_amx_bf16(void)
     int h = atomic_load(&has);
     if (h < 0) {
         __builtin_cpu_init();
-        h = __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-            fx__isa_supported() == FX_ISA_AVX512 &&
+        /* CPUID leaf 7: EDX bit 24 AMX-TILE, bit 22 AMX-BF16 (read directly: not every
+           compiler's __builtin_cpu_supports knows them). */
+        unsigned a, b, c, d;
+        const bool amx = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 22 & 1);
+        h = amx && fx__isa_supported() == FX_ISA_AVX512 &&
             syscall(SYS_arch_prctl, FX__ARCH_REQ_XCOMP_PERM, FX__XFEATURE_XTILEDATA) == 0;
         atomic_store(&has, h);
     }
