@@ -6,6 +6,7 @@
    the public API: argument errors, save/load, generation. */
 #include "harness.h"
 
+#include "core/gemm_bf16.h"
 #include "gpt/gpt.h"
 #include "model_fixtures.h"
 
@@ -759,6 +760,11 @@ static void bf16_grads(const fx__gpt_config *c, bool bf16, bool recompute, int t
     fx__gpt_free(m);
 }
 
+#ifdef FXT_HAVE_SIMDE
+void fxt_bf16_dp_kernel_simde(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
+                              int64_t mr, int64_t nr);
+#endif
+
 static void test_bf16_step(void)
 {
     for (int ci = 0; ci < 2; ci++) {
@@ -791,6 +797,42 @@ static void test_bf16_step(void)
                 FXT_FAIL("%s: bf16 gradient off float32's by %.3g of its norm %.3g", tt->name, sqrt(d2 / (r2 + 1e-300)),
                          sqrt(r2));
         }
+#ifdef FXT_HAVE_SIMDE
+        /* The same step on the vdpbf16ps path (its kernel built from SIMDe's portable
+           intrinsics), as a CPU with AVX512-BF16 runs it: bitwise the same at 1 and 2
+           threads, not bitwise the widening path's (another summation order) but as close
+           to it as the order allows, and as close to float32 as bf16 is. */
+        fx__bf16_tiled dp = fx__bf16_tiled_dp;
+        dp.kernel = fxt_bf16_dp_kernel_simde;
+        float *gt1 = malloc(P * sizeof(float)), *gt2 = malloc(P * sizeof(float)), lt1, lt2;
+        fx__gemm_bf16_force_tiled(&dp);
+        bf16_grads(&c, true, false, 1, gt1, &lt1);
+        bf16_grads(&c, true, false, 2, gt2, &lt2);
+        fx__gemm_bf16_force_tiled(NULL);
+        FXT_CHECK(lt1 == lt2);
+        fxt_bitwise_f32("bf16 gradients on the vdpbf16ps path, 1 vs 2 threads", gt1, gt2, P);
+        FXT_CHECK(memcmp(gt1, g1, P * sizeof(float)) != 0); /* the path was taken */
+        FXT_NEAR(lt1, l1, 0, 1e-3);
+        double worst = 0.0;
+        for (size_t t = 0; t < m->lay.n; t++) {
+            const fx__gpt_tensor *tt = &m->lay.t[t];
+            double d2 = 0.0, r2 = 0.0;
+            for (size_t i = tt->offset; i < tt->offset + tt->numel; i++) {
+                d2 += ((double)gt1[i] - g1[i]) * ((double)gt1[i] - g1[i]);
+                r2 += (double)g1[i] * g1[i];
+            }
+            const double rel = sqrt(d2 / (r2 + 1e-300));
+            worst = rel > worst ? rel : worst;
+            if (!(sqrt(d2) <= 1e-2 * sqrt(r2) + 1e-7))
+                FXT_FAIL("%s: the vdpbf16ps path's gradient off the widening path's by %.3g of its norm", tt->name,
+                         rel);
+        }
+        fprintf(stderr, "  vdpbf16ps path vs widening path: largest gradient difference %.3g of a tensor's norm\n",
+                worst);
+        free(gt1), free(gt2);
+#else
+        fprintf(stderr, "  (no SIMDe: the vdpbf16ps path's step is not tested)\n");
+#endif
         free(g32), free(g1), free(g2), free(gr);
 
         /* AdamW keeps the copy: params16 is bfloat16(params) after every step. */

@@ -2,6 +2,8 @@
    conversion loops, and the fixed-order reference. See gemm_bf16.h. */
 #include "gemm_bf16.h"
 
+#include <stdatomic.h>
+
 /* ---- conversions ----------------------------------------------------------------------------- */
 
 void fx__f32_to_bf16_n_scalar(uint16_t *dst, const float *src, int64_t n)
@@ -74,6 +76,11 @@ size_t fx__gemm_bf16_ws(int64_t M, int64_t N, int64_t K)
     return (size_t)M * (size_t)K + (size_t)K * (size_t)N;
 }
 
+/* The path the tests force (fx__gemm_bf16_force_tiled); NULL: the CPU's. */
+static _Atomic(const fx__bf16_tiled *) fx__bf16_forced;
+
+void fx__gemm_bf16_force_tiled(const fx__bf16_tiled *t) { atomic_store(&fx__bf16_forced, t); }
+
 void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
                    int64_t ldb, float beta, float *C, int64_t ldc, float *ws)
 {
@@ -85,9 +92,9 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
         return;
     /* AMX or vdpbf16ps multiply the bfloat16 pairs directly, where the CPU has them and the
        packed operands fit (about half the widened ones' room, plus the panels' padding). */
-    const fx__bf16_tiled *t = fx__cpu_amx_bf16()     ? &fx__bf16_tiled_amx
-                              : fx__cpu_avx512bf16() ? &fx__bf16_tiled_dp
-                                                     : NULL;
+    const fx__bf16_tiled *t = atomic_load(&fx__bf16_forced);
+    if (!t)
+        t = fx__cpu_amx_bf16() ? &fx__bf16_tiled_amx : fx__cpu_avx512bf16() ? &fx__bf16_tiled_dp : NULL;
     if (t && fx__bf16_tiled_words(t, M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
         fx__gemm_bf16_tiled(t, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, (uint32_t *)ws);
         return;

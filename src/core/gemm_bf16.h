@@ -101,6 +101,10 @@ void fx__bf16_amx_kernel(int64_t pairs, const uint32_t *a, const uint32_t *b, fl
 enum { FX__DP_MR = 12, FX__DP_NR = 32, FX__AMX_MR = 32, FX__AMX_NR = 32, FX__AMX_PAIRS = 16 };
 extern const fx__bf16_tiled fx__bf16_tiled_dp, fx__bf16_tiled_amx;
 
+/* Tests: every later fx__gemm_bf16 takes path t (where its packed operands fit ws), whatever
+   the CPU has; NULL restores the CPU's choice. Not for use inside a parallel region. */
+void fx__gemm_bf16_force_tiled(const fx__bf16_tiled *t);
+
 /* Pairs per line of a (K) product on path t: (K + 1) / 2 rounded up to t->align. */
 static inline int64_t fx__bf16_tiled_pairs(const fx__bf16_tiled *t, int64_t K)
 {
