@@ -339,14 +339,15 @@ static void test_gemm_bf16_pack(void)
 }
 
 /* Each path through fx__gemm_bf16_tiled against the float64 sums of the rounded inputs, at
-   shapes that leave partial tiles in M and N and an odd K, every transpose, both operand
-   kinds, beta 0 (over NaN) and 1. */
+   shapes that leave partial tiles in M and N, an odd K and K = 0 (C = beta C), every
+   transpose, both operand kinds, beta 0 (over NaN) and 1. */
 static void test_gemm_bf16_tiled_against_reference(void)
 {
     fx__bf16_tiled path[4];
     const char *name[4];
     const int np = tiled_paths(path, name);
-    const int64_t shapes[][3] = {{37, 29, 53}, {1, 17, 300}, {65, 3, 1}, {130, 70, 513}, {12, 32, 8}, {3, 97, 17}};
+    const int64_t shapes[][3] = {{37, 29, 53}, {1, 17, 300}, {65, 3, 1}, {130, 70, 513},
+                                 {12, 32, 8},  {3, 97, 17},  {5, 7, 0}};
     const int64_t pad = 3;
     for (int q = 0; q < np; q++) {
         double unrounded_max = 0.0;
