@@ -165,12 +165,19 @@ static bool gemm_check(const char *what, const float *C, const float *C0, bool t
     return bad == 0;
 }
 
-static void test_gemm_bf16_against_reference(void)
+/* A GEMM under test: fx__gemm_bf16's contract, its scratch allocated by the caller. */
+typedef void (*gemm_fn)(const void *ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A,
+                        int64_t lda, fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* gemm against the float64 sums of the rounded inputs (gemm_check) over shapes, every
+   transpose, both operand kinds and beta 0 (over NaN) and 1; also fx__gemm_bf16_ref when
+   with_ref. Returns the largest error against the unrounded inputs. */
+static double reference_sweep(const char *what, gemm_fn gemm, const void *ctx, const int64_t (*shapes)[3], size_t ns,
+                              bool with_ref)
 {
-    const int64_t shapes[][3] = {{37, 29, 53}, {1, 17, 300}, {65, 3, 1}, {130, 70, 513}, {8, 8, 8}, {3, 97, 17}};
     const int64_t pad = 3;
     double unrounded_max = 0.0;
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    for (size_t s = 0; s < ns; s++) {
         const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
         for (int t = 0; t < 4; t++) {
             bool ta = t & 1, tb = t & 2;
@@ -185,22 +192,41 @@ static void test_gemm_bf16_against_reference(void)
                     if (!bi)
                         for (int64_t i = 0; i < M * N; i++)
                             C0[i] = NAN; /* beta 0 overwrites, NaN included */
-                    float *C = fxt_guarded_copy(C0, (size_t)(M * N)), *R = fxt_guarded_copy(C0, (size_t)(M * N));
-                    float *ws = malloc(fx__gemm_bf16_ws(M, N, K) * sizeof(float));
-                    fx__gemm_bf16(ta, tb, M, N, K, a, A.ld, b, B.ld, beta, C, N, ws);
-                    fx__gemm_bf16_ref(ta, tb, M, N, K, a, A.ld, b, B.ld, beta, R, N);
+                    float *C = fxt_guarded_copy(C0, (size_t)(M * N));
+                    gemm(ctx, ta, tb, M, N, K, a, A.ld, b, B.ld, beta, C, N);
                     double un = 0.0;
-                    gemm_check("fx__gemm_bf16", C, C0, ta, tb, M, N, K, &A, &B, beta, &un);
-                    gemm_check("fx__gemm_bf16_ref", R, C0, ta, tb, M, N, K, &A, &B, beta, NULL);
+                    gemm_check(what, C, C0, ta, tb, M, N, K, &A, &B, beta, &un);
                     unrounded_max = un > unrounded_max ? un : unrounded_max;
                     fxt_guarded_free("C", C);
-                    fxt_guarded_free("R", R);
-                    free(C0), free(ws);
+                    if (with_ref) {
+                        float *R = fxt_guarded_copy(C0, (size_t)(M * N));
+                        fx__gemm_bf16_ref(ta, tb, M, N, K, a, A.ld, b, B.ld, beta, R, N);
+                        gemm_check("fx__gemm_bf16_ref", R, C0, ta, tb, M, N, K, &A, &B, beta, NULL);
+                        fxt_guarded_free("R", R);
+                    }
+                    free(C0);
                 }
             }
             operand_free(&A), operand_free(&B);
         }
     }
+    return unrounded_max;
+}
+
+static void gemm_best(const void *ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda,
+                      fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    (void)ctx;
+    float *ws = malloc(fx__gemm_bf16_ws(M, N, K) * sizeof(float));
+    fx__gemm_bf16(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, ws);
+    free(ws);
+}
+
+static void test_gemm_bf16_against_reference(void)
+{
+    const int64_t shapes[][3] = {{37, 29, 53}, {1, 17, 300}, {65, 3, 1}, {130, 70, 513}, {8, 8, 8}, {3, 97, 17}};
+    const double unrounded_max =
+        reference_sweep("fx__gemm_bf16", gemm_best, NULL, shapes, sizeof shapes / sizeof shapes[0], true);
     /* The inputs were rounded: against the unrounded values the results are off by about
        bfloat16's precision (2^-9 relative per input), far more than the tolerance. */
     if (!(unrounded_max > 1e-3))
@@ -338,6 +364,15 @@ static void test_gemm_bf16_pack(void)
     operand_free(&X);
 }
 
+static void gemm_tiled(const void *ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda,
+                       fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    const fx__bf16_tiled *t = ctx;
+    uint32_t *ws = malloc(fx__bf16_tiled_words(t, M, N, K) * sizeof(uint32_t));
+    fx__gemm_bf16_tiled(t, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, ws);
+    free(ws);
+}
+
 /* Each path through fx__gemm_bf16_tiled against the float64 sums of the rounded inputs, at
    shapes that leave partial tiles in M and N, an odd K and K = 0 (C = beta C), every
    transpose, both operand kinds, beta 0 (over NaN) and 1. */
@@ -348,37 +383,9 @@ static void test_gemm_bf16_tiled_against_reference(void)
     const int np = tiled_paths(path, name);
     const int64_t shapes[][3] = {{37, 29, 53}, {1, 17, 300}, {65, 3, 1}, {130, 70, 513},
                                  {12, 32, 8},  {3, 97, 17},  {5, 7, 0}};
-    const int64_t pad = 3;
     for (int q = 0; q < np; q++) {
-        double unrounded_max = 0.0;
-        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-            const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-            for (int t = 0; t < 4; t++) {
-                bool ta = t & 1, tb = t & 2;
-                operand A = operand_new(ta ? K : M, ta ? M : K, (ta ? M : K) + pad, 100 + s);
-                operand B = operand_new(tb ? N : K, tb ? K : N, (tb ? K : N) + pad, 200 + s);
-                for (int kinds = 0; kinds < 3; kinds++) {
-                    fx__bf16_mat a = kinds == 0 ? fx__bf16_of_f32(A.f) : fx__bf16_of(A.h);
-                    fx__bf16_mat b = kinds == 1 ? fx__bf16_of_f32(B.f) : fx__bf16_of(B.h);
-                    for (int bi = 0; bi < 2; bi++) {
-                        const float beta = bi ? 1.0f : 0.0f;
-                        float *C0 = fxt_random((size_t)(M * N), -1, 1, 300 + s);
-                        if (!bi)
-                            for (int64_t i = 0; i < M * N; i++)
-                                C0[i] = NAN;
-                        float *C = fxt_guarded_copy(C0, (size_t)(M * N));
-                        uint32_t *ws = malloc(fx__bf16_tiled_words(&path[q], M, N, K) * sizeof(uint32_t));
-                        fx__gemm_bf16_tiled(&path[q], ta, tb, M, N, K, a, A.ld, b, B.ld, beta, C, N, ws);
-                        double un = 0.0;
-                        gemm_check(name[q], C, C0, ta, tb, M, N, K, &A, &B, beta, &un);
-                        unrounded_max = un > unrounded_max ? un : unrounded_max;
-                        fxt_guarded_free("C", C);
-                        free(C0), free(ws);
-                    }
-                }
-                operand_free(&A), operand_free(&B);
-            }
-        }
+        const double unrounded_max =
+            reference_sweep(name[q], gemm_tiled, &path[q], shapes, sizeof shapes / sizeof shapes[0], false);
         if (!(unrounded_max > 1e-3))
             FXT_FAIL("%s: the products look like float32 ones (%.3g)", name[q], unrounded_max);
     }
