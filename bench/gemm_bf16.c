@@ -11,21 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "median.h"
 #include "core/gemm_bf16.h"
 
 enum { MAX_REPS = 64 };
-
-static int cmp(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 int main(int argc, char **argv)
 {
