@@ -42,6 +42,7 @@ endif()
 if(NOT FLEXC_SANITIZE AND NOT FLEXC_FUZZ AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
   enable_language(ASM)
   add_executable(gemm_bf16_kernel_elf ${PROJECT_SOURCE_DIR}/tests/gemm_bf16_emu_entry.S
+                 ${PROJECT_SOURCE_DIR}/tests/freestanding_mem.S
                  $<FILTER:$<TARGET_OBJECTS:flexc_obj>,INCLUDE,gemm_bf16_avx512bf16>)
   set_target_properties(gemm_bf16_kernel_elf PROPERTIES OUTPUT_NAME gemm_bf16_kernel.elf LINKER_LANGUAGE C)
   target_link_options(gemm_bf16_kernel_elf PRIVATE -nostdlib -static -no-pie -Wl,-e,fxt_entry)
@@ -53,4 +54,25 @@ if(NOT FLEXC_SANITIZE AND NOT FLEXC_FUZZ AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86
     add_test(NAME test_gemm_bf16_emu COMMAND sh -c "echo 'python3 not found: skipped'; exit 77")
   endif()
   set_tests_properties(test_gemm_bf16_emu PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+endif()
+
+# The library's AMX-BF16 micro-kernel on a whole emulated machine (tests/amx_guest: a boot
+# sector, 64-bit mode, the object of src/core/gemm_bf16_amx.c as built into the library, and
+# checks against float64 sums, all without libc), run by tests/gemm_bf16_amx_bochs.sh on Bochs
+# 2.8 or later configured with --enable-amx, named by FLEXC_BOCHS; skipped without it (the
+# emulator in PyPI's bochscpu-python has no AMX, and Debian's Bochs is older).
+if(NOT FLEXC_SANITIZE AND NOT FLEXC_FUZZ AND CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64")
+  set(guest ${PROJECT_SOURCE_DIR}/tests/amx_guest)
+  add_executable(gemm_bf16_amx_guest ${guest}/boot.S ${guest}/guest.c ${PROJECT_SOURCE_DIR}/tests/freestanding_mem.S
+                 $<FILTER:$<TARGET_OBJECTS:flexc_obj>,INCLUDE,gemm_bf16_amx>)
+  target_include_directories(gemm_bf16_amx_guest PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/include)
+  set_target_properties(gemm_bf16_amx_guest PROPERTIES OUTPUT_NAME gemm_bf16_amx_guest.elf LINKER_LANGUAGE C
+                        POSITION_INDEPENDENT_CODE OFF LINK_DEPENDS ${guest}/amx_guest.ld)
+  set_source_files_properties(${guest}/guest.c PROPERTIES COMPILE_OPTIONS
+                              "-ffreestanding;-fno-builtin;-mno-red-zone;-fno-stack-protector;-fno-pie")
+  target_link_options(gemm_bf16_amx_guest PRIVATE -nostdlib -static -no-pie -Wl,-T,${guest}/amx_guest.ld
+                      -Wl,--no-warn-rwx-segments -Wl,--build-id=none)
+  add_test(NAME test_gemm_bf16_amx_bochs
+           COMMAND sh ${PROJECT_SOURCE_DIR}/tests/gemm_bf16_amx_bochs.sh $<TARGET_FILE:gemm_bf16_amx_guest>)
+  set_tests_properties(test_gemm_bf16_amx_bochs PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 endif()

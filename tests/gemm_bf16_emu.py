@@ -9,8 +9,8 @@ package bochscpu-python) runs it in 64-bit mode as a Sapphire Rapids CPU, whose 
 test first checks for AVX512-BF16. Each call of fx__bf16_dp_kernel_avx512bf16 gets random
 packed panels; its tile of C must match the float64 sums of the same bfloat16 products within
 test_gemm_bf16.c's tolerance, 1e-5 * (sum |a b| + |beta c|), beta 0 must overwrite NaN, and
-nothing outside the mr x nr tile may change. (The AMX kernel, gemm_bf16_amx.c, is not run here:
-bochscpu-python's Bochs is built without AMX's instructions.)
+nothing outside the mr x nr tile may change. (The AMX kernel, gemm_bf16_amx.c, runs in
+tests/amx_guest instead: bochscpu-python's Bochs is built without AMX's instructions.)
 
 Exit status: 0 passed, 1 failed, 77 skipped (bochscpu-python is not installed; CI installs it).
 """

@@ -4,7 +4,7 @@
      +0  command: 0 = call the kernel, 1 = cpuid
      kernel: +8 K2, +16 a, +24 b, +32 beta (float), +40 C, +48 ldc, +56 mr, +64 nr
      cpuid:  +8 leaf, +16 subleaf; eax, ebx, ecx, edx written back at +72, +76, +80, +84
-   then halts. memcpy and memset are here for the kernel's compiled copies. */
+   then halts. memcpy and memset come from tests/freestanding_mem.S. */
     .set FXT_REQ, 0x20000000
     .text
     .globl fxt_entry
@@ -33,21 +33,5 @@ fxt_entry:
     mov %ecx, 80(%rsi)
     mov %edx, 84(%rsi)
     hlt
-
-    .globl memcpy
-memcpy:
-    mov %rdi, %rax
-    mov %rdx, %rcx
-    rep movsb
-    ret
-
-    .globl memset
-memset:
-    mov %rdi, %r9
-    mov %esi, %eax
-    mov %rdx, %rcx
-    rep stosb
-    mov %r9, %rax
-    ret
 
     .section .note.GNU-stack,"",@progbits
