@@ -318,47 +318,74 @@ static int tiled_paths(fx__bf16_tiled *t, const char **name)
 
 /* Packing: each word holds (x(l, 2p), x(l, 2p+1)) in its low and high halves, zeros past the
    lines, past an odd K and up to the padded pair count, in both orders (pair by pair, row by
-   row), both element layouts and operand kinds, a full and a partial panel, and a K that
-   spans several of the packing's steps along a line. */
+   row), both element layouts and operand kinds, a full and a partial panel, both panel widths
+   (A's 12 lines, B's 32), and a K that spans several of the packing's steps along a line; the
+   pair-by-pair order by each of its loops (plain C, AVX-512, and the AVX-512 sweep of all
+   panels in two ranges of pairs, where the CPU has AVX-512). */
+typedef void (*pack_fn)(uint32_t *, fx__bf16_mat, int64_t, bool, int64_t, int64_t, int64_t, int64_t, int64_t);
+
 static void test_gemm_bf16_pack(void)
 {
-    enum { LINES = 13, W = 12, LD = 140, MAXP = 80 };
+    enum { LD = 140, MAXW = 32, MAXP = 80, PANELS = 2 };
     const int64_t Ks[][2] = {{7, 4}, {7, 16}, {131, 66}, {131, 80}}; /* K, pairs */
+    const int64_t Ws[][2] = {{12, 13}, {32, 45}};                     /* width, lines: a full panel, a partial one */
+    const bool avx512 = fx_get_isa() == FX_ISA_AVX512;
+    const struct { pack_fn fn; const char *name; bool run; } packs[] = {
+        {fx__bf16_pack_rows, "rows", true},
+        {fx__bf16_pack_pairs_scalar, "pairs (plain C)", true},
+        {fx__bf16_pack_pairs_avx512, "pairs (AVX-512)", avx512},
+        {NULL, "pairs (AVX-512 sweep)", avx512},
+    };
     operand X = operand_new(LD, LD, LD, 7); /* room for either layout */
-    uint32_t *P = malloc((W * MAXP + 1) * sizeof(uint32_t)); /* and a word past the largest panel */
-    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
-        const int64_t K = Ks[ki][0], pairs = Ks[ki][1];
-        for (int rows = 0; rows < 2; rows++)
-            for (int lk = 0; lk < 2; lk++)
-                for (int kind = 0; kind < 2; kind++) {
-                    fx__bf16_mat x = kind ? fx__bf16_of(X.h) : fx__bf16_of_f32(X.f);
-                    for (int64_t q = 0; q < 2; q++) {
-                        memset(P, 0xab, (W * MAXP + 1) * sizeof(uint32_t));
-                        if (rows)
-                            fx__bf16_pack_rows(P, x, LD, lk, LINES, K, pairs, W, q);
-                        else
-                            fx__bf16_pack_pairs(P, x, LD, lk, LINES, K, pairs, W, q);
+    for (int s = 0; s < 4; s++) /* special values the rounding must keep: NaN, infinities, a tie */
+        X.f[3 * LD + 5 + s] = (float[]){NAN, INFINITY, -INFINITY, 1.00390625f}[s];
+    fx__f32_to_bf16_n_scalar(X.h, X.f, LD * LD);
+    const size_t words = PANELS * MAXW * MAXP + 1; /* and a word past the largest operand */
+    uint32_t *P = malloc(words * sizeof(uint32_t));
+    for (size_t pi = 0; pi < sizeof packs / sizeof packs[0]; pi++) {
+        if (!packs[pi].run) {
+            fprintf(stderr, "  (no AVX-512 here: %s not tested)\n", packs[pi].name);
+            continue;
+        }
+        const bool rows = pi == 0;
+        for (size_t wi = 0; wi < sizeof Ws / sizeof Ws[0]; wi++)
+            for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+                const int64_t W = Ws[wi][0], LINES = Ws[wi][1], K = Ks[ki][0], pairs = Ks[ki][1];
+                for (int lk = 0; lk < 2; lk++)
+                    for (int kind = 0; kind < 2; kind++) {
+                        if (!packs[pi].fn && lk)
+                            continue; /* the sweep packs lines held by rows only */
+                        fx__bf16_mat x = kind ? fx__bf16_of(X.h) : fx__bf16_of_f32(X.f);
+                        memset(P, 0xab, words * sizeof(uint32_t));
+                        if (packs[pi].fn) {
+                            for (int64_t q = 0; q < PANELS; q++)
+                                packs[pi].fn(P + q * W * pairs, x, LD, lk, LINES, K, pairs, W, q);
+                        } else {
+                            fx__bf16_pack_pairs_sweep_avx512(P, x, LD, LINES, K, pairs, W, 0, pairs / 2 + 1);
+                            fx__bf16_pack_pairs_sweep_avx512(P, x, LD, LINES, K, pairs, W, pairs / 2 + 1, pairs);
+                        }
                         size_t bad = 0;
-                        for (int64_t p = 0; p < pairs; p++)
-                            for (int64_t l = 0; l < W; l++) {
-                                uint32_t want = 0;
-                                for (int64_t h = 0; h < 2; h++) {
-                                    const int64_t line = q * W + l, k = 2 * p + h;
-                                    if (line < LINES && k < K)
-                                        want |= (uint32_t)X.h[lk ? line * LD + k : k * LD + line] << (16 * h);
+                        for (int64_t q = 0; q < PANELS; q++)
+                            for (int64_t p = 0; p < pairs; p++)
+                                for (int64_t l = 0; l < W; l++) {
+                                    uint32_t want = 0;
+                                    for (int64_t h = 0; h < 2; h++) {
+                                        const int64_t line = q * W + l, k = 2 * p + h;
+                                        if (line < LINES && k < K)
+                                            want |= (uint32_t)X.h[lk ? line * LD + k : k * LD + line] << (16 * h);
+                                    }
+                                    const uint32_t got = P[q * W * pairs + (rows ? l * pairs + p : p * W + l)];
+                                    if (got != want && !bad++)
+                                        FXT_FAIL("%s: width %lld K %lld pairs %lld lk %d kind %d panel %lld word "
+                                                 "(%lld, %lld): 0x%08x, want 0x%08x",
+                                                 packs[pi].name, (long long)W, (long long)K, (long long)pairs, lk, kind,
+                                                 (long long)q, (long long)p, (long long)l, got, want);
                                 }
-                                const uint32_t got = P[rows ? l * pairs + p : p * W + l];
-                                if (got != want && !bad++)
-                                    FXT_FAIL("%s: K %lld pairs %lld lk %d kind %d panel %lld word (%lld, %lld): "
-                                             "0x%08x, want 0x%08x",
-                                             rows ? "rows" : "pairs", (long long)K, (long long)pairs, lk, kind,
-                                             (long long)q, (long long)p, (long long)l, got, want);
-                            }
-                        if (P[W * pairs] != 0xabababab)
-                            FXT_FAIL("K %lld pairs %lld: the packing wrote past its panel", (long long)K,
-                                     (long long)pairs);
+                        if (P[PANELS * W * pairs] != 0xabababab)
+                            FXT_FAIL("%s: width %lld K %lld pairs %lld: the packing wrote past its operand",
+                                     packs[pi].name, (long long)W, (long long)K, (long long)pairs);
                     }
-                }
+            }
     }
     free(P);
     operand_free(&X);

@@ -157,8 +157,8 @@ static void fx__bf16_pair_words(uint32_t *dst, int64_t stride, fx__bf16_mat x, i
         dst[l * stride] = (uint32_t)lo[l] | (uint32_t)hi[l] << 16;
 }
 
-void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
-                         int64_t width, int64_t q)
+void fx__bf16_pack_pairs_scalar(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
+                                int64_t pairs, int64_t width, int64_t q)
 {
     const int64_t K2 = (K + 1) / 2, l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
     if (lk) {
@@ -175,10 +175,16 @@ void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int
         for (int64_t p = 0; p < K2; p++)
             fx__bf16_pair_words(dst + p * width, 1, x, ld, l0, nl, K, p);
     }
-    for (int64_t p = 0; p < pairs; p++) { /* the missing lines, and the pairs past K */
-        const int64_t from = p < K2 ? nl : 0;
-        memset(dst + p * width + from, 0, (size_t)(width - from) * sizeof(uint32_t));
-    }
+    fx__bf16_pack_pairs_pad(dst, K2, nl, pairs, width);
+}
+
+void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
+                         int64_t width, int64_t q)
+{
+    if (fx__isa() == FX_ISA_AVX512)
+        fx__bf16_pack_pairs_avx512(dst, x, ld, lk, lines, K, pairs, width, q);
+    else
+        fx__bf16_pack_pairs_scalar(dst, x, ld, lk, lines, K, pairs, width, q);
 }
 
 void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
@@ -200,6 +206,35 @@ void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int6
     }
 }
 
+/* Pairs per task of the AVX-512 sweep (fx__bf16_pack_panels). */
+enum { FX__SWEEP_PAIRS = 8 };
+
+/* Every panel of one operand into dst, shared among the threads of the enclosing parallel
+   region (no barrier at the end): panel by panel, or, on the AVX-512 path for an operand whose
+   rows hold lines (not lk), pair by pair across all panels so that its rows are read front to
+   back. Either split gives the same words. */
+static void fx__bf16_pack_panels(const fx__bf16_tiled *t, bool a, uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk,
+                                 int64_t lines, int64_t K, int64_t pairs)
+{
+    const int64_t width = a ? t->mr : t->nr, panels = (lines + width - 1) / width;
+    if (!(a && t->a_rows) && !lk && fx__isa() == FX_ISA_AVX512) {
+        const int64_t ntask = (pairs + FX__SWEEP_PAIRS - 1) / FX__SWEEP_PAIRS;
+#pragma omp for schedule(static) nowait
+        for (int64_t k = 0; k < ntask; k++) {
+            const int64_t p0 = k * FX__SWEEP_PAIRS, p1 = pairs - p0 < FX__SWEEP_PAIRS ? pairs : p0 + FX__SWEEP_PAIRS;
+            fx__bf16_pack_pairs_sweep_avx512(dst, x, ld, lines, K, pairs, width, p0, p1);
+        }
+        return;
+    }
+#pragma omp for schedule(static) nowait
+    for (int64_t q = 0; q < panels; q++) {
+        if (a && t->a_rows)
+            fx__bf16_pack_rows(dst + q * width * pairs, x, ld, lk, lines, K, pairs, width, q);
+        else
+            fx__bf16_pack_pairs(dst + q * width * pairs, x, ld, lk, lines, K, pairs, width, q);
+    }
+}
+
 void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A,
                          int64_t lda, fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc, uint32_t *ws)
 {
@@ -207,21 +242,14 @@ void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, i
     uint32_t *ap = ws, *bp = ws + mp * t->mr * P;
     const bool nested = fx__in_parallel();
     (void)nested; /* read only by the pragmas, which are gone without OpenMP */
-    /* Each panel is packed by one thread and each tile of C computed by one, over all of K in
-       order: the split changes who computes an element, never how. Tiles go B panel by B
-       panel, so a thread's consecutive tiles share theirs. */
+    /* Each panel word is packed by one thread and each tile of C computed by one, over all of
+       K in order: the split changes who computes an element, never how. Tiles go B panel by
+       B panel, so a thread's consecutive tiles share theirs. */
 #pragma omp parallel if (!nested && M * N * K >= (1 << 18))
     {
-#pragma omp for schedule(static) nowait
-        for (int64_t q = 0; q < mp; q++) {
-            if (t->a_rows)
-                fx__bf16_pack_rows(ap + q * t->mr * P, A, lda, !ta, M, K, P, t->mr, q);
-            else
-                fx__bf16_pack_pairs(ap + q * t->mr * P, A, lda, !ta, M, K, P, t->mr, q);
-        }
-#pragma omp for schedule(static)
-        for (int64_t q = 0; q < np; q++)
-            fx__bf16_pack_pairs(bp + q * t->nr * P, B, ldb, tb, N, K, P, t->nr, q);
+        fx__bf16_pack_panels(t, true, ap, A, lda, !ta, M, K, P);
+        fx__bf16_pack_panels(t, false, bp, B, ldb, tb, N, K, P);
+#pragma omp barrier
 #pragma omp for schedule(static)
         for (int64_t k = 0; k < mp * np; k++) {
             const int64_t i = k % mp, j = k / mp, mr = M - i * t->mr, nr = N - j * t->nr;

@@ -122,9 +122,31 @@ static inline size_t fx__bf16_tiled_words(const fx__bf16_tiled *t, int64_t M, in
    `lines` and past K): pair by pair (word p * width + l) or row by row (word l * pairs + p),
    each word the bfloat16 values of (line, k = 2p) in its low half and (line, 2p + 1) in its
    high half. Element (l, k) of x is at l * ld + k when lk (A not transposed, B transposed),
-   else at k * ld + l. width <= 32. */
+   else at k * ld + l. width <= 32. fx__bf16_pack_pairs picks the loop for fx_get_isa(): the
+   AVX-512 one (sixteen lines or pairs a step) or the plain C one, the same words. */
 void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
                          int64_t width, int64_t q);
+void fx__bf16_pack_pairs_scalar(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
+                                int64_t pairs, int64_t width, int64_t q);
+void fx__bf16_pack_pairs_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
+                                int64_t pairs, int64_t width, int64_t q);
+
+/* Pairs [p0, p1) (p1 <= pairs) of every panel of x (panel q at dst + q * width * pairs), when
+   rows of x hold lines contiguously (not lk): each pair's two rows read front to back, zeros
+   in the missing lines and past K. The same words as fx__bf16_pack_pairs over every panel;
+   AVX-512 only. */
+void fx__bf16_pack_pairs_sweep_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, int64_t lines, int64_t K,
+                                      int64_t pairs, int64_t width, int64_t p0, int64_t p1);
+
+/* The end of a pair-by-pair panel of nl lines and K2 pairs of data: zeros in the missing
+   lines and in the pairs past K2, up to `pairs` pairs of `width` words. */
+static inline void fx__bf16_pack_pairs_pad(uint32_t *dst, int64_t K2, int64_t nl, int64_t pairs, int64_t width)
+{
+    for (int64_t p = 0; p < pairs; p++) {
+        const int64_t from = p < K2 ? nl : 0;
+        memset(dst + p * width + from, 0, (size_t)(width - from) * sizeof(uint32_t));
+    }
+}
 void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
                         int64_t width, int64_t q);
 

@@ -1,6 +1,6 @@
 /* The micro-kernel of the vdpbf16ps bfloat16 GEMM (AVX512-BF16): a FX__DP_MR x FX__DP_NR tile
    of C from one panel of each operand packed pair by pair (fx__bf16_pack_pairs), every
-   element summed over all of k in increasing pairs, then stored (fx__bf16_tile_store).
+   element summed over all of k in increasing pairs, then stored.
 
    Written with the intrinsics' names only, so that one body serves two builds: the library's
    (gemm_bf16_avx512bf16.c, compiled with -mavx512bf16, run where the CPU has the instruction)
@@ -41,6 +41,26 @@ void FX__DP_KERNEL(int64_t pairs, const uint32_t *a, const uint32_t *b, float be
             for (int v = 0; v < FX__DP_NV; v++)
                 acc[r][v] = _mm512_dpbf16_ps(acc[r][v], ar, fx__dp_bh(bv[v]));
         }
+    }
+    /* A whole row of the tile is stored straight from the accumulators, C = acc + beta * C
+       (the sum and product rounded separately, as fx__bf16_tile_store does); a tile cut
+       short by C's last columns goes through fx__bf16_tile_store. */
+    if (nr == FX__DP_NR) {
+        const __m512 vbeta = _mm512_set1_ps(beta);
+#pragma GCC unroll 16
+        for (int r = 0; r < FX__DP_MR; r++) {
+            if (r >= mr)
+                break;
+#pragma GCC unroll 4
+            for (int v = 0; v < FX__DP_NV; v++) {
+                float *c = C + r * ldc + 16 * v;
+                __m512 x = acc[r][v];
+                if (beta != 0.0f)
+                    x = _mm512_add_ps(x, _mm512_mul_ps(vbeta, _mm512_loadu_ps(c)));
+                _mm512_storeu_ps(c, x);
+            }
+        }
+        return;
     }
     float tile[FX__DP_MR * FX__DP_NR];
 #pragma GCC unroll 16
