@@ -6,6 +6,7 @@
 #include "core/core.h"
 #include "core/file.h"
 #include "core/finite.h"
+#include "core/sgemm.h"
 
 #include <float.h>
 #include <math.h>
@@ -337,6 +338,88 @@ static void test_gemm_thread_independent(void)
     fx_set_num_threads(before);
 }
 
+/* C0 [M, ldc] against 0.5 op(A) op(B) + beta C0 in float64 into ref; returns the largest sum
+   of the terms' magnitudes (the scale of a float32 sum's rounding). */
+static double gemm_ref_f64(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, const float *C0, int64_t ldc, double *ref)
+{
+    double bound = 0.0;
+    for (int64_t i = 0; i < M; i++) {
+        for (int64_t j = 0; j < ldc; j++) {
+            ref[i * ldc + j] = C0[i * ldc + j]; /* columns past N: untouched */
+            if (j >= N)
+                continue;
+            double acc = 0, mag = 0;
+            for (int64_t k = 0; k < K; k++) {
+                const double p = (double)(ta ? A[k * lda + i] : A[i * lda + k]) * (tb ? B[j * ldb + k] : B[k * ldb + j]);
+                acc += p, mag += fabs(p);
+            }
+            ref[i * ldc + j] = 0.5 * acc + (beta == 0.0f ? 0.0 : (double)beta * C0[i * ldc + j]);
+            bound = fmax(bound, mag);
+        }
+    }
+    return bound;
+}
+
+/* One shape and transposition of test_gemm_tiled_paths. */
+static void check_gemm_tiled(bool ta, bool tb, int64_t M, int64_t N, int64_t K, uint64_t seed)
+{
+    if (M < 1 || M > 4096 || N < 1 || N > 4096 || K < 0 || K > 4096) {
+        FXT_FAIL("shape %lld x %lld x %lld outside the test's range", (long long)M, (long long)N, (long long)K);
+        return;
+    }
+    const int64_t pad = 3, lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    const size_t na = (size_t)(ta ? K : M) * (size_t)lda, nb = (size_t)(tb ? N : K) * (size_t)ldb;
+    const size_t nc = (size_t)M * (size_t)ldc;
+    const float betas[] = {0.0f, 1.0f, -0.75f};
+    const bool avx512 = fx_get_isa() == FX_ISA_AVX512;
+    float *A = fxt_random(na ? na : 1, -1, 1, seed), *B = fxt_random(nb ? nb : 1, -1, 1, seed + 1);
+    float *C0 = fxt_random(nc, -1, 1, seed + 2), *ws = malloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
+    double *ref = fxt_alloc_f64(nc);
+    FXT_CHECK(ws != NULL);
+    for (size_t bi = 0; bi < sizeof betas / sizeof betas[0]; bi++) {
+        const float beta = betas[bi];
+        float *C = fxt_guarded_copy(C0, nc), *C3 = fxt_guarded_copy(C0, nc), *CV = fxt_guarded_copy(C0, nc);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N && beta == 0.0f; j++)
+                C[i * ldc + j] = C3[i * ldc + j] = CV[i * ldc + j] = NAN; /* must not survive */
+        const double bound = gemm_ref_f64(ta, tb, M, N, K, A, lda, B, ldb, beta, C0, ldc, ref);
+        fx_set_num_threads(1);
+        fx__sgemm_tiled(&fx__sgemm_path_scalar, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, C, ldc, ws);
+        /* a float32 sum of K terms: a few ulps of the sum of their magnitudes per term */
+        fxt_close_f32("tiled (plain C)", C, ref, nc, 1e-6 + 4.0 * FLT_EPSILON * (double)K * bound, 0.0);
+        fx_set_num_threads(3);
+        fx__sgemm_tiled(&fx__sgemm_path_scalar, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, C3, ldc, ws);
+        fxt_bitwise_f32("tiled (plain C) 1 vs 3 threads", C, C3, nc);
+        if (avx512) {
+            fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, CV, ldc, ws);
+            fxt_bitwise_f32("tiled AVX-512 vs plain C", C, CV, nc);
+        }
+        fxt_guarded_free("C", C);
+        fxt_guarded_free("C3", C3);
+        fxt_guarded_free("CV", CV);
+    }
+    free(A), free(B), free(C0), free(ws), free(ref);
+}
+
+/* The float32 GEMM's tiled path (sgemm.h) on its plain C twin, which runs on any CPU: against
+   float64 sums at shapes with partial tiles, K across several blocks and K = 0, every
+   transpose, leading dimensions wider than the matrices, beta 0 over NaN, 1 and -0.75; and
+   bitwise at 1 and 3 threads. Where the CPU has AVX-512, the AVX-512 path must give the twin's
+   bits exactly (the same packing, the same fused multiply-add chains). */
+static void test_gemm_tiled_paths(void)
+{
+    const int64_t shapes[][3] = {{1, 1, 1}, {13, 33, 7}, {12, 32, FX__SG_KC}, {25, 65, FX__SG_KC + 1},
+                                 {37, 29, 2 * FX__SG_KC + 77}, {5, 100, 0}, {64, 17, 300}};
+    const int before = fx_get_num_threads();
+    if (fx_get_isa() != FX_ISA_AVX512)
+        printf("  (no AVX-512 on this CPU: the plain C twin only)\n");
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++)
+            check_gemm_tiled(t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 100 + 10 * s);
+    fx_set_num_threads(before);
+}
+
 /* The harness itself: a guard that is overwritten must be caught. */
 /* The finite check: every path finds the first NaN or infinity at every position and
    alignment (vector body and scalar tail), and returns -1 for finite data including the
@@ -460,6 +543,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_gemm_against_reference);
     FXT_RUN(test_gemm_beta_zero);
     FXT_RUN(test_gemm_thread_independent);
+    FXT_RUN(test_gemm_tiled_paths);
     FXT_RUN(test_philox_known_answers);
     FXT_RUN(test_rng_streams);
     FXT_RUN(test_rng_fill_thread_independent);

@@ -2,7 +2,7 @@
    replaces (materialised [N, V] logits, softmax, two GEMMs), at the benchmark shapes (docs/lce.md).
    Time: the two alternate in one run (A, B, A, B, ...), medians. Memory: the bytes each
    allocates, and the growth of the maximum resident set in a child process per mode.
-   Throughput: 6 N V D flops per call against BLIS sgemm at the logits GEMM's shape. */
+   Throughput: 6 N V D flops per call against the library's sgemm at the logits GEMM's shape. */
 #include "bench_util.h"
 #include "cli.h"
 
@@ -237,7 +237,7 @@ static int bench_shape(int64_t N, int64_t D, int64_t V, int64_t chunk, int reps,
     }
     /* sgemm right before and right after the pairs; the better of the two, so that a burst
        of load on a shared machine cannot flatter the fractions. */
-    const double sgemm0 = bench_sgemm_gflops(N, V, D);
+    const double sgemm0 = bench_sgemm_gflops(false, N, V, D);
     double tf, tu;
     bench_pair(run_fused, &fb, run_unfused, &ub, reps, &tf, &tu);
     if (fb.status != FX_OK || ub.status != FX_OK) {
@@ -251,7 +251,7 @@ static int bench_shape(int64_t N, int64_t D, int64_t V, int64_t chunk, int reps,
     free(ub.logits);
     inputs_free(&a), inputs_free(&b);
 
-    const double sgemm = fmax(sgemm0, bench_sgemm_gflops(N, V, D));
+    const double sgemm = fmax(sgemm0, bench_sgemm_gflops(false, N, V, D));
     const double flops = 6.0 * (double)N * (double)V * (double)D;
     const double gf = flops / tf * 1e-9, gu = flops / tu * 1e-9;
     const int threads = fx_get_num_threads();

@@ -133,7 +133,7 @@ double bench_triad_gbs(void)
     return best;
 }
 
-double bench_blis_seconds(bool ta, bool tb, int64_t M, int64_t N, int64_t K)
+double bench_gemm_seconds(bool blis, bool ta, bool tb, int64_t M, int64_t N, int64_t K)
 {
     float *A = malloc((size_t)(M * K) * sizeof *A), *B = malloc((size_t)(N * K) * sizeof *B),
           *C = malloc((size_t)(M * N) * sizeof *C);
@@ -149,8 +149,11 @@ double bench_blis_seconds(bool ta, bool tb, int64_t M, int64_t N, int64_t K)
     double t[5];
     for (int r = 0; r < 6; r++) {
         double t0 = fx__seconds();
-        bli_sgemm_ex(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M, N, K, &one,
-                     A, ta ? M : K, 1, B, tb ? K : N, 1, &zero, C, N, 1, NULL, &rntm);
+        if (blis)
+            bli_sgemm_ex(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M, N, K,
+                         &one, A, ta ? M : K, 1, B, tb ? K : N, 1, &zero, C, N, 1, NULL, &rntm);
+        else
+            fx__sgemm(ta, tb, M, N, K, one, A, ta ? M : K, B, tb ? K : N, zero, C, N);
         if (r > 0)
             t[r - 1] = fx__seconds() - t0;
     }
@@ -158,9 +161,9 @@ double bench_blis_seconds(bool ta, bool tb, int64_t M, int64_t N, int64_t K)
     return bench_median(t, 5);
 }
 
-double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K)
+double bench_sgemm_gflops(bool blis, int64_t M, int64_t N, int64_t K)
 {
-    const double s = bench_blis_seconds(false, true, M, N, K);
+    const double s = bench_gemm_seconds(blis, false, true, M, N, K);
     return s > 0.0 ? 2.0 * (double)M * (double)N * (double)K / s * 1e-9 : 0.0;
 }
 

@@ -1,6 +1,6 @@
 /* Measurement helpers for `flexc bench` (bench/README.md): wall-clock medians of alternating runs,
    and this machine's limits measured in the same run: fp32 FMA peak, STREAM-triad bandwidth
-   and BLIS sgemm throughput. */
+   and float32 GEMM throughput (flexc's own and BLIS's). */
 #ifndef FX_BENCH_UTIL_H
 #define FX_BENCH_UTIL_H
 
@@ -28,12 +28,13 @@ double bench_time(bench_fn f, void *ctx, int reps);
 double bench_fma_peak_gflops(void);
 /* STREAM triad a[i] = b[i] + s*c[i] bandwidth in GB/s (3 x 4 bytes per element counted). */
 double bench_triad_gbs(void);
-/* Median seconds of one BLIS sgemm C[M,N] = op(A) op(B) of random operands, on BLIS's own
-   threads (its default settings, flexc's thread count), after a warm-up; -1 when the
-   operands cannot be allocated. */
-double bench_blis_seconds(bool ta, bool tb, int64_t M, int64_t N, int64_t K);
-/* BLIS sgemm C[M,N] = A[M,K] B[K,N]^T in GFLOP/s (bench_blis_seconds; 0 without memory). */
-double bench_sgemm_gflops(int64_t M, int64_t N, int64_t K);
+/* Median seconds of one float32 GEMM C[M,N] = op(A) op(B) of random operands after a warm-up:
+   the library's own (fx__sgemm, on flexc's threads), or, with blis, one BLIS call on BLIS's
+   own threads (its default settings, flexc's thread count); -1 when the operands cannot be
+   allocated. */
+double bench_gemm_seconds(bool blis, bool ta, bool tb, int64_t M, int64_t N, int64_t K);
+/* C[M,N] = A[M,K] B[K,N]^T in GFLOP/s (bench_gemm_seconds; 0 without memory). */
+double bench_sgemm_gflops(bool blis, int64_t M, int64_t N, int64_t K);
 
 /* Per-thread FMA loops of each width: flops done in `iters` iterations (called inside an
    OpenMP region by bench_fma_peak_gflops). */
@@ -42,9 +43,10 @@ double bench_fma_loop_avx2(int64_t iters);
 double bench_fma_loop_avx512(int64_t iters);
 
 /* The matrix products of `steps` traced training steps (`bench train --gemm`, core.h's trace):
-   per shape, the time the steps spent in it against one BLIS call of that shape on BLIS's own
-   threads (its default settings, the same thread count), and the total; a table, or one JSON
-   line. step_s: the traced steps' mean seconds. */
+   per shape, the time the steps spent in it against the same GEMM called alone on operands
+   already in cache (bench_gemm_seconds), and against one BLIS call of that shape on BLIS's
+   own threads; and the totals; a table, or one JSON line. step_s: the traced steps' mean
+   seconds. */
 struct fx__gemm_shape;
 void bench_gemm_report(const struct fx__gemm_shape *shapes, int n, int64_t dropped, int steps, double step_s,
                        bool json);

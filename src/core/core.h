@@ -52,9 +52,10 @@ bool fx__cpu_avx512bf16(void);
 bool fx__cpu_amx_bf16(void);
 
 /* Row-major C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C; op transposes when ta/tb.
-   lda/ldb/ldc are the row strides of A, B and C as stored. Goes to BLIS, or to
-   the reference below when built with FLEXC_REFERENCE_KERNELS. Bitwise identical for any
-   thread count (see gemm.c). */
+   lda/ldb/ldc are the row strides of A, B and C as stored. Goes to flexc's own tiled
+   path on the AVX-512 path (sgemm.h), to BLIS elsewhere, or to the reference below when built
+   with FLEXC_REFERENCE_KERNELS. Bitwise identical for any thread count and any split of C
+   into calls (see gemm.c). */
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc);

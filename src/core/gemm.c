@@ -1,13 +1,18 @@
-/* The one GEMM entry point of the library, row-major, over BLIS. */
-#include "core.h"
+/* The one GEMM entry point of the library, row-major: flexc's own tiled path on the AVX-512
+   path (sgemm.h), BLIS elsewhere. */
+#include "sgemm.h"
 
 #include <blis.h>
+#include <math.h>
 
-/* Why BLIS: with its small-matrix path off, BLIS computes every element of C the same way
-   whatever the shape of the call it is part of: the same micro-kernel over K in the same
-   blocks, edge tiles included (tests/test_core.c checks it against calls on random row and
-   column blocks). So C can be cut into any blocks, one per thread, and the result is bitwise
-   that of one call: determinism across thread counts without fixing the blocks by shape.
+/* On the AVX-512 path the product is flexc's own (sgemm.h, fx__sgemm_tiled): every element of
+   C is computed the same way whatever the call's shape, tile or thread.
+
+   Elsewhere it is BLIS's. Why BLIS: with its small-matrix path off, BLIS computes every element
+   of C the same way whatever the shape of the call it is part of: the same micro-kernel over K
+   in the same blocks, edge tiles included (tests/test_core.c checks it against calls on random
+   row and column blocks). So C can be cut into any blocks, one per thread, and the result is
+   bitwise that of one call: determinism across thread counts without fixing the blocks by shape.
 
    The threads are flexc's (OpenMP), not BLIS's: BLIS's own threads wait for each other by
    spinning, which stalls whole time slices when the cores are shared (several processes of
@@ -90,6 +95,16 @@ static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
 #ifdef FLEXC_REFERENCE_KERNELS
     fx__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else
+    if (fx__isa() == FX_ISA_AVX512) {
+        /* The scratch is one block of k of both operands (a few MiB at most for the model's
+           shapes); where it cannot be had, BLIS, which needs none of ours. */
+        float *ws = fx__alloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
+        if (ws) {
+            fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);
+            fx__free(ws);
+            return;
+        }
+    }
     const double flops = 2.0 * (double)M * (double)N * (double)K;
     const int nt = fx__in_parallel() || flops < FX__GEMM_MIN_FLOPS ? 1 : fx__max_threads();
     if (nt == 1) {
@@ -127,5 +142,78 @@ void fx__sgemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alph
             double c = beta == 0.0f ? 0.0 : (double)beta * C[i * ldc + j];
             C[i * ldc + j] = (float)((double)alpha * acc + c);
         }
+    }
+}
+
+/* ---- the tiled path (sgemm.h) --------------------------------------------------------------- */
+
+static void fx__sgemm_kernel_scalar(int64_t kc, const float *a, const float *b, float alpha, float beta, float *C,
+                                    int64_t ldc, int64_t mr, int64_t nr)
+{
+    for (int64_t r = 0; r < mr; r++) {
+        for (int64_t j = 0; j < nr; j++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < kc; k++)
+                s = fmaf(a[k * FX__SG_MR + r], b[k * FX__SG_NR + j], s);
+            const float x = alpha * s;
+            C[r * ldc + j] = beta == 0.0f ? x : fmaf(beta, C[r * ldc + j], x);
+        }
+    }
+}
+
+static void fx__sgemm_pack_scalar(float *dst, const float *x, int64_t ld, bool lk, int64_t lines, int64_t k0,
+                                  int64_t kc, int64_t width, int64_t q)
+{
+    const int64_t l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
+    for (int64_t k = 0; k < kc; k++)
+        for (int64_t l = 0; l < width; l++)
+            dst[k * width + l] = l >= nl ? 0.0f : lk ? x[(l0 + l) * ld + k0 + k] : x[(k0 + k) * ld + l0 + l];
+}
+
+const fx__sgemm_path fx__sgemm_path_avx512 = {fx__sgemm_kernel_avx512, fx__sgemm_pack_avx512};
+const fx__sgemm_path fx__sgemm_path_scalar = {fx__sgemm_kernel_scalar, fx__sgemm_pack_scalar};
+
+static int64_t fx__sgemm_panels(int64_t n, int64_t width) { return (n + width - 1) / width; }
+
+size_t fx__sgemm_tiled_ws(int64_t M, int64_t N, int64_t K)
+{
+    const int64_t kc = K < FX__SG_KC ? K : FX__SG_KC;
+    return (size_t)(fx__sgemm_panels(M, FX__SG_MR) * FX__SG_MR + fx__sgemm_panels(N, FX__SG_NR) * FX__SG_NR) *
+           (size_t)(kc > 0 ? kc : 1);
+}
+
+void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                     float *ws)
+{
+    const int64_t mp = fx__sgemm_panels(M, FX__SG_MR), np = fx__sgemm_panels(N, FX__SG_NR);
+    const int64_t kmax = K < FX__SG_KC ? K : FX__SG_KC;
+    float *ap = ws, *bp = ws + mp * FX__SG_MR * kmax;
+    const bool nested = fx__in_parallel();
+    const double flops = 2.0 * (double)M * (double)N * (double)K;
+    (void)nested, (void)flops; /* read only by the pragma, which is gone without OpenMP */
+    /* Per block of k: both operands packed, each panel by one thread, then every tile of C by
+       one thread. Tiles go B panel by B panel, so a thread's consecutive tiles share theirs
+       (in L1) while the A panels stream from L2. K = 0 is one empty block (C = beta C). */
+#pragma omp parallel if (!nested && flops >= FX__GEMM_MIN_FLOPS)
+    {
+        int64_t k0 = 0;
+        do {
+            const int64_t kc = K - k0 < FX__SG_KC ? K - k0 : FX__SG_KC;
+#pragma omp for schedule(static) nowait
+            for (int64_t q = 0; q < mp; q++)
+                p->pack(ap + q * FX__SG_MR * kc, A, lda, !ta, M, k0, kc, FX__SG_MR, q);
+#pragma omp for schedule(static)
+            for (int64_t q = 0; q < np; q++)
+                p->pack(bp + q * FX__SG_NR * kc, B, ldb, tb, N, k0, kc, FX__SG_NR, q);
+#pragma omp for schedule(static)
+            for (int64_t t = 0; t < mp * np; t++) {
+                const int64_t i = t % mp, j = t / mp, mr = M - i * FX__SG_MR, nr = N - j * FX__SG_NR;
+                p->kernel(kc, ap + i * FX__SG_MR * kc, bp + j * FX__SG_NR * kc, alpha, k0 == 0 ? beta : 1.0f,
+                          C + i * FX__SG_MR * ldc + j * FX__SG_NR, ldc, mr < FX__SG_MR ? mr : FX__SG_MR,
+                          nr < FX__SG_NR ? nr : FX__SG_NR);
+            }
+            k0 += kc;
+        } while (k0 < K);
     }
 }

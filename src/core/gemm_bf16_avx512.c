@@ -3,6 +3,8 @@
    bfloat16 in registers. Called only when fx_get_isa() allows. */
 #include "gemm_bf16.h"
 
+#include "transpose16_avx512.h"
+
 #include <immintrin.h>
 
 /* Sixteen floats rounded to bfloat16 (nearest even, NaN kept quiet: fx__f32_to_bf16), each
@@ -16,8 +18,6 @@ static inline __m512i fx__bf16_hi(__m512 f)
         _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
     return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
 }
-
-static inline __mmask16 fx__tail16(int64_t n) { return n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u); }
 
 /* Pairs [p0, p0 + 16) of a line whose k are contiguous from `at` (flat index of k = 0), as
    sixteen words; zeros past K. */
@@ -44,40 +44,6 @@ static inline __m512i fx__row16(fx__bf16_mat x, int64_t at, __mmask16 m)
     if (x.bf16)
         return _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)x.p + at));
     return _mm512_srli_epi32(fx__bf16_hi(_mm512_maskz_loadu_ps(m, (const float *)x.p + at)), 16);
-}
-
-/* r[i] word j <-> r[j] word i: 32-bit, then 64-bit interleaves within 128-bit lanes, then two
-   rounds of 128-bit lane shuffles. */
-static inline void fx__transpose16(__m512i r[16])
-{
-    __m512i t[16];
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    /* r[4g + c], 128-bit lane k: word 4k + c of rows 4g .. 4g + 3 */
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; g++) {
-        r[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
-        r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
-        r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
-        r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        t[4 * c] = _mm512_shuffle_i32x4(r[c], r[4 + c], _MM_SHUFFLE(2, 0, 2, 0));
-        t[4 * c + 1] = _mm512_shuffle_i32x4(r[c], r[4 + c], _MM_SHUFFLE(3, 1, 3, 1));
-        t[4 * c + 2] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], _MM_SHUFFLE(2, 0, 2, 0));
-        t[4 * c + 3] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], _MM_SHUFFLE(3, 1, 3, 1));
-    }
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        r[c] = _mm512_shuffle_i32x4(t[4 * c], t[4 * c + 2], _MM_SHUFFLE(2, 0, 2, 0));
-        r[8 + c] = _mm512_shuffle_i32x4(t[4 * c], t[4 * c + 2], _MM_SHUFFLE(3, 1, 3, 1));
-        r[4 + c] = _mm512_shuffle_i32x4(t[4 * c + 1], t[4 * c + 3], _MM_SHUFFLE(2, 0, 2, 0));
-        r[12 + c] = _mm512_shuffle_i32x4(t[4 * c + 1], t[4 * c + 3], _MM_SHUFFLE(3, 1, 3, 1));
-    }
 }
 
 void fx__bf16_pack_pairs_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,

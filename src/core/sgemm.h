@@ -1,0 +1,60 @@
+/* The float32 GEMM's own tiled path (fx__sgemm on the AVX-512 path; gemm.c): both operands
+   packed block of k by block of k into panels, and a 12 x 32 register-blocked micro-kernel
+   over C's tiles. Internal (fx__).
+
+   Why not BLIS there: BLIS's run-time detection knows only the CPUs of its release, and on a
+   newer one (Debian 12's BLIS 0.9 on AMD Zen 5, say) falls back to its generic C kernels at a
+   sixth of the machine's float32 peak. This path reaches most of it on any AVX-512 CPU.
+
+   How an element is computed: C[i, j] over K in blocks of FX__SG_KC values of k, each block's
+   sum one fused multiply-add chain in increasing k from zero; the first block's sum s gives
+   C = alpha s + beta C (beta 0 overwrites, NaN included), each later one C = alpha s + C.
+   That depends on K alone, never on the call's M or N, the tile an element falls in or the
+   thread that computes it: any split of C, any thread count, gives the same bits. */
+#ifndef FX_CORE_SGEMM_H
+#define FX_CORE_SGEMM_H
+
+#include "core.h"
+
+enum {
+    FX__SG_MR = 12,  /* rows of a tile: one A panel */
+    FX__SG_NR = 32,  /* columns of a tile: one B panel (two 16-float vectors) */
+    FX__SG_KC = 512, /* k per block: larger blocks measured faster up to 512 (fewer packing passes and barriers) */
+};
+
+/* A tile of C from one block of k: C [mr, nr] (mr <= FX__SG_MR, nr <= FX__SG_NR, rows ldc
+   apart) = alpha * sum_k a[k * MR + r] b[k * NR + j] over kc values of k, plus beta * C
+   (beta 0: nothing of C is read). */
+typedef void (*fx__sgemm_tile_kernel)(int64_t kc, const float *a, const float *b, float alpha, float beta, float *C,
+                                      int64_t ldc, int64_t mr, int64_t nr);
+
+/* Panel q of a block of k of one operand: lines [q * width, q * width + width) (rows of op(A),
+   columns of op(B)) and k in [k0, k0 + kc), as dst [k * width + l], zeros past `lines`.
+   Element (line l, k) of x is at l * ld + k when lk, else at k * ld + l. */
+typedef void (*fx__sgemm_pack_fn)(float *dst, const float *x, int64_t ld, bool lk, int64_t lines, int64_t k0,
+                                  int64_t kc, int64_t width, int64_t q);
+
+typedef struct fx__sgemm_path {
+    fx__sgemm_tile_kernel kernel;
+    fx__sgemm_pack_fn pack;
+} fx__sgemm_path;
+
+/* The AVX-512 path, and its plain C twin: the same packing and the same arithmetic (fmaf in
+   the same order), so the two give the same bits; the tests hold them to it. */
+extern const fx__sgemm_path fx__sgemm_path_avx512, fx__sgemm_path_scalar;
+void fx__sgemm_kernel_avx512(int64_t kc, const float *a, const float *b, float alpha, float beta, float *C,
+                             int64_t ldc, int64_t mr, int64_t nr);
+void fx__sgemm_pack_avx512(float *dst, const float *x, int64_t ld, bool lk, int64_t lines, int64_t k0, int64_t kc,
+                           int64_t width, int64_t q);
+
+/* Floats of scratch fx__sgemm_tiled needs for (M, N, K): one block of k of both packed
+   operands, every panel whole. */
+size_t fx__sgemm_tiled_ws(int64_t M, int64_t N, int64_t K);
+
+/* fx__sgemm's contract on path p, ws holding fx__sgemm_tiled_ws(M, N, K) floats. Threads:
+   the current team size, or one inside a parallel region. */
+void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                     float *ws);
+
+#endif
