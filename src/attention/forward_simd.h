@@ -226,9 +226,10 @@ static inline void SIMD_FN(ahead_step)(fwd_ahead *f)
 }
 
 /* Columns [*c0, *c1) (whole vectors) of a partial block holding every key rows r0 .. r0 + mr - 1
-   of its bitmap see among its first nk; false when they see none there. */
+   of its bitmap see among its first nk, and [*p0, *p1) within them from the first such key to
+   the last; false when they see none there. */
 static inline bool SIMD_FN(strip_keys)(const fx_block_mask *m, const uint64_t *bits, int64_t r0, int mr, int64_t nk,
-                                       int64_t *c0, int64_t *c1)
+                                       int64_t *c0, int64_t *c1, int64_t *p0, int64_t *p1)
 {
     int64_t jlo = INT64_MAX, jhi = -1;
     for (int64_t w = 0; w < m->bm_words; w++) {
@@ -244,6 +245,7 @@ static inline bool SIMD_FN(strip_keys)(const fx_block_mask *m, const uint64_t *b
     if (jlo > jhi)
         return false;
     *c0 = jlo / VL * VL, *c1 = (jhi / VL + 1) * VL;
+    *p0 = jlo, *p1 = jhi + 1;
     return true;
 }
 
@@ -415,8 +417,8 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                         SIMD_FN(ahead_step)(&ahead);
                         /* In a partial block the strip computes only the keys its rows can see
                            (half of a diagonal block, most of a sliding window's edge blocks). */
-                        int64_t c0 = 0, c1 = bkp;
-                        if (bits && !SIMD_FN(strip_keys)(m, bits, brow + i0, mr, nk, &c0, &c1))
+                        int64_t c0 = 0, c1 = bkp, p0 = 0, p1 = nk;
+                        if (bits && !SIMD_FN(strip_keys)(m, bits, brow + i0, mr, nk, &c0, &c1, &p0, &p1))
                             continue; /* no key visible to these rows here: their state stays */
                         const int64_t kend = nk < c1 ? nk : c1; /* keys c0 .. kend - 1 are real */
                         SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, p.scale);
@@ -431,7 +433,9 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                         SIMD_FN(strip_softmax)(mr, S, bkp, c0, c1, kend,
                                                bits ? bits + (brow + i0) * m->bm_words : NULL, m ? m->bm_words : 0,
                                                M + ri, L + ri, alpha);
-                        SIMD_FN(pv_strip)(mr, S + c0, bkp, Vp, bk, c0, kend - c0, O + ri * dvp, dvp, alpha);
+                        /* Keys outside [p0, p1) have P = 0 for every row of the strip: P V skips
+                           them (the vector tails at a window's edges). */
+                        SIMD_FN(pv_strip)(mr, S + p0, bkp, Vp, bk, p0, p1 - p0, O + ri * dvp, dvp, alpha);
                     }
                 }
             }
