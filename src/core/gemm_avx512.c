@@ -12,8 +12,15 @@ void fx__sgemm_kernel_avx512(int64_t kc, const float *a, const float *b, float a
        in registers: 24 of the 32, with 2 for b and 1 for a's broadcast. */
     __m512 acc[FX__SG_MR][2];
 #pragma GCC unroll 12
-    for (int r = 0; r < FX__SG_MR; r++)
+    for (int r = 0; r < FX__SG_MR; r++) {
         acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        /* The tile of C, wanted at the end: fetched while the sums run (a step's C is often
+           not in cache, a weight gradient's read and written). */
+        if (r < mr) {
+            __builtin_prefetch(C + r * ldc, 1, 3);
+            __builtin_prefetch(C + r * ldc + nr - 1, 1, 3);
+        }
+    }
     for (int64_t k = 0; k < kc; k++) {
         const __m512 b0 = _mm512_loadu_ps(b + k * FX__SG_NR), b1 = _mm512_loadu_ps(b + k * FX__SG_NR + 16);
         const float *ak = a + k * FX__SG_MR;
