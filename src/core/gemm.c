@@ -96,8 +96,9 @@ static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
     fx__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else
     if (fx__isa() == FX_ISA_AVX512) {
-        /* The scratch is one block of k of both operands (a few MiB at most for the model's
-           shapes); where it cannot be had, BLIS, which needs none of ours. */
+        /* The scratch is one block of k of both operands ((M + N) x 2 KiB at most); where it
+           cannot be had, BLIS, which needs none of ours (its sums in another order: a process
+           out of memory may see other bits). */
         float *ws = fx__alloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
         if (ws) {
             fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);
