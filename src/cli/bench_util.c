@@ -133,6 +133,29 @@ double bench_triad_gbs(void)
     return best;
 }
 
+/* One call of the GEMM bench_gemm_seconds times. */
+typedef struct bench_gemm_call {
+    bool blis, ta, tb;
+    int64_t M, N, K;
+    const float *A, *B;
+    float *C;
+    rntm_t rntm;
+} bench_gemm_call;
+
+static double bench_gemm_once(bench_gemm_call *g)
+{
+    float one = 1.0f, zero = 0.0f;
+    const double t0 = fx__seconds();
+    if (g->blis)
+        bli_sgemm_ex(g->ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, g->tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, g->M, g->N,
+                     g->K, &one, (float *)g->A, g->ta ? g->M : g->K, 1, (float *)g->B, g->tb ? g->K : g->N, 1, &zero,
+                     g->C, g->N, 1, NULL, &g->rntm);
+    else
+        fx__sgemm(g->ta, g->tb, g->M, g->N, g->K, one, g->A, g->ta ? g->M : g->K, g->B, g->tb ? g->K : g->N, zero,
+                  g->C, g->N);
+    return fx__seconds() - t0;
+}
+
 double bench_gemm_seconds(bool blis, bool ta, bool tb, int64_t M, int64_t N, int64_t K)
 {
     float *A = malloc((size_t)(M * K) * sizeof *A), *B = malloc((size_t)(N * K) * sizeof *B),
@@ -143,25 +166,17 @@ double bench_gemm_seconds(bool blis, bool ta, bool tb, int64_t M, int64_t N, int
     }
     fx_rng_fill_uniform(A, M * K, -1, 1, 1, 0);
     fx_rng_fill_uniform(B, N * K, -1, 1, 2, 0);
-    rntm_t rntm = BLIS_RNTM_INITIALIZER;
-    bli_rntm_set_num_threads_only(fx_get_num_threads(), &rntm);
-    float one = 1.0f, zero = 0.0f;
-    double t[5];
-    /* Warm-up calls for a tenth of a second (at most 64): on the virtual machines measured
-       here the first ~20 ms of calls after a pause ran at two thirds of the later speed. */
+    bench_gemm_call g = {blis, ta, tb, M, N, K, A, B, C, BLIS_RNTM_INITIALIZER};
+    bli_rntm_set_num_threads_only(fx_get_num_threads(), &g.rntm);
+    /* Warm-up calls for a tenth of a second (at least one, at most 64): on the virtual
+       machines measured here the first ~20 ms of calls after a pause ran at two thirds of the
+       later speed. */
     const double warm_until = fx__seconds() + 0.1;
-    for (int r = -64; r < 5; r++) {
-        if (r < 0 && fx__seconds() > warm_until)
-            r = 0;
-        double t0 = fx__seconds();
-        if (blis)
-            bli_sgemm_ex(ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, M, N, K,
-                         &one, A, ta ? M : K, 1, B, tb ? K : N, 1, &zero, C, N, 1, NULL, &rntm);
-        else
-            fx__sgemm(ta, tb, M, N, K, one, A, ta ? M : K, B, tb ? K : N, zero, C, N);
-        if (r >= 0)
-            t[r] = fx__seconds() - t0;
-    }
+    for (int r = 0; r < 64 && (r == 0 || fx__seconds() < warm_until); r++)
+        bench_gemm_once(&g);
+    double t[5];
+    for (int r = 0; r < 5; r++)
+        t[r] = bench_gemm_once(&g);
     free(A), free(B), free(C);
     return bench_median(t, 5);
 }

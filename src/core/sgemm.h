@@ -4,7 +4,7 @@
 
    Why not BLIS there: BLIS's run-time detection knows only the CPUs of its release, and on a
    newer one (Debian 12's BLIS 0.9 on AMD Zen 5, say) falls back to its generic C kernels at a
-   sixth of the machine's float32 peak. This path reaches most of it on any AVX-512 CPU.
+   sixth of the machine's float32 peak. This path ran at 80-90% of it there (docs/train-profile.md).
 
    How an element is computed: C[i, j] over K in blocks of FX__SG_KC values of k, each block's
    sum one fused multiply-add chain in increasing k from zero; the first block's sum s gives
@@ -19,7 +19,7 @@
 enum {
     FX__SG_MR = 12,  /* rows of a tile: one A panel */
     FX__SG_NR = 32,  /* columns of a tile: one B panel (two 16-float vectors) */
-    FX__SG_KC = 512, /* k per block: larger blocks measured faster up to 512 (fewer packing passes and barriers) */
+    FX__SG_KC = 512, /* k per block: within 5% of 1024's speed at the models' shapes, at half the scratch */
 };
 
 /* A tile of C from one block of k: C [mr, nr] (mr <= FX__SG_MR, nr <= FX__SG_NR, rows ldc
