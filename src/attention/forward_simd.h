@@ -111,8 +111,11 @@ static inline __attribute__((always_inline)) void SIMD_FN(pv_tile)(int mr, int n
 static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *kt, int64_t ldk, float *s, int64_t lds,
                               int64_t width, float scale)
 {
-    for (int64_t c0 = 0; c0 < width; c0 += NC * VL) {
-        int nc = (int)((width - c0) / VL < NC ? (width - c0) / VL : NC);
+    for (int64_t c0 = 0, nc; c0 < width; c0 += nc * VL) {
+        const int64_t left = (width - c0) / VL;
+        /* NC + 1 vectors left go as two tiles of about half: a one-vector tile keeps too few
+           sums in flight to hide the FMA latency */
+        nc = left == NC + 1 && NC > 2 ? (NC + 2) / 2 : left < NC ? left : NC;
 #define QK_(MRV, NCV, ...) SIMD_FN(qk_tile)(MRV, NCV, qr, D, kt + c0, ldk, s + c0, lds, scale)
         SIMD_MR_CASES(QK_, 0)
 #undef QK_
