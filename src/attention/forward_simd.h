@@ -6,7 +6,11 @@
    once ([D, bkp], zero-padded to whole vectors) and shared by the gs query heads of the
    group; then, strip of MRMAX rows by strip: S = Q K^T * scale (registers), score mod, mask,
    online softmax in place, O = alpha O + P V (registers). Everything a strip touches stays
-   in L1/L2. In a partial block a strip works only on the keys its rows can see. */
+   in L1/L2. In a partial block a strip works only on the keys its rows can see.
+
+   The softmax runs in base 2: scores are carried times log2(e) (folded into the scale when
+   there is no score mod, else applied after it), P = 2^(S - max) and the row maxima are
+   brought back to base e for lse. 2^x costs two multiply-adds less than e^x. */
 
 #include <string.h>
 
@@ -154,6 +158,18 @@ static void SIMD_FN(pv_strip)(int mr, const float *p, int64_t ldp, const float *
     }
 }
 
+#define LOG2E 1.44269504088896341f
+#define LN2 0.693147180559945309f
+
+/* S[r, 0 .. width) *= f for r < mr; width is a whole number of vectors. */
+static void SIMD_FN(strip_scale)(int mr, float *s, int64_t lds, int64_t width, float f)
+{
+    const vf vf_ = V_SET1(f);
+    for (int r = 0; r < mr; r++)
+        for (int64_t j = 0; j < width; j += VL)
+            V_STORE(s + r * lds + j, V_MUL(V_LOAD(s + r * lds + j), vf_));
+}
+
 /* Built-in score mods on a strip of mr rows x width columns (row r is query qa + r, column
    j key k0 + j). */
 static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t lds, int64_t width, int mr, int64_t h,
@@ -252,10 +268,10 @@ static inline bool SIMD_FN(strip_keys)(const fx_block_mask *m, const uint64_t *b
     return true;
 }
 
-/* The online softmax of a strip's scores S[r, c0 .. c1) in place (rows lds apart; keys kend and
-   on are padding): keys hidden by the bitmap rows (NULL: none) become -inf, the rows' maxima
-   M and sums L are updated, alpha[r] = exp(old max - new max) rescales what the row summed
-   before, and S becomes P = exp(S - max). */
+/* The online softmax of a strip's scores S[r, c0 .. c1) in place, in base 2 (rows lds apart;
+   keys kend and on are padding): keys hidden by the bitmap rows (NULL: none) become -inf, the
+   rows' maxima M and sums L are updated, alpha[r] = 2^(old max - new max) rescales what the
+   row summed before, and S becomes P = 2^(S - max). */
 static inline void SIMD_FN(strip_softmax)(int mr, float *S, int64_t lds, int64_t c0, int64_t c1, int64_t kend,
                                           const uint64_t *bits, int64_t words, float *M, float *L, float *alpha)
 {
@@ -293,13 +309,13 @@ static inline void SIMD_FN(strip_softmax)(int mr, float *S, int64_t lds, int64_t
         M[r] = mnew;
     }
     /* Every row's rescale factor in one vector exp, then P and its row sums. */
-    V_STORE(alpha, SIMD_FN(vexp)(V_LOAD(alpha)));
+    V_STORE(alpha, SIMD_FN(vexp2)(V_LOAD(alpha)));
     for (int r = 0; r < mr; r++) {
         float *s = S + r * lds;
         const vf vm_ = V_SET1(muse[r]);
         vf sum = V_ZERO();
         for (int64_t j = c0; j < c1; j += VL) {
-            vf pj = SIMD_FN(vexp)(V_SUB(V_LOAD(s + j), vm_));
+            vf pj = SIMD_FN(vexp2)(V_SUB(V_LOAD(s + j), vm_));
             V_STORE(s + j, pj);
             sum = V_ADD(sum, pj);
         }
@@ -339,6 +355,8 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
     const int64_t D = a->D, Dv = a->Dv, bq = p.bq, bk = p.bk, gs = p.gs;
     const int64_t bkp = (bk + VL - 1) / VL * VL, dvp = (Dv + VL - 1) / VL * VL;
     const int score_kind = fx__score_kind(a->score_mod);
+    /* scores in base 2: log2(e) goes into the scale, or after the score mod */
+    const float qk_scale = a->score_mod ? p.scale : p.scale * LOG2E;
     /* Alibi distances go through int32, relative-bias indices through float: beyond those
        ranges the generic per-tile call is exact. */
     const int64_t far = a->q_offset + a->Lq > a->Lkv ? a->q_offset + a->Lq : a->Lkv;
@@ -428,13 +446,14 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                         if (bits && !SIMD_FN(strip_keys)(m, bits, brow + i0, mr, nk, &c0, &c1, &p0, &p1))
                             continue; /* no key visible to these rows here: their state stays */
                         const int64_t kend = nk < c1 ? nk : c1; /* keys c0 .. kend - 1 are real */
-                        SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, p.scale);
+                        SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, qk_scale);
                         if (a->score_mod) {
                             if (fast_mod)
                                 SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h,
                                                        qa0 + i0, k0 + c0);
                             else
                                 a->score_mod(S + c0, bkp, mr, kend - c0, b, h, qa0 + i0, k0 + c0, a->score_ctx);
+                            SIMD_FN(strip_scale)(mr, S + c0, bkp, c1 - c0, LOG2E);
                         }
                         const int64_t ri = g * bq + i0;
                         SIMD_FN(strip_softmax)(mr, S, bkp, c0, c1, kend,
@@ -446,6 +465,8 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                     }
                 }
             }
+            for (int64_t i = 0; i < gs * bq; i++)
+                M[i] *= LN2; /* back to base e */
             fx__fwd_item_store(&p, a, &it, O, dvp, M, L, out, lse);
         }
     }
