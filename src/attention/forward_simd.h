@@ -115,11 +115,8 @@ static inline __attribute__((always_inline)) void SIMD_FN(pv_tile)(int mr, int n
 static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *kt, int64_t ldk, float *s, int64_t lds,
                               int64_t width, float scale)
 {
-    for (int64_t c0 = 0, nc; c0 < width; c0 += nc * VL) {
-        const int64_t left = (width - c0) / VL;
-        /* NC + 1 vectors left go as two tiles of about half: a one-vector tile keeps too few
-           sums in flight to hide the FMA latency */
-        nc = left == NC + 1 && NC > 2 ? (NC + 2) / 2 : left < NC ? left : NC;
+    for (int64_t c0 = 0; c0 < width; c0 += NC * VL) {
+        int nc = (int)((width - c0) / VL < NC ? (width - c0) / VL : NC);
 #define QK_(MRV, NCV, ...) SIMD_FN(qk_tile)(MRV, NCV, qr, D, kt + c0, ldk, s + c0, lds, scale)
         SIMD_MR_CASES(QK_, 0)
 #undef QK_
@@ -405,17 +402,13 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                     continue;
                 /* K^T (zero columns past nk) and V's panels of this block: packed once while they
                    stay among the thread's `cached` latest, so a window's next q-block reuses
-                   them. Packing is a copy: a reused block is the same bits as a new one. When Dv
-                   is one panel wide, V's rows already are that panel and are read in place
-                   (1.5-2% of a window's forward at L = 32768). */
+                   them. Packing is a copy: a reused block is the same bits as a new one. */
                 bool fresh;
                 const int slot = SIMD_FN(cache_slot)(&cache, (b * a->Hkv + hkv) * p.nkb + kb, &fresh);
-                const bool v_inplace = Dv == NC * VL;
-                const float *Kt = panels + slot * panel, *Vp = v_inplace ? vh + k0 * Dv : Kt + kt_len;
+                const float *Kt = panels + slot * panel, *Vp = Kt + kt_len;
                 if (fresh) {
                     SIMD_FN(pack_kt)(kh + k0 * D, D, nk, panels + slot * panel, bkp);
-                    if (!v_inplace)
-                        SIMD_FN(pack_v)(vh + k0 * Dv, Dv, nk, panels + slot * panel + kt_len, bk, dvp);
+                    SIMD_FN(pack_v)(vh + k0 * Dv, Dv, nk, panels + slot * panel + kt_len, bk, dvp);
                 }
                 /* In a run of a window's items, the next one packs the block after this item's
                    last: fetch it while this one computes. */
