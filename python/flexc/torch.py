@@ -468,24 +468,28 @@ def _mask_ptr(handle):
 
 @torch.library.custom_op("flexc::flex_attention", mutates_args=(), device_types="cpu")
 def _flex_attention_op(q: Tensor, k: Tensor, v: Tensor, mask: int, score_kind: int, score_t: Optional[Tensor],
-                       score_f: float, score_i: int, scale: float, q_offset: int) -> Tuple[Tensor, Tensor]:
+                       score_f: float, score_i: int, scale: float, q_offset: int,
+                       need_lse: bool = True) -> Tuple[Tensor, Tensor]:
+    # need_lse=False (no gradient and no lse asked for): lse comes back empty and the kernel
+    # skips computing and writing it.
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     score_t = score_t.contiguous() if score_t is not None else None
     B, Hq, Lq, _ = q.shape
     out = q.new_empty(B, Hq, Lq, v.shape[3])
-    lse = q.new_empty(B, Hq, Lq)
+    lse = q.new_empty(B, Hq, Lq) if need_lse else q.new_empty(0)
     a, keep = _attention_struct(q, k, v, _mask_ptr(mask), score_kind, score_t, score_f, score_i, scale, q_offset)
     with _flexc_threads():
-        rc = _lib.fx_flex_attention(ctypes.byref(a), _ptr(q), _ptr(k), _ptr(v), _ptr(out), _ptr(lse))
+        rc = _lib.fx_flex_attention(ctypes.byref(a), _ptr(q), _ptr(k), _ptr(v), _ptr(out),
+                                    _ptr(lse) if need_lse else None)
     del keep
     _lib.check(rc, "flex_attention")
     return out, lse
 
 
 @_flex_attention_op.register_fake
-def _(q, k, v, mask, score_kind, score_t, score_f, score_i, scale, q_offset):
+def _(q, k, v, mask, score_kind, score_t, score_f, score_i, scale, q_offset, need_lse=True):
     B, Hq, Lq, _ = q.shape
-    return q.new_empty(B, Hq, Lq, v.shape[3]), q.new_empty(B, Hq, Lq)
+    return q.new_empty(B, Hq, Lq, v.shape[3]), (q.new_empty(B, Hq, Lq) if need_lse else q.new_empty(0))
 
 
 @torch.library.custom_op("flexc::flex_attention_backward", mutates_args=(), device_types="cpu")
@@ -514,7 +518,7 @@ def _(q, k, v, out, lse, dout, mask, score_kind, score_t, score_f, score_i, scal
 
 
 def _fa_setup_context(ctx, inputs, output):
-    q, k, v, mask, score_kind, score_t, score_f, score_i, scale, q_offset = inputs
+    q, k, v, mask, score_kind, score_t, score_f, score_i, scale, q_offset, need_lse = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, score_t)
     ctx.params = (mask, score_kind, score_f, score_i, scale, q_offset)
@@ -529,10 +533,13 @@ def _fa_backward(ctx, dout, dlse):
     q, k, v, out, lse, score_t = ctx.saved_tensors
     mask, score_kind, score_f, score_i, scale, q_offset = ctx.params
     if dout is None:
-        return None, None, None, None, None, None, None, None, None, None
+        return (None,) * 11
+    if lse.numel() == 0:
+        raise RuntimeError("flex_attention ran without a gradient in view (need_lse=False): it kept no lse "
+                           "to differentiate with")
     dq, dk, dv, dtable = _flex_attention_backward_op(q, k, v, out, lse, dout, mask, score_kind, score_t, score_f,
                                                      score_i, scale, q_offset)
-    return dq, dk, dv, None, None, (dtable if score_kind == _SCORE_REL_BIAS else None), None, None, None, None
+    return dq, dk, dv, None, None, (dtable if score_kind == _SCORE_REL_BIAS else None), None, None, None, None, None
 
 
 torch.library.register_autograd("flexc::flex_attention", _fa_backward, setup_context=_fa_setup_context)
@@ -621,7 +628,11 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 
     dtype = query.dtype
     q32, k32, v32 = (t.to(torch.float32) for t in (query, key, value))
-    out, lse = _flex_attention_op(q32, k32, v32, handle, kind, score_t, score_f, score_i, scale_f, q_offset)
+    # Without a gradient to take or an lse to return, the kernel need not compute the lse.
+    need_lse = want_lse or (torch.is_grad_enabled() and
+                            any(t is not None and t.requires_grad for t in (query, key, value, score_t)))
+    out, lse = _flex_attention_op(q32, k32, v32, handle, kind, score_t, score_f, score_i, scale_f, q_offset,
+                                  need_lse)
     out = out.to(dtype)
     if return_aux is not None:
         from torch.nn.attention.flex_attention import AuxOutput

@@ -221,6 +221,28 @@ def test_bitwise_across_thread_counts():
             assert torch.equal(a, b), f"{name} differs between 1 and {n} threads"
 
 
+def test_lse_only_when_needed():
+    # Without a gradient in view and no lse asked for, the op skips the lse (returns it
+    # empty); the output is bitwise the one computed with it, and return_lse still gets it.
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 70, 8) for _ in range(3))
+    mask = ft.create_block_mask(ft.sliding_window_mask(20), None, None, 70, 70, BLOCK_SIZE=16)
+    op = torch.ops.flexc.flex_attention.default
+    out_n, lse_n = op(q, k, v, mask._handle, 0, None, 0.0, 0, 0.0, 0, False)
+    out_y, lse_y = op(q, k, v, mask._handle, 0, None, 0.0, 0, 0.0, 0, True)
+    assert lse_n.numel() == 0 and lse_y.shape == (1, 2, 70)
+    assert torch.equal(out_n, out_y)
+    with torch.no_grad():
+        out, lse = ft.flex_attention(q, k, v, block_mask=mask, return_lse=True)
+        assert torch.equal(out, out_y) and torch.equal(lse, lse_y)
+    # A tensor needing a gradient keeps the lse for the backward.
+    qg = q.clone().requires_grad_()
+    out_g = ft.flex_attention(qg, k, v, block_mask=mask)
+    assert torch.equal(out_g.detach(), out_y)
+    out_g.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+
+
 def test_lse_gradient_refused():
     q, k, v = (torch.randn(1, 1, 16, 8, requires_grad=True) for _ in range(3))
     out, lse = ft.flex_attention(q, k, v, return_lse=True)
