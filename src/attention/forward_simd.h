@@ -168,16 +168,17 @@ static void SIMD_FN(strip_scale)(int mr, float *s, int64_t lds, int64_t width, f
 }
 
 /* Built-in score mods on a strip of mr rows x width columns (row r is query qa + r, column
-   j key k0 + j). */
+   j key k0 + j), each result then times `unit` in the same pass (log2 e: into base 2). */
 static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t lds, int64_t width, int mr, int64_t h,
-                                   int64_t qa, int64_t k0)
+                                   int64_t qa, int64_t k0, float unit)
 {
+    const vf vu = V_SET1(unit);
     if (kind == FX__SCORE_SOFTCAP) {
         float c = ((const fx_score_softcap_ctx *)ctx)->cap;
         vf vc = V_SET1(c), vinv = V_SET1(1.0f / c);
         for (int r = 0; r < mr; r++)
             for (int64_t j = 0; j < width; j += VL)
-                V_STORE(s + r * lds + j, V_MUL(vc, SIMD_FN(vtanh)(V_MUL(V_LOAD(s + r * lds + j), vinv))));
+                V_STORE(s + r * lds + j, V_MUL(V_MUL(vc, SIMD_FN(vtanh)(V_MUL(V_LOAD(s + r * lds + j), vinv))), vu));
     } else if (kind == FX__SCORE_REL_BIAS) {
         /* s += table[clamp(q - kv + zero)]: the entry index, exact in float below 2^24, is
            clamped in float and gathered. */
@@ -189,14 +190,14 @@ static void SIMD_FN(score_builtin)(int kind, const void *ctx, float *s, int64_t 
                 /* -(kv + lane - q - zero) = q - kv + zero for the lanes' keys */
                 vf e = V_SUB(zero, V_FROM_I((int32_t)(k0 + j - (qa + r) - c->zero)));
                 e = V_MIN(V_MAX(e, zero), hi);
-                V_STORE(s + r * lds + j, V_ADD(V_LOAD(s + r * lds + j), V_GATHER(t, e)));
+                V_STORE(s + r * lds + j, V_MUL(V_ADD(V_LOAD(s + r * lds + j), V_GATHER(t, e)), vu));
             }
     } else { /* alibi: s += slope * (kv - q), with the distance exact in int32 then converted */
         vf slope = V_SET1(((const fx_score_alibi_ctx *)ctx)->slopes[h]);
         for (int r = 0; r < mr; r++)
             for (int64_t j = 0; j < width; j += VL) {
                 vf dist = V_FROM_I((int32_t)(k0 + j - (qa + r)));
-                V_STORE(s + r * lds + j, V_FMA(slope, dist, V_LOAD(s + r * lds + j)));
+                V_STORE(s + r * lds + j, V_MUL(V_FMA(slope, dist, V_LOAD(s + r * lds + j)), vu));
             }
     }
 }
@@ -441,12 +442,13 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                         const int64_t kend = nk < c1 ? nk : c1; /* keys c0 .. kend - 1 are real */
                         SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, qk_scale);
                         if (a->score_mod) {
-                            if (fast_mod)
+                            if (fast_mod) {
                                 SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h,
-                                                       qa0 + i0, k0 + c0);
-                            else
+                                                       qa0 + i0, k0 + c0, LOG2E);
+                            } else {
                                 a->score_mod(S + c0, bkp, mr, kend - c0, b, h, qa0 + i0, k0 + c0, a->score_ctx);
-                            SIMD_FN(strip_scale)(mr, S + c0, bkp, c1 - c0, LOG2E);
+                                SIMD_FN(strip_scale)(mr, S + c0, bkp, c1 - c0, LOG2E);
+                            }
                         }
                         const int64_t ri = g * bq + i0;
                         SIMD_FN(strip_softmax)(mr, S, bkp, c0, c1, kend,
