@@ -2,8 +2,9 @@
    where it has AMX-BF16, vdpbf16ps where it has AVX512-BF16, else the operands widened to
    float32) against the float32 GEMM
    (fx__sgemm) on the same operands, at the projections' shapes of the `small` and `gpt2`
-   models (a step's forward x W^T, backward dy W and dy^T x). Calls in turn (bf16, f32, bf16,
-   ...), medians; prints one JSON object per shape with both rates and bf16 / f32 speed.
+   models (a step's forward x W^T, backward dy W and dy^T x). Calls in turn (bf16, f32, and
+   where the CPU has vdpbf16ps but takes another path, the vdpbf16ps path forced), medians;
+   prints one JSON object per shape with the rates and bf16 / f32 speed.
    Threads: OMP_NUM_THREADS. Built by CMake as bench_gemm_bf16 (and into the GPU bundle, so
    that scripts/gpu-check.sh measures the GPU machine's CPU too).
 
@@ -29,7 +30,9 @@ int main(int argc, char **argv)
         {"small dy^T x", 1024, 384, 1024, true, false}, {"gpt2 x W^T", 256, 3072, 768, false, true},
         {"gpt2 dy W", 256, 768, 3072, false, false},   {"gpt2 dy^T x", 3072, 768, 256, true, false},
     };
-    const char *path = fx__cpu_amx_bf16() ? "AMX" : fx__cpu_avx512bf16() ? "vdpbf16ps" : "widened to float32";
+    const fx__bf16_tiled *cpu = fx__gemm_bf16_cpu_path();
+    const char *path = cpu == &fx__bf16_tiled_amx ? "AMX" : cpu == &fx__bf16_tiled_dp ? "vdpbf16ps" : "float32";
+    const bool dp_too = fx__cpu_avx512bf16() && cpu != &fx__bf16_tiled_dp;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t M = shapes[s].M, N = shapes[s].N, K = shapes[s].K;
         const bool ta = shapes[s].ta, tb = shapes[s].tb;
@@ -45,7 +48,7 @@ int main(int argc, char **argv)
         for (int64_t i = 0; i < K * N; i++)
             B[i] = fx__bf16_round((float)rand_r(&seed) / (float)RAND_MAX - 0.5f);
         const int64_t lda = ta ? M : K, ldb = tb ? K : N;
-        double t16[MAX_REPS], t32[MAX_REPS];
+        double t16[MAX_REPS], t32[MAX_REPS], tdp[MAX_REPS];
         for (int r = -1; r < reps; r++) { /* r = -1: a warm-up of each */
             double t0 = fx__seconds();
             fx__gemm_bf16(ta, tb, M, N, K, fx__bf16_of_f32(A), lda, fx__bf16_of_f32(B), ldb, 0.0f, C, N, ws);
@@ -53,14 +56,25 @@ int main(int argc, char **argv)
             t0 = fx__seconds();
             fx__sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, N);
             const double b = fx__seconds() - t0;
+            double c = 0.0;
+            if (dp_too) {
+                fx__gemm_bf16_force_tiled(&fx__bf16_tiled_dp);
+                t0 = fx__seconds();
+                fx__gemm_bf16(ta, tb, M, N, K, fx__bf16_of_f32(A), lda, fx__bf16_of_f32(B), ldb, 0.0f, C, N, ws);
+                c = fx__seconds() - t0;
+                fx__gemm_bf16_force_tiled(NULL);
+            }
             if (r >= 0)
-                t16[r] = a, t32[r] = b;
+                t16[r] = a, t32[r] = b, tdp[r] = c;
         }
         const double m16 = median(t16, reps), m32 = median(t32, reps), gf = 2e-9 * (double)(M * N * K);
         printf("{\"case\":\"gemm_bf16\",\"shape\":\"%s\",\"M\":%lld,\"N\":%lld,\"K\":%lld,\"bf16_path\":\"%s\","
-               "\"threads\":%d,\"reps\":%d,\"bf16_gflops\":%.1f,\"f32_gflops\":%.1f,\"bf16_over_f32\":%.2f}\n",
+               "\"threads\":%d,\"reps\":%d,\"bf16_gflops\":%.1f,\"f32_gflops\":%.1f,\"bf16_over_f32\":%.2f",
                shapes[s].name, (long long)M, (long long)N, (long long)K, path, fx_get_num_threads(), reps, gf / m16,
                gf / m32, m32 / m16);
+        if (dp_too)
+            printf(",\"vdpbf16ps_gflops\":%.1f", gf / median(tdp, reps));
+        printf("}\n");
         free(A), free(B), free(C), free(ws);
     }
     return 0;

@@ -385,14 +385,14 @@ static void check_gemm_tiled(bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
                 C[i * ldc + j] = C3[i * ldc + j] = CV[i * ldc + j] = NAN; /* must not survive */
         const double bound = gemm_ref_f64(ta, tb, M, N, K, A, lda, B, ldb, beta, C0, ldc, ref);
         fx_set_num_threads(1);
-        fx__sgemm_tiled(&fx__sgemm_path_scalar, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, C, ldc, ws);
+        fx__sgemm_tiled(&fx__sgemm_path_scalar, ta, tb, M, N, K, 0.5f, fx__sgemm_f32(A), lda, fx__sgemm_f32(B), ldb, beta, C, ldc, ws);
         /* a float32 sum of K terms: a few ulps of the sum of their magnitudes per term */
         fxt_close_f32("tiled (plain C)", C, ref, nc, 1e-6 + 4.0 * FLT_EPSILON * (double)K * bound, 0.0);
         fx_set_num_threads(3);
-        fx__sgemm_tiled(&fx__sgemm_path_scalar, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, C3, ldc, ws);
+        fx__sgemm_tiled(&fx__sgemm_path_scalar, ta, tb, M, N, K, 0.5f, fx__sgemm_f32(A), lda, fx__sgemm_f32(B), ldb, beta, C3, ldc, ws);
         fxt_bitwise_f32("tiled (plain C) 1 vs 3 threads", C, C3, nc);
         if (avx512) {
-            fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, CV, ldc, ws);
+            fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, 0.5f, fx__sgemm_f32(A), lda, fx__sgemm_f32(B), ldb, beta, CV, ldc, ws);
             fxt_bitwise_f32("tiled AVX-512 vs plain C", C, CV, nc);
         }
         fxt_guarded_free("C", C);

@@ -13,6 +13,7 @@
 #include "harness.h"
 
 #include "core/gemm_bf16.h"
+#include "core/sgemm.h"
 
 #include <float.h>
 #include <math.h>
@@ -269,6 +270,85 @@ static void test_gemm_bf16_deterministic(void)
     fx_set_num_threads(before);
 }
 
+static void gemm_forced_f32(const void *ctx, bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A,
+                            int64_t lda, fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    fx__gemm_bf16_force_tiled(&fx__bf16_tiled_f32);
+    gemm_best(ctx, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+    fx__gemm_bf16_force_tiled(NULL);
+}
+
+/* The float32 route (fx__bf16_tiled_f32), forced whatever path the CPU takes: against the
+   float64 sums of the rounded inputs, and bitwise equal to the operands widened by hand
+   (fx__bf16_pack) and multiplied by fx__sgemm, for every operand kind and transpose, at
+   shapes whose K spans several of the float32 GEMM's blocks of k, and one whose packed
+   panels would not fit the scratch (M = N = 1: the widened copies instead). On the AVX-512
+   path the route reads the operands in the float32 GEMM's own packing; the values, and so
+   the bits, must be those of the widened copies. */
+static void test_gemm_bf16_f32_route(void)
+{
+    const int64_t shapes[][3] = {{37, 29, 53}, {1, 1, 300}, {130, 70, 2 * FX__SG_KC + 13}, {3, 97, 17}};
+    reference_sweep("fx__gemm_bf16 (float32 route)", gemm_forced_f32, NULL, shapes, sizeof shapes / sizeof shapes[0],
+                    false);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        for (int t = 0; t < 8; t++) {
+            const bool ta = t & 1, tb = t & 2, a_bf16 = t & 4;
+            operand A = operand_new(ta ? K : M, ta ? M : K, ta ? M : K, 40 + s);
+            operand B = operand_new(tb ? N : K, tb ? K : N, tb ? K : N, 50 + s);
+            const fx__bf16_mat a = a_bf16 ? fx__bf16_of(A.h) : fx__bf16_of_f32(A.f);
+            const fx__bf16_mat b = a_bf16 ? fx__bf16_of_f32(B.f) : fx__bf16_of(B.h);
+            float *aw = malloc((size_t)(M * K) * sizeof(float)), *bw = malloc((size_t)(K * N) * sizeof(float));
+            float *C = fxt_guarded((size_t)(M * N)), *W = fxt_guarded((size_t)(M * N));
+            fx__bf16_pack(aw, a, A.rows, A.cols, A.ld);
+            fx__bf16_pack(bw, b, B.rows, B.cols, B.ld);
+            fx__sgemm(ta, tb, M, N, K, 1.0f, aw, A.cols, bw, B.cols, 0.0f, W, N);
+            gemm_forced_f32(NULL, ta, tb, M, N, K, a, A.ld, b, B.ld, 0.0f, C, N);
+            fxt_bitwise_f32("float32 route vs widened operands", C, W, (size_t)(M * N));
+            fxt_guarded_free("C", C), fxt_guarded_free("W", W);
+            free(aw), free(bw);
+            operand_free(&A), operand_free(&B);
+        }
+    }
+}
+
+/* The float32 GEMM's packing of bfloat16 operands (sgemm.h's fx__sgemm_mat): the AVX-512 loop
+   gives its plain C twin's floats, and both the float32 packing of the values rounded by
+   fx__bf16_round, with every special case of the rounding in the data (ties, infinities,
+   FLT_MAX, NaNs, subnormals), both layouts, a partial panel and a partial block of 16 k. */
+static void test_sgemm_pack_bf16(void)
+{
+    enum { LINES = 45, KK = 37, W = FX__SG_NR };
+    const int64_t ld = KK + 3;
+    float *x = fxt_random(LINES * ld, -3, 3, 9), *xr = malloc(LINES * ld * sizeof(float));
+    uint16_t *h = malloc(LINES * ld * sizeof(uint16_t));
+    const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x7f800000u, 0xff800000u, 0x7f7fffffu,
+                                0x7f800001u, 0xffc00000u, 0x00018000u, 0x80000000u, 0x00000001u};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        x[37 * i + 5] = float_of(special[i]);
+    for (int64_t i = 0; i < LINES * ld; i++)
+        xr[i] = fx__bf16_round(x[i]), h[i] = fx__f32_to_bf16(x[i]);
+    const bool avx512 = fx_get_isa() == FX_ISA_AVX512;
+    for (int kind = 0; kind < 2; kind++)
+        for (int lk = 0; lk < 2; lk++)
+            for (int64_t q = 0; q < 2; q++) { /* panel 1 holds 13 of the 32 lines */
+                /* lk: lines are rows of x (LINES x KK); else columns: k < LINES rows of KK lines */
+                const int64_t lines = lk ? LINES : KK, kc = lk ? KK : LINES - 5;
+                const fx__sgemm_mat m = kind ? (fx__sgemm_mat){h, FX__SG_BF16} : (fx__sgemm_mat){x, FX__SG_F32_AS_BF16};
+                float want[KK * W > LINES * W ? KK * W : LINES * W], got[sizeof want / sizeof want[0]];
+                fx__sgemm_path_scalar.pack(want, fx__sgemm_f32(xr), ld, lk, lines, 2, kc - 2, W, q);
+                fx__sgemm_path_scalar.pack(got, m, ld, lk, lines, 2, kc - 2, W, q);
+                fxt_bitwise_f32(kind ? "pack bf16 (plain C)" : "pack f32 as bf16 (plain C)", got, want,
+                                (size_t)((kc - 2) * W));
+                if (avx512) {
+                    fx__sgemm_pack_avx512(got, m, ld, lk, lines, 2, kc - 2, W, q);
+                    fxt_bitwise_f32(kind ? "pack bf16 (AVX-512)" : "pack f32 as bf16 (AVX-512)", got, want,
+                                    (size_t)((kc - 2) * W));
+                }
+            }
+    free(x), free(xr), free(h);
+}
+
 /* ---- the tiled paths (vdpbf16ps, AMX) ---------------------------------------------------------- */
 
 #ifdef FXT_HAVE_SIMDE
@@ -455,6 +535,8 @@ int main(int argc, char **argv)
     FXT_RUN(test_bf16_paths_bitwise);
     FXT_RUN(test_gemm_bf16_against_reference);
     FXT_RUN(test_gemm_bf16_deterministic);
+    FXT_RUN(test_gemm_bf16_f32_route);
+    FXT_RUN(test_sgemm_pack_bf16);
     FXT_RUN(test_gemm_bf16_pack);
     FXT_RUN(test_gemm_bf16_tiled_against_reference);
     FXT_RUN(test_gemm_bf16_tiled_deterministic);

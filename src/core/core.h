@@ -47,6 +47,8 @@ double fx__wall_seconds(void);
 static inline fx_isa fx__isa(void) { return fx_get_isa(); }
 /* The CPU has AVX512-BF16 (vdpbf16ps) and the AVX-512 path is allowed (fx_get_isa()). */
 bool fx__cpu_avx512bf16(void);
+/* The CPU is AMD's (CPUID's vendor string AuthenticAMD). */
+bool fx__cpu_vendor_amd(void);
 /* The CPU has AMX tiles with bfloat16 (tdpbf16ps), the kernel lets this process use them, and
    the AVX-512 path is allowed. */
 bool fx__cpu_amx_bf16(void);

@@ -1,6 +1,7 @@
 /* The one GEMM entry point of the library, row-major: flexc's own tiled path on the AVX-512
    path (sgemm.h), BLIS elsewhere. */
 #include "sgemm.h"
+#include "gemm_bf16.h"
 
 #include <blis.h>
 #include <math.h>
@@ -101,7 +102,8 @@ static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
            out of memory may see other bits). */
         float *ws = fx__alloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
         if (ws) {
-            fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);
+            fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, alpha, fx__sgemm_f32(A), lda, fx__sgemm_f32(B), ldb,
+                            beta, C, ldc, ws);
             fx__free(ws);
             return;
         }
@@ -162,13 +164,24 @@ static void fx__sgemm_kernel_scalar(int64_t kc, const float *a, const float *b, 
     }
 }
 
-static void fx__sgemm_pack_scalar(float *dst, const float *x, int64_t ld, bool lk, int64_t lines, int64_t k0,
+static float fx__sgemm_at(fx__sgemm_mat x, int64_t i)
+{
+    switch (x.elem) {
+    case FX__SG_BF16: return fx__bf16_to_f32(((const uint16_t *)x.p)[i]);
+    case FX__SG_F32_AS_BF16: return fx__bf16_round(((const float *)x.p)[i]);
+    case FX__SG_F32: break;
+    }
+    return ((const float *)x.p)[i];
+}
+
+static void fx__sgemm_pack_scalar(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int64_t lines, int64_t k0,
                                   int64_t kc, int64_t width, int64_t q)
 {
     const int64_t l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
     for (int64_t k = 0; k < kc; k++)
         for (int64_t l = 0; l < width; l++)
-            dst[k * width + l] = l >= nl ? 0.0f : lk ? x[(l0 + l) * ld + k0 + k] : x[(k0 + k) * ld + l0 + l];
+            dst[k * width + l] =
+                l >= nl ? 0.0f : fx__sgemm_at(x, lk ? (l0 + l) * ld + k0 + k : (k0 + k) * ld + l0 + l);
 }
 
 const fx__sgemm_path fx__sgemm_path_avx512 = {fx__sgemm_kernel_avx512, fx__sgemm_pack_avx512};
@@ -184,7 +197,7 @@ size_t fx__sgemm_tiled_ws(int64_t M, int64_t N, int64_t K)
 }
 
 void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                     fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B, int64_t ldb, float beta, float *C, int64_t ldc,
                      float *ws)
 {
     const int64_t mp = fx__sgemm_panels(M, FX__SG_MR), np = fx__sgemm_panels(N, FX__SG_NR);

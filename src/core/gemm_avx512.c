@@ -48,8 +48,26 @@ void fx__sgemm_kernel_avx512(int64_t kc, const float *a, const float *b, float a
     }
 }
 
-void fx__sgemm_pack_avx512(float *dst, const float *x, int64_t ld, bool lk, int64_t lines, int64_t k0, int64_t kc,
-                           int64_t width, int64_t q)
+/* Sixteen elements of x from flat index i (masked by m; zeros elsewhere) as float32: the
+   operand's element kind is a constant where fx__sgemm_pack_lines is inlined. */
+static inline __m512 fx__sgemm_load16(fx__sgemm_mat x, fx__sgemm_elem elem, int64_t i, __mmask16 m)
+{
+    switch (elem) {
+    case FX__SG_BF16:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)x.p + i)), 16));
+    case FX__SG_F32_AS_BF16:
+        return _mm512_castsi512_ps(_mm512_and_si512(fx__bf16_hi(_mm512_maskz_loadu_ps(m, (const float *)x.p + i)),
+                                                    _mm512_set1_epi32((int)0xffff0000u)));
+    case FX__SG_F32: break;
+    }
+    return _mm512_maskz_loadu_ps(m, (const float *)x.p + i);
+}
+
+static inline __attribute__((always_inline)) void fx__sgemm_pack_lines(float *dst, fx__sgemm_mat x,
+                                                                       fx__sgemm_elem elem, int64_t ld, bool lk,
+                                                                       int64_t lines, int64_t k0, int64_t kc,
+                                                                       int64_t width, int64_t q)
 {
     const int64_t l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
     for (int64_t lb = 0; lb < width; lb += 16) {
@@ -59,18 +77,19 @@ void fx__sgemm_pack_avx512(float *dst, const float *x, int64_t ld, bool lk, int6
             for (int64_t k = 0; k < kc; k++)
                 _mm512_mask_storeu_ps(dst + k * width + lb, all, _mm512_setzero_ps());
         } else if (!lk) { /* a row of x holds sixteen lines of one k */
-            const float *s = x + k0 * ld + l0 + lb;
+            const int64_t at = k0 * ld + l0 + lb;
             for (int64_t k = 0; k < kc; k++)
-                _mm512_mask_storeu_ps(dst + k * width + lb, all, _mm512_maskz_loadu_ps(m, s + k * ld));
+                _mm512_mask_storeu_ps(dst + k * width + lb, all, fx__sgemm_load16(x, elem, at + k * ld, m));
         } else { /* sixteen lines by sixteen k, transposed */
-            const float *s = x + (l0 + lb) * ld + k0;
+            const int64_t at = (l0 + lb) * ld + k0;
             for (int64_t kb = 0; kb < kc; kb += 16) {
                 const int64_t nk = kc - kb < 16 ? kc - kb : 16;
                 const __mmask16 mk = fx__tail16(nk);
                 __m512i r[16];
 #pragma GCC unroll 16
                 for (int i = 0; i < 16; i++)
-                    r[i] = i < n ? _mm512_castps_si512(_mm512_maskz_loadu_ps(mk, s + i * ld + kb)) : _mm512_setzero_si512();
+                    r[i] = i < n ? _mm512_castps_si512(fx__sgemm_load16(x, elem, at + i * ld + kb, mk))
+                                 : _mm512_setzero_si512();
                 fx__transpose16(r);
 #pragma GCC unroll 16
                 for (int i = 0; i < 16; i++)
@@ -79,4 +98,15 @@ void fx__sgemm_pack_avx512(float *dst, const float *x, int64_t ld, bool lk, int6
             }
         }
     }
+}
+
+void fx__sgemm_pack_avx512(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int64_t lines, int64_t k0, int64_t kc,
+                           int64_t width, int64_t q)
+{
+    switch (x.elem) { /* one copy of the loops per element kind */
+    case FX__SG_BF16: fx__sgemm_pack_lines(dst, x, FX__SG_BF16, ld, lk, lines, k0, kc, width, q); return;
+    case FX__SG_F32_AS_BF16: fx__sgemm_pack_lines(dst, x, FX__SG_F32_AS_BF16, ld, lk, lines, k0, kc, width, q); return;
+    case FX__SG_F32: break;
+    }
+    fx__sgemm_pack_lines(dst, x, FX__SG_F32, ld, lk, lines, k0, kc, width, q);
 }

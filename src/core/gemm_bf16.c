@@ -1,6 +1,7 @@
 /* The bfloat16 GEMM (bf16 inputs, float32 accumulation): dispatch, the plain-C packing and
    conversion loops, and the fixed-order reference. See gemm_bf16.h. */
 #include "gemm_bf16.h"
+#include "sgemm.h"
 
 #include <stdatomic.h>
 
@@ -81,6 +82,20 @@ static _Atomic(const fx__bf16_tiled *) fx__bf16_forced;
 
 void fx__gemm_bf16_force_tiled(const fx__bf16_tiled *t) { atomic_store(&fx__bf16_forced, t); }
 
+/* The CPU's path. AMX where it has AMX-BF16. vdpbf16ps only on AMD's cores, which run it at
+   twice the rate of float32 fused multiply-adds (Zen 4, Zen 5; 1.5-2.5x the float32 GEMM at the
+   models' shapes on Zen 5): Intel's issue it at no more than that rate, and a Xeon of family 6
+   model 207 (Emerald Rapids) at half (85 against 173 GFLOP/s on one core), so there the
+   float32 route, which reads the same bfloat16 values, is the faster one (docs/train.md). */
+const fx__bf16_tiled *fx__gemm_bf16_cpu_path(void)
+{
+    if (fx__cpu_amx_bf16())
+        return &fx__bf16_tiled_amx;
+    if (fx__cpu_avx512bf16() && fx__cpu_vendor_amd())
+        return &fx__bf16_tiled_dp;
+    return &fx__bf16_tiled_f32;
+}
+
 void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
                    int64_t ldb, float beta, float *C, int64_t ldc, float *ws)
 {
@@ -90,18 +105,26 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
 #else
     if (M == 0 || N == 0)
         return;
-    /* AMX or vdpbf16ps multiply the bfloat16 pairs directly, where the CPU has them and the
-       packed operands fit (about half the widened ones' room, plus the panels' padding). */
     const fx__bf16_tiled *t = atomic_load(&fx__bf16_forced);
     if (!t)
-        t = fx__cpu_amx_bf16() ? &fx__bf16_tiled_amx : fx__cpu_avx512bf16() ? &fx__bf16_tiled_dp : NULL;
-    if (t && fx__bf16_tiled_words(t, M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
+        t = fx__gemm_bf16_cpu_path();
+    /* AMX or vdpbf16ps multiply the bfloat16 pairs directly where their packed operands fit
+       (about half the widened ones' room, plus the panels' padding). */
+    if (t->kernel && fx__bf16_tiled_words(t, M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
         fx__gemm_bf16_tiled(t, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, (uint32_t *)ws);
         return;
     }
-    /* Otherwise the operands are widened into ws and multiplied in float32
-       (fx__bf16_pack_kernel picks the widening loop); they keep their stored orientation
-       (transposes stay flags of fx__sgemm). */
+    /* Otherwise float32 products of the bfloat16 values. On the AVX-512 path the float32
+       GEMM's packing reads the operands as they are (sgemm.h: one block of k at a time);
+       elsewhere, or where that scratch would not fit, they are widened into ws first and
+       multiplied by fx__sgemm, keeping their stored orientation. Both give the same bits:
+       the same values through the same tiled GEMM on AVX-512, BLIS on the other paths. */
+    const fx__sgemm_elem ea = A.bf16 ? FX__SG_BF16 : FX__SG_F32_AS_BF16, eb = B.bf16 ? FX__SG_BF16 : FX__SG_F32_AS_BF16;
+    if (fx__isa() == FX_ISA_AVX512 && fx__sgemm_tiled_ws(M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
+        fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, 1.0f, (fx__sgemm_mat){A.p, ea}, lda,
+                        (fx__sgemm_mat){B.p, eb}, ldb, beta, C, ldc, ws);
+        return;
+    }
     const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
     float *a32 = ws, *b32 = ws + ar * ac;
     fx__bf16_pack(a32, A, ar, ac, lda);
@@ -114,6 +137,7 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
 
 const fx__bf16_tiled fx__bf16_tiled_dp = {FX__DP_MR, FX__DP_NR, 1, false, fx__bf16_dp_kernel_avx512bf16};
 const fx__bf16_tiled fx__bf16_tiled_amx = {FX__AMX_MR, FX__AMX_NR, FX__AMX_PAIRS, true, fx__bf16_amx_kernel};
+const fx__bf16_tiled fx__bf16_tiled_f32 = {0, 0, 1, false, NULL};
 
 /* dst [n] = the bfloat16 values of x's n elements from flat index i on. */
 static void fx__bf16_bits_n(uint16_t *dst, fx__bf16_mat x, int64_t i, int64_t n)

@@ -55,17 +55,18 @@ size_t fx__gemm_bf16_ws(int64_t M, int64_t N, int64_t K);
    B in bfloat16 (rounded as read when given in float32), every product exact in float32 and
    the sums in float32. lda/ldb/ldc as in fx__sgemm. ws: fx__gemm_bf16_ws(M, N, K) floats.
    Bitwise identical for any thread count. The paths (fx_get_isa()):
-     AVX2, AVX-512: the operands widened to float32 with AVX2 into ws, then fx__sgemm (one
-                    pass each; the products of bfloat16 values are exact in float32, so these
-                    are the products a vdpbf16ps kernel makes, summed in another order);
-     scalar:        the same with plain C widening: bitwise the AVX2 path's results.
      AMX-BF16:      on CPUs with AMX tiles (fx__cpu_amx_bf16) and the AVX-512 path, the
                     operands packed in bfloat16 pairs and multiplied by tdpbf16ps, 32 x 32
                     tiles of C (fx__bf16_tiled_amx);
-     AVX512-BF16:   otherwise on CPUs with vdpbf16ps (fx__cpu_avx512bf16) and the AVX-512
-                    path, both operands packed pair by pair and a 12 x 32 vdpbf16ps
-                    micro-kernel (fx__bf16_tiled_dp).
-   The last two take the widening path when their packed operands would not fit in ws (a
+     AVX512-BF16:   on AMD CPUs with vdpbf16ps (fx__cpu_avx512bf16) and the AVX-512 path,
+                    both operands packed pair by pair and a 12 x 32 vdpbf16ps micro-kernel
+                    (fx__bf16_tiled_dp);
+     float32:       everywhere else (fx__bf16_tiled_f32): float32 products of the bfloat16
+                    values, which are exact, so these are the products the two above make,
+                    summed in another order. On the AVX-512 path the float32 GEMM's packing
+                    reads the operands as given (sgemm.h's fx__sgemm_mat); on AVX2 and the
+                    scalar path they are widened into ws, then fx__sgemm (BLIS).
+   The first two take the float32 route when their packed operands would not fit in ws (a
    handful of rows or columns, or K below 32 for AMX). The paths differ in the order of the
    float32 sums only (docs/train.md). */
 void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
@@ -93,16 +94,19 @@ typedef struct fx__bf16_tiled {
 
 /* The paths: vdpbf16ps, 12 x 32 tiles, both operands pair by pair (gemm_bf16_dp.h); AMX,
    32 x 32 tiles from 16 x 16 ones, pairs in blocks of 16 (a tile's k is 32), A row by row
-   (gemm_bf16_amx.c). */
+   (gemm_bf16_amx.c); and fx__bf16_tiled_f32, no kernel: the float32 route of fx__gemm_bf16. */
 void fx__bf16_dp_kernel_avx512bf16(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C,
                                    int64_t ldc, int64_t mr, int64_t nr);
 void fx__bf16_amx_kernel(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
                          int64_t mr, int64_t nr);
 enum { FX__DP_MR = 12, FX__DP_NR = 32, FX__AMX_MR = 32, FX__AMX_NR = 32, FX__AMX_PAIRS = 16 };
-extern const fx__bf16_tiled fx__bf16_tiled_dp, fx__bf16_tiled_amx;
+extern const fx__bf16_tiled fx__bf16_tiled_dp, fx__bf16_tiled_amx, fx__bf16_tiled_f32;
 
-/* Tests: every later fx__gemm_bf16 takes path t (where its packed operands fit ws), whatever
-   the CPU has; NULL restores the CPU's choice. Not for use inside a parallel region. */
+/* The path fx__gemm_bf16 takes on this CPU when none is forced. */
+const fx__bf16_tiled *fx__gemm_bf16_cpu_path(void);
+
+/* Tests and benchmarks: every later fx__gemm_bf16 takes path t (the tiled ones where their
+   packed operands fit ws), whatever the CPU has; NULL restores the CPU's choice. Not for use inside a parallel region. */
 void fx__gemm_bf16_force_tiled(const fx__bf16_tiled *t);
 
 /* Pairs per line of a (K) product on path t: (K + 1) / 2 rounded up to t->align. */

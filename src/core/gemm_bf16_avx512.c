@@ -7,18 +7,6 @@
 
 #include <immintrin.h>
 
-/* Sixteen floats rounded to bfloat16 (nearest even, NaN kept quiet: fx__f32_to_bf16), each
-   value in the high half of its lane; the low halves are garbage. */
-static inline __m512i fx__bf16_hi(__m512 f)
-{
-    const __m512i u = _mm512_castps_si512(f);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
-    const __mmask16 nan =
-        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
-}
-
 /* Pairs [p0, p0 + 16) of a line whose k are contiguous from `at` (flat index of k = 0), as
    sixteen words; zeros past K. */
 static inline __m512i fx__line_words16(fx__bf16_mat x, int64_t at, int64_t K, int64_t p0)

@@ -28,10 +28,22 @@ enum {
 typedef void (*fx__sgemm_tile_kernel)(int64_t kc, const float *a, const float *b, float alpha, float beta, float *C,
                                       int64_t ldc, int64_t mr, int64_t nr);
 
+/* An operand as the packing reads it: float32 values; bfloat16 ones (uint16_t storage,
+   widened exactly); or float32 ones rounded to bfloat16 as read (nearest even, NaN kept
+   quiet: fx__bf16_round). The last two make the float32 route of the bfloat16 GEMM
+   (gemm_bf16.h): the products of bfloat16 values are exact in float32. */
+typedef enum { FX__SG_F32, FX__SG_BF16, FX__SG_F32_AS_BF16 } fx__sgemm_elem;
+typedef struct fx__sgemm_mat {
+    const void *p;
+    fx__sgemm_elem elem;
+} fx__sgemm_mat;
+
+static inline fx__sgemm_mat fx__sgemm_f32(const float *p) { return (fx__sgemm_mat){p, FX__SG_F32}; }
+
 /* Panel q of a block of k of one operand: lines [q * width, q * width + width) (rows of op(A),
    columns of op(B)) and k in [k0, k0 + kc), as dst [k * width + l], zeros past `lines`.
    Element (line l, k) of x is at l * ld + k when lk, else at k * ld + l. */
-typedef void (*fx__sgemm_pack_fn)(float *dst, const float *x, int64_t ld, bool lk, int64_t lines, int64_t k0,
+typedef void (*fx__sgemm_pack_fn)(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int64_t lines, int64_t k0,
                                   int64_t kc, int64_t width, int64_t q);
 
 typedef struct fx__sgemm_path {
@@ -44,7 +56,7 @@ typedef struct fx__sgemm_path {
 extern const fx__sgemm_path fx__sgemm_path_avx512, fx__sgemm_path_scalar;
 void fx__sgemm_kernel_avx512(int64_t kc, const float *a, const float *b, float alpha, float beta, float *C,
                              int64_t ldc, int64_t mr, int64_t nr);
-void fx__sgemm_pack_avx512(float *dst, const float *x, int64_t ld, bool lk, int64_t lines, int64_t k0, int64_t kc,
+void fx__sgemm_pack_avx512(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int64_t lines, int64_t k0, int64_t kc,
                            int64_t width, int64_t q);
 
 /* Floats of scratch fx__sgemm_tiled needs for (M, N, K): one block of k of both packed
@@ -54,7 +66,7 @@ size_t fx__sgemm_tiled_ws(int64_t M, int64_t N, int64_t K);
 /* fx__sgemm's contract on path p, ws holding fx__sgemm_tiled_ws(M, N, K) floats. Threads:
    the current team size, or one inside a parallel region. */
 void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                     fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B, int64_t ldb, float beta, float *C, int64_t ldc,
                      float *ws);
 
 #endif

@@ -131,6 +131,17 @@ bool fx__cpu_avx512bf16(void)
 #endif
 }
 
+bool fx__cpu_vendor_amd(void)
+{
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    /* the vendor string is EBX, EDX, ECX of leaf 0: "Auth" "enti" "cAMD" */
+    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
+#else
+    return false;
+#endif
+}
+
 /* Linux hands out AMX's tile data state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
    XTILEDATA, once per process); a tile instruction without it faults. */
 #if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__) && !defined(FLEXC_REFERENCE_KERNELS)

@@ -12,6 +12,18 @@ static inline __mmask16 fx__tail16(int64_t n)
     return n >= 16 ? (__mmask16)0xffff : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
 }
 
+/* Sixteen floats rounded to bfloat16 (nearest even, NaN kept quiet: fx__f32_to_bf16), each
+   value in the high half of its lane; the low halves are garbage. */
+static inline __m512i fx__bf16_hi(__m512 f)
+{
+    const __m512i u = _mm512_castps_si512(f);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), odd);
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    return _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(u, _mm512_set1_epi32(0x400000)));
+}
+
 /* r[i] word j <-> r[j] word i: 32-bit, then 64-bit interleaves within 128-bit lanes, then two
    rounds of 128-bit lane shuffles. */
 static inline void fx__transpose16(__m512i r[16])
