@@ -124,7 +124,7 @@ static void test_rope(void)
     float *rope = malloc((size_t)(16 * hd) * sizeof(float));
     fx__rope_table(rope, 16, hd, 10000.0f);
     float *x = fxt_random((size_t)n, -1, 1, 3), *y = fxt_guarded((size_t)n);
-    fx__rope_forward(y, x, rope, B, T, H, hd, 0);
+    fx__rope_forward(y, x, H * hd, rope, B, T, H, hd, 0);
     double *ref = fxt_alloc_f64((size_t)n);
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++)
@@ -139,18 +139,34 @@ static void test_rope(void)
     fxt_close_f32("rope", y, ref, (size_t)n, 1e-6, 1e-5);
     /* Backward is the transpose: <rope(x), g> == <x, rope_backward(g)>. */
     float *g = fxt_random((size_t)n, -1, 1, 4), *dx = fxt_guarded((size_t)n);
-    fx__rope_backward(dx, g, rope, B, T, H, hd);
+    fx__rope_backward(dx, H * hd, g, rope, B, T, H, hd);
     double lhs = 0, rhs = 0;
     for (int64_t i = 0; i < n; i++)
         lhs += (double)y[i] * g[i], rhs += (double)x[i] * dx[i];
     FXT_NEAR(lhs, rhs, 1e-4, 1e-5);
     /* A position offset rotates as the later positions do. */
     float *y2 = fxt_guarded((size_t)(H * hd));
-    fx__rope_forward(y2, x + (5 * H) * hd, rope, 1, 1, H, hd, 5);
+    fx__rope_forward(y2, x + (5 * H) * hd, H * hd, rope, 1, 1, H, hd, 5);
     for (int64_t h = 0; h < H; h++)
         fxt_bitwise_f32("rope offset", y2 + h * hd, y + (h * T + 5) * hd, (size_t)hd);
+    /* Token rows further apart (a token's q, k and v side by side in one row): the same
+       rotation read from, and its transpose written to, rows ld floats apart. */
+    const int64_t ld = H * hd + 7, wide = B * T * ld;
+    float *xw = fxt_random((size_t)wide, -1, 1, 8), *yw = fxt_guarded((size_t)n);
+    float *dxw = fxt_guarded((size_t)wide), *dxw0 = malloc((size_t)wide * sizeof(float));
+    for (int64_t bt = 0; bt < B * T; bt++)
+        memcpy(xw + bt * ld, x + bt * H * hd, (size_t)(H * hd) * sizeof(float));
+    memcpy(dxw0, dxw, (size_t)wide * sizeof(float));
+    fx__rope_forward(yw, xw, ld, rope, B, T, H, hd, 0);
+    fxt_bitwise_f32("rope, rows ld apart", yw, y, (size_t)n);
+    fx__rope_backward(dxw, ld, g, rope, B, T, H, hd);
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        fxt_bitwise_f32("rope backward, rows ld apart", dxw + bt * ld, dx + bt * H * hd, (size_t)(H * hd));
+        fxt_bitwise_f32("rope backward leaves the rest of a row", dxw + bt * ld + H * hd, dxw0 + bt * ld + H * hd, 7);
+    }
     fxt_guarded_free("y", y), fxt_guarded_free("dx", dx), fxt_guarded_free("y2", y2);
-    free(rope), free(x), free(ref), free(g);
+    fxt_guarded_free("yw", yw), fxt_guarded_free("dxw", dxw);
+    free(rope), free(x), free(ref), free(g), free(xw), free(dxw0);
 }
 
 static void test_swiglu(void)

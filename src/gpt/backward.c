@@ -65,28 +65,26 @@ int fx__gpt_backward(fx__gpt *m)
         /* d(att) goes to xn2's slot ([N, max(C, QD)], dead now), and the projections' gradients to
            q, k and v once the attention's backward has read them. */
         float *datt = xn2;
-        fx__from_heads(a.work, att, B, T, Hq, hd);
+        fx__from_heads(a.work, QD, att, B, T, Hq, hd);
         fx__mm(m, true, false, C, QD, N, a.dres, false, C, a.work, false, QD, 1.0f, g.wo, QD);
         fx__mm(m, false, false, N, QD, C, a.dres, false, C, p.wo, true, QD, 0.0f, a.work, QD);
         fx__progress_point(m);
-        fx__to_heads(datt, a.work, B, T, Hq, hd);
+        fx__to_heads(datt, a.work, QD, B, T, Hq, hd);
         float *dq = a.work, *dk = a.work + N * QD, *dv = a.work + N * (QD + KD);
         if ((rc = fx__attn_bwd(m, &call, q, k, v, att, lse, datt, dq, dk, dv)) != FX_OK)
             return fx__error_context(rc, "layer %lld attention backward", (long long)l);
         fx__progress_point(m);
-        float *dqt = q, *dkt = k, *dvt = v;
-        fx__rope_backward(dqt, dq, m->rope, B, T, Hq, hd);
-        fx__rope_backward(dkt, dk, m->rope, B, T, Hkv, hd);
-        fx__from_heads(dvt, dv, B, T, Hkv, hd);
-        if (p.bq) {
-            fx__bias_backward(g.bq, dqt, N, QD);
-            fx__bias_backward(g.bk, dkt, N, KD);
-            fx__bias_backward(g.bv, dvt, N, KD);
-        }
-        fx__mm_linear_backward(m, a.dxn, g.wq, dqt, xn1, p.wq, N, C, QD, false);
-        fx__progress_point(m);
-        fx__mm_linear_backward(m, a.dxn, g.wk, dkt, xn1, p.wk, N, C, KD, true);
-        fx__mm_linear_backward(m, a.dxn, g.wv, dvt, xn1, p.wv, N, C, KD, true);
+        /* The gradient of the forward pass's one q, k, v product ([N, QKV] rows, after the
+           attention's gradients in work), and its two products: d(xn1) over all of QKV,
+           and d(wq, wk, wv) as one [QKV, C] matrix (and d(bq, bk, bv)). */
+        const int64_t QKV = QD + 2 * KD;
+        float *dqkv = a.work + N * QKV;
+        fx__rope_backward(dqkv, QKV, dq, m->rope, B, T, Hq, hd);
+        fx__rope_backward(dqkv + QD, QKV, dk, m->rope, B, T, Hkv, hd);
+        fx__from_heads(dqkv + QD + KD, QKV, dv, B, T, Hkv, hd);
+        if (p.bq)
+            fx__bias_backward(g.bq, dqkv, N, QKV);
+        fx__mm_linear_backward(m, a.dxn, g.wq, dqkv, xn1, p.wq, N, C, QKV, false);
         fx__rmsnorm_backward(a.dres, g.ln1, a.dxn, res, p.ln1, rstd1, N, C);
 
         const fx__gpt_tensor *t0 = fx__layer_first(m, l);

@@ -172,8 +172,8 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t
             fx__rope_half_forward(q, qt, m->rope, n, Hq, hd, p0);
             fx__rope_half_forward(sx, t1, m->rope, n, Hkv, hd, p0);
         } else {
-            fx__rope_forward(q, qt, m->rope, 1, n, Hq, hd, p0);
-            fx__rope_forward(sx, t1, m->rope, 1, n, Hkv, hd, p0);
+            fx__rope_forward(q, qt, QD, m->rope, 1, n, Hq, hd, p0);
+            fx__rope_forward(sx, t1, KD, m->rope, 1, n, Hkv, hd, p0);
         }
         for (int64_t h = 0; h < Hkv; h++)
             memcpy(kl + (h * ctx + p0) * hd, sx + h * n * hd, (size_t)(n * hd) * sizeof(float));
@@ -181,7 +181,7 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t
             for (int64_t h = 0; h < Hkv; h++)
                 memcpy(vl + (h * ctx + p0) * hd, t2 + h * hd, (size_t)hd * sizeof(float));
         } else {
-            fx__to_heads(sx, t2, 1, n, Hkv, hd);
+            fx__to_heads(sx, t2, KD, 1, n, Hkv, hd);
             for (int64_t h = 0; h < Hkv; h++)
                 memcpy(vl + (h * ctx + p0) * hd, sx + h * n * hd, (size_t)(n * hd) * sizeof(float));
         }
@@ -201,7 +201,7 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t
         }
         const float *ao = att; /* one token: [Hq, 1, hd] is already token-major */
         if (n > 1) {
-            fx__from_heads(sx, att, 1, n, Hq, hd);
+            fx__from_heads(sx, QD, att, 1, n, Hq, hd);
             ao = sx;
         }
         fx__linear_dt(x, ao, wo.data, wo.dtype, n, QD, C, true, tile);

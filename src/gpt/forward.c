@@ -195,24 +195,23 @@ int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, 
     fx__layer_acts x = fx__layer_acts_at(m, a, l);
 
     fx__rmsnorm_forward(x.xn1, x.rstd1, x.res, p.ln1, N, C, c->norm_eps);
-    float *qt = a->work, *kt = a->work + N * QD, *vt = a->work + N * (QD + KD);
-    fx__mm_linear(m, qt, x.xn1, p.wq, N, C, QD, false);
-    fx__mm_linear(m, kt, x.xn1, p.wk, N, C, KD, false);
-    fx__mm_linear(m, vt, x.xn1, p.wv, N, C, KD, false);
-    if (p.bq) {
-        fx__bias_forward(qt, p.bq, N, QD);
-        fx__bias_forward(kt, p.bk, N, KD);
-        fx__bias_forward(vt, p.bv, N, KD);
-    }
+    /* q, k and v in one product: wq, wk and wv (and bq, bk, bv) follow each other in the
+       layer's parameters, one [QD + 2 KD, C] matrix, and a token's q, k and v come out side
+       by side in a row of work. Each element is the same sum over C as in three products. */
+    const int64_t QKV = QD + 2 * KD;
+    float *qkv = a->work;
+    fx__mm_linear(m, qkv, x.xn1, p.wq, N, C, QKV, false);
+    if (p.bq)
+        fx__bias_forward(qkv, p.bq, N, QKV);
     fx__progress_point(m);
-    fx__rope_forward(x.q, qt, m->rope, B, T, Hq, hd, 0);
-    fx__rope_forward(x.k, kt, m->rope, B, T, Hkv, hd, 0);
-    fx__to_heads(x.v, vt, B, T, Hkv, hd);
+    fx__rope_forward(x.q, qkv, QKV, m->rope, B, T, Hq, hd, 0);
+    fx__rope_forward(x.k, qkv + QD, QKV, m->rope, B, T, Hkv, hd, 0);
+    fx__to_heads(x.v, qkv + QD + KD, QKV, B, T, Hkv, hd);
     int rc = fx__attn_fwd(m, call, x.q, x.k, x.v, x.att, x.lse);
     if (rc)
         return fx__error_context(rc, "layer %lld attention", (long long)l);
     fx__progress_point(m);
-    fx__from_heads(a->work, x.att, B, T, Hq, hd);
+    fx__from_heads(a->work, QD, x.att, B, T, Hq, hd);
     memcpy(x.resm, x.res, (size_t)(N * C) * sizeof(float));
     fx__mm_linear(m, x.resm, a->work, p.wo, N, QD, C, true);
     fx__progress_point(m);

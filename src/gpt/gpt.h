@@ -300,15 +300,18 @@ void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
 /* dinp [N,C] (+=), dw [C] (+=) <- dout [N,C], inp [N,C], w [C], rstd [N] */
 void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                           const float *rstd, int64_t N, int64_t C);
-/* Rotates x [B,T,H,hd] (token-major, as a projection writes it) by position t and writes it
+/* Rotates x [B,T,H,hd] (token-major, as a projection writes it; a token's row ldx floats
+   after the previous one's, H*hd when x holds nothing else) by position t and writes it
    head-major to out [B,H,T,hd]. rope [ctx, hd/2, 2]. */
-void fx__rope_forward(float *out, const float *x, const float *rope, int64_t B, int64_t T, int64_t H, int64_t hd,
-                      int64_t pos0);
-/* The transpose: dx [B,T,H,hd] (overwritten) <- dout [B,H,T,hd]. */
-void fx__rope_backward(float *dx, const float *dout, const float *rope, int64_t B, int64_t T, int64_t H, int64_t hd);
-/* Plain transposes [B,T,H,hd] <-> [B,H,T,hd] (the V projection and the attention output). */
-void fx__to_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd);
-void fx__from_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd);
+void fx__rope_forward(float *out, const float *x, int64_t ldx, const float *rope, int64_t B, int64_t T, int64_t H,
+                      int64_t hd, int64_t pos0);
+/* The transpose: dx [B,T,H,hd] (overwritten; rows ldx apart) <- dout [B,H,T,hd]. */
+void fx__rope_backward(float *dx, int64_t ldx, const float *dout, const float *rope, int64_t B, int64_t T, int64_t H,
+                       int64_t hd);
+/* Plain transposes [B,T,H,hd] <-> [B,H,T,hd] (the V projection and the attention output), the
+   token-major side's rows ld apart. */
+void fx__to_heads(float *out, const float *x, int64_t ldx, int64_t B, int64_t T, int64_t H, int64_t hd);
+void fx__from_heads(float *out, int64_t ldo, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd);
 void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta);
 /* The hd/2 frequencies of the config (plain theta, or llama3-scaled as transformers does). */
 void fx__rope_freqs(double *freq, const fx__gpt_config *c);

@@ -143,8 +143,8 @@ void fx__rope_rows(float *rope, int64_t t0, int64_t t1, const double *freq, int6
         }
 }
 
-void fx__rope_forward(float *out, const float *x, const float *rope, int64_t B, int64_t T, int64_t H, int64_t hd,
-                      int64_t pos0)
+void fx__rope_forward(float *out, const float *x, int64_t ldx, const float *rope, int64_t B, int64_t T, int64_t H,
+                      int64_t hd, int64_t pos0)
 {
     int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
@@ -152,7 +152,7 @@ void fx__rope_forward(float *out, const float *x, const float *rope, int64_t B, 
         int64_t b = bt / T, t = bt % T;
         const float *cs = rope + (pos0 + t) * half * 2;
         for (int64_t h = 0; h < H; h++) {
-            const float *src = x + (bt * H + h) * hd;
+            const float *src = x + bt * ldx + h * hd;
             float *dst = out + ((b * H + h) * T + t) * hd;
             for (int64_t i = 0; i < half; i++) {
                 float c = cs[2 * i], s = cs[2 * i + 1];
@@ -164,7 +164,8 @@ void fx__rope_forward(float *out, const float *x, const float *rope, int64_t B, 
     }
 }
 
-void fx__rope_backward(float *dx, const float *dout, const float *rope, int64_t B, int64_t T, int64_t H, int64_t hd)
+void fx__rope_backward(float *dx, int64_t ldx, const float *dout, const float *rope, int64_t B, int64_t T, int64_t H,
+                       int64_t hd)
 {
     int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
@@ -173,7 +174,7 @@ void fx__rope_backward(float *dx, const float *dout, const float *rope, int64_t 
         const float *cs = rope + t * half * 2;
         for (int64_t h = 0; h < H; h++) {
             const float *src = dout + ((b * H + h) * T + t) * hd;
-            float *dst = dx + (bt * H + h) * hd;
+            float *dst = dx + bt * ldx + h * hd;
             for (int64_t i = 0; i < half; i++) {
                 float c = cs[2 * i], s = cs[2 * i + 1];
                 float d0 = src[2 * i], d1 = src[2 * i + 1];
@@ -184,23 +185,23 @@ void fx__rope_backward(float *dx, const float *dout, const float *rope, int64_t 
     }
 }
 
-void fx__to_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd)
+void fx__to_heads(float *out, const float *x, int64_t ldx, int64_t B, int64_t T, int64_t H, int64_t hd)
 {
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t b = bt / T, t = bt % T;
         for (int64_t h = 0; h < H; h++)
-            memcpy(out + ((b * H + h) * T + t) * hd, x + (bt * H + h) * hd, (size_t)hd * sizeof(float));
+            memcpy(out + ((b * H + h) * T + t) * hd, x + bt * ldx + h * hd, (size_t)hd * sizeof(float));
     }
 }
 
-void fx__from_heads(float *out, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd)
+void fx__from_heads(float *out, int64_t ldo, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd)
 {
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         int64_t b = bt / T, t = bt % T;
         for (int64_t h = 0; h < H; h++)
-            memcpy(out + (bt * H + h) * hd, x + ((b * H + h) * T + t) * hd, (size_t)hd * sizeof(float));
+            memcpy(out + bt * ldo + h * hd, x + ((b * H + h) * T + t) * hd, (size_t)hd * sizeof(float));
     }
 }
 

@@ -407,7 +407,8 @@ void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, int64_t B
 {
     size_t N = (size_t)(B * T), L = recompute ? 1 : (size_t)c->layers, C = (size_t)c->dim, F = (size_t)c->ffn;
     size_t hd = (size_t)c->head_dim, QD = (size_t)c->heads * hd, KD = (size_t)c->kv_heads * hd;
-    size_t wide = F > QD + 2 * KD ? F : QD + 2 * KD;
+    /* work: the MLP's [N, F], or the attention's gradients and the q, k, v one's ([N, QD + 2 KD] each) */
+    size_t wide = F > 2 * (QD + 2 * KD) ? F : 2 * (QD + 2 * KD);
     size_t off = 0;
 #define FX__CARVE(field, n) (a->field = base ? base + off : NULL, off += ((n) + 15) / 16 * 16)
     FX__CARVE(res, ((size_t)c->layers + 1) * N * C);

@@ -38,7 +38,7 @@ typedef struct fx__acts {
     float *rstdf; /* [N] */
     /* Scratch (forward and backward): each use ends before the next begins; what would need
        a second buffer goes to saved activations that are dead by then. */
-    float *work; /* [N * max(F, QD + 2 KD)] */
+    float *work; /* [N * max(F, 2 (QD + 2 KD))] */
     float *dres, *dxn; /* [N, C]; dxn holds d(xnf) from forward to backward */
     float *logits; /* [N, V] unfused loss only */
     float *rowloss; /* [N] */
