@@ -191,18 +191,38 @@ static void test_swiglu(void)
         if (fx_set_isa(isas[t]) != FX_OK)
             continue;
         float *o = fxt_guarded((size_t)n), *da = fxt_guarded((size_t)n), *db = fxt_guarded((size_t)n);
-        fx__swiglu_forward(o, a, b, n);
-        fx__swiglu_backward(da, db, g, a, b, n);
+        fx__swiglu_forward(o, n, a, b, n, 1, n);
+        fx__swiglu_backward(da, db, n, g, n, a, b, 1, n);
         snprintf(what, sizeof what, "swiglu [%s]", fx_isa_name(isas[t]));
         fxt_close_f32(what, o, ro, (size_t)n, 1e-6, 1e-5);
         fxt_close_f32(what, da, rda, (size_t)n, 1e-5, 1e-4);
         fxt_close_f32(what, db, rdb, (size_t)n, 1e-6, 1e-5);
         /* In place over a and b (the model's backward does this): the same values. */
         float *ia = fxt_guarded_copy(a, (size_t)n), *ib = fxt_guarded_copy(b, (size_t)n);
-        fx__swiglu_backward(ia, ib, g, ia, ib, n);
+        fx__swiglu_backward(ia, ib, n, g, n, ia, ib, 1, n);
         fxt_bitwise_f32(what, ia, da, (size_t)n);
         fxt_bitwise_f32(what, ib, db, (size_t)n);
         fxt_guarded_free("ia", ia), fxt_guarded_free("ib", ib);
+        /* As 7 rows of 29 with a row's gate and up side by side in one [7, 58] buffer (the
+           model's layout), in place: the values of the same rows held apart, bit for bit. */
+        enum { R = 7, F = 29 };
+        float *h = fxt_guarded(2 * R * F), *o7 = fxt_guarded(R * F), *d7a = fxt_guarded(R * F),
+              *d7b = fxt_guarded(R * F), *o7s = fxt_guarded(R * F);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t j = 0; j < F; j++)
+                h[r * 2 * F + j] = a[r * F + j], h[r * 2 * F + F + j] = b[r * F + j];
+        fx__swiglu_forward(o7, F, a, b, F, R, F);
+        fx__swiglu_backward(d7a, d7b, F, g, F, a, b, R, F);
+        fx__swiglu_forward(o7s, F, h, h + F, 2 * F, R, F);
+        fxt_close_f32(what, o7, ro, (size_t)n, 1e-6, 1e-5);
+        fxt_bitwise_f32("swiglu rows 2F apart", o7s, o7, (size_t)n);
+        fx__swiglu_backward(h, h + F, 2 * F, g, F, h, h + F, R, F);
+        for (int64_t r = 0; r < R; r++) {
+            fxt_bitwise_f32("swiglu backward rows 2F apart (gate)", h + r * 2 * F, d7a + r * F, F);
+            fxt_bitwise_f32("swiglu backward rows 2F apart (up)", h + r * 2 * F + F, d7b + r * F, F);
+        }
+        fxt_guarded_free("h", h), fxt_guarded_free("o7", o7), fxt_guarded_free("d7a", d7a);
+        fxt_guarded_free("d7b", d7b), fxt_guarded_free("o7s", o7s);
         fxt_guarded_free("o", o), fxt_guarded_free("da", da), fxt_guarded_free("db", db);
     }
     fx_set_isa(best);

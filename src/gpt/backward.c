@@ -45,19 +45,18 @@ int fx__gpt_backward(fx__gpt *m)
             fx__park_clear(m, &a, l);
         fx__layer_acts x = fx__layer_acts_at(m, &a, l);
         float *res = x.res, *xn1 = x.xn1, *rstd1 = x.rstd1, *q = x.q, *k = x.k, *v = x.v, *att = x.att;
-        float *lse = x.lse, *resm = x.resm, *xn2 = x.xn2, *rstd2 = x.rstd2, *h1 = x.h1, *h3 = x.h3;
+        float *lse = x.lse, *resm = x.resm, *xn2 = x.xn2, *rstd2 = x.rstd2, *h13 = x.h13;
 
-        /* MLP: out = resm + swiglu(h1, h3) W2^T, dres holds d(out). The gradients of h1
-           and h3 replace them (their last use). */
-        fx__swiglu_forward(a.work, h1, h3, N * F);
+        /* MLP: out = resm + swiglu(gate, up) W2^T, dres holds d(out). The gradients of gate
+           and up replace them in h13 (their last use), the A operand of the one product
+           of d(xn2) over all 2F, and of d(w1, w3) as one [2F, C] matrix. */
+        fx__swiglu_forward(a.work, F, h13, h13 + F, 2 * F, N, F);
         fx__mm(m, true, false, C, F, N, a.dres, false, C, a.work, false, F, 1.0f, g.w2, F);
         fx__mm(m, false, false, N, F, C, a.dres, false, C, p.w2, true, F, 0.0f, a.work, F);
         fx__progress_point(m);
-        float *dh1 = h1, *dh3 = h3;
-        fx__swiglu_backward(dh1, dh3, a.work, h1, h3, N * F);
-        fx__mm_linear_backward(m, a.dxn, g.w1, dh1, xn2, p.w1, N, C, F, false);
-        fx__progress_point(m);
-        fx__mm_linear_backward(m, a.dxn, g.w3, dh3, xn2, p.w3, N, C, F, true);
+        float *dh13 = h13;
+        fx__swiglu_backward(dh13, dh13 + F, 2 * F, a.work, F, h13, h13 + F, N, F);
+        fx__mm_linear_backward(m, a.dxn, g.w1, dh13, xn2, p.w1, N, C, 2 * F, false);
         fx__rmsnorm_backward(a.dres, g.ln2, a.dxn, resm, p.ln2, rstd2, N, C);
         fx__progress_point(m);
 

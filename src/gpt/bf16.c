@@ -21,20 +21,32 @@ void fx__gpt_bf16_sync(fx__gpt *m)
     }
 }
 
-/* The largest scratch any product of a step needs: a projection's two operands (activations
-   [N, D] and a weight [D, D'], or two activations in a weight gradient), or the loss's
-   rounded input [N, C] and widened head [V, C]. */
+/* fx__gemm_bf16's scratch for the three products of a projection of I inputs and O outputs
+   over N tokens: forward [N, I] x [O, I]^T, d(input) [N, O] x [O, I], d(weight) [N, O]^T x [N, I]. */
+static size_t fx__bf16_proj_ws(size_t N, size_t I, size_t O)
+{
+    size_t fwd = fx__gemm_bf16_ws((int64_t)N, (int64_t)O, (int64_t)I);
+    size_t dx = fx__gemm_bf16_ws((int64_t)N, (int64_t)I, (int64_t)O);
+    size_t dw = fx__gemm_bf16_ws((int64_t)O, (int64_t)I, (int64_t)N);
+    size_t w = fwd > dx ? fwd : dx;
+    return w > dw ? w : dw;
+}
+
+/* The largest scratch any product of a step needs: the four projections (q, k and v as one,
+   the attention's output, gate and up as one, down), or the loss's rounded input [N, C] and
+   widened head [V, C]. */
 size_t fx__gpt_bf16_ws_floats(const fx__gpt *m, int64_t B, int64_t T)
 {
     const fx__gpt_config *c = &m->c;
     size_t N = (size_t)(B * T), C = (size_t)c->dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
     size_t QD = (size_t)(c->heads * c->head_dim), KD = (size_t)(c->kv_heads * c->head_dim);
-    size_t D = C;
-    D = F > D ? F : D;
-    D = QD > D ? QD : D;
-    D = KD > D ? KD : D;
-    size_t proj = N * D + (N > D ? N : D) * D, loss = N * C + V * C;
-    return proj > loss ? proj : loss;
+    const size_t proj[][2] = {{C, QD + 2 * KD}, {QD, C}, {C, 2 * F}, {F, C}};
+    size_t need = N * C + V * C;
+    for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++) {
+        size_t w = fx__bf16_proj_ws(N, proj[i][0], proj[i][1]);
+        need = w > need ? w : need;
+    }
+    return need;
 }
 
 int fx__gpt_bf16_ws_ensure(fx__gpt *m)

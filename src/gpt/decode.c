@@ -208,7 +208,7 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t
         fx__rmsnorm_forward(xn, rstd, x, ln2, n, C, c->norm_eps);
         fx__linear_dt(h1, xn, w1.data, w1.dtype, n, C, F, false, tile);
         fx__linear_dt(h3, xn, w3.data, w3.dtype, n, C, F, false, tile);
-        fx__swiglu_forward(sx, h1, h3, n * F);
+        fx__swiglu_forward(sx, F, h1, h3, F, n, F);
         fx__linear_dt(x, sx, w2.data, w2.dtype, n, F, C, true, tile);
     }
     fx__rmsnorm_forward(xn, rstd, x + (n - 1) * C, fx__weight(m, c->layers, 0).data, 1, C, c->norm_eps);

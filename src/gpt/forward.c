@@ -119,8 +119,7 @@ static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__gpt *m)
     FX__SLOT(resm, N * C);
     FX__SLOT(xn2, N * (QD > C ? QD : C));
     FX__SLOT(rstd2, N);
-    FX__SLOT(h1, N * F);
-    FX__SLOT(h3, N * F);
+    FX__SLOT(h13, N * 2 * F);
 #undef FX__SLOT
     return off;
 }
@@ -180,8 +179,8 @@ fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l)
     return (fx__layer_acts){.res = fx__res_at(m, a, l), .xn1 = a->xn1 + s * N * C, .rstd1 = a->rstd1 + s * N,
                             .q = a->q + s * N * QD, .k = a->k + s * N * KD, .v = a->v + s * N * KD,
                             .att = a->att + s * N * QD, .lse = a->lse + s * N * Hq, .resm = a->resm + s * N * C,
-                            .xn2 = a->xn2 + s * N * (QD > C ? QD : C), .rstd2 = a->rstd2 + s * N, .h1 = a->h1 + s * N * F,
-                            .h3 = a->h3 + s * N * F, .out = fx__res_at(m, a, l + 1)};
+                            .xn2 = a->xn2 + s * N * (QD > C ? QD : C), .rstd2 = a->rstd2 + s * N,
+                            .h13 = a->h13 + s * N * 2 * F, .out = fx__res_at(m, a, l + 1)};
 }
 
 /* Layer l from its input res[l]; writes res[l+1] when write_out (a recomputation for the
@@ -217,11 +216,11 @@ int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, 
     fx__progress_point(m);
 
     fx__rmsnorm_forward(x.xn2, x.rstd2, x.resm, p.ln2, N, C, c->norm_eps);
-    fx__mm_linear(m, x.h1, x.xn2, p.w1, N, C, F, false);
-    fx__mm_linear(m, x.h3, x.xn2, p.w3, N, C, F, false);
+    /* gate and up in one product, as q, k and v: w1 and w3 are one [2F, C] matrix. */
+    fx__mm_linear(m, x.h13, x.xn2, p.w1, N, C, 2 * F, false);
     fx__progress_point(m);
     if (write_out) {
-        fx__swiglu_forward(a->work, x.h1, x.h3, N * F);
+        fx__swiglu_forward(a->work, F, x.h13, x.h13 + F, 2 * F, N, F);
         memcpy(x.out, x.resm, (size_t)(N * C) * sizeof(float));
         fx__mm_linear(m, x.out, a->work, p.w2, N, F, C, true);
     }

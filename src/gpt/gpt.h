@@ -321,10 +321,14 @@ void fx__rope_rows(float *rope, int64_t t0, int64_t t1, const double *freq, int6
 void fx__bias_forward(float *y, const float *b, int64_t N, int64_t O);
 /* db [O] (+=) <- dy [N,O]: the sum over rows, in row order. */
 void fx__bias_backward(float *db, const float *dy, int64_t N, int64_t O);
-/* out [N,F] = silu(a) * b */
-void fx__swiglu_forward(float *out, const float *a, const float *b, int64_t n);
-/* da, db [N,F] (overwritten; may be a and b themselves) <- dout */
-void fx__swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
+/* out [rows, cols] (rows ldo apart) = silu(a) * b, a and b [rows, cols] with rows ld apart
+   (the gate and up halves of one [N, 2F] product: b = a + F, ld = 2F). */
+void fx__swiglu_forward(float *out, int64_t ldo, const float *a, const float *b, int64_t ld, int64_t rows,
+                        int64_t cols);
+/* da, db [rows, cols] (rows ld apart, overwritten; may be a and b themselves) <- dout (rows
+   ldo apart) */
+void fx__swiglu_backward(float *da, float *db, int64_t ld, const float *dout, int64_t ldo, const float *a,
+                         const float *b, int64_t rows, int64_t cols);
 /* The element loops of the two (no threads): the scalar reference and its vector twins
    (a polynomial exp, within a few ulp of expf). */
 void fx__swiglu_forward_scalar(float *out, const float *a, const float *b, int64_t n);

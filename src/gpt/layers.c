@@ -226,37 +226,39 @@ void fx__swiglu_backward_scalar(float *da, float *db, const float *dout, const f
     }
 }
 
-/* Elements per task: fixed blocks (multiples of every vector width), so which elements a
-   vector loop's scalar tail handles does not depend on the thread count. */
+/* Elements per task: fixed blocks of a row (multiples of every vector width), so which
+   elements a vector loop's scalar tail handles does not depend on the thread count. */
 enum { FX__EW_BLOCK = 1 << 12 };
 
-void fx__swiglu_forward(float *out, const float *a, const float *b, int64_t n)
+void fx__swiglu_forward(float *out, int64_t ldo, const float *a, const float *b, int64_t ld, int64_t rows,
+                        int64_t cols)
 {
     void (*f)(float *, const float *, const float *, int64_t) = fx__swiglu_forward_scalar;
     if (fx__isa() == FX_ISA_AVX512)
         f = fx__swiglu_forward_avx512;
     else if (fx__isa() == FX_ISA_AVX2)
         f = fx__swiglu_forward_avx2;
-    int64_t nblk = (n + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
+    const int64_t nb = (cols + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
 #pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < nblk; blk++) {
-        int64_t i = blk * FX__EW_BLOCK, len = n - i < FX__EW_BLOCK ? n - i : FX__EW_BLOCK;
-        f(out + i, a + i, b + i, len);
+    for (int64_t t = 0; t < rows * nb; t++) {
+        const int64_t r = t / nb, j = t % nb * FX__EW_BLOCK, len = cols - j < FX__EW_BLOCK ? cols - j : FX__EW_BLOCK;
+        f(out + r * ldo + j, a + r * ld + j, b + r * ld + j, len);
     }
 }
 
-void fx__swiglu_backward(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n)
+void fx__swiglu_backward(float *da, float *db, int64_t ld, const float *dout, int64_t ldo, const float *a,
+                         const float *b, int64_t rows, int64_t cols)
 {
     void (*f)(float *, float *, const float *, const float *, const float *, int64_t) = fx__swiglu_backward_scalar;
     if (fx__isa() == FX_ISA_AVX512)
         f = fx__swiglu_backward_avx512;
     else if (fx__isa() == FX_ISA_AVX2)
         f = fx__swiglu_backward_avx2;
-    int64_t nblk = (n + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
+    const int64_t nb = (cols + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
 #pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < nblk; blk++) {
-        int64_t i = blk * FX__EW_BLOCK, len = n - i < FX__EW_BLOCK ? n - i : FX__EW_BLOCK;
-        f(da + i, db + i, dout + i, a + i, b + i, len);
+    for (int64_t t = 0; t < rows * nb; t++) {
+        const int64_t r = t / nb, j = t % nb * FX__EW_BLOCK, len = cols - j < FX__EW_BLOCK ? cols - j : FX__EW_BLOCK;
+        f(da + r * ld + j, db + r * ld + j, dout + r * ldo + j, a + r * ld + j, b + r * ld + j, len);
     }
 }
 

@@ -422,8 +422,7 @@ void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, int64_t B
     FX__CARVE(resm, L * N * C);
     FX__CARVE(xn2, L * N * (QD > C ? QD : C)); /* backward: also d(att) [N, QD] */
     FX__CARVE(rstd2, L * N);
-    FX__CARVE(h1, L * N * F);
-    FX__CARVE(h3, L * N * F);
+    FX__CARVE(h13, L * N * 2 * F);
     FX__CARVE(xnf, N * C);
     FX__CARVE(rstdf, N);
     FX__CARVE(work, N * wide);

@@ -7,6 +7,8 @@
 #include "core/gemm_bf16.h"
 #include "gpt.h"
 
+#include <assert.h>
+
 /* Gradient-norm partial sums: one per fixed chunk of the flat buffer. */
 enum { FX__NORM_CHUNK = 1 << 14 };
 
@@ -32,8 +34,7 @@ typedef struct fx__acts {
     float *resm;  /* [L, N, C] residual after attention */
     float *xn2;   /* [L, N, max(C, QD)]: [N, C] used, the rest holds d(att) in backward */
     float *rstd2; /* [L, N] */
-    float *h1;    /* [L, N, F] gate */
-    float *h3;    /* [L, N, F] up */
+    float *h13;   /* [L, N, 2F]: a token's gate (x W1^T) and up (x W3^T) side by side */
     float *xnf;   /* [N, C] */
     float *rstdf; /* [N] */
     /* Scratch (forward and backward): each use ends before the next begins; what would need
@@ -98,6 +99,7 @@ static inline void fx__mm(const fx__gpt *m, bool ta, bool tb, int64_t M, int64_t
         fx__sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
         return;
     }
+    assert(fx__gemm_bf16_ws(M, N, K) <= m->bf16_ws_floats); /* fx__gpt_bf16_ws_floats counts every product */
     fx__bf16_mat a = a_w ? fx__bf16_of(m->params16 + (A - m->params)) : fx__bf16_of_f32(A);
     fx__bf16_mat b = b_w ? fx__bf16_of(m->params16 + (B - m->params)) : fx__bf16_of_f32(B);
     fx__gemm_bf16(ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc, m->bf16_ws);
@@ -172,7 +174,7 @@ static inline void fx__grad_hook(fx__gpt *m, int layer, float *grad, size_t nume
 
 /* Layer l's saved activations: slot l, or slot 0 when they are recomputed. */
 typedef struct fx__layer_acts {
-    float *res, *xn1, *rstd1, *q, *k, *v, *att, *lse, *resm, *xn2, *rstd2, *h1, *h3, *out;
+    float *res, *xn1, *rstd1, *q, *k, *v, *att, *lse, *resm, *xn2, *rstd2, *h13, *out;
 } fx__layer_acts;
 
 /* The residual stream entering layer l (l == layers: the final norm's input): parked, or
