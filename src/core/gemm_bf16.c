@@ -82,11 +82,11 @@ static _Atomic(const fx__bf16_tiled *) fx__bf16_forced;
 
 void fx__gemm_bf16_force_tiled(const fx__bf16_tiled *t) { atomic_store(&fx__bf16_forced, t); }
 
-/* The CPU's path. AMX where it has AMX-BF16. vdpbf16ps only on AMD's cores, which run it at
-   twice the rate of float32 fused multiply-adds (Zen 4, Zen 5; 1.5-2.5x the float32 GEMM at the
-   models' shapes on Zen 5): Intel's issue it at no more than that rate, and a Xeon of family 6
-   model 207 (Emerald Rapids) at half (85 against 173 GFLOP/s on one core), so there the
-   float32 route, which reads the same bfloat16 values, is the faster one (docs/train.md). */
+/* The CPU's path. AMX where it has AMX-BF16. vdpbf16ps only on AMD's cores (on Zen 5 it ran
+   at 1.5-2.5x the float32 GEMM at the models' shapes): a Xeon of family 6 model 207 (Emerald
+   Rapids) issues it at a quarter of the rate of float32 fused multiply-adds, for half their
+   FLOPs (85 against 173 GFLOP/s on one core), so there, as on any CPU not measured, the
+   float32 route, which reads the same bfloat16 values, is the one taken (docs/train.md). */
 const fx__bf16_tiled *fx__gemm_bf16_cpu_path(void)
 {
     if (fx__cpu_amx_bf16())
