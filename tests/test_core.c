@@ -403,14 +403,15 @@ static void check_gemm_tiled(bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
 }
 
 /* The float32 GEMM's tiled path (sgemm.h) on its plain C twin, which runs on any CPU: against
-   float64 sums at shapes with partial tiles, K across several blocks and K = 0, every
-   transpose, leading dimensions wider than the matrices, beta 0 over NaN, 1 and -0.75; and
-   bitwise at 1 and 3 threads. Where the CPU has AVX-512, the AVX-512 path must give the twin's
+   float64 sums at shapes with partial tiles, K across several blocks and K = 0, A panels in
+   several groups, every transpose, leading dimensions wider than the matrices, beta 0 over
+   NaN, 1 and -0.75; and bitwise at 1 and 3 threads. Where the CPU has AVX-512, the AVX-512 path must give the twin's
    bits exactly (the same packing, the same fused multiply-add chains). */
 static void test_gemm_tiled_paths(void)
 {
     const int64_t shapes[][3] = {{1, 1, 1}, {13, 33, 7}, {12, 32, FX__SG_KC}, {25, 65, FX__SG_KC + 1},
-                                 {37, 29, 2 * FX__SG_KC + 77}, {5, 100, 0}, {64, 17, 300}};
+                                 {37, 29, 2 * FX__SG_KC + 77}, {5, 100, 0}, {64, 17, 300},
+                                 {529, 40, FX__SG_KC + 88}}; /* the last: two groups of A panels, 23 and 22 */
     const int before = fx_get_num_threads();
     if (fx_get_isa() != FX_ISA_AVX512)
         printf("  (no AVX-512 on this CPU: the plain C twin only)\n");

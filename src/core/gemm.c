@@ -206,9 +206,16 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64
     const bool nested = fx__in_parallel();
     const double flops = 2.0 * (double)M * (double)N * (double)K;
     (void)nested, (void)flops; /* read only by the pragma, which is gone without OpenMP */
+    /* The A panels in groups of at most FX__SG_GROUP_BYTES packed, made equal: g panels each
+       (the last one fewer). */
+    const int64_t gmax = FX__SG_GROUP_BYTES / ((int64_t)sizeof(float) * FX__SG_MR * (kmax > 0 ? kmax : 1));
+    const int64_t ngroups = (mp + gmax - 1) / (gmax > 0 ? gmax : 1), g = (mp + ngroups - 1) / ngroups;
     /* Per block of k: both operands packed, each panel by one thread, then every tile of C by
-       one thread. Tiles go B panel by B panel, so a thread's consecutive tiles share theirs
-       (in L1) while the A panels stream from L2. K = 0 is one empty block (C = beta C). */
+       one thread: group by group, in a group B panel by B panel, each over the group's A
+       panels. A thread's consecutive tiles share their B panel (in L1) while the group's A
+       panels come from L2; a whole A of more than L2 would stream from memory once per B
+       panel (1.05-1.2x at 1024 rows and more on a 2 MiB L2, in one run each way). K = 0 is
+       one empty block (C = beta C). */
 #pragma omp parallel if (!nested && flops >= FX__GEMM_MIN_FLOPS)
     {
         int64_t k0 = 0;
@@ -222,7 +229,8 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64
                 p->pack(bp + q * FX__SG_NR * kc, B, ldb, tb, N, k0, kc, FX__SG_NR, q);
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < mp * np; t++) {
-                const int64_t i = t % mp, j = t / mp, mr = M - i * FX__SG_MR, nr = N - j * FX__SG_NR;
+                const int64_t i0 = t / (g * np) * g, in = mp - i0 < g ? mp - i0 : g, r = t - i0 * np;
+                const int64_t i = i0 + r % in, j = r / in, mr = M - i * FX__SG_MR, nr = N - j * FX__SG_NR;
                 p->kernel(kc, ap + i * FX__SG_MR * kc, bp + j * FX__SG_NR * kc, alpha, k0 == 0 ? beta : 1.0f,
                           C + i * FX__SG_MR * ldc + j * FX__SG_NR, ldc, mr < FX__SG_MR ? mr : FX__SG_MR,
                           nr < FX__SG_NR ? nr : FX__SG_NR);

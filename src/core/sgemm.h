@@ -20,6 +20,10 @@ enum {
     FX__SG_MR = 12,  /* rows of a tile: one A panel */
     FX__SG_NR = 32,  /* columns of a tile: one B panel (two 16-float vectors) */
     FX__SG_KC = 512, /* k per block: within 5% of 1024's speed at the models' shapes, at half the scratch */
+    /* Packed A per group of tiles (below): a group's A panels stay in L2 while the B panels
+       pass over them. 1 MiB: one group up to 512 rows of A at kc 512 (the whole of A
+       fits), groups of about 40 panels beyond. */
+    FX__SG_GROUP_BYTES = 1 << 20,
 };
 
 /* A tile of C from one block of k: C [mr, nr] (mr <= FX__SG_MR, nr <= FX__SG_NR, rows ldc
