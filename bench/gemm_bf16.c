@@ -1,6 +1,6 @@
 /* The bfloat16 GEMM of `--dtype bf16` (fx__gemm_bf16, whichever path the CPU takes: AMX tiles
-   where it has AMX-BF16, vdpbf16ps where it has AVX512-BF16, else the operands widened to
-   float32) against the float32 GEMM
+   where it has AMX-BF16, vdpbf16ps on AMD CPUs with AVX512-BF16, else float32 products of the
+   bfloat16 values) against the float32 GEMM
    (fx__sgemm) on the same operands, at the projections' shapes of the `small` and `gpt2`
    models (a step's forward x W^T, backward dy W and dy^T x). Calls in turn (bf16, f32, and
    where the CPU has vdpbf16ps but takes another path, the vdpbf16ps path forced), medians;

@@ -208,14 +208,15 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64
     (void)nested, (void)flops; /* read only by the pragma, which is gone without OpenMP */
     /* The A panels in groups of at most FX__SG_GROUP_BYTES packed, made equal: g panels each
        (the last one fewer). */
+    _Static_assert(FX__SG_GROUP_BYTES >= sizeof(float) * FX__SG_MR * FX__SG_KC, "a group holds an A panel");
     const int64_t gmax = FX__SG_GROUP_BYTES / ((int64_t)sizeof(float) * FX__SG_MR * (kmax > 0 ? kmax : 1));
-    const int64_t ngroups = (mp + gmax - 1) / (gmax > 0 ? gmax : 1), g = (mp + ngroups - 1) / ngroups;
+    const int64_t ngroups = (mp + gmax - 1) / gmax, g = (mp + ngroups - 1) / ngroups;
     /* Per block of k: both operands packed, each panel by one thread, then every tile of C by
        one thread: group by group, in a group B panel by B panel, each over the group's A
        panels. A thread's consecutive tiles share their B panel (in L1) while the group's A
-       panels come from L2; a whole A of more than L2 would stream from memory once per B
-       panel (1.05-1.2x at 1024 rows and more on a 2 MiB L2, in one run each way). K = 0 is
-       one empty block (C = beta C). */
+       panels come from L2; a whole A of more than L2 would come from L3 once per B panel
+       (docs/train-profile.md: 1.06-1.18x at 1024 rows on a 2 MiB L2). K = 0 is one empty
+       block (C = beta C). */
 #pragma omp parallel if (!nested && flops >= FX__GEMM_MIN_FLOPS)
     {
         int64_t k0 = 0;

@@ -106,7 +106,8 @@ extern const fx__bf16_tiled fx__bf16_tiled_dp, fx__bf16_tiled_amx, fx__bf16_tile
 const fx__bf16_tiled *fx__gemm_bf16_cpu_path(void);
 
 /* Tests and benchmarks: every later fx__gemm_bf16 takes path t (the tiled ones where their
-   packed operands fit ws), whatever the CPU has; NULL restores the CPU's choice. Not for use inside a parallel region. */
+   packed operands fit ws), whatever the CPU has; NULL restores the CPU's choice. Not for use
+   inside a parallel region. */
 void fx__gemm_bf16_force_tiled(const fx__bf16_tiled *t);
 
 /* Pairs per line of a (K) product on path t: (K + 1) / 2 rounded up to t->align. */

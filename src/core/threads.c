@@ -134,9 +134,17 @@ bool fx__cpu_avx512bf16(void)
 bool fx__cpu_vendor_amd(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__)
-    unsigned a, b, c, d;
-    /* the vendor string is EBX, EDX, ECX of leaf 0: "Auth" "enti" "cAMD" */
-    return __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
+    /* Read once: CPUID is slow (in a virtual machine it exits to the hypervisor), and every
+       bfloat16 product asks. */
+    static atomic_int amd = -1;
+    int h = atomic_load(&amd);
+    if (h < 0) {
+        unsigned a, b, c, d;
+        /* the vendor string is EBX, EDX, ECX of leaf 0: "Auth" "enti" "cAMD" */
+        h = __get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u;
+        atomic_store(&amd, h);
+    }
+    return h;
 #else
     return false;
 #endif

@@ -61,8 +61,7 @@ int fx__gpt_backward(fx__gpt *m)
         fx__progress_point(m);
 
         /* Attention: resm = res + from_heads(att) Wo^T, dres holds d(resm). */
-        /* d(att) goes to xn2's slot ([N, max(C, QD)], dead now), and the projections' gradients to
-           q, k and v once the attention's backward has read them. */
+        /* d(att) goes to xn2's slot ([N, max(C, QD)], dead now). */
         float *datt = xn2;
         fx__from_heads(a.work, QD, att, B, T, Hq, hd);
         fx__mm(m, true, false, C, QD, N, a.dres, false, C, a.work, false, QD, 1.0f, g.wo, QD);
