@@ -116,6 +116,61 @@ static void test_rmsnorm(void)
     free(x), free(w), free(ref), free(r), free(dy), free(gx), free(gw);
 }
 
+/* The AVX-512 row loops give the plain C ones' bits, forward and backward, at 1 and 3
+   threads: rows of C = 37 (four lanes of 8 and a tail of 5; two vectors of 16 and a tail)
+   and C = 150 (three channel blocks of the dw reduction, the last one short), values over
+   several binades with zeros and a negative zero among them. */
+static void test_rmsnorm_twins(void)
+{
+    const fx_isa best = fx_get_isa();
+    const int before = fx_get_num_threads();
+    const int64_t shapes[][2] = {{9, 37}, {13, 150}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t N = shapes[s][0], C = shapes[s][1], n = N * C;
+        float *x = fxt_random((size_t)n, -3, 3, 11), *w = fxt_random((size_t)C, 0.25f, 4.0f, 12);
+        float *dy = fxt_random((size_t)n, -1, 1, 13), *dx0 = fxt_random((size_t)n, -1, 1, 14);
+        for (int64_t i = 0; i < n; i += 7)
+            x[i] *= 1e-3f * (float)(i % 5);
+        x[1] = -0.0f, dy[2] = 0.0f;
+        float *ref[4] = {NULL}; /* y, rstd, dx, dw of the scalar loops at one thread */
+        const fx_isa isas[] = {FX_ISA_SCALAR, FX_ISA_AVX512};
+        for (size_t t = 0; t < sizeof isas / sizeof isas[0]; t++) {
+            if (fx_set_isa(isas[t]) != FX_OK)
+                continue;
+            for (int threads = 1; threads <= 3; threads += 2) {
+                fx_set_num_threads(threads);
+                float *y = fxt_guarded((size_t)n), *rstd = fxt_guarded((size_t)N);
+                float *dx = fxt_guarded_copy(dx0, (size_t)n), *dw = fxt_guarded((size_t)C);
+                for (int64_t c = 0; c < C; c++)
+                    dw[c] = 0.5f;
+                fx__rmsnorm_forward(y, rstd, x, w, N, C, 1e-5f);
+                fx__rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C);
+                float *got[4] = {y, rstd, dx, dw};
+                const size_t len[4] = {(size_t)n, (size_t)N, (size_t)n, (size_t)C};
+                static const char *names[4] = {"y", "rstd", "dx", "dw"};
+                for (int k = 0; k < 4; k++) {
+                    if (!ref[k]) {
+                        ref[k] = malloc(len[k] * sizeof(float));
+                        memcpy(ref[k], got[k], len[k] * sizeof(float));
+                        continue;
+                    }
+                    char what[96];
+                    snprintf(what, sizeof what, "rmsnorm %s [%s, %d threads, C=%d] vs plain C at 1 thread", names[k],
+                             fx_isa_name(isas[t]), threads, (int)C);
+                    fxt_bitwise_f32(what, got[k], ref[k], len[k]);
+                }
+                fxt_guarded_free("y", y), fxt_guarded_free("rstd", rstd);
+                fxt_guarded_free("dx", dx), fxt_guarded_free("dw", dw);
+            }
+        }
+        for (int k = 0; k < 4; k++)
+            free(ref[k]);
+        free(x), free(w), free(dy), free(dx0);
+    }
+    fx_set_isa(best);
+    fx_set_num_threads(before);
+}
+
 /* ---- RoPE, SwiGLU, embedding -------------------------------------------------------------- */
 
 static void test_rope(void)
@@ -2049,6 +2104,7 @@ int main(int argc, char **argv)
         return 2;
     }
     FXT_RUN(test_rmsnorm);
+    FXT_RUN(test_rmsnorm_twins);
     FXT_RUN(test_rope);
     FXT_RUN(test_swiglu);
     FXT_RUN(test_embedding);

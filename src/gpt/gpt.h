@@ -297,9 +297,26 @@ float fx__lr_schedule(int64_t step, int64_t warmup, int64_t total, float lr, flo
 
 /* out [N,C], rstd [N] <- inp [N,C], w [C] */
 void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int64_t N, int64_t C, float eps);
-/* dinp [N,C] (+=), dw [C] (+=) <- dout [N,C], inp [N,C], w [C], rstd [N] */
+/* dinp [N,C] (+=; overlaps neither dout nor inp), dw [C] (+=) <- dout [N,C], inp [N,C], w [C],
+   rstd [N] */
 void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                           const float *rstd, int64_t N, int64_t C);
+/* The row loops of the two (no threads), chosen once per call: the plain C ones (layers.c)
+   and their AVX-512 twin (rmsnorm_avx512.c), which gives the same bits (the same float64
+   lanes, the same roundings, nothing contracted into an FMA; the tests hold it to that). */
+enum { FX__RMS_LANES = 8 };
+typedef struct fx__rms_ops {
+    double (*sumsq)(const float *x, int64_t C);                                   /* sum x^2, in lanes */
+    double (*dot3)(const float *dy, const float *w, const float *x, int64_t C);   /* sum dy w x, in lanes */
+    void (*scale)(float *y, const float *x, float r, const float *w, int64_t C); /* y = x r w */
+    void (*dx)(float *dx, const float *dy, const float *w, const float *x, float r, float k,
+               int64_t C);                                                     /* dx += r dy w - k x */
+    void (*dw)(float *acc, const float *dy, const float *x, float r, int64_t n); /* acc += dy x r */
+} fx__rms_ops;
+extern const fx__rms_ops fx__rms_ops_avx512;
+const fx__rms_ops *fx__rms_ops_for(fx_isa isa); /* the AVX-512 twin on that path, else plain C */
+/* The 8 lanes added pairwise (lane j += lane j + w for w = 4, 2, 1); lane is overwritten. */
+double fx__rms_lanes_sum(double *lane);
 /* Rotates x [B,T,H,hd] (token-major, as a projection writes it; a token's row ldx floats
    after the previous one's, H*hd when x holds nothing else) by position t and writes it
    head-major to out [B,H,T,hd]. rope [ctx, hd/2, 2]. */

@@ -8,59 +8,80 @@
 #include <string.h>
 
 /* Channels per task when a reduction runs over tokens: each task owns a slice of channels
-   and walks the tokens in order. */
+   and walks the tokens in order. A multiple of 16 (the AVX-512 RMSNorm's vectors). */
 enum { FX__CBLOCK = 64 };
 
 /* ---- RMSNorm --------------------------------------------------------------------------- */
 
 /* The row sums of RMSNorm in float64, in 8 lanes (element c in lane c % 8) added pairwise at
    the end: eight independent chains instead of one (a float64 add waits 4 cycles for the
-   previous), in an order that depends on C only. */
-enum { RMS_LANES = 8 };
-
-static double rms_lanes_sum(double *lane)
+   previous), in an order that depends on C only, so that a vector of 8 doubles
+   (rmsnorm_avx512.c) computes the same bits. */
+double fx__rms_lanes_sum(double *lane)
 {
-    for (int w = RMS_LANES / 2; w >= 1; w /= 2)
+    for (int w = FX__RMS_LANES / 2; w >= 1; w /= 2)
         for (int j = 0; j < w; j++)
             lane[j] += lane[j + w];
     return lane[0];
 }
 
-/* sum x[c]^2 */
-static double rms_sumsq(const float *x, int64_t C)
+static double rms_sumsq_scalar(const float *x, int64_t C)
 {
-    double lane[RMS_LANES] = {0};
+    double lane[FX__RMS_LANES] = {0};
     int64_t c = 0;
-    for (; c + RMS_LANES <= C; c += RMS_LANES)
-        for (int j = 0; j < RMS_LANES; j++)
+    for (; c + FX__RMS_LANES <= C; c += FX__RMS_LANES)
+        for (int j = 0; j < FX__RMS_LANES; j++)
             lane[j] += (double)x[c + j] * x[c + j];
     for (int j = 0; c + j < C; j++)
         lane[j] += (double)x[c + j] * x[c + j];
-    return rms_lanes_sum(lane);
+    return fx__rms_lanes_sum(lane);
 }
 
-/* sum dy[c] w[c] x[c] */
-static double rms_dot3(const float *dy, const float *w, const float *x, int64_t C)
+static double rms_dot3_scalar(const float *dy, const float *w, const float *x, int64_t C)
 {
-    double lane[RMS_LANES] = {0};
+    double lane[FX__RMS_LANES] = {0};
     int64_t c = 0;
-    for (; c + RMS_LANES <= C; c += RMS_LANES)
-        for (int j = 0; j < RMS_LANES; j++)
+    for (; c + FX__RMS_LANES <= C; c += FX__RMS_LANES)
+        for (int j = 0; j < FX__RMS_LANES; j++)
             lane[j] += (double)dy[c + j] * w[c + j] * x[c + j];
     for (int j = 0; c + j < C; j++)
         lane[j] += (double)dy[c + j] * w[c + j] * x[c + j];
-    return rms_lanes_sum(lane);
+    return fx__rms_lanes_sum(lane);
+}
+
+static void rms_scale_scalar(float *y, const float *x, float r, const float *w, int64_t C)
+{
+    for (int64_t c = 0; c < C; c++)
+        y[c] = x[c] * r * w[c];
+}
+
+static void rms_dx_scalar(float *dx, const float *dy, const float *w, const float *x, float r, float k, int64_t C)
+{
+    for (int64_t c = 0; c < C; c++)
+        dx[c] += r * dy[c] * w[c] - k * x[c];
+}
+
+static void rms_dw_scalar(float *acc, const float *dy, const float *x, float r, int64_t n)
+{
+    for (int64_t c = 0; c < n; c++)
+        acc[c] += dy[c] * x[c] * r;
+}
+
+static const fx__rms_ops fx__rms_ops_scalar = {rms_sumsq_scalar, rms_dot3_scalar, rms_scale_scalar, rms_dx_scalar,
+                                               rms_dw_scalar};
+
+const fx__rms_ops *fx__rms_ops_for(fx_isa isa)
+{
+    return isa == FX_ISA_AVX512 ? &fx__rms_ops_avx512 : &fx__rms_ops_scalar;
 }
 
 void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int64_t N, int64_t C, float eps)
 {
+    const fx__rms_ops *op = fx__rms_ops_for(fx__isa());
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
-        const float *x = inp + n * C;
-        float *y = out + n * C;
-        float r = (float)(1.0 / sqrt(rms_sumsq(x, C) / (double)C + (double)eps));
-        for (int64_t c = 0; c < C; c++)
-            y[c] = x[c] * r * w[c];
+        const float r = (float)(1.0 / sqrt(op->sumsq(inp + n * C, C) / (double)C + (double)eps));
+        op->scale(out + n * C, inp + n * C, r, w, C);
         rstd[n] = r;
     }
 }
@@ -69,29 +90,26 @@ void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float
                           const float *rstd, int64_t N, int64_t C)
 {
     /* y = x r w with r = (mean x^2 + eps)^-1/2:
-       dx = r (dy w) - x r^3 mean(dy w x),  dw = sum_n dy x r. */
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const float *x = inp + n * C, *dy = dout + n * C;
-        float *dx = dinp + n * C;
-        float r = rstd[n];
-        float k = (float)(rms_dot3(dy, w, x, C) / (double)C) * r * r * r;
-        for (int64_t c = 0; c < C; c++)
-            dx[c] += r * dy[c] * w[c] - k * x[c];
-    }
-    int64_t nblk = (C + FX__CBLOCK - 1) / FX__CBLOCK;
-#pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < nblk; blk++) {
-        int64_t c0 = blk * FX__CBLOCK, c1 = c0 + FX__CBLOCK < C ? c0 + FX__CBLOCK : C;
-        float acc[FX__CBLOCK] = {0};
+       dx = r (dy w) - x r^3 mean(dy w x),  dw = sum_n dy x r (in token order, per channel). */
+    const fx__rms_ops *op = fx__rms_ops_for(fx__isa());
+    const int64_t nblk = (C + FX__CBLOCK - 1) / FX__CBLOCK;
+#pragma omp parallel
+    {
+#pragma omp for schedule(static) nowait
         for (int64_t n = 0; n < N; n++) {
-            const float *x = inp + n * C, *dy = dout + n * C;
-            float r = rstd[n];
-            for (int64_t c = c0; c < c1; c++)
-                acc[c - c0] += dy[c] * x[c] * r;
+            const float r = rstd[n];
+            const float k = (float)(op->dot3(dout + n * C, w, inp + n * C, C) / (double)C) * r * r * r;
+            op->dx(dinp + n * C, dout + n * C, w, inp + n * C, r, k, C);
         }
-        for (int64_t c = c0; c < c1; c++)
-            dw[c] += acc[c - c0];
+#pragma omp for schedule(static)
+        for (int64_t blk = 0; blk < nblk; blk++) {
+            const int64_t c0 = blk * FX__CBLOCK, nc = C - c0 < FX__CBLOCK ? C - c0 : FX__CBLOCK;
+            float acc[FX__CBLOCK] = {0};
+            for (int64_t n = 0; n < N; n++)
+                op->dw(acc, dout + n * C + c0, inp + n * C + c0, rstd[n], nc);
+            for (int64_t c = 0; c < nc; c++)
+                dw[c0 + c] += acc[c];
+        }
     }
 }
 
