@@ -374,7 +374,7 @@ static void check_gemm_tiled(bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
     const float betas[] = {0.0f, 1.0f, -0.75f};
     const bool avx512 = fx_get_isa() == FX_ISA_AVX512;
     float *A = fxt_random(na ? na : 1, -1, 1, seed), *B = fxt_random(nb ? nb : 1, -1, 1, seed + 1);
-    float *C0 = fxt_random(nc, -1, 1, seed + 2), *ws = malloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
+    float *C0 = fxt_random(nc, -1, 1, seed + 2), *ws = fxt_guarded(fx__sgemm_tiled_ws(M, N, K)); /* no write past it */
     double *ref = fxt_alloc_f64(nc);
     FXT_CHECK(ws != NULL);
     for (size_t bi = 0; bi < sizeof betas / sizeof betas[0]; bi++) {
@@ -399,7 +399,8 @@ static void check_gemm_tiled(bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
         fxt_guarded_free("C3", C3);
         fxt_guarded_free("CV", CV);
     }
-    free(A), free(B), free(C0), free(ws), free(ref);
+    fxt_guarded_free("ws", ws);
+    free(A), free(B), free(C0), free(ref);
 }
 
 /* The float32 GEMM's tiled path (sgemm.h) on its plain C twin, which runs on any CPU: against

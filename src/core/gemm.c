@@ -97,7 +97,7 @@ static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
     fx__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else
     if (fx__isa() == FX_ISA_AVX512) {
-        /* The scratch is one block of k of both operands ((M + N) x 2 KiB at most); where it
+        /* The scratch is two blocks of k of both operands ((M + N) x 4 KiB at most); where it
            cannot be had, BLIS, which needs none of ours (its sums in another order: a process
            out of memory may see other bits). */
         float *ws = fx__alloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
@@ -191,9 +191,11 @@ static int64_t fx__sgemm_panels(int64_t n, int64_t width) { return (n + width - 
 
 size_t fx__sgemm_tiled_ws(int64_t M, int64_t N, int64_t K)
 {
-    const int64_t kc = K < FX__SG_KC ? K : FX__SG_KC;
+    /* Two blocks of k where there are two or more (fx__sgemm_tiled alternates them), one
+       otherwise: at most the operands' own size plus the panels' padding. */
+    const int64_t k2 = K < 2 * FX__SG_KC ? K : 2 * FX__SG_KC;
     return (size_t)(fx__sgemm_panels(M, FX__SG_MR) * FX__SG_MR + fx__sgemm_panels(N, FX__SG_NR) * FX__SG_NR) *
-           (size_t)(kc > 0 ? kc : 1);
+           (size_t)(k2 > 0 ? k2 : 1);
 }
 
 void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -202,7 +204,6 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64
 {
     const int64_t mp = fx__sgemm_panels(M, FX__SG_MR), np = fx__sgemm_panels(N, FX__SG_NR);
     const int64_t kmax = K < FX__SG_KC ? K : FX__SG_KC;
-    float *ap = ws, *bp = ws + mp * FX__SG_MR * kmax;
     const bool nested = fx__in_parallel();
     const double flops = 2.0 * (double)M * (double)N * (double)K;
     (void)nested, (void)flops; /* read only by the pragma, which is gone without OpenMP */
@@ -216,19 +217,28 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64
        panels. A thread's consecutive tiles share their B panel (in L1) while the group's A
        panels come from L2; a whole A of more than L2 would come from L3 once per B panel
        (docs/train-profile.md: 1.06-1.18x at 1024 rows on a 2 MiB L2). K = 0 is one empty
-       block (C = beta C). */
+       block (C = beta C).
+
+       One barrier per block, between its packing and its tiles. Consecutive blocks pack into
+       the two halves of ws in turn, so a thread may pack block b + 1 while another still
+       multiplies block b; block b + 2 reuses b's half only after every thread has passed
+       b + 1's barrier, done with b. A tile's blocks add up in order: the static schedule
+       gives a tile to the same thread in every block. (With passive waiting a barrier is a
+       sleep and a wake-up: 35-40 us each on a 2-core virtual machine.) */
+    const int64_t half = (mp * FX__SG_MR + np * FX__SG_NR) * kmax;
 #pragma omp parallel if (!nested && flops >= FX__GEMM_MIN_FLOPS)
     {
-        int64_t k0 = 0;
+        int64_t k0 = 0, blk = 0;
         do {
             const int64_t kc = K - k0 < FX__SG_KC ? K - k0 : FX__SG_KC;
+            float *ap = ws + (blk & 1) * half, *bp = ap + mp * FX__SG_MR * kc;
 #pragma omp for schedule(static) nowait
             for (int64_t q = 0; q < mp; q++)
                 p->pack(ap + q * FX__SG_MR * kc, A, lda, !ta, M, k0, kc, FX__SG_MR, q);
 #pragma omp for schedule(static)
             for (int64_t q = 0; q < np; q++)
                 p->pack(bp + q * FX__SG_NR * kc, B, ldb, tb, N, k0, kc, FX__SG_NR, q);
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
             for (int64_t t = 0; t < mp * np; t++) {
                 const int64_t i0 = t / (g * np) * g, in = mp - i0 < g ? mp - i0 : g, r = t - i0 * np;
                 const int64_t i = i0 + r % in, j = r / in, mr = M - i * FX__SG_MR, nr = N - j * FX__SG_NR;
@@ -236,7 +246,7 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64
                           C + i * FX__SG_MR * ldc + j * FX__SG_NR, ldc, mr < FX__SG_MR ? mr : FX__SG_MR,
                           nr < FX__SG_NR ? nr : FX__SG_NR);
             }
-            k0 += kc;
+            k0 += kc, blk++;
         } while (k0 < K);
     }
 }

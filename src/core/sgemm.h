@@ -63,8 +63,8 @@ void fx__sgemm_kernel_avx512(int64_t kc, const float *a, const float *b, float a
 void fx__sgemm_pack_avx512(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int64_t lines, int64_t k0, int64_t kc,
                            int64_t width, int64_t q);
 
-/* Floats of scratch fx__sgemm_tiled needs for (M, N, K): one block of k of both packed
-   operands, every panel whole. */
+/* Floats of scratch fx__sgemm_tiled needs for (M, N, K): two blocks of k of both packed
+   operands (one where K <= FX__SG_KC), every panel whole. */
 size_t fx__sgemm_tiled_ws(int64_t M, int64_t N, int64_t K);
 
 /* fx__sgemm's contract on path p, ws holding fx__sgemm_tiled_ws(M, N, K) floats. Threads:
