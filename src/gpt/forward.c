@@ -193,7 +193,9 @@ int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, 
     fx__layer_params p = fx__layer(m, false, l);
     fx__layer_acts x = fx__layer_acts_at(m, a, l);
 
-    fx__rmsnorm_forward(x.xn1, x.rstd1, x.res, p.ln1, N, C, c->norm_eps);
+    /* resm starts as a copy of res (the attention's output projection adds onto it), made as
+       the norm reads each row; out likewise from resm below. */
+    fx__rmsnorm_forward_copy(x.xn1, x.rstd1, x.resm, x.res, p.ln1, N, C, c->norm_eps);
     /* q, k and v in one product: wq, wk and wv (and bq, bk, bv) follow each other in the
        layer's parameters, one [QD + 2 KD, C] matrix, and a token's q, k and v come out side
        by side in a row of work. Each element is the same sum over C as in three products. */
@@ -211,17 +213,15 @@ int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, 
         return fx__error_context(rc, "layer %lld attention", (long long)l);
     fx__progress_point(m);
     fx__from_heads(a->work, QD, x.att, B, T, Hq, hd);
-    memcpy(x.resm, x.res, (size_t)(N * C) * sizeof(float));
     fx__mm_linear(m, x.resm, a->work, p.wo, N, QD, C, true);
     fx__progress_point(m);
 
-    fx__rmsnorm_forward(x.xn2, x.rstd2, x.resm, p.ln2, N, C, c->norm_eps);
+    fx__rmsnorm_forward_copy(x.xn2, x.rstd2, write_out ? x.out : NULL, x.resm, p.ln2, N, C, c->norm_eps);
     /* gate and up in one product, as q, k and v: w1 and w3 are one [2F, C] matrix. */
     fx__mm_linear(m, x.h13, x.xn2, p.w1, N, C, 2 * F, false);
     fx__progress_point(m);
     if (write_out) {
         fx__swiglu_forward(a->work, F, x.h13, x.h13 + F, 2 * F, N, F);
-        memcpy(x.out, x.resm, (size_t)(N * C) * sizeof(float));
         fx__mm_linear(m, x.out, a->work, p.w2, N, F, C, true);
     }
     return FX_OK;

@@ -297,6 +297,10 @@ float fx__lr_schedule(int64_t step, int64_t warmup, int64_t total, float lr, flo
 
 /* out [N,C], rstd [N] <- inp [N,C], w [C] */
 void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int64_t N, int64_t C, float eps);
+/* The same, and copy [N,C] = inp (copy NULL: none) while each row is in cache: the residual
+   stream that the next product accumulates onto. */
+void fx__rmsnorm_forward_copy(float *out, float *rstd, float *copy, const float *inp, const float *w, int64_t N,
+                              int64_t C, float eps);
 /* dinp [N,C] (+=; overlaps neither dout nor inp), dw [C] (+=) <- dout [N,C], inp [N,C], w [C],
    rstd [N] */
 void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,

@@ -75,7 +75,8 @@ const fx__rms_ops *fx__rms_ops_for(fx_isa isa)
     return isa == FX_ISA_AVX512 ? &fx__rms_ops_avx512 : &fx__rms_ops_scalar;
 }
 
-void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int64_t N, int64_t C, float eps)
+void fx__rmsnorm_forward_copy(float *out, float *rstd, float *copy, const float *inp, const float *w, int64_t N,
+                              int64_t C, float eps)
 {
     const fx__rms_ops *op = fx__rms_ops_for(fx__isa());
 #pragma omp parallel for schedule(static)
@@ -83,7 +84,14 @@ void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
         const float r = (float)(1.0 / sqrt(op->sumsq(inp + n * C, C) / (double)C + (double)eps));
         op->scale(out + n * C, inp + n * C, r, w, C);
         rstd[n] = r;
+        if (copy)
+            memcpy(copy + n * C, inp + n * C, (size_t)C * sizeof(float));
     }
+}
+
+void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int64_t N, int64_t C, float eps)
+{
+    fx__rmsnorm_forward_copy(out, rstd, NULL, inp, w, N, C, eps);
 }
 
 void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
