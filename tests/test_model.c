@@ -224,6 +224,38 @@ static void test_rope(void)
     free(rope), free(x), free(ref), free(g), free(xw), free(dxw0);
 }
 
+/* The q, k, v product's rows to heads in one pass, and back: the bits of RoPE on q and k and
+   the plain transpose of v done one by one (GQA: 4 query heads, 2 kv heads). */
+static void test_qkv_heads(void)
+{
+    enum { B = 2, T = 9, HQ = 4, HKV = 2, HD = 6, LD = (HQ + 2 * HKV) * HD };
+    float *rope = malloc((size_t)(T * HD) * sizeof(float));
+    fx__rope_table(rope, T, HD, 10000.0f);
+    float *qkv = fxt_random((size_t)(B * T * LD), -1, 1, 21);
+    float *dq = fxt_random((size_t)(B * T * HQ * HD), -1, 1, 22), *dk = fxt_random((size_t)(B * T * HKV * HD), -1, 1, 23);
+    float *dv = fxt_random((size_t)(B * T * HKV * HD), -1, 1, 24);
+    const size_t nq = (size_t)(B * T * HQ * HD), nk = (size_t)(B * T * HKV * HD), nr = (size_t)(B * T * LD);
+    float *q = fxt_guarded(nq), *k = fxt_guarded(nk), *v = fxt_guarded(nk);
+    float *q1 = fxt_guarded(nq), *k1 = fxt_guarded(nk), *v1 = fxt_guarded(nk);
+    fx__qkv_to_heads(q, k, v, qkv, rope, B, T, HQ, HKV, HD);
+    fx__rope_forward(q1, qkv, LD, rope, B, T, HQ, HD, 0);
+    fx__rope_forward(k1, qkv + HQ * HD, LD, rope, B, T, HKV, HD, 0);
+    fx__to_heads(v1, qkv + (HQ + HKV) * HD, LD, B, T, HKV, HD);
+    fxt_bitwise_f32("qkv to heads: q", q, q1, nq);
+    fxt_bitwise_f32("qkv to heads: k", k, k1, nk);
+    fxt_bitwise_f32("qkv to heads: v", v, v1, nk);
+    float *d = fxt_guarded(nr), *d1 = fxt_guarded(nr);
+    fx__qkv_from_heads(d, dq, dk, dv, rope, B, T, HQ, HKV, HD);
+    fx__rope_backward(d1, LD, dq, rope, B, T, HQ, HD);
+    fx__rope_backward(d1 + HQ * HD, LD, dk, rope, B, T, HKV, HD);
+    fx__from_heads(d1 + (HQ + HKV) * HD, LD, dv, B, T, HKV, HD);
+    fxt_bitwise_f32("qkv from heads", d, d1, nr);
+    fxt_guarded_free("q", q), fxt_guarded_free("k", k), fxt_guarded_free("v", v);
+    fxt_guarded_free("q1", q1), fxt_guarded_free("k1", k1), fxt_guarded_free("v1", v1);
+    fxt_guarded_free("d", d), fxt_guarded_free("d1", d1);
+    free(rope), free(qkv), free(dq), free(dk), free(dv);
+}
+
 static void test_swiglu(void)
 {
     int64_t n = 203; /* vector bodies and a tail */
@@ -2106,6 +2138,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_rmsnorm);
     FXT_RUN(test_rmsnorm_twins);
     FXT_RUN(test_rope);
+    FXT_RUN(test_qkv_heads);
     FXT_RUN(test_swiglu);
     FXT_RUN(test_embedding);
     FXT_RUN(test_attn_ref_grad);

@@ -77,9 +77,7 @@ int fx__gpt_backward(fx__gpt *m)
            and d(wq, wk, wv) as one [QKV, C] matrix (and d(bq, bk, bv)). */
         const int64_t QKV = QD + 2 * KD;
         float *dqkv = a.work + N * QKV;
-        fx__rope_backward(dqkv, QKV, dq, m->rope, B, T, Hq, hd);
-        fx__rope_backward(dqkv + QD, QKV, dk, m->rope, B, T, Hkv, hd);
-        fx__from_heads(dqkv + QD + KD, QKV, dv, B, T, Hkv, hd);
+        fx__qkv_from_heads(dqkv, dq, dk, dv, m->rope, B, T, Hq, Hkv, hd);
         if (p.bq)
             fx__bias_backward(g.bq, dqkv, N, QKV);
         fx__mm_linear_backward(m, a.dxn, g.wq, dqkv, xn1, p.wq, N, C, QKV, false);

@@ -205,9 +205,7 @@ int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, 
     if (p.bq)
         fx__bias_forward(qkv, p.bq, N, QKV);
     fx__progress_point(m);
-    fx__rope_forward(x.q, qkv, QKV, m->rope, B, T, Hq, hd, 0);
-    fx__rope_forward(x.k, qkv + QD, QKV, m->rope, B, T, Hkv, hd, 0);
-    fx__to_heads(x.v, qkv + QD + KD, QKV, B, T, Hkv, hd);
+    fx__qkv_to_heads(x.q, x.k, x.v, qkv, m->rope, B, T, Hq, Hkv, hd);
     int rc = fx__attn_fwd(m, call, x.q, x.k, x.v, x.att, x.lse);
     if (rc)
         return fx__error_context(rc, "layer %lld attention", (long long)l);

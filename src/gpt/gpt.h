@@ -333,6 +333,14 @@ void fx__rope_backward(float *dx, int64_t ldx, const float *dout, const float *r
    token-major side's rows ld apart. */
 void fx__to_heads(float *out, const float *x, int64_t ldx, int64_t B, int64_t T, int64_t H, int64_t hd);
 void fx__from_heads(float *out, int64_t ldo, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd);
+/* The three of one q, k, v product at once (one pass, one parallel region): its [B,T,QKV]
+   rows (QKV = (Hq + 2 Hkv) hd; q, k, v side by side) to q [B,Hq,T,hd] and k [B,Hkv,T,hd]
+   rotated from position 0 and v [B,Hkv,T,hd] as is; and the gradients back into dqkv's rows
+   (overwritten). The same bits as fx__rope_forward / fx__to_heads and their transposes. */
+void fx__qkv_to_heads(float *q, float *k, float *v, const float *qkv, const float *rope, int64_t B, int64_t T,
+                      int64_t Hq, int64_t Hkv, int64_t hd);
+void fx__qkv_from_heads(float *dqkv, const float *dq, const float *dk, const float *dv, const float *rope, int64_t B,
+                        int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta);
 /* The hd/2 frequencies of the config (plain theta, or llama3-scaled as transformers does). */
 void fx__rope_freqs(double *freq, const fx__gpt_config *c);

@@ -169,45 +169,61 @@ void fx__rope_rows(float *rope, int64_t t0, int64_t t1, const double *freq, int6
         }
 }
 
+/* One token's H heads: x's row (token-major) to rows T apart in out (head-major), rotated by
+   the table's row cs, or copied when cs is NULL; and back. */
+static void rope_token_fwd(float *out, int64_t T, const float *x, const float *cs, int64_t H, int64_t hd)
+{
+    for (int64_t h = 0; h < H; h++) {
+        const float *src = x + h * hd;
+        float *dst = out + h * T * hd;
+        if (!cs) {
+            memcpy(dst, src, (size_t)hd * sizeof(float));
+            continue;
+        }
+        for (int64_t i = 0; i < hd / 2; i++) {
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float x0 = src[2 * i], x1 = src[2 * i + 1];
+            dst[2 * i] = x0 * c - x1 * s;
+            dst[2 * i + 1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+static void rope_token_bwd(float *dx, const float *dout, int64_t T, const float *cs, int64_t H, int64_t hd)
+{
+    for (int64_t h = 0; h < H; h++) {
+        const float *src = dout + h * T * hd;
+        float *dst = dx + h * hd;
+        if (!cs) {
+            memcpy(dst, src, (size_t)hd * sizeof(float));
+            continue;
+        }
+        for (int64_t i = 0; i < hd / 2; i++) {
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float d0 = src[2 * i], d1 = src[2 * i + 1];
+            dst[2 * i] = d0 * c + d1 * s;
+            dst[2 * i + 1] = -d0 * s + d1 * c;
+        }
+    }
+}
+
 void fx__rope_forward(float *out, const float *x, int64_t ldx, const float *rope, int64_t B, int64_t T, int64_t H,
                       int64_t hd, int64_t pos0)
 {
-    int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
-        int64_t b = bt / T, t = bt % T;
-        const float *cs = rope + (pos0 + t) * half * 2;
-        for (int64_t h = 0; h < H; h++) {
-            const float *src = x + bt * ldx + h * hd;
-            float *dst = out + ((b * H + h) * T + t) * hd;
-            for (int64_t i = 0; i < half; i++) {
-                float c = cs[2 * i], s = cs[2 * i + 1];
-                float x0 = src[2 * i], x1 = src[2 * i + 1];
-                dst[2 * i] = x0 * c - x1 * s;
-                dst[2 * i + 1] = x0 * s + x1 * c;
-            }
-        }
+        const int64_t b = bt / T, t = bt % T;
+        rope_token_fwd(out + (b * H * T + t) * hd, T, x + bt * ldx, rope + (pos0 + t) * hd, H, hd);
     }
 }
 
 void fx__rope_backward(float *dx, int64_t ldx, const float *dout, const float *rope, int64_t B, int64_t T, int64_t H,
                        int64_t hd)
 {
-    int64_t half = hd / 2;
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
-        int64_t b = bt / T, t = bt % T;
-        const float *cs = rope + t * half * 2;
-        for (int64_t h = 0; h < H; h++) {
-            const float *src = dout + ((b * H + h) * T + t) * hd;
-            float *dst = dx + bt * ldx + h * hd;
-            for (int64_t i = 0; i < half; i++) {
-                float c = cs[2 * i], s = cs[2 * i + 1];
-                float d0 = src[2 * i], d1 = src[2 * i + 1];
-                dst[2 * i] = d0 * c + d1 * s;
-                dst[2 * i + 1] = -d0 * s + d1 * c;
-            }
-        }
+        const int64_t b = bt / T, t = bt % T;
+        rope_token_bwd(dx + bt * ldx, dout + (b * H * T + t) * hd, T, rope + t * hd, H, hd);
     }
 }
 
@@ -215,9 +231,8 @@ void fx__to_heads(float *out, const float *x, int64_t ldx, int64_t B, int64_t T,
 {
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
-        int64_t b = bt / T, t = bt % T;
-        for (int64_t h = 0; h < H; h++)
-            memcpy(out + ((b * H + h) * T + t) * hd, x + bt * ldx + h * hd, (size_t)hd * sizeof(float));
+        const int64_t b = bt / T, t = bt % T;
+        rope_token_fwd(out + (b * H * T + t) * hd, T, x + bt * ldx, NULL, H, hd);
     }
 }
 
@@ -225,9 +240,37 @@ void fx__from_heads(float *out, int64_t ldo, const float *x, int64_t B, int64_t 
 {
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
-        int64_t b = bt / T, t = bt % T;
-        for (int64_t h = 0; h < H; h++)
-            memcpy(out + bt * ldo + h * hd, x + ((b * H + h) * T + t) * hd, (size_t)hd * sizeof(float));
+        const int64_t b = bt / T, t = bt % T;
+        rope_token_bwd(out + bt * ldo, x + (b * H * T + t) * hd, T, NULL, H, hd);
+    }
+}
+
+void fx__qkv_to_heads(float *q, float *k, float *v, const float *qkv, const float *rope, int64_t B, int64_t T,
+                      int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    const int64_t ld = (Hq + 2 * Hkv) * hd;
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        const int64_t b = bt / T, t = bt % T;
+        const float *row = qkv + bt * ld, *cs = rope + t * hd;
+        rope_token_fwd(q + (b * Hq * T + t) * hd, T, row, cs, Hq, hd);
+        rope_token_fwd(k + (b * Hkv * T + t) * hd, T, row + Hq * hd, cs, Hkv, hd);
+        rope_token_fwd(v + (b * Hkv * T + t) * hd, T, row + (Hq + Hkv) * hd, NULL, Hkv, hd);
+    }
+}
+
+void fx__qkv_from_heads(float *dqkv, const float *dq, const float *dk, const float *dv, const float *rope, int64_t B,
+                        int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    const int64_t ld = (Hq + 2 * Hkv) * hd;
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        const int64_t b = bt / T, t = bt % T;
+        float *row = dqkv + bt * ld;
+        const float *cs = rope + t * hd;
+        rope_token_bwd(row, dq + (b * Hq * T + t) * hd, T, cs, Hq, hd);
+        rope_token_bwd(row + Hq * hd, dk + (b * Hkv * T + t) * hd, T, cs, Hkv, hd);
+        rope_token_bwd(row + (Hq + Hkv) * hd, dv + (b * Hkv * T + t) * hd, T, NULL, Hkv, hd);
     }
 }
 
