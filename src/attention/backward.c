@@ -454,18 +454,20 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
     c.Di = Di;
     c.tab = tab;
 
-    /* D_i = rowsum(dout * out), in order. */
+    /* One parallel region: D_i, a barrier, then both passes, which read D_i and write
+       disjoint gradients (dK, dV by kv-block; dQ by q-block), so they need none between
+       them. (With passive waiting, each region and each barrier is a sleep and a wake-up.) */
     int64_t nr = (int64_t)nrows, Dv = a->Dv;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < nr; r++) {
-        float acc = 0.0f;
-        for (int64_t d = 0; d < Dv; d++)
-            acc += dout[r * Dv + d] * out[r * Dv + d];
-        Di[r] = acc;
-    }
-
 #pragma omp parallel
     {
+        /* D_i = rowsum(dout * out), in order. */
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < nr; r++) {
+            float acc = 0.0f;
+            for (int64_t d = 0; d < Dv; d++)
+                acc += dout[r * Dv + d] * out[r * Dv + d];
+            Di[r] = acc;
+        }
         float *base = scr + (size_t)fx__thread_id() * per_thread;
         bw_scratch s;
         s.Kt = base;
@@ -477,7 +479,7 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
         s.dK = s.dS + BW_ROWS * c.ldk;
         s.dV = s.dK + c.bk * a->D;
         if (one_pass) {
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait
             for (int64_t u = 0; u < units; u++) {
                 int64_t b = u / a->Hkv, hk = u % a->Hkv;
                 for (int64_t g = 0; g < c.G; g++)
@@ -491,14 +493,14 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
             /* Round-robin: under a causal mask the work per kv-block (q-block) falls (rises)
                along the sequence. Which thread runs a unit never changes its result. */
             int64_t n1 = units * c.nkb;
-#pragma omp for schedule(static, 1)
+#pragma omp for schedule(static, 1) nowait
             for (int64_t u = 0; u < n1; u++)
                 bw_kv_block(&c, &s, u / c.nkb / a->Hkv, u / c.nkb % a->Hkv, u % c.nkb, BW_DKV, NULL);
             /* Heads that share block lists (a mask broadcast over heads, or none) go by GQA
                group, so each kv-block is loaded once per group. */
             int64_t gs = (!c.m || c.m->H == 1) ? c.G : 1;
             int64_t nqb = c.qb_hi - c.qb_lo + 1, ng = a->Hq / gs, n2 = a->B * ng * nqb;
-#pragma omp for schedule(static, 1)
+#pragma omp for schedule(static, 1) nowait
             for (int64_t u = 0; u < n2; u++) {
                 int64_t h0 = u / nqb % ng * gs;
                 bw_q_block(&c, &s, u / nqb / ng, h0, h0 + gs, c.qb_lo + u % nqb);

@@ -387,7 +387,7 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
         SIMD_FN(fwd_cache) cache = {.clock = 0, .n = cached};
         for (int c = 0; c < cached; c++)
             cache.tag[c] = -1, cache.used[c] = 0;
-#pragma omp for schedule(static, chunk)
+#pragma omp for schedule(static, chunk) nowait /* the region's end joins the threads */
         for (int64_t item = 0; item < p.n_items; item++) {
             fx__fwd_item it;
             fx__fwd_item_init(&p, a, item, &it);

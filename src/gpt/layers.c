@@ -109,7 +109,7 @@ void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float
             const float k = (float)(op->dot3(dout + n * C, w, inp + n * C, C) / (double)C) * r * r * r;
             op->dx(dinp + n * C, dout + n * C, w, inp + n * C, r, k, C);
         }
-#pragma omp for schedule(static)
+#pragma omp for schedule(static) nowait /* the region's end joins the threads */
         for (int64_t blk = 0; blk < nblk; blk++) {
             const int64_t c0 = blk * FX__CBLOCK, nc = C - c0 < FX__CBLOCK ? C - c0 : FX__CBLOCK;
             float acc[FX__CBLOCK] = {0};
