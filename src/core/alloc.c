@@ -88,3 +88,23 @@ void fx__advise_huge_pages(void *p, size_t n)
     (void)p, (void)n;
 #endif
 }
+
+void *fx__alloc_huge(size_t n)
+{
+    void *p = fx__alloc(n);
+    fx__advise_huge_pages(p, n);
+    return p;
+}
+
+void *fx__calloc_huge(size_t count, size_t size)
+{
+    size_t n;
+    if (!fx__mul_size(count, size, &n)) {
+        fx__error(FX_ENOMEM, "allocation of %zu x %zu bytes overflows", count, size);
+        return NULL;
+    }
+    void *p = fx__alloc_huge(n);
+    if (p)
+        memset(p, 0, n);
+    return p;
+}

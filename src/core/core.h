@@ -32,6 +32,11 @@ void fx__free(void *p);
    part of a sparse kernel's time. Only a hint: contents and results are unchanged, and
    nothing happens below a few huge pages, on other systems or where the OS declines. */
 void fx__advise_huge_pages(void *p, size_t n);
+/* fx__alloc / fx__calloc advised as above before anything touches the block: for the
+   buffers every training step streams through (weights, gradients, optimizer moments,
+   activations), where 4 KiB pages cost TLB misses on every pass (docs/train-profile.md). */
+void *fx__alloc_huge(size_t n);
+void *fx__calloc_huge(size_t count, size_t size);
 
 /* Threads: the OpenMP team size kernels use, and this thread's index in a team. */
 int fx__max_threads(void);

@@ -58,7 +58,7 @@ int fx__gpt_bf16_ws_ensure(fx__gpt *m)
         return FX_OK;
     fx__free(m->bf16_ws);
     m->bf16_ws_floats = 0;
-    if (!(m->bf16_ws = fx__alloc(need * sizeof(float))))
+    if (!(m->bf16_ws = fx__alloc_huge(need * sizeof(float))))
         return fx__error(FX_ENOMEM, "bf16 training: cannot allocate %zu bytes of scratch", need * sizeof(float));
     m->bf16_ws_floats = need;
     return FX_OK;
@@ -76,7 +76,7 @@ int fx__gpt_set_bf16(fx__gpt *m, bool on)
        copy would not follow. */
     if (m->hooks.layer_params)
         return fx__error(FX_EUNSUPPORTED, "bf16 matrix products need the flat parameter buffer (not sharded training)");
-    if (!m->params16 && !(m->params16 = fx__alloc(m->lay.total * sizeof(uint16_t))))
+    if (!m->params16 && !(m->params16 = fx__alloc_huge(m->lay.total * sizeof(uint16_t))))
         return fx__error(FX_ENOMEM, "bf16 training: cannot allocate the weights' bfloat16 copy");
     fx__gpt_bf16_sync(m);
     return m->acts ? fx__gpt_bf16_ws_ensure(m) : FX_OK;

@@ -249,7 +249,7 @@ int fx__gpt_own_params(fx__gpt *m)
 {
     if (m->params || !m->mapped)
         return FX_OK;
-    float *p = fx__alloc(m->lay.total * sizeof(float));
+    float *p = fx__alloc_huge(m->lay.total * sizeof(float));
     if (!p)
         return FX_ENOMEM;
     for (size_t i = 0; i < m->lay.n; i++) {
@@ -271,7 +271,7 @@ int fx__gpt_new(fx__gpt **out, const fx__gpt_config *cfg)
     int rc = fx__gpt_shell(&m, cfg);
     if (rc)
         return rc;
-    if (!(m->params = fx__alloc(m->lay.total * sizeof(float)))) {
+    if (!(m->params = fx__alloc_huge(m->lay.total * sizeof(float)))) {
         fx__gpt_free(m);
         return FX_ENOMEM;
     }
@@ -334,7 +334,7 @@ int fx__gpt_alloc_grads(fx__gpt *m)
     if (m->grads)
         return FX_OK;
     size_t P = m->lay.total;
-    m->grads = fx__calloc(P, sizeof(float));
+    m->grads = fx__calloc_huge(P, sizeof(float));
     m->norm_parts = fx__calloc((P + FX__NORM_CHUNK - 1) / FX__NORM_CHUNK, sizeof(double));
     if (!m->grads || !m->norm_parts) {
         fx__free(m->grads), fx__free(m->norm_parts);
@@ -355,9 +355,9 @@ int fx__gpt_alloc_train(fx__gpt *m)
         return rc;
     size_t P = m->lay.total;
     if (m->adam_bf16)
-        m->adam16 = fx__calloc(2 * P, sizeof(uint16_t)); /* bfloat16 zero is all zero bits */
+        m->adam16 = fx__calloc_huge(2 * P, sizeof(uint16_t)); /* bfloat16 zero is all zero bits */
     else
-        m->adam = fx__calloc(2 * P, sizeof(float));
+        m->adam = fx__calloc_huge(2 * P, sizeof(float));
     return m->adam || m->adam16 ? FX_OK : FX_ENOMEM;
 }
 
@@ -458,7 +458,7 @@ int fx__gpt_set_batch(fx__gpt *m, int64_t B, int64_t T)
     fx__free(m->acts), fx__free(m->targets), fx__free(m->tokens), fx__free(m->doc);
     fx_block_mask_free(m->bmask);
     m->bmask = NULL;
-    m->acts = fx__alloc(need * sizeof(float));
+    m->acts = fx__alloc_huge(need * sizeof(float));
     m->targets = fx__alloc((size_t)(B * T) * sizeof(int64_t));
     m->tokens = fx__alloc((size_t)(B * T) * sizeof(int32_t));
     m->doc = fx__alloc((size_t)(B * T) * sizeof(int64_t));
