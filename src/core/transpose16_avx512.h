@@ -26,7 +26,7 @@ static inline __m512i fx__bf16_hi(__m512 f)
 
 /* r[i] word j <-> r[j] word i: 32-bit, then 64-bit interleaves within 128-bit lanes, then two
    rounds of 128-bit lane shuffles. */
-static inline void fx__transpose16(__m512i r[16])
+static inline __attribute__((always_inline)) void fx__transpose16(__m512i r[16])
 {
     __m512i t[16];
 #pragma GCC unroll 8
