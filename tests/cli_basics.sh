@@ -29,4 +29,5 @@ contains bad-int-msg "$tmp/err" "is not an integer"
 check bench-help 0 "$flexc" bench machine --help
 check bench-machine 0 "$flexc" bench machine --json --gemm 64
 contains machine-json "$tmp/out" '"fma_peak_gflops"'
+contains machine-json-sync "$tmp/out" '"barrier_us"'
 finish cli_basics

@@ -2,6 +2,8 @@
 #include "bench_util.h"
 #include "cli.h"
 
+#include <stdlib.h>
+
 int bench_machine(int argc, char **argv)
 {
     bool json = false;
@@ -20,13 +22,18 @@ int bench_machine(int argc, char **argv)
     double peak = bench_fma_peak_gflops();
     double triad = bench_triad_gbs();
     double sgemm = bench_sgemm_gflops(false, gemm, gemm, gemm), blis = bench_sgemm_gflops(true, gemm, gemm, gemm);
+    double region_us, barrier_us;
+    bench_sync_us(&region_us, &barrier_us);
     int threads = fx_get_num_threads();
     const char *isa = fx_isa_name(fx_get_isa());
+    const char *policy = getenv("OMP_WAIT_POLICY");
     if (json) {
         printf("{\"case\":\"machine\",\"threads\":%d,\"isa\":\"%s\",\"fma_peak_gflops\":%.1f,"
                "\"triad_gbs\":%.2f,\"sgemm_n\":%lld,\"sgemm_gflops\":%.1f,\"sgemm_peak_fraction\":%.3f,"
-               "\"blis_sgemm_gflops\":%.1f}\n",
-               threads, isa, peak, triad, (long long)gemm, sgemm, sgemm / peak, blis);
+               "\"blis_sgemm_gflops\":%.1f,\"omp_wait_policy\":\"%s\",\"parallel_region_us\":%.2f,"
+               "\"barrier_us\":%.2f}\n",
+               threads, isa, peak, triad, (long long)gemm, sgemm, sgemm / peak, blis, policy ? policy : "",
+               region_us, barrier_us);
     } else {
         printf("threads %d, path %s\n", threads, isa);
         printf("  fp32 FMA peak     %8.1f GFLOP/s\n", peak);
@@ -34,6 +41,8 @@ int bench_machine(int argc, char **argv)
         printf("  sgemm %lldx%lld    %8.1f GFLOP/s (%.0f%% of peak)\n", (long long)gemm, (long long)gemm, sgemm,
                100.0 * sgemm / peak);
         printf("  BLIS sgemm        %8.1f GFLOP/s (%.0f%% of peak, BLIS's own threads)\n", blis, 100.0 * blis / peak);
+        printf("  parallel region   %8.2f us, barrier %.2f us (OMP_WAIT_POLICY %s)\n", region_us, barrier_us,
+               policy ? policy : "unset");
     }
     return CLI_EXIT_OK;
 }

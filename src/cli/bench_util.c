@@ -105,6 +105,44 @@ double bench_fma_peak_gflops(void)
     return best;
 }
 
+/* Something for each thread to do that the compiler cannot drop. */
+static volatile int bench_sync_word;
+static void bench_sync_sink(int r)
+{
+    if (r < 0)
+        bench_sync_word = r;
+}
+
+void bench_sync_us(double *region_us, double *barrier_us)
+{
+    enum { REPS = 1000 };
+    double region = 1e30, barrier = 1e30;
+    if (fx_get_num_threads() < 2) {
+        *region_us = *barrier_us = 0.0;
+        return;
+    }
+    for (int run = 0; run < 5; run++) {
+        double t0 = fx__seconds();
+        for (int r = 0; r < REPS; r++) {
+#pragma omp parallel
+            {
+                bench_sync_sink(r);
+            }
+        }
+        double t1 = fx__seconds();
+#pragma omp parallel
+        for (int r = 0; r < REPS; r++) {
+            bench_sync_sink(r);
+#pragma omp barrier
+        }
+        double t2 = fx__seconds();
+        region = t1 - t0 < region ? t1 - t0 : region;
+        barrier = t2 - t1 < barrier ? t2 - t1 : barrier;
+    }
+    *region_us = region / REPS * 1e6;
+    *barrier_us = barrier / REPS * 1e6;
+}
+
 double bench_triad_gbs(void)
 {
     /* 3 x 64 MiB: far beyond any cache. */

@@ -28,6 +28,11 @@ double bench_time(bench_fn f, void *ctx, int reps);
 double bench_fma_peak_gflops(void);
 /* STREAM triad a[i] = b[i] + s*c[i] bandwidth in GB/s (3 x 4 bytes per element counted). */
 double bench_triad_gbs(void);
+/* What waking and joining flexc's threads costs, in microseconds: an empty parallel region,
+   and a barrier inside one (the best of 5 runs of 1000 each). With OMP_WAIT_POLICY=passive
+   each is a sleep and a wake-up of the threads; spinning threads make it a few cache misses.
+   0 for both on one thread. */
+void bench_sync_us(double *region_us, double *barrier_us);
 /* Median seconds of one float32 GEMM C[M,N] = op(A) op(B) of random operands after a warm-up:
    the library's own (fx__sgemm, on flexc's threads), or, with blis, one BLIS call on BLIS's
    own threads (its default settings, flexc's thread count); -1 when the operands cannot be
