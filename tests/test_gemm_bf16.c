@@ -281,35 +281,42 @@ static void gemm_forced_f32(const void *ctx, bool ta, bool tb, int64_t M, int64_
 /* The float32 route (fx__bf16_tiled_f32), forced whatever path the CPU takes: against the
    float64 sums of the rounded inputs, and bitwise equal to the operands widened by hand
    (fx__bf16_pack) and multiplied by fx__sgemm, for every operand kind and transpose, at
-   shapes whose K spans several of the float32 GEMM's blocks of k, and one whose packed
-   panels would not fit the scratch (M = N = 1: the widened copies instead). On the AVX-512
-   path the route reads the operands in the float32 GEMM's own packing; the values, and so
-   the bits, must be those of the widened copies. */
+   shapes whose K spans several of the float32 GEMM's blocks of k, one with a single row
+   and column (panels mostly padding), on the CPU's path and on the AVX2 one. On the
+   AVX-512 path the route reads the operands in the float32 GEMM's own packing (the scratch
+   always holds its blocks); the values, and so the bits, must be those of the widened
+   copies. On AVX2 it widens them itself. */
 static void test_gemm_bf16_f32_route(void)
 {
     const int64_t shapes[][3] = {{37, 29, 53}, {1, 1, 300}, {130, 70, 2 * FX__SG_KC + 13}, {3, 97, 17}};
     reference_sweep("fx__gemm_bf16 (float32 route)", gemm_forced_f32, NULL, shapes, sizeof shapes / sizeof shapes[0],
                     false);
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
-        for (int t = 0; t < 8; t++) {
-            const bool ta = t & 1, tb = t & 2, a_bf16 = t & 4;
-            operand A = operand_new(ta ? K : M, ta ? M : K, ta ? M : K, 40 + s);
-            operand B = operand_new(tb ? N : K, tb ? K : N, tb ? K : N, 50 + s);
-            const fx__bf16_mat a = a_bf16 ? fx__bf16_of(A.h) : fx__bf16_of_f32(A.f);
-            const fx__bf16_mat b = a_bf16 ? fx__bf16_of_f32(B.f) : fx__bf16_of(B.h);
-            float *aw = malloc((size_t)(M * K) * sizeof(float)), *bw = malloc((size_t)(K * N) * sizeof(float));
-            float *C = fxt_guarded((size_t)(M * N)), *W = fxt_guarded((size_t)(M * N));
-            fx__bf16_pack(aw, a, A.rows, A.cols, A.ld);
-            fx__bf16_pack(bw, b, B.rows, B.cols, B.ld);
-            fx__sgemm(ta, tb, M, N, K, 1.0f, aw, A.cols, bw, B.cols, 0.0f, W, N);
-            gemm_forced_f32(NULL, ta, tb, M, N, K, a, A.ld, b, B.ld, 0.0f, C, N);
-            fxt_bitwise_f32("float32 route vs widened operands", C, W, (size_t)(M * N));
-            fxt_guarded_free("C", C), fxt_guarded_free("W", W);
-            free(aw), free(bw);
-            operand_free(&A), operand_free(&B);
+    const fx_isa best = fx_get_isa(), isas[] = {best, FX_ISA_AVX2};
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if ((i > 0 && isas[i] == best) || fx_set_isa(isas[i]) != FX_OK)
+            continue;
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            const int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+            for (int t = 0; t < 8; t++) {
+                const bool ta = t & 1, tb = t & 2, a_bf16 = t & 4;
+                operand A = operand_new(ta ? K : M, ta ? M : K, ta ? M : K, 40 + s);
+                operand B = operand_new(tb ? N : K, tb ? K : N, tb ? K : N, 50 + s);
+                const fx__bf16_mat a = a_bf16 ? fx__bf16_of(A.h) : fx__bf16_of_f32(A.f);
+                const fx__bf16_mat b = a_bf16 ? fx__bf16_of_f32(B.f) : fx__bf16_of(B.h);
+                float *aw = malloc((size_t)(M * K) * sizeof(float)), *bw = malloc((size_t)(K * N) * sizeof(float));
+                float *C = fxt_guarded((size_t)(M * N)), *W = fxt_guarded((size_t)(M * N));
+                fx__bf16_pack(aw, a, A.rows, A.cols, A.ld);
+                fx__bf16_pack(bw, b, B.rows, B.cols, B.ld);
+                fx__sgemm(ta, tb, M, N, K, 1.0f, aw, A.cols, bw, B.cols, 0.0f, W, N);
+                gemm_forced_f32(NULL, ta, tb, M, N, K, a, A.ld, b, B.ld, 0.0f, C, N);
+                fxt_bitwise_f32("float32 route vs widened operands", C, W, (size_t)(M * N));
+                fxt_guarded_free("C", C), fxt_guarded_free("W", W);
+                free(aw), free(bw);
+                operand_free(&A), operand_free(&B);
+            }
         }
     }
+    fx_set_isa(best);
 }
 
 /* The float32 GEMM's packing of bfloat16 operands (sgemm.h's fx__sgemm_mat): the AVX-512 loop

@@ -74,7 +74,10 @@ void fx__bf16_pack(float *dst, fx__bf16_mat src, int64_t rows, int64_t cols, int
 
 size_t fx__gemm_bf16_ws(int64_t M, int64_t N, int64_t K)
 {
-    return (size_t)M * (size_t)K + (size_t)K * (size_t)N;
+    /* The widened operands, or the float32 route's packed blocks where their panels' padding
+       makes those more, so that the route never depends on the shape's rounding. */
+    const size_t widened = (size_t)M * (size_t)K + (size_t)K * (size_t)N, packed = fx__sgemm_tiled_ws(M, N, K);
+    return widened > packed ? widened : packed;
 }
 
 /* The path the tests force (fx__gemm_bf16_force_tiled); NULL: the CPU's. */

@@ -48,7 +48,8 @@ typedef struct fx__bf16_mat {
 static inline fx__bf16_mat fx__bf16_of(const uint16_t *p) { return (fx__bf16_mat){p, true}; }
 static inline fx__bf16_mat fx__bf16_of_f32(const float *p) { return (fx__bf16_mat){p, false}; }
 
-/* Floats of scratch fx__gemm_bf16 needs for (M, N, K): M*K + K*N. */
+/* Floats of scratch fx__gemm_bf16 needs for (M, N, K): M*K + K*N, or the float32 GEMM's
+   packed blocks (sgemm.h) where their padding makes those more. */
 size_t fx__gemm_bf16_ws(int64_t M, int64_t N, int64_t K);
 
 /* Row-major C[M,N] = op(A)[M,K] op(B)[K,N] + beta * C (beta 0 overwrites C, NaN included), A and
