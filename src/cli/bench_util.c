@@ -105,7 +105,7 @@ double bench_fma_peak_gflops(void)
     return best;
 }
 
-/* Something for each thread to do that the compiler cannot drop. */
+/* Something for each thread to do that the compiler cannot drop (GCC drops an empty region). */
 static volatile int bench_sync_word;
 static void bench_sync_sink(int r)
 {

@@ -41,7 +41,8 @@ void *fx__alloc(size_t n)
     return base + FX__ALIGN;
 }
 
-void *fx__calloc(size_t count, size_t size)
+/* fx__calloc, advised for huge pages first (fx__advise_huge_pages) when huge. */
+static void *fx__calloc_as(size_t count, size_t size, bool huge)
 {
     size_t n;
     if (!fx__mul_size(count, size, &n)) {
@@ -49,10 +50,14 @@ void *fx__calloc(size_t count, size_t size)
         return NULL;
     }
     void *p = fx__alloc(n);
+    if (huge)
+        fx__advise_huge_pages(p, n);
     if (p)
         memset(p, 0, n);
     return p;
 }
+
+void *fx__calloc(size_t count, size_t size) { return fx__calloc_as(count, size, false); }
 
 void fx__free(void *p)
 {
@@ -96,15 +101,4 @@ void *fx__alloc_huge(size_t n)
     return p;
 }
 
-void *fx__calloc_huge(size_t count, size_t size)
-{
-    size_t n;
-    if (!fx__mul_size(count, size, &n)) {
-        fx__error(FX_ENOMEM, "allocation of %zu x %zu bytes overflows", count, size);
-        return NULL;
-    }
-    void *p = fx__alloc_huge(n);
-    if (p)
-        memset(p, 0, n);
-    return p;
-}
+void *fx__calloc_huge(size_t count, size_t size) { return fx__calloc_as(count, size, true); }

@@ -118,12 +118,12 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
         return;
     }
     /* Otherwise float32 products of the bfloat16 values. On the AVX-512 path the float32
-       GEMM's packing reads the operands as they are (sgemm.h: one block of k at a time);
-       elsewhere, or where that scratch would not fit, they are widened into ws first and
+       GEMM's packing reads the operands as they are (sgemm.h: one block of k at a time; ws
+       holds its blocks, fx__gemm_bf16_ws); elsewhere they are widened into ws first and
        multiplied by fx__sgemm, keeping their stored orientation. Both give the same bits:
        the same values through the same tiled GEMM on AVX-512, BLIS on the other paths. */
     const fx__sgemm_elem ea = A.bf16 ? FX__SG_BF16 : FX__SG_F32_AS_BF16, eb = B.bf16 ? FX__SG_BF16 : FX__SG_F32_AS_BF16;
-    if (fx__isa() == FX_ISA_AVX512 && fx__sgemm_tiled_ws(M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
+    if (fx__isa() == FX_ISA_AVX512) {
         fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, 1.0f, (fx__sgemm_mat){A.p, ea}, lda,
                         (fx__sgemm_mat){B.p, eb}, ldb, beta, C, ldc, ws);
         return;

@@ -8,7 +8,7 @@
 #include <string.h>
 
 /* Channels per task when a reduction runs over tokens: each task owns a slice of channels
-   and walks the tokens in order. A multiple of 16 (the AVX-512 RMSNorm's vectors). */
+   and walks the tokens in order. */
 enum { FX__CBLOCK = 64 };
 
 /* ---- RMSNorm --------------------------------------------------------------------------- */
@@ -169,40 +169,25 @@ void fx__rope_rows(float *rope, int64_t t0, int64_t t1, const double *freq, int6
         }
 }
 
-/* One token's H heads: x's row (token-major) to rows T apart in out (head-major), rotated by
-   the table's row cs, or copied when cs is NULL; and back. */
-static void rope_token_fwd(float *out, int64_t T, const float *x, const float *cs, int64_t H, int64_t hd)
+/* One token's H heads of hd floats, head h at src + h * src_step to dst + h * dst_step:
+   rotated by the table's row cs, the sine taken with sign sg (+1: RoPE; -1: its transpose,
+   the backward pass), or copied when cs is NULL. Between a token-major row (heads hd apart)
+   and the head-major layout (heads T * hd apart), either way. */
+static void rope_heads(float *dst, int64_t dst_step, const float *src, int64_t src_step, const float *cs, float sg,
+                       int64_t H, int64_t hd)
 {
     for (int64_t h = 0; h < H; h++) {
-        const float *src = x + h * hd;
-        float *dst = out + h * T * hd;
+        const float *x = src + h * src_step;
+        float *y = dst + h * dst_step;
         if (!cs) {
-            memcpy(dst, src, (size_t)hd * sizeof(float));
+            memcpy(y, x, (size_t)hd * sizeof(float));
             continue;
         }
         for (int64_t i = 0; i < hd / 2; i++) {
-            float c = cs[2 * i], s = cs[2 * i + 1];
-            float x0 = src[2 * i], x1 = src[2 * i + 1];
-            dst[2 * i] = x0 * c - x1 * s;
-            dst[2 * i + 1] = x0 * s + x1 * c;
-        }
-    }
-}
-
-static void rope_token_bwd(float *dx, const float *dout, int64_t T, const float *cs, int64_t H, int64_t hd)
-{
-    for (int64_t h = 0; h < H; h++) {
-        const float *src = dout + h * T * hd;
-        float *dst = dx + h * hd;
-        if (!cs) {
-            memcpy(dst, src, (size_t)hd * sizeof(float));
-            continue;
-        }
-        for (int64_t i = 0; i < hd / 2; i++) {
-            float c = cs[2 * i], s = cs[2 * i + 1];
-            float d0 = src[2 * i], d1 = src[2 * i + 1];
-            dst[2 * i] = d0 * c + d1 * s;
-            dst[2 * i + 1] = -d0 * s + d1 * c;
+            float c = cs[2 * i], s = sg * cs[2 * i + 1];
+            float x0 = x[2 * i], x1 = x[2 * i + 1];
+            y[2 * i] = x0 * c - x1 * s;
+            y[2 * i + 1] = x0 * s + x1 * c;
         }
     }
 }
@@ -213,7 +198,7 @@ void fx__rope_forward(float *out, const float *x, int64_t ldx, const float *rope
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t b = bt / T, t = bt % T;
-        rope_token_fwd(out + (b * H * T + t) * hd, T, x + bt * ldx, rope + (pos0 + t) * hd, H, hd);
+        rope_heads(out + (b * H * T + t) * hd, T * hd, x + bt * ldx, hd, rope + (pos0 + t) * hd, 1.0f, H, hd);
     }
 }
 
@@ -223,7 +208,7 @@ void fx__rope_backward(float *dx, int64_t ldx, const float *dout, const float *r
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t b = bt / T, t = bt % T;
-        rope_token_bwd(dx + bt * ldx, dout + (b * H * T + t) * hd, T, rope + t * hd, H, hd);
+        rope_heads(dx + bt * ldx, hd, dout + (b * H * T + t) * hd, T * hd, rope + t * hd, -1.0f, H, hd);
     }
 }
 
@@ -232,7 +217,7 @@ void fx__to_heads(float *out, const float *x, int64_t ldx, int64_t B, int64_t T,
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t b = bt / T, t = bt % T;
-        rope_token_fwd(out + (b * H * T + t) * hd, T, x + bt * ldx, NULL, H, hd);
+        rope_heads(out + (b * H * T + t) * hd, T * hd, x + bt * ldx, hd, NULL, 1.0f, H, hd);
     }
 }
 
@@ -241,7 +226,7 @@ void fx__from_heads(float *out, int64_t ldo, const float *x, int64_t B, int64_t 
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t b = bt / T, t = bt % T;
-        rope_token_bwd(out + bt * ldo, x + (b * H * T + t) * hd, T, NULL, H, hd);
+        rope_heads(out + bt * ldo, hd, x + (b * H * T + t) * hd, T * hd, NULL, -1.0f, H, hd);
     }
 }
 
@@ -253,9 +238,9 @@ void fx__qkv_to_heads(float *q, float *k, float *v, const float *qkv, const floa
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t b = bt / T, t = bt % T;
         const float *row = qkv + bt * ld, *cs = rope + t * hd;
-        rope_token_fwd(q + (b * Hq * T + t) * hd, T, row, cs, Hq, hd);
-        rope_token_fwd(k + (b * Hkv * T + t) * hd, T, row + Hq * hd, cs, Hkv, hd);
-        rope_token_fwd(v + (b * Hkv * T + t) * hd, T, row + (Hq + Hkv) * hd, NULL, Hkv, hd);
+        rope_heads(q + (b * Hq * T + t) * hd, T * hd, row, hd, cs, 1.0f, Hq, hd);
+        rope_heads(k + (b * Hkv * T + t) * hd, T * hd, row + Hq * hd, hd, cs, 1.0f, Hkv, hd);
+        rope_heads(v + (b * Hkv * T + t) * hd, T * hd, row + (Hq + Hkv) * hd, hd, NULL, 1.0f, Hkv, hd);
     }
 }
 
@@ -268,9 +253,9 @@ void fx__qkv_from_heads(float *dqkv, const float *dq, const float *dk, const flo
         const int64_t b = bt / T, t = bt % T;
         float *row = dqkv + bt * ld;
         const float *cs = rope + t * hd;
-        rope_token_bwd(row, dq + (b * Hq * T + t) * hd, T, cs, Hq, hd);
-        rope_token_bwd(row + Hq * hd, dk + (b * Hkv * T + t) * hd, T, cs, Hkv, hd);
-        rope_token_bwd(row + (Hq + Hkv) * hd, dv + (b * Hkv * T + t) * hd, T, NULL, Hkv, hd);
+        rope_heads(row, hd, dq + (b * Hq * T + t) * hd, T * hd, cs, -1.0f, Hq, hd);
+        rope_heads(row + Hq * hd, hd, dk + (b * Hkv * T + t) * hd, T * hd, cs, -1.0f, Hkv, hd);
+        rope_heads(row + (Hq + Hkv) * hd, hd, dv + (b * Hkv * T + t) * hd, T * hd, NULL, -1.0f, Hkv, hd);
     }
 }
 
