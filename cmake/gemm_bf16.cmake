@@ -4,7 +4,7 @@
 include(CheckIncludeFile)
 check_include_file(simde/x86/avx512.h FLEXC_HAVE_SIMDE)
 if(FLEXC_HAVE_SIMDE)
-  foreach(t test_gemm_bf16 test_model) # test_model: a bf16 training step on that path
+  foreach(t test_gemm_bf16 test_model test_lce) # test_model: a bf16 step on that path; test_lce: the loss
     target_sources(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests/gemm_bf16_simde.c)
     target_compile_definitions(${t} PRIVATE FXT_HAVE_SIMDE)
   endforeach()

@@ -439,12 +439,17 @@ static void test_tied_weight(void)
     problem_free(&pr);
 }
 
-/* The bf16 training call (fx__linear_cross_entropy_bf16): with bfloat16 inputs, the loss and
-   lse are bitwise the float32 call's, and the gradients are those of the logits' gradient
-   rounded to bfloat16: against a float64 reference that rounds its own gradient the same
-   way, within TOL of the largest value, plus, for a term whose gradient lies within 1e-5
-   of a rounding midpoint (float32 and float64 may round it apart), one bfloat16 step of it.
-   The float32 call's gradients must miss that reference, so the check can fail. */
+/* The bf16 training call (fx__linear_cross_entropy_bf16) with bfloat16 inputs, on each route
+   of its products: float32 products of the bfloat16 values (the float32 call's kernels: the
+   loss and lse bitwise the float32 call's), and the tile kernel of a path that packs pairs
+   (vdpbf16ps: SIMDe's portable build of the kernel on any CPU, the library's own where the CPU
+   has the instruction; its sums are in another order, so the loss is the float32 call's
+   within rounding). On both, the gradients are those of the logits' gradient rounded to
+   bfloat16: against a float64 reference that rounds its own gradient the same way, within
+   TOL of the largest value, plus, for a term whose gradient lies within 1e-5 of a rounding
+   midpoint (float32 and float64 may round it apart), one bfloat16 step of it. The float32
+   call's gradients must miss that reference, so the check can fail. Each route bitwise the
+   same at 1, 2 and 3 threads in whole-row, chunked and tiled (slabbed) plans, odd sizes. */
 static bool bf16_close(const char *what, const float *got, const double *ref, const double *amb, int64_t rows,
                        int64_t cols)
 {
@@ -461,30 +466,35 @@ static bool bf16_close(const char *what, const float *got, const double *ref, co
     return true;
 }
 
-static void test_bf16_call(void)
+#ifdef FXT_HAVE_SIMDE
+void fxt_bf16_dp_kernel_simde(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
+                              int64_t mr, int64_t nr);
+#endif
+static _Atomic long dp_calls; /* calls of the counting kernel: the route was taken */
+
+static void counting_dp_kernel(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C,
+                               int64_t ldc, int64_t mr, int64_t nr)
 {
-    problem pr = problem_make(24, 16, 300, 1.0f, false, 0, 800);
-    const int64_t N = pr.p.N, D = pr.p.D, V = pr.p.V;
-    for (int64_t i = 0; i < N * D; i++)
-        pr.h[i] = fx__bf16_round(pr.h[i]);
-    for (int64_t i = 0; i < V * D; i++)
-        pr.w[i] = fx__bf16_round(pr.w[i]);
-    outputs a = outputs_make(&pr), b = outputs_make(&pr);
-    memset(a.dw, 0, (size_t)(V * D) * sizeof(float)), memset(b.dw, 0, (size_t)(V * D) * sizeof(float));
-    FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, pr.h, pr.w, NULL, pr.t, a.loss, a.lse, a.dh, a.dw, NULL));
-    FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, b.loss, b.lse, b.dh, b.dw, NULL));
-    fxt_bitwise_f32("bf16 loss", a.loss, b.loss, 1);
-    fxt_bitwise_f32("bf16 lse", a.lse, b.lse, (size_t)N);
-    /* The reference, its token gradients rounded to bfloat16 (|h|, |w| <= 1 bound a term). */
-    double *dh = fxt_alloc_f64(N * D), *dw = fxt_alloc_f64(V * D), *gz = fxt_alloc_f64(V), *zb = fxt_alloc_f64(V);
-    double *amb_h = fxt_alloc_f64(N), *amb_w = fxt_alloc_f64(V), lse;
+    dp_calls++;
+#ifdef FXT_HAVE_SIMDE
+    fxt_bf16_dp_kernel_simde(pairs, a, b, beta, C, ldc, mr, nr);
+#else
+    fx__bf16_dp_kernel_avx512bf16(pairs, a, b, beta, C, ldc, mr, nr);
+#endif
+}
+
+/* The bfloat16-rounded reference's dh and dw, and the rounding-midpoint allowances. */
+static void bf16_reference(const problem *pr, double *dh, double *dw, double *amb_h, double *amb_w)
+{
+    const int64_t N = pr->p.N, D = pr->p.D, V = pr->p.V;
+    double *gz = fxt_alloc_f64(V), *zb = fxt_alloc_f64(V), lse;
     int64_t nv = 0;
     for (int64_t i = 0; i < N; i++)
-        nv += pr.t[i] != pr.p.ignore_index;
+        nv += pr->t[i] != pr->p.ignore_index;
     for (int64_t i = 0; i < N; i++) {
         for (int64_t j = 0; j < V; j++)
             gz[j] = 0.0;
-        ref_token(&pr.p, pr.h, pr.w, NULL, i, pr.t[i], 1.0 / (double)nv, &lse, gz, zb);
+        ref_token(&pr->p, pr->h, pr->w, NULL, i, pr->t[i], 1.0 / (double)nv, &lse, gz, zb);
         for (int64_t j = 0; j < V; j++) {
             double g = fx__bf16_round((float)gz[j]);
             if (fx__bf16_round((float)(gz[j] * (1 + 1e-5))) != fx__bf16_round((float)(gz[j] * (1 - 1e-5)))) {
@@ -492,22 +502,86 @@ static void test_bf16_call(void)
                 amb_w[j] += fabs(g) / 128.0;
             }
             for (int64_t k = 0; k < D; k++) {
-                dh[i * D + k] += g * pr.w[j * D + k];
-                dw[j * D + k] += g * pr.h[i * D + k];
+                dh[i * D + k] += g * pr->w[j * D + k];
+                dw[j * D + k] += g * pr->h[i * D + k];
             }
         }
     }
-    bf16_close("bf16 dh", a.dh, dh, amb_h, N, D);
-    bf16_close("bf16 dw", a.dw, dw, amb_w, V, D);
-    /* The float32 call's dh must fail the same check (without the midpoint allowance). */
-    double miss = 0.0;
+    free(gz), free(zb);
+}
+
+static void test_bf16_call(void)
+{
+    problem pr = problem_make(29, 37, 1500, 1.0f, false, 0, 800);
+    const int64_t N = pr.p.N, D = pr.p.D, V = pr.p.V;
     for (int64_t i = 0; i < N * D; i++)
-        miss = fabs(b.dh[i] - dh[i]) > miss ? fabs(b.dh[i] - dh[i]) : miss;
-    if (!(miss > 10 * TOL * max_abs(dh, (size_t)(N * D))))
-        FXT_FAIL("the float32 call's dh is within 10x the tolerance of the bf16 reference (largest error %.3g): "
-                 "the check cannot tell them apart", miss);
-    free(dh), free(dw), free(gz), free(zb), free(amb_h), free(amb_w);
-    outputs_free(&a), outputs_free(&b);
+        pr.h[i] = fx__bf16_round(pr.h[i]);
+    for (int64_t i = 0; i < V * D; i++)
+        pr.w[i] = fx__bf16_round(pr.w[i]);
+    double *dh = fxt_alloc_f64(N * D), *dw = fxt_alloc_f64(V * D), *amb_h = fxt_alloc_f64(N), *amb_w = fxt_alloc_f64(V);
+    bf16_reference(&pr, dh, dw, amb_h, amb_w);
+
+    fx__bf16_tiled routes[3] = {fx__bf16_tiled_f32, fx__bf16_tiled_dp, fx__bf16_tiled_dp};
+    const char *names[3] = {"float32 route", "vdpbf16ps (counted)", "vdpbf16ps (AVX512-BF16)"};
+    routes[1].kernel = counting_dp_kernel;
+    int nroutes = fx__cpu_avx512bf16() ? 3 : 2;
+#ifndef FXT_HAVE_SIMDE
+    if (nroutes == 2) {
+        fprintf(stderr, "  (no SIMDe and no AVX512-BF16: the bf16 call's pair route is not tested)\n");
+        nroutes = 1;
+    }
+#endif
+    const int64_t plans[][2] = {{0, 0}, {13, 0}, {13, 1100}}; /* whole rows; chunks; tiles in slabs */
+    const int threads0 = fx_get_num_threads();
+    for (int r = 0; r < nroutes; r++)
+        for (size_t pl = 0; pl < 3; pl++) {
+            pr.p.chunk = plans[pl][0], pr.p.vocab_chunk = plans[pl][1];
+            fx__gemm_bf16_force_tiled(&routes[r]);
+            outputs o[3];
+            dp_calls = 0;
+            for (int th = 0; th < 3; th++) {
+                fx_set_num_threads(th + 1);
+                o[th] = outputs_make(&pr);
+                memset(o[th].dw, 0, (size_t)(V * D) * sizeof(float));
+                FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, pr.h, pr.w, NULL, pr.t, o[th].loss, o[th].lse, o[th].dh,
+                                                     o[th].dw, NULL));
+            }
+            fx__gemm_bf16_force_tiled(NULL);
+            fx_set_num_threads(threads0);
+            if (r == 1 && dp_calls == 0)
+                FXT_FAIL("%s: the tile kernel was never called", names[r]);
+            for (int th = 1; th < 3; th++) {
+                fxt_bitwise_f32("bf16 loss, 1 vs 2, 3 threads", o[0].loss, o[th].loss, 1);
+                fxt_bitwise_f32("bf16 lse, 1 vs 2, 3 threads", o[0].lse, o[th].lse, (size_t)N);
+                fxt_bitwise_f32("bf16 dh, 1 vs 2, 3 threads", o[0].dh, o[th].dh, (size_t)(N * D));
+                fxt_bitwise_f32("bf16 dw, 1 vs 2, 3 threads", o[0].dw, o[th].dw, (size_t)(V * D));
+            }
+            outputs b = outputs_make(&pr);
+            FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, b.loss, b.lse, b.dh, b.dw, NULL));
+            if (r == 0) {
+                fxt_bitwise_f32("bf16 loss (float32 route)", o[0].loss, b.loss, 1);
+                fxt_bitwise_f32("bf16 lse (float32 route)", o[0].lse, b.lse, (size_t)N);
+            } else {
+                FXT_NEAR(o[0].loss[0], b.loss[0], 0, 1e-6);
+                for (int64_t i = 0; i < N; i++)
+                    FXT_NEAR(o[0].lse[i], b.lse[i], 0, 1e-6);
+            }
+            if (!bf16_close(names[r], o[0].dh, dh, amb_h, N, D) || !bf16_close(names[r], o[0].dw, dw, amb_w, V, D))
+                fprintf(stderr, "  (%s, plan %zu)\n", names[r], pl);
+            if (r == 0 && pl == 0) {
+                /* The float32 call's dh must fail the same check (without the midpoint allowance). */
+                double miss = 0.0;
+                for (int64_t i = 0; i < N * D; i++)
+                    miss = fabs(b.dh[i] - dh[i]) > miss ? fabs(b.dh[i] - dh[i]) : miss;
+                if (!(miss > 10 * TOL * max_abs(dh, (size_t)(N * D))))
+                    FXT_FAIL("the float32 call's dh is within 10x the tolerance of the bf16 reference (largest "
+                             "error %.3g): the check cannot tell them apart", miss);
+            }
+            outputs_free(&b);
+            for (int th = 0; th < 3; th++)
+                outputs_free(&o[th]);
+        }
+    free(dh), free(dw), free(amb_h), free(amb_w);
     problem_free(&pr);
 }
 

@@ -99,6 +99,16 @@ const fx__bf16_tiled *fx__gemm_bf16_cpu_path(void)
     return &fx__bf16_tiled_f32;
 }
 
+const fx__bf16_tiled *fx__gemm_bf16_path(void)
+{
+#ifdef FLEXC_REFERENCE_KERNELS
+    return &fx__bf16_tiled_f32;
+#else
+    const fx__bf16_tiled *t = atomic_load(&fx__bf16_forced);
+    return t ? t : fx__gemm_bf16_cpu_path();
+#endif
+}
+
 void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
                    int64_t ldb, float beta, float *C, int64_t ldc, float *ws)
 {
@@ -108,9 +118,7 @@ void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_m
 #else
     if (M == 0 || N == 0)
         return;
-    const fx__bf16_tiled *t = atomic_load(&fx__bf16_forced);
-    if (!t)
-        t = fx__gemm_bf16_cpu_path();
+    const fx__bf16_tiled *t = fx__gemm_bf16_path();
     /* AMX or vdpbf16ps multiply the bfloat16 pairs directly where their packed operands fit
        (about half the widened ones' room, plus the panels' padding). */
     if (t->kernel && fx__bf16_tiled_words(t, M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {

@@ -106,6 +106,10 @@ extern const fx__bf16_tiled fx__bf16_tiled_dp, fx__bf16_tiled_amx, fx__bf16_tile
 /* The path fx__gemm_bf16 takes on this CPU when none is forced. */
 const fx__bf16_tiled *fx__gemm_bf16_cpu_path(void);
 
+/* The path fx__gemm_bf16 takes now: the forced one, else the CPU's (the float32 route in a
+   build with FLEXC_REFERENCE_KERNELS). */
+const fx__bf16_tiled *fx__gemm_bf16_path(void);
+
 /* Tests and benchmarks: every later fx__gemm_bf16 takes path t (the tiled ones where their
    packed operands fit ws), whatever the CPU has; NULL restores the CPU's choice. Not for use
    inside a parallel region. */

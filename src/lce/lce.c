@@ -414,6 +414,7 @@ typedef struct lce_call {
     bool blas;                 /* the GEMMs go to BLAS (a path without GEMM kernels) */
     bool round_g;              /* bf16 training: the logits' gradient rounded to bfloat16 before
                                   the dw and dh products (fx__linear_cross_entropy_bf16) */
+    fx__lce_dp dp;             /* bf16 training on a pair-by-pair path: the products (dp.t set) */
 } lce_call;
 
 /* Column blocks of dh on the BLAS path: a fixed count (at most 4, widths multiples of 16),
@@ -435,7 +436,9 @@ static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v
     const fx_lce *p = k->p;
     const int64_t D = p->D, j0 = b * k->blk, n = lce_min64(k->blk, vb - j0);
     float *Z = k->zt + j0 * c;
-    if (k->blas)
+    if (k->dp.t)
+        fx__lce_dp_logits(&k->dp, n, k->w + (v0 + j0) * D, Z, c);
+    else if (k->blas)
         lce_sgemm(false, true, n, c, D, k->w + (v0 + j0) * D, D, k->h + n0 * D, D, 0.0f, Z, c);
     else
         k->kern->logits(n, c, D, k->w + (v0 + j0) * D, k->hT, k->cs, Z, c);
@@ -502,7 +505,9 @@ static void lce_block_grad(const lce_call *k, int64_t n0, int64_t c, int64_t v0,
         for (int64_t i = 0; i < n * c; i++)
             G[i] = fx__bf16_round(G[i]);
     if (k->dw) {
-        if (k->blas)
+        if (k->dp.t)
+            fx__lce_dp_dw(&k->dp, n, G, c, k->dw + (v0 + j0) * D);
+        else if (k->blas)
             lce_sgemm(false, false, n, D, c, G, c, k->h + n0 * D, D, 1.0f, k->dw + (v0 + j0) * D, D);
         else
             k->kern->dw(n, c, D, G, c, k->h + n0 * D, k->dw + (v0 + j0) * D);
@@ -565,6 +570,16 @@ static void lce_thread_range(int64_t n, int64_t *lo, int64_t *hi)
     *hi = lce_min64(n, units * (t + 1) / nt * 16);
 }
 
+/* dh[:, d0:d1] (+)= the gradients g [nj, c] (rows c apart) times nj rows of w. */
+static void lce_dh(const lce_call *k, int64_t nj, int64_t c, int64_t d0, int64_t d1, const float *g, const float *w,
+                   float *dh, bool accumulate)
+{
+    if (k->dp.t)
+        fx__lce_dp_dh(&k->dp, nj, d0, d1, g, c, w, dh, accumulate);
+    else
+        k->kern->dh(nj, c, k->p->D, d0, d1, g, c, w, dh, accumulate);
+}
+
 /* Gradients of tile [v0, v0+vb) of chunk [n0, n0+c): recomputed logits unless resident,
    then dw and dbias per vocabulary block, and dh (+)= G w[v0:v0+vb] (overwritten by the
    first tile), w's rows taken in order for every element. Called by every thread of a
@@ -591,8 +606,8 @@ static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t 
         lce_thread_range(D, &d0, &d1);
         if (d0 < d1) {
             for (int64_t j0 = 0; j0 < vb; j0 += LCE_DH_ROWS)
-                k->kern->dh(lce_min64(LCE_DH_ROWS, vb - j0), c, D, d0, d1, k->zt + j0 * c, c,
-                           k->w + (v0 + j0) * D, k->dh + n0 * D, v0 + j0 > 0);
+                lce_dh(k, lce_min64(LCE_DH_ROWS, vb - j0), c, d0, d1, k->zt + j0 * c, k->w + (v0 + j0) * D,
+                       k->dh + n0 * D, v0 + j0 > 0);
         }
 #pragma omp barrier
     }
@@ -628,8 +643,8 @@ static void lce_slab_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t 
                 lce_sgemm(true, false, c, D, n, G, c, k->w + (v0 + j0) * D, D, first ? 0.0f : 1.0f, dh, D);
             } else {
                 for (int64_t i = 0; i < n; i += LCE_DH_ROWS)
-                    k->kern->dh(lce_min64(LCE_DH_ROWS, n - i), c, D, 0, D, G + i * c, c, k->w + (v0 + j0 + i) * D,
-                               dh, !first || i > 0);
+                    lce_dh(k, lce_min64(LCE_DH_ROWS, n - i), c, 0, D, G + i * c, k->w + (v0 + j0 + i) * D, dh,
+                           !first || i > 0);
             }
             first = false;
         }
@@ -687,10 +702,23 @@ static int lce_run(lce_call *k)
     size_t bytes;
     lce_plan(p, &k->C, &k->Vb, &bytes);
     k->blk = lce_vblock(k->Vb, V);
-    unsigned char *scratch = bytes == SIZE_MAX ? NULL : fx__alloc(bytes);
+    size_t dp_bytes = 0;
+    if (k->dp.t) {
+#ifdef _OPENMP
+        const int threads = omp_get_max_threads();
+#else
+        const int threads = 1;
+#endif
+        k->dp = fx__lce_dp_plan(k->dp.t, k->C, D, LCE_DH_ROWS, threads);
+        dp_bytes = lce_al(fx__lce_dp_words(&k->dp) * sizeof(uint32_t));
+    }
+    const size_t all = bytes == SIZE_MAX ? SIZE_MAX : lce_al(bytes) + dp_bytes;
+    unsigned char *scratch = all == SIZE_MAX ? NULL : fx__alloc(all);
     if (!scratch)
         return fx__error(FX_ENOMEM, "fused cross-entropy: cannot allocate %zu bytes of scratch (chunk %lld x %lld)",
-                         bytes, (long long)k->C, (long long)k->Vb);
+                         all, (long long)k->C, (long long)k->Vb);
+    if (k->dp.t)
+        fx__lce_dp_bind(&k->dp, (uint32_t *)(scratch + lce_al(bytes)));
     const lce_layout lay = lce_layout_of(k->C, k->Vb, D, V);
     const int64_t nbmax = lce_stat_blocks(k->Vb, V);
     k->cs = (k->C + 15) / 16 * 16;
@@ -736,7 +764,9 @@ static int lce_run(lce_call *k)
                 memset(k->dh + n0 * D, 0, (size_t)(c * D) * sizeof(float));
             continue;
         }
-        if (!k->blas)
+        if (k->dp.t)
+            fx__lce_dp_pack_h(&k->dp, k->h + n0 * D, c);
+        else if (!k->blas)
             lce_pack_h(k, n0, c);
         if (forward) {
             lce_chunk_stats(k, n0, c);
@@ -833,6 +863,14 @@ int fx__lce_check_inputs(const fx_lce *p, const float *h, const float *w, const 
     return FX_OK;
 }
 
+/* The bf16 call's products: in bfloat16 pairs on a path that packs its panels pair by pair
+   (vdpbf16ps), else float32 products of the bfloat16 values by the float32 call's kernels. */
+static const fx__bf16_tiled *lce_dp_path(void)
+{
+    const fx__bf16_tiled *t = fx__gemm_bf16_path();
+    return t->kernel && !t->a_rows ? t : NULL;
+}
+
 static int lce_forward(const fx_lce *p, const float *h, const float *w, const float *bias, const int64_t *target,
                        float *loss, float *lse, float *dh, float *dw, float *dbias, bool round_g)
 {
@@ -849,6 +887,8 @@ static int lce_forward(const fx_lce *p, const float *h, const float *w, const fl
         return rc;
     lce_call k = {.p = p, .h = h, .w = w, .bias = bias, .target = target, .loss = loss, .lse_out = lse,
                   .dh = dh, .dw = dw, .dbias = dbias, .round_g = round_g};
+    if (round_g)
+        k.dp.t = lce_dp_path();
     if ((rc = lce_check_targets(p, target, &k.n_valid)) != FX_OK)
         return rc;
     return lce_run(&k);

@@ -84,4 +84,33 @@ extern const fx__lce_tile_kernels fx__lce_tile_kernels_avx512;
 /* The fused-pass kernels for the current CPU path. */
 const fx__lce_tile_kernels *fx__lce_tile_kernels_now(void);
 
+/* The three products of fx__linear_cross_entropy_bf16 on a tiled bfloat16 path t whose panels
+   are packed pair by pair (t->kernel set, !t->a_rows: vdpbf16ps), lce_dp.c. A chunk's h is
+   packed once (fx__lce_dp_pack_h) as the B panels of the logits and of dw; each call then packs
+   its own panels of w or of the gradients g in the calling thread's part of the scratch and
+   runs t's kernel over them. The contracts are the float32 tile kernels' (logits, dw, dh
+   above, hT replaced by the packed h), every element one kernel sum per call whichever thread
+   makes it; dh takes at most `rows` rows of w per call. */
+typedef struct fx__lce_dp {
+    const fx__bf16_tiled *t;
+    int64_t c, D, rows;           /* the chunk's tokens (at most), h's width, rows of w per dh call */
+    int64_t pd, pc;               /* pairs along D and along c */
+    size_t hl_words, hw_words;    /* the packed h: the logits' B panels, dw's */
+    size_t thr_words;             /* a thread's panels */
+    int threads;                  /* threads with a part of the scratch */
+    uint32_t *hl, *hw, *thr;      /* in the scratch (fx__lce_dp_bind) */
+} fx__lce_dp;
+
+/* The plan of chunks of up to c tokens on `threads` threads at most; its scratch, in words. */
+fx__lce_dp fx__lce_dp_plan(const fx__bf16_tiled *t, int64_t c, int64_t D, int64_t rows, int threads);
+size_t fx__lce_dp_words(const fx__lce_dp *d);
+void fx__lce_dp_bind(fx__lce_dp *d, uint32_t *ws);
+/* The chunk's h [c, D] (c at most the plan's; bfloat16 values in float32), for the calls that
+   follow. */
+void fx__lce_dp_pack_h(fx__lce_dp *d, const float *h, int64_t c);
+void fx__lce_dp_logits(const fx__lce_dp *d, int64_t nj, const float *w, float *zt, int64_t ldz);
+void fx__lce_dp_dw(const fx__lce_dp *d, int64_t nj, const float *g, int64_t ldz, float *dw);
+void fx__lce_dp_dh(const fx__lce_dp *d, int64_t nj, int64_t d0, int64_t d1, const float *g, int64_t ldz,
+                   const float *w, float *dh, bool accumulate);
+
 #endif
