@@ -449,7 +449,8 @@ static void test_tied_weight(void)
    TOL of the largest value, plus, for a term whose gradient lies within 1e-5 of a rounding
    midpoint (float32 and float64 may round it apart), one bfloat16 step of it. The float32
    call's gradients must miss that reference, so the check can fail. Each route bitwise the
-   same at 1, 2 and 3 threads in whole-row, chunked and tiled (slabbed) plans, odd sizes. */
+   same at 1, 2 and 3 threads in whole-row, chunked and tiled (slabbed) plans, odd sizes, and
+   without gradients. */
 static bool bf16_close(const char *what, const float *got, const double *ref, const double *amb, int64_t rows,
                        int64_t cols)
 {
@@ -546,6 +547,13 @@ static void test_bf16_call(void)
                 FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, pr.h, pr.w, NULL, pr.t, o[th].loss, o[th].lse, o[th].dh,
                                                      o[th].dw, NULL));
             }
+            /* Without gradients (an evaluation): the same loss and lse. */
+            float loss_eval, *lse_eval = fxt_guarded((size_t)N);
+            FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, pr.h, pr.w, NULL, pr.t, &loss_eval, lse_eval, NULL, NULL,
+                                                 NULL));
+            fxt_bitwise_f32("bf16 loss without gradients", o[0].loss, &loss_eval, 1);
+            fxt_bitwise_f32("bf16 lse without gradients", o[0].lse, lse_eval, (size_t)N);
+            fxt_guarded_free("lse_eval", lse_eval);
             fx__gemm_bf16_force_tiled(NULL);
             fx_set_num_threads(threads0);
             if (r == 1 && dp_calls == 0)
