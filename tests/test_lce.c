@@ -450,7 +450,7 @@ static void test_tied_weight(void)
    midpoint (float32 and float64 may round it apart), one bfloat16 step of it. The float32
    call's gradients must miss that reference, so the check can fail. Each route bitwise the
    same at 1, 2 and 3 threads in whole-row, chunked and tiled (slabbed) plans, odd sizes, and
-   without gradients. */
+   without gradients; the pair route the same from h and w stored in bfloat16. */
 static bool bf16_close(const char *what, const float *got, const double *ref, const double *amb, int64_t rows,
                        int64_t cols)
 {
@@ -521,6 +521,9 @@ static void test_bf16_call(void)
         pr.w[i] = fx__bf16_round(pr.w[i]);
     double *dh = fxt_alloc_f64(N * D), *dw = fxt_alloc_f64(V * D), *amb_h = fxt_alloc_f64(N), *amb_w = fxt_alloc_f64(V);
     bf16_reference(&pr, dh, dw, amb_h, amb_w);
+    uint16_t *h16 = malloc((size_t)(N * D) * sizeof(uint16_t)), *w16 = malloc((size_t)(V * D) * sizeof(uint16_t));
+    fx__f32_to_bf16_n_scalar(h16, pr.h, N * D);
+    fx__f32_to_bf16_n_scalar(w16, pr.w, V * D);
 
     fx__bf16_tiled routes[3] = {fx__bf16_tiled_f32, fx__bf16_tiled_dp, fx__bf16_tiled_dp};
     const char *names[3] = {"float32 route", "vdpbf16ps (counted)", "vdpbf16ps (AVX512-BF16)"};
@@ -544,16 +547,32 @@ static void test_bf16_call(void)
                 fx_set_num_threads(th + 1);
                 o[th] = outputs_make(&pr);
                 memset(o[th].dw, 0, (size_t)(V * D) * sizeof(float));
-                FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, pr.h, pr.w, NULL, pr.t, o[th].loss, o[th].lse, o[th].dh,
-                                                     o[th].dw, NULL));
+                FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, fx__bf16_of_f32(pr.h), fx__bf16_of_f32(pr.w), NULL, pr.t,
+                                                     o[th].loss, o[th].lse, o[th].dh, o[th].dw, NULL));
             }
             /* Without gradients (an evaluation): the same loss and lse. */
             float loss_eval, *lse_eval = fxt_guarded((size_t)N);
-            FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, pr.h, pr.w, NULL, pr.t, &loss_eval, lse_eval, NULL, NULL,
-                                                 NULL));
+            FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, fx__bf16_of_f32(pr.h), fx__bf16_of_f32(pr.w), NULL, pr.t,
+                                                 &loss_eval, lse_eval, NULL, NULL, NULL));
             fxt_bitwise_f32("bf16 loss without gradients", o[0].loss, &loss_eval, 1);
             fxt_bitwise_f32("bf16 lse without gradients", o[0].lse, lse_eval, (size_t)N);
             fxt_guarded_free("lse_eval", lse_eval);
+            /* h and w in bfloat16 storage: the same results on the pair route, refused on the
+               float32 one (its kernels read float32). */
+            outputs s16 = outputs_make(&pr);
+            memset(s16.dw, 0, (size_t)(V * D) * sizeof(float));
+#define BF16_STORED fx__linear_cross_entropy_bf16(&pr.p, fx__bf16_of(h16), fx__bf16_of(w16), NULL, pr.t, s16.loss, \
+                                                      s16.lse, s16.dh, s16.dw, NULL)
+            if (r == 0) {
+                FXT_STATUS(BF16_STORED, FX_EINVAL, "bfloat16 storage");
+            } else {
+                FXT_OK(BF16_STORED);
+                fxt_bitwise_f32("bf16 loss, bfloat16 storage", o[0].loss, s16.loss, 1);
+                fxt_bitwise_f32("bf16 dh, bfloat16 storage", o[0].dh, s16.dh, (size_t)(N * D));
+                fxt_bitwise_f32("bf16 dw, bfloat16 storage", o[0].dw, s16.dw, (size_t)(V * D));
+            }
+#undef BF16_STORED
+            outputs_free(&s16);
             fx__gemm_bf16_force_tiled(NULL);
             fx_set_num_threads(threads0);
             if (r == 1 && dp_calls == 0)
@@ -589,7 +608,7 @@ static void test_bf16_call(void)
             for (int th = 0; th < 3; th++)
                 outputs_free(&o[th]);
         }
-    free(dh), free(dw), free(amb_h), free(amb_w);
+    free(dh), free(dw), free(amb_h), free(amb_w), free(h16), free(w16);
     problem_free(&pr);
 }
 

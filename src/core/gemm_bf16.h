@@ -47,6 +47,11 @@ typedef struct fx__bf16_mat {
 
 static inline fx__bf16_mat fx__bf16_of(const uint16_t *p) { return (fx__bf16_mat){p, true}; }
 static inline fx__bf16_mat fx__bf16_of_f32(const float *p) { return (fx__bf16_mat){p, false}; }
+/* The operand from x's element i on. */
+static inline fx__bf16_mat fx__bf16_mat_at(fx__bf16_mat x, int64_t i)
+{
+    return x.bf16 ? fx__bf16_of((const uint16_t *)x.p + i) : fx__bf16_of_f32((const float *)x.p + i);
+}
 
 /* Floats of scratch fx__gemm_bf16 needs for (M, N, K): M*K + K*N, or the float32 GEMM's
    packed blocks (sgemm.h) where their padding makes those more. */

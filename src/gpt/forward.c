@@ -304,13 +304,18 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
         l_out = fx__loss_unfused(a.logits, a.rowloss, a.xnf, head, m->targets, N, C, V, dxnf, dwte);
     } else if (m->params16) {
         /* bf16: the loss's products read the final norm's output rounded to bfloat16 and the
-           head's bfloat16 copy, both widened into the scratch. */
-        float *h16 = m->bf16_ws, *w16 = m->bf16_ws + N * C;
-        fx__bf16_pack(h16, fx__bf16_of_f32(a.xnf), N, C, C);
-        fx__bf16_pack(w16, fx__bf16_of(m->params16 + (head - m->params)), V, C, C);
+           head's bfloat16 copy: as they are on the pair route, widened into the scratch for
+           the float32 route's kernels. */
+        fx__bf16_mat h = fx__bf16_of_f32(a.xnf), w = fx__bf16_of(m->params16 + (head - m->params));
+        if (!fx__lce_bf16_pairs()) {
+            float *h16 = m->bf16_ws, *w16 = m->bf16_ws + N * C;
+            fx__bf16_pack(h16, h, N, C, C);
+            fx__bf16_pack(w16, w, V, C, C);
+            h = fx__bf16_of_f32(h16), w = fx__bf16_of_f32(w16);
+        }
         fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN,
                     .chunk = fx__loss_chunk(N, V)};
-        rc = fx__linear_cross_entropy_bf16(&p, h16, w16, NULL, m->targets, &l_out, NULL, dxnf, dwte, NULL);
+        rc = fx__linear_cross_entropy_bf16(&p, h, w, NULL, m->targets, &l_out, NULL, dxnf, dwte, NULL);
         if (rc)
             return fx__error_context(rc, "loss");
     } else {

@@ -415,6 +415,8 @@ typedef struct lce_call {
     bool round_g;              /* bf16 training: the logits' gradient rounded to bfloat16 before
                                   the dw and dh products (fx__linear_cross_entropy_bf16) */
     fx__lce_dp dp;             /* bf16 training on a pair-by-pair path: the products (dp.t set) */
+    fx__bf16_mat h16, w16;     /* h and w as that path reads them (h and w: NULL there when
+                                  they are stored in bfloat16) */
 } lce_call;
 
 /* Column blocks of dh on the BLAS path: a fixed count (at most 4, widths multiples of 16),
@@ -437,7 +439,7 @@ static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v
     const int64_t D = p->D, j0 = b * k->blk, n = lce_min64(k->blk, vb - j0);
     float *Z = k->zt + j0 * c;
     if (k->dp.t)
-        fx__lce_dp_logits(&k->dp, n, k->w + (v0 + j0) * D, Z, c);
+        fx__lce_dp_logits(&k->dp, n, fx__bf16_mat_at(k->w16, (v0 + j0) * D), Z, c);
     else if (k->blas)
         lce_sgemm(false, true, n, c, D, k->w + (v0 + j0) * D, D, k->h + n0 * D, D, 0.0f, Z, c);
     else
@@ -570,14 +572,15 @@ static void lce_thread_range(int64_t n, int64_t *lo, int64_t *hi)
     *hi = lce_min64(n, units * (t + 1) / nt * 16);
 }
 
-/* dh[:, d0:d1] (+)= the gradients g [nj, c] (rows c apart) times nj rows of w. */
-static void lce_dh(const lce_call *k, int64_t nj, int64_t c, int64_t d0, int64_t d1, const float *g, const float *w,
+/* dh[:, d0:d1] (+)= the gradients g [nj, c] (rows c apart) times rows [j, j + nj) of w. */
+static void lce_dh(const lce_call *k, int64_t nj, int64_t c, int64_t d0, int64_t d1, const float *g, int64_t j,
                    float *dh, bool accumulate)
 {
+    const int64_t D = k->p->D;
     if (k->dp.t)
-        fx__lce_dp_dh(&k->dp, nj, d0, d1, g, c, w, dh, accumulate);
+        fx__lce_dp_dh(&k->dp, nj, d0, d1, g, c, fx__bf16_mat_at(k->w16, j * D), dh, accumulate);
     else
-        k->kern->dh(nj, c, k->p->D, d0, d1, g, c, w, dh, accumulate);
+        k->kern->dh(nj, c, D, d0, d1, g, c, k->w + j * D, dh, accumulate);
 }
 
 /* Gradients of tile [v0, v0+vb) of chunk [n0, n0+c): recomputed logits unless resident,
@@ -606,8 +609,8 @@ static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t 
         lce_thread_range(D, &d0, &d1);
         if (d0 < d1) {
             for (int64_t j0 = 0; j0 < vb; j0 += LCE_DH_ROWS)
-                lce_dh(k, lce_min64(LCE_DH_ROWS, vb - j0), c, d0, d1, k->zt + j0 * c, k->w + (v0 + j0) * D,
-                       k->dh + n0 * D, v0 + j0 > 0);
+                lce_dh(k, lce_min64(LCE_DH_ROWS, vb - j0), c, d0, d1, k->zt + j0 * c, v0 + j0, k->dh + n0 * D,
+                       v0 + j0 > 0);
         }
 #pragma omp barrier
     }
@@ -643,8 +646,7 @@ static void lce_slab_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t 
                 lce_sgemm(true, false, c, D, n, G, c, k->w + (v0 + j0) * D, D, first ? 0.0f : 1.0f, dh, D);
             } else {
                 for (int64_t i = 0; i < n; i += LCE_DH_ROWS)
-                    lce_dh(k, lce_min64(LCE_DH_ROWS, n - i), c, 0, D, G + i * c, k->w + (v0 + j0 + i) * D, dh,
-                           !first || i > 0);
+                    lce_dh(k, lce_min64(LCE_DH_ROWS, n - i), c, 0, D, G + i * c, v0 + j0 + i, dh, !first || i > 0);
             }
             first = false;
         }
@@ -765,7 +767,7 @@ static int lce_run(lce_call *k)
             continue;
         }
         if (k->dp.t)
-            fx__lce_dp_pack_h(&k->dp, k->h + n0 * D, c);
+            fx__lce_dp_pack_h(&k->dp, fx__bf16_mat_at(k->h16, n0 * D), c);
         else if (!k->blas)
             lce_pack_h(k, n0, c);
         if (forward) {
@@ -871,24 +873,25 @@ static const fx__bf16_tiled *lce_dp_path(void)
     return t->kernel && !t->a_rows ? t : NULL;
 }
 
-static int lce_forward(const fx_lce *p, const float *h, const float *w, const float *bias, const int64_t *target,
-                       float *loss, float *lse, float *dh, float *dw, float *dbias, bool round_g)
+/* The forward call; h and w stored in bfloat16 only on the pair route (dp set, round_g). */
+static int lce_forward(const fx_lce *p, fx__bf16_mat h, fx__bf16_mat w, const fx__bf16_tiled *dp, const float *bias,
+                       const int64_t *target, float *loss, float *lse, float *dh, float *dw, float *dbias,
+                       bool round_g)
 {
-    int rc = fx__lce_check_inputs(p, h, w, target);
+    int rc = fx__lce_check_inputs(p, h.p, w.p, target);
     if (rc != FX_OK)
         return rc;
     const size_t N = (size_t)p->N, D = (size_t)p->D, V = (size_t)p->V, f = sizeof(float);
-    const size_t nloss = p->reduction == FX_REDUCTION_NONE ? N : 1;
-    const fx__span in[] = {{"h", h, N * D * f}, {"w", w, V * D * f}, {"bias", bias, V * f},
+    const size_t nloss = p->reduction == FX_REDUCTION_NONE ? N : 1, fh = h.bf16 ? 2 : f, fw = w.bf16 ? 2 : f;
+    const fx__span in[] = {{"h", h.p, N * D * fh}, {"w", w.p, V * D * fw}, {"bias", bias, V * f},
                            {"target", target, N * sizeof(int64_t)}};
     const fx__span out[] = {{"loss", loss, nloss * f}, {"lse", lse, N * f}, {"dh", dh, N * D * f},
                             {"dw", dw, V * D * f}, {"dbias", dbias, V * f}};
     if ((rc = fx__check_overlaps(in, 4, out, 5)) != FX_OK)
         return rc;
-    lce_call k = {.p = p, .h = h, .w = w, .bias = bias, .target = target, .loss = loss, .lse_out = lse,
-                  .dh = dh, .dw = dw, .dbias = dbias, .round_g = round_g};
-    if (round_g)
-        k.dp.t = lce_dp_path();
+    lce_call k = {.p = p, .h = h.bf16 ? NULL : h.p, .w = w.bf16 ? NULL : w.p, .bias = bias, .target = target,
+                  .loss = loss, .lse_out = lse, .dh = dh, .dw = dw, .dbias = dbias, .round_g = round_g,
+                  .dp = {.t = dp}, .h16 = h, .w16 = w};
     if ((rc = lce_check_targets(p, target, &k.n_valid)) != FX_OK)
         return rc;
     return lce_run(&k);
@@ -899,15 +902,21 @@ int fx_linear_cross_entropy(const fx_lce *p, const float *h, const float *w, con
 {
     if (p && fx__cuda_wanted(p->device, p->dtype)) /* a device or bf16 call: src/cuda */
         return fx__cuda_lce(p, h, w, bias, target, loss, lse, NULL, NULL, dh, dw, dbias);
-    return lce_forward(p, h, w, bias, target, loss, lse, dh, dw, dbias, false);
+    return lce_forward(p, fx__bf16_of_f32(h), fx__bf16_of_f32(w), NULL, bias, target, loss, lse, dh, dw, dbias, false);
 }
 
-int fx__linear_cross_entropy_bf16(const fx_lce *p, const float *h, const float *w, const float *bias,
+bool fx__lce_bf16_pairs(void) { return lce_dp_path() != NULL; }
+
+int fx__linear_cross_entropy_bf16(const fx_lce *p, fx__bf16_mat h, fx__bf16_mat w, const float *bias,
                                   const int64_t *target, float *loss, float *lse, float *dh, float *dw, float *dbias)
 {
     if (p && fx__cuda_wanted(p->device, p->dtype))
         return fx__error(FX_EINVAL, "fx__linear_cross_entropy_bf16: the CPU's float32 call only");
-    return lce_forward(p, h, w, bias, target, loss, lse, dh, dw, dbias, true);
+    const fx__bf16_tiled *dp = lce_dp_path();
+    if (!dp && (h.bf16 || w.bf16))
+        return fx__error(FX_EINVAL, "fx__linear_cross_entropy_bf16: h and w in bfloat16 storage need the pair route "
+                                    "(the float32 route's kernels read float32)");
+    return lce_forward(p, h, w, dp, bias, target, loss, lse, dh, dw, dbias, true);
 }
 
 int fx_linear_cross_entropy_backward(const fx_lce *p, const float *h, const float *w, const float *bias,

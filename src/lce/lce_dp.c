@@ -54,12 +54,11 @@ static uint32_t *dp_mine(const fx__lce_dp *d)
 #endif
 }
 
-void fx__lce_dp_pack_h(fx__lce_dp *d, const float *h, int64_t c)
+void fx__lce_dp_pack_h(fx__lce_dp *d, fx__bf16_mat x, int64_t c)
 {
     const fx__bf16_tiled *t = d->t;
     d->c = c;
     d->pc = fx__bf16_tiled_pairs(t, c);
-    const fx__bf16_mat x = fx__bf16_of_f32(h);
     /* the logits' B: tokens as lines, d as k */
     for (int64_t q = 0; q * t->nr < d->c; q++)
         fx__bf16_pack_pairs(d->hl + q * t->nr * d->pd, x, d->D, true, d->c, d->D, d->pd, t->nr, q);
@@ -68,13 +67,13 @@ void fx__lce_dp_pack_h(fx__lce_dp *d, const float *h, int64_t c)
         fx__bf16_pack_pairs(d->hw + q * t->nr * d->pc, x, d->D, false, d->D, d->c, d->pc, t->nr, q);
 }
 
-void fx__lce_dp_logits(const fx__lce_dp *d, int64_t nj, const float *w, float *zt, int64_t ldz)
+void fx__lce_dp_logits(const fx__lce_dp *d, int64_t nj, fx__bf16_mat w, float *zt, int64_t ldz)
 {
     const fx__bf16_tiled *t = d->t;
     uint32_t *a = dp_mine(d);
     for (int64_t j0 = 0; j0 < nj; j0 += t->mr) {
         const int64_t mr = dp_min(t->mr, nj - j0);
-        fx__bf16_pack_pairs(a, fx__bf16_of_f32(w + j0 * d->D), d->D, true, mr, d->D, d->pd, t->mr, 0);
+        fx__bf16_pack_pairs(a, fx__bf16_mat_at(w, j0 * d->D), d->D, true, mr, d->D, d->pd, t->mr, 0);
         for (int64_t i0 = 0; i0 < d->c; i0 += t->nr)
             t->kernel(d->pd, a, d->hl + i0 * d->pd, 0.0f, zt + j0 * ldz + i0, ldz, mr, dp_min(t->nr, d->c - i0));
     }
@@ -93,7 +92,7 @@ void fx__lce_dp_dw(const fx__lce_dp *d, int64_t nj, const float *g, int64_t ldz,
 }
 
 void fx__lce_dp_dh(const fx__lce_dp *d, int64_t nj, int64_t d0, int64_t d1, const float *g, int64_t ldz,
-                   const float *w, float *dh, bool accumulate)
+                   fx__bf16_mat w, float *dh, bool accumulate)
 {
     const fx__bf16_tiled *t = d->t;
     const int64_t pr = fx__bf16_tiled_pairs(t, nj);
@@ -105,7 +104,7 @@ void fx__lce_dp_dh(const fx__lce_dp *d, int64_t nj, int64_t d0, int64_t d1, cons
     const float beta = accumulate ? 1.0f : 0.0f;
     for (int64_t c0 = d0; c0 < d1; c0 += t->nr) {
         const int64_t nr = dp_min(t->nr, d1 - c0);
-        fx__bf16_pack_pairs(b, fx__bf16_of_f32(w + c0), d->D, false, nr, nj, pr, t->nr, 0);
+        fx__bf16_pack_pairs(b, fx__bf16_mat_at(w, c0), d->D, false, nr, nj, pr, t->nr, 0);
         for (int64_t i0 = 0; i0 < d->c; i0 += t->mr)
             t->kernel(pr, gt + i0 * pr, b, beta, dh + i0 * d->D + c0, d->D, dp_min(t->mr, d->c - i0), nr);
     }

@@ -14,12 +14,16 @@ int fx__lce_check_params(const fx_lce *p);
 /* fx__lce_check_params, and h, w and target given: what every call of the loss checks first. */
 int fx__lce_check_inputs(const fx_lce *p, const float *h, const float *w, const int64_t *target);
 
-/* fx_linear_cross_entropy for bfloat16 training (CPU, float32 storage): h and w hold
-   bfloat16 values (the caller rounds them; their products are then exact in float32), and
-   the logits' gradient is rounded to bfloat16 before the dw, dh and dbias products, so every
-   product has bfloat16 inputs; sums, softmax, loss and outputs stay float32. */
-int fx__linear_cross_entropy_bf16(const fx_lce *p, const float *h, const float *w, const float *bias,
+/* fx_linear_cross_entropy for bfloat16 training (CPU): h and w are taken as bfloat16 values
+   (float32 storage rounded as read, or bfloat16 storage), and the logits' gradient is rounded
+   to bfloat16 before the dw, dh and dbias products, so every product has bfloat16 inputs;
+   sums, softmax, loss and outputs stay float32. The pair route reads either storage; the
+   float32 route (fx__lce_bf16_pairs() false) reads float32 storage only (bfloat16 storage:
+   FX_EINVAL), whose values the caller has rounded, as its kernels do not round them. */
+int fx__linear_cross_entropy_bf16(const fx_lce *p, fx__bf16_mat h, fx__bf16_mat w, const float *bias,
                                   const int64_t *target, float *loss, float *lse, float *dh, float *dw, float *dbias);
+/* Whether fx__linear_cross_entropy_bf16 takes the pair route now (lce_dp below). */
+bool fx__lce_bf16_pairs(void);
 
 /* The running statistics of one token's logits row, folded tile by tile. */
 typedef struct fx__lce_stat {
@@ -105,12 +109,12 @@ typedef struct fx__lce_dp {
 fx__lce_dp fx__lce_dp_plan(const fx__bf16_tiled *t, int64_t c, int64_t D, int64_t rows, int threads);
 size_t fx__lce_dp_words(const fx__lce_dp *d);
 void fx__lce_dp_bind(fx__lce_dp *d, uint32_t *ws);
-/* The chunk's h [c, D] (c at most the plan's; bfloat16 values in float32), for the calls that
-   follow. */
-void fx__lce_dp_pack_h(fx__lce_dp *d, const float *h, int64_t c);
-void fx__lce_dp_logits(const fx__lce_dp *d, int64_t nj, const float *w, float *zt, int64_t ldz);
+/* The chunk's h [c, D] (c at most the plan's), for the calls that follow. w: nj rows of the
+   weights (D apart). */
+void fx__lce_dp_pack_h(fx__lce_dp *d, fx__bf16_mat h, int64_t c);
+void fx__lce_dp_logits(const fx__lce_dp *d, int64_t nj, fx__bf16_mat w, float *zt, int64_t ldz);
 void fx__lce_dp_dw(const fx__lce_dp *d, int64_t nj, const float *g, int64_t ldz, float *dw);
 void fx__lce_dp_dh(const fx__lce_dp *d, int64_t nj, int64_t d0, int64_t d1, const float *g, int64_t ldz,
-                   const float *w, float *dh, bool accumulate);
+                   fx__bf16_mat w, float *dh, bool accumulate);
 
 #endif
