@@ -736,7 +736,9 @@ static int lce_run(lce_call *k)
     k->c_keep = k->c_b + k->cs;
     k->dhp = lce_slabbed(k->Vb, V) ? (float *)(scratch + lay.dhp) : NULL;
     k->kern = fx__lce_tile_kernels_now();
-    k->blas = k->kern->logits == NULL;
+    /* BLAS for the products only on the float32 route of a path without GEMM kernels: the pair
+       route (dp) makes all three itself, and w may be bfloat16 there. */
+    k->blas = k->kern->logits == NULL && !k->dp.t;
 
     /* d(reduced loss)/d(token loss) times the upstream gradient, for MEAN and SUM. */
     double gscale = 1.0;
