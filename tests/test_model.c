@@ -124,7 +124,7 @@ static void test_rmsnorm_twins(void)
 {
     const fx_isa best = fx_get_isa();
     const int before = fx_get_num_threads();
-    const int64_t shapes[][2] = {{9, 37}, {13, 150}};
+    const int64_t shapes[][2] = {{9, 37}, {13, 150}, {5, 64}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t N = shapes[s][0], C = shapes[s][1], n = N * C;
         float *x = fxt_random((size_t)n, -3, 3, 11), *w = fxt_random((size_t)C, 0.25f, 4.0f, 12);
@@ -133,7 +133,7 @@ static void test_rmsnorm_twins(void)
             x[i] *= 1e-3f * (float)(i % 5);
         x[1] = -0.0f, dy[2] = 0.0f;
         float *ref[4] = {NULL}; /* y, rstd, dx, dw of the scalar loops at one thread */
-        const fx_isa isas[] = {FX_ISA_SCALAR, FX_ISA_AVX512};
+        const fx_isa isas[] = {FX_ISA_SCALAR, FX_ISA_AVX2, FX_ISA_AVX512};
         for (size_t t = 0; t < sizeof isas / sizeof isas[0]; t++) {
             if (fx_set_isa(isas[t]) != FX_OK)
                 continue;

@@ -306,8 +306,9 @@ void fx__rmsnorm_forward_copy(float *out, float *rstd, float *copy, const float 
 void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                           const float *rstd, int64_t N, int64_t C);
 /* The row loops of the two (no threads), chosen once per call: the plain C ones (layers.c)
-   and their AVX-512 twin (rmsnorm_avx512.c), which gives the same bits (the same float64
-   lanes, the same roundings, nothing contracted into an FMA; the tests hold it to that). */
+   and their AVX-512 and AVX2 twins (rmsnorm_avx512.c, rmsnorm_avx2.c), which give the same
+   bits (the same float64 lanes, the same roundings, nothing contracted into an FMA; the tests
+   hold them to that). */
 enum { FX__RMS_LANES = 8 };
 typedef struct fx__rms_ops {
     double (*sumsq)(const float *x, int64_t C);                                   /* sum x^2, in lanes */
@@ -317,8 +318,8 @@ typedef struct fx__rms_ops {
                int64_t C);                                                     /* dx += r dy w - k x */
     void (*dw)(float *acc, const float *dy, const float *x, float r, int64_t n); /* acc += dy x r */
 } fx__rms_ops;
-extern const fx__rms_ops fx__rms_ops_avx512;
-const fx__rms_ops *fx__rms_ops_for(fx_isa isa); /* the AVX-512 twin on that path, else plain C */
+extern const fx__rms_ops fx__rms_ops_avx512, fx__rms_ops_avx2;
+const fx__rms_ops *fx__rms_ops_for(fx_isa isa); /* the twin of that path, plain C on the scalar one */
 /* The 8 lanes added pairwise (lane j += lane j + w for w = 4, 2, 1); lane is overwritten. */
 double fx__rms_lanes_sum(double *lane);
 /* Rotates x [B,T,H,hd] (token-major, as a projection writes it; a token's row ldx floats

@@ -16,7 +16,7 @@ enum { FX__CBLOCK = 64 };
 /* The row sums of RMSNorm in float64, in 8 lanes (element c in lane c % 8) added pairwise at
    the end: eight independent chains instead of one (a float64 add waits 4 cycles for the
    previous), in an order that depends on C only, so that a vector of 8 doubles
-   (rmsnorm_avx512.c) computes the same bits. */
+   (rmsnorm_avx512.c), or two of 4 (rmsnorm_avx2.c), computes the same bits. */
 double fx__rms_lanes_sum(double *lane)
 {
     for (int w = FX__RMS_LANES / 2; w >= 1; w /= 2)
@@ -72,7 +72,12 @@ static const fx__rms_ops fx__rms_ops_scalar = {rms_sumsq_scalar, rms_dot3_scalar
 
 const fx__rms_ops *fx__rms_ops_for(fx_isa isa)
 {
-    return isa == FX_ISA_AVX512 ? &fx__rms_ops_avx512 : &fx__rms_ops_scalar;
+    switch (isa) {
+    case FX_ISA_AVX512: return &fx__rms_ops_avx512;
+    case FX_ISA_AVX2: return &fx__rms_ops_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return &fx__rms_ops_scalar;
 }
 
 void fx__rmsnorm_forward_copy(float *out, float *rstd, float *copy, const float *inp, const float *w, int64_t N,
