@@ -225,7 +225,7 @@ static int save_all(const fx__gpt *m, const fx__gpt_train_state *s, const char *
     return CLI_EXIT_OK;
 }
 
-static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int nproc);
+static int train_run(const train_opts *op, fx__par par, fx_comm *world, int rank, int nproc);
 
 /* --model DIR: the model to fine-tune, read while the options are checked; train_run takes
    it over, and cmd_train frees it if train_run returned before. */
@@ -373,483 +373,585 @@ int cmd_train(int argc, char **argv)
     return rc;
 }
 
-static int train_run(train_opts *op, fx__par par, fx_comm *world, int rank, int nproc)
-{
-    train_opts o = *op;
-    int rc;
-
-    /* ---- configuration: a preset with overrides, or the checkpoint's on resume ---- */
-    char ckpt[4200];
-    snprintf(ckpt, sizeof ckpt, "%s/checkpoint.safetensors", o.out);
+/* One run of train_run: its options, the configuration and schedule they give, and what it
+   holds while it trains (released by job_free). */
+typedef struct train_job {
+    train_opts o;
+    fx__par par;
+    fx_comm *world;
+    int rank, nproc;
+    char ckpt[4200], mpath[4200];
     fx__gpt_config cfg;
     fx__gpt_train_state st;
-    memset(&st, 0, sizeof st);
-    if (o.resume) {
-        if (!file_exists(ckpt)) {
-            cli_error("--resume: no checkpoint at %s", ckpt);
-            return CLI_EXIT_FAIL;
-        }
-        bool adam = false;
-        if ((rc = fx__gpt_read_config(ckpt, &cfg, &st, &adam)) != FX_OK)
-            return cli_fail(rc, "--resume");
-        if (!adam) {
-            cli_error("--resume: %s holds no optimizer state", ckpt);
-            return CLI_EXIT_FAIL;
-        }
-        if (o.model) {
-            fx__gpt_config p;
-            if (fx__gpt_preset(&p, o.model) != FX_OK) {
-                cli_error("--resume: the checkpoint holds the model; --model %s is not a preset (drop --model)",
-                          o.model);
-                return CLI_EXIT_USAGE;
-            }
-            p.layers = o.layers != UNSET ? o.layers : p.layers;
-            p.dim = o.dim != UNSET ? o.dim : p.dim;
-            p.heads = o.heads != UNSET ? o.heads : p.heads;
-            p.kv_heads = o.kv_heads != UNSET ? o.kv_heads : p.kv_heads;
-            if (fx__gpt_config_check(&p) != FX_OK || p.layers != cfg.layers || p.dim != cfg.dim ||
-                p.heads != cfg.heads || p.kv_heads != cfg.kv_heads || p.ctx != cfg.ctx) {
-                cli_error("--resume: %s holds a model with %lld layers, dim %lld, %lld/%lld heads, context %lld, "
-                          "not --model %s",
-                          ckpt, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
-                          (long long)cfg.kv_heads, (long long)cfg.ctx, o.model);
-                return CLI_EXIT_USAGE;
-            }
-        }
-        const struct { const char *name; int64_t given, saved; } chk[] = {
-            {"--layers", o.layers, cfg.layers}, {"--dim", o.dim, cfg.dim}, {"--heads", o.heads, cfg.heads},
-            {"--kv-heads", o.kv_heads, cfg.kv_heads}, {"--batch", o.batch, st.batch}, {"--seq", o.seq, st.seq},
-            {"--accum", o.accum, st.accum}, {"--warmup", o.warmup, st.warmup}};
-        for (size_t i = 0; i < sizeof chk / sizeof chk[0]; i++)
-            if (chk[i].given != UNSET && chk[i].given != chk[i].saved)
-                return resume_mismatch(chk[i].name, chk[i].given, chk[i].saved);
-        if (o.attn && strcmp(o.attn, st.attn) != 0) {
-            cli_error("--resume: the checkpoint was trained with --attn %s, not %s", st.attn, o.attn);
+    int64_t until, eval_every, log_every;
+    fx__gpt_data data;
+    bool have_data;
+    fx__gpt *m;
+    fx__dist *dist;
+    int32_t *tokens, *targets;
+    FILE *metrics;
+    bool tty, metrics_failed;
+    float first_loss, last_loss;
+} train_job;
+
+/* ---- configuration: the checkpoint's on resume, which the options may repeat, not change ---- */
+static int config_resume(train_job *j)
+{
+    train_opts *o = &j->o;
+    fx__gpt_config *cfg = &j->cfg;
+    fx__gpt_train_state *st = &j->st;
+    int rc;
+    if (!file_exists(j->ckpt)) {
+        cli_error("--resume: no checkpoint at %s", j->ckpt);
+        return CLI_EXIT_FAIL;
+    }
+    bool adam = false;
+    if ((rc = fx__gpt_read_config(j->ckpt, cfg, st, &adam)) != FX_OK)
+        return cli_fail(rc, "--resume");
+    if (!adam) {
+        cli_error("--resume: %s holds no optimizer state", j->ckpt);
+        return CLI_EXIT_FAIL;
+    }
+    if (o->model) {
+        fx__gpt_config p;
+        if (fx__gpt_preset(&p, o->model) != FX_OK) {
+            cli_error("--resume: the checkpoint holds the model; --model %s is not a preset (drop --model)",
+                      o->model);
             return CLI_EXIT_USAGE;
         }
-        /* These would change the run too. A checkpoint keeps them as float32, and the default
-           --min-lr is computed in float32 (lr/10), so "the same" is within float rounding. */
-        const struct { const char *name; double given; float saved; } hp[] = {
-            {"--lr", o.lr, st.lr}, {"--min-lr", o.min_lr, st.min_lr},
-            {"--weight-decay", o.weight_decay, st.weight_decay}, {"--clip", o.clip, st.clip}};
-        for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
-            if (!isnan(hp[i].given) && fabs(hp[i].given - (double)hp[i].saved) > 1e-6 * fabs((double)hp[i].saved)) {
-                cli_error("--resume: the checkpoint was trained with %s %g, not %g", hp[i].name, (double)hp[i].saved,
-                          hp[i].given);
-                return CLI_EXIT_USAGE;
-            }
-        if (o.seed != UNSET && (uint64_t)o.seed != st.seed) {
-            cli_error("--resume: the checkpoint was trained with --seed %llu, not %lld (its sampler state is "
-                      "restored; drop --seed)",
-                      (unsigned long long)st.seed, (long long)o.seed);
-            return CLI_EXIT_USAGE;
-        }
-        if (o.dtype && (strcmp(o.dtype, "bf16") == 0) != st.bf16) {
-            cli_error("--resume: the checkpoint was trained with --dtype %s, not %s (drop --dtype)",
-                      st.bf16 ? "bf16" : "f32", o.dtype);
-            return CLI_EXIT_USAGE;
-        }
-        if (o.adam_bf16 && !st.adam_bf16) {
-            cli_error("--resume: the checkpoint keeps its Adam moments in float32; drop --adam-bf16");
-            return CLI_EXIT_USAGE;
-        }
-        /* --deterministic sums the gradients in another order: a run keeps the mode it
-           started with, so a resume need not repeat the flag. */
-        if (o.deterministic && !st.deterministic) {
-            cli_error("--resume: the checkpoint was trained without --deterministic (drop --deterministic, or start "
-                      "a new run in another --out)");
-            return CLI_EXIT_USAGE;
-        }
-        if (st.deterministic && !o.deterministic) {
-            o.deterministic = true;
-            if (!o.quiet)
-                printf("note: the checkpoint was trained with --deterministic; continuing with it\n");
-        }
-        if (o.steps != UNSET && o.steps < 1) {
-            cli_error("--steps %lld must be >= 1", (long long)o.steps);
-            return CLI_EXIT_USAGE;
-        }
-        if (o.steps != UNSET && o.steps < st.step) {
-            cli_error("--resume: --steps %lld is below the checkpoint's step %lld (the schedule may end at or after "
-                      "it)", (long long)o.steps, (long long)st.step);
-            return CLI_EXIT_USAGE;
-        }
-        if (o.steps != UNSET)
-            st.steps = o.steps; /* extending (or shortening) the schedule is allowed */
-    } else {
-        if (file_exists(ckpt) && !o.force) {
-            cli_error("%s already exists: pass --resume to continue it, --force to start over, or another --out",
-                      ckpt);
-            return CLI_EXIT_USAGE;
-        }
-        /* A preset, or a model to fine-tune (its size is its own). */
-        if ((rc = cli_model_open("--model", o.model ? o.model : "small", &cfg, &train_init)) != CLI_EXIT_OK)
-            return rc;
-        char tp[4200];
-        if (cfg.vocab < FX__GPT_VOCAB && !train_tokenizer_path(tp, sizeof tp, o.model) &&
-            !train_is_token_file(o.data)) {
-            cli_error("--model %s has %lld tokens and no tokenizer.json; pass --data as an llm.c token file", o.model,
-                      (long long)cfg.vocab);
-            return CLI_EXIT_USAGE;
-        }
-        if (train_init && (o.layers != UNSET || o.dim != UNSET || o.heads != UNSET || o.kv_heads != UNSET)) {
-            cli_error("--model %s is a trained model: --layers, --dim, --heads and --kv-heads apply to presets only",
-                      o.model);
-            return CLI_EXIT_USAGE;
-        }
-        if (o.layers != UNSET)
-            cfg.layers = o.layers;
-        if (o.dim != UNSET)
-            cfg.dim = o.dim, cfg.ffn = 0;
-        if (o.heads != UNSET)
-            cfg.heads = o.heads;
-        if (o.kv_heads != UNSET)
-            cfg.kv_heads = o.kv_heads;
-        else if (o.heads != UNSET && cfg.heads % cfg.kv_heads)
-            cfg.kv_heads = cfg.heads;
-        if (fx__gpt_config_check(&cfg) != FX_OK) {
-            cli_error("model: %s", fx_last_error());
-            return CLI_EXIT_USAGE;
-        }
-        st.steps = o.steps != UNSET ? o.steps : 1000;
-        st.batch = o.batch != UNSET ? o.batch : 8;
-        st.seq = o.seq != UNSET ? o.seq : cfg.ctx;
-        st.accum = o.accum != UNSET ? o.accum : 1;
-        st.lr = isnan(o.lr) ? 1e-3f : (float)o.lr;
-        st.min_lr = isnan(o.min_lr) ? st.lr / 10.0f : (float)o.min_lr;
-        st.warmup = o.warmup != UNSET ? o.warmup : (st.steps / 20 < 100 ? st.steps / 20 : 100);
-        st.weight_decay = isnan(o.weight_decay) ? 0.1f : (float)o.weight_decay;
-        st.clip = isnan(o.clip) ? 1.0f : (float)o.clip;
-        st.beta1 = (float)o.beta1;
-        st.beta2 = (float)o.beta2;
-        st.seed = o.seed != UNSET ? (uint64_t)o.seed : 1337;
-        st.adam_bf16 = o.adam_bf16;
-        st.deterministic = o.deterministic;
-        st.bf16 = o.dtype && strcmp(o.dtype, "bf16") == 0;
-        fx_rng_init(&st.rng, st.seed, 1);
-        fx__gpt_mask mk;
-        int64_t w;
-        /* A trained model keeps its own mask unless told otherwise. */
-        char own[32] = "causal";
-        if (train_init)
-            fx__gpt_mask_name(train_init->mask, train_init->window, own, sizeof own);
-        if (fx__gpt_mask_parse(o.attn ? o.attn : own, &mk, &w) != FX_OK) {
-            cli_error("--attn: %s", fx_last_error());
-            return CLI_EXIT_USAGE;
-        }
-        fx__gpt_mask_name(mk, w, st.attn, sizeof st.attn);
-        /* Checks that need the config. */
-        if (st.seq < 1 || st.seq > cfg.ctx) {
-            cli_error("--seq %lld is outside [1, %lld]: the model's context is %lld tokens", (long long)st.seq,
-                      (long long)cfg.ctx, (long long)cfg.ctx);
-            return CLI_EXIT_USAGE;
-        }
-        if (st.steps < 1)
-            return int_outside("--steps", st.steps, 1, INT64_MAX);
-        if (st.batch < 1 || st.batch > 65536)
-            return int_outside("--batch", st.batch, 1, 65536);
-        if (st.accum < 1 || st.accum > 65536)
-            return int_outside("--accum", st.accum, 1, 65536);
-        if (st.warmup < 0)
-            return int_outside("--warmup", st.warmup, 0, INT64_MAX);
-        /* The float32 values are checked: a positive --lr below float's range would train at 0. */
-        const struct { const char *name; double given; float value; bool positive; } fl[] = {
-            {"--lr", isnan(o.lr) ? 1e-3 : o.lr, st.lr, true},
-            {"--min-lr", isnan(o.min_lr) ? st.min_lr : o.min_lr, st.min_lr, false},
-            {"--weight-decay", isnan(o.weight_decay) ? st.weight_decay : o.weight_decay, st.weight_decay, false},
-            {"--clip", isnan(o.clip) ? st.clip : o.clip, st.clip, false}};
-        for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
-            if (fl[i].positive ? !(fl[i].value > 0) : !(fl[i].value >= 0)) {
-                cli_error("%s %g must be %s", fl[i].name, fl[i].given, fl[i].positive ? "> 0" : ">= 0");
-                return CLI_EXIT_USAGE;
-            }
-        if (st.min_lr > st.lr) {
-            cli_error("--min-lr %g is above --lr %g (the cosine decays from --lr down to --min-lr)",
-                      fl[1].given, fl[0].given);
-            return CLI_EXIT_USAGE;
-        }
-        if (!(st.beta1 >= 0 && st.beta1 < 1) || !(st.beta2 >= 0 && st.beta2 < 1)) {
-            cli_error("the Adam betas %g, %g must be in [0, 1)", (double)st.beta1, (double)st.beta2);
+        p.layers = o->layers != UNSET ? o->layers : p.layers;
+        p.dim = o->dim != UNSET ? o->dim : p.dim;
+        p.heads = o->heads != UNSET ? o->heads : p.heads;
+        p.kv_heads = o->kv_heads != UNSET ? o->kv_heads : p.kv_heads;
+        if (fx__gpt_config_check(&p) != FX_OK || p.layers != cfg->layers || p.dim != cfg->dim ||
+            p.heads != cfg->heads || p.kv_heads != cfg->kv_heads || p.ctx != cfg->ctx) {
+            cli_error("--resume: %s holds a model with %lld layers, dim %lld, %lld/%lld heads, context %lld, "
+                      "not --model %s",
+                      j->ckpt, (long long)cfg->layers, (long long)cfg->dim, (long long)cfg->heads,
+                      (long long)cfg->kv_heads, (long long)cfg->ctx, o->model);
             return CLI_EXIT_USAGE;
         }
     }
+    const struct { const char *name; int64_t given, saved; } chk[] = {
+        {"--layers", o->layers, cfg->layers}, {"--dim", o->dim, cfg->dim}, {"--heads", o->heads, cfg->heads},
+        {"--kv-heads", o->kv_heads, cfg->kv_heads}, {"--batch", o->batch, st->batch}, {"--seq", o->seq, st->seq},
+        {"--accum", o->accum, st->accum}, {"--warmup", o->warmup, st->warmup}};
+    for (size_t i = 0; i < sizeof chk / sizeof chk[0]; i++)
+        if (chk[i].given != UNSET && chk[i].given != chk[i].saved)
+            return resume_mismatch(chk[i].name, chk[i].given, chk[i].saved);
+    if (o->attn && strcmp(o->attn, st->attn) != 0) {
+        cli_error("--resume: the checkpoint was trained with --attn %s, not %s", st->attn, o->attn);
+        return CLI_EXIT_USAGE;
+    }
+    /* These would change the run too. A checkpoint keeps them as float32, and the default
+       --min-lr is computed in float32 (lr/10), so "the same" is within float rounding. */
+    const struct { const char *name; double given; float saved; } hp[] = {
+        {"--lr", o->lr, st->lr}, {"--min-lr", o->min_lr, st->min_lr},
+        {"--weight-decay", o->weight_decay, st->weight_decay}, {"--clip", o->clip, st->clip}};
+    for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+        if (!isnan(hp[i].given) && fabs(hp[i].given - (double)hp[i].saved) > 1e-6 * fabs((double)hp[i].saved)) {
+            cli_error("--resume: the checkpoint was trained with %s %g, not %g", hp[i].name, (double)hp[i].saved,
+                      hp[i].given);
+            return CLI_EXIT_USAGE;
+        }
+    if (o->seed != UNSET && (uint64_t)o->seed != st->seed) {
+        cli_error("--resume: the checkpoint was trained with --seed %llu, not %lld (its sampler state is "
+                  "restored; drop --seed)",
+                  (unsigned long long)st->seed, (long long)o->seed);
+        return CLI_EXIT_USAGE;
+    }
+    if (o->dtype && (strcmp(o->dtype, "bf16") == 0) != st->bf16) {
+        cli_error("--resume: the checkpoint was trained with --dtype %s, not %s (drop --dtype)",
+                  st->bf16 ? "bf16" : "f32", o->dtype);
+        return CLI_EXIT_USAGE;
+    }
+    if (o->adam_bf16 && !st->adam_bf16) {
+        cli_error("--resume: the checkpoint keeps its Adam moments in float32; drop --adam-bf16");
+        return CLI_EXIT_USAGE;
+    }
+    /* --deterministic sums the gradients in another order: a run keeps the mode it started
+       with, so a resume need not repeat the flag. */
+    if (o->deterministic && !st->deterministic) {
+        cli_error("--resume: the checkpoint was trained without --deterministic (drop --deterministic, or start "
+                  "a new run in another --out)");
+        return CLI_EXIT_USAGE;
+    }
+    if (st->deterministic && !o->deterministic) {
+        o->deterministic = true;
+        if (!o->quiet)
+            printf("note: the checkpoint was trained with --deterministic; continuing with it\n");
+    }
+    if (o->steps != UNSET && o->steps < 1) {
+        cli_error("--steps %lld must be >= 1", (long long)o->steps);
+        return CLI_EXIT_USAGE;
+    }
+    if (o->steps != UNSET && o->steps < st->step) {
+        cli_error("--resume: --steps %lld is below the checkpoint's step %lld (the schedule may end at or after "
+                  "it)", (long long)o->steps, (long long)st->step);
+        return CLI_EXIT_USAGE;
+    }
+    if (o->steps != UNSET)
+        st->steps = o->steps; /* extending (or shortening) the schedule is allowed */
+    return CLI_EXIT_OK;
+}
+
+/* The optimizer's settings of a new run: the options' float32 values, checked. */
+static int config_new_optimizer(const train_opts *o, fx__gpt_train_state *st)
+{
+    st->lr = isnan(o->lr) ? 1e-3f : (float)o->lr;
+    st->min_lr = isnan(o->min_lr) ? st->lr / 10.0f : (float)o->min_lr;
+    st->weight_decay = isnan(o->weight_decay) ? 0.1f : (float)o->weight_decay;
+    st->clip = isnan(o->clip) ? 1.0f : (float)o->clip;
+    st->beta1 = (float)o->beta1;
+    st->beta2 = (float)o->beta2;
+    /* The float32 values are checked: a positive --lr below float's range would train at 0. */
+    const struct { const char *name; double given; float value; bool positive; } fl[] = {
+        {"--lr", isnan(o->lr) ? 1e-3 : o->lr, st->lr, true},
+        {"--min-lr", isnan(o->min_lr) ? st->min_lr : o->min_lr, st->min_lr, false},
+        {"--weight-decay", isnan(o->weight_decay) ? st->weight_decay : o->weight_decay, st->weight_decay, false},
+        {"--clip", isnan(o->clip) ? st->clip : o->clip, st->clip, false}};
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
+        if (fl[i].positive ? !(fl[i].value > 0) : !(fl[i].value >= 0)) {
+            cli_error("%s %g must be %s", fl[i].name, fl[i].given, fl[i].positive ? "> 0" : ">= 0");
+            return CLI_EXIT_USAGE;
+        }
+    if (st->min_lr > st->lr) {
+        cli_error("--min-lr %g is above --lr %g (the cosine decays from --lr down to --min-lr)", fl[1].given,
+                  fl[0].given);
+        return CLI_EXIT_USAGE;
+    }
+    if (!(st->beta1 >= 0 && st->beta1 < 1) || !(st->beta2 >= 0 && st->beta2 < 1)) {
+        cli_error("the Adam betas %g, %g must be in [0, 1)", (double)st->beta1, (double)st->beta2);
+        return CLI_EXIT_USAGE;
+    }
+    return CLI_EXIT_OK;
+}
+
+/* ---- configuration: a preset with overrides, or a model to fine-tune, and the options ---- */
+static int config_new(train_job *j)
+{
+    const train_opts *o = &j->o;
+    fx__gpt_config *cfg = &j->cfg;
+    fx__gpt_train_state *st = &j->st;
+    int rc;
+    if (file_exists(j->ckpt) && !o->force) {
+        cli_error("%s already exists: pass --resume to continue it, --force to start over, or another --out",
+                  j->ckpt);
+        return CLI_EXIT_USAGE;
+    }
+    /* A preset, or a model to fine-tune (its size is its own). */
+    if ((rc = cli_model_open("--model", o->model ? o->model : "small", cfg, &train_init)) != CLI_EXIT_OK)
+        return rc;
+    char tp[4200];
+    if (cfg->vocab < FX__GPT_VOCAB && !train_tokenizer_path(tp, sizeof tp, o->model) &&
+        !train_is_token_file(o->data)) {
+        cli_error("--model %s has %lld tokens and no tokenizer.json; pass --data as an llm.c token file", o->model,
+                  (long long)cfg->vocab);
+        return CLI_EXIT_USAGE;
+    }
+    if (train_init && (o->layers != UNSET || o->dim != UNSET || o->heads != UNSET || o->kv_heads != UNSET)) {
+        cli_error("--model %s is a trained model: --layers, --dim, --heads and --kv-heads apply to presets only",
+                  o->model);
+        return CLI_EXIT_USAGE;
+    }
+    if (o->layers != UNSET)
+        cfg->layers = o->layers;
+    if (o->dim != UNSET)
+        cfg->dim = o->dim, cfg->ffn = 0;
+    if (o->heads != UNSET)
+        cfg->heads = o->heads;
+    if (o->kv_heads != UNSET)
+        cfg->kv_heads = o->kv_heads;
+    else if (o->heads != UNSET && cfg->heads % cfg->kv_heads)
+        cfg->kv_heads = cfg->heads;
+    if (fx__gpt_config_check(cfg) != FX_OK) {
+        cli_error("model: %s", fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    st->steps = o->steps != UNSET ? o->steps : 1000;
+    st->batch = o->batch != UNSET ? o->batch : 8;
+    st->seq = o->seq != UNSET ? o->seq : cfg->ctx;
+    st->accum = o->accum != UNSET ? o->accum : 1;
+    st->warmup = o->warmup != UNSET ? o->warmup : (st->steps / 20 < 100 ? st->steps / 20 : 100);
+    st->seed = o->seed != UNSET ? (uint64_t)o->seed : 1337;
+    st->adam_bf16 = o->adam_bf16;
+    st->deterministic = o->deterministic;
+    st->bf16 = o->dtype && strcmp(o->dtype, "bf16") == 0;
+    fx_rng_init(&st->rng, st->seed, 1);
+    fx__gpt_mask mk;
+    int64_t w;
+    /* A trained model keeps its own mask unless told otherwise. */
+    char own[32] = "causal";
+    if (train_init)
+        fx__gpt_mask_name(train_init->mask, train_init->window, own, sizeof own);
+    if (fx__gpt_mask_parse(o->attn ? o->attn : own, &mk, &w) != FX_OK) {
+        cli_error("--attn: %s", fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    fx__gpt_mask_name(mk, w, st->attn, sizeof st->attn);
+    /* Checks that need the config. */
+    if (st->seq < 1 || st->seq > cfg->ctx) {
+        cli_error("--seq %lld is outside [1, %lld]: the model's context is %lld tokens", (long long)st->seq,
+                  (long long)cfg->ctx, (long long)cfg->ctx);
+        return CLI_EXIT_USAGE;
+    }
+    if (st->steps < 1)
+        return int_outside("--steps", st->steps, 1, INT64_MAX);
+    if (st->batch < 1 || st->batch > 65536)
+        return int_outside("--batch", st->batch, 1, 65536);
+    if (st->accum < 1 || st->accum > 65536)
+        return int_outside("--accum", st->accum, 1, 65536);
+    if (st->warmup < 0)
+        return int_outside("--warmup", st->warmup, 0, INT64_MAX);
+    return config_new_optimizer(o, st);
+}
+
+/* The run's own options, checked against the configuration: where it stops, how often it
+   evaluates, logs and saves, and what goes with several processes. */
+static int config_schedule(train_job *j)
+{
+    const train_opts *o = &j->o;
+    const fx__gpt_train_state *st = &j->st;
     /* The multi-process and deterministic paths run their own optimizer over their own
        buffers, which do not keep the weights' bfloat16 copy. */
-    if (st.bf16 && (par != FX__PAR_NONE || o.deterministic)) {
+    if (st->bf16 && (j->par != FX__PAR_NONE || o->deterministic)) {
         cli_error("--dtype bf16 does not go with %s (float32 only)",
-                  par != FX__PAR_NONE ? (par == FX__PAR_DDP ? "--parallel ddp" : "--parallel fsdp") : "--deterministic");
+                  j->par != FX__PAR_NONE ? (j->par == FX__PAR_DDP ? "--parallel ddp" : "--parallel fsdp")
+                                         : "--deterministic");
         return CLI_EXIT_USAGE;
     }
-    if (o.save_every < 0)
-        return int_outside("--save-every", o.save_every, 0, INT64_MAX);
-    if (o.eval_every != UNSET && o.eval_every < 0)
-        return int_outside("--eval-every", o.eval_every, 0, INT64_MAX);
-    if (o.eval_batches < 1)
-        return int_outside("--eval-batches", o.eval_batches, 1, INT64_MAX);
-    if (o.log_every != UNSET && o.log_every < 1)
-        return int_outside("--log-every", o.log_every, 1, INT64_MAX);
-    if (o.until != UNSET && o.until < 1)
-        return int_outside("--until", o.until, 1, INT64_MAX);
-    if (o.until != UNSET && o.until > st.steps) {
+    if (o->save_every < 0)
+        return int_outside("--save-every", o->save_every, 0, INT64_MAX);
+    if (o->eval_every != UNSET && o->eval_every < 0)
+        return int_outside("--eval-every", o->eval_every, 0, INT64_MAX);
+    if (o->eval_batches < 1)
+        return int_outside("--eval-batches", o->eval_batches, 1, INT64_MAX);
+    if (o->log_every != UNSET && o->log_every < 1)
+        return int_outside("--log-every", o->log_every, 1, INT64_MAX);
+    if (o->until != UNSET && o->until < 1)
+        return int_outside("--until", o->until, 1, INT64_MAX);
+    if (o->until != UNSET && o->until > st->steps) {
         cli_error("--until %lld is above --steps %lld (--until stops a run early within its schedule)",
-                  (long long)o.until, (long long)st.steps);
+                  (long long)o->until, (long long)st->steps);
         return CLI_EXIT_USAGE;
     }
-    int64_t until = o.until != UNSET ? o.until : st.steps;
-    int64_t eval_every = o.eval_every != UNSET ? o.eval_every : (st.steps / 10 > 0 ? st.steps / 10 : 1);
+    j->until = o->until != UNSET ? o->until : st->steps;
+    j->eval_every = o->eval_every != UNSET ? o->eval_every : (st->steps / 10 > 0 ? st->steps / 10 : 1);
     /* By default about 50 lines, and at least one every 50 steps; a given --log-every is kept. */
-    int64_t log_every = o.log_every != UNSET ? o.log_every : (st.steps / 50 > 0 ? st.steps / 50 : 1);
-    if (o.log_every == UNSET && log_every > 50)
-        log_every = 50;
-
-    if (st.batch % nproc) {
-        cli_error("--batch %lld is the global batch and must be a multiple of the %d processes", (long long)st.batch,
-                  nproc);
+    j->log_every = o->log_every != UNSET ? o->log_every : (st->steps / 50 > 0 ? st->steps / 50 : 1);
+    if (o->log_every == UNSET && j->log_every > 50)
+        j->log_every = 50;
+    if (st->batch % j->nproc) {
+        cli_error("--batch %lld is the global batch and must be a multiple of the %d processes",
+                  (long long)st->batch, j->nproc);
         return CLI_EXIT_USAGE;
     }
-    rc = rank == 0 ? check_out_dir(o.out) : CLI_EXIT_OK;
-    if (rank == 0 && rc == CLI_EXIT_OK)
-        rc = outdir_lock(o.out); /* one lock for all ranks: only rank 0 writes */
-    /* Fine-tuning a Hugging Face model: its configuration and tokenizer go with the run
-       (out/hf), for resuming, generating and flexc export. */
-    char hfcfg[4200];
-    snprintf(hfcfg, sizeof hfcfg, "%s/config.json", o.model ? o.model : "");
-    if (rc == CLI_EXIT_OK && rank == 0 && !o.resume && o.model && file_exists(hfcfg))
-        rc = train_keep_hf(o.out, o.model);
-    if (!all_ok(world, rc == CLI_EXIT_OK))
-        return rc != CLI_EXIT_OK ? rc : CLI_EXIT_FAIL;
+    return CLI_EXIT_OK;
+}
 
-    /* ---- data and model ---- */
-    /* A resumed run reads its checkpoint's data unless told otherwise, and checks it is
-       the same text. */
-    const char *data_path = o.data;
-    if (o.resume && !o.data && st.data[0])
-        data_path = st.data;
-    fx__gpt_data data;
+/* The output directory, checked and locked by rank 0; a fine-tuned Hugging Face model's
+   configuration and tokenizer go with the run (out/hf), for resuming, generating and flexc
+   export. */
+static int out_prepare(train_job *j)
+{
+    const train_opts *o = &j->o;
+    int rc = j->rank == 0 ? check_out_dir(o->out) : CLI_EXIT_OK;
+    if (j->rank == 0 && rc == CLI_EXIT_OK)
+        rc = outdir_lock(o->out); /* one lock for all ranks: only rank 0 writes */
+    char hfcfg[4200];
+    snprintf(hfcfg, sizeof hfcfg, "%s/config.json", o->model ? o->model : "");
+    if (rc == CLI_EXIT_OK && j->rank == 0 && !o->resume && o->model && file_exists(hfcfg))
+        rc = train_keep_hf(o->out, o->model);
+    if (!all_ok(j->world, rc == CLI_EXIT_OK))
+        return rc != CLI_EXIT_OK ? rc : CLI_EXIT_FAIL;
+    return CLI_EXIT_OK;
+}
+
+/* ---- data and model ---- */
+static int setup_data(train_job *j)
+{
+    const train_opts *o = &j->o;
+    fx__gpt_train_state *st = &j->st;
+    /* A resumed run reads its checkpoint's data unless told otherwise, and checks it is the
+       same text. */
+    const char *data_path = o->data;
+    if (o->resume && !o->data && st->data[0])
+        data_path = st->data;
     char tokpath[4200];
-    bool has_tok = train_tokenizer_path(tokpath, sizeof tokpath, o.resume ? o.out : o.model);
-    if ((rc = train_data_load(&data, data_path, has_tok ? tokpath : NULL, &cfg, o.val_frac, st.seq + 1)) !=
-        CLI_EXIT_OK)
+    bool has_tok = train_tokenizer_path(tokpath, sizeof tokpath, o->resume ? o->out : o->model);
+    int rc = train_data_load(&j->data, data_path, has_tok ? tokpath : NULL, &j->cfg, o->val_frac, st->seq + 1);
+    if (rc != CLI_EXIT_OK)
         return rc;
-    if (o.resume && data.hash != st.data_hash) {
-        if (!o.data) {
+    j->have_data = true;
+    if (o->resume && j->data.hash != st->data_hash) {
+        if (!o->data) {
             cli_error("--resume: %s is not the text the checkpoint was trained on (it changed); pass --data to "
                       "continue on other text",
-                      data.source);
-            fx__gpt_data_free(&data);
+                      j->data.source);
             return CLI_EXIT_FAIL;
         }
-        if (!o.quiet)
-            printf("note: --data %s differs from the checkpoint's training text; continuing on it\n", o.data);
+        if (!o->quiet)
+            printf("note: --data %s differs from the checkpoint's training text; continuing on it\n", o->data);
     }
-    if (data_path != st.data) {
+    if (data_path != st->data) {
         char abs[4096];
         const char *keep = data_path && realpath(data_path, abs) ? abs : data_path;
-        snprintf(st.data, sizeof st.data, "%s", keep ? keep : "");
+        snprintf(st->data, sizeof st->data, "%s", keep ? keep : "");
     }
-    st.data_hash = data.hash;
-    fx__gpt *m = NULL;
-    fx__dist *dist = NULL;
-    int32_t *tokens = NULL, *targets = NULL;
-    FILE *metrics = NULL;
-    int exit_code = CLI_EXIT_FAIL;
+    st->data_hash = j->data.hash;
+    return CLI_EXIT_OK;
+}
+
+/* The model (created, or read from --model or the checkpoint), its training buffers, the
+   batch's tokens, the room a save needs and the metrics file. */
+static int setup_model(train_job *j)
+{
+    const train_opts *o = &j->o;
+    const fx__gpt_train_state *st = &j->st;
+    int rc;
     if (train_init)
-        m = train_init, train_init = NULL; /* fine-tuning: the weights read from --model */
-    else if ((rc = fx_model_create(&m, &cfg, st.seed)) != FX_OK) {
-        cli_fail(rc, "model");
-        goto done;
-    }
-    m->adam_bf16 = st.adam_bf16;
-    m->recompute = o.recompute;
-    if ((rc = fx__gpt_alloc_train(m)) != FX_OK) {
-        cli_fail(rc, "model");
-        goto done;
-    }
-    fx__gpt_mask_parse(st.attn, &m->mask, &m->window);
-    if (o.resume && (rc = fx__gpt_load(m, ckpt, true)) != FX_OK) {
-        cli_fail(rc, "--resume");
-        goto done;
-    }
-    if (st.bf16 && (rc = fx__gpt_set_bf16(m, true)) != FX_OK) {
-        cli_fail(rc, "--dtype bf16");
-        goto done;
-    }
-    if ((par != FX__PAR_NONE || o.deterministic) &&
-        (rc = fx__dist_create(&dist, m, world, par, o.deterministic, st.batch)) != FX_OK) {
-        if (comm_broken(world, dist))
+        j->m = train_init, train_init = NULL; /* fine-tuning: the weights read from --model */
+    else if ((rc = fx_model_create(&j->m, &j->cfg, st->seed)) != FX_OK)
+        return cli_fail(rc, "model");
+    fx__gpt *m = j->m;
+    m->adam_bf16 = st->adam_bf16;
+    m->recompute = o->recompute;
+    if ((rc = fx__gpt_alloc_train(m)) != FX_OK)
+        return cli_fail(rc, "model");
+    fx__gpt_mask_parse(st->attn, &m->mask, &m->window);
+    if (o->resume && (rc = fx__gpt_load(m, j->ckpt, true)) != FX_OK)
+        return cli_fail(rc, "--resume");
+    if (st->bf16 && (rc = fx__gpt_set_bf16(m, true)) != FX_OK)
+        return cli_fail(rc, "--dtype bf16");
+    if ((j->par != FX__PAR_NONE || o->deterministic) &&
+        (rc = fx__dist_create(&j->dist, m, j->world, j->par, o->deterministic, st->batch)) != FX_OK) {
+        if (comm_broken(j->world, j->dist))
             comm_failed();
-        cli_fail(rc, par == FX__PAR_NONE ? "--deterministic" : o.parallel);
-        if (rc == FX_EUNSUPPORTED) /* options that do not go together, e.g. fsdp and --adam-bf16 */
-            exit_code = CLI_EXIT_USAGE;
-        goto done;
+        cli_fail(rc, j->par == FX__PAR_NONE ? "--deterministic" : o->parallel);
+        /* options that do not go together, e.g. fsdp and --adam-bf16 */
+        return rc == FX_EUNSUPPORTED ? CLI_EXIT_USAGE : CLI_EXIT_FAIL;
     }
-    if (!dist && (rc = fx__gpt_set_batch(m, st.batch, st.seq)) != FX_OK) {
-        cli_fail(rc, "model");
-        goto done;
-    }
-    tokens = malloc((size_t)(st.batch * st.seq) * sizeof *tokens);
-    targets = malloc((size_t)(st.batch * st.seq) * sizeof *targets);
-    if (!tokens || !targets) {
+    if (!j->dist && (rc = fx__gpt_set_batch(m, st->batch, st->seq)) != FX_OK)
+        return cli_fail(rc, "model");
+    j->tokens = malloc((size_t)(st->batch * st->seq) * sizeof *j->tokens);
+    j->targets = malloc((size_t)(st->batch * st->seq) * sizeof *j->targets);
+    if (!j->tokens || !j->targets) {
         cli_error("out of memory");
-        goto done;
+        return CLI_EXIT_FAIL;
     }
     /* What a save writes: weights, the two Adam moments, the model file, and their headers. */
-    uint64_t P = m->lay.total, need = P * 4 + 2 * P * (st.adam_bf16 ? 2 : 4) + P * (o.bf16 ? 2 : 4) + (1u << 17);
-    rc = rank == 0 ? save_check(o.out, need) : CLI_EXIT_OK;
-    if (!all_ok(world, rc == CLI_EXIT_OK))
-        goto done;
-    char mpath[4200];
-    snprintf(mpath, sizeof mpath, "%s/metrics.jsonl", o.out);
-    rc = rank == 0 ? metrics_open(&metrics, mpath, st.step, o.resume) : CLI_EXIT_OK;
-    if (!all_ok(world, rc == CLI_EXIT_OK))
-        goto done;
+    uint64_t P = m->lay.total, need = P * 4 + 2 * P * (st->adam_bf16 ? 2 : 4) + P * (o->bf16 ? 2 : 4) + (1u << 17);
+    rc = j->rank == 0 ? save_check(o->out, need) : CLI_EXIT_OK;
+    if (!all_ok(j->world, rc == CLI_EXIT_OK))
+        return CLI_EXIT_FAIL;
+    snprintf(j->mpath, sizeof j->mpath, "%s/metrics.jsonl", o->out);
+    rc = j->rank == 0 ? metrics_open(&j->metrics, j->mpath, st->step, o->resume) : CLI_EXIT_OK;
+    if (!all_ok(j->world, rc == CLI_EXIT_OK))
+        return CLI_EXIT_FAIL;
+    return CLI_EXIT_OK;
+}
 
-    bool tty = isatty(STDOUT_FILENO);
-    if (!o.quiet) {
-        printf("flexc train: %.2fM parameters (%lld layer%s, dim %lld, %lld/%lld heads, ffn %lld, context %lld), "
-               "attention %s\n",
-               (double)m->lay.total / 1e6, (long long)cfg.layers, cli_s((uint64_t)cfg.layers), (long long)cfg.dim,
-               (long long)cfg.heads,
-               (long long)cfg.kv_heads, (long long)cfg.ffn, (long long)cfg.ctx, st.attn);
-        printf("data: %s: %lld tokens, %lld document%s (%lld train, %lld validation)\n", data.source,
-               (long long)data.n, (long long)data.docs, cli_s((uint64_t)data.docs), (long long)data.n_train,
-               (long long)(data.n - data.n_train));
-        printf("steps %lld..%lld of %lld, batch %lld x %lld tokens x accum %lld, lr %g (warmup %lld, cosine to %g), "
-               "%d thread%s, out %s\n",
-               (long long)st.step + 1, (long long)until, (long long)st.steps, (long long)st.batch, (long long)st.seq,
-               (long long)st.accum, (double)st.lr, (long long)st.warmup, (double)st.min_lr, fx_get_num_threads(),
-               cli_s((uint64_t)fx_get_num_threads()), o.out);
-        if (st.bf16)
-            printf("dtype bf16: bfloat16 inputs to every matrix product, float32 weights, sums and loss\n");
-        if (world)
-            printf("parallel %s over %d processes (%lld sequences each)%s, communication timeout %g s\n", o.parallel,
-                   nproc, (long long)(st.batch / nproc), o.deterministic ? ", deterministic" : "",
-                   fx_comm_timeout(world));
+static void print_header(const train_job *j)
+{
+    const fx__gpt_config *cfg = &j->cfg;
+    const fx__gpt_train_state *st = &j->st;
+    const fx__gpt_data *data = &j->data;
+    printf("flexc train: %.2fM parameters (%lld layer%s, dim %lld, %lld/%lld heads, ffn %lld, context %lld), "
+           "attention %s\n",
+           (double)j->m->lay.total / 1e6, (long long)cfg->layers, cli_s((uint64_t)cfg->layers), (long long)cfg->dim,
+           (long long)cfg->heads, (long long)cfg->kv_heads, (long long)cfg->ffn, (long long)cfg->ctx, st->attn);
+    printf("data: %s: %lld tokens, %lld document%s (%lld train, %lld validation)\n", data->source,
+           (long long)data->n, (long long)data->docs, cli_s((uint64_t)data->docs), (long long)data->n_train,
+           (long long)(data->n - data->n_train));
+    printf("steps %lld..%lld of %lld, batch %lld x %lld tokens x accum %lld, lr %g (warmup %lld, cosine to %g), "
+           "%d thread%s, out %s\n",
+           (long long)st->step + 1, (long long)j->until, (long long)st->steps, (long long)st->batch,
+           (long long)st->seq, (long long)st->accum, (double)st->lr, (long long)st->warmup, (double)st->min_lr,
+           fx_get_num_threads(), cli_s((uint64_t)fx_get_num_threads()), j->o.out);
+    if (st->bf16)
+        printf("dtype bf16: bfloat16 inputs to every matrix product, float32 weights, sums and loss\n");
+    if (j->world)
+        printf("parallel %s over %d processes (%lld sequences each)%s, communication timeout %g s\n", j->o.parallel,
+               j->nproc, (long long)(st->batch / j->nproc), j->o.deterministic ? ", deterministic" : "",
+               fx_comm_timeout(j->world));
+    fflush(stdout);
+}
+
+/* ---- the loop ---- */
+
+/* A finished step's metrics line (val: the validation loss, when the step evaluated). A line that
+   cannot be written (a full disk) stops the run as a signal would (every process after the
+   same step, the checkpoint saved), and the run then fails. */
+static void record_metrics(train_job *j, const fx__gpt_step_info *info, double tps, double elapsed, bool eval,
+                           float val)
+{
+    if (!j->metrics)
+        return;
+    fprintf(j->metrics,
+            "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,\"time_s\":%.3f",
+            (long long)j->st.step, (double)info->loss, (double)info->lr, (double)info->grad_norm, tps, elapsed);
+    if (eval)
+        fprintf(j->metrics, ",\"val_loss\":%.9g", (double)val);
+    fprintf(j->metrics, ",\"dtype\":\"%s\"}\n", j->st.bf16 ? "bf16" : "f32");
+    if (fflush(j->metrics) != 0 || ferror(j->metrics)) {
+        cli_error("cannot write %s: %s; stopping", j->mpath, strerror(errno));
+        fclose(j->metrics);
+        j->metrics = NULL;
+        j->metrics_failed = true;
+        if (!interrupted)
+            interrupted = -1;
+    }
+}
+
+/* The progress line: rewritten in place on a terminal, else every --log-every steps and
+   at each evaluation. avg: tokens/s since the run (or resume) started. */
+static void print_progress(const train_job *j, const fx__gpt_step_info *info, double avg, int64_t first, bool eval,
+                           float val)
+{
+    const fx__gpt_train_state *st = &j->st;
+    char eta[32];
+    fmt_duration(eta, sizeof eta, (double)(j->until - st->step) * (double)(st->batch * st->seq * st->accum) / avg);
+    double mem = (double)bench_max_rss() / (1 << 20);
+    if (j->tty) {
+        printf("\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s | mem %.0f MB", (long long)st->step,
+               (long long)st->steps, (double)info->loss, (double)info->lr, avg, eta, mem);
+        if (eval)
+            printf(" | val %.4f\n", (double)val);
+        fflush(stdout);
+    } else if (eval || st->step % j->log_every == 0 || st->step == first + 1) {
+        printf("step %lld/%lld loss %.4f lr %.2e %.0f tok/s eta %s mem %.0fMB", (long long)st->step,
+               (long long)st->steps, (double)info->loss, (double)info->lr, avg, eta, mem);
+        if (eval)
+            printf(" val_loss %.4f", (double)val);
+        printf("\n");
         fflush(stdout);
     }
+}
 
+/* Steps until --until or a signal, each recorded, with evaluations and saves on schedule. */
+static int train_loop(train_job *j)
+{
+    const train_opts *o = &j->o;
+    fx__gpt_train_state *st = &j->st;
+    int rc;
     signal(SIGINT, on_sigint);
     signal(SIGTERM, on_sigint);
     /* A closed output pipe (`flexc train ... | head`) stops the run like a signal, with the
        checkpoint saved, instead of killing it mid-step; main() then reports the lost output. */
     signal(SIGPIPE, on_sigint);
-    double t_start = fx__seconds(), tok_per_step = (double)(st.batch * st.seq * st.accum);
-    int64_t first = st.step;
-    float first_loss = NAN, last_loss = NAN;
+    double t_start = fx__seconds(), tok_per_step = (double)(st->batch * st->seq * st->accum);
+    int64_t first = st->step;
     /* Over several processes a signal reaches each at its own moment: a rank stops only when
        the step's reduction says some rank was signalled, so that all leave the loop after the
        same step (one leaving alone would meet the others' next step with its own collectives). */
-    bool all_stop = false, metrics_failed = false;
-    while (st.step < until && !(dist ? all_stop : interrupted)) {
+    bool all_stop = false;
+    while (st->step < j->until && !(j->dist ? all_stop : interrupted)) {
         double t0 = fx__seconds();
         fx__gpt_step_info info;
-        fx__gpt_train_state before = st; /* what is saved if this step goes non-finite */
+        fx__gpt_train_state before = *st; /* what is saved if this step goes non-finite */
         bool stop = interrupted;
-        rc = dist ? fx__dist_step(dist, &data, &st, tokens, targets, &info, &stop)
-                  : fx__gpt_train_step(m, &data, &st, tokens, targets, &info);
-        if (rc && comm_broken(world, dist))
+        rc = j->dist ? fx__dist_step(j->dist, &j->data, st, j->tokens, j->targets, &info, &stop)
+                     : fx__gpt_train_step(j->m, &j->data, st, j->tokens, j->targets, &info);
+        if (rc && comm_broken(j->world, j->dist))
             comm_failed();
-        if (rc) {
-            cli_fail(rc, "training step");
-            goto done;
-        }
+        if (rc)
+            return cli_fail(rc, "training step");
         if (stop) {
             if (!interrupted)
                 interrupted = -1; /* another process was signalled */
             all_stop = true;
         }
-        double dt = fx__seconds() - t0, tps = tok_per_step / dt;
+        double tps = tok_per_step / (fx__seconds() - t0);
         if (!isfinite(info.loss) || !isfinite(info.grad_norm)) {
             /* The step was not applied: save the previous one, then fail. */
-            st = before;
+            *st = before;
             bool lossbad = !isfinite(info.loss);
             float x = lossbad ? info.loss : info.grad_norm;
             cli_error("step %lld: the %s is %s; stopping with the checkpoint of step %lld (a lower --lr may help)",
-                      (long long)st.step + 1, lossbad ? "loss" : "gradient norm",
-                      isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf", (long long)st.step);
-            if (save_dist(m, dist, world, &st, o.out, o.bf16) == CLI_EXIT_OK && !o.quiet)
-                printf("saved %s/checkpoint.safetensors and %s/model.safetensors at step %lld\n", o.out, o.out,
-                       (long long)st.step);
-            goto done;
+                      (long long)st->step + 1, lossbad ? "loss" : "gradient norm",
+                      isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf", (long long)st->step);
+            if (save_dist(j->m, j->dist, j->world, st, o->out, o->bf16) == CLI_EXIT_OK && !o->quiet)
+                printf("saved %s/checkpoint.safetensors and %s/model.safetensors at step %lld\n", o->out, o->out,
+                       (long long)st->step);
+            return CLI_EXIT_FAIL;
         }
-        if (isnan(first_loss))
-            first_loss = info.loss;
-        last_loss = info.loss;
-        bool eval = st.step == until || (eval_every > 0 && st.step % eval_every == 0);
+        if (isnan(j->first_loss))
+            j->first_loss = info.loss;
+        j->last_loss = info.loss;
+        bool eval = st->step == j->until || (j->eval_every > 0 && st->step % j->eval_every == 0);
         float val = NAN;
         if (eval) {
-            rc = dist ? fx__dist_eval(dist, &data, o.eval_batches, st.seq, tokens, targets, &val)
-                      : fx__gpt_eval(m, &data, o.eval_batches, tokens, targets, &val);
-            if (rc && comm_broken(world, dist))
+            rc = j->dist ? fx__dist_eval(j->dist, &j->data, o->eval_batches, st->seq, j->tokens, j->targets, &val)
+                         : fx__gpt_eval(j->m, &j->data, o->eval_batches, j->tokens, j->targets, &val);
+            if (rc && comm_broken(j->world, j->dist))
                 comm_failed();
-            if (rc) {
-                cli_fail(rc, "validation");
-                goto done;
-            }
+            if (rc)
+                return cli_fail(rc, "validation");
         }
         double elapsed = fx__seconds() - t_start;
-        if (metrics) {
-            fprintf(metrics, "{\"step\":%lld,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"tokens_per_s\":%.1f,"
-                             "\"time_s\":%.3f",
-                    (long long)st.step, (double)info.loss, (double)info.lr, (double)info.grad_norm, tps, elapsed);
-            if (eval)
-                fprintf(metrics, ",\"val_loss\":%.9g", (double)val);
-            fprintf(metrics, ",\"dtype\":\"%s\"}\n", st.bf16 ? "bf16" : "f32");
-            /* A metrics line that cannot be written (a full disk) stops the run as a signal
-               would (every process after the same step, the checkpoint saved), then fails. */
-            if (fflush(metrics) != 0 || ferror(metrics)) {
-                cli_error("cannot write %s: %s; stopping", mpath, strerror(errno));
-                fclose(metrics);
-                metrics = NULL;
-                metrics_failed = true;
-                if (!interrupted)
-                    interrupted = -1;
-            }
-        }
-        if (!o.quiet) {
-            double avg = (double)(st.step - first) * tok_per_step / elapsed;
-            char eta[32];
-            fmt_duration(eta, sizeof eta, (double)(until - st.step) * tok_per_step / avg);
-            double mem = (double)bench_max_rss() / (1 << 20);
-            if (tty) {
-                printf("\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s | mem %.0f MB",
-                       (long long)st.step, (long long)st.steps, (double)info.loss, (double)info.lr, avg, eta, mem);
-                if (eval)
-                    printf(" | val %.4f\n", (double)val);
-                fflush(stdout);
-            } else if (eval || st.step % log_every == 0 || st.step == first + 1) {
-                printf("step %lld/%lld loss %.4f lr %.2e %.0f tok/s eta %s mem %.0fMB", (long long)st.step,
-                       (long long)st.steps, (double)info.loss, (double)info.lr, avg, eta, mem);
-                if (eval)
-                    printf(" val_loss %.4f", (double)val);
-                printf("\n");
-                fflush(stdout);
-            }
-        }
-        if (o.save_every > 0 && st.step % o.save_every == 0 && st.step < until &&
-            (rc = save_dist(m, dist, world, &st, o.out, o.bf16)) != CLI_EXIT_OK)
-            goto done;
+        record_metrics(j, &info, tps, elapsed, eval, val);
+        if (!o->quiet)
+            print_progress(j, &info, (double)(st->step - first) * tok_per_step / elapsed, first, eval, val);
+        if (o->save_every > 0 && st->step % o->save_every == 0 && st->step < j->until &&
+            save_dist(j->m, j->dist, j->world, st, o->out, o->bf16) != CLI_EXIT_OK)
+            return CLI_EXIT_FAIL;
     }
-    if ((rc = save_dist(m, dist, world, &st, o.out, o.bf16)) != CLI_EXIT_OK)
-        goto done;
-    if (!o.quiet) {
-        if (tty)
+    return CLI_EXIT_OK;
+}
+
+/* The last save and the closing line; the exit code says how the run ended. */
+static int train_finish(const train_job *j)
+{
+    const train_opts *o = &j->o;
+    if (save_dist(j->m, j->dist, j->world, &j->st, o->out, o->bf16) != CLI_EXIT_OK)
+        return CLI_EXIT_FAIL;
+    if (!o->quiet) {
+        if (j->tty)
             printf("\r\033[K");
-        if (interrupted && !metrics_failed)
-            printf("interrupted at step %lld; ", (long long)st.step);
-        printf("saved %s/checkpoint.safetensors and %s/model.safetensors at step %lld", o.out, o.out,
-               (long long)st.step);
-        if (!isnan(first_loss))
-            printf(" (loss %.4f -> %.4f)", (double)first_loss, (double)last_loss);
+        if (interrupted && !j->metrics_failed)
+            printf("interrupted at step %lld; ", (long long)j->st.step);
+        printf("saved %s/checkpoint.safetensors and %s/model.safetensors at step %lld", o->out, o->out,
+               (long long)j->st.step);
+        if (!isnan(j->first_loss))
+            printf(" (loss %.4f -> %.4f)", (double)j->first_loss, (double)j->last_loss);
         printf("\n");
     }
-    exit_code = metrics_failed || interrupted == SIGPIPE ? CLI_EXIT_FAIL : interrupted ? 130 : CLI_EXIT_OK;
-done:
-    if (metrics)
-        fclose(metrics);
-    free(tokens), free(targets);
-    fx__dist_free(dist);
-    fx_model_free(m);
-    fx__gpt_data_free(&data);
-    return exit_code;
+    return j->metrics_failed || interrupted == SIGPIPE ? CLI_EXIT_FAIL : interrupted ? 130 : CLI_EXIT_OK;
+}
+
+static void job_free(train_job *j)
+{
+    if (j->metrics)
+        fclose(j->metrics);
+    free(j->tokens), free(j->targets);
+    fx__dist_free(j->dist);
+    fx_model_free(j->m);
+    if (j->have_data)
+        fx__gpt_data_free(&j->data);
+}
+
+static int train_run(const train_opts *op, fx__par par, fx_comm *world, int rank, int nproc)
+{
+    train_job j = {.o = *op, .par = par, .world = world, .rank = rank, .nproc = nproc, .first_loss = NAN,
+                   .last_loss = NAN};
+    snprintf(j.ckpt, sizeof j.ckpt, "%s/checkpoint.safetensors", j.o.out);
+    int rc = j.o.resume ? config_resume(&j) : config_new(&j);
+    if (rc == CLI_EXIT_OK)
+        rc = config_schedule(&j);
+    if (rc == CLI_EXIT_OK)
+        rc = out_prepare(&j);
+    if (rc == CLI_EXIT_OK)
+        rc = setup_data(&j);
+    if (rc == CLI_EXIT_OK)
+        rc = setup_model(&j);
+    if (rc == CLI_EXIT_OK) {
+        j.tty = isatty(STDOUT_FILENO);
+        if (!j.o.quiet)
+            print_header(&j);
+        rc = train_loop(&j);
+    }
+    if (rc == CLI_EXIT_OK)
+        rc = train_finish(&j);
+    job_free(&j);
+    return rc;
 }
