@@ -999,11 +999,6 @@ static void test_optim_kernels(void)
         m16[i] = fx_f32_to_bf16(m0[i]), v16[i] = fx_f32_to_bf16(v0[i]);
     fx__adamw o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_scale = 0.7f};
     const fx_isa isas[] = {FX_ISA_AVX2, FX_ISA_AVX512};
-    void (*f32s[])(float *, float *, float *, float *, int64_t, const fx__adamw_k *) = {fx__adamw_f32_avx2,
-                                                                                     fx__adamw_f32_avx512};
-    void (*bf16s[])(float *, float *, uint16_t *, uint16_t *, int64_t, const fx__adamw_k *) = {
-        fx__adamw_bf16_avx2, fx__adamw_bf16_avx512};
-    double (*sumsqs[])(const float *, int64_t) = {fx__sumsq_avx2, fx__sumsq_avx512};
     fx_isa best = fx_get_isa();
     int ran = 0;
     for (int zero = 0; zero < 2; zero++) {
@@ -1033,10 +1028,14 @@ static void test_optim_kernels(void)
             if (fx_set_isa(isas[t]) != FX_OK)
                 continue;
             ran++;
+            const fx__optim_ops *op = fx__optim_ops_for(isas[t]);
+            /* twins, not the reference again (which would give the same bits) */
+            FXT_CHECK(op->sumsq != fx__sumsq_scalar && op->adamw_f32 != fx__adamw_f32_scalar &&
+                      op->adamw_bf16 != fx__adamw_bf16_scalar);
             char what[96];
             float *p = fxt_guarded_copy(p0, (size_t)n), *g = fxt_guarded_copy(g0, (size_t)n);
             float *mm = fxt_guarded_copy(m0, (size_t)n), *vv = fxt_guarded_copy(v0, (size_t)n);
-            f32s[t](p, g, mm, vv, n, &k);
+            op->adamw_f32(p, g, mm, vv, n, &k);
             snprintf(what, sizeof what, "adamw f32 [%s] zero_grad %d", fx_isa_name(isas[t]), zero);
             fxt_bitwise_f32(what, p, rp, (size_t)n);
             fxt_bitwise_f32(what, g, rg, (size_t)n);
@@ -1046,7 +1045,7 @@ static void test_optim_kernels(void)
             p = fxt_guarded_copy(p0, (size_t)n), g = fxt_guarded_copy(g0, (size_t)n);
             uint16_t *m2 = malloc((size_t)n * 2), *v2 = malloc((size_t)n * 2);
             memcpy(m2, m16, (size_t)n * 2), memcpy(v2, v16, (size_t)n * 2);
-            bf16s[t](p, g, m2, v2, n, &k);
+            op->adamw_bf16(p, g, m2, v2, n, &k);
             snprintf(what, sizeof what, "adamw bf16 [%s] zero_grad %d", fx_isa_name(isas[t]), zero);
             fxt_bitwise_f32(what, p, bp, (size_t)n);
             fxt_bitwise_f32(what, g, bg, (size_t)n);
@@ -1055,13 +1054,13 @@ static void test_optim_kernels(void)
             free(m2), free(v2);
             /* Every length, so each tail is covered. */
             for (int64_t len = 0; len <= 40; len++) {
-                double a = fx__sumsq_scalar(p0 + 3, len), b = sumsqs[t](p0 + 3, len);
+                double a = fx__sumsq_scalar(p0 + 3, len), b = op->sumsq(p0 + 3, len);
                 if (memcmp(&a, &b, sizeof a)) {
                     FXT_FAIL("sumsq [%s] n %lld: %.17g vs scalar %.17g", fx_isa_name(isas[t]), (long long)len, b, a);
                     break;
                 }
             }
-            double sv = sumsqs[t](p0, n);
+            double sv = op->sumsq(p0, n);
             FXT_CHECK(!memcmp(&sv, &sref, sizeof sv));
         }
         fx_set_isa(best);

@@ -290,6 +290,14 @@ static inline double fx__sumsq_finish(double *lane, const float *tail, int64_t n
             lane[j] += lane[j + w];
     return lane[0];
 }
+/* The optimizer's element loops of one path: the scalar reference or its AVX2 / AVX-512 twins,
+   one table a path, as RMSNorm's (fx__rms_ops). */
+typedef struct fx__optim_ops {
+    double (*sumsq)(const float *g, int64_t n);
+    void (*adamw_f32)(float *p, float *g, float *m, float *v, int64_t n, const fx__adamw_k *k);
+    void (*adamw_bf16)(float *p, float *g, uint16_t *m, uint16_t *v, int64_t n, const fx__adamw_k *k);
+} fx__optim_ops;
+const fx__optim_ops *fx__optim_ops_for(fx_isa isa); /* plain C on the scalar path */
 /* Linear warmup to lr, then cosine down to min_lr at step `total`. step counts from 0. */
 float fx__lr_schedule(int64_t step, int64_t warmup, int64_t total, float lr, float min_lr);
 

@@ -1,5 +1,5 @@
-/* The optimizer: gradient norm and scaling, AdamW over the flat buffers (scalar reference and
-   vector twins picked per call), and the learning-rate schedule. */
+/* The optimizer: gradient norm and scaling, AdamW over the flat buffers (the element loops of
+   the path's fx__optim_ops, picked per call), and the learning-rate schedule. */
 #include "model_internal.h"
 
 #include <math.h>
@@ -17,22 +17,12 @@ double fx__sumsq_scalar(const float *g, int64_t n)
     return fx__sumsq_finish(lane, g + i, n - i);
 }
 
-static double (*fx__sumsq_kernel(void))(const float *, int64_t)
-{
-    switch (fx__isa()) {
-    case FX_ISA_AVX512: return fx__sumsq_avx512;
-    case FX_ISA_AVX2: return fx__sumsq_avx2;
-    case FX_ISA_SCALAR: break;
-    }
-    return fx__sumsq_scalar;
-}
-
 double fx__gpt_grad_norm(const fx__gpt *m)
 {
     size_t P = m->lay.total, nchunk = (P + FX__NORM_CHUNK - 1) / FX__NORM_CHUNK;
     const float *g = m->grads;
     double *parts = m->norm_parts;
-    double (*sumsq)(const float *, int64_t) = fx__sumsq_kernel();
+    double (*sumsq)(const float *, int64_t) = fx__optim_ops_for(fx__isa())->sumsq;
 #pragma omp parallel for schedule(static)
     for (size_t ch = 0; ch < nchunk; ch++) {
         size_t i0 = ch * FX__NORM_CHUNK, i1 = i0 + FX__NORM_CHUNK < P ? i0 + FX__NORM_CHUNK : P;
@@ -91,27 +81,18 @@ void fx__adamw_bf16_scalar(float *p, float *g, uint16_t *mm, uint16_t *vv, int64
     }
 }
 
-typedef void (*fx__adamw_f32_fn)(float *, float *, float *, float *, int64_t, const fx__adamw_k *);
-typedef void (*fx__adamw_bf16_fn)(float *, float *, uint16_t *, uint16_t *, int64_t, const fx__adamw_k *);
+static const fx__optim_ops fx__optim_ops_scalar = {fx__sumsq_scalar, fx__adamw_f32_scalar, fx__adamw_bf16_scalar};
+static const fx__optim_ops fx__optim_ops_avx2 = {fx__sumsq_avx2, fx__adamw_f32_avx2, fx__adamw_bf16_avx2};
+static const fx__optim_ops fx__optim_ops_avx512 = {fx__sumsq_avx512, fx__adamw_f32_avx512, fx__adamw_bf16_avx512};
 
-static fx__adamw_f32_fn fx__adamw_f32_kernel(void)
+const fx__optim_ops *fx__optim_ops_for(fx_isa isa)
 {
-    switch (fx__isa()) {
-    case FX_ISA_AVX512: return fx__adamw_f32_avx512;
-    case FX_ISA_AVX2: return fx__adamw_f32_avx2;
+    switch (isa) {
+    case FX_ISA_AVX512: return &fx__optim_ops_avx512;
+    case FX_ISA_AVX2: return &fx__optim_ops_avx2;
     case FX_ISA_SCALAR: break;
     }
-    return fx__adamw_f32_scalar;
-}
-
-static fx__adamw_bf16_fn fx__adamw_bf16_kernel(void)
-{
-    switch (fx__isa()) {
-    case FX_ISA_AVX512: return fx__adamw_bf16_avx512;
-    case FX_ISA_AVX2: return fx__adamw_bf16_avx2;
-    case FX_ISA_SCALAR: break;
-    }
-    return fx__adamw_bf16_scalar;
+    return &fx__optim_ops_scalar;
 }
 
 /* The optimizer walks the flat buffers in fixed blocks shared out statically: one parallel
@@ -137,8 +118,7 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
     const fx__gpt_layout *lay = &m->lay;
     size_t P = lay->total, nblk = (P + FX__ADAM_BLOCK - 1) / FX__ADAM_BLOCK;
     const fx__adamw_k kd = fx__adamw_consts(o, o->weight_decay, t), k0 = fx__adamw_consts(o, 0.0f, t);
-    const fx__adamw_f32_fn f32 = fx__adamw_f32_kernel();
-    const fx__adamw_bf16_fn bf16 = fx__adamw_bf16_kernel();
+    const fx__optim_ops *op = fx__optim_ops_for(fx__isa());
     float *params = m->params, *grads = m->grads, *adam = m->adam;
     uint16_t *adam16 = m->adam16, *params16 = m->params16;
 #pragma omp parallel for schedule(static)
@@ -149,9 +129,9 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
             size_t e = tt->offset + tt->numel < end ? tt->offset + tt->numel : end;
             const fx__adamw_k *k = tt->decay ? &kd : &k0;
             if (adam16)
-                bf16(params + i, grads + i, adam16 + i, adam16 + P + i, (int64_t)(e - i), k);
+                op->adamw_bf16(params + i, grads + i, adam16 + i, adam16 + P + i, (int64_t)(e - i), k);
             else
-                f32(params + i, grads + i, adam + i, adam + P + i, (int64_t)(e - i), k);
+                op->adamw_f32(params + i, grads + i, adam + i, adam + P + i, (int64_t)(e - i), k);
             i = e;
         }
         /* bf16 training: the weights' bfloat16 copy, while the block is still in cache. */
@@ -167,12 +147,12 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
 void fx__adamw_f32(float *p, float *g, float *mm, float *vv, int64_t n, const fx__adamw *o, float wd, int64_t t)
 {
     const fx__adamw_k k = fx__adamw_consts(o, wd, t);
-    const fx__adamw_f32_fn f32 = fx__adamw_f32_kernel();
+    const fx__optim_ops *op = fx__optim_ops_for(fx__isa());
     int64_t nblk = (n + FX__ADAM_BLOCK - 1) / FX__ADAM_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nblk; b++) {
         int64_t i = b * FX__ADAM_BLOCK, e = i + FX__ADAM_BLOCK < n ? i + FX__ADAM_BLOCK : n;
-        f32(p + i, g + i, mm + i, vv + i, e - i, &k);
+        op->adamw_f32(p + i, g + i, mm + i, vv + i, e - i, &k);
     }
 }
 
