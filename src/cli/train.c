@@ -227,10 +227,6 @@ static int save_all(const fx__gpt *m, const fx__gpt_train_state *s, const char *
 
 static int train_run(const train_opts *op, fx__par par, fx_comm *world, int rank, int nproc);
 
-/* --model DIR: the model to fine-tune, read while the options are checked; train_run takes
-   it over, and cmd_train frees it if train_run returned before. */
-static fx_model *train_init;
-
 /* Saves from rank 0; under FSDP every rank takes part in gathering the shards first. */
 static int save_dist(fx__gpt *m, fx__dist *dist, fx_comm *world, const fx__gpt_train_state *s, const char *out,
                      bool bf16)
@@ -362,8 +358,6 @@ int cmd_train(int argc, char **argv)
     }
     rc = train_run(&o, par, world, rank, nproc);
     outdir_unlock();
-    fx_model_free(train_init);
-    train_init = NULL;
     if (rc == CLI_EXIT_FAIL || rc == CLI_EXIT_USAGE)
         out_unmake(o.out);
     fx_comm_log_close();
@@ -386,9 +380,11 @@ typedef struct train_job {
     int64_t until, eval_every, log_every;
     fx__gpt_data data;
     bool have_data;
+    fx_model *init; /* --model DIR: the model to fine-tune, until setup_model takes it over */
     fx__gpt *m;
     fx__dist *dist;
     int32_t *tokens, *targets;
+    double step_tokens; /* tokens a step trains on */
     FILE *metrics;
     bool tty, metrics_failed;
     float first_loss, last_loss;
@@ -540,7 +536,7 @@ static int config_new(train_job *j)
         return CLI_EXIT_USAGE;
     }
     /* A preset, or a model to fine-tune (its size is its own). */
-    if ((rc = cli_model_open("--model", o->model ? o->model : "small", cfg, &train_init)) != CLI_EXIT_OK)
+    if ((rc = cli_model_open("--model", o->model ? o->model : "small", cfg, &j->init)) != CLI_EXIT_OK)
         return rc;
     char tp[4200];
     if (cfg->vocab < FX__GPT_VOCAB && !train_tokenizer_path(tp, sizeof tp, o->model) &&
@@ -549,7 +545,7 @@ static int config_new(train_job *j)
                   (long long)cfg->vocab);
         return CLI_EXIT_USAGE;
     }
-    if (train_init && (o->layers != UNSET || o->dim != UNSET || o->heads != UNSET || o->kv_heads != UNSET)) {
+    if (j->init && (o->layers != UNSET || o->dim != UNSET || o->heads != UNSET || o->kv_heads != UNSET)) {
         cli_error("--model %s is a trained model: --layers, --dim, --heads and --kv-heads apply to presets only",
                   o->model);
         return CLI_EXIT_USAGE;
@@ -582,8 +578,8 @@ static int config_new(train_job *j)
     int64_t w;
     /* A trained model keeps its own mask unless told otherwise. */
     char own[32] = "causal";
-    if (train_init)
-        fx__gpt_mask_name(train_init->mask, train_init->window, own, sizeof own);
+    if (j->init)
+        fx__gpt_mask_name(j->init->mask, j->init->window, own, sizeof own);
     if (fx__gpt_mask_parse(o->attn ? o->attn : own, &mk, &w) != FX_OK) {
         cli_error("--attn: %s", fx_last_error());
         return CLI_EXIT_USAGE;
@@ -636,6 +632,7 @@ static int config_schedule(train_job *j)
         return CLI_EXIT_USAGE;
     }
     j->until = o->until != UNSET ? o->until : st->steps;
+    j->step_tokens = (double)(st->batch * st->seq * st->accum);
     j->eval_every = o->eval_every != UNSET ? o->eval_every : (st->steps / 10 > 0 ? st->steps / 10 : 1);
     /* By default about 50 lines, and at least one every 50 steps; a given --log-every is kept. */
     j->log_every = o->log_every != UNSET ? o->log_every : (st->steps / 50 > 0 ? st->steps / 50 : 1);
@@ -709,8 +706,8 @@ static int setup_model(train_job *j)
     const train_opts *o = &j->o;
     const fx__gpt_train_state *st = &j->st;
     int rc;
-    if (train_init)
-        j->m = train_init, train_init = NULL; /* fine-tuning: the weights read from --model */
+    if (j->init)
+        j->m = j->init, j->init = NULL; /* fine-tuning: the weights read from --model */
     else if ((rc = fx_model_create(&j->m, &j->cfg, st->seed)) != FX_OK)
         return cli_fail(rc, "model");
     fx__gpt *m = j->m;
@@ -810,7 +807,7 @@ static void print_progress(const train_job *j, const fx__gpt_step_info *info, do
 {
     const fx__gpt_train_state *st = &j->st;
     char eta[32];
-    fmt_duration(eta, sizeof eta, (double)(j->until - st->step) * (double)(st->batch * st->seq * st->accum) / avg);
+    fmt_duration(eta, sizeof eta, (double)(j->until - st->step) * j->step_tokens / avg);
     double mem = (double)bench_max_rss() / (1 << 20);
     if (j->tty) {
         printf("\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | %.0f tok/s | ETA %s | mem %.0f MB", (long long)st->step,
@@ -839,7 +836,7 @@ static int train_loop(train_job *j)
     /* A closed output pipe (`flexc train ... | head`) stops the run like a signal, with the
        checkpoint saved, instead of killing it mid-step; main() then reports the lost output. */
     signal(SIGPIPE, on_sigint);
-    double t_start = fx__seconds(), tok_per_step = (double)(st->batch * st->seq * st->accum);
+    double t_start = fx__seconds();
     int64_t first = st->step;
     /* Over several processes a signal reaches each at its own moment: a rank stops only when
        the step's reduction says some rank was signalled, so that all leave the loop after the
@@ -861,7 +858,7 @@ static int train_loop(train_job *j)
                 interrupted = -1; /* another process was signalled */
             all_stop = true;
         }
-        double tps = tok_per_step / (fx__seconds() - t0);
+        double tps = j->step_tokens / (fx__seconds() - t0);
         if (!isfinite(info.loss) || !isfinite(info.grad_norm)) {
             /* The step was not applied: save the previous one, then fail. */
             *st = before;
@@ -891,7 +888,7 @@ static int train_loop(train_job *j)
         double elapsed = fx__seconds() - t_start;
         record_metrics(j, &info, tps, elapsed, eval, val);
         if (!o->quiet)
-            print_progress(j, &info, (double)(st->step - first) * tok_per_step / elapsed, first, eval, val);
+            print_progress(j, &info, (double)(st->step - first) * j->step_tokens / elapsed, first, eval, val);
         if (o->save_every > 0 && st->step % o->save_every == 0 && st->step < j->until &&
             save_dist(j->m, j->dist, j->world, st, o->out, o->bf16) != CLI_EXIT_OK)
             return CLI_EXIT_FAIL;
@@ -926,6 +923,7 @@ static void job_free(train_job *j)
     free(j->tokens), free(j->targets);
     fx__dist_free(j->dist);
     fx_model_free(j->m);
+    fx_model_free(j->init);
     if (j->have_data)
         fx__gpt_data_free(&j->data);
 }
