@@ -1022,21 +1022,30 @@ static void test_row_kernels(void)
     free(bias);
 }
 
-/* The fused-pass kernels of each vector path against the scalar reference and a float64
-   GEMM, at every remainder of their register tiles: vocabulary rows (6 per tile), tokens
-   (vectors of 16, four per tile), hidden columns (vectors of 16, four per tile), and a
-   column range of dh that starts and ends inside the row. Outputs carry guard zones. */
+/* The fused-pass kernels of each path: the GEMMs (the scalar reference and the AVX-512
+   twin; the AVX2 path leaves its products to BLIS) against a float64 GEMM, the vector
+   paths' elementwise kernels against the scalar ones; at every remainder of the register
+   tiles: vocabulary rows (6 per tile), tokens (vectors of 16, four per tile), hidden columns
+   (vectors of 16, four per tile), and a column range of dh that starts and ends inside the
+   row. Outputs carry guard zones. */
 static void test_fused_kernels(void)
 {
     const fx_isa best = fx_get_isa();
-    const fx__lce_tile_kernels *vec[] = {&fx__lce_tile_kernels_avx2, &fx__lce_tile_kernels_avx512};
+    const struct {
+        fx_isa isa;
+        const fx__lce_tile_kernels *kern; /* NULL: the reference itself */
+        const fx__lce_tile_gemms *gemm;   /* NULL: the path has none of its own */
+    } paths[] = {{FX_ISA_SCALAR, NULL, &fx__lce_tile_gemms_scalar},
+                 {FX_ISA_AVX2, &fx__lce_tile_kernels_avx2, NULL},
+                 {FX_ISA_AVX512, &fx__lce_tile_kernels_avx512, &fx__lce_tile_gemms_avx512}};
     const int64_t njs[] = {1, 5, 6, 7, 13, 64};
     const int64_t cs[] = {1, 15, 16, 17, 63, 70};
     const int64_t Ds[] = {1, 16, 17, 65, 130};
-    for (int v = 0; v < 2; v++) {
-        if ((int)best < v + 1)
+    for (int v = 0; v < 3; v++) {
+        if (best < paths[v].isa)
             break; /* this CPU cannot run that path */
-        const fx__lce_tile_kernels *o = vec[v];
+        const fx__lce_tile_kernels *o = paths[v].kern;
+        const fx__lce_tile_gemms *gm = paths[v].gemm;
         for (size_t a = 0; a < sizeof njs / sizeof njs[0]; a++)
             for (size_t b = 0; b < sizeof cs / sizeof cs[0]; b++)
                 for (size_t e = 0; e < sizeof Ds / sizeof Ds[0]; e++) {
@@ -1050,9 +1059,9 @@ static void test_fused_kernels(void)
                             hT[d * ldh + i] = h[i * D + d];
                     double *ref = fxt_alloc_f64(uz > uh ? (uz > uw ? uz : uw) : (uh > uw ? uh : uw));
                     char what[96];
-                    if (o->logits) {
+                    if (gm) {
                         float *zt = fxt_guarded(uz);
-                        o->logits(nj, c, D, w, hT, ldh, zt, c);
+                        gm->logits(nj, c, D, w, hT, ldh, zt, c);
                         for (int64_t j = 0; j < nj; j++)
                             for (int64_t i = 0; i < c; i++) {
                                 double acc = 0.0;
@@ -1060,7 +1069,7 @@ static void test_fused_kernels(void)
                                     acc += (double)w[j * D + d] * h[i * D + d];
                                 ref[j * c + i] = acc;
                             }
-                        snprintf(what, sizeof what, "%s logits nj %lld c %lld D %lld", fx_isa_name((fx_isa)(v + 1)),
+                        snprintf(what, sizeof what, "%s logits nj %lld c %lld D %lld", fx_isa_name(paths[v].isa),
                                  (long long)nj, (long long)c, (long long)D);
                         fxt_close_f32(what, zt, ref, uz, 1e-5 * (double)D, 1e-5);
                         fxt_guarded_free("zt", zt);
@@ -1068,10 +1077,10 @@ static void test_fused_kernels(void)
                     /* gradients-like values, a few exactly zero */
                     float *g = fxt_random(uz, -1.0f, 1.0f, seed + 3);
                     g[0] = 0.0f;
-                    if (o->dw) {
+                    if (gm) {
                         float *dw0 = fxt_random(uw, -1.0f, 1.0f, seed + 4);
                         float *dw = fxt_guarded_copy(dw0, uw);
-                        o->dw(nj, c, D, g, c, h, dw);
+                        gm->dw(nj, c, D, g, c, h, dw);
                         for (int64_t j = 0; j < nj; j++)
                             for (int64_t d = 0; d < D; d++) {
                                 double acc = dw0[j * D + d];
@@ -1079,19 +1088,19 @@ static void test_fused_kernels(void)
                                     acc += (double)g[j * c + i] * h[i * D + d];
                                 ref[j * D + d] = acc;
                             }
-                        snprintf(what, sizeof what, "%s dw nj %lld c %lld D %lld", fx_isa_name((fx_isa)(v + 1)),
+                        snprintf(what, sizeof what, "%s dw nj %lld c %lld D %lld", fx_isa_name(paths[v].isa),
                                  (long long)nj, (long long)c, (long long)D);
                         fxt_close_f32(what, dw, ref, uw, 1e-5 * (double)c, 1e-5);
                         fxt_guarded_free("dw", dw);
                         free(dw0);
                     }
-                    if (o->dh) {
+                    if (gm) {
                         float *dh0 = fxt_random(uh, -1.0f, 1.0f, seed + 5);
                         /* columns [d0, d1): inside the row when D allows, the rest untouched */
                         const int64_t d0 = D > 32 ? 16 : 0, d1 = D > 32 ? D - 1 : D;
                         for (int acc_in = 0; acc_in < 2; acc_in++) {
                             float *dh = fxt_guarded_copy(dh0, uh);
-                            o->dh(nj, c, D, d0, d1, g, c, w, dh, acc_in != 0);
+                            gm->dh(nj, c, D, d0, d1, g, c, w, dh, acc_in != 0);
                             for (int64_t i = 0; i < c; i++)
                                 for (int64_t d = 0; d < D; d++) {
                                     double x = d < d0 || d >= d1 || acc_in ? dh0[i * D + d] : 0.0;
@@ -1101,7 +1110,7 @@ static void test_fused_kernels(void)
                                     ref[i * D + d] = x;
                                 }
                             snprintf(what, sizeof what, "%s dh nj %lld c %lld D %lld acc %d",
-                                     fx_isa_name((fx_isa)(v + 1)), (long long)nj, (long long)c, (long long)D, acc_in);
+                                     fx_isa_name(paths[v].isa), (long long)nj, (long long)c, (long long)D, acc_in);
                             fxt_close_f32(what, dh, ref, uh, 1e-5 * (double)nj, 1e-5);
                             fxt_guarded_free("dh", dh);
                         }
@@ -1112,7 +1121,7 @@ static void test_fused_kernels(void)
                     float *coef = fxt_random((size_t)(4 * c), 0.5f, 1.5f, seed + 7);
                     for (int64_t i = 0; i < c; i++)
                         coef[3 * c + i] = (float)(i % 3 != 1); /* keep: some tokens ignored */
-                    for (int cfg = 0; cfg < 4; cfg++) {
+                    for (int cfg = 0; o && cfg < 4; cfg++) {
                         const float cap = cfg & 1 ? 7.5f : 0.0f;
                         const float *bb = cfg & 2 ? bias : NULL;
                         float *z0 = fxt_random(uz, -30.0f, 30.0f, seed + 8);
@@ -1123,7 +1132,7 @@ static void test_fused_kernels(void)
                         o->stats(zv, nj, c, c, bb, cap, st_v, st_v + c, st_v + 2 * c);
                         for (size_t i = 0; i < uz; i++)
                             ref[i] = zs[i];
-                        snprintf(what, sizeof what, "%s stats nj %lld c %lld cfg %d", fx_isa_name((fx_isa)(v + 1)),
+                        snprintf(what, sizeof what, "%s stats nj %lld c %lld cfg %d", fx_isa_name(paths[v].isa),
                                  (long long)nj, (long long)c, cfg);
                         fxt_close_f32(what, zv, ref, uz, 1e-5 * (cap > 0 ? cap : 1.0), 1e-6);
                         for (int64_t i = 0; i < c; i++) {
@@ -1141,7 +1150,7 @@ static void test_fused_kernels(void)
                         o->grad(zv, nj, c, c, lse, ca, cb, keep, cap);
                         for (size_t i = 0; i < uz; i++)
                             ref[i] = zs[i];
-                        snprintf(what, sizeof what, "%s grad nj %lld c %lld cfg %d", fx_isa_name((fx_isa)(v + 1)),
+                        snprintf(what, sizeof what, "%s grad nj %lld c %lld cfg %d", fx_isa_name(paths[v].isa),
                                  (long long)nj, (long long)c, cfg);
                         fxt_close_f32(what, zv, ref, uz, 1e-6, 1e-5);
                         for (int64_t j = 0; j < nj; j++)

@@ -257,7 +257,7 @@ static int bench_shape(int64_t N, int64_t D, int64_t V, int64_t chunk, int reps,
     const int threads = fx_get_num_threads();
     const char *isa = fx_isa_name(fx_get_isa());
     /* Which GEMMs the fused path ran: its own kernels, or BLIS's (the AVX2 path). */
-    const char *gemm = fx__lce_tile_kernels_now()->logits ? "lce kernels" : "blas";
+    const char *gemm = fx__lce_f32_products();
     if (json) {
         printf("{\"case\":\"lce\",\"N\":%lld,\"D\":%lld,\"V\":%lld,\"threads\":%d,\"isa\":\"%s\",\"reps\":%d,"
                "\"chunk\":%lld,\"vocab_chunk\":%lld,\"fused_gemm\":\"%s\",\"peer\":\"unfused (materialised logits%s)\","

@@ -172,8 +172,8 @@ static void lce_dh_scalar(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t 
     }
 }
 
-const fx__lce_tile_kernels fx__lce_tile_kernels_scalar = {lce_logits_scalar, lce_stats_t_scalar, lce_prep_t_scalar,
-                                        lce_grad_t_scalar, lce_dw_scalar, lce_dh_scalar};
+const fx__lce_tile_kernels fx__lce_tile_kernels_scalar = {lce_stats_t_scalar, lce_prep_t_scalar, lce_grad_t_scalar};
+const fx__lce_tile_gemms fx__lce_tile_gemms_scalar = {lce_logits_scalar, lce_dw_scalar, lce_dh_scalar};
 
 const fx__lce_tile_kernels *fx__lce_tile_kernels_now(void)
 {
@@ -411,7 +411,8 @@ typedef struct lce_call {
     float *dhp;                /* [LCE_SLABS - 1, c, D] when lce_slabbed */
     int64_t cs;                /* row stride of hT and of the statistics */
     const fx__lce_tile_kernels *kern;
-    bool blas;                 /* the GEMMs go to BLAS (a path without GEMM kernels) */
+    const struct lce_products *prod; /* the route of the products (lce_route) */
+    const fx__lce_tile_gemms *gemm;  /* the own kernels' route: the CPU path's GEMMs */
     bool round_g;              /* bf16 training: the logits' gradient rounded to bfloat16 before
                                   the dw and dh products (fx__linear_cross_entropy_bf16) */
     fx__lce_dp dp;             /* bf16 training on a pair-by-pair path: the products (dp.t set) */
@@ -419,15 +420,158 @@ typedef struct lce_call {
                                   they are stored in bfloat16) */
 } lce_call;
 
-/* Column blocks of dh on the BLAS path: a fixed count (at most 4, widths multiples of 16),
+/* ---- the routes of the products ---------------------------------------------------------
+   A call's three products take one route, chosen once (lce_route): this module's own
+   float32 kernels (the CPU path's fx__lce_tile_gemms), BLIS's float32 GEMMs (the AVX2 path,
+   which has no kernels of its own), or the bfloat16 pair kernels (lce_dp.c) of the bf16
+   call on a vdpbf16ps path. Every route computes each element the same way whichever
+   thread makes it and however the columns of dh are shared. */
+typedef struct lce_products {
+    const char *name;
+    /* Once per chunk [n0, n0+c), before its products: h laid out as the route reads it. */
+    void (*pack_h)(lce_call *k, int64_t n0, int64_t c);
+    /* Z [n, c] = the logits of vocabulary rows [v, v+n) for the chunk's tokens. */
+    void (*logits)(const lce_call *k, int64_t n0, int64_t c, int64_t v, int64_t n, float *Z);
+    /* dw[v : v+n] += G [n, c] h[n0 : n0+c]. */
+    void (*dw)(const lce_call *k, int64_t n0, int64_t c, int64_t v, int64_t n, const float *G);
+    /* dh[:, d0:d1] = (accumulate ? dh : 0) + Gᵀ w[v : v+n, d0:d1], G [n, c], dh [c, D]: one
+       thread's work. */
+    void (*dh)(const lce_call *k, int64_t c, int64_t v, int64_t n, int64_t d0, int64_t d1, const float *G,
+               float *dh, bool accumulate);
+    /* The width of the column blocks in which a team shares a tile's dh, on nt threads. */
+    int64_t (*dh_width)(int64_t D, int nt);
+} lce_products;
+
+/* Columns of dh in one block per thread, in units of 16 (the kernels' sums do not depend on
+   the split). */
+static int64_t lce_width_per_thread(int64_t D, int nt) { return ((D + 15) / 16 + nt - 1) / nt * 16; }
+
+/* Column blocks of dh on the BLAS route: a fixed count (at most 4, widths multiples of 16),
    independent of the thread count, that 1, 2 or 4 threads share evenly; each block's GEMM
    packs all of G again, so more blocks would cost more than they balance. */
 enum { LCE_DBLOCKS = 4 };
 
-static int64_t lce_dblock(int64_t D)
+static int64_t lce_width_fixed(int64_t D, int nt)
 {
-    int64_t nb = (D + 15) / 16 < LCE_DBLOCKS ? (D + 15) / 16 : LCE_DBLOCKS;
+    (void)nt;
+    const int64_t nb = (D + 15) / 16 < LCE_DBLOCKS ? (D + 15) / 16 : LCE_DBLOCKS;
     return ((D + nb - 1) / nb + 15) / 16 * 16;
+}
+
+/* h of chunk [n0, n0+c) transposed into hT [D, cs], the lanes past c zeroed. */
+static void lce_pack_h_own(lce_call *k, int64_t n0, int64_t c)
+{
+    const int64_t D = k->p->D, cs = k->cs;
+    for (int64_t d0 = 0; d0 < D; d0 += 16) {
+        const int64_t d1 = lce_min64(D, d0 + 16);
+        for (int64_t r = 0; r < cs; r++) {
+            const float *src = k->h + (n0 + r) * D;
+            for (int64_t d = d0; d < d1; d++)
+                k->hT[d * cs + r] = r < c ? src[d] : 0.0f;
+        }
+    }
+}
+
+static void lce_logits_own(const lce_call *k, int64_t n0, int64_t c, int64_t v, int64_t n, float *Z)
+{
+    (void)n0; /* the chunk is in hT */
+    k->gemm->logits(n, c, k->p->D, k->w + v * k->p->D, k->hT, k->cs, Z, c);
+}
+
+static void lce_dw_own(const lce_call *k, int64_t n0, int64_t c, int64_t v, int64_t n, const float *G)
+{
+    const int64_t D = k->p->D;
+    k->gemm->dw(n, c, D, G, c, k->h + n0 * D, k->dw + v * D);
+}
+
+static void lce_dh_own(const lce_call *k, int64_t c, int64_t v, int64_t n, int64_t d0, int64_t d1, const float *G,
+                       float *dh, bool accumulate)
+{
+    const int64_t D = k->p->D;
+    for (int64_t i = 0; i < n; i += LCE_DH_ROWS)
+        k->gemm->dh(lce_min64(LCE_DH_ROWS, n - i), c, D, d0, d1, G + i * c, c, k->w + (v + i) * D, dh,
+                    accumulate || i > 0);
+}
+
+static const lce_products lce_products_own = {"lce kernels", lce_pack_h_own, lce_logits_own, lce_dw_own, lce_dh_own,
+                                              lce_width_per_thread};
+
+static void lce_pack_h_blas(lce_call *k, int64_t n0, int64_t c) { (void)k, (void)n0, (void)c; }
+
+static void lce_logits_blas(const lce_call *k, int64_t n0, int64_t c, int64_t v, int64_t n, float *Z)
+{
+    const int64_t D = k->p->D;
+    lce_sgemm(false, true, n, c, D, k->w + v * D, D, k->h + n0 * D, D, 0.0f, Z, c);
+}
+
+static void lce_dw_blas(const lce_call *k, int64_t n0, int64_t c, int64_t v, int64_t n, const float *G)
+{
+    const int64_t D = k->p->D;
+    lce_sgemm(false, false, n, D, c, G, c, k->h + n0 * D, D, 1.0f, k->dw + v * D, D);
+}
+
+static void lce_dh_blas(const lce_call *k, int64_t c, int64_t v, int64_t n, int64_t d0, int64_t d1, const float *G,
+                        float *dh, bool accumulate)
+{
+    const int64_t D = k->p->D;
+    lce_sgemm(true, false, c, d1 - d0, n, G, c, k->w + v * D + d0, D, accumulate ? 1.0f : 0.0f, dh + d0, D);
+}
+
+static const lce_products lce_products_blas = {"blas", lce_pack_h_blas, lce_logits_blas, lce_dw_blas, lce_dh_blas,
+                                               lce_width_fixed};
+
+static void lce_pack_h_pairs(lce_call *k, int64_t n0, int64_t c)
+{
+    fx__lce_dp_pack_h(&k->dp, fx__bf16_mat_at(k->h16, n0 * k->p->D), c);
+}
+
+static void lce_logits_pairs(const lce_call *k, int64_t n0, int64_t c, int64_t v, int64_t n, float *Z)
+{
+    (void)n0; /* the chunk is in the packed h */
+    fx__lce_dp_logits(&k->dp, n, fx__bf16_mat_at(k->w16, v * k->p->D), Z, c);
+}
+
+static void lce_dw_pairs(const lce_call *k, int64_t n0, int64_t c, int64_t v, int64_t n, const float *G)
+{
+    (void)n0;
+    fx__lce_dp_dw(&k->dp, n, G, c, k->dw + v * k->p->D);
+}
+
+static void lce_dh_pairs(const lce_call *k, int64_t c, int64_t v, int64_t n, int64_t d0, int64_t d1, const float *G,
+                         float *dh, bool accumulate)
+{
+    const int64_t D = k->p->D;
+    for (int64_t i = 0; i < n; i += LCE_DH_ROWS)
+        fx__lce_dp_dh(&k->dp, lce_min64(LCE_DH_ROWS, n - i), d0, d1, G + i * c, c,
+                      fx__bf16_mat_at(k->w16, (v + i) * D), dh, accumulate || i > 0);
+}
+
+static const lce_products lce_products_pairs = {"bfloat16 pairs", lce_pack_h_pairs, lce_logits_pairs, lce_dw_pairs,
+                                                lce_dh_pairs, lce_width_per_thread};
+
+/* The route of k's products (k->dp.t set: the bf16 call's pair route), and the elementwise
+   kernels, for the current CPU path. */
+static void lce_route(lce_call *k)
+{
+    k->kern = fx__lce_tile_kernels_now();
+    k->gemm = &fx__lce_tile_gemms_scalar;
+    k->prod = &lce_products_own;
+    if (k->dp.t) {
+        k->prod = &lce_products_pairs;
+        return;
+    }
+    switch (fx__isa()) {
+    case FX_ISA_AVX512: k->gemm = &fx__lce_tile_gemms_avx512; break;
+    case FX_ISA_AVX2: k->prod = &lce_products_blas; break;
+    case FX_ISA_SCALAR: break;
+    }
+}
+
+const char *fx__lce_f32_products(void)
+{
+    lce_call k = {0};
+    lce_route(&k);
+    return k.prod->name;
 }
 
 /* Logits of block b of tile [v0, v0+vb) of chunk [n0, n0+c), then either their statistics
@@ -436,14 +580,9 @@ static int64_t lce_dblock(int64_t D)
 static void lce_block_logits(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, int64_t b, bool stats)
 {
     const fx_lce *p = k->p;
-    const int64_t D = p->D, j0 = b * k->blk, n = lce_min64(k->blk, vb - j0);
+    const int64_t j0 = b * k->blk, n = lce_min64(k->blk, vb - j0);
     float *Z = k->zt + j0 * c;
-    if (k->dp.t)
-        fx__lce_dp_logits(&k->dp, n, fx__bf16_mat_at(k->w16, (v0 + j0) * D), Z, c);
-    else if (k->blas)
-        lce_sgemm(false, true, n, c, D, k->w + (v0 + j0) * D, D, k->h + n0 * D, D, 0.0f, Z, c);
-    else
-        k->kern->logits(n, c, D, k->w + (v0 + j0) * D, k->hT, k->cs, Z, c);
+    k->prod->logits(k, n0, c, v0 + j0, n, Z);
     const float *bias = k->bias ? k->bias + v0 + j0 : NULL;
     if (stats) {
         const int64_t g = v0 / k->Vb * ((k->Vb + k->blk - 1) / k->blk) + b;
@@ -486,7 +625,7 @@ static void lce_row_merge(const lce_call *k, int64_t r)
 static void lce_block_grad(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, int64_t b)
 {
     const fx_lce *p = k->p;
-    const int64_t D = p->D, j0 = b * k->blk, n = lce_min64(k->blk, vb - j0);
+    const int64_t j0 = b * k->blk, n = lce_min64(k->blk, vb - j0);
     const float cap = p->softcap, eps = p->label_smoothing;
     float *G = k->zt + j0 * c;
     k->kern->grad(G, n, c, c, k->c_lse, k->c_a, k->c_b, k->c_keep, cap);
@@ -506,14 +645,8 @@ static void lce_block_grad(const lce_call *k, int64_t n0, int64_t c, int64_t v0,
     if (k->round_g)
         for (int64_t i = 0; i < n * c; i++)
             G[i] = fx__bf16_round(G[i]);
-    if (k->dw) {
-        if (k->dp.t)
-            fx__lce_dp_dw(&k->dp, n, G, c, k->dw + (v0 + j0) * D);
-        else if (k->blas)
-            lce_sgemm(false, false, n, D, c, G, c, k->h + n0 * D, D, 1.0f, k->dw + (v0 + j0) * D, D);
-        else
-            k->kern->dw(n, c, D, G, c, k->h + n0 * D, k->dw + (v0 + j0) * D);
-    }
+    if (k->dw)
+        k->prod->dw(k, n0, c, v0 + j0, n, G);
     if (k->dbias) {
         float *db = k->dbias + v0 + j0;
         for (int64_t j = 0; j < n; j++) {
@@ -558,31 +691,6 @@ static void lce_chunk_stats(const lce_call *k, int64_t n0, int64_t c)
     }
 }
 
-/* This thread's share of [0, n) in units of 16 (a contiguous range): how the columns of dh
-   are shared does not change any element's arithmetic, only who computes it. */
-static void lce_thread_range(int64_t n, int64_t *lo, int64_t *hi)
-{
-    int64_t t = 0, nt = 1;
-#ifdef _OPENMP
-    t = omp_get_thread_num();
-    nt = omp_get_num_threads();
-#endif
-    const int64_t units = (n + 15) / 16;
-    *lo = lce_min64(n, units * t / nt * 16);
-    *hi = lce_min64(n, units * (t + 1) / nt * 16);
-}
-
-/* dh[:, d0:d1] (+)= the gradients g [nj, c] (rows c apart) times rows [j, j + nj) of w. */
-static void lce_dh(const lce_call *k, int64_t nj, int64_t c, int64_t d0, int64_t d1, const float *g, int64_t j,
-                   float *dh, bool accumulate)
-{
-    const int64_t D = k->p->D;
-    if (k->dp.t)
-        fx__lce_dp_dh(&k->dp, nj, d0, d1, g, c, fx__bf16_mat_at(k->w16, j * D), dh, accumulate);
-    else
-        k->kern->dh(nj, c, D, d0, d1, g, c, k->w + j * D, dh, accumulate);
-}
-
 /* Gradients of tile [v0, v0+vb) of chunk [n0, n0+c): recomputed logits unless resident,
    then dw and dbias per vocabulary block, and dh (+)= G w[v0:v0+vb] (overwritten by the
    first tile), w's rows taken in order for every element. Called by every thread of a
@@ -590,30 +698,22 @@ static void lce_dh(const lce_call *k, int64_t nj, int64_t c, int64_t d0, int64_t
 static void lce_tile_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t v0, int64_t vb, bool resident)
 {
     const int64_t D = k->p->D, nb = (vb + k->blk - 1) / k->blk;
-    const int64_t db = lce_dblock(D), nd = (D + db - 1) / db;
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < nb; b++) {
         if (!resident)
             lce_block_logits(k, n0, c, v0, vb, b, false);
         lce_block_grad(k, n0, c, v0, vb, b);
     }
-    if (k->dh && k->blas) {
+    if (!k->dh)
+        return;
+    int nt = 1;
+#ifdef _OPENMP
+    nt = omp_get_num_threads();
+#endif
+    const int64_t db = k->prod->dh_width(D, nt), nd = (D + db - 1) / db;
 #pragma omp for schedule(static)
-        for (int64_t q = 0; q < nd; q++) {
-            const int64_t d0 = q * db, dn = lce_min64(db, D - d0);
-            lce_sgemm(true, false, c, dn, vb, k->zt, c, k->w + v0 * D + d0, D, v0 == 0 ? 0.0f : 1.0f,
-                      k->dh + n0 * D + d0, D);
-        }
-    } else if (k->dh) {
-        int64_t d0, d1;
-        lce_thread_range(D, &d0, &d1);
-        if (d0 < d1) {
-            for (int64_t j0 = 0; j0 < vb; j0 += LCE_DH_ROWS)
-                lce_dh(k, lce_min64(LCE_DH_ROWS, vb - j0), c, d0, d1, k->zt + j0 * c, v0 + j0, k->dh + n0 * D,
-                       v0 + j0 > 0);
-        }
-#pragma omp barrier
-    }
+    for (int64_t q = 0; q < nd; q++)
+        k->prod->dh(k, c, v0, vb, q * db, lce_min64(D, (q + 1) * db), k->zt, k->dh + n0 * D, v0 > 0);
 }
 
 /* The gradients of chunk [n0, n0+c), tile by tile, in one parallel region. */
@@ -641,13 +741,7 @@ static void lce_slab_backprop(const lce_call *k, int64_t n0, int64_t c, int64_t 
             if (!dh)
                 continue;
             const int64_t j0 = b * k->blk, n = lce_min64(k->blk, vb - j0);
-            const float *G = k->zt + j0 * c;
-            if (k->blas) {
-                lce_sgemm(true, false, c, D, n, G, c, k->w + (v0 + j0) * D, D, first ? 0.0f : 1.0f, dh, D);
-            } else {
-                for (int64_t i = 0; i < n; i += LCE_DH_ROWS)
-                    lce_dh(k, lce_min64(LCE_DH_ROWS, n - i), c, 0, D, G + i * c, v0 + j0 + i, dh, !first || i > 0);
-            }
+            k->prod->dh(k, c, v0 + j0, n, 0, D, k->zt + j0 * c, dh, !first);
             first = false;
         }
     }
@@ -675,20 +769,6 @@ static void lce_chunk_backprop_slabs(const lce_call *k, int64_t n0, int64_t c)
                         dst[d] += src[d];
                 }
             }
-        }
-    }
-}
-
-/* h of chunk [n0, n0+c) transposed into hT [D, cs], the lanes past c zeroed. */
-static void lce_pack_h(const lce_call *k, int64_t n0, int64_t c)
-{
-    const int64_t D = k->p->D, cs = k->cs;
-    for (int64_t d0 = 0; d0 < D; d0 += 16) {
-        const int64_t d1 = lce_min64(D, d0 + 16);
-        for (int64_t r = 0; r < cs; r++) {
-            const float *src = k->h + (n0 + r) * D;
-            for (int64_t d = d0; d < d1; d++)
-                k->hT[d * cs + r] = r < c ? src[d] : 0.0f;
         }
     }
 }
@@ -735,10 +815,7 @@ static int lce_run(lce_call *k)
     k->c_b = k->c_a + k->cs;
     k->c_keep = k->c_b + k->cs;
     k->dhp = lce_slabbed(k->Vb, V) ? (float *)(scratch + lay.dhp) : NULL;
-    k->kern = fx__lce_tile_kernels_now();
-    /* BLAS for the products only on the float32 route of a path without GEMM kernels: the pair
-       route (dp) makes all three itself, and w may be bfloat16 there. */
-    k->blas = k->kern->logits == NULL && !k->dp.t;
+    lce_route(k);
 
     /* d(reduced loss)/d(token loss) times the upstream gradient, for MEAN and SUM. */
     double gscale = 1.0;
@@ -768,10 +845,7 @@ static int lce_run(lce_call *k)
                 memset(k->dh + n0 * D, 0, (size_t)(c * D) * sizeof(float));
             continue;
         }
-        if (k->dp.t)
-            fx__lce_dp_pack_h(&k->dp, fx__bf16_mat_at(k->h16, n0 * D), c);
-        else if (!k->blas)
-            lce_pack_h(k, n0, c);
+        k->prod->pack_h(k, n0, c);
         if (forward) {
             lce_chunk_stats(k, n0, c);
             for (int64_t r = 0; r < c; r++) {

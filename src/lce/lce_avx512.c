@@ -167,5 +167,6 @@ static void lce_dh_avx512(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t 
     }
 }
 
-const fx__lce_tile_kernels fx__lce_tile_kernels_avx512 = {lce_logits_avx512, SIMD_FN(lce_stats_t), SIMD_FN(lce_prep_t),
-                                        SIMD_FN(lce_grad_t), lce_dw_avx512, lce_dh_avx512};
+const fx__lce_tile_kernels fx__lce_tile_kernels_avx512 = {SIMD_FN(lce_stats_t), SIMD_FN(lce_prep_t),
+                                                          SIMD_FN(lce_grad_t)};
+const fx__lce_tile_gemms fx__lce_tile_gemms_avx512 = {lce_logits_avx512, lce_dw_avx512, lce_dh_avx512};

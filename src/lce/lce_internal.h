@@ -1,7 +1,10 @@
-/* Internal pieces of the fused linear + cross-entropy. Two tables of kernels, each with a
-   scalar reference and AVX2 and AVX-512 twins, chosen per call by the CPU path:
+/* Internal pieces of the fused linear + cross-entropy. Tables of kernels chosen per call by
+   the CPU path, each with a scalar reference:
      fx__lce_row_kernels   one token's row of logits at a time (the benchmark's unfused peer);
-     fx__lce_tile_kernels  a vocabulary-major tile of a chunk's tokens (the fused pass). */
+     fx__lce_tile_kernels  the elementwise steps over a vocabulary-major tile of a chunk's
+                           tokens (the fused pass), with AVX2 and AVX-512 twins as the above;
+     fx__lce_tile_gemms    that pass's three float32 products, with an AVX-512 twin (lce.c
+                           routes the products of a call: these, BLIS's or bfloat16 pairs). */
 #ifndef FX_LCE_INTERNAL_H
 #define FX_LCE_INTERNAL_H
 
@@ -56,37 +59,50 @@ const fx__lce_row_kernels *fx__lce_row_kernels_now(void);
      transposed once per chunk into hT [D, ldh] (ldh >= c, a multiple of 16);
    - the per-token statistics and gradients are vectors across tokens;
    - the dw GEMM (rows of w's shape) and the dh GEMM both read zt rows directly.
-   logits: zt[j, i] = sum_d w[j, d] hT[d, i], j < nj, i < c.
+   The elementwise steps:
    stats:  zt[j, :] = transform(zt[j, :] + bias[j]) (bias NULL: 0; cap as in fx__lce_row_kernels),
            then per token i: pm[i] = max_j, pz[i] = sum_j of the transformed values and
            ps[i] = sum_j exp(z - pm[i]) (exp(z) when pm[i] is -inf).
    prep:   the same transform, without statistics.
    grad:   zt[j, i] = keep[i] ? (a[i] exp(z - lse[i]) - b[i]) (1 - (z/cap)^2 when cap > 0) : 0.
-   dw:     dw[j, :] += sum_i zt[j, i] h[i, :], j < nj, i < c (h rows D apart).
-   dh:     dh[i, d] = (accumulate ? dh[i, d] : 0) + sum_j zt[j, i] w[j, d], d in [d0, d1).
-   dw and dh form each sum first and add it to the output last (errors grow with the calls,
-   not with every term); the caller gives dh a few hundred rows of w per call.
-   The GEMM pointers are NULL on paths that leave the GEMMs to BLAS. Every lane of a vector
-   is computed alone, so a result does not depend on how rows or columns are grouped. */
+   Every lane of a vector is computed alone, so a result does not depend on how rows or
+   columns are grouped. */
 typedef struct fx__lce_tile_kernels {
-    void (*logits)(int64_t nj, int64_t c, int64_t D, const float *w, const float *hT, int64_t ldh, float *zt,
-                   int64_t ldz);
     void (*stats)(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *bias, float cap, float *pm, float *ps,
                   float *pz);
     void (*prep)(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *bias, float cap);
     void (*grad)(float *zt, int64_t nj, int64_t c, int64_t ldz, const float *lse, const float *a, const float *b,
                  const float *keep, float cap);
-    void (*dw)(int64_t nj, int64_t c, int64_t D, const float *zt, int64_t ldz, const float *h, float *dw);
-    void (*dh)(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t d1, const float *zt, int64_t ldz,
-               const float *w, float *dh, bool accumulate);
 } fx__lce_tile_kernels;
 
 extern const fx__lce_tile_kernels fx__lce_tile_kernels_scalar;
 extern const fx__lce_tile_kernels fx__lce_tile_kernels_avx2;
 extern const fx__lce_tile_kernels fx__lce_tile_kernels_avx512;
 
-/* The fused-pass kernels for the current CPU path. */
+/* The fused pass's elementwise kernels for the current CPU path. */
 const fx__lce_tile_kernels *fx__lce_tile_kernels_now(void);
+
+/* The fused pass's products, in the layout above:
+   logits: zt[j, i] = sum_d w[j, d] hT[d, i], j < nj, i < c.
+   dw:     dw[j, :] += sum_i zt[j, i] h[i, :], j < nj, i < c (h rows D apart).
+   dh:     dh[i, d] = (accumulate ? dh[i, d] : 0) + sum_j zt[j, i] w[j, d], d in [d0, d1).
+   dw and dh form each sum first and add it to the output last (errors grow with the calls,
+   not with every term); the caller gives dh a few hundred rows of w per call. As above, a
+   result does not depend on how rows or columns are grouped. */
+typedef struct fx__lce_tile_gemms {
+    void (*logits)(int64_t nj, int64_t c, int64_t D, const float *w, const float *hT, int64_t ldh, float *zt,
+                   int64_t ldz);
+    void (*dw)(int64_t nj, int64_t c, int64_t D, const float *zt, int64_t ldz, const float *h, float *dw);
+    void (*dh)(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t d1, const float *zt, int64_t ldz,
+               const float *w, float *dh, bool accumulate);
+} fx__lce_tile_gemms;
+
+extern const fx__lce_tile_gemms fx__lce_tile_gemms_scalar;
+extern const fx__lce_tile_gemms fx__lce_tile_gemms_avx512;
+
+/* Which products a float32 call takes on the current CPU path: "lce kernels" (this module's
+   own, fx__lce_tile_gemms) or "blas" (BLIS's, on the AVX2 path). */
+const char *fx__lce_f32_products(void);
 
 /* The three products of fx__linear_cross_entropy_bf16 on a tiled bfloat16 path t whose panels
    are packed pair by pair (t->kernel set, !t->a_rows: vdpbf16ps), lce_dp.c. A chunk's h is
