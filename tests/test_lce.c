@@ -1166,12 +1166,29 @@ static void test_fused_kernels(void)
     }
 }
 
+/* Each CPU path's float32 call takes the products meant for it: the module's own kernels
+   on the scalar and AVX-512 paths, BLIS's on AVX2 (a route lost to another would still pass
+   every numerical check). */
+static void test_product_routes(void)
+{
+    const fx_isa best = fx_get_isa();
+    const char *want[] = {[FX_ISA_SCALAR] = "lce kernels", [FX_ISA_AVX2] = "blas", [FX_ISA_AVX512] = "lce kernels"};
+    for (int isa = FX_ISA_SCALAR; isa <= (int)best; isa++) {
+        fx_set_isa((fx_isa)isa);
+        const char *got = fx__lce_f32_products();
+        if (strcmp(got, want[isa]) != 0)
+            FXT_FAIL("%s path: products by '%s', not '%s'", fx_isa_name((fx_isa)isa), got, want[isa]);
+    }
+    fx_set_isa(best);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
     FXT_RUN(test_reference_gradients);
     FXT_RUN(test_row_kernels);
     FXT_RUN(test_fused_kernels);
+    FXT_RUN(test_product_routes);
     FXT_RUN(test_all_options);
     FXT_RUN(test_odd_sizes);
     FXT_RUN(test_per_token_grad);
