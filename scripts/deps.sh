@@ -4,6 +4,7 @@
 #                            PCRE2, utf8proc, cairo and a font (flexc plot), corpus, SIMDe
 #                            (the tests' portable build of the AVX512-BF16 kernel)
 #   scripts/deps.sh ci       also what CI's extra passes use (clang and its fuzzing runtime, pip)
+#                            and oneDNN (the bfloat16 GEMM's peer, bench/gemm_bf16_onednn.c)
 # As root it installs directly; otherwise through sudo when that works without a password;
 # otherwise it prints the apt-get line to run and fails.
 set -euo pipefail
@@ -12,7 +13,7 @@ packages=(build-essential cmake pkg-config libblis-dev libblis4-openmp libopenmp
           libjansson-dev libpcre2-dev libutf8proc-dev libcairo2-dev libfontconfig-dev fonts-dejavu-core
           fortunes-min fortunes libsimde-dev)
 if [[ "${1:-}" == ci ]]; then
-    packages+=(clang libclang-rt-14-dev python3 python3-pip)
+    packages+=(clang libclang-rt-14-dev python3 python3-pip libdnnl-dev)
 fi
 
 missing=()
