@@ -19,12 +19,13 @@ add_executable(bench_gemm_bf16 ${PROJECT_SOURCE_DIR}/bench/gemm_bf16.c)
 target_link_libraries(bench_gemm_bf16 PRIVATE flexc_internal)
 
 # The same against oneDNN's bfloat16 matmul (bench/gemm_bf16_onednn.c), where oneDNN is
-# installed (Debian: libdnnl-dev; scripts/deps.sh ci installs it).
+# installed (Debian: libdnnl-dev; scripts/deps.sh ci installs it), in builds with OpenMP (the
+# benchmark sets both libraries' thread counts through it).
 find_library(FLEXC_DNNL_LIBRARY dnnl)
 check_include_file(oneapi/dnnl/dnnl.h FLEXC_HAVE_DNNL_H)
-if(FLEXC_DNNL_LIBRARY AND FLEXC_HAVE_DNNL_H AND NOT FLEXC_SANITIZE AND NOT FLEXC_FUZZ)
+if(FLEXC_DNNL_LIBRARY AND FLEXC_HAVE_DNNL_H AND FLEXC_OPENMP AND NOT FLEXC_SANITIZE AND NOT FLEXC_FUZZ)
   add_executable(bench_gemm_bf16_onednn ${PROJECT_SOURCE_DIR}/bench/gemm_bf16_onednn.c)
-  target_link_libraries(bench_gemm_bf16_onednn PRIVATE flexc_internal ${FLEXC_DNNL_LIBRARY})
+  target_link_libraries(bench_gemm_bf16_onednn PRIVATE flexc_internal ${FLEXC_DNNL_LIBRARY} OpenMP::OpenMP_C)
 endif()
 
 # The GPU bundle (make build-gpu, scripts/gpu-check.sh) carries both, statically linked, to
