@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "gemm_bf16_shapes.h"
 #include "median.h"
 #include "core/gemm_bf16.h"
 
@@ -24,16 +25,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_gemm_bf16 [REPS (1..%d, default 7)]\n", MAX_REPS);
         return 2;
     }
-    /* name, M, N, K, ta, tb: small (1024 tokens, dim 384, ffn 1024), gpt2 (256 tokens, 768, 3072). */
-    const struct { const char *name; int64_t M, N, K; bool ta, tb; } shapes[] = {
-        {"small x W^T", 1024, 1024, 384, false, true}, {"small dy W", 1024, 384, 1024, false, false},
-        {"small dy^T x", 1024, 384, 1024, true, false}, {"gpt2 x W^T", 256, 3072, 768, false, true},
-        {"gpt2 dy W", 256, 768, 3072, false, false},   {"gpt2 dy^T x", 3072, 768, 256, true, false},
-    };
+    const bench_gemm_shape *shapes = bench_gemm_step_shapes;
     const fx__bf16_tiled *cpu = fx__gemm_bf16_cpu_path();
     const char *path = cpu == &fx__bf16_tiled_amx ? "AMX" : cpu == &fx__bf16_tiled_dp ? "vdpbf16ps" : "float32";
     const bool dp_too = fx__cpu_avx512bf16() && cpu != &fx__bf16_tiled_dp;
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    for (size_t s = 0; s < BENCH_GEMM_STEP_SHAPES; s++) {
         const int64_t M = shapes[s].M, N = shapes[s].N, K = shapes[s].K;
         const bool ta = shapes[s].ta, tb = shapes[s].tb;
         float *A = malloc((size_t)(M * K) * sizeof(float)), *B = malloc((size_t)(K * N) * sizeof(float));
@@ -42,11 +38,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_gemm_bf16: out of memory\n");
             return 1;
         }
-        unsigned seed = 1;
-        for (int64_t i = 0; i < M * K; i++)
-            A[i] = fx__bf16_round((float)rand_r(&seed) / (float)RAND_MAX - 0.5f);
-        for (int64_t i = 0; i < K * N; i++)
-            B[i] = fx__bf16_round((float)rand_r(&seed) / (float)RAND_MAX - 0.5f);
+        bench_gemm_operands(&shapes[s], A, B);
         const int64_t lda = ta ? M : K, ldb = tb ? K : N;
         double t16[MAX_REPS], t32[MAX_REPS], tdp[MAX_REPS];
         for (int r = -1; r < reps; r++) { /* r = -1: a warm-up of each */

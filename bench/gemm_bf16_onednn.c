@@ -18,6 +18,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <string.h>
 
+#include "gemm_bf16_shapes.h"
 #include "median.h"
 #include "core/gemm_bf16.h"
 
@@ -82,13 +83,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_gemm_bf16_onednn [REPS (1..%d, default 7)]\n", MAX_REPS);
         return 2;
     }
-    /* name, M, N, K, ta, tb: as bench/gemm_bf16.c. */
-    const struct { const char *name; int64_t M, N, K; bool ta, tb; } shapes[] = {
-        {"small x W^T", 1024, 1024, 384, false, true}, {"small dy W", 1024, 384, 1024, false, false},
-        {"small dy^T x", 1024, 384, 1024, true, false}, {"gpt2 x W^T", 256, 3072, 768, false, true},
-        {"gpt2 dy W", 256, 768, 3072, false, false},   {"gpt2 dy^T x", 3072, 768, 256, true, false},
-        {"long K", 16, 64, 4096, true, false},
-    };
+    bench_gemm_shape shapes[BENCH_GEMM_STEP_SHAPES + 1];
+    for (int s = 0; s < BENCH_GEMM_STEP_SHAPES; s++)
+        shapes[s] = bench_gemm_step_shapes[s];
+    shapes[BENCH_GEMM_STEP_SHAPES] = (bench_gemm_shape){"long K", 16, 64, 4096, true, false};
     const fx__bf16_tiled *cpu = fx__gemm_bf16_cpu_path();
     const char *path = cpu == &fx__bf16_tiled_amx ? "AMX" : cpu == &fx__bf16_tiled_dp ? "vdpbf16ps" : "float32";
     dnnl_engine_t eng;
@@ -106,15 +104,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_gemm_bf16_onednn: out of memory\n");
             return 1;
         }
-        unsigned seed = 1;
-        for (int64_t i = 0; i < M * K; i++)
-            A[i] = fx__f32_to_bf16((float)rand_r(&seed) / (float)RAND_MAX - 0.5f);
-        for (int64_t i = 0; i < K * N; i++)
-            B[i] = fx__f32_to_bf16((float)rand_r(&seed) / (float)RAND_MAX - 0.5f);
-        for (int64_t i = 0; i < M * K; i++)
-            A32[i] = fx__bf16_to_f32(A[i]);
-        for (int64_t i = 0; i < K * N; i++)
-            B32[i] = fx__bf16_to_f32(B[i]);
+        bench_gemm_operands(&shapes[s], A32, B32);
+        fx__f32_to_bf16_n(A, A32, M * K);
+        fx__f32_to_bf16_n(B, B32, K * N);
         const int64_t lda = ta ? M : K, ldb = tb ? K : N;
         onednn_gemm g = onednn_gemm_create(eng, M, N, K, ta, tb, A, B, C);
         double tf[MAX_REPS], t32[MAX_REPS], td[MAX_REPS];
