@@ -125,8 +125,8 @@ int main(int argc, char **argv)
         }
         const double mf = median(tf, reps), m32 = median(t32, reps), md = median(td, reps);
         const double gf = 2e-9 * (double)(M * N * K);
-        /* oneDNN's C on one thread (a primitive made for one) against its C on all of them */
-        onednn_gemm_run(&g, stream);
+        /* oneDNN's C on one thread (a primitive made for one) against its C on all of them,
+           which the timed loop's last call left in C */
         const int threads = omp_get_max_threads();
         omp_set_num_threads(1);
         onednn_gemm g1 = onednn_gemm_create(eng, M, N, K, ta, tb, A, B, C1);

@@ -553,18 +553,15 @@ static const lce_products lce_products_pairs = {"bfloat16 pairs", lce_pack_h_pai
    kernels, for the current CPU path. */
 static void lce_route(lce_call *k)
 {
+    const fx_isa isa = fx__isa();
     k->kern = fx__lce_tile_kernels_now();
-    k->gemm = &fx__lce_tile_gemms_scalar;
-    k->prod = &lce_products_own;
-    if (k->dp.t) {
+    k->gemm = isa == FX_ISA_AVX512 ? &fx__lce_tile_gemms_avx512 : &fx__lce_tile_gemms_scalar;
+    if (k->dp.t)
         k->prod = &lce_products_pairs;
-        return;
-    }
-    switch (fx__isa()) {
-    case FX_ISA_AVX512: k->gemm = &fx__lce_tile_gemms_avx512; break;
-    case FX_ISA_AVX2: k->prod = &lce_products_blas; break;
-    case FX_ISA_SCALAR: break;
-    }
+    else if (isa == FX_ISA_AVX2)
+        k->prod = &lce_products_blas;
+    else
+        k->prod = &lce_products_own;
 }
 
 const char *fx__lce_f32_products(void)
