@@ -47,4 +47,12 @@ contains gen-hf-msg "$tmp/err" "^flexc: error: --ckpt: "
 check train-hf 1 "$flexc" train --model "$tmp/hf" "${common[@]}" --out "$tmp/x"
 contains train-hf-msg "$tmp/err" "^flexc: error: --model "
 check bench-dir 0 "$flexc" bench train --model "$tmp/a" --steps 2 --batch 1 --seq 16 --only flex
+# --gemm with --dtype bf16 times the bfloat16 products (their storage named), not NaN rows.
+check bench-gemm-bf16 0 "$flexc" bench train --model tiny --steps 1 --batch 1 --seq 16 --only flex --gemm --dtype bf16
+contains bench-gemm-bf16-row "$tmp/out" '^    [NT][NT]  bf16 [hf][hf] '
+lacks bench-gemm-bf16-f32 "$tmp/out" '  f32 '
+lacks bench-gemm-bf16-nan "$tmp/out" 'nan'
+check bench-gemm-f32 0 "$flexc" bench train --model tiny --steps 1 --batch 1 --seq 16 --only flex --gemm
+contains bench-gemm-f32-row "$tmp/out" '^    [NT][NT]  f32 '
+lacks bench-gemm-f32-bf16 "$tmp/out" '  bf16 '
 finish cli_model

@@ -13,14 +13,14 @@ void bench_gemm_report(const fx__gemm_shape *shapes, int n, int64_t dropped, int
 {
     double step_gemm = 0.0, step_alone = 0.0, step_blis = 0.0, step_flops = 0.0;
     if (!json)
-        printf("  matrix products per step (outside the fused loss), against the same GEMM alone and one BLIS call:\n"
-               "    %-3s %6s %6s %6s %6s %9s %9s %9s %7s %9s\n", "op", "M", "N", "K", "calls", "ms", "GFLOP/s",
-               "alone", "ratio", "BLIS");
+        printf("  matrix products per step (outside the fused loss), against the same GEMM alone and one float32 BLIS "
+               "call\n  (in: f32, or bf16 with A's and B's storage, h bfloat16 or f float32 rounded as read):\n"
+               "    %-3s %-7s %6s %6s %6s %6s %9s %9s %9s %7s %9s\n", "op", "in", "M", "N", "K", "calls", "ms",
+               "GFLOP/s", "alone", "ratio", "BLIS");
     for (int i = 0; i < n && steps > 0; i++) {
         const fx__gemm_shape *g = &shapes[i];
         const double flops = 2.0 * (double)g->M * (double)g->N * (double)g->K;
-        const double alone = bench_gemm_seconds(false, g->ta, g->tb, g->M, g->N, g->K);
-        const double blis = bench_gemm_seconds(true, g->ta, g->tb, g->M, g->N, g->K);
+        const double alone = bench_gemm_seconds(false, g), blis = bench_gemm_seconds(true, g);
         if (alone < 0.0 || blis < 0.0) {
             fprintf(stderr, "bench train --gemm: out of memory\n");
             return;
@@ -30,9 +30,12 @@ void bench_gemm_report(const fx__gemm_shape *shapes, int n, int64_t dropped, int
         step_alone += alone * calls;
         step_blis += blis * calls;
         step_flops += flops * calls;
+        char in[8] = "f32";
+        if (g->bf16)
+            snprintf(in, sizeof in, "bf16 %c%c", g->a16 ? 'h' : 'f', g->b16 ? 'h' : 'f');
         if (!json)
-            printf("    %c%c  %6lld %6lld %6lld %6.1f %9.2f %9.1f %9.1f %7.3f %9.1f\n", g->ta ? 'T' : 'N',
-                   g->tb ? 'T' : 'N', (long long)g->M, (long long)g->N, (long long)g->K, calls,
+            printf("    %c%c  %-7s %6lld %6lld %6lld %6.1f %9.2f %9.1f %9.1f %7.3f %9.1f\n", g->ta ? 'T' : 'N',
+                   g->tb ? 'T' : 'N', in, (long long)g->M, (long long)g->N, (long long)g->K, calls,
                    1e3 * g->seconds / steps, flops / per_call * 1e-9, flops / alone * 1e-9, alone / per_call,
                    flops / blis * 1e-9);
     }

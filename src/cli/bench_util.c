@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "core/gemm_bf16.h"
+
 #include <blis.h>
 
 static int cmp_double(const void *a, const void *b)
@@ -173,55 +175,68 @@ double bench_triad_gbs(void)
 
 /* One call of the GEMM bench_gemm_seconds times. */
 typedef struct bench_gemm_call {
-    bool blis, ta, tb;
-    int64_t M, N, K;
-    const float *A, *B;
-    float *C;
+    bool blis;
+    const fx__gemm_shape *g;
+    const float *A, *B;         /* float32 operands */
+    const uint16_t *A16, *B16;  /* their bfloat16 copies (g->bf16) */
+    float *C, *ws;              /* ws: fx__gemm_bf16's scratch (g->bf16) */
     rntm_t rntm;
 } bench_gemm_call;
 
-static double bench_gemm_once(bench_gemm_call *g)
+static double bench_gemm_once(bench_gemm_call *c)
 {
+    const fx__gemm_shape *g = c->g;
+    const int64_t lda = g->ta ? g->M : g->K, ldb = g->tb ? g->K : g->N;
     float one = 1.0f, zero = 0.0f;
     const double t0 = fx__seconds();
-    if (g->blis)
+    if (c->blis)
         bli_sgemm_ex(g->ta ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, g->tb ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, g->M, g->N,
-                     g->K, &one, (float *)g->A, g->ta ? g->M : g->K, 1, (float *)g->B, g->tb ? g->K : g->N, 1, &zero,
-                     g->C, g->N, 1, NULL, &g->rntm);
+                     g->K, &one, (float *)c->A, lda, 1, (float *)c->B, ldb, 1, &zero, c->C, g->N, 1, NULL, &c->rntm);
+    else if (g->bf16)
+        fx__gemm_bf16(g->ta, g->tb, g->M, g->N, g->K, g->a16 ? fx__bf16_of(c->A16) : fx__bf16_of_f32(c->A), lda,
+                      g->b16 ? fx__bf16_of(c->B16) : fx__bf16_of_f32(c->B), ldb, zero, c->C, g->N, c->ws);
     else
-        fx__sgemm(g->ta, g->tb, g->M, g->N, g->K, one, g->A, g->ta ? g->M : g->K, g->B, g->tb ? g->K : g->N, zero,
-                  g->C, g->N);
+        fx__sgemm(g->ta, g->tb, g->M, g->N, g->K, one, c->A, lda, c->B, ldb, zero, c->C, g->N);
     return fx__seconds() - t0;
 }
 
-double bench_gemm_seconds(bool blis, bool ta, bool tb, int64_t M, int64_t N, int64_t K)
+double bench_gemm_seconds(bool blis, const fx__gemm_shape *g)
 {
+    const int64_t M = g->M, N = g->N, K = g->K;
+    const bool bf16 = g->bf16 && !blis;
     float *A = malloc((size_t)(M * K) * sizeof *A), *B = malloc((size_t)(N * K) * sizeof *B),
-          *C = malloc((size_t)(M * N) * sizeof *C);
-    if (!A || !B || !C) {
-        free(A), free(B), free(C);
-        return -1.0;
-    }
+          *C = malloc((size_t)(M * N) * sizeof *C), *ws = bf16 ? malloc(fx__gemm_bf16_ws(M, N, K) * sizeof *ws) : NULL;
+    uint16_t *A16 = bf16 ? malloc((size_t)(M * K) * sizeof *A16) : NULL,
+             *B16 = bf16 ? malloc((size_t)(N * K) * sizeof *B16) : NULL;
+    double s = -1.0;
+    if (!A || !B || !C || (bf16 && (!ws || !A16 || !B16)))
+        goto done;
     fx_rng_fill_uniform(A, M * K, -1, 1, 1, 0);
     fx_rng_fill_uniform(B, N * K, -1, 1, 2, 0);
-    bench_gemm_call g = {blis, ta, tb, M, N, K, A, B, C, BLIS_RNTM_INITIALIZER};
-    bli_rntm_set_num_threads_only(fx_get_num_threads(), &g.rntm);
+    if (bf16) {
+        fx__f32_to_bf16_n(A16, A, M * K);
+        fx__f32_to_bf16_n(B16, B, N * K);
+    }
+    bench_gemm_call c = {blis, g, A, B, A16, B16, C, ws, BLIS_RNTM_INITIALIZER};
+    bli_rntm_set_num_threads_only(fx_get_num_threads(), &c.rntm);
     /* Warm-up calls for a tenth of a second (at least one, at most 64): on the virtual
        machines measured here the first ~20 ms of calls after a pause ran at two thirds of the
        later speed. */
     const double warm_until = fx__seconds() + 0.1;
     for (int r = 0; r < 64 && (r == 0 || fx__seconds() < warm_until); r++)
-        bench_gemm_once(&g);
+        bench_gemm_once(&c);
     double t[5];
     for (int r = 0; r < 5; r++)
-        t[r] = bench_gemm_once(&g);
-    free(A), free(B), free(C);
-    return bench_median(t, 5);
+        t[r] = bench_gemm_once(&c);
+    s = bench_median(t, 5);
+done:
+    free(A), free(B), free(C), free(ws), free(A16), free(B16);
+    return s;
 }
 
 double bench_sgemm_gflops(bool blis, int64_t M, int64_t N, int64_t K)
 {
-    const double s = bench_gemm_seconds(blis, false, true, M, N, K);
+    const double s = bench_gemm_seconds(blis, &(fx__gemm_shape){.tb = true, .M = M, .N = N, .K = K});
     return s > 0.0 ? 2.0 * (double)M * (double)N * (double)K / s * 1e-9 : 0.0;
 }
 

@@ -33,11 +33,12 @@ double bench_triad_gbs(void);
    each is a sleep and a wake-up of the threads; spinning threads make it a few cache misses.
    0 for both on one thread. */
 void bench_sync_us(double *region_us, double *barrier_us);
-/* Median seconds of one float32 GEMM C[M,N] = op(A) op(B) of random operands after a warm-up:
-   the library's own (fx__sgemm, on flexc's threads), or, with blis, one BLIS call on BLIS's
-   own threads (its default settings, flexc's thread count); -1 when the operands cannot be
+/* Median seconds of one GEMM C[M,N] = op(A) op(B) of g's shape (core.h) on random operands
+   after a warm-up: the library's own on flexc's threads (fx__gemm_bf16 with g's operand
+   storage where g->bf16, else fx__sgemm), or, with blis, one float32 BLIS call on BLIS's own
+   threads (its default settings, flexc's thread count); -1 when the operands cannot be
    allocated. */
-double bench_gemm_seconds(bool blis, bool ta, bool tb, int64_t M, int64_t N, int64_t K);
+double bench_gemm_seconds(bool blis, const fx__gemm_shape *g);
 /* C[M,N] = A[M,K] B[K,N]^T in GFLOP/s (bench_gemm_seconds; 0 without memory). */
 double bench_sgemm_gflops(bool blis, int64_t M, int64_t N, int64_t K);
 
@@ -52,8 +53,7 @@ double bench_fma_loop_avx512(int64_t iters);
    already in cache (bench_gemm_seconds), and against one BLIS call of that shape on BLIS's
    own threads; and the totals; a table, or one JSON line. step_s: the traced steps' mean
    seconds. */
-struct fx__gemm_shape;
-void bench_gemm_report(const struct fx__gemm_shape *shapes, int n, int64_t dropped, int steps, double step_s,
+void bench_gemm_report(const fx__gemm_shape *shapes, int n, int64_t dropped, int steps, double step_s,
                        bool json);
 
 /* Maximum resident set size of this process, in bytes. */

@@ -67,19 +67,29 @@ void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc);
 /* Accounting of the matrix work (`flexc bench train --gemm`): between fx__gemm_trace_start
-   and fx__gemm_trace_stop, every fx__sgemm call made outside a parallel region adds its wall
-   time to the entry of its shape (up to `cap` distinct shapes; later new shapes are only
-   counted in *dropped). Calls inside parallel regions (the fused loss's blocks) are not
-   traced. One trace at a time, started and stopped by the thread that makes the calls. */
+   and fx__gemm_trace_stop, every fx__sgemm and fx__gemm_bf16 call made outside a parallel
+   region adds its wall time to the entry of its shape and kind (up to `cap` distinct ones;
+   later new ones are only counted in *dropped). Calls inside parallel regions (the fused
+   loss's blocks) are not traced. One trace at a time, started and stopped by the thread that
+   makes the calls. */
 typedef struct fx__gemm_shape {
     bool ta, tb;
     int64_t M, N, K;
+    bool bf16;     /* a call of fx__gemm_bf16 (gemm_bf16.h), not of fx__sgemm */
+    bool a16, b16; /* with bf16: the operand stored in bfloat16, not float32 rounded as read */
     int64_t calls;
     double seconds;
 } fx__gemm_shape;
 void fx__gemm_trace_start(fx__gemm_shape *shapes, int cap);
 /* Stops tracing; returns the number of entries filled and sets *dropped (may be NULL). */
 int fx__gemm_trace_stop(int64_t *dropped);
+/* The traced GEMMs' bracket around one call: fx__gemm_trace_begin gives the clock, or a
+   negative value when the call is not traced (no trace on, a parallel region, or within
+   another traced call: fx__gemm_bf16's float32 route calling fx__sgemm counts once); with a
+   clock, fx__gemm_trace_end adds the call to the entry of `shape` (its calls and seconds
+   ignored). */
+double fx__gemm_trace_begin(void);
+void fx__gemm_trace_end(const fx__gemm_shape *shape, double t0);
 
 /* The plain triple loop (float64 accumulation), same contract: the tests' reference. */
 void fx__sgemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,

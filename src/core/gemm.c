@@ -41,6 +41,7 @@ static struct {
     fx__gemm_shape *shapes;
     int cap, n;
     int64_t dropped;
+    bool inside; /* a traced call is running */
 } fx__trace;
 
 void fx__gemm_trace_start(fx__gemm_shape *shapes, int cap)
@@ -56,11 +57,22 @@ int fx__gemm_trace_stop(int64_t *dropped)
     return fx__trace.n;
 }
 
-static void fx__gemm_trace_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double seconds)
+double fx__gemm_trace_begin(void)
 {
+    if (!fx__trace.shapes || fx__trace.inside || fx__in_parallel())
+        return -1.0;
+    fx__trace.inside = true;
+    return fx__seconds();
+}
+
+void fx__gemm_trace_end(const fx__gemm_shape *g, double t0)
+{
+    const double seconds = fx__seconds() - t0;
+    fx__trace.inside = false;
     for (int i = 0; i < fx__trace.n; i++) {
         fx__gemm_shape *e = &fx__trace.shapes[i];
-        if (e->ta == ta && e->tb == tb && e->M == M && e->N == N && e->K == K) {
+        if (e->ta == g->ta && e->tb == g->tb && e->M == g->M && e->N == g->N && e->K == g->K && e->bf16 == g->bf16 &&
+            e->a16 == g->a16 && e->b16 == g->b16) {
             e->calls++, e->seconds += seconds;
             return;
         }
@@ -69,7 +81,9 @@ static void fx__gemm_trace_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K
         fx__trace.dropped++;
         return;
     }
-    fx__trace.shapes[fx__trace.n++] = (fx__gemm_shape){ta, tb, M, N, K, 1, seconds};
+    fx__gemm_shape *e = &fx__trace.shapes[fx__trace.n++];
+    *e = *g;
+    e->calls = 1, e->seconds = seconds;
 }
 
 static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
@@ -81,13 +95,10 @@ void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
 {
     if (M == 0 || N == 0)
         return;
-    if (!fx__trace.shapes || fx__in_parallel()) {
-        fx__sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-        return;
-    }
-    const double t0 = fx__seconds();
+    const double t0 = fx__gemm_trace_begin();
     fx__sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    fx__gemm_trace_add(ta, tb, M, N, K, fx__seconds() - t0);
+    if (t0 >= 0.0)
+        fx__gemm_trace_end(&(fx__gemm_shape){.ta = ta, .tb = tb, .M = M, .N = N, .K = K}, t0);
 }
 
 static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,

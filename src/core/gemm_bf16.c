@@ -109,8 +109,22 @@ const fx__bf16_tiled *fx__gemm_bf16_path(void)
 #endif
 }
 
+static void fx__gemm_bf16_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda,
+                              fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc, float *ws);
+
 void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
                    int64_t ldb, float beta, float *C, int64_t ldc, float *ws)
+{
+    const double t0 = fx__gemm_trace_begin();
+    fx__gemm_bf16_run(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, ws);
+    if (t0 >= 0.0)
+        fx__gemm_trace_end(&(fx__gemm_shape){.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .bf16 = true, .a16 = A.bf16,
+                                             .b16 = B.bf16},
+                           t0);
+}
+
+static void fx__gemm_bf16_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda,
+                              fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc, float *ws)
 {
 #ifdef FLEXC_REFERENCE_KERNELS
     (void)ws;
