@@ -367,14 +367,16 @@ void fx__swiglu_forward(float *out, int64_t ldo, const float *a, const float *b,
    ldo apart) */
 void fx__swiglu_backward(float *da, float *db, int64_t ld, const float *dout, int64_t ldo, const float *a,
                          const float *b, int64_t rows, int64_t cols);
-/* The element loops of the two (no threads): the scalar reference and its vector twins
-   (a polynomial exp, within a few ulp of expf). */
+/* The element loops of the two (no threads) on one path: the scalar reference or its vector
+   twins (a polynomial exp, within a few ulp of expf), one table a path, as RMSNorm's. */
+typedef struct fx__swiglu_ops {
+    void (*forward)(float *out, const float *a, const float *b, int64_t n);
+    void (*backward)(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
+} fx__swiglu_ops;
+extern const fx__swiglu_ops fx__swiglu_ops_avx512, fx__swiglu_ops_avx2;
+const fx__swiglu_ops *fx__swiglu_ops_for(fx_isa isa); /* plain C on the scalar path */
 void fx__swiglu_forward_scalar(float *out, const float *a, const float *b, int64_t n);
 void fx__swiglu_backward_scalar(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
-void fx__swiglu_forward_avx2(float *out, const float *a, const float *b, int64_t n);
-void fx__swiglu_backward_avx2(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
-void fx__swiglu_forward_avx512(float *out, const float *a, const float *b, int64_t n);
-void fx__swiglu_backward_avx512(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n);
 /* out [N,C] = wte[tokens] */
 void fx__embed_forward(float *out, const int32_t *tokens, const float *wte, int64_t N, int64_t C);
 /* dwte [V,C] (+=) <- dout [N,C]; fixed order over tokens. */

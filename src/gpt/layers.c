@@ -285,6 +285,18 @@ void fx__swiglu_backward_scalar(float *da, float *db, const float *dout, const f
     }
 }
 
+static const fx__swiglu_ops fx__swiglu_ops_scalar = {fx__swiglu_forward_scalar, fx__swiglu_backward_scalar};
+
+const fx__swiglu_ops *fx__swiglu_ops_for(fx_isa isa)
+{
+    switch (isa) {
+    case FX_ISA_AVX512: return &fx__swiglu_ops_avx512;
+    case FX_ISA_AVX2: return &fx__swiglu_ops_avx2;
+    case FX_ISA_SCALAR: break;
+    }
+    return &fx__swiglu_ops_scalar;
+}
+
 /* Elements per task: fixed blocks of a row (multiples of every vector width), so which
    elements a vector loop's scalar tail handles does not depend on the thread count. */
 enum { FX__EW_BLOCK = 1 << 12 };
@@ -292,11 +304,7 @@ enum { FX__EW_BLOCK = 1 << 12 };
 void fx__swiglu_forward(float *out, int64_t ldo, const float *a, const float *b, int64_t ld, int64_t rows,
                         int64_t cols)
 {
-    void (*f)(float *, const float *, const float *, int64_t) = fx__swiglu_forward_scalar;
-    if (fx__isa() == FX_ISA_AVX512)
-        f = fx__swiglu_forward_avx512;
-    else if (fx__isa() == FX_ISA_AVX2)
-        f = fx__swiglu_forward_avx2;
+    void (*f)(float *, const float *, const float *, int64_t) = fx__swiglu_ops_for(fx__isa())->forward;
     const int64_t nb = (cols + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < rows * nb; t++) {
@@ -308,11 +316,8 @@ void fx__swiglu_forward(float *out, int64_t ldo, const float *a, const float *b,
 void fx__swiglu_backward(float *da, float *db, int64_t ld, const float *dout, int64_t ldo, const float *a,
                          const float *b, int64_t rows, int64_t cols)
 {
-    void (*f)(float *, float *, const float *, const float *, const float *, int64_t) = fx__swiglu_backward_scalar;
-    if (fx__isa() == FX_ISA_AVX512)
-        f = fx__swiglu_backward_avx512;
-    else if (fx__isa() == FX_ISA_AVX2)
-        f = fx__swiglu_backward_avx2;
+    void (*f)(float *, float *, const float *, const float *, const float *, int64_t) =
+        fx__swiglu_ops_for(fx__isa())->backward;
     const int64_t nb = (cols + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < rows * nb; t++) {

@@ -1,3 +1,5 @@
-/* AVX2 SwiGLU loops; called only when fx_get_isa() allows. */
+/* AVX2 SwiGLU loops (fx__swiglu_ops); called only when fx_get_isa() allows. */
 #include "core/simd_avx2.h"
 #include "swiglu_simd.h"
+
+const fx__swiglu_ops fx__swiglu_ops_avx2 = {SIMD_FN(swiglu_forward), SIMD_FN(swiglu_backward)};

@@ -1,7 +1,7 @@
 /* The SwiGLU element loops on the library's SIMD layer (core/simd_avx2.h or
    core/simd_avx512.h, included first): the vector twins of fx__swiglu_*_scalar in
-   layers.c, within a few ulp of them (a polynomial exp instead of expf). Include only from
-   files built for that width. */
+   layers.c, within a few ulp of them (a polynomial exp instead of expf), for the path's
+   fx__swiglu_ops. Include only from files built for that width. */
 #ifndef FX_GPT_SWIGLU_SIMD_H
 #define FX_GPT_SWIGLU_SIMD_H
 
@@ -16,7 +16,7 @@ static inline vf SIMD_FN(fx__sigmoid)(vf a, vf one)
     return V_SEL(V_LT(a, V_ZERO()), V_MUL(e, r), r);
 }
 
-void SIMD_FN(fx__swiglu_forward)(float *out, const float *a, const float *b, int64_t n)
+static void SIMD_FN(swiglu_forward)(float *out, const float *a, const float *b, int64_t n)
 {
     const vf one = V_SET1(1.0f);
     int64_t i = 0;
@@ -27,7 +27,7 @@ void SIMD_FN(fx__swiglu_forward)(float *out, const float *a, const float *b, int
     fx__swiglu_forward_scalar(out + i, a + i, b + i, n - i);
 }
 
-void SIMD_FN(fx__swiglu_backward)(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n)
+static void SIMD_FN(swiglu_backward)(float *da, float *db, const float *dout, const float *a, const float *b, int64_t n)
 {
     const vf one = V_SET1(1.0f);
     int64_t i = 0;
