@@ -304,25 +304,24 @@ enum { FX__EW_BLOCK = 1 << 12 };
 void fx__swiglu_forward(float *out, int64_t ldo, const float *a, const float *b, int64_t ld, int64_t rows,
                         int64_t cols)
 {
-    void (*f)(float *, const float *, const float *, int64_t) = fx__swiglu_ops_for(fx__isa())->forward;
+    const fx__swiglu_ops *op = fx__swiglu_ops_for(fx__isa());
     const int64_t nb = (cols + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < rows * nb; t++) {
         const int64_t r = t / nb, j = t % nb * FX__EW_BLOCK, len = cols - j < FX__EW_BLOCK ? cols - j : FX__EW_BLOCK;
-        f(out + r * ldo + j, a + r * ld + j, b + r * ld + j, len);
+        op->forward(out + r * ldo + j, a + r * ld + j, b + r * ld + j, len);
     }
 }
 
 void fx__swiglu_backward(float *da, float *db, int64_t ld, const float *dout, int64_t ldo, const float *a,
                          const float *b, int64_t rows, int64_t cols)
 {
-    void (*f)(float *, float *, const float *, const float *, const float *, int64_t) =
-        fx__swiglu_ops_for(fx__isa())->backward;
+    const fx__swiglu_ops *op = fx__swiglu_ops_for(fx__isa());
     const int64_t nb = (cols + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < rows * nb; t++) {
         const int64_t r = t / nb, j = t % nb * FX__EW_BLOCK, len = cols - j < FX__EW_BLOCK ? cols - j : FX__EW_BLOCK;
-        f(da + r * ld + j, db + r * ld + j, dout + r * ldo + j, a + r * ld + j, b + r * ld + j, len);
+        op->backward(da + r * ld + j, db + r * ld + j, dout + r * ldo + j, a + r * ld + j, b + r * ld + j, len);
     }
 }
 
