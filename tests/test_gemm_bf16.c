@@ -408,7 +408,8 @@ static int tiled_paths(fx__bf16_tiled *t, const char **name)
    row), both element layouts and operand kinds, a full and a partial panel, both panel widths
    (A's 12 lines, B's 32), and a K that spans several of the packing's steps along a line; the
    pair-by-pair order by each of its loops (plain C, AVX-512, and the AVX-512 sweep of all
-   panels in two ranges of pairs, where the CPU has AVX-512). */
+   panels in two ranges of pairs, where the CPU has AVX-512). The data hold the special values
+   of the rounding, subnormals among them, in both layouts. */
 typedef void (*pack_fn)(uint32_t *, fx__bf16_mat, int64_t, bool, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 static void test_gemm_bf16_pack(void)
@@ -424,8 +425,13 @@ static void test_gemm_bf16_pack(void)
         {NULL, "pairs (AVX-512 sweep)", avx512},
     };
     operand X = operand_new(LD, LD, LD, 7); /* room for either layout */
-    for (int s = 0; s < 4; s++) /* special values the rounding must keep: NaN, infinities, a tie */
-        X.f[3 * LD + 5 + s] = (float[]){NAN, INFINITY, -INFINITY, 1.00390625f}[s];
+    /* Special values the rounding must keep: NaN (quiet and signalling), infinities, a tie,
+       and subnormals (one that rounds up to a normal, a tie to even, one that rounds to -0),
+       on a row and down a column, so that both layouts read them. */
+    const uint32_t special[] = {0x7fc00000u, 0x7f800001u, 0x7f800000u, 0xff800000u, 0x3f808000u,
+                                0x007fffffu, 0x00018000u, 0x80000001u};
+    for (size_t s = 0; s < sizeof special / sizeof special[0]; s++)
+        X.f[3 * LD + 5 + s] = X.f[(9 + 2 * s) * LD + 11] = float_of(special[s]);
     fx__f32_to_bf16_n_scalar(X.h, X.f, LD * LD);
     const size_t words = PANELS * MAXW * MAXP + 1; /* and a word past the largest operand */
     uint32_t *P = malloc(words * sizeof(uint32_t));
