@@ -50,6 +50,11 @@ double fx__wall_seconds(void);
 
 /* The CPU path kernels take now (fx_get_isa()). */
 static inline fx_isa fx__isa(void) { return fx_get_isa(); }
+
+/* The one of a path's three values (a module's kernel table) that isa takes: each *_ops_for
+   picks its table by this, so a new path is one more argument in every module. */
+#define FX__PER_ISA(isa, scalar, avx2, avx512) \
+    ((isa) == FX_ISA_AVX512 ? (avx512) : (isa) == FX_ISA_AVX2 ? (avx2) : (scalar))
 /* The CPU has AVX512-BF16 (vdpbf16ps) and the AVX-512 path is allowed (fx_get_isa()). */
 bool fx__cpu_avx512bf16(void);
 /* The CPU is AMD's (CPUID's vendor string AuthenticAMD). */

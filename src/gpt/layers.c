@@ -72,12 +72,7 @@ static const fx__rms_ops fx__rms_ops_scalar = {rms_sumsq_scalar, rms_dot3_scalar
 
 const fx__rms_ops *fx__rms_ops_for(fx_isa isa)
 {
-    switch (isa) {
-    case FX_ISA_AVX512: return &fx__rms_ops_avx512;
-    case FX_ISA_AVX2: return &fx__rms_ops_avx2;
-    case FX_ISA_SCALAR: break;
-    }
-    return &fx__rms_ops_scalar;
+    return FX__PER_ISA(isa, &fx__rms_ops_scalar, &fx__rms_ops_avx2, &fx__rms_ops_avx512);
 }
 
 void fx__rmsnorm_forward_copy(float *out, float *rstd, float *copy, const float *inp, const float *w, int64_t N,
@@ -289,12 +284,7 @@ static const fx__swiglu_ops fx__swiglu_ops_scalar = {fx__swiglu_forward_scalar, 
 
 const fx__swiglu_ops *fx__swiglu_ops_for(fx_isa isa)
 {
-    switch (isa) {
-    case FX_ISA_AVX512: return &fx__swiglu_ops_avx512;
-    case FX_ISA_AVX2: return &fx__swiglu_ops_avx2;
-    case FX_ISA_SCALAR: break;
-    }
-    return &fx__swiglu_ops_scalar;
+    return FX__PER_ISA(isa, &fx__swiglu_ops_scalar, &fx__swiglu_ops_avx2, &fx__swiglu_ops_avx512);
 }
 
 /* Elements per task: fixed blocks of a row (multiples of every vector width), so which

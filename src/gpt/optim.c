@@ -87,12 +87,7 @@ static const fx__optim_ops fx__optim_ops_avx512 = {fx__sumsq_avx512, fx__adamw_f
 
 const fx__optim_ops *fx__optim_ops_for(fx_isa isa)
 {
-    switch (isa) {
-    case FX_ISA_AVX512: return &fx__optim_ops_avx512;
-    case FX_ISA_AVX2: return &fx__optim_ops_avx2;
-    case FX_ISA_SCALAR: break;
-    }
-    return &fx__optim_ops_scalar;
+    return FX__PER_ISA(isa, &fx__optim_ops_scalar, &fx__optim_ops_avx2, &fx__optim_ops_avx512);
 }
 
 /* The optimizer walks the flat buffers in fixed blocks shared out statically: one parallel
