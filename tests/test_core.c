@@ -385,15 +385,29 @@ static void check_gemm_tiled(bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
                 C[i * ldc + j] = C3[i * ldc + j] = CV[i * ldc + j] = NAN; /* must not survive */
         const double bound = gemm_ref_f64(ta, tb, M, N, K, A, lda, B, ldb, beta, C0, ldc, ref);
         fx_set_num_threads(1);
-        fx__sgemm_tiled(&fx__sgemm_path_scalar, ta, tb, M, N, K, 0.5f, fx__sgemm_f32(A), lda, fx__sgemm_f32(B), ldb, beta, C, ldc, ws);
+        fx__sgemm_tiled(&fx__sgemm_path_scalar, FX__SG_AUTO, ta, tb, M, N, K, 0.5f, fx__sgemm_f32(A), lda,
+                        fx__sgemm_f32(B), ldb, beta, C, ldc, ws);
         /* a float32 sum of K terms: a few ulps of the sum of their magnitudes per term */
         fxt_close_f32("tiled (plain C)", C, ref, nc, 1e-6 + 4.0 * FLT_EPSILON * (double)K * bound, 0.0);
-        fx_set_num_threads(3);
-        fx__sgemm_tiled(&fx__sgemm_path_scalar, ta, tb, M, N, K, 0.5f, fx__sgemm_f32(A), lda, fx__sgemm_f32(B), ldb, beta, C3, ldc, ws);
-        fxt_bitwise_f32("tiled (plain C) 1 vs 3 threads", C, C3, nc);
-        if (avx512) {
-            fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, 0.5f, fx__sgemm_f32(A), lda, fx__sgemm_f32(B), ldb, beta, CV, ldc, ws);
-            fxt_bitwise_f32("tiled AVX-512 vs plain C", C, CV, nc);
+        /* Every scheme, whichever the shape would take, on 3 threads and on the AVX-512 path. */
+        static const fx__sgemm_scheme schemes[] = {FX__SG_BOTH, FX__SG_SHARE_A, FX__SG_SHARE_B};
+        static const char *names[] = {"both packed", "A shared", "B shared"};
+        for (size_t si = 0; si < 3; si++) {
+            fx_set_num_threads(3);
+            memcpy(C3, C0, nc * sizeof(float)), memcpy(CV, C0, nc * sizeof(float));
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N && beta == 0.0f; j++)
+                    C3[i * ldc + j] = CV[i * ldc + j] = NAN;
+            fx__sgemm_tiled(&fx__sgemm_path_scalar, schemes[si], ta, tb, M, N, K, 0.5f, fx__sgemm_f32(A), lda,
+                            fx__sgemm_f32(B), ldb, beta, C3, ldc, ws);
+            if (!fxt_bitwise_f32(names[si], C, C3, nc))
+                printf("  plain C on 3 threads, %lld x %lld x %lld\n", (long long)M, (long long)N, (long long)K);
+            if (avx512) {
+                fx__sgemm_tiled(&fx__sgemm_path_avx512, schemes[si], ta, tb, M, N, K, 0.5f, fx__sgemm_f32(A), lda,
+                                fx__sgemm_f32(B), ldb, beta, CV, ldc, ws);
+                if (!fxt_bitwise_f32(names[si], C, CV, nc))
+                    printf("  AVX-512 vs plain C, %lld x %lld x %lld\n", (long long)M, (long long)N, (long long)K);
+            }
         }
         fxt_guarded_free("C", C);
         fxt_guarded_free("C3", C3);
@@ -406,8 +420,10 @@ static void check_gemm_tiled(bool ta, bool tb, int64_t M, int64_t N, int64_t K, 
 /* The float32 GEMM's tiled path (sgemm.h) on its plain C twin, which runs on any CPU: against
    float64 sums at shapes with partial tiles, K across several blocks and K = 0, A panels in
    several groups, every transpose, leading dimensions wider than the matrices, beta 0 over
-   NaN, 1 and -0.75; and bitwise at 1 and 3 threads. Where the CPU has AVX-512, the AVX-512 path must give the twin's
-   bits exactly (the same packing, the same fused multiply-add chains). */
+   NaN, 1 and -0.75; and every packing scheme, on 3 threads, bitwise as the automatic one on 1
+   (3 threads take fewer where a streamed operand has fewer panels). Where the CPU has AVX-512,
+   the AVX-512 path must give the twin's bits exactly (the same packing, the same fused
+   multiply-add chains). */
 static void test_gemm_tiled_paths(void)
 {
     const int64_t shapes[][3] = {{1, 1, 1}, {13, 33, 7}, {12, 32, FX__SG_KC}, {25, 65, FX__SG_KC + 1},

@@ -113,7 +113,7 @@ static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
            out of memory may see other bits). */
         float *ws = fx__alloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
         if (ws) {
-            fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, alpha, fx__sgemm_f32(A), lda, fx__sgemm_f32(B), ldb,
+            fx__sgemm_tiled(&fx__sgemm_path_avx512, FX__SG_AUTO, ta, tb, M, N, K, alpha, fx__sgemm_f32(A), lda, fx__sgemm_f32(B), ldb,
                             beta, C, ldc, ws);
             fx__free(ws);
             return;
@@ -209,54 +209,123 @@ size_t fx__sgemm_tiled_ws(int64_t M, int64_t N, int64_t K)
            (size_t)(k2 > 0 ? k2 : 1);
 }
 
-void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                     fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B, int64_t ldb, float beta, float *C, int64_t ldc,
-                     float *ws)
+/* FX__SG_AUTO's choice: the operand whose block is smaller is shared if it fits
+   FX__SG_GROUP_BYTES, the other streamed; both packed whole when neither fits. */
+static fx__sgemm_scheme fx__sgemm_scheme_of(int64_t mp, int64_t np, int64_t kmax)
+{
+    const int64_t a = mp * FX__SG_MR * kmax * (int64_t)sizeof(float), b = np * FX__SG_NR * kmax * (int64_t)sizeof(float);
+    if ((a <= b ? a : b) > FX__SG_GROUP_BYTES)
+        return FX__SG_BOTH;
+    return a <= b ? FX__SG_SHARE_A : FX__SG_SHARE_B;
+}
+
+/* Both operands packed whole per block of k, then every tile of C by one thread: group by
+   group, in a group B panel by B panel, each over the group's A panels. A thread's
+   consecutive tiles share their B panel (in L1) while the group's A panels come from L2; a
+   whole A of more than L2 would come from L3 once per B panel (docs/train-profile.md:
+   1.06-1.18x at 1024 rows on a 2 MiB L2). */
+static void fx__sgemm_both(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                           fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B, int64_t ldb, float beta, float *C,
+                           int64_t ldc, float *ws, int64_t kc, int64_t k0, int blk)
 {
     const int64_t mp = fx__sgemm_panels(M, FX__SG_MR), np = fx__sgemm_panels(N, FX__SG_NR);
     const int64_t kmax = K < FX__SG_KC ? K : FX__SG_KC;
-    const bool nested = fx__in_parallel();
-    const double flops = 2.0 * (double)M * (double)N * (double)K;
-    (void)nested, (void)flops; /* read only by the pragma, which is gone without OpenMP */
     /* The A panels in groups of at most FX__SG_GROUP_BYTES packed, made equal: g panels each
        (the last one fewer). */
-    _Static_assert(FX__SG_GROUP_BYTES >= sizeof(float) * FX__SG_MR * FX__SG_KC, "a group holds an A panel");
     const int64_t gmax = FX__SG_GROUP_BYTES / ((int64_t)sizeof(float) * FX__SG_MR * (kmax > 0 ? kmax : 1));
     const int64_t ngroups = (mp + gmax - 1) / gmax, g = (mp + ngroups - 1) / ngroups;
-    /* Per block of k: both operands packed, each panel by one thread, then every tile of C by
-       one thread: group by group, in a group B panel by B panel, each over the group's A
-       panels. A thread's consecutive tiles share their B panel (in L1) while the group's A
-       panels come from L2; a whole A of more than L2 would come from L3 once per B panel
-       (docs/train-profile.md: 1.06-1.18x at 1024 rows on a 2 MiB L2). K = 0 is one empty
-       block (C = beta C).
-
-       One barrier per block, between its packing and its tiles. Consecutive blocks pack into
-       the two halves of ws in turn, so a thread may pack block b + 1 while another still
-       multiplies block b; block b + 2 reuses b's half only after every thread has passed
-       b + 1's barrier, done with b. A tile's blocks add up in order: the static schedule
-       gives a tile to the same thread in every block. (With passive waiting a barrier is a
-       sleep and a wake-up: 35-40 us each on a 2-core virtual machine.) */
     const int64_t half = (mp * FX__SG_MR + np * FX__SG_NR) * kmax;
-#pragma omp parallel if (!nested && flops >= FX__GEMM_MIN_FLOPS)
+    float *ap = ws + (blk & 1) * half, *bp = ap + mp * FX__SG_MR * kc;
+#pragma omp for schedule(static) nowait
+    for (int64_t q = 0; q < mp; q++)
+        p->pack(ap + q * FX__SG_MR * kc, A, lda, !ta, M, k0, kc, FX__SG_MR, q);
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < np; q++)
+        p->pack(bp + q * FX__SG_NR * kc, B, ldb, tb, N, k0, kc, FX__SG_NR, q);
+#pragma omp for schedule(static) nowait
+    for (int64_t t = 0; t < mp * np; t++) {
+        const int64_t i0 = t / (g * np) * g, in = mp - i0 < g ? mp - i0 : g, r = t - i0 * np;
+        const int64_t i = i0 + r % in, j = r / in, mr = M - i * FX__SG_MR, nr = N - j * FX__SG_NR;
+        p->kernel(kc, ap + i * FX__SG_MR * kc, bp + j * FX__SG_NR * kc, alpha, k0 == 0 ? beta : 1.0f,
+                  C + i * FX__SG_MR * ldc + j * FX__SG_NR, ldc, mr < FX__SG_MR ? mr : FX__SG_MR,
+                  nr < FX__SG_NR ? nr : FX__SG_NR);
+    }
+}
+
+/* One operand (share) packed whole per block of k, shared; the other streamed: each thread
+   packs its panels of it one at a time into its own slot of ws and runs that panel's tiles
+   against every shared panel while it is in L1 or L2. The streamed operand is read once and
+   its packed copy never leaves the cache: at 256 rows (a GPT-2 step's B x T) the whole-packing
+   writes out and reads back a packed weight of several MiB per call. */
+static void fx__sgemm_streamed(const fx__sgemm_path *p, fx__sgemm_scheme share, bool ta, bool tb, int64_t M,
+                               int64_t N, int64_t K, float alpha, fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B,
+                               int64_t ldb, float beta, float *C, int64_t ldc, float *ws, int64_t slots,
+                               int64_t kc, int64_t k0, int blk)
+{
+    const int64_t mp = fx__sgemm_panels(M, FX__SG_MR), np = fx__sgemm_panels(N, FX__SG_NR);
+    const int64_t kmax = K < FX__SG_KC ? K : FX__SG_KC;
+    const bool sa = share == FX__SG_SHARE_A;
+    const int64_t sw = sa ? FX__SG_MR : FX__SG_NR, sp = sa ? mp : np, pw = sa ? FX__SG_NR : FX__SG_MR;
+    const int64_t pp = sa ? np : mp;
+    /* ws: the threads' slots (one per thread of the team, at most), then the two halves of the shared operand; the second half
+       holds a whole block only when K has three or more, as fx__sgemm_tiled_ws counts. */
+    float *own = ws + (int64_t)fx__thread_id() * pw * kmax;
+    float *shared = ws + slots * pw * kmax + (blk & 1) * sp * sw * kmax;
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < sp; q++) {
+        if (sa)
+            p->pack(shared + q * sw * kc, A, lda, !ta, M, k0, kc, sw, q);
+        else
+            p->pack(shared + q * sw * kc, B, ldb, tb, N, k0, kc, sw, q);
+    }
+#pragma omp for schedule(static) nowait
+    for (int64_t q = 0; q < pp; q++) {
+        if (sa)
+            p->pack(own, B, ldb, tb, N, k0, kc, pw, q);
+        else
+            p->pack(own, A, lda, !ta, M, k0, kc, pw, q);
+        for (int64_t s = 0; s < sp; s++) {
+            const int64_t i = sa ? s : q, j = sa ? q : s, mr = M - i * FX__SG_MR, nr = N - j * FX__SG_NR;
+            const float *a = sa ? shared + s * sw * kc : own, *b = sa ? own : shared + s * sw * kc;
+            p->kernel(kc, a, b, alpha, k0 == 0 ? beta : 1.0f, C + i * FX__SG_MR * ldc + j * FX__SG_NR, ldc,
+                      mr < FX__SG_MR ? mr : FX__SG_MR, nr < FX__SG_NR ? nr : FX__SG_NR);
+        }
+    }
+}
+
+void fx__sgemm_tiled(const fx__sgemm_path *p, fx__sgemm_scheme scheme, bool ta, bool tb, int64_t M, int64_t N,
+                     int64_t K, float alpha, fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B, int64_t ldb, float beta,
+                     float *C, int64_t ldc, float *ws)
+{
+    const int64_t mp = fx__sgemm_panels(M, FX__SG_MR), np = fx__sgemm_panels(N, FX__SG_NR);
+    const int64_t kmax = K < FX__SG_KC ? K : FX__SG_KC;
+    const fx__sgemm_scheme share = scheme == FX__SG_AUTO ? fx__sgemm_scheme_of(mp, np, kmax) : scheme;
+    const bool nested = fx__in_parallel();
+    const double flops = 2.0 * (double)M * (double)N * (double)K;
+    /* A streamed operand gives each thread a slot of one panel, which the scratch holds for
+       as many threads as that operand has panels (fx__sgemm_tiled_ws). */
+    const int64_t streamed = share == FX__SG_SHARE_A ? np : mp;
+    const int team = share == FX__SG_BOTH || streamed >= fx__max_threads() ? fx__max_threads() : (int)streamed;
+    (void)nested, (void)flops, (void)team; /* read only by the pragma, which is gone without OpenMP */
+    _Static_assert(FX__SG_GROUP_BYTES >= sizeof(float) * FX__SG_MR * FX__SG_KC, "a group holds an A panel");
+    /* Per block of k, one barrier: between the packing of what the threads share and the
+       tiles. Consecutive blocks pack into the two halves of the shared part of ws in turn, so
+       a thread may pack block b + 1 while another still multiplies block b; block b + 2
+       reuses b's half only after every thread has passed b + 1's barrier, done with b. A
+       tile's blocks add up in order: the static schedule gives a tile to the same thread in
+       every block. K = 0 is one empty block (C = beta C). (With passive waiting a barrier is
+       a sleep and a wake-up: 35-40 us each on a 2-core virtual machine.) */
+#pragma omp parallel if (!nested && flops >= FX__GEMM_MIN_FLOPS) num_threads(team)
     {
-        int64_t k0 = 0, blk = 0;
+        int64_t k0 = 0;
+        int blk = 0;
         do {
             const int64_t kc = K - k0 < FX__SG_KC ? K - k0 : FX__SG_KC;
-            float *ap = ws + (blk & 1) * half, *bp = ap + mp * FX__SG_MR * kc;
-#pragma omp for schedule(static) nowait
-            for (int64_t q = 0; q < mp; q++)
-                p->pack(ap + q * FX__SG_MR * kc, A, lda, !ta, M, k0, kc, FX__SG_MR, q);
-#pragma omp for schedule(static)
-            for (int64_t q = 0; q < np; q++)
-                p->pack(bp + q * FX__SG_NR * kc, B, ldb, tb, N, k0, kc, FX__SG_NR, q);
-#pragma omp for schedule(static) nowait
-            for (int64_t t = 0; t < mp * np; t++) {
-                const int64_t i0 = t / (g * np) * g, in = mp - i0 < g ? mp - i0 : g, r = t - i0 * np;
-                const int64_t i = i0 + r % in, j = r / in, mr = M - i * FX__SG_MR, nr = N - j * FX__SG_NR;
-                p->kernel(kc, ap + i * FX__SG_MR * kc, bp + j * FX__SG_NR * kc, alpha, k0 == 0 ? beta : 1.0f,
-                          C + i * FX__SG_MR * ldc + j * FX__SG_NR, ldc, mr < FX__SG_MR ? mr : FX__SG_MR,
-                          nr < FX__SG_NR ? nr : FX__SG_NR);
-            }
+            if (share == FX__SG_BOTH)
+                fx__sgemm_both(p, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, kc, k0, blk);
+            else
+                fx__sgemm_streamed(p, share, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, team, kc, k0,
+                                   blk);
             k0 += kc, blk++;
         } while (k0 < K);
     }

@@ -146,7 +146,7 @@ static void fx__gemm_bf16_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
        the same values through the same tiled GEMM on AVX-512, BLIS on the other paths. */
     const fx__sgemm_elem ea = A.bf16 ? FX__SG_BF16 : FX__SG_F32_AS_BF16, eb = B.bf16 ? FX__SG_BF16 : FX__SG_F32_AS_BF16;
     if (fx__isa() == FX_ISA_AVX512) {
-        fx__sgemm_tiled(&fx__sgemm_path_avx512, ta, tb, M, N, K, 1.0f, (fx__sgemm_mat){A.p, ea}, lda,
+        fx__sgemm_tiled(&fx__sgemm_path_avx512, FX__SG_AUTO, ta, tb, M, N, K, 1.0f, (fx__sgemm_mat){A.p, ea}, lda,
                         (fx__sgemm_mat){B.p, eb}, ldb, beta, C, ldc, ws);
         return;
     }

@@ -63,14 +63,25 @@ void fx__sgemm_kernel_avx512(int64_t kc, const float *a, const float *b, float a
 void fx__sgemm_pack_avx512(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int64_t lines, int64_t k0, int64_t kc,
                            int64_t width, int64_t q);
 
-/* Floats of scratch fx__sgemm_tiled needs for (M, N, K): two blocks of k of both packed
-   operands (one where K <= FX__SG_KC), every panel whole. */
+/* How a call packs its operands, block of k by block of k. Both whole (FX__SG_BOTH), or one
+   whole and shared by the threads while the other is streamed: each thread packs its panels
+   of that one, one at a time, and runs each against every shared panel. Streaming reads the
+   larger operand once and keeps its packed copy in the cache; packing it whole writes out and
+   reads back several MiB per call when the other side is thin (256 rows: a GPT-2 step's
+   tokens). FX__SG_AUTO shares the operand whose block is smaller where it fits
+   FX__SG_GROUP_BYTES and packs both otherwise. Every scheme computes each element the same
+   way (above): the choice changes speed, never bits. */
+typedef enum { FX__SG_AUTO, FX__SG_BOTH, FX__SG_SHARE_A, FX__SG_SHARE_B } fx__sgemm_scheme;
+
+/* Floats of scratch fx__sgemm_tiled needs for (M, N, K), whatever the scheme: two blocks of k
+   of both packed operands (one where K <= FX__SG_KC), every panel whole. */
 size_t fx__sgemm_tiled_ws(int64_t M, int64_t N, int64_t K);
 
-/* fx__sgemm's contract on path p, ws holding fx__sgemm_tiled_ws(M, N, K) floats. Threads:
-   the current team size, or one inside a parallel region. */
-void fx__sgemm_tiled(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                     fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B, int64_t ldb, float beta, float *C, int64_t ldc,
-                     float *ws);
+/* fx__sgemm's contract on path p by the given scheme, ws holding fx__sgemm_tiled_ws(M, N, K)
+   floats. Threads: the current team size (a streaming scheme takes at most one per streamed
+   panel), or one inside a parallel region. */
+void fx__sgemm_tiled(const fx__sgemm_path *p, fx__sgemm_scheme scheme, bool ta, bool tb, int64_t M, int64_t N,
+                     int64_t K, float alpha, fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B, int64_t ldb, float beta,
+                     float *C, int64_t ldc, float *ws);
 
 #endif
