@@ -764,48 +764,83 @@ static void test_decode_flex(void)
 
 /* ---- optimizer ------------------------------------------------------------------------------ */
 
-static void test_adamw(void)
+/* One AdamW step t of the float64 reference over m's parameters p from m's gradients (lr
+   1e-2, betas 0.9 and 0.95, eps 1e-8, decay 0.1 on the matrices only): the moments mm, vv
+   advance and p moves. moments16: the moments are kept rounded to bfloat16 (--adam-bf16), the
+   step itself taking them unrounded. */
+static void adamw_reference(const fx__gpt *m, double *p, double *mm, double *vv, int t, bool moments16)
+{
+    for (size_t ti = 0; ti < m->lay.n; ti++) {
+        const fx__gpt_tensor *tt = &m->lay.t[ti];
+        const double wd = tt->ndim == 2 ? 0.1 : 0.0;
+        for (size_t j = tt->offset; j < tt->offset + tt->numel; j++) {
+            const double g = m->grads[j], mj = 0.9 * mm[j] + 0.1 * g, vj = 0.95 * vv[j] + 0.05 * g * g;
+            mm[j] = moments16 ? fx_bf16_to_f32(fx_f32_to_bf16((float)mj)) : mj;
+            vv[j] = moments16 ? fx_bf16_to_f32(fx_f32_to_bf16((float)vj)) : vj;
+            const double mh = mj / (1 - pow(0.9, t)), vh = vj / (1 - pow(0.95, t));
+            p[j] -= 1e-2 * (mh / (sqrt(vh) + 1e-8) + wd * p[j]);
+        }
+    }
+}
+
+/* The AdamW options of adamw_reference. */
+static const fx__adamw adamw_opts = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+
+/* A few AdamW steps of a small_cfg model on random gradients against adamw_reference, with
+   float32 or bfloat16 moments (moments16: also the stored moments against the reference's).
+   Returns the model after them for further checks, or NULL. */
+static fx__gpt *adamw_against_reference(bool moments16)
 {
     fx__gpt_config c = small_cfg();
     fx__gpt *m = NULL;
     FXT_OK(fx__gpt_create(&m, &c, 1));
     if (!m)
-        return;
+        return NULL;
+    m->adam_bf16 = moments16;
     FXT_OK(fx__gpt_alloc_train(m));
-    size_t P = m->lay.total;
+    FXT_CHECK(moments16 ? m->adam16 && !m->adam : m->adam && !m->adam16);
+    const size_t P = m->lay.total;
     double *p = fxt_alloc_f64(P), *mm = fxt_alloc_f64(P), *vv = fxt_alloc_f64(P);
     for (size_t i = 0; i < P; i++)
         p[i] = m->params[i];
-    fx__adamw o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-    for (int t = 1; t <= 3; t++) {
-        fx_rng_fill_uniform(m->grads, (int64_t)P, -1, 1, 77, (uint64_t)t);
-        fx__gpt_adamw(m, &o, t);
-        for (size_t ti = 0; ti < m->lay.n; ti++) {
-            const fx__gpt_tensor *tt = &m->lay.t[ti];
-            double wd = tt->ndim == 2 ? 0.1 : 0.0;
-            for (size_t j = tt->offset; j < tt->offset + tt->numel; j++) {
-                double g = m->grads[j];
-                mm[j] = 0.9 * mm[j] + 0.1 * g;
-                vv[j] = 0.95 * vv[j] + 0.05 * g * g;
-                double mh = mm[j] / (1 - pow(0.9, t)), vh = vv[j] / (1 - pow(0.95, t));
-                p[j] -= 1e-2 * (mh / (sqrt(vh) + 1e-8) + wd * p[j]);
-            }
-        }
+    for (int t = 1; t <= (moments16 ? 4 : 3); t++) {
+        fx_rng_fill_uniform(m->grads, (int64_t)P, -1, 1, moments16 ? 78 : 77, (uint64_t)t);
+        fx__gpt_adamw(m, &adamw_opts, t);
+        adamw_reference(m, p, mm, vv, t, moments16);
     }
-    fxt_close_f32("adamw params", m->params, p, P, 1e-6, 1e-4);
+    if (moments16) {
+        fxt_close_f32("adamw bf16 params", m->params, p, P, 1e-5, 1e-3);
+        size_t off = 0;
+        for (size_t i = 0; i < P; i++)
+            off += fx_bf16_to_f32(m->adam16[i]) != mm[i] &&
+                   fabs(fx_bf16_to_f32(m->adam16[i]) - mm[i]) > 1e-2 * fabs(mm[i]);
+        FXT_EQ_INT(off, 0);
+    } else {
+        fxt_close_f32("adamw params", m->params, p, P, 1e-6, 1e-4);
+    }
+    free(p), free(mm), free(vv);
+    return m;
+}
+
+static void test_adamw(void)
+{
+    fx__gpt *m = adamw_against_reference(false);
+    if (!m)
+        return;
+    const size_t P = m->lay.total;
     /* A gradient scale is the same as scaling the gradients first. */
     fx__gpt *m2 = NULL;
-    FXT_OK(fx__gpt_create(&m2, &c, 1));
+    FXT_OK(fx__gpt_create(&m2, &m->c, 1));
     if (m2) {
         FXT_OK(fx__gpt_alloc_train(m2));
         memcpy(m2->params, m->params, P * sizeof(float));
         memcpy(m2->adam, m->adam, 2 * P * sizeof(float));
         memcpy(m2->grads, m->grads, P * sizeof(float));
         fx__gpt_grad_scale(m2, 0.375f);
-        fx__adamw o2 = o;
+        fx__adamw o2 = adamw_opts;
         o2.grad_scale = 0.375f;
         fx__gpt_adamw(m, &o2, 4);
-        fx__gpt_adamw(m2, &o, 4);
+        fx__gpt_adamw(m2, &adamw_opts, 4);
         fxt_bitwise_f32("grad_scale", m->params, m2->params, P);
         fx__gpt_free(m2);
     }
@@ -821,49 +856,13 @@ static void test_adamw(void)
     for (size_t i = 0; i < P; i++)
         ss += (double)m->grads[i] * m->grads[i];
     FXT_NEAR(fx__gpt_grad_norm(m), sqrt(ss), 1e-9, 1e-12);
-    free(p), free(mm), free(vv);
     fx__gpt_free(m);
 }
 
 /* bfloat16 moments: the same update with the moments rounded to bfloat16 after each step. */
 static void test_adamw_bf16(void)
 {
-    fx__gpt_config c = small_cfg();
-    fx__gpt *m = NULL;
-    FXT_OK(fx__gpt_create(&m, &c, 1));
-    if (!m)
-        return;
-    m->adam_bf16 = true;
-    FXT_OK(fx__gpt_alloc_train(m));
-    FXT_CHECK(m->adam16 && !m->adam);
-    size_t P = m->lay.total;
-    double *p = fxt_alloc_f64(P);
-    float *mm = calloc(P, sizeof(float)), *vv = calloc(P, sizeof(float));
-    for (size_t i = 0; i < P; i++)
-        p[i] = m->params[i];
-    fx__adamw o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
-    for (int t = 1; t <= 4; t++) {
-        fx_rng_fill_uniform(m->grads, (int64_t)P, -1, 1, 78, (uint64_t)t);
-        fx__gpt_adamw(m, &o, t);
-        for (size_t ti = 0; ti < m->lay.n; ti++) {
-            const fx__gpt_tensor *tt = &m->lay.t[ti];
-            double wd = tt->ndim == 2 ? 0.1 : 0.0;
-            for (size_t j = tt->offset; j < tt->offset + tt->numel; j++) {
-                double g = m->grads[j];
-                double mj = 0.9 * mm[j] + 0.1 * g, vj = 0.95 * vv[j] + 0.05 * g * g;
-                mm[j] = fx_bf16_to_f32(fx_f32_to_bf16((float)mj));
-                vv[j] = fx_bf16_to_f32(fx_f32_to_bf16((float)vj));
-                double mh = mj / (1 - pow(0.9, t)), vh = vj / (1 - pow(0.95, t));
-                p[j] -= 1e-2 * (mh / (sqrt(vh) + 1e-8) + wd * p[j]);
-            }
-        }
-    }
-    fxt_close_f32("adamw bf16 params", m->params, p, P, 1e-5, 1e-3);
-    size_t off = 0;
-    for (size_t i = 0; i < P; i++)
-        off += fx_bf16_to_f32(m->adam16[i]) != mm[i] && fabsf(fx_bf16_to_f32(m->adam16[i]) - mm[i]) > 1e-2f * fabsf(mm[i]);
-    FXT_EQ_INT(off, 0);
-    free(p), free(mm), free(vv);
+    fx__gpt *m = adamw_against_reference(true);
     fx__gpt_free(m);
 }
 
