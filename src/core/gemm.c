@@ -113,8 +113,8 @@ static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, flo
            out of memory may see other bits). */
         float *ws = fx__alloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
         if (ws) {
-            fx__sgemm_tiled(&fx__sgemm_path_avx512, FX__SG_AUTO, ta, tb, M, N, K, alpha, fx__sgemm_f32(A), lda, fx__sgemm_f32(B), ldb,
-                            beta, C, ldc, ws);
+            fx__sgemm_tiled(&fx__sgemm_path_avx512, FX__SG_AUTO, ta, tb, M, N, K, alpha, fx__sgemm_f32(A), lda,
+                            fx__sgemm_f32(B), ldb, beta, C, ldc, ws);
             fx__free(ws);
             return;
         }
@@ -213,7 +213,7 @@ size_t fx__sgemm_tiled_ws(int64_t M, int64_t N, int64_t K)
    FX__SG_GROUP_BYTES, the other streamed; both packed whole when neither fits. */
 static fx__sgemm_scheme fx__sgemm_scheme_of(int64_t mp, int64_t np, int64_t kmax)
 {
-    const int64_t a = mp * FX__SG_MR * kmax * (int64_t)sizeof(float), b = np * FX__SG_NR * kmax * (int64_t)sizeof(float);
+    const int64_t line = kmax * (int64_t)sizeof(float), a = mp * FX__SG_MR * line, b = np * FX__SG_NR * line;
     if ((a <= b ? a : b) > FX__SG_GROUP_BYTES)
         return FX__SG_BOTH;
     return a <= b ? FX__SG_SHARE_A : FX__SG_SHARE_B;
@@ -267,8 +267,9 @@ static void fx__sgemm_streamed(const fx__sgemm_path *p, fx__sgemm_scheme share, 
     const bool sa = share == FX__SG_SHARE_A;
     const int64_t sw = sa ? FX__SG_MR : FX__SG_NR, sp = sa ? mp : np, pw = sa ? FX__SG_NR : FX__SG_MR;
     const int64_t pp = sa ? np : mp;
-    /* ws: the threads' slots (one per thread of the team, at most), then the two halves of the shared operand; the second half
-       holds a whole block only when K has three or more, as fx__sgemm_tiled_ws counts. */
+    /* ws: a slot per thread of the team, then the two halves of the shared operand (the
+       second holds a whole block only when K has three or more, as fx__sgemm_tiled_ws
+       counts). */
     float *own = ws + (int64_t)fx__thread_id() * pw * kmax;
     float *shared = ws + slots * pw * kmax + (blk & 1) * sp * sw * kmax;
 #pragma omp for schedule(static)
