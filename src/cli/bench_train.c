@@ -62,77 +62,79 @@ static void run_step(void *p)
         v->step_peak = peak2 - cur;
 }
 
-int bench_train(int argc, char **argv)
+/* The run's options, checked, and what follows from them. */
+typedef struct train_args {
+    const char *model, *attn, *dtype;
+    int64_t batch, seq, steps;
+    bool json, adam_bf16, recompute, gemm, bf16;
+    fx__gpt_config cfg;
+    fx__gpt_mask mask;
+    int64_t window;
+    int first, last; /* the variants built and timed: 0 flex, 1 baseline */
+} train_args;
+
+/* a from the command line: CLI_PARSE_OK, CLI_PARSE_HELP (usage printed) or the exit status
+   of an error (printed). */
+static int train_args_parse(int argc, char **argv, train_args *a)
 {
-    const char *model = "small", *attn = "causal", *only = NULL, *parallel = NULL, *dtype = "f32";
-    int64_t batch = 4, seq = 0, steps = 5, vocab = 0, threads = 0, accum = 1;
-    bool json = false, adam_bf16 = false, recompute = false, gemm = false;
-    for (int i = 0; i < argc; i++) /* over MPI processes: a benchmark of its own */
-        if (!strcmp(argv[i], "--parallel") || !strncmp(argv[i], "--parallel=", 11))
-            return bench_train_dist(argc, argv);
+    const char *only = NULL, *parallel = NULL;
+    int64_t vocab = 0, threads = 0;
+    *a = (train_args){.model = "small", .attn = "causal", .dtype = "f32", .batch = 4, .steps = 5};
     const cli_opt opts[] = {
-        {"--model", CLI_STRING, &model, "tiny | small | gpt2, or a model directory (default small)"},
-        {"--attn", CLI_STRING, &attn, "mask of the flex variant: causal | sliding:W | document (default causal)"},
-        {"--batch", CLI_INT, &batch, "sequences per step (default 4)"},
-        {"--seq", CLI_INT, &seq, "sequence length (default: the model's context)"},
+        {"--model", CLI_STRING, &a->model, "tiny | small | gpt2, or a model directory (default small)"},
+        {"--attn", CLI_STRING, &a->attn, "mask of the flex variant: causal | sliding:W | document (default causal)"},
+        {"--batch", CLI_INT, &a->batch, "sequences per step (default 4)"},
+        {"--seq", CLI_INT, &a->seq, "sequence length (default: the model's context)"},
         {"--vocab", CLI_INT, &vocab, "vocabulary size (default 257, bytes; 50257 for a GPT-2 comparison)"},
-        {"--steps", CLI_INT, &steps, "timed step pairs (default 5)"},
+        {"--steps", CLI_INT, &a->steps, "timed step pairs (default 5)"},
         {"--threads", CLI_INT, &threads, "threads (default: all cores)"},
         {"--only", CLI_STRING, &only, "flex | baseline: build and time one variant (its process max RSS is then its own)"},
-        {"--adam-bf16", CLI_FLAG, &adam_bf16, "both variants keep the Adam moments in bfloat16"},
-        {"--dtype", CLI_STRING, &dtype, "f32 | bf16: the flex variant's matrix products; bf16 compares it with "
-                                        "the same model in f32 (default f32)"},
-        {"--recompute", CLI_FLAG, &recompute, "the flex variant recomputes activations in backward"},
-        {"--json", CLI_FLAG, &json, "one JSON object"},
-        {"--gemm", CLI_FLAG, &gemm, "with --only: the step's matrix products by shape, against BLIS alone at each"},
-        /* Never parsed here: --parallel selects the benchmark above. Listed for --help. */
+        {"--adam-bf16", CLI_FLAG, &a->adam_bf16, "both variants keep the Adam moments in bfloat16"},
+        {"--dtype", CLI_STRING, &a->dtype, "f32 | bf16: the flex variant's matrix products; bf16 compares it with "
+                                           "the same model in f32 (default f32)"},
+        {"--recompute", CLI_FLAG, &a->recompute, "the flex variant recomputes activations in backward"},
+        {"--json", CLI_FLAG, &a->json, "one JSON object"},
+        {"--gemm", CLI_FLAG, &a->gemm, "with --only: the step's matrix products by shape, against BLIS alone at each"},
+        /* Never parsed here: --parallel selects bench_train_dist. Listed for --help. */
         {"--parallel", CLI_STRING, &parallel, "fsdp | ddp: overlapped vs. serialised steps under mpirun (options: "
                                               "flexc bench train --parallel fsdp --help)"},
     };
     int rc = cli_parse("bench train", "[options]", argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
-    if (rc == CLI_PARSE_HELP)
-        return CLI_EXIT_OK;
     if (rc != CLI_PARSE_OK)
         return rc;
     if ((rc = cli_threads("bench train", threads)) != CLI_EXIT_OK)
         return rc;
-    if (strcmp(dtype, "f32") != 0 && strcmp(dtype, "bf16") != 0) {
-        cli_error("bench train --dtype %s: expected f32 or bf16", dtype);
+    if (strcmp(a->dtype, "f32") != 0 && strcmp(a->dtype, "bf16") != 0) {
+        cli_error("bench train --dtype %s: expected f32 or bf16", a->dtype);
         return CLI_EXIT_USAGE;
     }
-    const bool bf16 = strcmp(dtype, "bf16") == 0;
+    a->bf16 = strcmp(a->dtype, "bf16") == 0;
     /* A preset, or the configuration of a saved model (the timing does not depend on the
        weights, so the benchmark draws its own). */
-    fx__gpt_config cfg;
     fx_model *saved = NULL;
-    if ((rc = cli_model_open("bench train --model", model, &cfg, &saved)) != CLI_EXIT_OK)
+    if ((rc = cli_model_open("bench train --model", a->model, &a->cfg, &saved)) != CLI_EXIT_OK)
         return rc;
     fx_model_free(saved);
     if (vocab)
-        cfg.vocab = vocab;
-    if (seq == 0)
-        seq = cfg.ctx;
-    fx__gpt_mask mask;
-    int64_t window;
-    if (fx__gpt_config_check(&cfg) != FX_OK || fx__gpt_mask_parse(attn, &mask, &window) != FX_OK) {
+        a->cfg.vocab = vocab;
+    if (a->seq == 0)
+        a->seq = a->cfg.ctx;
+    if (fx__gpt_config_check(&a->cfg) != FX_OK || fx__gpt_mask_parse(a->attn, &a->mask, &a->window) != FX_OK) {
         cli_error("bench train: %s", fx_last_error());
         return CLI_EXIT_USAGE;
     }
-    int first = 0, last = 1;
-    if (only && !strcmp(only, "flex"))
-        last = 0;
-    else if (only && !strcmp(only, "baseline"))
-        first = 1;
-    else if (only) {
+    a->first = only && !strcmp(only, "baseline");
+    a->last = only && !strcmp(only, "flex") ? 0 : 1;
+    if (only && a->first == 0 && a->last == 1) {
         cli_error("bench train --only: '%s' is not flex or baseline", only);
         return CLI_EXIT_USAGE;
     }
-    if (gemm && !only) {
+    if (a->gemm && !only) {
         cli_error("bench train --gemm: needs --only flex or --only baseline");
         return CLI_EXIT_USAGE;
     }
     const struct { const char *name; int64_t v, lo, hi; } lim[] = {
-        {"--seq", seq, 1, cfg.ctx}, {"--batch", batch, 1, 4096}, {"--steps", steps, 1, 64}};
+        {"--seq", a->seq, 1, a->cfg.ctx}, {"--batch", a->batch, 1, 4096}, {"--steps", a->steps, 1, 64}};
     for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
         if (lim[i].v < lim[i].lo || lim[i].v > lim[i].hi) {
             cli_error("bench train: %s %lld is outside [%lld, %lld]", lim[i].name, (long long)lim[i].v,
@@ -140,13 +142,120 @@ int bench_train(int argc, char **argv)
             return CLI_EXIT_USAGE;
         }
     /* The random tokens are stored as uint16. */
-    if (cfg.vocab > 65535) {
-        cli_error("bench train: --vocab %lld is outside [2, 65535]", (long long)cfg.vocab);
+    if (a->cfg.vocab > 65535) {
+        cli_error("bench train: --vocab %lld is outside [2, 65535]", (long long)a->cfg.vocab);
         return CLI_EXIT_USAGE;
     }
+    return CLI_PARSE_OK;
+}
+
+/* Variant i's model (0: flex attention and the fused loss, in bfloat16 with --dtype bf16;
+   1: the baseline) and training state, with the memory its buffers took. */
+static int variant_setup(variant *v, const train_args *a, int i)
+{
+    size_t before, after, peak;
+    fx_mem_stats(&before, &peak);
+    int rc = fx_model_create(&v->m, &a->cfg, 1);
+    if (rc != FX_OK)
+        return rc;
+    v->m->adam_bf16 = a->adam_bf16;
+    v->m->recompute = a->recompute && i == 0;
+    if ((rc = fx__gpt_alloc_train(v->m)) != FX_OK)
+        return rc;
+    v->m->mask = i == 0 || a->bf16 ? a->mask : FX__GPT_MASK_CAUSAL_DENSE;
+    v->m->window = a->window;
+    v->m->loss_impl = i == 0 || a->bf16 ? FX__GPT_LOSS_FUSED : FX__GPT_LOSS_UNFUSED;
+    if ((rc = fx__gpt_set_batch(v->m, a->batch, a->seq)) != FX_OK ||
+        (rc = fx__gpt_set_bf16(v->m, a->bf16 && i == 0)) != FX_OK)
+        return rc;
+    fx_mem_stats(&after, &peak);
+    v->own_bytes = after - before;
+    v->s = (fx__gpt_train_state){.steps = 1000, .warmup = 10, .batch = a->batch, .seq = a->seq, .accum = 1,
+                                 .lr = 1e-4f, .min_lr = 1e-5f, .weight_decay = 0.1f, .clip = 1.0f,
+                                 .beta1 = 0.9f, .beta2 = 0.95f};
+    fx_rng_init(&v->s.rng, 1, 1);
+    return FX_OK;
+}
+
+/* The report of one variant timed alone (--only) at t seconds a step; --gemm: the products
+   of the traced steps (from traced_from on). */
+static void report_one(const train_args *a, variant *x, double t, const fx__gemm_shape *shapes, int nshapes,
+                       int64_t dropped, int traced_from)
+{
+    const double tokens = (double)(a->batch * a->seq), mem = (double)(x->own_bytes + x->step_peak);
+    const double params = (double)x->m->lay.total;
+    if (a->json)
+        printf("{\"case\":\"train\",\"variant\":\"%s\",\"dtype\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\","
+               "\"params\":%.0f,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"tokens_per_s\":%.1f,"
+               "\"forward_s\":%.4f,\"backward_s\":%.4f,\"optimizer_s\":%.4f,\"peak_bytes\":%.0f,\"max_rss_bytes\":%zu}\n",
+               x->name, x->m->params16 ? "bf16" : "f32", x->m->recompute ? "true" : "false",
+               a->adam_bf16 ? "bf16" : "f32", a->model, params, (long long)a->cfg.vocab, (long long)a->batch,
+               (long long)a->seq, fx_get_num_threads(), tokens / t, phase_median(x, 0), phase_median(x, 1),
+               phase_median(x, 2), mem, bench_max_rss());
+    else
+        printf("train %s (%s): %.2fM params, batch %lld x %lld, %d threads: %.1f tokens/s, library peak %.1f MB, "
+               "process max RSS %.1f MB\n"
+               "  per step (median): forward with the loss %.3f s, backward %.3f s, norm and optimizer %.3f s\n",
+               a->model, x->name, params / 1e6, (long long)a->batch, (long long)a->seq, fx_get_num_threads(),
+               tokens / t, mem / 1048576.0, (double)bench_max_rss() / 1048576.0, phase_median(x, 0),
+               phase_median(x, 1), phase_median(x, 2));
+    if (a->gemm) {
+        /* The traced steps' mean: the products' time is a sum over the same steps. */
+        double traced_s = 0.0;
+        for (int i = traced_from; i < x->steps; i++)
+            traced_s += x->phase[i][0] + x->phase[i][1] + x->phase[i][2];
+        const int traced = x->steps - traced_from;
+        bench_gemm_report(shapes, nshapes, dropped, traced, traced > 0 ? traced_s / traced : t, a->json);
+    }
+}
+
+/* The report of both variants timed side by side: ta and tb seconds a step. */
+static void report_pair(const train_args *a, const variant v[2], double ta, double tb)
+{
+    const double tokens = (double)(a->batch * a->seq), params = (double)v[0].m->lay.total;
+    const double mem_a = (double)(v[0].own_bytes + v[0].step_peak), mem_b = (double)(v[1].own_bytes + v[1].step_peak);
+    char an[32];
+    fx__gpt_mask_name(a->mask, a->window, an, sizeof an);
+    const fx__gpt_config *c = &a->cfg;
+    if (a->json) {
+        printf("{\"case\":\"train\",\"dtype\":\"%s\",\"baseline\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\","
+               "\"params\":%.0f,\"layers\":%lld,\"dim\":%lld,\"heads\":%lld,"
+               "\"kv_heads\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"attn\":\"%s\","
+               "\"tokens_per_s\":%.1f,\"baseline_tokens_per_s\":%.1f,\"speedup\":%.3f,"
+               "\"peak_bytes\":%.0f,\"baseline_peak_bytes\":%.0f,\"memory_ratio\":%.3f,\"max_rss_bytes\":%zu}\n",
+               a->dtype, a->bf16 ? "flex+fused f32" : "dense+unfused", a->recompute ? "true" : "false",
+               a->adam_bf16 ? "bf16" : "f32", a->model, params, (long long)c->layers, (long long)c->dim,
+               (long long)c->heads, (long long)c->kv_heads, (long long)c->vocab, (long long)a->batch,
+               (long long)a->seq, fx_get_num_threads(), an, tokens / ta, tokens / tb, tb / ta, mem_a, mem_b,
+               mem_a / mem_b, bench_max_rss());
+        return;
+    }
+    printf("train %s: %.2fM params, vocab %lld, batch %lld x %lld, %d threads (median of %lld step pairs)\n", a->model,
+           params / 1e6, (long long)c->vocab, (long long)a->batch, (long long)a->seq, fx_get_num_threads(),
+           (long long)a->steps);
+    printf("  %-28s %10.1f tokens/s  peak %8.1f MB\n", a->bf16 ? "flex + fused, bf16" : "flex (attention mask) + fused",
+           tokens / ta, mem_a / 1048576.0);
+    printf("  %-28s %10.1f tokens/s  peak %8.1f MB\n", a->bf16 ? "flex + fused, f32" : "dense + unfused loss",
+           tokens / tb, mem_b / 1048576.0);
+    printf("  speedup %.2fx, memory %.2fx of the baseline (mask %s); process max RSS %.1f MB\n", tb / ta,
+           mem_a / mem_b, an, (double)bench_max_rss() / 1048576.0);
+}
+
+int bench_train(int argc, char **argv)
+{
+    for (int i = 0; i < argc; i++) /* over MPI processes: a benchmark of its own */
+        if (!strcmp(argv[i], "--parallel") || !strncmp(argv[i], "--parallel=", 11))
+            return bench_train_dist(argc, argv);
+    train_args a;
+    int rc = train_args_parse(argc, argv, &a);
+    if (rc == CLI_PARSE_HELP)
+        return CLI_EXIT_OK;
+    if (rc != CLI_PARSE_OK)
+        return rc;
 
     /* Random tokens: the speed and memory do not depend on the text. 64K tokens are plenty of
        distinct windows, and keep the benchmark's own data out of the process's memory. */
+    const int64_t seq = a.seq, batch = a.batch;
     fx__gpt_data d = {.n = (seq + 1) * 64 > (1 << 16) ? (seq + 1) * 64 : 1 << 16};
     d.n_train = d.n - (seq + 1);
     d.tok = malloc((size_t)d.n * sizeof *d.tok);
@@ -159,40 +268,16 @@ int bench_train(int argc, char **argv)
     fx_rng r;
     fx_rng_init(&r, 7, 0);
     for (int64_t i = 0; i < d.n; i++)
-        d.tok[i] = (uint32_t)(fx_rng_u32(&r) % (uint32_t)cfg.vocab);
+        d.tok[i] = (uint32_t)(fx_rng_u32(&r) % (uint32_t)a.cfg.vocab);
 
-    variant v[2] = {{.name = bf16 ? "flex+fused bf16" : "flex+fused"},
-                    {.name = bf16 ? "flex+fused f32" : "dense+unfused"}};
+    variant v[2] = {{.name = a.bf16 ? "flex+fused bf16" : "flex+fused"},
+                    {.name = a.bf16 ? "flex+fused f32" : "dense+unfused"}};
     int exit_code = CLI_EXIT_FAIL;
-    for (int i = first; i <= last; i++) {
-        size_t before, peak;
-        fx_mem_stats(&before, &peak);
-        if ((rc = fx_model_create(&v[i].m, &cfg, 1)) != FX_OK) {
+    for (int i = a.first; i <= a.last; i++)
+        if ((rc = variant_setup(&v[i], &a, i)) != FX_OK) {
             cli_fail(rc, "bench train");
             goto done;
         }
-        v[i].m->adam_bf16 = adam_bf16;
-        v[i].m->recompute = recompute && i == 0;
-        if ((rc = fx__gpt_alloc_train(v[i].m)) != FX_OK) {
-            cli_fail(rc, "bench train");
-            goto done;
-        }
-        v[i].m->mask = i == 0 || bf16 ? mask : FX__GPT_MASK_CAUSAL_DENSE;
-        v[i].m->window = window;
-        v[i].m->loss_impl = i == 0 || bf16 ? FX__GPT_LOSS_FUSED : FX__GPT_LOSS_UNFUSED;
-        if ((rc = fx__gpt_set_batch(v[i].m, batch, seq)) != FX_OK ||
-            (rc = fx__gpt_set_bf16(v[i].m, bf16 && i == 0)) != FX_OK) {
-            cli_fail(rc, "bench train");
-            goto done;
-        }
-        size_t after;
-        fx_mem_stats(&after, &peak);
-        v[i].own_bytes = after - before;
-        v[i].s = (fx__gpt_train_state){.steps = 1000, .warmup = 10, .batch = batch, .seq = seq, .accum = accum,
-                                       .lr = 1e-4f, .min_lr = 1e-5f, .weight_decay = 0.1f, .clip = 1.0f,
-                                       .beta1 = 0.9f, .beta2 = 0.95f};
-        fx_rng_init(&v[i].s.rng, 1, 1);
-    }
     bench_ctx ca = {&v[0], &d, tok, tgt}, cb = {&v[1], &d, tok, tgt};
     double ta = 0, tb = 0;
     /* --gemm: one warm-up step untraced, then every step bench_time runs (its own warm-up
@@ -200,78 +285,28 @@ int bench_train(int argc, char **argv)
     enum { MAX_SHAPES = 64 };
     fx__gemm_shape shapes[MAX_SHAPES];
     int traced_from = 0;
-    if (gemm) {
-        run_step(first == 0 ? &ca : &cb);
-        traced_from = v[first].steps;
+    if (a.gemm) {
+        run_step(a.first == 0 ? &ca : &cb);
+        traced_from = v[a.first].steps;
         fx__gemm_trace_start(shapes, MAX_SHAPES);
     }
-    if (first == 0 && last == 1)
-        bench_pair(run_step, &ca, run_step, &cb, (int)steps, &ta, &tb);
-    else if (first == 0)
-        ta = bench_time(run_step, &ca, (int)steps);
+    if (a.first == 0 && a.last == 1)
+        bench_pair(run_step, &ca, run_step, &cb, (int)a.steps, &ta, &tb);
+    else if (a.first == 0)
+        ta = bench_time(run_step, &ca, (int)a.steps);
     else
-        tb = bench_time(run_step, &cb, (int)steps);
+        tb = bench_time(run_step, &cb, (int)a.steps);
     int64_t dropped = 0;
-    const int nshapes = gemm ? fx__gemm_trace_stop(&dropped) : 0;
-    for (int i = first; i <= last; i++)
+    const int nshapes = a.gemm ? fx__gemm_trace_stop(&dropped) : 0;
+    for (int i = a.first; i <= a.last; i++)
         if (v[i].rc) {
             cli_fail(v[i].rc, v[i].name);
             goto done;
         }
-    double tokens = (double)(batch * seq);
-    double mem_a = (double)(v[0].own_bytes + v[0].step_peak), mem_b = (double)(v[1].own_bytes + v[1].step_peak);
-    double params = (double)v[first].m->lay.total;
-    if (first == last) {
-        variant *x = &v[first];
-        double t = first == 0 ? ta : tb, mem = (double)(x->own_bytes + x->step_peak);
-        if (json)
-            printf("{\"case\":\"train\",\"variant\":\"%s\",\"dtype\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"vocab\":%lld,"
-                   "\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"tokens_per_s\":%.1f,\"forward_s\":%.4f,"
-                   "\"backward_s\":%.4f,\"optimizer_s\":%.4f,\"peak_bytes\":%.0f,\"max_rss_bytes\":%zu}\n",
-                   x->name, x->m->params16 ? "bf16" : "f32", x->m->recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32", model, params, (long long)cfg.vocab, (long long)batch, (long long)seq,
-                   fx_get_num_threads(), tokens / t, phase_median(x, 0), phase_median(x, 1), phase_median(x, 2), mem,
-                   bench_max_rss());
-        else
-            printf("train %s (%s): %.2fM params, batch %lld x %lld, %d threads: %.1f tokens/s, library peak %.1f MB, "
-                   "process max RSS %.1f MB\n",
-                   model, x->name, params / 1e6, (long long)batch, (long long)seq, fx_get_num_threads(), tokens / t,
-                   mem / 1048576.0, (double)bench_max_rss() / 1048576.0);
-        if (!json)
-            printf("  per step (median): forward with the loss %.3f s, backward %.3f s, norm and optimizer %.3f s\n",
-                   phase_median(x, 0), phase_median(x, 1), phase_median(x, 2));
-        if (gemm) {
-            /* The traced steps' mean: the products' time is a sum over the same steps. */
-            double traced_s = 0.0;
-            for (int i = traced_from; i < x->steps; i++)
-                traced_s += x->phase[i][0] + x->phase[i][1] + x->phase[i][2];
-            const int traced = x->steps - traced_from;
-            bench_gemm_report(shapes, nshapes, dropped, traced, traced > 0 ? traced_s / traced : t, json);
-        }
-        exit_code = CLI_EXIT_OK;
-        goto done;
-    }
-    char an[32];
-    fx__gpt_mask_name(mask, window, an, sizeof an);
-    if (json) {
-        printf("{\"case\":\"train\",\"dtype\":\"%s\",\"baseline\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"layers\":%lld,\"dim\":%lld,\"heads\":%lld,"
-               "\"kv_heads\":%lld,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"attn\":\"%s\","
-               "\"tokens_per_s\":%.1f,\"baseline_tokens_per_s\":%.1f,\"speedup\":%.3f,"
-               "\"peak_bytes\":%.0f,\"baseline_peak_bytes\":%.0f,\"memory_ratio\":%.3f,\"max_rss_bytes\":%zu}\n",
-               dtype, bf16 ? "flex+fused f32" : "dense+unfused", recompute ? "true" : "false", adam_bf16 ? "bf16" : "f32",
-               model, params, (long long)cfg.layers, (long long)cfg.dim, (long long)cfg.heads,
-               (long long)cfg.kv_heads, (long long)cfg.vocab, (long long)batch, (long long)seq, fx_get_num_threads(),
-               an, tokens / ta, tokens / tb, tb / ta, mem_a, mem_b, mem_a / mem_b, bench_max_rss());
-    } else {
-        printf("train %s: %.2fM params, vocab %lld, batch %lld x %lld, %d threads (median of %lld step pairs)\n",
-               model, params / 1e6, (long long)cfg.vocab, (long long)batch, (long long)seq, fx_get_num_threads(),
-               (long long)steps);
-        printf("  %-28s %10.1f tokens/s  peak %8.1f MB\n", bf16 ? "flex + fused, bf16" : "flex (attention mask) + fused",
-               tokens / ta, mem_a / 1048576.0);
-        printf("  %-28s %10.1f tokens/s  peak %8.1f MB\n", bf16 ? "flex + fused, f32" : "dense + unfused loss",
-               tokens / tb, mem_b / 1048576.0);
-        printf("  speedup %.2fx, memory %.2fx of the baseline (mask %s); process max RSS %.1f MB\n", tb / ta,
-               mem_a / mem_b, an, (double)bench_max_rss() / 1048576.0);
-    }
+    if (a.first == a.last)
+        report_one(&a, &v[a.first], a.first == 0 ? ta : tb, shapes, nshapes, dropped, traced_from);
+    else
+        report_pair(&a, v, ta, tb);
     exit_code = CLI_EXIT_OK;
 done:
     fx_model_free(v[0].m), fx_model_free(v[1].m);
