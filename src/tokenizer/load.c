@@ -382,38 +382,23 @@ static int32_t vocab_get(const fx_tokenizer *t, const char *s, size_t n)
     return fx__strmap_get(&t->vocab, t->vocab_str, t->vocab_len, s, n);
 }
 
-static int load_model(fx_tokenizer *t, const json_t *m, const json_t *added)
+/* The largest id of the vocabulary and the added tokens, plus one, into t->n_ids, and the
+   id-indexed tables allocated. */
+static int load_ids(fx_tokenizer *t, const json_t *vocab, const json_t *added)
 {
-    if (!json_is_object(m))
-        return fx__error(FX_EFORMAT, "model must be an object");
-    const char *type = type_of(m);
-    if (type && strcmp(type, "BPE"))
-        return fx__error(FX_EUNSUPPORTED, "model.type '%s' is not supported (only BPE)", type);
-    const json_t *vocab = json_object_get(m, "vocab"), *merges = json_object_get(m, "merges");
-    if (!json_is_object(vocab))
-        return fx__error(FX_EFORMAT, "model.vocab must be an object");
-    if (!json_is_array(merges))
-        return fx__error(FX_EFORMAT, "model.merges must be an array");
-    const json_t *dropout = json_object_get(m, "dropout");
-    if (dropout && !json_is_null(dropout) && (!json_is_number(dropout) || json_number_value(dropout) != 0.0))
-        return fx__error(FX_EUNSUPPORTED, "model.dropout is not supported (it makes encoding random)");
-
-    /* Ids: the vocabulary's and the added tokens'. */
     int64_t n_ids = 0;
     const char *key;
     size_t key_len;
     json_t *val;
     json_object_keylen_foreach((json_t *)vocab, key, key_len, val) {
-        (void)key_len;
+        (void)key, (void)key_len;
         if (!json_is_integer(val) || json_integer_value(val) < 0 || json_integer_value(val) >= INT32_MAX)
             return fx__error(FX_EFORMAT, "model.vocab: the id of a token must be an integer in [0, 2^31-1)");
         if (json_integer_value(val) + 1 > n_ids)
             n_ids = json_integer_value(val) + 1;
     }
-    if (!json_is_array(added) && added && !json_is_null(added))
-        return fx__error(FX_EFORMAT, "added_tokens must be an array");
     for (size_t i = 0; added && i < json_array_size(added); i++) {
-        const json_t *a = json_array_get(added, i), *id = json_object_get(a, "id");
+        const json_t *id = json_object_get(json_array_get(added, i), "id");
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= INT32_MAX)
             return fx__error(FX_EFORMAT, "added_tokens[%zu].id must be an integer in [0, 2^31-1)", i);
         if (json_integer_value(id) + 1 > n_ids)
@@ -428,12 +413,20 @@ static int load_model(fx_tokenizer *t, const json_t *m, const json_t *added)
     t->special = fx__calloc((size_t)n_ids + 1, sizeof *t->special);
     t->vocab_str = fx__calloc((size_t)n_ids + 1, sizeof *t->vocab_str);
     t->vocab_len = fx__calloc((size_t)n_ids + 1, sizeof *t->vocab_len);
-    if (!t->tok || !t->tok_len || !t->special || !t->vocab_str || !t->vocab_len)
-        return FX_ENOMEM;
+    return t->tok && t->tok_len && t->special && t->vocab_str && t->vocab_len ? FX_OK : FX_ENOMEM;
+}
 
-    /* Strings: one arena; offsets first, pointers once it stops moving. */
-    size_t total = 0;
-    json_object_keylen_foreach((json_t *)vocab, key, key_len, val) total += key_len + 1;
+/* The vocabulary's strings into one arena (room reserved for the added tokens' too, so it
+   never moves), and the string -> id map. */
+static int load_vocab(fx_tokenizer *t, const json_t *vocab, const json_t *added)
+{
+    const char *key;
+    size_t key_len, total = 0;
+    json_t *val;
+    json_object_keylen_foreach((json_t *)vocab, key, key_len, val) {
+        (void)key, (void)val;
+        total += key_len + 1;
+    }
     for (size_t i = 0; added && i < json_array_size(added); i++) {
         const json_t *c = json_object_get(json_array_get(added, i), "content");
         if (!json_is_string(c))
@@ -455,12 +448,34 @@ static int load_model(fx_tokenizer *t, const json_t *m, const json_t *added)
         t->vocab_str[id] = t->tok[id] = s;
         t->vocab_len[id] = t->tok_len[id] = (uint32_t)key_len;
     }
-    rc = fx__strmap_build(&t->vocab, t->vocab_str, t->vocab_len, n_ids);
-    if (rc != FX_OK)
-        return rc;
+    return fx__strmap_build(&t->vocab, t->vocab_str, t->vocab_len, t->n_ids);
+}
 
-    /* Merges: "a b" strings or ["a", "b"] pairs; rank = position. */
-    size_t nm = json_array_size(merges);
+/* Merge i's two tokens, from "a b" or ["a", "b"]. */
+static int merge_pair(const json_t *e, size_t i, const char **a, size_t *na, const char **b, size_t *nb)
+{
+    if (json_is_string(e)) {
+        const char *s = json_string_value(e);
+        size_t n = json_string_length(e);
+        const char *sp = memchr(s, ' ', n);
+        if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - s)))
+            return fx__error(FX_EFORMAT, "model.merges[%zu] must be two tokens separated by one space", i);
+        *a = s, *na = (size_t)(sp - s), *b = sp + 1, *nb = n - *na - 1;
+        return FX_OK;
+    }
+    if (json_is_array(e) && json_array_size(e) == 2 && json_is_string(json_array_get(e, 0)) &&
+        json_is_string(json_array_get(e, 1))) {
+        *a = json_string_value(json_array_get(e, 0)), *na = json_string_length(json_array_get(e, 0));
+        *b = json_string_value(json_array_get(e, 1)), *nb = json_string_length(json_array_get(e, 1));
+        return FX_OK;
+    }
+    return fx__error(FX_EFORMAT, "model.merges[%zu] must be \"a b\" or [\"a\", \"b\"]", i);
+}
+
+/* The merges: rank = position; each pair and its merged token in the vocabulary. */
+static int load_merges(fx_tokenizer *t, const json_t *merges)
+{
+    const size_t nm = json_array_size(merges);
     if (nm >= UINT32_MAX / 4)
         return fx__error(FX_EUNSUPPORTED, "%zu merges are past this library's limit", nm);
     t->merges_cap = 16;
@@ -472,48 +487,37 @@ static int load_model(fx_tokenizer *t, const json_t *m, const json_t *added)
     for (size_t i = 0; i < t->merges_cap; i++)
         t->merges[i].key = UINT64_MAX;
     fx__buf joined = {0};
-    for (size_t i = 0; i < nm; i++) {
-        const json_t *e = json_array_get(merges, i);
-        const char *a, *b;
-        size_t na, nb;
-        if (json_is_string(e)) {
-            const char *s = json_string_value(e);
-            size_t n = json_string_length(e);
-            const char *sp = memchr(s, ' ', n);
-            if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp + 1 - s))) {
-                fx__buf_free(&joined);
-                return fx__error(FX_EFORMAT, "model.merges[%zu] must be two tokens separated by one space", i);
-            }
-            a = s, na = (size_t)(sp - s), b = sp + 1, nb = n - na - 1;
-        } else if (json_is_array(e) && json_array_size(e) == 2 && json_is_string(json_array_get(e, 0)) &&
-                   json_is_string(json_array_get(e, 1))) {
-            a = json_string_value(json_array_get(e, 0)), na = json_string_length(json_array_get(e, 0));
-            b = json_string_value(json_array_get(e, 1)), nb = json_string_length(json_array_get(e, 1));
-        } else {
-            fx__buf_free(&joined);
-            return fx__error(FX_EFORMAT, "model.merges[%zu] must be \"a b\" or [\"a\", \"b\"]", i);
-        }
-        int32_t ia = vocab_get(t, a, na), ib = vocab_get(t, b, nb);
+    int rc = FX_OK;
+    for (size_t i = 0; i < nm && rc == FX_OK; i++) {
+        const char *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        if ((rc = merge_pair(json_array_get(merges, i), i, &a, &na, &b, &nb)) != FX_OK)
+            break;
+        const int32_t ia = vocab_get(t, a, na), ib = vocab_get(t, b, nb);
         if (ia < 0 || ib < 0 || nb < t->prefix_len) {
-            fx__buf_free(&joined);
-            return fx__error(FX_EFORMAT, "model.merges[%zu]: a token of the pair is not in the vocabulary", i);
+            rc = fx__error(FX_EFORMAT, "model.merges[%zu]: a token of the pair is not in the vocabulary", i);
+            break;
         }
         joined.n = 0;
         if (fx__buf_put(&joined, a, na) != FX_OK || fx__buf_put(&joined, b + t->prefix_len, nb - t->prefix_len)) {
-            fx__buf_free(&joined);
-            return FX_ENOMEM;
+            rc = FX_ENOMEM;
+            break;
         }
-        int32_t id = vocab_get(t, joined.p, joined.n);
-        if (id < 0) {
-            fx__buf_free(&joined);
-            return fx__error(FX_EFORMAT, "model.merges[%zu]: the merged token is not in the vocabulary", i);
-        }
-        merges_put(t, ia, ib, (uint32_t)i, id);
+        const int32_t id = vocab_get(t, joined.p, joined.n);
+        if (id < 0)
+            rc = fx__error(FX_EFORMAT, "model.merges[%zu]: the merged token is not in the vocabulary", i);
+        else
+            merges_put(t, ia, ib, (uint32_t)i, id);
     }
     fx__buf_free(&joined);
+    return rc;
+}
 
-    /* Added tokens: their id's string wins over the model's for id -> token. */
-    size_t na = added ? json_array_size(added) : 0;
+/* The added tokens: their id's string wins over the model's for id -> token; a token the
+   model knows keeps the model's id. Empty and repeated contents are dropped. */
+static int load_added(fx_tokenizer *t, const json_t *added)
+{
+    const size_t na = added ? json_array_size(added) : 0;
     t->added = fx__calloc(na + 1, sizeof *t->added);
     if (!t->added)
         return FX_ENOMEM;
@@ -523,7 +527,7 @@ static int load_model(fx_tokenizer *t, const json_t *m, const json_t *added)
         snprintf(where, sizeof where, "added_tokens[%zu]", i);
         const char *c;
         size_t n;
-        rc = get_str(&c, &n, a, "content", true, where);
+        int rc = get_str(&c, &n, a, "content", true, where);
         if (rc != FX_OK)
             return rc;
         if (fx__utf8_valid_prefix(c, n) != n)
@@ -538,8 +542,7 @@ static int load_model(fx_tokenizer *t, const json_t *m, const json_t *added)
         fx__added *x = &t->added[t->n_added];
         *x = (fx__added){0};
         x->id = (int32_t)json_integer_value(json_object_get(a, "id"));
-        /* A token the model knows keeps the model's id. */
-        int32_t mid = vocab_get(t, c, n);
+        const int32_t mid = vocab_get(t, c, n);
         if (mid >= 0)
             x->id = mid;
         char *s = t->strings.p + t->strings.n;
@@ -558,8 +561,32 @@ static int load_model(fx_tokenizer *t, const json_t *m, const json_t *added)
         t->tok_len[x->id] = (uint32_t)n;
         t->special[x->id] = x->special;
     }
+    return FX_OK;
+}
 
-    /* unk, byte fallback, prefix and suffix */
+static int load_model(fx_tokenizer *t, const json_t *m, const json_t *added)
+{
+    if (!json_is_object(m))
+        return fx__error(FX_EFORMAT, "model must be an object");
+    const char *type = type_of(m);
+    if (type && strcmp(type, "BPE"))
+        return fx__error(FX_EUNSUPPORTED, "model.type '%s' is not supported (only BPE)", type);
+    const json_t *vocab = json_object_get(m, "vocab"), *merges = json_object_get(m, "merges");
+    if (!json_is_object(vocab))
+        return fx__error(FX_EFORMAT, "model.vocab must be an object");
+    if (!json_is_array(merges))
+        return fx__error(FX_EFORMAT, "model.merges must be an array");
+    const json_t *dropout = json_object_get(m, "dropout");
+    if (dropout && !json_is_null(dropout) && (!json_is_number(dropout) || json_number_value(dropout) != 0.0))
+        return fx__error(FX_EUNSUPPORTED, "model.dropout is not supported (it makes encoding random)");
+    if (!json_is_array(added) && added && !json_is_null(added))
+        return fx__error(FX_EFORMAT, "added_tokens must be an array");
+    int rc;
+    if ((rc = load_ids(t, vocab, added)) != FX_OK || (rc = load_vocab(t, vocab, added)) != FX_OK ||
+        (rc = load_merges(t, merges)) != FX_OK || (rc = load_added(t, added)) != FX_OK)
+        return rc;
+
+    /* unk and byte fallback */
     const char *s;
     size_t n;
     t->unk_id = -1;
