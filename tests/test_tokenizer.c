@@ -264,8 +264,37 @@ static void test_refused(void)
             FXT_FAIL("case %zu (%s): %s \"%s\", expected %s naming \"%s\"", i, cases[i].member, fx_status_name(rc),
                      fx_last_error(), fx_status_name(cases[i].status), cases[i].msg);
     }
-    FXT_EQ_INT(load_str("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[\"a b\"]}}"), FX_EFORMAT);
-    FXT_HAS_STR(fx_last_error(), "model.merges[0]");
+    /* A model of its own (vocabulary, merges, added tokens): the status, and what the message
+       must name. */
+    static const struct {
+        const char *vocab, *merges, *added;
+        int status;
+        const char *msg;
+    } models[] = {
+        {"\"a\":0,\"b\":1,\"ab\":2", "[\"a b\",[\"a\",\"b\"]]", "[]", FX_OK, ""},
+        {"\"a\":0", "[\"a b\"]", "[]", FX_EFORMAT, "model.merges[0]: a token of the pair is not in the vocabulary"},
+        {"\"a\":0,\"b\":1", "[\"a b\"]", "[]", FX_EFORMAT, "model.merges[0]: the merged token is not in"},
+        {"\"a\":0,\"b\":1,\"ab\":2", "[\"a b\",\"ab\"]", "[]", FX_EFORMAT,
+         "model.merges[1] must be two tokens separated by one space"},
+        {"\"a\":0,\"b\":1,\"ab\":2", "[\"a  b\"]", "[]", FX_EFORMAT, "model.merges[0] must be two tokens"},
+        {"\"a\":0,\"b\":1,\"ab\":2", "[[\"a\"]]", "[]", FX_EFORMAT, "model.merges[0] must be \"a b\" or"},
+        {"\"a\":0,\"b\":1,\"ab\":2", "[[\"a\",1]]", "[]", FX_EFORMAT, "model.merges[0] must be \"a b\" or"},
+        {"\"a\":0,\"b\":0", "[]", "[]", FX_EFORMAT, "model.vocab: id 0 is given to two tokens"},
+        {"\"a\":-1", "[]", "[]", FX_EFORMAT, "model.vocab: the id of a token must be an integer"},
+        {"\"a\":0", "[]", "{}", FX_EFORMAT, "added_tokens must be an array"},
+        {"\"a\":0", "[]", "[{\"id\":\"1\",\"content\":\"x\"}]", FX_EFORMAT, "added_tokens[0].id must be"},
+        {"\"a\":0", "[]", "[{\"id\":1,\"content\":2}]", FX_EFORMAT, "added_tokens[0].content must be a string"},
+        {"\"a\":0", "[]", "[{\"id\":1,\"content\":\"x\",\"special\":1}]", FX_EFORMAT, "added_tokens[0]"},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        snprintf(buf, sizeof buf, "{\"model\":{\"type\":\"BPE\",\"vocab\":{%s},\"merges\":%s},\"added_tokens\":%s}",
+                 models[i].vocab, models[i].merges, models[i].added);
+        fx_clear_error();
+        int rc = load_str(buf);
+        if (rc != models[i].status || !strstr(fx_last_error(), models[i].msg))
+            FXT_FAIL("model %zu (%s): %s \"%s\", expected %s naming \"%s\"", i, buf, fx_status_name(rc),
+                     fx_last_error(), fx_status_name(models[i].status), models[i].msg);
+    }
     FXT_EQ_INT(load_str("{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[],\"dropout\":0.1}}"),
                FX_EUNSUPPORTED);
     FXT_EQ_INT(load_str("not json"), FX_EFORMAT);
