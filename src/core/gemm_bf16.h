@@ -157,10 +157,11 @@ void fx__bf16_pack_pairs_sweep_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld,
    lines and in the pairs past K2, up to `pairs` pairs of `width` words. */
 static inline void fx__bf16_pack_pairs_pad(uint32_t *dst, int64_t K2, int64_t nl, int64_t pairs, int64_t width)
 {
-    for (int64_t p = 0; p < pairs; p++) {
-        const int64_t from = p < K2 ? nl : 0;
-        memset(dst + p * width + from, 0, (size_t)(width - from) * sizeof(uint32_t));
-    }
+    /* A whole panel has nothing to pad but the pairs past K2: no call per pair. */
+    for (int64_t p = 0; nl < width && p < K2; p++)
+        memset(dst + p * width + nl, 0, (size_t)(width - nl) * sizeof(uint32_t));
+    if (pairs > K2)
+        memset(dst + K2 * width, 0, (size_t)((pairs - K2) * width) * sizeof(uint32_t));
 }
 void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
                         int64_t width, int64_t q);
