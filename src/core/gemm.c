@@ -219,77 +219,81 @@ static fx__sgemm_scheme fx__sgemm_scheme_of(int64_t mp, int64_t np, int64_t kmax
     return a <= b ? FX__SG_SHARE_A : FX__SG_SHARE_B;
 }
 
+/* One call of fx__sgemm_tiled, as its blocks of k see it. */
+typedef struct fx__sgemm_call {
+    const fx__sgemm_path *p;
+    bool ta, tb;
+    int64_t M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    fx__sgemm_mat A, B;
+    float *C, *ws;
+    int64_t mp, np, kmax; /* panels of op(A) and op(B), values of k in a whole block */
+    int64_t slots;        /* a streaming scheme's slots in ws: the team's size */
+} fx__sgemm_call;
+
 /* Both operands packed whole per block of k, then every tile of C by one thread: group by
    group, in a group B panel by B panel, each over the group's A panels. A thread's
    consecutive tiles share their B panel (in L1) while the group's A panels come from L2; a
    whole A of more than L2 would come from L3 once per B panel (docs/train-profile.md:
    1.06-1.18x at 1024 rows on a 2 MiB L2). */
-static void fx__sgemm_both(const fx__sgemm_path *p, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                           fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B, int64_t ldb, float beta, float *C,
-                           int64_t ldc, float *ws, int64_t kc, int64_t k0, int blk)
+static void fx__sgemm_both(const fx__sgemm_call *c, int64_t kc, int64_t k0, int blk)
 {
-    const int64_t mp = fx__sgemm_panels(M, FX__SG_MR), np = fx__sgemm_panels(N, FX__SG_NR);
-    const int64_t kmax = K < FX__SG_KC ? K : FX__SG_KC;
+    const int64_t mp = c->mp, np = c->np;
     /* The A panels in groups of at most FX__SG_GROUP_BYTES packed, made equal: g panels each
        (the last one fewer). */
-    const int64_t gmax = FX__SG_GROUP_BYTES / ((int64_t)sizeof(float) * FX__SG_MR * (kmax > 0 ? kmax : 1));
+    const int64_t gmax = FX__SG_GROUP_BYTES / ((int64_t)sizeof(float) * FX__SG_MR * (c->kmax > 0 ? c->kmax : 1));
     const int64_t ngroups = (mp + gmax - 1) / gmax, g = (mp + ngroups - 1) / ngroups;
-    const int64_t half = (mp * FX__SG_MR + np * FX__SG_NR) * kmax;
-    float *ap = ws + (blk & 1) * half, *bp = ap + mp * FX__SG_MR * kc;
+    const int64_t half = (mp * FX__SG_MR + np * FX__SG_NR) * c->kmax;
+    float *ap = c->ws + (blk & 1) * half, *bp = ap + mp * FX__SG_MR * kc;
 #pragma omp for schedule(static) nowait
     for (int64_t q = 0; q < mp; q++)
-        p->pack(ap + q * FX__SG_MR * kc, A, lda, !ta, M, k0, kc, FX__SG_MR, q);
+        c->p->pack(ap + q * FX__SG_MR * kc, c->A, c->lda, !c->ta, c->M, k0, kc, FX__SG_MR, q);
 #pragma omp for schedule(static)
     for (int64_t q = 0; q < np; q++)
-        p->pack(bp + q * FX__SG_NR * kc, B, ldb, tb, N, k0, kc, FX__SG_NR, q);
+        c->p->pack(bp + q * FX__SG_NR * kc, c->B, c->ldb, c->tb, c->N, k0, kc, FX__SG_NR, q);
 #pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < mp * np; t++) {
         const int64_t i0 = t / (g * np) * g, in = mp - i0 < g ? mp - i0 : g, r = t - i0 * np;
-        const int64_t i = i0 + r % in, j = r / in, mr = M - i * FX__SG_MR, nr = N - j * FX__SG_NR;
-        p->kernel(kc, ap + i * FX__SG_MR * kc, bp + j * FX__SG_NR * kc, alpha, k0 == 0 ? beta : 1.0f,
-                  C + i * FX__SG_MR * ldc + j * FX__SG_NR, ldc, mr < FX__SG_MR ? mr : FX__SG_MR,
-                  nr < FX__SG_NR ? nr : FX__SG_NR);
+        const int64_t i = i0 + r % in, j = r / in, mr = c->M - i * FX__SG_MR, nr = c->N - j * FX__SG_NR;
+        c->p->kernel(kc, ap + i * FX__SG_MR * kc, bp + j * FX__SG_NR * kc, c->alpha, k0 == 0 ? c->beta : 1.0f,
+                     c->C + i * FX__SG_MR * c->ldc + j * FX__SG_NR, c->ldc, mr < FX__SG_MR ? mr : FX__SG_MR,
+                     nr < FX__SG_NR ? nr : FX__SG_NR);
     }
 }
 
-/* One operand (share) packed whole per block of k, shared; the other streamed: each thread
-   packs its panels of it one at a time into its own slot of ws and runs that panel's tiles
-   against every shared panel while it is in L1 or L2. The streamed operand is read once and
-   its packed copy never leaves the cache: at 256 rows (a GPT-2 step's B x T) the whole-packing
-   writes out and reads back a packed weight of several MiB per call. */
-static void fx__sgemm_streamed(const fx__sgemm_path *p, fx__sgemm_scheme share, bool ta, bool tb, int64_t M,
-                               int64_t N, int64_t K, float alpha, fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B,
-                               int64_t ldb, float beta, float *C, int64_t ldc, float *ws, int64_t slots,
-                               int64_t kc, int64_t k0, int blk)
+/* One operand packed whole per block of k and shared (A where sa, else B); the other
+   streamed: each thread packs its panels of it one at a time into its own slot of ws and
+   runs that panel's tiles against every shared panel while it is in L1 or L2. The streamed
+   operand is read once and its packed copy never leaves the cache: at 256 rows (a GPT-2
+   step's B x T) the whole-packing writes out and reads back a packed weight of several MiB
+   per call. */
+static void fx__sgemm_streamed(const fx__sgemm_call *c, bool sa, int64_t kc, int64_t k0, int blk)
 {
-    const int64_t mp = fx__sgemm_panels(M, FX__SG_MR), np = fx__sgemm_panels(N, FX__SG_NR);
-    const int64_t kmax = K < FX__SG_KC ? K : FX__SG_KC;
-    const bool sa = share == FX__SG_SHARE_A;
-    const int64_t sw = sa ? FX__SG_MR : FX__SG_NR, sp = sa ? mp : np, pw = sa ? FX__SG_NR : FX__SG_MR;
-    const int64_t pp = sa ? np : mp;
+    const int64_t sw = sa ? FX__SG_MR : FX__SG_NR, sp = sa ? c->mp : c->np, pw = sa ? FX__SG_NR : FX__SG_MR;
+    const int64_t pp = sa ? c->np : c->mp;
     /* ws: a slot per thread of the team, then the two halves of the shared operand (the
        second holds a whole block only when K has three or more, as fx__sgemm_tiled_ws
        counts). */
-    float *own = ws + (int64_t)fx__thread_id() * pw * kmax;
-    float *shared = ws + slots * pw * kmax + (blk & 1) * sp * sw * kmax;
+    float *own = c->ws + (int64_t)fx__thread_id() * pw * c->kmax;
+    float *shared = c->ws + c->slots * pw * c->kmax + (blk & 1) * sp * sw * c->kmax;
 #pragma omp for schedule(static)
     for (int64_t q = 0; q < sp; q++) {
         if (sa)
-            p->pack(shared + q * sw * kc, A, lda, !ta, M, k0, kc, sw, q);
+            c->p->pack(shared + q * sw * kc, c->A, c->lda, !c->ta, c->M, k0, kc, sw, q);
         else
-            p->pack(shared + q * sw * kc, B, ldb, tb, N, k0, kc, sw, q);
+            c->p->pack(shared + q * sw * kc, c->B, c->ldb, c->tb, c->N, k0, kc, sw, q);
     }
 #pragma omp for schedule(static) nowait
     for (int64_t q = 0; q < pp; q++) {
         if (sa)
-            p->pack(own, B, ldb, tb, N, k0, kc, pw, q);
+            c->p->pack(own, c->B, c->ldb, c->tb, c->N, k0, kc, pw, q);
         else
-            p->pack(own, A, lda, !ta, M, k0, kc, pw, q);
+            c->p->pack(own, c->A, c->lda, !c->ta, c->M, k0, kc, pw, q);
         for (int64_t s = 0; s < sp; s++) {
-            const int64_t i = sa ? s : q, j = sa ? q : s, mr = M - i * FX__SG_MR, nr = N - j * FX__SG_NR;
+            const int64_t i = sa ? s : q, j = sa ? q : s, mr = c->M - i * FX__SG_MR, nr = c->N - j * FX__SG_NR;
             const float *a = sa ? shared + s * sw * kc : own, *b = sa ? own : shared + s * sw * kc;
-            p->kernel(kc, a, b, alpha, k0 == 0 ? beta : 1.0f, C + i * FX__SG_MR * ldc + j * FX__SG_NR, ldc,
-                      mr < FX__SG_MR ? mr : FX__SG_MR, nr < FX__SG_NR ? nr : FX__SG_NR);
+            c->p->kernel(kc, a, b, c->alpha, k0 == 0 ? c->beta : 1.0f, c->C + i * FX__SG_MR * c->ldc + j * FX__SG_NR,
+                         c->ldc, mr < FX__SG_MR ? mr : FX__SG_MR, nr < FX__SG_NR ? nr : FX__SG_NR);
         }
     }
 }
@@ -298,16 +302,19 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, fx__sgemm_scheme scheme, bool ta, 
                      int64_t K, float alpha, fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B, int64_t ldb, float beta,
                      float *C, int64_t ldc, float *ws)
 {
-    const int64_t mp = fx__sgemm_panels(M, FX__SG_MR), np = fx__sgemm_panels(N, FX__SG_NR);
-    const int64_t kmax = K < FX__SG_KC ? K : FX__SG_KC;
-    const fx__sgemm_scheme share = scheme == FX__SG_AUTO ? fx__sgemm_scheme_of(mp, np, kmax) : scheme;
+    fx__sgemm_call c = {.p = p, .ta = ta, .tb = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldc = ldc,
+                        .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C, .ws = ws,
+                        .mp = fx__sgemm_panels(M, FX__SG_MR), .np = fx__sgemm_panels(N, FX__SG_NR),
+                        .kmax = K < FX__SG_KC ? K : FX__SG_KC};
+    const fx__sgemm_scheme share = scheme == FX__SG_AUTO ? fx__sgemm_scheme_of(c.mp, c.np, c.kmax) : scheme;
     const bool nested = fx__in_parallel();
     const double flops = 2.0 * (double)M * (double)N * (double)K;
     /* A streamed operand gives each thread a slot of one panel, which the scratch holds for
        as many threads as that operand has panels (fx__sgemm_tiled_ws). */
-    const int64_t streamed = share == FX__SG_SHARE_A ? np : mp;
+    const int64_t streamed = share == FX__SG_SHARE_A ? c.np : c.mp;
     const int team = share == FX__SG_BOTH || streamed >= fx__max_threads() ? fx__max_threads() : (int)streamed;
-    (void)nested, (void)flops, (void)team; /* read only by the pragma, which is gone without OpenMP */
+    c.slots = team;
+    (void)nested, (void)flops; /* read only by the pragma, which is gone without OpenMP */
     _Static_assert(FX__SG_GROUP_BYTES >= sizeof(float) * FX__SG_MR * FX__SG_KC, "a group holds an A panel");
     /* Per block of k, one barrier: between the packing of what the threads share and the
        tiles. Consecutive blocks pack into the two halves of the shared part of ws in turn, so
@@ -323,10 +330,9 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, fx__sgemm_scheme scheme, bool ta, 
         do {
             const int64_t kc = K - k0 < FX__SG_KC ? K - k0 : FX__SG_KC;
             if (share == FX__SG_BOTH)
-                fx__sgemm_both(p, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, kc, k0, blk);
+                fx__sgemm_both(&c, kc, k0, blk);
             else
-                fx__sgemm_streamed(p, share, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws, team, kc, k0,
-                                   blk);
+                fx__sgemm_streamed(&c, share == FX__SG_SHARE_A, kc, k0, blk);
             k0 += kc, blk++;
         } while (k0 < K);
     }
