@@ -253,22 +253,12 @@ int bench_train(int argc, char **argv)
     if (rc != CLI_PARSE_OK)
         return rc;
 
-    /* Random tokens: the speed and memory do not depend on the text. 64K tokens are plenty of
-       distinct windows, and keep the benchmark's own data out of the process's memory. */
-    const int64_t seq = a.seq, batch = a.batch;
-    fx__gpt_data d = {.n = (seq + 1) * 64 > (1 << 16) ? (seq + 1) * 64 : 1 << 16};
-    d.n_train = d.n - (seq + 1);
-    d.tok = malloc((size_t)d.n * sizeof *d.tok);
-    int32_t *tok = malloc((size_t)(batch * seq) * sizeof *tok), *tgt = malloc((size_t)(batch * seq) * sizeof *tgt);
-    if (!d.tok || !tok || !tgt) {
-        cli_error("bench train: out of memory");
-        free(d.tok), free(tok), free(tgt);
+    /* 64K tokens are plenty of distinct windows, and keep the benchmark's own data out of the
+       process's memory. */
+    bench_train_data data;
+    const int64_t ntok = (a.seq + 1) * 64 > (1 << 16) ? (a.seq + 1) * 64 : 1 << 16;
+    if (!bench_train_data_new(&data, ntok, a.seq, a.batch, a.cfg.vocab))
         return CLI_EXIT_FAIL;
-    }
-    fx_rng r;
-    fx_rng_init(&r, 7, 0);
-    for (int64_t i = 0; i < d.n; i++)
-        d.tok[i] = (uint32_t)(fx_rng_u32(&r) % (uint32_t)a.cfg.vocab);
 
     variant v[2] = {{.name = a.bf16 ? "flex+fused bf16" : "flex+fused"},
                     {.name = a.bf16 ? "flex+fused f32" : "dense+unfused"}};
@@ -278,7 +268,7 @@ int bench_train(int argc, char **argv)
             cli_fail(rc, "bench train");
             goto done;
         }
-    bench_ctx ca = {&v[0], &d, tok, tgt}, cb = {&v[1], &d, tok, tgt};
+    bench_ctx ca = {&v[0], &data.d, data.tok, data.tgt}, cb = {&v[1], &data.d, data.tok, data.tgt};
     double ta = 0, tb = 0;
     /* --gemm: one warm-up step untraced, then every step bench_time runs (its own warm-up
        included, all warm by then). */
@@ -310,6 +300,6 @@ int bench_train(int argc, char **argv)
     exit_code = CLI_EXIT_OK;
 done:
     fx_model_free(v[0].m), fx_model_free(v[1].m);
-    free(d.tok), free(tok), free(tgt);
+    bench_train_data_free(&data);
     return exit_code;
 }

@@ -239,21 +239,12 @@ int bench_train_dist(int argc, char **argv)
         a.batch = 2 * (int64_t)N;
 
     const int64_t seq = a.seq, batch = a.batch;
-    fx__gpt_data d = {.n = 1 << 20};
-    d.n_train = d.n - (seq + 1);
-    d.tok = malloc((size_t)d.n * sizeof *d.tok);
-    int32_t *tok = malloc((size_t)(batch * seq) * sizeof *tok), *tgt = malloc((size_t)(batch * seq) * sizeof *tgt);
+    bench_train_data data;
     fx__gpt *m = NULL;
     fx__dist *dist = NULL;
     int exit_code = CLI_EXIT_FAIL;
-    if (!d.tok || !tok || !tgt) {
-        cli_error("bench train: out of memory");
+    if (!bench_train_data_new(&data, 1 << 20, seq, batch, a.cfg.vocab))
         goto done;
-    }
-    fx_rng r;
-    fx_rng_init(&r, 7, 0);
-    for (int64_t i = 0; i < d.n; i++)
-        d.tok[i] = (uint32_t)(fx_rng_u32(&r) % (uint32_t)a.cfg.vocab);
     /* The library's allocation counter: the whole model before sharding, what stays after. */
     size_t mem0, mem_whole, mem_sharded, peak;
     fx_mem_stats(&mem0, &peak);
@@ -273,7 +264,7 @@ int bench_train_dist(int argc, char **argv)
                              .min_lr = 1e-5f, .weight_decay = 0.1f, .clip = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f};
     fx_rng_init(&s.rng, 1, 1);
     static dist_run run; /* 5 KiB of samples */
-    if ((rc = dist_time_steps(dist, world, &d, &s, tok, tgt, a.steps, &run)) != FX_OK) {
+    if ((rc = dist_time_steps(dist, world, &data.d, &s, data.tok, data.tgt, a.steps, &run)) != FX_OK) {
         cli_fail(rc, "bench train");
         goto done;
     }
@@ -291,7 +282,7 @@ int bench_train_dist(int argc, char **argv)
 done:
     fx__dist_free(dist);
     fx_model_free(m);
-    free(d.tok), free(tok), free(tgt);
+    bench_train_data_free(&data);
     fx_comm_free(world);
     if (fx_comm_finalize() != FX_OK)
         bench_comm_failed();

@@ -1,5 +1,6 @@
 /* Timing, medians and this machine's measured limits. */
 #include "bench_util.h"
+#include "cli.h"
 
 #include <flexc.h>
 
@@ -245,4 +246,28 @@ size_t bench_max_rss(void)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (size_t)ru.ru_maxrss * 1024;
+}
+
+bool bench_train_data_new(bench_train_data *b, int64_t n, int64_t seq, int64_t batch, int64_t vocab)
+{
+    *b = (bench_train_data){.d = {.n = n, .n_train = n - (seq + 1)}};
+    b->d.tok = malloc((size_t)n * sizeof *b->d.tok);
+    b->tok = malloc((size_t)(batch * seq) * sizeof *b->tok);
+    b->tgt = malloc((size_t)(batch * seq) * sizeof *b->tgt);
+    if (!b->d.tok || !b->tok || !b->tgt) {
+        cli_error("bench train: out of memory");
+        bench_train_data_free(b);
+        return false;
+    }
+    fx_rng r;
+    fx_rng_init(&r, 7, 0);
+    for (int64_t i = 0; i < n; i++)
+        b->d.tok[i] = (uint32_t)(fx_rng_u32(&r) % (uint32_t)vocab);
+    return true;
+}
+
+void bench_train_data_free(bench_train_data *b)
+{
+    free(b->d.tok), free(b->tok), free(b->tgt);
+    *b = (bench_train_data){0};
 }

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "core/core.h" /* fx__seconds(): the clock of every measurement */
+#include "gpt/gpt.h"   /* fx__gpt_data */
 
 /* The median of x[0..n) (sorts x in place). */
 double bench_median(double *x, int n);
@@ -55,6 +56,18 @@ double bench_fma_loop_avx512(int64_t iters);
    seconds. */
 void bench_gemm_report(const fx__gemm_shape *shapes, int n, int64_t dropped, int steps, double step_s,
                        bool json);
+
+/* A training benchmark's data: n random tokens in [0, vocab) (the speed and memory do not
+   depend on the text), all but the last window of seq + 1 for training, and a batch x seq
+   buffer each for a step's tokens and targets. */
+typedef struct bench_train_data {
+    fx__gpt_data d;
+    int32_t *tok, *tgt;
+} bench_train_data;
+
+/* false (the error printed, nothing held) without memory. */
+bool bench_train_data_new(bench_train_data *b, int64_t n, int64_t seq, int64_t batch, int64_t vocab);
+void bench_train_data_free(bench_train_data *b);
 
 /* Maximum resident set size of this process, in bytes. */
 size_t bench_max_rss(void);
