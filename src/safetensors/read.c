@@ -436,18 +436,14 @@ static jkind kind_at(const hdr *h, size_t pos)
 
 enum { KEY_DTYPE, KEY_SHAPE, KEY_OFFSETS };
 
-/* One tensor entry at h->c.i (its key at key_pos, klen bytes decoded): exactly dtype, shape and
-   data_offsets, sizes checked for overflow, in the order the checks were always made. */
-static int entry(hdr *h, size_t key_pos, size_t klen)
+/* An entry's keys, from the '{' at h->c.i: pos[KEY_*] the position of each value. Refuses a
+   repeated key, then an unexpected one, then a missing one; *end is just past the '}'. */
+static int entry_keys(hdr *h, size_t key_pos, size_t pos[3], size_t *end)
 {
-    char q[FX__ST_QUOTE_CAP];
+    char q[FX__ST_QUOTE_CAP], qk[FX__ST_QUOTE_CAP];
     jcur *c = &h->c;
-    size_t start = c->i;
-    jkind k = kind_at(h, start);
-    if (k != J_OBJECT)
-        return fx__error(FX_EFORMAT, "tensor %s: entry is %s, not an object with dtype, shape and "
-                         "data_offsets", quote_at(h, key_pos, q), jkind_name(k));
-    size_t pos[3] = {SIZE_MAX, SIZE_MAX, SIZE_MAX}, unexpected = SIZE_MAX;
+    size_t unexpected = SIZE_MAX;
+    pos[KEY_DTYPE] = pos[KEY_SHAPE] = pos[KEY_OFFSETS] = SIZE_MAX;
     c->i++;
     jws(c);
     while (c->s[c->i] != '}') {
@@ -460,15 +456,14 @@ static int entry(hdr *h, size_t key_pos, size_t klen)
         jws(c);
         c->i++; /* ':' */
         jws(c);
-        if (which >= 0 && pos[which] != SIZE_MAX) {
-            char qk[FX__ST_QUOTE_CAP];
+        if (which >= 0 && pos[which] != SIZE_MAX)
             return fx__error(FX_EFORMAT, "tensor %s: duplicate key %s", quote_at(h, key_pos, q),
                              quote_at(h, kp, qk));
-        }
         if (which >= 0)
             pos[which] = c->i;
         else if (unexpected == SIZE_MAX)
             unexpected = kp;
+        jkind k;
         jskip(c, &k);
         jws(c);
         if (c->s[c->i] == ',') {
@@ -476,50 +471,59 @@ static int entry(hdr *h, size_t key_pos, size_t klen)
             jws(c);
         }
     }
-    size_t end = c->i + 1;
-    if (unexpected != SIZE_MAX) {
-        char qk[FX__ST_QUOTE_CAP];
+    *end = c->i + 1;
+    if (unexpected != SIZE_MAX)
         return fx__error(FX_EFORMAT, "tensor %s: unexpected key %s (entries have exactly dtype, shape and "
                          "data_offsets)", quote_at(h, key_pos, q), quote_at(h, unexpected, qk));
-    }
     const char *missing = pos[KEY_DTYPE] == SIZE_MAX ? "dtype" : pos[KEY_SHAPE] == SIZE_MAX ? "shape"
                         : pos[KEY_OFFSETS] == SIZE_MAX ? "data_offsets" : NULL;
     if (missing)
         return fx__error(FX_EFORMAT, "tensor %s: missing key '%s'", quote_at(h, key_pos, q), missing);
+    return FX_OK;
+}
 
-    /* dtype */
-    if ((k = kind_at(h, pos[KEY_DTYPE])) != J_STRING)
+/* The dtype value at `at`: a string naming a dtype. */
+static int entry_dtype(hdr *h, size_t key_pos, size_t at, fx_dtype *dt)
+{
+    char q[FX__ST_QUOTE_CAP], qd[FX__ST_QUOTE_CAP];
+    jkind k = kind_at(h, at);
+    if (k != J_STRING)
         return fx__error(FX_EFORMAT, "tensor %s: dtype is %s, not a string", quote_at(h, key_pos, q), jkind_name(k));
     char dname[16];
     size_t dlen;
-    c->i = pos[KEY_DTYPE];
-    jstring(c, dname, sizeof dname - 1, &dlen);
+    h->c.i = at;
+    jstring(&h->c, dname, sizeof dname - 1, &dlen);
     dname[dlen < sizeof dname - 1 ? dlen : sizeof dname - 1] = '\0';
-    fx_dtype dt;
-    if (dlen >= sizeof dname - 1 || fx_dtype_from_name(&dt, dname) != FX_OK) {
-        char qd[FX__ST_QUOTE_CAP];
+    if (dlen >= sizeof dname - 1 || fx_dtype_from_name(dt, dname) != FX_OK)
         return fx__error(FX_EFORMAT, "tensor %s: unknown dtype %s (names are upper case, e.g. F32, BF16, I64)",
-                         quote_at(h, key_pos, q), quote_at(h, pos[KEY_DTYPE], qd));
-    }
+                         quote_at(h, key_pos, q), quote_at(h, at, qd));
+    return FX_OK;
+}
 
-    /* shape */
-    if ((k = kind_at(h, pos[KEY_SHAPE])) != J_ARRAY)
+/* The shape value at `at`: an array of non-negative integers, shape [*nd]; *nbytes the
+   tensor's size in dt, refused where the product of the dimensions, or that times the
+   element size, overflows. */
+static int entry_shape(hdr *h, size_t key_pos, size_t at, fx_dtype dt, int64_t shape[FX_MAX_DIMS], int *nd,
+                       uint64_t *nbytes)
+{
+    char q[FX__ST_QUOTE_CAP];
+    jcur *c = &h->c;
+    jkind k = kind_at(h, at);
+    if (k != J_ARRAY)
         return fx__error(FX_EFORMAT, "tensor %s: shape is %s, not an array", quote_at(h, key_pos, q), jkind_name(k));
-    int64_t shape[FX_MAX_DIMS];
-    int nd = 0;
     uint64_t numel = 1;
     bool overflow = false;
-    c->i = pos[KEY_SHAPE] + 1;
-    for (jws(c); c->s[c->i] != ']'; nd++) {
+    c->i = at + 1;
+    for (jws(c), *nd = 0; c->s[c->i] != ']'; ++*nd) {
         jws(c);
-        if (nd == FX_MAX_DIMS) /* not reached: the pre-scan refuses longer arrays */
+        if (*nd == FX_MAX_DIMS) /* not reached: the pre-scan refuses longer arrays */
             return fx__error(FX_EFORMAT, "tensor %s: shape has more than %d dimensions", quote_at(h, key_pos, q),
                              FX_MAX_DIMS);
         if ((k = kind_at(h, c->i)) != J_INTEGER)
             return fx__error(FX_EFORMAT, "tensor %s: shape[%d] is %s, not a non-negative integer",
-                             quote_at(h, key_pos, q), nd, jkind_name(k));
+                             quote_at(h, key_pos, q), *nd, jkind_name(k));
         uint64_t dim = jint(c);
-        shape[nd] = (int64_t)dim;
+        shape[*nd] = (int64_t)dim;
         /* Checked at each step: a product that wraps (possibly to 0) is an error, never an empty
            tensor. */
         if (!overflow && __builtin_mul_overflow(numel, dim, &numel))
@@ -529,18 +533,24 @@ static int entry(hdr *h, size_t key_pos, size_t klen)
             c->i++;
         jws(c);
     }
-    uint64_t nbytes;
-    if (overflow || numel > (uint64_t)INT64_MAX || __builtin_mul_overflow(numel, (uint64_t)fx_dtype_size(dt), &nbytes))
+    if (overflow || numel > (uint64_t)INT64_MAX || __builtin_mul_overflow(numel, (uint64_t)fx_dtype_size(dt), nbytes))
         return fx__error(FX_EFORMAT, "tensor %s: shape product times %zu bytes overflows (the size-overflow rule)",
                          quote_at(h, key_pos, q), fx_dtype_size(dt));
+    return FX_OK;
+}
 
-    /* data_offsets */
-    k = kind_at(h, pos[KEY_OFFSETS]);
+/* The data_offsets value at `at`: an array of two non-negative integers [off[0], off[1]),
+   nbytes apart. */
+static int entry_offsets(hdr *h, size_t key_pos, size_t at, fx_dtype dt, uint64_t nbytes, uint64_t off[2])
+{
+    char q[FX__ST_QUOTE_CAP];
+    jcur *c = &h->c;
+    jkind k = kind_at(h, at);
     size_t count = 0;
     bool ints = true;
-    uint64_t off[2] = {0, 0};
+    off[0] = off[1] = 0;
     if (k == J_ARRAY) {
-        c->i = pos[KEY_OFFSETS] + 1;
+        c->i = at + 1;
         for (jws(c); c->s[c->i] != ']'; count++) {
             jws(c);
             jkind ek = kind_at(h, c->i);
@@ -569,10 +579,37 @@ static int entry(hdr *h, size_t key_pos, size_t klen)
                          "(the end - begin = byte size rule)", quote_at(h, key_pos, q), (unsigned long long)off[0],
                          (unsigned long long)off[1], (unsigned long long)(off[1] - off[0]), fx_dtype_name(dt),
                          (unsigned long long)nbytes);
-    c->i = end;
+    return FX_OK;
+}
+
+/* One tensor entry at h->c.i (its key at key_pos, klen bytes decoded): exactly dtype, shape and
+   data_offsets, sizes checked for overflow, in the order the checks were always made. The fill
+   pass stores the view, its name copied into the string area. */
+static int entry(hdr *h, size_t key_pos, size_t klen)
+{
+    char q[FX__ST_QUOTE_CAP];
+    jkind k = kind_at(h, h->c.i);
+    if (k != J_OBJECT)
+        return fx__error(FX_EFORMAT, "tensor %s: entry is %s, not an object with dtype, shape and "
+                         "data_offsets", quote_at(h, key_pos, q), jkind_name(k));
+    size_t pos[3], end = 0;
+    fx_dtype dt = FX_DT_F32;
+    int64_t shape[FX_MAX_DIMS];
+    int nd = 0;
+    uint64_t nbytes = 0, off[2] = {0, 0};
+    int rc = entry_keys(h, key_pos, pos, &end);
+    if (rc == FX_OK)
+        rc = entry_dtype(h, key_pos, pos[KEY_DTYPE], &dt);
+    if (rc == FX_OK)
+        rc = entry_shape(h, key_pos, pos[KEY_SHAPE], dt, shape, &nd, &nbytes);
+    if (rc == FX_OK)
+        rc = entry_offsets(h, key_pos, pos[KEY_OFFSETS], dt, nbytes, off);
+    if (rc != FX_OK)
+        return rc;
+    h->c.i = end;
     if (h->fill) {
         fx_tensor_view *v = &h->f->views[h->n];
-        jcur kc = {c->s, c->n, key_pos};
+        jcur kc = {h->c.s, h->c.n, key_pos};
         size_t len;
         jstring(&kc, h->s, klen, &len);
         v->name = h->s;
