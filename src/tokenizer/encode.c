@@ -666,31 +666,16 @@ static void cache_put(fx__cache *c, uint64_t h, const char *w, size_t n, const i
     c->used++;
 }
 
-/* One word through the model: its characters to ids (unknown ones by byte fallback or the unk
-   token), then the merges lowest rank first (leftmost among equals). */
-static int bpe_word(const fx_tokenizer *t, fx__scratch *s, fx_ids *out, const char *w, size_t n)
+/* A word's symbols before any merge, s->syms [*ns]: each character (with the model's
+   continuing-subword prefix on all but the first and its end-of-word suffix on the last) as
+   its vocabulary id, else as its bytes' fallback ids, else as the unk token (a run of unknown
+   characters one unk where the model fuses them). */
+static int word_symbols(const fx_tokenizer *t, fx__scratch *s, const char *w, size_t n, size_t *ns)
 {
-    if (!n)
-        return FX_OK;
-    if (t->ignore_merges) {
-        int32_t id = vocab_lookup(t, w, n);
-        if (id >= 0)
-            return ids_push(out, &id, 1);
-    }
-    uint64_t h = 0;
-    bool cacheable = s->cache && n < CACHE_MAX_WORD;
-    if (cacheable) {
-        const int32_t *ids;
-        size_t nids;
-        h = fx__hash_bytes(w, n);
-        if (cache_get(s->cache, h, w, n, &ids, &nids))
-            return ids_push(out, ids, nids);
-    }
-
-    size_t ns = 0;
     int32_t unk = -1;
     uint32_t unk_len = 0;
     int rc;
+    *ns = 0;
     for (size_t i = 0; i < n;) {
         size_t k = fx__utf8_len((unsigned char)w[i]);
         if (k > n - i)
@@ -712,11 +697,11 @@ static int bpe_word(const fx_tokenizer *t, fx__scratch *s, fx_ids *out, const ch
         int32_t id = vocab_lookup(t, c, cn);
         if (id >= 0) {
             if (unk >= 0) {
-                if ((rc = sym_add(s, &ns, unk, unk_len)) != FX_OK)
+                if ((rc = sym_add(s, ns, unk, unk_len)) != FX_OK)
                     return rc;
                 unk = -1;
             }
-            if ((rc = sym_add(s, &ns, id, (uint32_t)k)) != FX_OK)
+            if ((rc = sym_add(s, ns, id, (uint32_t)k)) != FX_OK)
                 return rc;
             continue;
         }
@@ -726,7 +711,7 @@ static int bpe_word(const fx_tokenizer *t, fx__scratch *s, fx_ids *out, const ch
                 all &= t->byte_ids[(unsigned char)c[j]] >= 0;
             if (all) {
                 for (size_t j = 0; j < cn; j++)
-                    if ((rc = sym_add(s, &ns, t->byte_ids[(unsigned char)c[j]], 1)) != FX_OK)
+                    if ((rc = sym_add(s, ns, t->byte_ids[(unsigned char)c[j]], 1)) != FX_OK)
                         return rc;
                 continue;
             }
@@ -737,63 +722,95 @@ static int bpe_word(const fx_tokenizer *t, fx__scratch *s, fx_ids *out, const ch
             if (unk >= 0 && t->fuse_unk) {
                 unk_len += (uint32_t)k;
             } else {
-                if (unk >= 0 && (rc = sym_add(s, &ns, unk, unk_len)) != FX_OK)
+                if (unk >= 0 && (rc = sym_add(s, ns, unk, unk_len)) != FX_OK)
                     return rc;
                 unk = t->unk_id;
                 unk_len = (uint32_t)k;
             }
         }
     }
-    if (unk >= 0 && (rc = sym_add(s, &ns, unk, unk_len)) != FX_OK)
+    if (unk >= 0 && (rc = sym_add(s, ns, unk, unk_len)) != FX_OK)
         return rc;
+    return FX_OK;
+}
 
-    /* merges */
-    if (ns > 1) {
-        /* Pushes: ns - 1 pairs, then at most two per merge, and there are fewer than ns merges. */
-        if (s->heap_cap < ns * 3) {
-            fx__free(s->heap);
-            s->heap_cap = ns * 3 > 256 ? ns * 3 : 256;
-            s->heap = fx__alloc(s->heap_cap * sizeof *s->heap);
-            if (!s->heap) {
-                s->heap_cap = 0;
-                return FX_ENOMEM;
-            }
-        }
-        fx__sym *sy = s->syms;
-        size_t hn = 0;
-        for (size_t i = 0; i + 1 < ns; i++) {
-            const fx__merge_slot *m = merge_get(t, sy[i].id, sy[i + 1].id);
-            if (m)
-                heap_push(s->heap, &hn, (fx__heap_item){m->rank, (uint32_t)i, m->id});
-        }
-        while (hn) {
-            fx__heap_item top = heap_pop(s->heap, &hn);
-            fx__sym *cur = &sy[top.pos];
-            if (cur->len == 0 || cur->next == -1)
-                continue;
-            fx__sym *right = &sy[cur->next];
-            const fx__merge_slot *m = merge_get(t, cur->id, right->id);
-            if (!m || m->id != top.id)
-                continue;
-            cur->id = top.id;
-            cur->len += right->len;
-            cur->next = right->next;
-            right->len = 0;
-            if (cur->next >= 0)
-                sy[cur->next].prev = (int32_t)top.pos;
-            if (cur->prev >= 0) {
-                const fx__merge_slot *pm = merge_get(t, sy[cur->prev].id, cur->id);
-                if (pm)
-                    heap_push(s->heap, &hn, (fx__heap_item){pm->rank, (uint32_t)cur->prev, pm->id});
-            }
-            if (cur->next >= 0) {
-                const fx__merge_slot *nm = merge_get(t, cur->id, sy[cur->next].id);
-                if (nm)
-                    heap_push(s->heap, &hn, (fx__heap_item){nm->rank, top.pos, nm->id});
-            }
+/* The merges over s->syms [ns], lowest rank first (leftmost among equals): a merged symbol
+   keeps the left one's slot, the right one's length drops to 0, and the new pairs with its
+   neighbours become candidates. A popped candidate whose pair has changed since is stale. */
+static int word_merge(const fx_tokenizer *t, fx__scratch *s, size_t ns)
+{
+    if (ns < 2)
+        return FX_OK;
+    /* Pushes: ns - 1 pairs, then at most two per merge, and there are fewer than ns merges. */
+    if (s->heap_cap < ns * 3) {
+        fx__free(s->heap);
+        s->heap_cap = ns * 3 > 256 ? ns * 3 : 256;
+        s->heap = fx__alloc(s->heap_cap * sizeof *s->heap);
+        if (!s->heap) {
+            s->heap_cap = 0;
+            return FX_ENOMEM;
         }
     }
-    /* Survivors, in order. */
+    fx__sym *sy = s->syms;
+    size_t hn = 0;
+    for (size_t i = 0; i + 1 < ns; i++) {
+        const fx__merge_slot *m = merge_get(t, sy[i].id, sy[i + 1].id);
+        if (m)
+            heap_push(s->heap, &hn, (fx__heap_item){m->rank, (uint32_t)i, m->id});
+    }
+    while (hn) {
+        fx__heap_item top = heap_pop(s->heap, &hn);
+        fx__sym *cur = &sy[top.pos];
+        if (cur->len == 0 || cur->next == -1)
+            continue;
+        fx__sym *right = &sy[cur->next];
+        const fx__merge_slot *m = merge_get(t, cur->id, right->id);
+        if (!m || m->id != top.id)
+            continue;
+        cur->id = top.id;
+        cur->len += right->len;
+        cur->next = right->next;
+        right->len = 0;
+        if (cur->next >= 0)
+            sy[cur->next].prev = (int32_t)top.pos;
+        if (cur->prev >= 0) {
+            const fx__merge_slot *pm = merge_get(t, sy[cur->prev].id, cur->id);
+            if (pm)
+                heap_push(s->heap, &hn, (fx__heap_item){pm->rank, (uint32_t)cur->prev, pm->id});
+        }
+        if (cur->next >= 0) {
+            const fx__merge_slot *nm = merge_get(t, cur->id, sy[cur->next].id);
+            if (nm)
+                heap_push(s->heap, &hn, (fx__heap_item){nm->rank, top.pos, nm->id});
+        }
+    }
+    return FX_OK;
+}
+
+/* One word through the model: its symbols, their merges, then the survivors in order onto
+   out (and into the word cache). */
+static int bpe_word(const fx_tokenizer *t, fx__scratch *s, fx_ids *out, const char *w, size_t n)
+{
+    if (!n)
+        return FX_OK;
+    if (t->ignore_merges) {
+        int32_t id = vocab_lookup(t, w, n);
+        if (id >= 0)
+            return ids_push(out, &id, 1);
+    }
+    uint64_t h = 0;
+    bool cacheable = s->cache && n < CACHE_MAX_WORD;
+    if (cacheable) {
+        const int32_t *ids;
+        size_t nids;
+        h = fx__hash_bytes(w, n);
+        if (cache_get(s->cache, h, w, n, &ids, &nids))
+            return ids_push(out, ids, nids);
+    }
+    size_t ns;
+    int rc;
+    if ((rc = word_symbols(t, s, w, n, &ns)) != FX_OK || (rc = word_merge(t, s, ns)) != FX_OK)
+        return rc;
     size_t m = 0;
     for (size_t i = 0; i < ns; i++)
         m += s->syms[i].len != 0;
