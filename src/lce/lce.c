@@ -770,16 +770,13 @@ static void lce_chunk_backprop_slabs(const lce_call *k, int64_t n0, int64_t c)
     }
 }
 
-static int lce_run(lce_call *k)
+/* k's plan (chunk k->C, vocabulary block k->Vb) and its scratch: one allocation (*scratch, for
+   the caller to free) laid out into k's buffers, the vdpbf16ps route's packed pairs last. */
+static int lce_scratch(lce_call *k, unsigned char **scratch)
 {
-    const fx_lce *p = k->p;
-    const bool forward = k->lse_in == NULL;
-    const bool grads = k->dh || k->dw || k->dbias;
-    const float eps = p->label_smoothing, zl = p->z_loss;
-    const int64_t N = p->N, V = p->V, D = p->D;
-
+    const int64_t V = k->p->V, D = k->p->D;
     size_t bytes;
-    lce_plan(p, &k->C, &k->Vb, &bytes);
+    lce_plan(k->p, &k->C, &k->Vb, &bytes);
     k->blk = lce_vblock(k->Vb, V);
     size_t dp_bytes = 0;
     if (k->dp.t) {
@@ -792,26 +789,103 @@ static int lce_run(lce_call *k)
         dp_bytes = lce_al(fx__lce_dp_words(&k->dp) * sizeof(uint32_t));
     }
     const size_t all = bytes == SIZE_MAX ? SIZE_MAX : lce_al(bytes) + dp_bytes;
-    unsigned char *scratch = all == SIZE_MAX ? NULL : fx__alloc(all);
-    if (!scratch)
+    unsigned char *s = all == SIZE_MAX ? NULL : fx__alloc(all);
+    if (!s)
         return fx__error(FX_ENOMEM, "fused cross-entropy: cannot allocate %zu bytes of scratch (chunk %lld x %lld)",
                          all, (long long)k->C, (long long)k->Vb);
     if (k->dp.t)
-        fx__lce_dp_bind(&k->dp, (uint32_t *)(scratch + lce_al(bytes)));
+        fx__lce_dp_bind(&k->dp, (uint32_t *)(s + lce_al(bytes)));
     const lce_layout lay = lce_layout_of(k->C, k->Vb, D, V);
     const int64_t nbmax = lce_stat_blocks(k->Vb, V);
     k->cs = (k->C + 15) / 16 * 16;
-    k->zt = (float *)(scratch + lay.zt);
-    k->hT = (float *)(scratch + lay.hT);
-    k->rows = (lce_row *)(scratch + lay.rows);
-    k->pm = (float *)(scratch + lay.part);
+    k->zt = (float *)(s + lay.zt);
+    k->hT = (float *)(s + lay.hT);
+    k->rows = (lce_row *)(s + lay.rows);
+    k->pm = (float *)(s + lay.part);
     k->ps = k->pm + nbmax * k->cs;
     k->pz = k->ps + nbmax * k->cs;
-    k->c_lse = (float *)(scratch + lay.coef);
+    k->c_lse = (float *)(s + lay.coef);
     k->c_a = k->c_lse + k->cs;
     k->c_b = k->c_a + k->cs;
     k->c_keep = k->c_b + k->cs;
-    k->dhp = lce_slabbed(k->Vb, V) ? (float *)(scratch + lay.dhp) : NULL;
+    k->dhp = lce_slabbed(k->Vb, V) ? (float *)(s + lay.dhp) : NULL;
+    *scratch = s;
+    return FX_OK;
+}
+
+/* The chunk's tokens [n0, n0 + c): which count, and the scale of each one's loss gradient
+   (gscale, or the upstream gradient of each token's own loss). Whether any counts. */
+static bool lce_chunk_rows(lce_call *k, int64_t n0, int64_t c, double gscale)
+{
+    const fx_lce *p = k->p;
+    bool any_valid = false;
+    for (int64_t r = 0; r < c; r++) {
+        lce_row *row = &k->rows[r];
+        row->valid = k->target[n0 + r] != p->ignore_index;
+        any_valid |= row->valid != 0;
+        if (k->lse_in && p->reduction == FX_REDUCTION_NONE)
+            row->scale = k->grad_loss[n0 + r];
+        else
+            row->scale = (float)gscale;
+    }
+    return any_valid;
+}
+
+/* The forward's token losses from the chunk's statistics: each row's lse and loss, written to
+   the outputs that were asked for. Returns the chunk's sum of losses. */
+static double lce_chunk_losses(lce_call *k, int64_t n0, int64_t c)
+{
+    const fx_lce *p = k->p;
+    const float eps = p->label_smoothing, zl = p->z_loss;
+    double total = 0.0;
+    for (int64_t r = 0; r < c; r++) {
+        lce_row *row = &k->rows[r];
+        double lse = (double)row->st.m + log(row->st.s);
+        row->lse = (float)lse;
+        row->loss = 0.0;
+        if (row->valid) {
+            row->loss = lse - (1.0 - (double)eps) * (double)row->z_y + (double)zl * lse * lse;
+            if (eps > 0.0f) /* sum_z is -inf when entries are masked with -inf */
+                row->loss -= (double)eps * row->st.sum_z / (double)p->V;
+        }
+        if (k->lse_out)
+            k->lse_out[n0 + r] = row->lse;
+        if (k->loss && p->reduction == FX_REDUCTION_NONE)
+            k->loss[n0 + r] = (float)row->loss;
+        total += row->loss;
+    }
+    return total;
+}
+
+/* The chunk's coefficients of d loss / d z_j = p_j (1 + 2 s lse) - eps/V - (1-eps) [j == y],
+   per token. */
+static void lce_chunk_coefs(lce_call *k, int64_t c)
+{
+    const float eps = k->p->label_smoothing, zl = k->p->z_loss;
+    const float inv_v = (float)(1.0 / (double)k->p->V);
+    for (int64_t r = 0; r < c; r++) {
+        const lce_row *row = &k->rows[r];
+        const float sc = row->valid ? row->scale : 0.0f;
+        k->c_lse[r] = row->lse;
+        k->c_a[r] = sc * (1.0f + 2.0f * zl * row->lse);
+        k->c_b[r] = sc * eps * inv_v;
+        k->c_keep[r] = row->valid ? 1.0f : 0.0f;
+    }
+}
+
+/* The call, chunk by chunk: the forward (no lse_in) computes each chunk's statistics and
+   losses, and with gradients asked for backpropagates them at once; the backward (lse_in)
+   backpropagates from the given lse. */
+static int lce_run(lce_call *k)
+{
+    const fx_lce *p = k->p;
+    const bool forward = k->lse_in == NULL;
+    const bool grads = k->dh || k->dw || k->dbias;
+    const int64_t N = p->N, V = p->V, D = p->D;
+    unsigned char *scratch = NULL;
+    int rc = lce_scratch(k, &scratch);
+    if (rc != FX_OK)
+        return rc;
     lce_route(k);
 
     /* d(reduced loss)/d(token loss) times the upstream gradient, for MEAN and SUM. */
@@ -827,16 +901,7 @@ static int lce_run(lce_call *k)
     double total = 0.0;
     for (int64_t q = 0; q < nch; q++) {
         const int64_t n0 = q * base + lce_min64(q, rem), c = base + (q < rem);
-        bool any_valid = false;
-        for (int64_t r = 0; r < c; r++) {
-            lce_row *row = &k->rows[r];
-            row->valid = k->target[n0 + r] != p->ignore_index;
-            any_valid |= row->valid != 0;
-            if (!forward)
-                row->scale = (float)(p->reduction == FX_REDUCTION_NONE ? (double)k->grad_loss[n0 + r] : gscale);
-            else
-                row->scale = (float)gscale;
-        }
+        const bool any_valid = lce_chunk_rows(k, n0, c, gscale);
         if (!forward && (!grads || !any_valid)) {
             if (k->dh)
                 memset(k->dh + n0 * D, 0, (size_t)(c * D) * sizeof(float));
@@ -845,22 +910,7 @@ static int lce_run(lce_call *k)
         k->prod->pack_h(k, n0, c);
         if (forward) {
             lce_chunk_stats(k, n0, c);
-            for (int64_t r = 0; r < c; r++) {
-                lce_row *row = &k->rows[r];
-                double lse = (double)row->st.m + log(row->st.s);
-                row->lse = (float)lse;
-                row->loss = 0.0;
-                if (row->valid) {
-                    row->loss = lse - (1.0 - (double)eps) * (double)row->z_y + (double)zl * lse * lse;
-                    if (eps > 0.0f) /* sum_z is -inf when entries are masked with -inf */
-                        row->loss -= (double)eps * row->st.sum_z / (double)V;
-                }
-                if (k->lse_out)
-                    k->lse_out[n0 + r] = row->lse;
-                if (k->loss && p->reduction == FX_REDUCTION_NONE)
-                    k->loss[n0 + r] = (float)row->loss;
-                total += row->loss;
-            }
+            total += lce_chunk_losses(k, n0, c);
         } else {
             for (int64_t r = 0; r < c; r++)
                 k->rows[r].lse = k->lse_in[n0 + r];
@@ -873,16 +923,7 @@ static int lce_run(lce_call *k)
                 memset(k->dh + n0 * D, 0, (size_t)(c * D) * sizeof(float));
             continue;
         }
-        /* d loss / d z_j = p_j (1 + 2 s lse) - eps/V - (1-eps) [j == y], per token. */
-        const float inv_v = (float)(1.0 / (double)V);
-        for (int64_t r = 0; r < c; r++) {
-            const lce_row *row = &k->rows[r];
-            const float sc = row->valid ? row->scale : 0.0f;
-            k->c_lse[r] = row->lse;
-            k->c_a[r] = sc * (1.0f + 2.0f * zl * row->lse);
-            k->c_b[r] = sc * eps * inv_v;
-            k->c_keep[r] = row->valid ? 1.0f : 0.0f;
-        }
+        lce_chunk_coefs(k, c);
         /* With one tile per chunk, the forward's logits are still in the buffer. */
         const bool resident = forward && k->Vb >= V;
         if (lce_slabbed(k->Vb, V))
