@@ -246,6 +246,75 @@ static int save_dist(fx__gpt *m, fx__dist *dist, fx_comm *world, const fx__gpt_t
     return all_ok(world, ret == CLI_EXIT_OK) ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }
 
+/* The checks of train's options that need neither data nor a model; *par the --parallel mode.
+   A usage error is printed and its exit code returned. */
+static int train_opts_check(const train_opts *o, fx__par *par)
+{
+    /* (mkdir_p would read past the end of an empty name.) */
+    if (!o->out[0]) {
+        cli_error("--out: the directory name is empty");
+        return CLI_EXIT_USAGE;
+    }
+    if (o->resume && o->force) {
+        cli_error("--resume continues the checkpoint in --out and --force starts over: pass one of them");
+        return CLI_EXIT_USAGE;
+    }
+    /* Checkpoints record the seed as a signed integer: a negative one could not be read back. */
+    if (o->seed != UNSET && o->seed < 0)
+        return int_outside("--seed", o->seed, 0, INT64_MAX);
+    if (o->dtype && strcmp(o->dtype, "f32") != 0 && strcmp(o->dtype, "bf16") != 0) {
+        cli_error("--dtype %s: expected f32 or bf16", o->dtype);
+        return CLI_EXIT_USAGE;
+    }
+    if (fx__par_parse(o->parallel, par) != FX_OK) {
+        cli_error("%s", fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    if (o->comm_log && *par == FX__PAR_NONE) {
+        cli_error("--comm-log %s: there are no collectives to record without --parallel ddp or fsdp", o->comm_log);
+        return CLI_EXIT_USAGE;
+    }
+    if (!(o->comm_timeout > 0)) {
+        cli_error("--comm-timeout %g must be > 0 seconds", o->comm_timeout);
+        return CLI_EXIT_USAGE;
+    }
+    /* Several processes started by mpirun without --parallel would each train alone and
+       overwrite each other's files. */
+    const char *np_env = getenv("OMPI_COMM_WORLD_SIZE");
+    if (*par == FX__PAR_NONE && np_env && atoi(np_env) > 1) {
+        cli_error("running as one of %s processes (mpirun): pass --parallel ddp or fsdp", np_env);
+        return CLI_EXIT_USAGE;
+    }
+    return CLI_EXIT_OK;
+}
+
+/* The processes of mpirun under --parallel: the world communicator, with --comm-timeout and
+   --comm-log; ranks other than 0 go quiet, and without --threads the processes of one node
+   share its cores. */
+static int train_comm_open(train_opts *o, fx_comm **world, int *rank, int *nproc)
+{
+    int rc;
+    if ((rc = fx_comm_init(world, NULL, NULL)) != FX_OK)
+        return cli_fail(rc, o->parallel[0] == 'd' ? "--parallel ddp" : "--parallel fsdp");
+    *rank = fx_comm_rank(*world), *nproc = fx_comm_size(*world);
+    fx_comm_set_timeout(*world, o->comm_timeout);
+    fx_comm_set_dump_fd(2);
+    fx_comm_install_sigusr1();
+    if (o->comm_log && (rc = fx_comm_log_open(o->comm_log)) != FX_OK) {
+        fx_comm_free(*world);
+        *world = NULL;
+        return cli_fail(rc, "--comm-log");
+    }
+    if (*rank != 0)
+        o->quiet = true; /* only rank 0 prints and writes */
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (!o->threads && local && atoi(local) > 1) {
+        int t = fx_get_num_threads() / atoi(local);
+        fx_set_num_threads(t > 1 ? t : 1);
+    }
+    return CLI_EXIT_OK;
+}
+
 int cmd_train(int argc, char **argv)
 {
     train_opts o = {.model = NULL, .attn = NULL, .out = "out", .steps = UNSET, .batch = UNSET, .seq = UNSET,
@@ -298,64 +367,13 @@ int cmd_train(int argc, char **argv)
         return rc;
     if ((rc = cli_threads("train", o.threads)) != CLI_EXIT_OK)
         return rc;
-    /* (mkdir_p would read past the end of an empty name.) */
-    if (!o.out[0]) {
-        cli_error("--out: the directory name is empty");
-        return CLI_EXIT_USAGE;
-    }
-    if (o.resume && o.force) {
-        cli_error("--resume continues the checkpoint in --out and --force starts over: pass one of them");
-        return CLI_EXIT_USAGE;
-    }
-    /* Checkpoints record the seed as a signed integer: a negative one could not be read back. */
-    if (o.seed != UNSET && o.seed < 0)
-        return int_outside("--seed", o.seed, 0, INT64_MAX);
-    if (o.dtype && strcmp(o.dtype, "f32") != 0 && strcmp(o.dtype, "bf16") != 0) {
-        cli_error("--dtype %s: expected f32 or bf16", o.dtype);
-        return CLI_EXIT_USAGE;
-    }
     fx__par par;
-    if (fx__par_parse(o.parallel, &par) != FX_OK) {
-        cli_error("%s", fx_last_error());
-        return CLI_EXIT_USAGE;
-    }
-    if (o.comm_log && par == FX__PAR_NONE) {
-        cli_error("--comm-log %s: there are no collectives to record without --parallel ddp or fsdp", o.comm_log);
-        return CLI_EXIT_USAGE;
-    }
-    if (!(o.comm_timeout > 0)) {
-        cli_error("--comm-timeout %g must be > 0 seconds", o.comm_timeout);
-        return CLI_EXIT_USAGE;
-    }
-    /* Several processes started by mpirun without --parallel would each train alone and
-       overwrite each other's files. */
-    const char *np_env = getenv("OMPI_COMM_WORLD_SIZE");
-    if (par == FX__PAR_NONE && np_env && atoi(np_env) > 1) {
-        cli_error("running as one of %s processes (mpirun): pass --parallel ddp or fsdp", np_env);
-        return CLI_EXIT_USAGE;
-    }
+    if ((rc = train_opts_check(&o, &par)) != CLI_EXIT_OK)
+        return rc;
     fx_comm *world = NULL;
     int rank = 0, nproc = 1;
-    if (par != FX__PAR_NONE) {
-        if ((rc = fx_comm_init(&world, NULL, NULL)) != FX_OK)
-            return cli_fail(rc, o.parallel[0] == 'd' ? "--parallel ddp" : "--parallel fsdp");
-        rank = fx_comm_rank(world), nproc = fx_comm_size(world);
-        fx_comm_set_timeout(world, o.comm_timeout);
-        fx_comm_set_dump_fd(2);
-        fx_comm_install_sigusr1();
-        if (o.comm_log && (rc = fx_comm_log_open(o.comm_log)) != FX_OK) {
-            fx_comm_free(world);
-            return cli_fail(rc, "--comm-log");
-        }
-        if (rank != 0)
-            o.quiet = true; /* only rank 0 prints and writes */
-        /* Without --threads, the processes on one node share its cores. */
-        const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-        if (!o.threads && local && atoi(local) > 1) {
-            int t = fx_get_num_threads() / atoi(local);
-            fx_set_num_threads(t > 1 ? t : 1);
-        }
-    }
+    if (par != FX__PAR_NONE && (rc = train_comm_open(&o, &world, &rank, &nproc)) != CLI_EXIT_OK)
+        return rc;
     rc = train_run(&o, par, world, rank, nproc);
     outdir_unlock();
     if (rc == CLI_EXIT_FAIL || rc == CLI_EXIT_USAGE)
