@@ -291,6 +291,99 @@ static int parse_window(fx__hf_config *c, const json_t *root)
     return FX_OK;
 }
 
+/* The model's sizes: vocabulary, width, MLP width, layers, heads (query and key/value, the
+   second dividing the first) and head_dim (even; hidden_size / heads where not given), the
+   context, the norm's epsilon and whether the embedding is tied. */
+static int parse_sizes(fx__hf_config *c, const json_t *root)
+{
+    const char *where = "config.json";
+    const int64_t big = INT64_C(1) << 31; /* sizes: anything larger is a corrupt file */
+    int rc;
+    if ((rc = get_int(&c->vocab, root, where, "vocab_size", true, 0, 1, big)) != FX_OK ||
+        (rc = get_int(&c->dim, root, where, "hidden_size", true, 0, 1, big)) != FX_OK ||
+        (rc = get_int(&c->ffn, root, where, "intermediate_size", true, 0, 1, big)) != FX_OK ||
+        (rc = get_int(&c->layers, root, where, "num_hidden_layers", true, 0, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c->heads, root, where, "num_attention_heads", true, 0, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c->kv_heads, root, where, "num_key_value_heads", false, c->heads, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c->head_dim, root, where, "head_dim", false, 0, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c->max_pos, root, where, "max_position_embeddings", true, 0, 1, big)) != FX_OK ||
+        (rc = get_pos(&c->norm_eps, root, where, "rms_norm_eps", false, 1e-6)) != FX_OK ||
+        (rc = get_bool(&c->tied, root, where, "tie_word_embeddings", false)) != FX_OK)
+        return rc;
+    if (c->head_dim == 0) {
+        if (c->dim % c->heads != 0)
+            return fx__error(FX_EFORMAT, "config.json: hidden_size = %lld is not a multiple of num_attention_heads = "
+                             "%lld and head_dim is not given", (long long)c->dim, (long long)c->heads);
+        c->head_dim = c->dim / c->heads;
+    }
+    if (c->heads % c->kv_heads != 0)
+        return fx__error(FX_EFORMAT, "config.json: num_attention_heads = %lld is not a multiple of "
+                         "num_key_value_heads = %lld", (long long)c->heads, (long long)c->kv_heads);
+    if (c->head_dim % 2 != 0)
+        return fx__error(FX_EFORMAT, "config.json: head_dim = %lld must be even (RoPE rotates pairs)",
+                         (long long)c->head_dim);
+    return FX_OK;
+}
+
+/* Biases: only Qwen2's on q, k and v (attention_bias on another architecture also adds one
+   to o_proj). */
+static int parse_bias(fx__hf_config *c, const json_t *root)
+{
+    const char *where = "config.json";
+    int rc;
+    bool attn_bias = false, mlp_bias = false;
+    if ((rc = get_bool(&attn_bias, root, where, "attention_bias", false)) != FX_OK ||
+        (rc = get_bool(&mlp_bias, root, where, "mlp_bias", false)) != FX_OK)
+        return rc;
+    if (attn_bias && c->arch != FX__HF_QWEN2)
+        return fx__error(FX_EUNSUPPORTED, "config.json: attention_bias = true is not supported (it adds an o_proj "
+                         "bias; only Qwen2's q/k/v biases are)");
+    if (mlp_bias)
+        return fx__error(FX_EUNSUPPORTED, "config.json: mlp_bias = true is not supported");
+    c->qkv_bias = c->arch == FX__HF_QWEN2;
+    return FX_OK;
+}
+
+/* The special ids: eos (one or several) and bos (at most one), each from
+   generation_config.json (gen, when given) first and config.json where it has none. */
+static int parse_special_ids(fx__hf_config *c, const json_t *root, const char *gen, size_t gen_len)
+{
+    const char *where = "config.json";
+    json_t *groot = NULL;
+    json_error_t jerr;
+    int rc = FX_OK;
+    bool found = false;
+    if (gen) {
+        groot = json_loadb(gen, gen_len, JSON_REJECT_DUPLICATES, &jerr);
+        if (!groot || !json_is_object(groot)) {
+            rc = groot ? fx__error(FX_EFORMAT, "generation_config.json is not a JSON object")
+                       : fx__error(FX_EFORMAT, "generation_config.json is not valid JSON: %s (line %d, column %d)",
+                                   jerr.text, jerr.line, jerr.column);
+            goto done;
+        }
+        rc = get_ids(c->eos, &c->n_eos, &found, groot, "generation_config.json", "eos_token_id", c->vocab);
+        if (rc != FX_OK)
+            goto done;
+    }
+    if (!found && (rc = get_ids(c->eos, &c->n_eos, &found, root, where, "eos_token_id", c->vocab)) != FX_OK)
+        goto done;
+    int64_t bos[FX__HF_MAX_EOS];
+    int nbos = 0;
+    found = false;
+    if (groot && (rc = get_ids(bos, &nbos, &found, groot, "generation_config.json", "bos_token_id", c->vocab)) != FX_OK)
+        goto done;
+    if (!found && (rc = get_ids(bos, &nbos, &found, root, where, "bos_token_id", c->vocab)) != FX_OK)
+        goto done;
+    if (nbos > 1) {
+        rc = fx__error(FX_EFORMAT, "bos_token_id must be one id");
+        goto done;
+    }
+    c->bos = nbos ? bos[0] : -1;
+done:
+    json_decref(groot);
+    return rc;
+}
+
 int fx__hf_config_parse(fx__hf_config *out, const char *text, size_t len, const char *gen, size_t gen_len)
 {
     if (!out || !text)
@@ -300,12 +393,9 @@ int fx__hf_config_parse(fx__hf_config *out, const char *text, size_t len, const 
     if (!root)
         return fx__error(FX_EFORMAT, "config.json is not valid JSON: %s (line %d, column %d)", jerr.text, jerr.line,
                          jerr.column);
-    json_t *groot = NULL;
     fx__hf_config c;
     memset(&c, 0, sizeof c);
     c.bos = -1;
-    const char *where = "config.json";
-    const int64_t big = INT64_C(1) << 31; /* sizes: anything larger is a corrupt file */
     int rc = FX_OK;
     if (!json_is_object(root)) {
         rc = fx__error(FX_EFORMAT, "config.json is not a JSON object");
@@ -327,51 +417,8 @@ int fx__hf_config_parse(fx__hf_config *out, const char *text, size_t len, const 
                        json_is_string(act) ? json_string_value(act) : "?");
         goto done;
     }
-    if ((rc = get_int(&c.vocab, root, where, "vocab_size", true, 0, 1, big)) != FX_OK ||
-        (rc = get_int(&c.dim, root, where, "hidden_size", true, 0, 1, big)) != FX_OK ||
-        (rc = get_int(&c.ffn, root, where, "intermediate_size", true, 0, 1, big)) != FX_OK ||
-        (rc = get_int(&c.layers, root, where, "num_hidden_layers", true, 0, 1, 1 << 16)) != FX_OK ||
-        (rc = get_int(&c.heads, root, where, "num_attention_heads", true, 0, 1, 1 << 16)) != FX_OK ||
-        (rc = get_int(&c.kv_heads, root, where, "num_key_value_heads", false, c.heads, 1, 1 << 16)) != FX_OK ||
-        (rc = get_int(&c.head_dim, root, where, "head_dim", false, 0, 1, 1 << 16)) != FX_OK ||
-        (rc = get_int(&c.max_pos, root, where, "max_position_embeddings", true, 0, 1, big)) != FX_OK ||
-        (rc = get_pos(&c.norm_eps, root, where, "rms_norm_eps", false, 1e-6)) != FX_OK ||
-        (rc = get_bool(&c.tied, root, where, "tie_word_embeddings", false)) != FX_OK)
+    if ((rc = parse_sizes(&c, root)) != FX_OK || (rc = parse_bias(&c, root)) != FX_OK)
         goto done;
-    if (c.head_dim == 0) {
-        if (c.dim % c.heads != 0) {
-            rc = fx__error(FX_EFORMAT, "config.json: hidden_size = %lld is not a multiple of num_attention_heads = "
-                           "%lld and head_dim is not given", (long long)c.dim, (long long)c.heads);
-            goto done;
-        }
-        c.head_dim = c.dim / c.heads;
-    }
-    if (c.heads % c.kv_heads != 0) {
-        rc = fx__error(FX_EFORMAT, "config.json: num_attention_heads = %lld is not a multiple of "
-                       "num_key_value_heads = %lld", (long long)c.heads, (long long)c.kv_heads);
-        goto done;
-    }
-    if (c.head_dim % 2 != 0) {
-        rc = fx__error(FX_EFORMAT, "config.json: head_dim = %lld must be even (RoPE rotates pairs)",
-                       (long long)c.head_dim);
-        goto done;
-    }
-
-    bool attn_bias = false, mlp_bias = false;
-    if ((rc = get_bool(&attn_bias, root, where, "attention_bias", false)) != FX_OK ||
-        (rc = get_bool(&mlp_bias, root, where, "mlp_bias", false)) != FX_OK)
-        goto done;
-    if (attn_bias && c.arch != FX__HF_QWEN2) {
-        rc = fx__error(FX_EUNSUPPORTED, "config.json: attention_bias = true is not supported (it adds an o_proj "
-                       "bias; only Qwen2's q/k/v biases are)");
-        goto done;
-    }
-    if (mlp_bias) {
-        rc = fx__error(FX_EUNSUPPORTED, "config.json: mlp_bias = true is not supported");
-        goto done;
-    }
-    c.qkv_bias = c.arch == FX__HF_QWEN2;
-
     if ((rc = parse_rope(&c, root)) != FX_OK || (rc = parse_window(&c, root)) != FX_OK)
         goto done;
 
@@ -380,36 +427,10 @@ int fx__hf_config_parse(fx__hf_config *out, const char *text, size_t len, const 
     const char *dts = dt && json_is_string(dt) ? json_string_value(dt) : "float32";
     c.dtype = strcmp(dts, "bfloat16") == 0 ? FX_DT_BF16 : strcmp(dts, "float16") == 0 ? FX_DT_F16 : FX_DT_F32;
 
-    /* Special ids: generation_config.json first, config.json for what it lacks. */
-    bool found = false;
-    if (gen) {
-        groot = json_loadb(gen, gen_len, JSON_REJECT_DUPLICATES, &jerr);
-        if (!groot || !json_is_object(groot)) {
-            rc = groot ? fx__error(FX_EFORMAT, "generation_config.json is not a JSON object")
-                       : fx__error(FX_EFORMAT, "generation_config.json is not valid JSON: %s (line %d, column %d)",
-                                   jerr.text, jerr.line, jerr.column);
-            goto done;
-        }
-        if ((rc = get_ids(c.eos, &c.n_eos, &found, groot, "generation_config.json", "eos_token_id", c.vocab)) != FX_OK)
-            goto done;
-    }
-    if (!found && (rc = get_ids(c.eos, &c.n_eos, &found, root, where, "eos_token_id", c.vocab)) != FX_OK)
+    if ((rc = parse_special_ids(&c, root, gen, gen_len)) != FX_OK)
         goto done;
-    int64_t bos[FX__HF_MAX_EOS];
-    int nbos = 0;
-    found = false;
-    if (groot && (rc = get_ids(bos, &nbos, &found, groot, "generation_config.json", "bos_token_id", c.vocab)) != FX_OK)
-        goto done;
-    if (!found && (rc = get_ids(bos, &nbos, &found, root, where, "bos_token_id", c.vocab)) != FX_OK)
-        goto done;
-    if (nbos > 1) {
-        rc = fx__error(FX_EFORMAT, "bos_token_id must be one id");
-        goto done;
-    }
-    c.bos = nbos ? bos[0] : -1;
     *out = c;
 done:
-    json_decref(groot);
     json_decref(root);
     return rc;
 }
