@@ -95,6 +95,25 @@ static fx_safetensors *const SENTINEL = (fx_safetensors *)(uintptr_t)0x5a5a;
             fx_safetensors_close(f_);                                                        \
     } while (0)
 
+/* A header and the data bytes after it, and what opening the file must give. */
+typedef struct header_case {
+    const char *header;
+    size_t data_len;
+    int status;
+    const char *msg; /* a part of the error message ("" for FX_OK) */
+} header_case;
+
+/* EXPECT_HEADER for each case, naming the one that failed. */
+static void expect_headers(const header_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const int before = fxt_failed_checks;
+        EXPECT_HEADER(cases[i].header, cases[i].data_len, cases[i].status, cases[i].msg);
+        if (fxt_failed_checks != before)
+            fprintf(stderr, "    (case %zu: %s)\n", i, cases[i].header);
+    }
+}
+
 #define EXPECT_BYTES(bytes, n, status, msg)                                                  \
     do {                                                                                     \
         const char *p_ = tpath("b.safetensors");                                             \
@@ -320,24 +339,27 @@ static void test_rule_json_strict(void)
 
 static void test_rule_numbers(void)
 {
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[-1],\"data_offsets\":[0,0]}}", 0, FX_EFORMAT, "signed number");
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[-0],\"data_offsets\":[0,0]}}", 0, FX_EFORMAT, "signed number");
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[+0,4]}}", 4, FX_EFORMAT, "signed number");
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[4.0],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "fraction or exponent");
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[4e0],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "fraction or exponent");
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4E0]}}", 4, FX_EFORMAT, "fraction or exponent");
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[04],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "not strict JSON");
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[9223372036854775808],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
-                  "larger than");
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[18446744073709551616],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
-                  "larger than");
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,99999999999999999999999]}}", 4, FX_EFORMAT,
-                  "larger than");
-    /* The largest accepted integer is fine as a number (it then fails the size rules). */
-    EXPECT_HEADER("{\"a\":{\"dtype\":\"U8\",\"shape\":[9223372036854775807],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
-                  "hold 4 bytes");
-    /* Numbers inside strings are just text. */
-    EXPECT_HEADER("{\"__metadata__\":{\"lr\":\"-1.5e-3\"},\"a\":" T_U8 "}", 4, FX_OK, "");
+    static const header_case cases[] = {
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[-1],\"data_offsets\":[0,0]}}", 0, FX_EFORMAT, "signed number"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[-0],\"data_offsets\":[0,0]}}", 0, FX_EFORMAT, "signed number"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[+0,4]}}", 4, FX_EFORMAT, "signed number"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4.0],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "fraction or exponent"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4e0],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "fraction or exponent"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4E0]}}", 4, FX_EFORMAT, "fraction or exponent"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[04],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "not strict JSON"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[9223372036854775808],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
+         "larger than"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[18446744073709551616],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
+         "larger than"},
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,99999999999999999999999]}}", 4, FX_EFORMAT,
+         "larger than"},
+        /* The largest accepted integer is fine as a number (it then fails the size rules). */
+        {"{\"a\":{\"dtype\":\"U8\",\"shape\":[9223372036854775807],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
+         "hold 4 bytes"},
+        /* Numbers inside strings are just text. */
+        {"{\"__metadata__\":{\"lr\":\"-1.5e-3\"},\"a\":" T_U8 "}", 4, FX_OK, ""},
+    };
+    expect_headers(cases, sizeof cases / sizeof cases[0]);
 }
 
 static void test_rule_depth(void)
@@ -361,39 +383,42 @@ static void test_rule_depth(void)
 
 static void test_rule_entries(void)
 {
-    EXPECT_HEADER("{\"w\":5}", 0, FX_EFORMAT, "tensor 'w': entry is an integer, not an object");
-    EXPECT_HEADER("{\"w\":[]}", 0, FX_EFORMAT, "tensor 'w': entry is an array");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[4]}}", 4, FX_EFORMAT, "tensor 'w': missing key 'data_offsets'");
-    EXPECT_HEADER("{\"w\":{\"shape\":[4],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "tensor 'w': missing key 'dtype'");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "tensor 'w': missing key 'shape'");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4],\"x\":1}}", 4, FX_EFORMAT,
-                  "tensor 'w': unexpected key 'x'");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4,4]}}", 4, FX_EFORMAT,
-                  "tensor 'w': data_offsets is an array of another length");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[4]}}", 4, FX_EFORMAT,
-                  "tensor 'w': data_offsets is an array of another length");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":{\"a\":0}}}", 4, FX_EFORMAT,
-                  "tensor 'w': data_offsets is an object");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[\"0\",4]}}", 4, FX_EFORMAT,
-                  "tensor 'w': data_offsets holds something other than");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[null,4]}}", 4, FX_EFORMAT,
-                  "tensor 'w': data_offsets holds");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":4,\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
-                  "tensor 'w': shape is an integer, not an array");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[true],\"data_offsets\":[0,1]}}", 1, FX_EFORMAT,
-                  "tensor 'w': shape[0] is a boolean");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, FX_EFORMAT,
-                  "more than 8 elements");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, FX_OK, "");
-    /* dtype names as the reference spells them. */
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
-                  "tensor 'w': unknown dtype 'f32'");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"float32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "unknown dtype");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"F32 \",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "unknown dtype");
-    EXPECT_HEADER("{\"w\":{\"dtype\":32,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
-                  "tensor 'w': dtype is an integer, not a string");
-    /* Names are quoted with control bytes escaped in messages. */
-    EXPECT_HEADER("{\"\\u001b[31m\":5}", 0, FX_EFORMAT, "tensor '\\x1b[31m'");
+    static const header_case cases[] = {
+        {"{\"w\":5}", 0, FX_EFORMAT, "tensor 'w': entry is an integer, not an object"},
+        {"{\"w\":[]}", 0, FX_EFORMAT, "tensor 'w': entry is an array"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[4]}}", 4, FX_EFORMAT, "tensor 'w': missing key 'data_offsets'"},
+        {"{\"w\":{\"shape\":[4],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "tensor 'w': missing key 'dtype'"},
+        {"{\"w\":{\"dtype\":\"U8\",\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "tensor 'w': missing key 'shape'"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4],\"x\":1}}", 4, FX_EFORMAT,
+         "tensor 'w': unexpected key 'x'"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4,4]}}", 4, FX_EFORMAT,
+         "tensor 'w': data_offsets is an array of another length"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[4]}}", 4, FX_EFORMAT,
+         "tensor 'w': data_offsets is an array of another length"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":{\"a\":0}}}", 4, FX_EFORMAT,
+         "tensor 'w': data_offsets is an object"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[\"0\",4]}}", 4, FX_EFORMAT,
+         "tensor 'w': data_offsets holds something other than"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[null,4]}}", 4, FX_EFORMAT,
+         "tensor 'w': data_offsets holds"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":4,\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
+         "tensor 'w': shape is an integer, not an array"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[true],\"data_offsets\":[0,1]}}", 1, FX_EFORMAT,
+         "tensor 'w': shape[0] is a boolean"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, FX_EFORMAT,
+         "more than 8 elements"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1],\"data_offsets\":[0,1]}}", 1, FX_OK, ""},
+        /* dtype names as the reference spells them. */
+        {"{\"w\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
+         "tensor 'w': unknown dtype 'f32'"},
+        {"{\"w\":{\"dtype\":\"float32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "unknown dtype"},
+        {"{\"w\":{\"dtype\":\"F32 \",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT, "unknown dtype"},
+        {"{\"w\":{\"dtype\":32,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
+         "tensor 'w': dtype is an integer, not a string"},
+        /* Names are quoted with control bytes escaped in messages. */
+        {"{\"\\u001b[31m\":5}", 0, FX_EFORMAT, "tensor '\\x1b[31m'"},
+    };
+    expect_headers(cases, sizeof cases / sizeof cases[0]);
     /* A long name is cut, at a character boundary: the message stays valid UTF-8. */
     char h[1024] = "{\"";
     for (int i = 0; i < 150; i++)
@@ -406,23 +431,26 @@ static void test_rule_entries(void)
 
 static void test_rule_sizes(void)
 {
-    /* Products that wrap: to 0 (2^32 * 2^32) and past int64. Both are errors, never an empty
-       tensor. */
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]}}", 0,
-                  FX_EFORMAT, "tensor 'w': shape product times 4 bytes overflows");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,0],\"data_offsets\":[0,0]}}", 0,
-                  FX_EFORMAT, "overflows");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"F64\",\"shape\":[2305843009213693952],\"data_offsets\":[0,0]}}", 0,
-                  FX_EFORMAT, "tensor 'w': shape product times 8 bytes overflows");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[3037000500,3037000500],\"data_offsets\":[0,0]}}", 0,
-                  FX_EFORMAT, "overflows");
-    /* A genuinely empty tensor with a huge other dimension is fine when nothing overflows. */
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"U8\",\"shape\":[0,4294967296],\"data_offsets\":[0,0]}}", 0, FX_OK, "");
-    /* end - begin = byte size */
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
-                  "tensor 'w': data_offsets [0, 4) hold 4 bytes but F32 shape needs 8");
-    EXPECT_HEADER("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 4, FX_EFORMAT,
-                  "tensor 'w': data_offsets [8, 4) end before they begin");
+    static const header_case cases[] = {
+        /* Products that wrap: to 0 (2^32 * 2^32) and past int64. Both are errors, never an empty
+           tensor. */
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]}}", 0,
+         FX_EFORMAT, "tensor 'w': shape product times 4 bytes overflows"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296,0],\"data_offsets\":[0,0]}}", 0,
+         FX_EFORMAT, "overflows"},
+        {"{\"w\":{\"dtype\":\"F64\",\"shape\":[2305843009213693952],\"data_offsets\":[0,0]}}", 0,
+         FX_EFORMAT, "tensor 'w': shape product times 8 bytes overflows"},
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[3037000500,3037000500],\"data_offsets\":[0,0]}}", 0,
+         FX_EFORMAT, "overflows"},
+        /* A genuinely empty tensor with a huge other dimension is fine when nothing overflows. */
+        {"{\"w\":{\"dtype\":\"U8\",\"shape\":[0,4294967296],\"data_offsets\":[0,0]}}", 0, FX_OK, ""},
+        /* end - begin = byte size */
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 4, FX_EFORMAT,
+         "tensor 'w': data_offsets [0, 4) hold 4 bytes but F32 shape needs 8"},
+        {"{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 4, FX_EFORMAT,
+         "tensor 'w': data_offsets [8, 4) end before they begin"},
+    };
+    expect_headers(cases, sizeof cases / sizeof cases[0]);
 }
 
 static void test_rule_layout(void)
