@@ -31,6 +31,73 @@ static bool origin_dir(char *buf, size_t n, const char *ckpt)
     return false;
 }
 
+/* The configuration of a model that came from the Hugging Face directory `origin`: its own
+   config.json and generation_config.json texts (written back as they were), parsed into hc.
+   They must still describe the model m (they do unless files were mixed). Prints its error. */
+static bool export_origin_config(fx__hf_config *hc, char **config_text, char **gen_text, const char *origin,
+                                 const char *ckpt, const fx_model_config *mc)
+{
+    char path[4200];
+    size_t len = 0;
+    int rc;
+    if ((rc = fx__hf_config_read(hc, origin)) != FX_OK) {
+        cli_fail(rc, "the model's Hugging Face configuration");
+        return false;
+    }
+    snprintf(path, sizeof path, "%s/config.json", origin);
+    if ((rc = fx__hf_read_text(config_text, &len, path)) != FX_OK) {
+        cli_fail(rc, "config.json");
+        return false;
+    }
+    snprintf(path, sizeof path, "%s/generation_config.json", origin);
+    if (access(path, F_OK) == 0 && (rc = fx__hf_read_text(gen_text, &len, path)) != FX_OK) {
+        cli_fail(rc, "generation_config.json");
+        return false;
+    }
+    fx_model_config check;
+    if ((rc = fx__hf_model_config(&check, hc)) != FX_OK || check.vocab != mc->vocab || check.dim != mc->dim ||
+        check.layers != mc->layers || check.heads != mc->heads || check.kv_heads != mc->kv_heads ||
+        check.head_dim != mc->head_dim || check.ffn != mc->ffn || check.qkv_bias != mc->qkv_bias ||
+        check.tied_embeddings != mc->tied_embeddings) {
+        cli_error("export: %s/config.json does not describe the model in --ckpt %s", origin, ckpt);
+        return false;
+    }
+    return true;
+}
+
+/* Writes m's tensors to `to` under the names of hc's layout (s: everything but the data).
+   Prints its error. */
+static bool export_tensors(const char *to, const fx_model *m, fx__hf_export_spec *s)
+{
+    fx__hf_tensor *t = NULL;
+    size_t n = 0;
+    int rc = fx__hf_layout(&t, &n, s->c);
+    if (rc != FX_OK) {
+        cli_fail(rc, "export");
+        return false;
+    }
+    const float **data = calloc(n, sizeof *data);
+    if (!data) {
+        fx__free(t);
+        cli_error("out of memory");
+        return false;
+    }
+    for (size_t i = 0; i < n && rc == FX_OK; i++) {
+        fx_model_tensor mt;
+        if ((rc = fx_model_tensor_find(m, t[i].name, &mt)) == FX_OK)
+            data[i] = mt.data;
+    }
+    if (rc == FX_OK) {
+        s->data = data;
+        rc = fx__hf_export(to, s);
+    }
+    if (rc != FX_OK)
+        cli_fail(rc, "export");
+    free(data);
+    fx__free(t);
+    return rc == FX_OK;
+}
+
 int cmd_export(int argc, char **argv)
 {
     const char *ckpt = NULL, *to = NULL, *dtype_s = NULL;
@@ -68,82 +135,27 @@ int cmd_export(int argc, char **argv)
         return cli_fail(rc, "--ckpt");
     const fx_model_config *mc = fx_model_get_config(m);
 
-    /* The configuration: the origin's own config.json when the model came from a Hugging Face
-       directory (written back as it was), else one generated from the model. */
+    /* The configuration: the origin's own when the model came from a Hugging Face directory,
+       else one generated from the model. */
     char origin[4096];
-    bool has_origin = origin_dir(origin, sizeof origin, ckpt);
+    const bool has_origin = origin_dir(origin, sizeof origin, ckpt);
     fx__hf_config hc;
     char *config_text = NULL, *gen_text = NULL;
-    size_t len = 0;
-    int exit_code = CLI_EXIT_FAIL;
+    bool ok;
     if (has_origin) {
-        char path[4200];
-        if ((rc = fx__hf_config_read(&hc, origin)) != FX_OK) {
-            cli_fail(rc, "the model's Hugging Face configuration");
-            goto done;
-        }
-        snprintf(path, sizeof path, "%s/config.json", origin);
-        if ((rc = fx__hf_read_text(&config_text, &len, path)) != FX_OK) {
-            cli_fail(rc, "config.json");
-            goto done;
-        }
-        snprintf(path, sizeof path, "%s/generation_config.json", origin);
-        if (access(path, F_OK) == 0 && (rc = fx__hf_read_text(&gen_text, &len, path)) != FX_OK) {
-            cli_fail(rc, "generation_config.json");
-            goto done;
-        }
-        /* The configuration must still describe the model (it does unless files were mixed). */
-        fx_model_config check;
-        if ((rc = fx__hf_model_config(&check, &hc)) != FX_OK || check.vocab != mc->vocab || check.dim != mc->dim ||
-            check.layers != mc->layers || check.heads != mc->heads || check.kv_heads != mc->kv_heads ||
-            check.head_dim != mc->head_dim || check.ffn != mc->ffn || check.qkv_bias != mc->qkv_bias ||
-            check.tied_embeddings != mc->tied_embeddings) {
-            cli_error("export: %s/config.json does not describe the model in --ckpt %s", origin, ckpt);
-            goto done;
-        }
-        if (!dtype_s)
+        ok = export_origin_config(&hc, &config_text, &gen_text, origin, ckpt, mc);
+        if (ok && !dtype_s)
             dtype = hc.dtype;
-    } else if ((rc = fx__hf_config_from_model(&hc, mc)) != FX_OK) {
+    } else if (!(ok = (rc = fx__hf_config_from_model(&hc, mc)) == FX_OK)) {
         cli_fail(rc, "export");
-        goto done;
     }
-
-    fx__hf_tensor *t = NULL;
-    size_t n = 0;
-    if ((rc = fx__hf_layout(&t, &n, &hc)) != FX_OK) {
-        cli_fail(rc, "export");
-        goto done;
-    }
-    const float **data = calloc(n, sizeof *data);
-    if (!data) {
-        fx__free(t);
-        cli_error("out of memory");
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        fx_model_tensor mt;
-        if ((rc = fx_model_tensor_find(m, t[i].name, &mt)) != FX_OK) {
-            cli_fail(rc, "export");
-            break;
-        }
-        data[i] = mt.data;
-    }
-    if (rc == FX_OK) {
-        fx__hf_export_spec s = {.c = &hc, .data = data, .dtype = dtype, .config_text = config_text,
-                                .gen_text = gen_text, .tokenizer_dir = has_origin ? origin : NULL};
-        if ((rc = fx__hf_export(to, &s)) != FX_OK)
-            cli_fail(rc, "export");
-    }
-    free(data);
-    fx__free(t);
-    if (rc == FX_OK) {
+    fx__hf_export_spec s = {.c = &hc, .dtype = dtype, .config_text = config_text, .gen_text = gen_text,
+                            .tokenizer_dir = has_origin ? origin : NULL};
+    if (ok && (ok = export_tensors(to, m, &s)))
         printf("wrote %s: %s, %zu parameters, %s%s\n", to, fx__hf_arch_name(hc.arch), fx_model_num_params(m),
                fx_dtype_name(dtype), has_origin ? "" : " (no tokenizer: the model did not come from a Hugging Face directory)");
-        exit_code = CLI_EXIT_OK;
-    }
-done:
     fx__free(config_text);
     fx__free(gen_text);
     fx_model_free(m);
-    return exit_code;
+    return ok ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }
