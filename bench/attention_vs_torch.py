@@ -41,27 +41,20 @@ except ImportError as e:
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import flexc  # noqa: E402
 import flexc.torch as ft  # noqa: E402
+from procmem import status_kb  # noqa: E402
 
 CASES = [(8192, 64), (32768, 256)]
-
-
-def rss_kb(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def measure(fn):
     """Seconds of one call and the growth of the resident peak over it."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
-    start = rss_kb("VmRSS") * 1024
+    start = status_kb("VmRSS") * 1024
     t0 = time.perf_counter()
     fn()
     seconds = time.perf_counter() - t0
-    return seconds, rss_kb("VmHWM") * 1024 - start
+    return seconds, status_kb("VmHWM") * 1024 - start
 
 
 def rotate(fns, reps, limit=None):

@@ -45,30 +45,11 @@ except ImportError as e:  # optional dependencies
     sys.exit(0)
 
 from lce_parity import FxLce, load, ptr
+from procmem import peak_growth, peak_reset
 
 SHAPES = [(4096, 512, 32768), (2048, 1024, 128256)]
 MODES = ["flexc", "flexc_torch", "flexc_torch_c16", "torch", "torch_fused", "torch_reference"]
 DEFAULT_MODES = ["flexc_torch", "torch_fused", "torch_reference", "flexc_torch_c16", "flexc"]
-
-
-def rss_kb(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def peak_reset():
-    """Starts a peak-memory window: resets the resident high-water mark (Linux 4.0+) and
-    returns the current resident set in bytes."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return rss_kb("VmRSS") * 1024
-
-
-def peak_growth(start):
-    return rss_kb("VmHWM") * 1024 - start
 
 
 def inputs(N, D, V):

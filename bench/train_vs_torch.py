@@ -63,6 +63,8 @@ except ImportError as e:  # optional dependencies
     print(json.dumps({"case": "train_vs_torch", "skipped": f"{e.name} is not installed"}))
     sys.exit(0)
 
+from procmem import peak_reset, status_kb  # noqa: E402
+
 SHAPES = {
     "small": dict(model="small", layers=6, dim=384, heads=6, kv_heads=2, vocab=257, B=4, T=256),
     "gpt2": dict(model="gpt2", layers=12, dim=768, heads=12, kv_heads=12, vocab=50257, B=4, T=64),
@@ -147,27 +149,6 @@ class GPT(nn.Module):
             x = blk(x, self.cos, self.sin)
         logits = F.linear(self.norm(x), self.wte.weight)  # tied embedding
         return F.cross_entropy(logits.float().view(-1, self.vocab), targets.reshape(-1))
-
-
-# ---- memory ------------------------------------------------------------------------------
-
-
-def status_kb(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def peak_reset():
-    """Resets the resident high-water mark (Linux 4.0+); returns the resident set in bytes."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass  # the peak then counts from the process start
-    return status_kb("VmRSS") * 1024
 
 
 # ---- children: one measurement each ------------------------------------------------------
