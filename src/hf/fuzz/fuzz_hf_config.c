@@ -5,18 +5,11 @@
    parses again to the same fields, and the writer's generation_config.json gives the same
    special ids. */
 #include "hf/hf.h"
+#include "core/fuzz_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define FUZZ_CHECK(cond)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "fuzz_hf_config: property failed: %s (line %d)\n", #cond, __LINE__); \
-            abort();                                                                       \
-        }                                                                                  \
-    } while (0)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

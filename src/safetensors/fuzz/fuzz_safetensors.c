@@ -3,18 +3,11 @@
    views lie inside the data buffer and tile it, lookups find every view, conversions run,
    and writing the views back and reading them again gives the same tensors. */
 #include "safetensors/st_internal.h"
+#include "core/fuzz_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define FUZZ_CHECK(cond)                                                              \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "fuzz_safetensors: property failed: %s (line %d)\n", #cond, __LINE__); \
-            abort();                                                                  \
-        }                                                                             \
-    } while (0)
 
 static void roundtrip(const fx_safetensors *f)
 {

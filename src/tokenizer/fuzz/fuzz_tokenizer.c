@@ -6,18 +6,11 @@
    Beyond "no crash, no leak": encoding is the same twice, and for byte-level tokenizers
    decoding valid UTF-8 text gives the text back. */
 #include "tokenizer/tok_internal.h"
+#include "core/fuzz_check.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define FUZZ_CHECK(cond)                                                              \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "fuzz_tokenizer: property failed: %s (line %d)\n", #cond, __LINE__); \
-            abort();                                                                  \
-        }                                                                             \
-    } while (0)
 
 static const char *const NAMES[] = {"gpt2", "llama3", "qwen2", "llama2", "mistral", "smollm", "metaspace"};
 enum { NFIX = 7 };
