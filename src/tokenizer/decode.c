@@ -103,97 +103,125 @@ static int dec_bytefallback(const dlist *in, dlist *out)
     return rc;
 }
 
-static int dec_one(const fx__dec *d, fx__scratch *sc, const dlist *in, dlist *out)
+/* Fuse: every piece joined into one. */
+static int dec_fuse(const dlist *in, dlist *out)
 {
     int rc = FX_OK;
+    size_t start = out->buf->n;
+    for (size_t i = 0; i < in->p->n && rc == FX_OK; i++)
+        rc = fx__buf_put(out->buf, in->buf->p + in->p->p[i].off, in->p->p[i].len);
+    return rc == FX_OK ? out_piece(out, start) : rc;
+}
+
+/* Replace: every match of d's pattern in a piece by d's content (an empty match also moves
+   one character on, copied). */
+static int dec_replace(const fx__dec *d, fx__scratch *sc, const dlist *in, dlist *out)
+{
+    int rc = FX_OK;
+    for (size_t i = 0; i < in->p->n && rc == FX_OK; i++) {
+        const char *s = in->buf->p + in->p->p[i].off;
+        size_t n = in->p->p[i].len, start = out->buf->n, pos = 0, copied = 0;
+        while (rc == FX_OK && pos <= n) {
+            size_t ms, me;
+            int r = fx__regex_next(&d->pattern, sc->md, s, n, pos, &ms, &me);
+            if (r < 0)
+                return r;
+            if (r == 1)
+                break;
+            rc = fx__buf_put(out->buf, s + copied, ms - copied);
+            if (rc == FX_OK)
+                rc = fx__buf_put(out->buf, d->content, d->content_len);
+            copied = me;
+            if (me == ms) {
+                if (me >= n)
+                    break;
+                size_t k = fx__utf8_len((unsigned char)s[me]);
+                if (rc == FX_OK)
+                    rc = fx__buf_put(out->buf, s + me, k);
+                copied = pos = me + k;
+            } else {
+                pos = me;
+            }
+        }
+        if (rc == FX_OK)
+            rc = fx__buf_put(out->buf, s + copied, n - copied);
+        if (rc == FX_OK)
+            rc = out_piece(out, start);
+    }
+    return rc;
+}
+
+/* Strip: up to d->strip_start copies of d's character off the start of each piece, and up
+   to d->strip_stop off its end. */
+static int dec_strip(const fx__dec *d, const dlist *in, dlist *out)
+{
+    int rc = FX_OK;
+    for (size_t i = 0; i < in->p->n && rc == FX_OK; i++) {
+        const char *s = in->buf->p + in->p->p[i].off;
+        size_t n = in->p->p[i].len, a = 0, b = n, k;
+        for (int64_t j = 0; j < d->strip_start && a < n; j++) {
+            if (fx__utf8_get(s + a, &k) != d->strip_char)
+                break;
+            a += k;
+        }
+        for (int64_t j = 0; j < d->strip_stop && b > a; j++) {
+            size_t p = b - 1;
+            while (p > a && ((unsigned char)s[p] & 0xc0) == 0x80)
+                p--;
+            if (fx__utf8_get(s + p, &k) != d->strip_char)
+                break;
+            b = p;
+        }
+        size_t start = out->buf->n;
+        rc = fx__buf_put(out->buf, s + a, b - a);
+        if (rc == FX_OK)
+            rc = out_piece(out, start);
+    }
+    return rc;
+}
+
+/* Metaspace: d's replacement character back to spaces. The first piece loses its
+   replacement characters (all of them, as `tokenizers` does) unless the prepend scheme is
+   never. */
+static int dec_metaspace(const fx__dec *d, const dlist *in, dlist *out)
+{
+    int rc = FX_OK;
+    for (size_t i = 0; i < in->p->n && rc == FX_OK; i++) {
+        const char *s = in->buf->p + in->p->p[i].off;
+        size_t n = in->p->p[i].len, start = out->buf->n;
+        bool drop = i == 0 && d->prepend != FX__PREPEND_NEVER;
+        for (size_t j = 0; j < n && rc == FX_OK;) {
+            size_t k;
+            int32_t c = fx__utf8_get(s + j, &k);
+            if (c == d->strip_char) {
+                if (!drop)
+                    rc = fx__buf_put(out->buf, " ", 1);
+            } else {
+                rc = fx__buf_put(out->buf, s + j, k);
+            }
+            j += k;
+        }
+        if (rc == FX_OK)
+            rc = out_piece(out, start);
+    }
+    return rc;
+}
+
+static int dec_one(const fx__dec *d, fx__scratch *sc, const dlist *in, dlist *out)
+{
     switch (d->kind) {
     case FX__DEC_BYTELEVEL:
         return dec_bytelevel(in, out);
     case FX__DEC_BYTEFALLBACK:
         return dec_bytefallback(in, out);
-    case FX__DEC_FUSE: {
-        size_t start = out->buf->n;
-        for (size_t i = 0; i < in->p->n && rc == FX_OK; i++)
-            rc = fx__buf_put(out->buf, in->buf->p + in->p->p[i].off, in->p->p[i].len);
-        return rc == FX_OK ? out_piece(out, start) : rc;
-    }
+    case FX__DEC_FUSE:
+        return dec_fuse(in, out);
     case FX__DEC_REPLACE:
-        for (size_t i = 0; i < in->p->n && rc == FX_OK; i++) {
-            const char *s = in->buf->p + in->p->p[i].off;
-            size_t n = in->p->p[i].len, start = out->buf->n, pos = 0, copied = 0;
-            while (rc == FX_OK && pos <= n) {
-                size_t ms, me;
-                int r = fx__regex_next(&d->pattern, sc->md, s, n, pos, &ms, &me);
-                if (r < 0)
-                    return r;
-                if (r == 1)
-                    break;
-                rc = fx__buf_put(out->buf, s + copied, ms - copied);
-                if (rc == FX_OK)
-                    rc = fx__buf_put(out->buf, d->content, d->content_len);
-                copied = me;
-                if (me == ms) {
-                    if (me >= n)
-                        break;
-                    size_t k = fx__utf8_len((unsigned char)s[me]);
-                    if (rc == FX_OK)
-                        rc = fx__buf_put(out->buf, s + me, k);
-                    copied = pos = me + k;
-                } else {
-                    pos = me;
-                }
-            }
-            if (rc == FX_OK)
-                rc = fx__buf_put(out->buf, s + copied, n - copied);
-            if (rc == FX_OK)
-                rc = out_piece(out, start);
-        }
-        return rc;
+        return dec_replace(d, sc, in, out);
     case FX__DEC_STRIP:
-        for (size_t i = 0; i < in->p->n && rc == FX_OK; i++) {
-            const char *s = in->buf->p + in->p->p[i].off;
-            size_t n = in->p->p[i].len, a = 0, b = n, k;
-            for (int64_t j = 0; j < d->strip_start && a < n; j++) {
-                if (fx__utf8_get(s + a, &k) != d->strip_char)
-                    break;
-                a += k;
-            }
-            for (int64_t j = 0; j < d->strip_stop && b > a; j++) {
-                size_t p = b - 1;
-                while (p > a && ((unsigned char)s[p] & 0xc0) == 0x80)
-                    p--;
-                if (fx__utf8_get(s + p, &k) != d->strip_char)
-                    break;
-                b = p;
-            }
-            size_t start = out->buf->n;
-            rc = fx__buf_put(out->buf, s + a, b - a);
-            if (rc == FX_OK)
-                rc = out_piece(out, start);
-        }
-        return rc;
+        return dec_strip(d, in, out);
     case FX__DEC_METASPACE:
-        for (size_t i = 0; i < in->p->n && rc == FX_OK; i++) {
-            const char *s = in->buf->p + in->p->p[i].off;
-            size_t n = in->p->p[i].len, start = out->buf->n;
-            /* The first token loses its replacement characters (all of them, as `tokenizers`
-               does), later ones get spaces. */
-            bool drop = i == 0 && d->prepend != FX__PREPEND_NEVER;
-            for (size_t j = 0; j < n && rc == FX_OK;) {
-                size_t k;
-                int32_t c = fx__utf8_get(s + j, &k);
-                if (c == d->strip_char) {
-                    if (!drop)
-                        rc = fx__buf_put(out->buf, " ", 1);
-                } else {
-                    rc = fx__buf_put(out->buf, s + j, k);
-                }
-                j += k;
-            }
-            if (rc == FX_OK)
-                rc = out_piece(out, start);
-        }
-        return rc;
+        return dec_metaspace(d, in, out);
     }
     return fx__error(FX_EINVAL, "unknown decoder");
 }
