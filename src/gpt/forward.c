@@ -239,16 +239,13 @@ static int64_t fx__loss_chunk(int64_t N, int64_t V)
     return (N + chunks - 1) / chunks;
 }
 
-int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
+/* The batch's tokens and targets checked against the vocabulary and copied into m (no targets:
+   every one ignored), and each token's document id (the model's first eos id, the one the
+   data loader puts between documents, closes its document). */
+static int forward_inputs(fx__gpt *m, const int32_t *tokens, const int32_t *targets)
 {
-    if (!m || !tokens || !m->acts)
-        return fx__error(FX_EINVAL, "fx__gpt_forward: no model, tokens or batch shape (fx__gpt_set_batch)");
-    if (grad && (!m->grads || !targets))
-        return fx__error(FX_EINVAL, "fx__gpt_forward: gradients need targets and fx__gpt_alloc_train");
-    if (m->params16 && m->loss_impl == FX__GPT_LOSS_UNFUSED)
-        return fx__error(FX_EUNSUPPORTED, "bf16 matrix products use the fused loss (not the unfused one)");
     const fx__gpt_config *c = &m->c;
-    int64_t B = m->B, T = m->T, N = B * T, C = c->dim, V = c->vocab;
+    const int64_t B = m->B, T = m->T, N = B * T, V = c->vocab;
     for (int64_t i = 0; i < N; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
             return fx__error(FX_ERANGE, "token[%lld] = %d is outside [0, %lld)", (long long)i, tokens[i], (long long)V);
@@ -259,8 +256,6 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
     memcpy(m->tokens, tokens, (size_t)N * sizeof(int32_t));
     for (int64_t i = 0; i < N; i++)
         m->targets[i] = targets ? targets[i] : -100;
-    /* Document ids: the model's first eos id (the one the data loader puts between
-       documents; flexc's end-of-text for its own models) closes its document. */
     const int32_t sep = c->n_eos ? c->eos[0] : -1;
     for (int64_t b = 0; b < B; b++) {
         int64_t d = 0;
@@ -269,14 +264,59 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
             d += tokens[b * T + t] == sep;
         }
     }
-    fx__acts a;
-    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
-    fx__attn_call call;
-    m->grad_ready = false;
-    int rc = fx__gpt_bf16_ws_ensure(m);
+    return FX_OK;
+}
+
+/* The loss of the final norm's output a->xnf against m->targets (*out), and with grad its
+   gradients: the head's (accumulated) and a->dxn's (overwritten). */
+static int forward_loss(fx__gpt *m, const fx__acts *a, bool grad, float *out)
+{
+    const int64_t N = m->B * m->T, C = m->c.dim, V = m->c.vocab;
+    const float *head = fx__gpt_head(m, false);
+    float *dwte = grad ? fx__gpt_head(m, true) : NULL, *dxnf = grad ? a->dxn : NULL;
+    if (m->loss_impl == FX__GPT_LOSS_UNFUSED) {
+        *out = fx__loss_unfused(a->logits, a->rowloss, a->xnf, head, m->targets, N, C, V, dxnf, dwte);
+        return FX_OK;
+    }
+    fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN,
+                .chunk = fx__loss_chunk(N, V)};
+    int rc;
+    if (m->params16) {
+        /* bf16: the loss's products read the final norm's output rounded to bfloat16 and the
+           head's bfloat16 copy: as they are on the pair route, widened into the scratch for
+           the float32 route's kernels. */
+        fx__bf16_mat h = fx__bf16_of_f32(a->xnf), w = fx__bf16_of(m->params16 + (head - m->params));
+        if (!fx__lce_bf16_pairs()) {
+            float *h16 = m->bf16_ws, *w16 = m->bf16_ws + N * C;
+            fx__bf16_pack(h16, h, N, C, C);
+            fx__bf16_pack(w16, w, V, C, C);
+            h = fx__bf16_of_f32(h16), w = fx__bf16_of_f32(w16);
+        }
+        rc = fx__linear_cross_entropy_bf16(&p, h, w, NULL, m->targets, out, NULL, dxnf, dwte, NULL);
+    } else {
+        rc = fx_linear_cross_entropy(&p, a->xnf, head, NULL, m->targets, out, NULL, dxnf, dwte, NULL);
+    }
+    return rc ? fx__error_context(rc, "loss") : FX_OK;
+}
+
+int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
+{
+    if (!m || !tokens || !m->acts)
+        return fx__error(FX_EINVAL, "fx__gpt_forward: no model, tokens or batch shape (fx__gpt_set_batch)");
+    if (grad && (!m->grads || !targets))
+        return fx__error(FX_EINVAL, "fx__gpt_forward: gradients need targets and fx__gpt_alloc_train");
+    if (m->params16 && m->loss_impl == FX__GPT_LOSS_UNFUSED)
+        return fx__error(FX_EUNSUPPORTED, "bf16 matrix products use the fused loss (not the unfused one)");
+    int rc = forward_inputs(m, tokens, targets);
     if (rc)
         return rc;
-    if ((rc = fx__train_attn(m, &call, true)) != FX_OK)
+    const fx__gpt_config *c = &m->c;
+    const int64_t N = m->B * m->T, C = c->dim;
+    fx__acts a;
+    fx__acts_carve(&a, m->acts, c, m->B, m->T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
+    fx__attn_call call;
+    m->grad_ready = false;
+    if ((rc = fx__gpt_bf16_ws_ensure(m)) != FX_OK || (rc = fx__train_attn(m, &call, true)) != FX_OK)
         return rc;
 
     /* Parking needs gradient memory known to be clear and laid out flat, and no hooks that
@@ -296,35 +336,9 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
                         c->norm_eps);
     if (!targets)
         return FX_OK;
-
-    const float *head = fx__gpt_head(m, false);
-    float *dwte = grad ? fx__gpt_head(m, true) : NULL, *dxnf = grad ? a.dxn : NULL;
     float l_out;
-    if (m->loss_impl == FX__GPT_LOSS_UNFUSED) {
-        l_out = fx__loss_unfused(a.logits, a.rowloss, a.xnf, head, m->targets, N, C, V, dxnf, dwte);
-    } else if (m->params16) {
-        /* bf16: the loss's products read the final norm's output rounded to bfloat16 and the
-           head's bfloat16 copy: as they are on the pair route, widened into the scratch for
-           the float32 route's kernels. */
-        fx__bf16_mat h = fx__bf16_of_f32(a.xnf), w = fx__bf16_of(m->params16 + (head - m->params));
-        if (!fx__lce_bf16_pairs()) {
-            float *h16 = m->bf16_ws, *w16 = m->bf16_ws + N * C;
-            fx__bf16_pack(h16, h, N, C, C);
-            fx__bf16_pack(w16, w, V, C, C);
-            h = fx__bf16_of_f32(h16), w = fx__bf16_of_f32(w16);
-        }
-        fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN,
-                    .chunk = fx__loss_chunk(N, V)};
-        rc = fx__linear_cross_entropy_bf16(&p, h, w, NULL, m->targets, &l_out, NULL, dxnf, dwte, NULL);
-        if (rc)
-            return fx__error_context(rc, "loss");
-    } else {
-        fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN,
-                    .chunk = fx__loss_chunk(N, V)};
-        rc = fx_linear_cross_entropy(&p, a.xnf, head, NULL, m->targets, &l_out, NULL, dxnf, dwte, NULL);
-        if (rc)
-            return fx__error_context(rc, "loss");
-    }
+    if ((rc = forward_loss(m, &a, grad, &l_out)) != FX_OK)
+        return rc;
     m->grad_ready = grad;
     if (grad)
         m->grads_zero = false;
