@@ -146,8 +146,10 @@ int cmd_export(int argc, char **argv)
         ok = export_origin_config(&hc, &config_text, &gen_text, origin, ckpt, mc);
         if (ok && !dtype_s)
             dtype = hc.dtype;
-    } else if (!(ok = (rc = fx__hf_config_from_model(&hc, mc)) == FX_OK)) {
-        cli_fail(rc, "export");
+    } else {
+        rc = fx__hf_config_from_model(&hc, mc);
+        if (!(ok = rc == FX_OK))
+            cli_fail(rc, "export");
     }
     fx__hf_export_spec s = {.c = &hc, .dtype = dtype, .config_text = config_text, .gen_text = gen_text,
                             .tokenizer_dir = has_origin ? origin : NULL};
