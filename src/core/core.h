@@ -71,12 +71,17 @@ bool fx__cpu_amx_bf16(void);
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc);
+/* fx__sgemm, never traced (below): the products of an op the trace does not split into its
+   GEMMs (the fused loss's blocks, which run on the calling thread for small shapes or one
+   thread). */
+void fx__sgemm_untraced(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 /* Accounting of the matrix work (`flexc bench train --gemm`): between fx__gemm_trace_start
    and fx__gemm_trace_stop, every fx__sgemm and fx__gemm_bf16 call made outside a parallel
    region adds its wall time to the entry of its shape and kind (up to `cap` distinct ones;
-   later new ones are only counted in *dropped). Calls inside parallel regions (the fused
-   loss's blocks) are not traced. One trace at a time, started and stopped by the thread that
-   makes the calls. */
+   later new ones are only counted in *dropped). Calls inside parallel regions, and the fused
+   loss's (fx__sgemm_untraced), are not traced. One trace at a time, started and stopped by
+   the thread that makes the calls. */
 typedef struct fx__gemm_shape {
     bool ta, tb;
     int64_t M, N, K;

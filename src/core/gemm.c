@@ -86,9 +86,6 @@ void fx__gemm_trace_end(const fx__gemm_shape *g, double t0)
     e->calls = 1, e->seconds = seconds;
 }
 
-static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
-
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc)
@@ -96,14 +93,16 @@ void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
     if (M == 0 || N == 0)
         return;
     const double t0 = fx__gemm_trace_begin();
-    fx__sgemm_run(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    fx__sgemm_untraced(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     if (t0 >= 0.0)
         fx__gemm_trace_end(&(fx__gemm_shape){.ta = ta, .tb = tb, .M = M, .N = N, .K = K}, t0);
 }
 
-static void fx__sgemm_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
-                          int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+void fx__sgemm_untraced(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
+    if (M == 0 || N == 0)
+        return;
 #ifdef FLEXC_REFERENCE_KERNELS
     fx__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 #else

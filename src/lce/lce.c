@@ -377,8 +377,8 @@ static int lce_check_targets(const fx_lce *p, const int64_t *target, int64_t *n_
 /* ---- threads and GEMMs -------------------------------------------------------------------- */
 
 /* With OpenMP, the work of a chunk is split into vocabulary blocks and hidden-size blocks
-   that OpenMP threads share out, each calling a one-thread GEMM (fx__sgemm runs one thread
-   inside a parallel region): the blocks are the same for any thread count, so every element
+   that OpenMP threads share out, each calling a one-thread GEMM (fx__sgemm_untraced runs one
+   thread inside a parallel region): the blocks are the same for any thread count, so every element
    is computed the same way whatever the count, and the small GEMMs of a chunk run at the
    speed of independent single-core GEMMs instead of paying a thread hand-off each. */
 
@@ -388,7 +388,7 @@ enum { LCE_PAR_MIN = 1 << 16 };
 static void lce_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
-    fx__sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+    fx__sgemm_untraced(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* ---- the fused pass ----------------------------------------------------------------------- */
