@@ -127,12 +127,111 @@ static int fx__cache_mask(fx__gpt *m, fx__gpt_cache *kc, int32_t first)
     return rc ? fx__error_context(rc, "attention mask") : FX_OK;
 }
 
+/* The scratch of one decoding call, carved from the cache's: rows of n tokens (at most cap). */
+typedef struct decode_ws {
+    float *x, *xn;      /* the residual stream and its norm [n, C] */
+    float *qt, *q, *att; /* q as projected, rotated head-major, attention's output [n, QD] */
+    float *t1, *t2;     /* k and v as projected [n, KD] */
+    float *sx;          /* rotated k, v or attention head-major, token-major attention, SwiGLU [n, max(F, QD)] */
+    float *h1, *h3;     /* gate and up [n, F] */
+    float *rstd, *tile; /* the norm's per-row scale; the widening tile of bfloat16 weights */
+} decode_ws;
+
+static decode_ws decode_scratch(const fx__gpt_config *c, float *at, int64_t ctx)
+{
+    const int64_t C = c->dim, F = c->ffn, QD = c->heads * c->head_dim, KD = c->kv_heads * c->head_dim;
+    const int64_t wide = F > QD ? F : QD;
+    decode_ws w;
+    w.x = at, w.xn = w.x + ctx * C, w.qt = w.xn + ctx * C, w.q = w.qt + ctx * QD, w.att = w.q + ctx * QD;
+    w.t1 = w.att + ctx * QD, w.t2 = w.t1 + ctx * KD, w.sx = w.t2 + ctx * KD, w.h1 = w.sx + ctx * wide;
+    w.h3 = w.h1 + ctx * F, w.rstd = w.h3 + ctx * F, w.tile = w.rstd + ctx;
+    return w;
+}
+
+/* Layer l's norm and projections of w->x into q (rotated, head-major, w->q), and the n new
+   keys and values into positions p0.. of each head's [cap, hd] cache. */
+static void decode_qkv(const fx__gpt *m, fx__gpt_cache *kc, int64_t l, const decode_ws *w, int64_t n)
+{
+    const fx__gpt_config *c = &m->c;
+    const int64_t C = c->dim, ctx = kc->cap, p0 = kc->len, Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim;
+    const int64_t QD = Hq * hd, KD = Hkv * hd;
+    fx__gpt_weight wq = fx__weight(m, l, FX__GPT_WQ), wk = fx__weight(m, l, FX__GPT_WK);
+    fx__gpt_weight wv = fx__weight(m, l, FX__GPT_WV);
+    float *kl = kc->k + l * KD * ctx, *vl = kc->v + l * KD * ctx;
+    fx__rmsnorm_forward(w->xn, w->rstd, w->x, fx__weight(m, l, FX__GPT_LN1).data, n, C, c->norm_eps);
+    fx__linear_dt(w->qt, w->xn, wq.data, wq.dtype, n, C, QD, false, w->tile);
+    fx__linear_dt(w->t1, w->xn, wk.data, wk.dtype, n, C, KD, false, w->tile);
+    fx__linear_dt(w->t2, w->xn, wv.data, wv.dtype, n, C, KD, false, w->tile);
+    if (c->qkv_bias) {
+        fx__bias_forward(w->qt, fx__weight(m, l, FX__GPT_BQ).data, n, QD);
+        fx__bias_forward(w->t1, fx__weight(m, l, FX__GPT_BK).data, n, KD);
+        fx__bias_forward(w->t2, fx__weight(m, l, FX__GPT_BV).data, n, KD);
+    }
+    if (m->mapped && m->mapped->rope_half) {
+        fx__rope_half_forward(w->q, w->qt, m->rope, n, Hq, hd, p0);
+        fx__rope_half_forward(w->sx, w->t1, m->rope, n, Hkv, hd, p0);
+    } else {
+        fx__rope_forward(w->q, w->qt, QD, m->rope, 1, n, Hq, hd, p0);
+        fx__rope_forward(w->sx, w->t1, KD, m->rope, 1, n, Hkv, hd, p0);
+    }
+    for (int64_t h = 0; h < Hkv; h++)
+        memcpy(kl + (h * ctx + p0) * hd, w->sx + h * n * hd, (size_t)(n * hd) * sizeof(float));
+    const float *v = w->t2; /* one token: [1, Hkv, hd] is already head-major */
+    if (n > 1) {
+        fx__to_heads(w->sx, w->t2, KD, 1, n, Hkv, hd);
+        v = w->sx;
+    }
+    for (int64_t h = 0; h < Hkv; h++)
+        memcpy(vl + (h * ctx + p0) * hd, v + h * n * hd, (size_t)(n * hd) * sizeof(float));
+}
+
+/* Layer l's attention of the n queries in w->q over the cache into w->att. The cache holds
+   each KV head's keys with a stride of cap, so each KV head and its group of query heads is
+   one call. One causal query sees every cached key. */
+static int decode_attention(fx__gpt *m, fx__gpt_cache *kc, int64_t l, const decode_ws *w, int64_t n)
+{
+    const fx__gpt_config *c = &m->c;
+    const int64_t ctx = kc->cap, p0 = kc->len, Hkv = c->kv_heads, hd = c->head_dim, G = c->heads / Hkv;
+    const float *kl = kc->k + l * Hkv * hd * ctx, *vl = kc->v + l * Hkv * hd * ctx;
+    const bool need_mask = n > 1 || m->mask == FX__GPT_MASK_SLIDING || m->mask == FX__GPT_MASK_DOCUMENT;
+    for (int64_t h = 0; h < Hkv; h++) {
+        fx__attn_call call = {.B = 1, .Hq = G, .Hkv = 1, .Lq = n, .Lkv = p0 + n, .D = hd, .q_offset = p0};
+        call.fn = fx__gpt_mask_fn(m->mask, &kc->mctx, &call.ctx);
+        if (!need_mask)
+            call.fn = NULL;
+        call.bm = need_mask ? kc->bmask : NULL;
+        const int rc = fx__attn_fwd(m, &call, w->q + h * G * n * hd, kl + h * ctx * hd, vl + h * ctx * hd,
+                                    w->att + h * G * n * hd, NULL);
+        if (rc)
+            return fx__error_context(rc, "layer %lld attention", (long long)l);
+    }
+    return FX_OK;
+}
+
+/* Layer l's output projection of w->att and its MLP, each added into w->x. */
+static void decode_out_mlp(const fx__gpt *m, int64_t l, const decode_ws *w, int64_t n)
+{
+    const fx__gpt_config *c = &m->c;
+    const int64_t C = c->dim, F = c->ffn, Hq = c->heads, hd = c->head_dim, QD = Hq * hd;
+    fx__gpt_weight wo = fx__weight(m, l, FX__GPT_WO), w1 = fx__weight(m, l, FX__GPT_W1);
+    fx__gpt_weight w3 = fx__weight(m, l, FX__GPT_W3), w2 = fx__weight(m, l, FX__GPT_W2);
+    const float *ao = w->att; /* one token: [Hq, 1, hd] is already token-major */
+    if (n > 1) {
+        fx__from_heads(w->sx, QD, w->att, 1, n, Hq, hd);
+        ao = w->sx;
+    }
+    fx__linear_dt(w->x, ao, wo.data, wo.dtype, n, QD, C, true, w->tile);
+    fx__rmsnorm_forward(w->xn, w->rstd, w->x, fx__weight(m, l, FX__GPT_LN2).data, n, C, c->norm_eps);
+    fx__linear_dt(w->h1, w->xn, w1.data, w1.dtype, n, C, F, false, w->tile);
+    fx__linear_dt(w->h3, w->xn, w3.data, w3.dtype, n, C, F, false, w->tile);
+    fx__swiglu_forward(w->sx, F, w->h1, w->h3, F, n, F);
+    fx__linear_dt(w->x, w->sx, w2.data, w2.dtype, n, F, C, true, w->tile);
+}
+
 int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t n, float *logits)
 {
     const fx__gpt_config *c = &m->c;
-    int64_t C = c->dim, F = c->ffn, V = c->vocab, ctx = kc->cap; /* ctx: the cache's positions */
-    int64_t Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd, G = Hq / Hkv;
-    int64_t p0 = kc->len;
+    const int64_t C = c->dim, V = c->vocab, ctx = kc->cap, p0 = kc->len; /* ctx: the cache's positions */
     if (!tokens || !logits || n < 1 || p0 + n > ctx)
         return fx__error(FX_EINVAL, "decoding %lld tokens at position %lld: outside the cache's %lld positions",
                          (long long)n, (long long)p0, (long long)ctx);
@@ -142,78 +241,19 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t
     int rc;
     if (p0 == 0 && (rc = fx__cache_mask(m, kc, tokens[0])) != FX_OK)
         return rc;
-    int64_t wide = F > QD ? F : QD;
-    float *x = kc->scratch, *xn = x + ctx * C, *qt = xn + ctx * C, *q = qt + ctx * QD, *att = q + ctx * QD;
-    float *t1 = att + ctx * QD, *t2 = t1 + ctx * KD, *sx = t2 + ctx * KD, *h1 = sx + ctx * wide;
-    float *h3 = h1 + ctx * F, *rstd = h3 + ctx * F, *tile = rstd + ctx;
-    const bool half = m->mapped && m->mapped->rope_half;
-
+    const decode_ws w = decode_scratch(c, kc->scratch, ctx);
     fx__gpt_weight wte = fx__embedding(m);
     for (int64_t i = 0; i < n; i++)
-        fx__widen_rows(x + i * C, wte.data, wte.dtype, tokens[i], tokens[i] + 1, C);
+        fx__widen_rows(w.x + i * C, wte.data, wte.dtype, tokens[i], tokens[i] + 1, C);
     for (int64_t l = 0; l < c->layers; l++) {
-        fx__gpt_weight wq = fx__weight(m, l, FX__GPT_WQ), wk = fx__weight(m, l, FX__GPT_WK);
-        fx__gpt_weight wv = fx__weight(m, l, FX__GPT_WV), wo = fx__weight(m, l, FX__GPT_WO);
-        fx__gpt_weight w1 = fx__weight(m, l, FX__GPT_W1), w3 = fx__weight(m, l, FX__GPT_W3);
-        fx__gpt_weight w2 = fx__weight(m, l, FX__GPT_W2);
-        const float *ln1 = fx__weight(m, l, FX__GPT_LN1).data, *ln2 = fx__weight(m, l, FX__GPT_LN2).data;
-        float *kl = kc->k + l * KD * ctx, *vl = kc->v + l * KD * ctx;
-        fx__rmsnorm_forward(xn, rstd, x, ln1, n, C, c->norm_eps);
-        fx__linear_dt(qt, xn, wq.data, wq.dtype, n, C, QD, false, tile);
-        fx__linear_dt(t1, xn, wk.data, wk.dtype, n, C, KD, false, tile);
-        fx__linear_dt(t2, xn, wv.data, wv.dtype, n, C, KD, false, tile);
-        if (c->qkv_bias) {
-            fx__bias_forward(qt, fx__weight(m, l, FX__GPT_BQ).data, n, QD);
-            fx__bias_forward(t1, fx__weight(m, l, FX__GPT_BK).data, n, KD);
-            fx__bias_forward(t2, fx__weight(m, l, FX__GPT_BV).data, n, KD);
-        }
-        /* New keys and values go to positions p0.. of each head's [cap, hd] cache. */
-        if (half) {
-            fx__rope_half_forward(q, qt, m->rope, n, Hq, hd, p0);
-            fx__rope_half_forward(sx, t1, m->rope, n, Hkv, hd, p0);
-        } else {
-            fx__rope_forward(q, qt, QD, m->rope, 1, n, Hq, hd, p0);
-            fx__rope_forward(sx, t1, KD, m->rope, 1, n, Hkv, hd, p0);
-        }
-        for (int64_t h = 0; h < Hkv; h++)
-            memcpy(kl + (h * ctx + p0) * hd, sx + h * n * hd, (size_t)(n * hd) * sizeof(float));
-        if (n == 1) { /* one token: [1, Hkv, hd] is already head-major */
-            for (int64_t h = 0; h < Hkv; h++)
-                memcpy(vl + (h * ctx + p0) * hd, t2 + h * hd, (size_t)hd * sizeof(float));
-        } else {
-            fx__to_heads(sx, t2, KD, 1, n, Hkv, hd);
-            for (int64_t h = 0; h < Hkv; h++)
-                memcpy(vl + (h * ctx + p0) * hd, sx + h * n * hd, (size_t)(n * hd) * sizeof(float));
-        }
-        /* The cache holds each KV head's keys with a stride of cap, so each KV head and its
-           group of query heads is one call. One causal query sees every cached key. */
-        for (int64_t h = 0; h < Hkv; h++) {
-            fx__attn_call call = {.B = 1, .Hq = G, .Hkv = 1, .Lq = n, .Lkv = p0 + n, .D = hd, .q_offset = p0};
-            call.fn = fx__gpt_mask_fn(m->mask, &kc->mctx, &call.ctx);
-            bool need_mask = n > 1 || m->mask == FX__GPT_MASK_SLIDING || m->mask == FX__GPT_MASK_DOCUMENT;
-            call.bm = need_mask ? kc->bmask : NULL;
-            if (!need_mask)
-                call.fn = NULL;
-            rc = fx__attn_fwd(m, &call, q + h * G * n * hd, kl + h * ctx * hd, vl + h * ctx * hd,
-                              att + h * G * n * hd, NULL);
-            if (rc)
-                return fx__error_context(rc, "layer %lld attention", (long long)l);
-        }
-        const float *ao = att; /* one token: [Hq, 1, hd] is already token-major */
-        if (n > 1) {
-            fx__from_heads(sx, QD, att, 1, n, Hq, hd);
-            ao = sx;
-        }
-        fx__linear_dt(x, ao, wo.data, wo.dtype, n, QD, C, true, tile);
-        fx__rmsnorm_forward(xn, rstd, x, ln2, n, C, c->norm_eps);
-        fx__linear_dt(h1, xn, w1.data, w1.dtype, n, C, F, false, tile);
-        fx__linear_dt(h3, xn, w3.data, w3.dtype, n, C, F, false, tile);
-        fx__swiglu_forward(sx, F, h1, h3, F, n, F);
-        fx__linear_dt(x, sx, w2.data, w2.dtype, n, F, C, true, tile);
+        decode_qkv(m, kc, l, &w, n);
+        if ((rc = decode_attention(m, kc, l, &w, n)) != FX_OK)
+            return rc;
+        decode_out_mlp(m, l, &w, n);
     }
-    fx__rmsnorm_forward(xn, rstd, x + (n - 1) * C, fx__weight(m, c->layers, 0).data, 1, C, c->norm_eps);
+    fx__rmsnorm_forward(w.xn, w.rstd, w.x + (n - 1) * C, fx__weight(m, c->layers, 0).data, 1, C, c->norm_eps);
     fx__gpt_weight head = fx__head(m);
-    fx__gemv(logits, head.data, head.dtype, xn, V, C, false);
+    fx__gemv(logits, head.data, head.dtype, w.xn, V, C, false);
     kc->len = p0 + n;
     return FX_OK;
 }
