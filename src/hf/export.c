@@ -80,41 +80,45 @@ static const char *dtype_word(fx_dtype dt)
     return dt == FX_DT_BF16 ? "bfloat16" : dt == FX_DT_F16 ? "float16" : "float32";
 }
 
-int fx__hf_export(const char *dir, const fx__hf_export_spec *s)
+/* Refused before anything is read or written. */
+static int check_args(const char *dir, const fx__hf_export_spec *s)
 {
     if (!dir || !s || !s->c || !s->data)
         return fx__error(FX_EINVAL, "fx__hf_export: dir, spec, config and data must not be NULL");
     if (s->dtype != FX_DT_F32 && s->dtype != FX_DT_BF16 && s->dtype != FX_DT_F16)
         return fx__error(FX_EINVAL, "export dtype %s is not F32, BF16 or F16", fx_dtype_name(s->dtype) ?
                          fx_dtype_name(s->dtype) : "?");
-    fx__hf_tensor *t = NULL;
-    size_t n = 0;
-    int rc = fx__hf_layout(&t, &n, s->c);
-    if (rc != FX_OK)
-        return rc;
-    for (size_t i = 0; i < n; i++)
-        if (!s->data[i]) {
-            fx__free(t);
-            return fx__error(FX_EINVAL, "export: tensor %s has no data", t[i].name);
-        }
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        fx__free(t);
-        return fx__error(FX_EIO, "%s: cannot create: %s", dir, strerror(errno));
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        fx__free(t);
-        return fx__error(FX_EIO, "%s: not a directory", dir);
-    }
+    return FX_OK;
+}
 
-    /* Tensors in HF order and the target dtype; float32 tensors that need no permutation are
-       written straight from the caller's memory. */
-    fx_tensor_view *views = fx__calloc(n, sizeof *views);
-    void **bufs = fx__calloc(n, sizeof *bufs);
+/* Each of the n tensors of the layout t has the caller's data. */
+static int check_data(const fx__hf_export_spec *s, const fx__hf_tensor *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!s->data[i])
+            return fx__error(FX_EINVAL, "export: tensor %s has no data", t[i].name);
+    return FX_OK;
+}
+
+/* dir, created when missing; what is there must be a directory. */
+static int make_dir(const char *dir)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return fx__error(FX_EIO, "%s: cannot create: %s", dir, strerror(errno));
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+        return fx__error(FX_EIO, "%s: not a directory", dir);
+    return FX_OK;
+}
+
+/* views[i]: tensor i in HF order and the target dtype. float32 tensors that need no permutation
+   are written straight from the caller's memory; the others from bufs[i], allocated here. */
+static int make_views(const fx__hf_export_spec *s, const fx__hf_tensor *t, size_t n, fx_tensor_view *views,
+                      void **bufs)
+{
     float *tmp = NULL;
     size_t tmp_cap = 0;
-    if (!views || !bufs)
-        rc = FX_ENOMEM;
+    int rc = FX_OK;
     const size_t esz = fx_dtype_size(s->dtype);
     for (size_t i = 0; i < n && rc == FX_OK; i++) {
         const size_t numel = (size_t)t[i].shape[0] * (size_t)(t[i].ndim == 2 ? t[i].shape[1] : 1);
@@ -148,6 +152,15 @@ int fx__hf_export(const char *dir, const fx__hf_export_spec *s)
                                     .nbytes = numel * esz};
     }
     fx__free(tmp);
+    return rc;
+}
+
+/* dir/model.safetensors from the n tensors of the layout t (the views name them by t's HF names). */
+static int write_model(const char *dir, const fx__hf_export_spec *s, const fx__hf_tensor *t, size_t n)
+{
+    fx_tensor_view *views = fx__calloc(n, sizeof *views);
+    void **bufs = fx__calloc(n, sizeof *bufs);
+    int rc = views && bufs ? make_views(s, t, n, views, bufs) : FX_ENOMEM;
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     const char *meta[] = {"format", "pt", NULL};
@@ -157,30 +170,57 @@ int fx__hf_export(const char *dir, const fx__hf_export_spec *s)
         fx__free(bufs[i]);
     fx__free(bufs);
     fx__free(views);
-    fx__free(t);
+    return rc;
+}
 
-    /* A sharded source's index would now point at files that were not written. */
-    if (rc == FX_OK) {
-        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
-        if (unlink(path) != 0 && errno != ENOENT)
-            rc = fx__error(FX_EIO, "%s: cannot remove: %s", path, strerror(errno));
-    }
+/* A sharded source's index would now point at files that were not written. */
+static int remove_index(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (unlink(path) != 0 && errno != ENOENT)
+        return fx__error(FX_EIO, "%s: cannot remove: %s", path, strerror(errno));
+    return FX_OK;
+}
+
+/* config.json and generation_config.json: the source's text when the spec has it, else made
+   from the config. */
+static int write_configs(const char *dir, const fx__hf_export_spec *s)
+{
     char *text = NULL;
-    if (rc == FX_OK) {
-        if (s->config_text)
-            rc = write_text(dir, "config.json", s->config_text);
-        else if ((rc = fx__hf_config_json(&text, s->c, dtype_word(s->dtype))) == FX_OK)
-            rc = write_text(dir, "config.json", text);
-        fx__free(text);
-        text = NULL;
-    }
-    if (rc == FX_OK) {
-        if (s->gen_text)
-            rc = write_text(dir, "generation_config.json", s->gen_text);
-        else if ((rc = fx__hf_generation_json(&text, s->c)) == FX_OK)
-            rc = write_text(dir, "generation_config.json", text);
-        fx__free(text);
-    }
+    int rc;
+    if (s->config_text)
+        rc = write_text(dir, "config.json", s->config_text);
+    else if ((rc = fx__hf_config_json(&text, s->c, dtype_word(s->dtype))) == FX_OK)
+        rc = write_text(dir, "config.json", text);
+    fx__free(text);
+    text = NULL;
+    if (rc != FX_OK)
+        return rc;
+    if (s->gen_text)
+        rc = write_text(dir, "generation_config.json", s->gen_text);
+    else if ((rc = fx__hf_generation_json(&text, s->c)) == FX_OK)
+        rc = write_text(dir, "generation_config.json", text);
+    fx__free(text);
+    return rc;
+}
+
+int fx__hf_export(const char *dir, const fx__hf_export_spec *s)
+{
+    int rc = check_args(dir, s);
+    if (rc != FX_OK)
+        return rc;
+    fx__hf_tensor *t = NULL;
+    size_t n = 0;
+    if ((rc = fx__hf_layout(&t, &n, s->c)) != FX_OK)
+        return rc;
+    if ((rc = check_data(s, t, n)) == FX_OK && (rc = make_dir(dir)) == FX_OK)
+        rc = write_model(dir, s, t, n);
+    fx__free(t);
+    if (rc == FX_OK)
+        rc = remove_index(dir);
+    if (rc == FX_OK)
+        rc = write_configs(dir, s);
     if (rc == FX_OK && s->tokenizer_dir)
         rc = copy_tokenizer(dir, s->tokenizer_dir);
     return rc;
