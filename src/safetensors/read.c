@@ -987,6 +987,105 @@ static int header_syntax(const unsigned char *file, size_t len, const unsigned c
     return rc;
 }
 
+/* Whether the key at c->i decodes to key[0..klen): one byte more than it has is decoded, so a
+   longer key does not match. */
+static int key_is(jcur *c, const char *key, size_t klen, bool *match)
+{
+    char small[256], *kb = klen + 2 <= sizeof small ? small : fx__alloc(klen + 2);
+    if (!kb)
+        return FX_ENOMEM;
+    size_t l;
+    jstring(c, kb, klen + 1, &l);
+    *match = l == klen && !memcmp(kb, key, klen);
+    if (kb != small)
+        fx__free(kb);
+    return FX_OK;
+}
+
+/* The string at c (not moved) into value[0..cap), NUL-terminated, when it fits. */
+static int copy_value(const jcur *c, const char *key, char *value, size_t cap)
+{
+    jcur vc = *c;
+    size_t l;
+    jstring(&vc, NULL, 0, &l);
+    if (l >= cap)
+        return fx__error(FX_ERANGE, "metadata '%s' is %zu bytes; the buffer holds %zu", key, l, cap ? cap - 1 : 0);
+    vc = *c;
+    jstring(&vc, value, l, &l);
+    value[l] = '\0';
+    return FX_OK;
+}
+
+/* `key` in the __metadata__ value at h->c.i. Its entries are checked up to the one found. */
+static int peek_in_metadata(hdr *h, const char *key, char *value, size_t cap, bool *found)
+{
+    jcur *c = &h->c;
+    jkind k = kind_at(h, c->i);
+    if (k != J_OBJECT)
+        return fx__error(FX_EFORMAT, "__metadata__ is %s, not an object of strings", jkind_name(k));
+    const size_t klen = strlen(key);
+    c->i++;
+    jws(c);
+    while (c->s[c->i] != '}') {
+        size_t kp = c->i, l;
+        bool match;
+        int rc = key_is(c, key, klen, &match);
+        if (rc != FX_OK)
+            return rc;
+        jws(c);
+        c->i++; /* ':' */
+        jws(c);
+        if ((k = kind_at(h, c->i)) != J_STRING) {
+            char q[FX__ST_QUOTE_CAP];
+            return fx__error(FX_EFORMAT, "__metadata__ value of %s is %s, not a string", quote_at(h, kp, q),
+                             jkind_name(k));
+        }
+        if (match) {
+            if ((rc = copy_value(c, key, value, cap)) == FX_OK)
+                *found = true;
+            return rc;
+        }
+        jstring(c, NULL, 0, &l);
+        jws(c);
+        if (c->s[c->i] == ',') {
+            c->i++;
+            jws(c);
+        }
+    }
+    return FX_OK;
+}
+
+/* The top-level members of the header text[0..n) (syntax checked): only __metadata__ is looked
+   into. */
+static int peek_header(const unsigned char *text, size_t n, const char *key, char *value, size_t cap, bool *found)
+{
+    hdr h = {.c = {text, n, 0}};
+    jcur *c = &h.c;
+    jws(c);
+    if (text[c->i] != '{')
+        return fx__error(FX_EFORMAT, "header is %s, not a JSON object", jkind_name(kind_at(&h, c->i)));
+    c->i++;
+    jws(c);
+    while (text[c->i] != '}') {
+        char name[16];
+        size_t nl;
+        jstring(c, name, sizeof name, &nl);
+        jws(c);
+        c->i++; /* ':' */
+        jws(c);
+        if (nl == 12 && !memcmp(name, "__metadata__", 12))
+            return peek_in_metadata(&h, key, value, cap, found);
+        jkind k;
+        jskip(c, &k);
+        jws(c);
+        if (text[c->i] == ',') {
+            c->i++;
+            jws(c);
+        }
+    }
+    return FX_OK;
+}
+
 int fx_safetensors_peek_metadata(const char *path, const char *key, char *value, size_t cap, bool *found)
 {
     if (!path || !key || !found || (cap && !value))
@@ -1000,89 +1099,10 @@ int fx_safetensors_peek_metadata(const char *path, const char *key, char *value,
     if (rc != FX_OK)
         return rc;
     static const unsigned char empty[1];
-    const unsigned char *file = map ? map : empty, *text = NULL;
+    const unsigned char *text = NULL;
     size_t n = 0;
-    if ((rc = header_syntax(file, len, &text, &n)) != FX_OK)
-        goto done;
-    hdr h = {.c = {text, n, 0}};
-    jcur *c = &h.c;
-    jws(c);
-    if (text[c->i] != '{') {
-        rc = fx__error(FX_EFORMAT, "header is %s, not a JSON object", jkind_name(kind_at(&h, c->i)));
-        goto done;
-    }
-    /* The top-level members: only __metadata__ is looked into. */
-    size_t klen = strlen(key);
-    c->i++;
-    jws(c);
-    while (text[c->i] != '}') {
-        char name[16];
-        size_t nl;
-        jstring(c, name, sizeof name, &nl);
-        jws(c);
-        c->i++; /* ':' */
-        jws(c);
-        if (!(nl == 12 && !memcmp(name, "__metadata__", 12))) {
-            jkind k;
-            jskip(c, &k);
-        } else {
-            jkind k = kind_at(&h, c->i);
-            if (k != J_OBJECT) {
-                rc = fx__error(FX_EFORMAT, "__metadata__ is %s, not an object of strings", jkind_name(k));
-                goto done;
-            }
-            c->i++;
-            jws(c);
-            while (text[c->i] != '}') {
-                size_t kp = c->i, l;
-                /* Compare the decoded key with `key`: decode one byte more than it has. */
-                char small[256], *kb = klen + 2 <= sizeof small ? small : fx__alloc(klen + 2);
-                if (!kb) {
-                    rc = FX_ENOMEM;
-                    goto done;
-                }
-                jstring(c, kb, klen + 1, &l);
-                bool match = l == klen && !memcmp(kb, key, klen);
-                if (kb != small)
-                    fx__free(kb);
-                jws(c);
-                c->i++; /* ':' */
-                jws(c);
-                if ((k = kind_at(&h, c->i)) != J_STRING) {
-                    char q[FX__ST_QUOTE_CAP];
-                    rc = fx__error(FX_EFORMAT, "__metadata__ value of %s is %s, not a string", quote_at(&h, kp, q),
-                                   jkind_name(k));
-                    goto done;
-                }
-                size_t vp = c->i;
-                jstring(c, NULL, 0, &l);
-                if (match) {
-                    if (l >= cap) {
-                        rc = fx__error(FX_ERANGE, "metadata '%s' is %zu bytes; the buffer holds %zu", key, l,
-                                       cap ? cap - 1 : 0);
-                        goto done;
-                    }
-                    jcur vc = {text, n, vp};
-                    jstring(&vc, value, l, &l);
-                    value[l] = '\0';
-                    *found = true;
-                    goto done;
-                }
-                jws(c);
-                if (text[c->i] == ',') {
-                    c->i++;
-                    jws(c);
-                }
-            }
-            goto done;
-        }
-        jws(c);
-        if (text[c->i] == ',') {
-            c->i++;
-            jws(c);
-        }
-    }
-done:
+    if ((rc = header_syntax(map ? map : empty, len, &text, &n)) == FX_OK)
+        rc = peek_header(text, n, key, value, cap, found);
     if (map)
         munmap(map, len);
     return rc == FX_OK ? FX_OK : fx__error_context(rc, "%s", path);
