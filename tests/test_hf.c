@@ -722,6 +722,19 @@ static void test_export_roundtrip(void)
             }
             fx__hf_close(e);
         }
+        /* A tensor without data is refused by its name, and nothing is written. */
+        if (f == 0 && r.m->n > 2) {
+            const float **holes = malloc(r.m->n * sizeof *holes);
+            memcpy(holes, r.w, r.m->n * sizeof *holes);
+            holes[2] = NULL;
+            fx__hf_export_spec h = {.c = &r.m->c, .data = holes, .dtype = FX_DT_F32};
+            char msg[160];
+            snprintf(msg, sizeof msg, "tensor %s has no data", r.m->t[2].name);
+            snprintf(out, sizeof out, "%s/export-hole", tmpdir);
+            FXT_STATUS(fx__hf_export(out, &h), FX_EINVAL, msg);
+            FXT_CHECK(access(out, F_OK) != 0);
+            free(holes);
+        }
         const char *keep = getenv("FLEXC_HF_KEEP_EXPORTS");
         if (keep) {
             /* For scripts/check_models_live.py: transformers loads what export wrote. */
