@@ -409,43 +409,39 @@ typedef struct train_job {
 } train_job;
 
 /* ---- configuration: the checkpoint's on resume, which the options may repeat, not change ---- */
-static int config_resume(train_job *j)
+
+/* --model given on a resume: a preset (with any --layers, --dim, --heads, --kv-heads) that
+   names the checkpoint's model. */
+static int resume_model(const train_job *j)
 {
-    train_opts *o = &j->o;
-    fx__gpt_config *cfg = &j->cfg;
-    fx__gpt_train_state *st = &j->st;
-    int rc;
-    if (!file_exists(j->ckpt)) {
-        cli_error("--resume: no checkpoint at %s", j->ckpt);
-        return CLI_EXIT_FAIL;
+    const train_opts *o = &j->o;
+    const fx__gpt_config *cfg = &j->cfg;
+    fx__gpt_config p;
+    if (fx__gpt_preset(&p, o->model) != FX_OK) {
+        cli_error("--resume: the checkpoint holds the model; --model %s is not a preset (drop --model)", o->model);
+        return CLI_EXIT_USAGE;
     }
-    bool adam = false;
-    if ((rc = fx__gpt_read_config(j->ckpt, cfg, st, &adam)) != FX_OK)
-        return cli_fail(rc, "--resume");
-    if (!adam) {
-        cli_error("--resume: %s holds no optimizer state", j->ckpt);
-        return CLI_EXIT_FAIL;
+    p.layers = o->layers != UNSET ? o->layers : p.layers;
+    p.dim = o->dim != UNSET ? o->dim : p.dim;
+    p.heads = o->heads != UNSET ? o->heads : p.heads;
+    p.kv_heads = o->kv_heads != UNSET ? o->kv_heads : p.kv_heads;
+    if (fx__gpt_config_check(&p) != FX_OK || p.layers != cfg->layers || p.dim != cfg->dim ||
+        p.heads != cfg->heads || p.kv_heads != cfg->kv_heads || p.ctx != cfg->ctx) {
+        cli_error("--resume: %s holds a model with %lld layers, dim %lld, %lld/%lld heads, context %lld, "
+                  "not --model %s",
+                  j->ckpt, (long long)cfg->layers, (long long)cfg->dim, (long long)cfg->heads,
+                  (long long)cfg->kv_heads, (long long)cfg->ctx, o->model);
+        return CLI_EXIT_USAGE;
     }
-    if (o->model) {
-        fx__gpt_config p;
-        if (fx__gpt_preset(&p, o->model) != FX_OK) {
-            cli_error("--resume: the checkpoint holds the model; --model %s is not a preset (drop --model)",
-                      o->model);
-            return CLI_EXIT_USAGE;
-        }
-        p.layers = o->layers != UNSET ? o->layers : p.layers;
-        p.dim = o->dim != UNSET ? o->dim : p.dim;
-        p.heads = o->heads != UNSET ? o->heads : p.heads;
-        p.kv_heads = o->kv_heads != UNSET ? o->kv_heads : p.kv_heads;
-        if (fx__gpt_config_check(&p) != FX_OK || p.layers != cfg->layers || p.dim != cfg->dim ||
-            p.heads != cfg->heads || p.kv_heads != cfg->kv_heads || p.ctx != cfg->ctx) {
-            cli_error("--resume: %s holds a model with %lld layers, dim %lld, %lld/%lld heads, context %lld, "
-                      "not --model %s",
-                      j->ckpt, (long long)cfg->layers, (long long)cfg->dim, (long long)cfg->heads,
-                      (long long)cfg->kv_heads, (long long)cfg->ctx, o->model);
-            return CLI_EXIT_USAGE;
-        }
-    }
+    return CLI_EXIT_OK;
+}
+
+/* The options that shape the model and its batches, and the mask: as the checkpoint's. */
+static int resume_shape(const train_job *j)
+{
+    const train_opts *o = &j->o;
+    const fx__gpt_config *cfg = &j->cfg;
+    const fx__gpt_train_state *st = &j->st;
     const struct { const char *name; int64_t given, saved; } chk[] = {
         {"--layers", o->layers, cfg->layers}, {"--dim", o->dim, cfg->dim}, {"--heads", o->heads, cfg->heads},
         {"--kv-heads", o->kv_heads, cfg->kv_heads}, {"--batch", o->batch, st->batch}, {"--seq", o->seq, st->seq},
@@ -457,6 +453,15 @@ static int config_resume(train_job *j)
         cli_error("--resume: the checkpoint was trained with --attn %s, not %s", st->attn, o->attn);
         return CLI_EXIT_USAGE;
     }
+    return CLI_EXIT_OK;
+}
+
+/* The hyperparameters, the seed and the arithmetic (--dtype, --adam-bf16, --deterministic):
+   as the checkpoint's, or taken from it. */
+static int resume_run(train_job *j)
+{
+    train_opts *o = &j->o;
+    const fx__gpt_train_state *st = &j->st;
     /* These would change the run too. A checkpoint keeps them as float32, and the default
        --min-lr is computed in float32 (lr/10), so "the same" is within float rounding. */
     const struct { const char *name; double given; float saved; } hp[] = {
@@ -495,6 +500,14 @@ static int config_resume(train_job *j)
         if (!o->quiet)
             printf("note: the checkpoint was trained with --deterministic; continuing with it\n");
     }
+    return CLI_EXIT_OK;
+}
+
+/* --steps on a resume: at least the checkpoint's step; it extends or shortens the schedule. */
+static int resume_steps(train_job *j)
+{
+    const train_opts *o = &j->o;
+    fx__gpt_train_state *st = &j->st;
     if (o->steps != UNSET && o->steps < 1) {
         cli_error("--steps %lld must be >= 1", (long long)o->steps);
         return CLI_EXIT_USAGE;
@@ -505,8 +518,29 @@ static int config_resume(train_job *j)
         return CLI_EXIT_USAGE;
     }
     if (o->steps != UNSET)
-        st->steps = o->steps; /* extending (or shortening) the schedule is allowed */
+        st->steps = o->steps;
     return CLI_EXIT_OK;
+}
+
+static int config_resume(train_job *j)
+{
+    if (!file_exists(j->ckpt)) {
+        cli_error("--resume: no checkpoint at %s", j->ckpt);
+        return CLI_EXIT_FAIL;
+    }
+    bool adam = false;
+    int rc = fx__gpt_read_config(j->ckpt, &j->cfg, &j->st, &adam);
+    if (rc != FX_OK)
+        return cli_fail(rc, "--resume");
+    if (!adam) {
+        cli_error("--resume: %s holds no optimizer state", j->ckpt);
+        return CLI_EXIT_FAIL;
+    }
+    if (j->o.model && (rc = resume_model(j)) != CLI_EXIT_OK)
+        return rc;
+    if ((rc = resume_shape(j)) != CLI_EXIT_OK || (rc = resume_run(j)) != CLI_EXIT_OK)
+        return rc;
+    return resume_steps(j);
 }
 
 /* The optimizer's settings of a new run: the options' float32 values, checked. */
