@@ -486,49 +486,38 @@ typedef struct plot_opts {
     const char *title;
 } plot_opts;
 
-static void draw(plot *p, const plot_opts *o)
-{
-    cairo_t *cr = p->cr;
-    double W = (double)o->width, H = (double)o->height;
-    p->s = fmin(W / 1200, H / 800);
-    cairo_set_source_rgb(cr, 1, 1, 1);
-    cairo_paint(cr);
+/* The ranges of the steps, losses and tokens/s over every run. */
+typedef struct ranges {
+    double x0, x1, y0, y1, t1;
+    bool any_val, any_tps;
+} ranges;
 
-    /* Ranges over every run. */
-    double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY, t1 = 0;
-    bool any_val = false, any_tps = false;
+static ranges plot_ranges(const plot *p, bool log)
+{
+    ranges g = {INFINITY, -INFINITY, INFINITY, -INFINITY, 0, false, false};
     for (int k = 0; k < p->nruns; k++) {
         const run *r = &p->runs[k];
         const series *ss[2] = {&r->loss, &r->val};
         for (int j = 0; j < 2; j++)
             for (size_t i = 0; i < ss[j]->n; i++) {
-                x0 = fmin(x0, ss[j]->x[i]), x1 = fmax(x1, ss[j]->x[i]);
-                if (!o->log || ss[j]->y[i] > 0)
-                    y0 = fmin(y0, ss[j]->y[i]), y1 = fmax(y1, ss[j]->y[i]);
+                g.x0 = fmin(g.x0, ss[j]->x[i]), g.x1 = fmax(g.x1, ss[j]->x[i]);
+                if (!log || ss[j]->y[i] > 0)
+                    g.y0 = fmin(g.y0, ss[j]->y[i]), g.y1 = fmax(g.y1, ss[j]->y[i]);
             }
         for (size_t i = 0; i < r->tps.n; i++)
-            x0 = fmin(x0, r->tps.x[i]), x1 = fmax(x1, r->tps.x[i]), t1 = fmax(t1, r->tps.y[i]);
-        any_val |= r->val.n > 0;
-        any_tps |= r->tps.n > 0;
+            g.x0 = fmin(g.x0, r->tps.x[i]), g.x1 = fmax(g.x1, r->tps.x[i]), g.t1 = fmax(g.t1, r->tps.y[i]);
+        g.any_val |= r->val.n > 0;
+        g.any_tps |= r->tps.n > 0;
     }
-    if (!(y0 <= y1)) /* --log with no positive loss: nothing to draw on that scale */
-        y0 = 0, y1 = 1;
-    axis ax, ay, at;
-    axis_linear(&ax, x0, x1, 8, false, 1); /* steps are whole numbers */
-    if (o->log && y0 > 0)
-        axis_log(&ay, y0, y1);
-    else
-        axis_linear(&ay, y0 - (y1 - y0) * 0.04, y1 + (y1 - y0) * 0.04, 7, false, 0);
-    axis_linear(&at, 0, t1 > 0 ? t1 * 1.05 : 1, 4, true, 0);
+    if (!(g.y0 <= g.y1)) /* --log with no positive loss: nothing to draw on that scale */
+        g.y0 = 0, g.y1 = 1;
+    return g;
+}
 
-    /* Layout: a title, the loss panel, the tokens/s panel below it sharing the step axis. */
-    double left = 96 * p->s, right = 28 * p->s, top = 58 * p->s, bottom = 62 * p->s, gap = 22 * p->s;
-    double ph = H - top - bottom;
-    rect rl = {left, top, W - left - right, any_tps ? (ph - gap) * 0.66 : ph};
-    rect rt = {left, top + rl.h + gap, rl.w, ph - gap - rl.h};
-
+static void draw_title(plot *p, const plot_opts *o)
+{
     font(p, 20, true);
-    cairo_set_source_rgb(cr, 0.1, 0.1, 0.1);
+    cairo_set_source_rgb(p->cr, 0.1, 0.1, 0.1);
     char title[128];
     if (o->title)
         snprintf(title, sizeof title, "%s", o->title);
@@ -536,20 +525,24 @@ static void draw(plot *p, const plot_opts *o)
         snprintf(title, sizeof title, "training run %s", p->runs[0].label);
     else
         snprintf(title, sizeof title, "%d training runs", p->nruns);
-    text(p, W / 2, 16 * p->s, 0.5, 0, title);
+    text(p, (double)o->width / 2, 16 * p->s, 0.5, 0, title);
+}
 
-    draw_axes(p, rl, &ax, &ay, o->log ? "loss (log scale)" : "loss", !any_tps);
-    bool one = p->nruns == 1;
-    entry e[PLOT_MAX_RUNS + 2];
+/* Every run's training (raw and smoothed) and validation loss in the panel rl, and their
+   legend's entries into e; returns how many. One run: an entry per curve with its last value;
+   several: one per run in its colour, then grey keys for the two kinds of curve. */
+static int draw_losses(plot *p, rect rl, const axis *ax, const axis *ay, bool any_val, entry *e)
+{
+    const bool one = p->nruns == 1;
     int ne = 0;
     for (int k = 0; k < p->nruns; k++) {
         const run *r = &p->runs[k];
         rgb c = palette[k % PALETTE_N], cv = one ? palette[1] : c;
         bool smoothed = r->smooth.n > 0;
-        draw_series(p, rl, &ax, &ay, &r->loss, c, smoothed ? 0.28 : 0.9, smoothed ? 1.0 : 1.6, false, false);
+        draw_series(p, rl, ax, ay, &r->loss, c, smoothed ? 0.28 : 0.9, smoothed ? 1.0 : 1.6, false, false);
         if (smoothed)
-            draw_series(p, rl, &ax, &ay, &r->smooth, c, 1, 2.2, false, false);
-        draw_series(p, rl, &ax, &ay, &r->val, cv, 1, 2.2, true, true);
+            draw_series(p, rl, ax, ay, &r->smooth, c, 1, 2.2, false, false);
+        draw_series(p, rl, ax, ay, &r->val, cv, 1, 2.2, true, true);
         double last = r->loss.y[r->loss.n - 1];
         if (one) {
             snprintf(e[ne].label, sizeof e[ne].label, "train loss (last %.3f)", smoothed ? r->smooth.y[r->smooth.n - 1] : last);
@@ -576,9 +569,38 @@ static void draw(plot *p, const plot_opts *o)
             e[ne].c = grey, e[ne].dashed = e[ne].markers = true, ne++;
         }
     }
-    draw_legend(p, rl, e, ne);
+    return ne;
+}
 
-    if (any_tps) {
+static void draw(plot *p, const plot_opts *o)
+{
+    cairo_t *cr = p->cr;
+    double W = (double)o->width, H = (double)o->height;
+    p->s = fmin(W / 1200, H / 800);
+    cairo_set_source_rgb(cr, 1, 1, 1);
+    cairo_paint(cr);
+
+    const ranges g = plot_ranges(p, o->log);
+    axis ax, ay, at;
+    axis_linear(&ax, g.x0, g.x1, 8, false, 1); /* steps are whole numbers */
+    if (o->log && g.y0 > 0)
+        axis_log(&ay, g.y0, g.y1);
+    else
+        axis_linear(&ay, g.y0 - (g.y1 - g.y0) * 0.04, g.y1 + (g.y1 - g.y0) * 0.04, 7, false, 0);
+    axis_linear(&at, 0, g.t1 > 0 ? g.t1 * 1.05 : 1, 4, true, 0);
+
+    /* Layout: a title, the loss panel, the tokens/s panel below it sharing the step axis. */
+    double left = 96 * p->s, right = 28 * p->s, top = 58 * p->s, bottom = 62 * p->s, gap = 22 * p->s;
+    double ph = H - top - bottom;
+    rect rl = {left, top, W - left - right, g.any_tps ? (ph - gap) * 0.66 : ph};
+    rect rt = {left, top + rl.h + gap, rl.w, ph - gap - rl.h};
+
+    draw_title(p, o);
+    draw_axes(p, rl, &ax, &ay, o->log ? "loss (log scale)" : "loss", !g.any_tps);
+    entry e[PLOT_MAX_RUNS + 2];
+    draw_legend(p, rl, e, draw_losses(p, rl, &ax, &ay, g.any_val, e));
+
+    if (g.any_tps) {
         draw_axes(p, rt, &ax, &at, "tokens/s", true);
         for (int k = 0; k < p->nruns; k++)
             draw_series(p, rt, &ax, &at, &p->runs[k].tps, palette[k % PALETTE_N], 0.9, 1.4, false, false);
