@@ -93,9 +93,9 @@ static void run_label(run *r, const char *dir)
 
 /* Field `key` of a metrics line: absent is fine (0), a number is stored (1), anything else
    is an error (-1). */
-static int get_number(json_t *obj, const char *key, double *v)
+static int get_number(const json_t *obj, const char *key, double *v)
 {
-    json_t *j = json_object_get(obj, key);
+    const json_t *j = json_object_get(obj, key);
     if (!j)
         return 0;
     if (!json_is_number(j))
@@ -108,7 +108,8 @@ static int get_number(json_t *obj, const char *key, double *v)
    object, or whose step or values are not numbers, is an error naming its line, except an
    unfinished last line (no newline: a run writing it right now), which is left out with a
    note. Blank lines are skipped. */
-static int run_read(run *r, const char *dir)
+/* r->path (DIR/metrics.jsonl, or the file given) and r's label. */
+static int run_locate(run *r, const char *dir)
 {
     struct stat st;
     if (stat(dir, &st) != 0) {
@@ -127,18 +128,42 @@ static int run_read(run *r, const char *dir)
         run_label(r, d);
     } else
         run_label(r, dir);
-    FILE *f = fopen(r->path, "r");
-    if (!f) {
-        cli_error("plot: cannot open %s: %s%s", r->path, strerror(errno),
-                  errno == ENOENT ? " (is it a flexc train --out directory?)" : "");
+    return CLI_EXIT_OK;
+}
+
+/* The step, loss, validation loss and tokens/s of the object on line lineno into r's series:
+   each optional, but a value needs its step, and each must be a number. */
+static int run_record(run *r, const json_t *obj, long lineno)
+{
+    double step = 0, loss = 0, val = 0, tps = 0;
+    int hs = get_number(obj, "step", &step), hl = get_number(obj, "loss", &loss);
+    int hv = get_number(obj, "val_loss", &val), ht = get_number(obj, "tokens_per_s", &tps);
+    const char *bad = hs < 0 ? "step" : hl < 0 ? "loss" : hv < 0 ? "val_loss" : ht < 0 ? "tokens_per_s" : NULL;
+    if (!bad && hs == 0 && (hl > 0 || hv > 0 || ht > 0))
+        bad = "step";
+    if (bad) {
+        cli_error("plot: %s: line %ld: '%s' is %s", r->path, lineno, bad, hs == 0 && !strcmp(bad, "step") ?
+                  "missing" : "not a number");
         return CLI_EXIT_FAIL;
     }
+    if ((hl > 0 && series_push(&r->loss, step, loss)) || (hv > 0 && series_push(&r->val, step, val)) ||
+        (ht > 0 && series_push(&r->tps, step, tps))) {
+        cli_error("plot: out of memory");
+        return CLI_EXIT_FAIL;
+    }
+    return CLI_EXIT_OK;
+}
+
+/* The lines of r->path (*lines: how many were read), a JSON object each; blank lines are
+   skipped, and an unfinished last line after some objects (a run still writing) is left out. */
+static int run_lines(run *r, FILE *f, long *lines)
+{
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
     long lineno = 0, objects = 0;
     int rc = CLI_EXIT_OK;
-    while ((len = getline(&line, &cap, f)) > 0) {
+    while (rc == CLI_EXIT_OK && (len = getline(&line, &cap, f)) > 0) {
         lineno++;
         bool complete = line[len - 1] == '\n';
         if (strspn(line, " \t\r\n") == (size_t)len)
@@ -162,40 +187,40 @@ static int run_read(run *r, const char *dir)
             break;
         }
         objects++;
-        double step = 0, loss = 0, val = 0, tps = 0;
-        int hs = get_number(obj, "step", &step), hl = get_number(obj, "loss", &loss);
-        int hv = get_number(obj, "val_loss", &val), ht = get_number(obj, "tokens_per_s", &tps);
+        rc = run_record(r, obj, lineno);
         json_decref(obj);
-        const char *bad = hs < 0 ? "step" : hl < 0 ? "loss" : hv < 0 ? "val_loss" : ht < 0 ? "tokens_per_s" : NULL;
-        if (!bad && hs == 0 && (hl > 0 || hv > 0 || ht > 0))
-            bad = "step";
-        if (bad) {
-            cli_error("plot: %s: line %ld: '%s' is %s", r->path, lineno, bad, hs == 0 && !strcmp(bad, "step") ?
-                      "missing" : "not a number");
-            rc = CLI_EXIT_FAIL;
-            break;
-        }
-        if ((hl > 0 && series_push(&r->loss, step, loss)) || (hv > 0 && series_push(&r->val, step, val)) ||
-            (ht > 0 && series_push(&r->tps, step, tps))) {
-            cli_error("plot: out of memory");
-            rc = CLI_EXIT_FAIL;
-            break;
-        }
     }
     if (rc == CLI_EXIT_OK && ferror(f)) {
         cli_error("plot: cannot read %s: %s", r->path, strerror(errno));
         rc = CLI_EXIT_FAIL;
     }
     free(line);
+    *lines = lineno;
+    return rc;
+}
+
+static int run_read(run *r, const char *dir)
+{
+    int rc = run_locate(r, dir);
+    if (rc != CLI_EXIT_OK)
+        return rc;
+    FILE *f = fopen(r->path, "r");
+    if (!f) {
+        cli_error("plot: cannot open %s: %s%s", r->path, strerror(errno),
+                  errno == ENOENT ? " (is it a flexc train --out directory?)" : "");
+        return CLI_EXIT_FAIL;
+    }
+    long lines = 0;
+    rc = run_lines(r, f, &lines);
     fclose(f);
     if (rc != CLI_EXIT_OK)
         return rc;
-    if (lineno == 0) {
+    if (lines == 0) {
         cli_error("plot: %s is empty (the run has not finished a step yet?)", r->path);
         return CLI_EXIT_FAIL;
     }
     if (r->loss.n == 0) {
-        cli_error("plot: %s: no 'loss' values in its %ld lines", r->path, lineno);
+        cli_error("plot: %s: no 'loss' values in its %ld lines", r->path, lines);
         return CLI_EXIT_FAIL;
     }
     return CLI_EXIT_OK;
