@@ -199,96 +199,120 @@ static double max_rel_diff(const float *a, const float *b, size_t n)
     return s > 0.0 ? m / s : m;
 }
 
-static int bench_shape(int64_t N, int64_t D, int64_t V, int64_t chunk, int reps, bool fresh, bool rss, bool json)
+/* One shape's measurements. */
+typedef struct lce_result {
+    int64_t chunk, vocab_chunk;     /* the fused call's plan */
+    size_t ws;                      /* and its scratch bytes */
+    size_t rss_f, rss_u, lib_f;     /* max-RSS growth of each mode's child; the library's peak, fused */
+    double tf, tu, sgemm;           /* seconds a call, fused and unfused; sgemm GFLOP/s at [N, V, D] */
+    double dh_diff, dw_diff;        /* the two modes' agreement */
+    float loss_f, loss_u;
+} lce_result;
+
+/* The timed pairs of calls on p, the unfused peer's logits reused unless fresh, with sgemm
+   measured right before and right after; the better of the two, so that a burst of load on
+   a shared machine cannot flatter the fractions. */
+static int bench_timed(const fx_lce *p, int reps, bool fresh, lce_result *r)
 {
-    fx_lce p = fx_lce_defaults(N, D, V);
-    p.chunk = chunk;
-    int64_t c, vb;
-    size_t ws;
-    int rc = fx_linear_cross_entropy_plan(&p, &c, &vb, &ws);
-    if (rc != FX_OK)
-        return cli_fail(rc, "bench lce");
-    const double logits_bytes = 4.0 * (double)N * (double)V;
-    const double unfused_bytes = logits_bytes + 8.0 * (double)N;
-
-    /* Memory first, in children, before this process holds anything large. */
-    size_t rss_f = 0, rss_u = 0, lib_f = 0, lib_u = 0;
-    if (rss && (!measure_child(&p, true, &rss_f, &lib_f) || !measure_child(&p, false, &rss_u, &lib_u))) {
-        cli_error("bench lce: the memory measurement in a child process failed (N=%lld D=%lld V=%lld)",
-                  (long long)N, (long long)D, (long long)V);
-        return CLI_EXIT_FAIL;
-    }
-
+    const int64_t N = p->N, D = p->D, V = p->V;
     inputs a, b;
     if (!inputs_make(&a, N, D, V) || !inputs_make(&b, N, D, V)) {
         inputs_free(&a), inputs_free(&b);
         cli_error("bench lce: out of memory for N=%lld D=%lld V=%lld", (long long)N, (long long)D, (long long)V);
         return CLI_EXIT_FAIL;
     }
-    lce_bench fb = bench_ctx(&p, &a), ub = bench_ctx(&p, &b);
+    lce_bench fb = bench_ctx(p, &a), ub = bench_ctx(p, &b);
     if (!fresh) {
         ub.logits = malloc((size_t)(N * V) * sizeof(float));
         if (!ub.logits) {
             inputs_free(&a), inputs_free(&b);
-            cli_error("bench lce: cannot allocate the %.0f MB of unfused logits", logits_bytes / 1e6);
+            cli_error("bench lce: cannot allocate the %.0f MB of unfused logits", 4.0 * (double)N * (double)V / 1e6);
             return CLI_EXIT_FAIL;
         }
         memset(ub.logits, 0, (size_t)(N * V) * sizeof(float)); /* fault the pages in outside the timing */
     }
-    /* sgemm right before and right after the pairs; the better of the two, so that a burst
-       of load on a shared machine cannot flatter the fractions. */
     const double sgemm0 = bench_sgemm_gflops(false, N, V, D);
-    double tf, tu;
-    bench_pair(run_fused, &fb, run_unfused, &ub, reps, &tf, &tu);
+    bench_pair(run_fused, &fb, run_unfused, &ub, reps, &r->tf, &r->tu);
     if (fb.status != FX_OK || ub.status != FX_OK) {
         free(ub.logits), inputs_free(&a), inputs_free(&b);
         return cli_fail(fb.status != FX_OK ? fb.status : ub.status, "bench lce");
     }
     /* Agreement after the same number of calls (dw accumulated reps + 1 times in both). */
-    const double dh_diff = max_rel_diff(a.dh, b.dh, (size_t)(N * D));
-    const double dw_diff = max_rel_diff(a.dw, b.dw, (size_t)(V * D));
-    const float loss_f = fb.loss, loss_u = ub.loss;
+    r->dh_diff = max_rel_diff(a.dh, b.dh, (size_t)(N * D));
+    r->dw_diff = max_rel_diff(a.dw, b.dw, (size_t)(V * D));
+    r->loss_f = fb.loss, r->loss_u = ub.loss;
     free(ub.logits);
     inputs_free(&a), inputs_free(&b);
+    r->sgemm = fmax(sgemm0, bench_sgemm_gflops(false, N, V, D));
+    return CLI_EXIT_OK;
+}
 
-    const double sgemm = fmax(sgemm0, bench_sgemm_gflops(false, N, V, D));
-    const double flops = 6.0 * (double)N * (double)V * (double)D;
-    const double gf = flops / tf * 1e-9, gu = flops / tu * 1e-9;
-    const int threads = fx_get_num_threads();
-    const char *isa = fx_isa_name(fx_get_isa());
+static void report_json(const fx_lce *p, const lce_result *r, int reps, bool fresh, bool rss)
+{
+    const double logits_bytes = 4.0 * (double)p->N * (double)p->V, unfused_bytes = logits_bytes + 8.0 * (double)p->N;
+    const double flops = 6.0 * (double)p->N * (double)p->V * (double)p->D;
+    const double gf = flops / r->tf * 1e-9, gu = flops / r->tu * 1e-9;
+    printf("{\"case\":\"lce\",\"N\":%lld,\"D\":%lld,\"V\":%lld,\"threads\":%d,\"isa\":\"%s\",\"reps\":%d,"
+           "\"chunk\":%lld,\"vocab_chunk\":%lld,\"fused_gemm\":\"%s\",\"peer\":\"unfused (materialised logits%s)\","
+           "\"logits_bytes\":%.0f,\"fused_alloc_bytes\":%zu,\"unfused_alloc_bytes\":%.0f,"
+           "\"fused_alloc_vs_logits\":%.5f,",
+           (long long)p->N, (long long)p->D, (long long)p->V, fx_get_num_threads(), fx_isa_name(fx_get_isa()), reps,
+           (long long)r->chunk, (long long)r->vocab_chunk, fx__lce_f32_products(),
+           fresh ? ", allocated per call" : ", buffer reused", logits_bytes, r->ws, unfused_bytes,
+           (double)r->ws / logits_bytes);
+    if (rss)
+        printf("\"fused_rss_delta_bytes\":%zu,\"unfused_rss_delta_bytes\":%zu,\"rss_ratio\":%.5f,"
+               "\"fused_lib_peak_bytes\":%zu,",
+               r->rss_f, r->rss_u, r->rss_u ? (double)r->rss_f / (double)r->rss_u : 0.0, r->lib_f);
+    printf("\"fused_s\":%.4f,\"unfused_s\":%.4f,\"time_ratio\":%.3f,\"fused_gflops\":%.1f,\"unfused_gflops\":%.1f,"
+           "\"sgemm_gflops\":%.1f,\"fused_vs_sgemm\":%.3f,\"unfused_vs_sgemm\":%.3f,"
+           "\"loss_fused\":%.7g,\"loss_unfused\":%.7g,\"dh_max_rel_diff\":%.3g,\"dw_max_rel_diff\":%.3g}\n",
+           r->tf, r->tu, r->tf / r->tu, gf, gu, r->sgemm, gf / r->sgemm, gu / r->sgemm, (double)r->loss_f,
+           (double)r->loss_u, r->dh_diff, r->dw_diff);
+}
+
+static void report_text(const fx_lce *p, const lce_result *r, int reps, bool rss)
+{
+    const double logits_bytes = 4.0 * (double)p->N * (double)p->V, unfused_bytes = logits_bytes + 8.0 * (double)p->N;
+    const double flops = 6.0 * (double)p->N * (double)p->V * (double)p->D;
+    const double gf = flops / r->tf * 1e-9, gu = flops / r->tu * 1e-9;
     /* Which GEMMs the fused path ran: its own kernels, or BLIS's (the AVX2 path). */
-    const char *gemm = fx__lce_f32_products();
-    if (json) {
-        printf("{\"case\":\"lce\",\"N\":%lld,\"D\":%lld,\"V\":%lld,\"threads\":%d,\"isa\":\"%s\",\"reps\":%d,"
-               "\"chunk\":%lld,\"vocab_chunk\":%lld,\"fused_gemm\":\"%s\",\"peer\":\"unfused (materialised logits%s)\","
-               "\"logits_bytes\":%.0f,\"fused_alloc_bytes\":%zu,\"unfused_alloc_bytes\":%.0f,"
-               "\"fused_alloc_vs_logits\":%.5f,",
-               (long long)N, (long long)D, (long long)V, threads, isa, reps, (long long)c, (long long)vb, gemm,
-               fresh ? ", allocated per call" : ", buffer reused", logits_bytes, ws, unfused_bytes,
-               (double)ws / logits_bytes);
-        if (rss)
-            printf("\"fused_rss_delta_bytes\":%zu,\"unfused_rss_delta_bytes\":%zu,\"rss_ratio\":%.5f,"
-                   "\"fused_lib_peak_bytes\":%zu,",
-                   rss_f, rss_u, rss_u ? (double)rss_f / (double)rss_u : 0.0, lib_f);
-        printf("\"fused_s\":%.4f,\"unfused_s\":%.4f,\"time_ratio\":%.3f,\"fused_gflops\":%.1f,\"unfused_gflops\":%.1f,"
-               "\"sgemm_gflops\":%.1f,\"fused_vs_sgemm\":%.3f,\"unfused_vs_sgemm\":%.3f,"
-               "\"loss_fused\":%.7g,\"loss_unfused\":%.7g,\"dh_max_rel_diff\":%.3g,\"dw_max_rel_diff\":%.3g}\n",
-               tf, tu, tf / tu, gf, gu, sgemm, gf / sgemm, gu / sgemm, (double)loss_f, (double)loss_u, dh_diff,
-               dw_diff);
-    } else {
-        printf("N=%lld D=%lld V=%lld: threads %d, path %s (%s), chunk %lld x %lld, %d reps\n", (long long)N,
-               (long long)D, (long long)V, threads, isa, gemm, (long long)c, (long long)vb, reps);
-        printf("  extra memory   fused %9.1f MB allocated (%.4f of the logits)   unfused %9.1f MB\n", (double)ws / 1e6,
-               (double)ws / logits_bytes, unfused_bytes / 1e6);
-        if (rss)
-            printf("  max-RSS growth fused %9.1f MB                                unfused %9.1f MB (ratio %.4f)\n",
-                   (double)rss_f / 1e6, (double)rss_u / 1e6, rss_u ? (double)rss_f / (double)rss_u : 0.0);
-        printf("  time           fused %9.3f s   unfused %9.3f s   ratio %.3f\n", tf, tu, tf / tu);
-        printf("  throughput     fused %7.1f GFLOP/s (%.0f%% of sgemm)   unfused %7.1f (%.0f%%)   sgemm %.1f\n", gf,
-               100.0 * gf / sgemm, gu, 100.0 * gu / sgemm, sgemm);
-        printf("  agreement      loss %.7g vs %.7g, dh max rel diff %.2g, dw %.2g\n", (double)loss_f, (double)loss_u,
-               dh_diff, dw_diff);
+    printf("N=%lld D=%lld V=%lld: threads %d, path %s (%s), chunk %lld x %lld, %d reps\n", (long long)p->N,
+           (long long)p->D, (long long)p->V, fx_get_num_threads(), fx_isa_name(fx_get_isa()), fx__lce_f32_products(),
+           (long long)r->chunk, (long long)r->vocab_chunk, reps);
+    printf("  extra memory   fused %9.1f MB allocated (%.4f of the logits)   unfused %9.1f MB\n", (double)r->ws / 1e6,
+           (double)r->ws / logits_bytes, unfused_bytes / 1e6);
+    if (rss)
+        printf("  max-RSS growth fused %9.1f MB                                unfused %9.1f MB (ratio %.4f)\n",
+               (double)r->rss_f / 1e6, (double)r->rss_u / 1e6, r->rss_u ? (double)r->rss_f / (double)r->rss_u : 0.0);
+    printf("  time           fused %9.3f s   unfused %9.3f s   ratio %.3f\n", r->tf, r->tu, r->tf / r->tu);
+    printf("  throughput     fused %7.1f GFLOP/s (%.0f%% of sgemm)   unfused %7.1f (%.0f%%)   sgemm %.1f\n", gf,
+           100.0 * gf / r->sgemm, gu, 100.0 * gu / r->sgemm, r->sgemm);
+    printf("  agreement      loss %.7g vs %.7g, dh max rel diff %.2g, dw %.2g\n", (double)r->loss_f,
+           (double)r->loss_u, r->dh_diff, r->dw_diff);
+}
+
+static int bench_shape(int64_t N, int64_t D, int64_t V, int64_t chunk, int reps, bool fresh, bool rss, bool json)
+{
+    fx_lce p = fx_lce_defaults(N, D, V);
+    p.chunk = chunk;
+    lce_result r = {0};
+    int rc = fx_linear_cross_entropy_plan(&p, &r.chunk, &r.vocab_chunk, &r.ws);
+    if (rc != FX_OK)
+        return cli_fail(rc, "bench lce");
+    /* Memory first, in children, before this process holds anything large. */
+    size_t lib_u = 0; /* the unfused path makes no library allocation worth reporting */
+    if (rss && (!measure_child(&p, true, &r.rss_f, &r.lib_f) || !measure_child(&p, false, &r.rss_u, &lib_u))) {
+        cli_error("bench lce: the memory measurement in a child process failed (N=%lld D=%lld V=%lld)",
+                  (long long)N, (long long)D, (long long)V);
+        return CLI_EXIT_FAIL;
     }
+    if ((rc = bench_timed(&p, reps, fresh, &r)) != CLI_EXIT_OK)
+        return rc;
+    if (json)
+        report_json(&p, &r, reps, fresh, rss);
+    else
+        report_text(&p, &r, reps, rss);
     fflush(stdout);
     return CLI_EXIT_OK;
 }
