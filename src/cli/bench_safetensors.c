@@ -81,59 +81,103 @@ static void run_read(void *p)
     c->sink += c->buf[c->size / 2];
 }
 
-int bench_safetensors(int argc, char **argv)
+typedef struct st_args {
+    bool json, keep;
+    int64_t size_mib, ntensors, reps;
+    const char *dir;
+    size_t per; /* bytes of each tensor */
+} st_args;
+
+/* a from the command line: CLI_PARSE_OK, CLI_PARSE_HELP (usage printed) or the exit status
+   of an error (printed). */
+static int st_args_parse(int argc, char **argv, st_args *a)
 {
-    bool json = false, keep = false;
-    int64_t size_mib = 1024, ntensors = 1000, reps = 5;
-    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    *a = (st_args){.size_mib = 1024, .ntensors = 1000, .reps = 5};
+    a->dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     const cli_opt opts[] = {
-        {"--json", CLI_FLAG, &json, "one JSON object per line"},
-        {"--size-mib", CLI_INT, &size_mib, "file size in MiB (default 1024)"},
-        {"--tensors", CLI_INT, &ntensors, "number of tensors (default 1000)"},
-        {"--reps", CLI_INT, &reps, "alternating repetitions (default 5)"},
-        {"--dir", CLI_STRING, &dir, "directory for the file (default $TMPDIR or /tmp)"},
-        {"--keep", CLI_FLAG, &keep, "keep the file"},
+        {"--json", CLI_FLAG, &a->json, "one JSON object per line"},
+        {"--size-mib", CLI_INT, &a->size_mib, "file size in MiB (default 1024)"},
+        {"--tensors", CLI_INT, &a->ntensors, "number of tensors (default 1000)"},
+        {"--reps", CLI_INT, &a->reps, "alternating repetitions (default 5)"},
+        {"--dir", CLI_STRING, &a->dir, "directory for the file (default $TMPDIR or /tmp)"},
+        {"--keep", CLI_FLAG, &a->keep, "keep the file"},
     };
     const char *syn = "[--size-mib N] [--tensors N] [--reps N] [--dir D] [--keep] [--json]";
     int rc = cli_parse("bench safetensors", syn, argc, argv, opts, 6, NULL, 0, NULL);
     if (rc != CLI_PARSE_OK)
-        return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : rc;
+        return rc;
     /* (bench_pair times at most 64 pairs) */
     const struct { const char *name; int64_t v, lo, hi; } lim[] = {
-        {"--size-mib", size_mib, 1, 65536}, {"--tensors", ntensors, 1, 1000000}, {"--reps", reps, 1, 64}};
+        {"--size-mib", a->size_mib, 1, 65536}, {"--tensors", a->ntensors, 1, 1000000}, {"--reps", a->reps, 1, 64}};
     for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
         if (lim[i].v < lim[i].lo || lim[i].v > lim[i].hi) {
             cli_error("bench safetensors: %s %lld is outside [%lld, %lld]", lim[i].name, (long long)lim[i].v,
                       (long long)lim[i].lo, (long long)lim[i].hi);
             return CLI_EXIT_USAGE;
         }
-    if (!dir[0]) {
+    if (!a->dir[0]) {
         cli_error("bench safetensors: --dir is empty");
         return CLI_EXIT_USAGE;
     }
-    /* Equal F32 tensors [rows, 256] that together fill the size; they share one source buffer
-       (the bench measures reading, not the contents). */
-    size_t total = (size_t)size_mib << 20, per = total / (size_t)ntensors / 1024 * 1024;
-    if (per == 0) {
-        cli_error("bench safetensors: %lld tensors do not fit in %lld MiB", (long long)ntensors, (long long)size_mib);
+    /* Equal F32 tensors [rows, 256] that together fill the size. */
+    a->per = ((size_t)a->size_mib << 20) / (size_t)a->ntensors / 1024 * 1024;
+    if (a->per == 0) {
+        cli_error("bench safetensors: %lld tensors do not fit in %lld MiB", (long long)a->ntensors,
+                  (long long)a->size_mib);
         return CLI_EXIT_USAGE;
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/flexc-bench-%ld.safetensors", dir, (long)getpid());
-    float *src = malloc(per);
-    fx_tensor_view *views = calloc((size_t)ntensors, sizeof *views);
-    char (*names)[40] = calloc((size_t)ntensors, sizeof *names);
-    if (!src || !views || !names) {
-        free(src), free(views), free(names);
+    return CLI_PARSE_OK;
+}
+
+/* The tensors to save: they share one source buffer (the bench measures reading, not the
+   contents). */
+typedef struct st_views {
+    float *src;
+    fx_tensor_view *views;
+    char (*names)[40];
+} st_views;
+
+static void st_views_free(st_views *v)
+{
+    free(v->views);
+    free(v->names);
+    free(v->src);
+}
+
+/* false (nothing held) without memory. */
+static bool st_views_new(st_views *v, const st_args *a)
+{
+    v->src = malloc(a->per);
+    v->views = calloc((size_t)a->ntensors, sizeof *v->views);
+    v->names = calloc((size_t)a->ntensors, sizeof *v->names);
+    if (!v->src || !v->views || !v->names) {
+        st_views_free(v);
+        return false;
+    }
+    for (size_t i = 0; i < a->per / 4; i++)
+        v->src[i] = (float)i * 0.5f;
+    for (int64_t i = 0; i < a->ntensors; i++) {
+        snprintf(v->names[i], sizeof v->names[i], "layers.%lld.weight", (long long)i);
+        v->views[i] = (fx_tensor_view){.name = v->names[i], .dtype = FX_DT_F32, .ndim = 2,
+                                       .shape = {(int64_t)(a->per / 1024), 256}, .data = v->src, .nbytes = a->per};
+    }
+    return true;
+}
+
+/* The SIGINT and SIGTERM handlers in place before on_signal (SIG_DFL where it was not put in
+   place). */
+typedef struct st_handlers {
+    void (*old_int)(int), (*old_term)(int);
+} st_handlers;
+
+/* Writes the checkpoint at path, timed into *save_s, and unless a->keep puts in place the
+   handler that removes it. CLI_EXIT_OK, or the exit status with the error printed. */
+static int st_save(const char *path, const st_args *a, double *save_s, st_handlers *h)
+{
+    st_views v;
+    if (!st_views_new(&v, a)) {
         cli_error("bench safetensors: out of memory");
         return CLI_EXIT_FAIL;
-    }
-    for (size_t i = 0; i < per / 4; i++)
-        src[i] = (float)i * 0.5f;
-    for (int64_t i = 0; i < ntensors; i++) {
-        snprintf(names[i], sizeof names[i], "layers.%lld.weight", (long long)i);
-        views[i] = (fx_tensor_view){.name = names[i], .dtype = FX_DT_F32, .ndim = 2,
-                                    .shape = {(int64_t)(per / 1024), 256}, .data = src, .nbytes = per};
     }
     /* Ctrl-C or SIGTERM waits while the file is saved and the handler that removes it is put
        in place: one arriving between the two would leave the file behind. */
@@ -143,71 +187,100 @@ int bench_safetensors(int argc, char **argv)
     sigaddset(&stop, SIGTERM);
     sigprocmask(SIG_BLOCK, &stop, &prev);
     double t0 = fx__seconds();
-    rc = fx_safetensors_save(path, views, (size_t)ntensors, (const char *const[]){"format", "pt", NULL});
-    double save_s = fx__seconds() - t0;
-    free(views);
-    free(names);
-    free(src);
-    void (*old_int)(int) = SIG_DFL, (*old_term)(int) = SIG_DFL;
-    if (rc == FX_OK && !keep) {
+    int rc = fx_safetensors_save(path, v.views, (size_t)a->ntensors, (const char *const[]){"format", "pt", NULL});
+    *save_s = fx__seconds() - t0;
+    st_views_free(&v);
+    *h = (st_handlers){SIG_DFL, SIG_DFL};
+    if (rc == FX_OK && !a->keep) {
         memcpy(bench_file, path, sizeof bench_file);
         /* a signal the caller ignores stays ignored */
-        if ((old_int = signal(SIGINT, on_signal)) == SIG_IGN)
+        if ((h->old_int = signal(SIGINT, on_signal)) == SIG_IGN)
             signal(SIGINT, SIG_IGN);
-        if ((old_term = signal(SIGTERM, on_signal)) == SIG_IGN)
+        if ((h->old_term = signal(SIGTERM, on_signal)) == SIG_IGN)
             signal(SIGTERM, SIG_IGN);
     }
     sigprocmask(SIG_SETMASK, &prev, NULL);
-    if (rc != FX_OK)
-        return cli_fail(rc, "bench safetensors: save");
-    ctx c = {.path = path};
+    return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, "bench safetensors: save");
+}
+
+/* c->size and c->tensors from the saved file, and the read peer's buffer, faulted in. On an
+   error (printed, its exit status returned) the file is removed. */
+static int st_read_setup(ctx *c)
+{
     fx_safetensors *f;
-    if ((rc = fx_safetensors_open(&f, path)) != FX_OK) {
-        unlink(path);
+    int rc;
+    if ((rc = fx_safetensors_open(&f, c->path)) != FX_OK) {
+        unlink(c->path);
         return cli_fail(rc, "bench safetensors: open");
     }
-    c.size = fx_safetensors_header_size(f) + 8;
+    c->size = fx_safetensors_header_size(f) + 8;
     size_t blen;
     fx_safetensors_buffer(f, &blen);
-    c.size += blen;
-    c.tensors = fx_safetensors_count(f);
+    c->size += blen;
+    c->tensors = fx_safetensors_count(f);
     fx_safetensors_close(f);
-    c.buf = malloc(c.size);
-    if (!c.buf) {
-        unlink(path);
+    c->buf = malloc(c->size);
+    if (!c->buf) {
+        unlink(c->path);
         cli_error("bench safetensors: out of memory");
         return CLI_EXIT_FAIL;
     }
-    memset(c.buf, 1, c.size); /* fault the read buffer in before timing */
+    memset(c->buf, 1, c->size); /* fault the read buffer in before timing */
+    return CLI_EXIT_OK;
+}
 
-    double open_s, read_s, touch_s, read2_s;
-    bench_pair(run_open, &c, run_read, &c, (int)reps, &open_s, &read_s);
-    bench_pair(run_open_touch, &c, run_read, &c, (int)reps, &touch_s, &read2_s);
+/* Medians in seconds. */
+typedef struct st_times {
+    double open_s, read_s, touch_s, read2_s, save_s;
+} st_times;
+
+static void st_report(const st_args *a, const ctx *c, const st_times *t)
+{
+    double gib = (double)c->size / (1 << 30);
+    if (a->json) {
+        printf("{\"case\":\"safetensors\",\"threads\":%d,\"file_bytes\":%zu,\"tensors\":%zu,\"reps\":%lld,"
+               "\"open_validate_s\":%.6f,\"read_s\":%.6f,\"read_over_open\":%.1f,"
+               "\"open_touch_s\":%.6f,\"read2_s\":%.6f,\"read_over_open_touch\":%.3f,"
+               "\"save_s\":%.3f,\"save_gibs\":%.3f}\n",
+               fx_get_num_threads(), c->size, c->tensors, (long long)a->reps, t->open_s, t->read_s,
+               t->read_s / t->open_s, t->touch_s, t->read2_s, t->read2_s / t->touch_s, t->save_s, gib / t->save_s);
+    } else {
+        printf("file %.3f GiB, %zu tensors, %lld alternating pairs (medians)\n", gib, c->tensors, (long long)a->reps);
+        printf("  open + validate        %10.6f s\n", t->open_s);
+        printf("  read(2), page cache    %10.6f s   (%.1fx the open)\n", t->read_s, t->read_s / t->open_s);
+        printf("  open + touch all pages %10.6f s   (read is %.2fx this; %10.6f s in its pair)\n", t->touch_s,
+               t->read2_s / t->touch_s, t->read2_s);
+        printf("  atomic save (once)     %10.3f s   (%.2f GiB/s incl. fsync)\n", t->save_s, gib / t->save_s);
+    }
+}
+
+int bench_safetensors(int argc, char **argv)
+{
+    st_args a;
+    int rc = st_args_parse(argc, argv, &a);
+    if (rc != CLI_PARSE_OK)
+        return rc == CLI_PARSE_HELP ? CLI_EXIT_OK : rc;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/flexc-bench-%ld.safetensors", a.dir, (long)getpid());
+    st_times t;
+    st_handlers h;
+    if ((rc = st_save(path, &a, &t.save_s, &h)) != CLI_EXIT_OK)
+        return rc;
+    ctx c = {.path = path};
+    if ((rc = st_read_setup(&c)) != CLI_EXIT_OK)
+        return rc;
+    bench_pair(run_open, &c, run_read, &c, (int)a.reps, &t.open_s, &t.read_s);
+    bench_pair(run_open_touch, &c, run_read, &c, (int)a.reps, &t.touch_s, &t.read2_s);
     free(c.buf);
-    if (!keep) {
-        signal(SIGINT, old_int);
-        signal(SIGTERM, old_term);
+    if (!a.keep) {
+        signal(SIGINT, h.old_int);
+        signal(SIGTERM, h.old_term);
         unlink(path);
     }
     if (c.failed) {
         cli_error("bench safetensors: a timed run failed");
         return CLI_EXIT_FAIL;
     }
-    double gib = (double)c.size / (1 << 30);
-    if (json) {
-        printf("{\"case\":\"safetensors\",\"threads\":%d,\"file_bytes\":%zu,\"tensors\":%zu,\"reps\":%lld,"
-               "\"open_validate_s\":%.6f,\"read_s\":%.6f,\"read_over_open\":%.1f,"
-               "\"open_touch_s\":%.6f,\"read2_s\":%.6f,\"read_over_open_touch\":%.3f,"
-               "\"save_s\":%.3f,\"save_gibs\":%.3f}\n",
-               fx_get_num_threads(), c.size, c.tensors, (long long)reps, open_s, read_s, read_s / open_s,
-               touch_s, read2_s, read2_s / touch_s, save_s, gib / save_s);
-    } else {
-        printf("file %.3f GiB, %zu tensors, %lld alternating pairs (medians)\n", gib, c.tensors, (long long)reps);
-        printf("  open + validate        %10.6f s\n", open_s);
-        printf("  read(2), page cache    %10.6f s   (%.1fx the open)\n", read_s, read_s / open_s);
-        printf("  open + touch all pages %10.6f s   (read is %.2fx this; %10.6f s in its pair)\n", touch_s,
-               read2_s / touch_s, read2_s);
-        printf("  atomic save (once)     %10.3f s   (%.2f GiB/s incl. fsync)\n", save_s, gib / save_s);
-    }
+    st_report(&a, &c, &t);
     return CLI_EXIT_OK;
 }
