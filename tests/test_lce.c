@@ -511,23 +511,152 @@ static void bf16_reference(const problem *pr, double *dh, double *dw, double *am
     free(gz), free(zb);
 }
 
+/* The bf16 call's problem: h and w rounded to bfloat16 (and stored so), the rounded
+   reference's dh and dw, and their rounding-midpoint allowances. */
+typedef struct bf16_fixture {
+    problem pr;
+    uint16_t *h16, *w16;
+    double *dh, *dw, *amb_h, *amb_w;
+} bf16_fixture;
+
+static bf16_fixture bf16_fixture_make(void)
+{
+    bf16_fixture fx = {.pr = problem_make(29, 37, 1500, 1.0f, false, 0, 800)};
+    const int64_t N = fx.pr.p.N, D = fx.pr.p.D, V = fx.pr.p.V;
+    for (int64_t i = 0; i < N * D; i++)
+        fx.pr.h[i] = fx__bf16_round(fx.pr.h[i]);
+    for (int64_t i = 0; i < V * D; i++)
+        fx.pr.w[i] = fx__bf16_round(fx.pr.w[i]);
+    fx.dh = fxt_alloc_f64(N * D), fx.dw = fxt_alloc_f64(V * D);
+    fx.amb_h = fxt_alloc_f64(N), fx.amb_w = fxt_alloc_f64(V);
+    bf16_reference(&fx.pr, fx.dh, fx.dw, fx.amb_h, fx.amb_w);
+    fx.h16 = malloc((size_t)(N * D) * sizeof(uint16_t)), fx.w16 = malloc((size_t)(V * D) * sizeof(uint16_t));
+    fx__f32_to_bf16_n_scalar(fx.h16, fx.pr.h, N * D);
+    fx__f32_to_bf16_n_scalar(fx.w16, fx.pr.w, V * D);
+    return fx;
+}
+
+static void bf16_fixture_free(bf16_fixture *fx)
+{
+    free(fx->dh), free(fx->dw), free(fx->amb_h), free(fx->amb_w), free(fx->h16), free(fx->w16);
+    problem_free(&fx->pr);
+}
+
+/* A route of the bf16 call's products. */
+typedef struct bf16_route {
+    fx__bf16_tiled tiled;
+    const char *name;
+    bool f32; /* the float32 route: bitwise the float32 call, refuses bfloat16 storage */
+} bf16_route;
+
+/* Without gradients (an evaluation): the same loss and lse. */
+static void bf16_check_eval(const bf16_fixture *fx, const outputs *o0)
+{
+    const problem *pr = &fx->pr;
+    const int64_t N = pr->p.N;
+    float loss_eval, *lse_eval = fxt_guarded((size_t)N);
+    FXT_OK(fx__linear_cross_entropy_bf16(&pr->p, fx__bf16_of_f32(pr->h), fx__bf16_of_f32(pr->w), NULL, pr->t,
+                                         &loss_eval, lse_eval, NULL, NULL, NULL));
+    fxt_bitwise_f32("bf16 loss without gradients", o0->loss, &loss_eval, 1);
+    fxt_bitwise_f32("bf16 lse without gradients", o0->lse, lse_eval, (size_t)N);
+    fxt_guarded_free("lse_eval", lse_eval);
+}
+
+/* h and w in bfloat16 storage: the same results on the pair route, refused on the float32
+   one (its kernels read float32). */
+static void bf16_check_storage(const bf16_fixture *fx, const outputs *o0, const bf16_route *route)
+{
+    const problem *pr = &fx->pr;
+    const int64_t N = pr->p.N, D = pr->p.D, V = pr->p.V;
+    outputs s16 = outputs_make(pr);
+    memset(s16.dw, 0, (size_t)(V * D) * sizeof(float));
+#define BF16_STORED fx__linear_cross_entropy_bf16(&pr->p, fx__bf16_of(fx->h16), fx__bf16_of(fx->w16), NULL, pr->t, \
+                                                  s16.loss, s16.lse, s16.dh, s16.dw, NULL)
+    if (route->f32) {
+        FXT_STATUS(BF16_STORED, FX_EINVAL, "bfloat16 storage");
+    } else {
+        FXT_OK(BF16_STORED);
+        fxt_bitwise_f32("bf16 loss, bfloat16 storage", o0->loss, s16.loss, 1);
+        fxt_bitwise_f32("bf16 dh, bfloat16 storage", o0->dh, s16.dh, (size_t)(N * D));
+        fxt_bitwise_f32("bf16 dw, bfloat16 storage", o0->dw, s16.dw, (size_t)(V * D));
+    }
+#undef BF16_STORED
+    outputs_free(&s16);
+}
+
+/* The route's outputs at 1, 2 and 3 threads (left at 3), with the evaluation and storage
+   checks made on the route; then every output bitwise the same across thread counts. */
+static void bf16_run_route(const bf16_fixture *fx, const bf16_route *route, outputs o[3])
+{
+    const problem *pr = &fx->pr;
+    const int64_t N = pr->p.N, D = pr->p.D, V = pr->p.V;
+    const int threads0 = fx_get_num_threads();
+    fx__gemm_bf16_force_tiled(&route->tiled);
+    dp_calls = 0;
+    for (int th = 0; th < 3; th++) {
+        fx_set_num_threads(th + 1);
+        o[th] = outputs_make(pr);
+        memset(o[th].dw, 0, (size_t)(V * D) * sizeof(float));
+        FXT_OK(fx__linear_cross_entropy_bf16(&pr->p, fx__bf16_of_f32(pr->h), fx__bf16_of_f32(pr->w), NULL, pr->t,
+                                             o[th].loss, o[th].lse, o[th].dh, o[th].dw, NULL));
+    }
+    bf16_check_eval(fx, &o[0]);
+    bf16_check_storage(fx, &o[0], route);
+    fx__gemm_bf16_force_tiled(NULL);
+    fx_set_num_threads(threads0);
+    if (route->tiled.kernel == counting_dp_kernel && dp_calls == 0)
+        FXT_FAIL("%s: the tile kernel was never called", route->name);
+    for (int th = 1; th < 3; th++) {
+        fxt_bitwise_f32("bf16 loss, 1 vs 2, 3 threads", o[0].loss, o[th].loss, 1);
+        fxt_bitwise_f32("bf16 lse, 1 vs 2, 3 threads", o[0].lse, o[th].lse, (size_t)N);
+        fxt_bitwise_f32("bf16 dh, 1 vs 2, 3 threads", o[0].dh, o[th].dh, (size_t)(N * D));
+        fxt_bitwise_f32("bf16 dw, 1 vs 2, 3 threads", o[0].dw, o[th].dw, (size_t)(V * D));
+    }
+}
+
+/* The float32 call's dh must fail the reference check (without the midpoint allowance). */
+static void bf16_check_reference_bites(const bf16_fixture *fx, const outputs *b)
+{
+    const int64_t N = fx->pr.p.N, D = fx->pr.p.D;
+    double miss = 0.0;
+    for (int64_t i = 0; i < N * D; i++)
+        miss = fabs(b->dh[i] - fx->dh[i]) > miss ? fabs(b->dh[i] - fx->dh[i]) : miss;
+    if (!(miss > 10 * TOL * max_abs(fx->dh, (size_t)(N * D))))
+        FXT_FAIL("the float32 call's dh is within 10x the tolerance of the bf16 reference (largest "
+                 "error %.3g): the check cannot tell them apart", miss);
+}
+
+/* The route's loss and lse against the float32 call's, its gradients against the rounded
+   reference. */
+static void bf16_check_results(const bf16_fixture *fx, const outputs *o0, const bf16_route *route, size_t pl)
+{
+    const problem *pr = &fx->pr;
+    const int64_t N = pr->p.N, D = pr->p.D, V = pr->p.V;
+    outputs b = outputs_make(pr);
+    FXT_OK(fx_linear_cross_entropy(&pr->p, pr->h, pr->w, NULL, pr->t, b.loss, b.lse, b.dh, b.dw, NULL));
+    if (route->f32) {
+        fxt_bitwise_f32("bf16 loss (float32 route)", o0->loss, b.loss, 1);
+        fxt_bitwise_f32("bf16 lse (float32 route)", o0->lse, b.lse, (size_t)N);
+    } else {
+        FXT_NEAR(o0->loss[0], b.loss[0], 0, 1e-6);
+        for (int64_t i = 0; i < N; i++)
+            FXT_NEAR(o0->lse[i], b.lse[i], 0, 1e-6);
+    }
+    if (!bf16_close(route->name, o0->dh, fx->dh, fx->amb_h, N, D) ||
+        !bf16_close(route->name, o0->dw, fx->dw, fx->amb_w, V, D))
+        fprintf(stderr, "  (%s, plan %zu)\n", route->name, pl);
+    if (route->f32 && pl == 0)
+        bf16_check_reference_bites(fx, &b);
+    outputs_free(&b);
+}
+
 static void test_bf16_call(void)
 {
-    problem pr = problem_make(29, 37, 1500, 1.0f, false, 0, 800);
-    const int64_t N = pr.p.N, D = pr.p.D, V = pr.p.V;
-    for (int64_t i = 0; i < N * D; i++)
-        pr.h[i] = fx__bf16_round(pr.h[i]);
-    for (int64_t i = 0; i < V * D; i++)
-        pr.w[i] = fx__bf16_round(pr.w[i]);
-    double *dh = fxt_alloc_f64(N * D), *dw = fxt_alloc_f64(V * D), *amb_h = fxt_alloc_f64(N), *amb_w = fxt_alloc_f64(V);
-    bf16_reference(&pr, dh, dw, amb_h, amb_w);
-    uint16_t *h16 = malloc((size_t)(N * D) * sizeof(uint16_t)), *w16 = malloc((size_t)(V * D) * sizeof(uint16_t));
-    fx__f32_to_bf16_n_scalar(h16, pr.h, N * D);
-    fx__f32_to_bf16_n_scalar(w16, pr.w, V * D);
-
-    fx__bf16_tiled routes[3] = {fx__bf16_tiled_f32, fx__bf16_tiled_dp, fx__bf16_tiled_dp};
-    const char *names[3] = {"float32 route", "vdpbf16ps (counted)", "vdpbf16ps (AVX512-BF16)"};
-    routes[1].kernel = counting_dp_kernel;
+    bf16_fixture fx = bf16_fixture_make();
+    bf16_route routes[3] = {{fx__bf16_tiled_f32, "float32 route", true},
+                            {fx__bf16_tiled_dp, "vdpbf16ps (counted)", false},
+                            {fx__bf16_tiled_dp, "vdpbf16ps (AVX512-BF16)", false}};
+    routes[1].tiled.kernel = counting_dp_kernel;
     int nroutes = fx__cpu_avx512bf16() ? 3 : 2;
 #ifndef FXT_HAVE_SIMDE
     if (nroutes == 2) {
@@ -536,80 +665,16 @@ static void test_bf16_call(void)
     }
 #endif
     const int64_t plans[][2] = {{0, 0}, {13, 0}, {13, 1100}}; /* whole rows; chunks; tiles in slabs */
-    const int threads0 = fx_get_num_threads();
     for (int r = 0; r < nroutes; r++)
         for (size_t pl = 0; pl < 3; pl++) {
-            pr.p.chunk = plans[pl][0], pr.p.vocab_chunk = plans[pl][1];
-            fx__gemm_bf16_force_tiled(&routes[r]);
+            fx.pr.p.chunk = plans[pl][0], fx.pr.p.vocab_chunk = plans[pl][1];
             outputs o[3];
-            dp_calls = 0;
-            for (int th = 0; th < 3; th++) {
-                fx_set_num_threads(th + 1);
-                o[th] = outputs_make(&pr);
-                memset(o[th].dw, 0, (size_t)(V * D) * sizeof(float));
-                FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, fx__bf16_of_f32(pr.h), fx__bf16_of_f32(pr.w), NULL, pr.t,
-                                                     o[th].loss, o[th].lse, o[th].dh, o[th].dw, NULL));
-            }
-            /* Without gradients (an evaluation): the same loss and lse. */
-            float loss_eval, *lse_eval = fxt_guarded((size_t)N);
-            FXT_OK(fx__linear_cross_entropy_bf16(&pr.p, fx__bf16_of_f32(pr.h), fx__bf16_of_f32(pr.w), NULL, pr.t,
-                                                 &loss_eval, lse_eval, NULL, NULL, NULL));
-            fxt_bitwise_f32("bf16 loss without gradients", o[0].loss, &loss_eval, 1);
-            fxt_bitwise_f32("bf16 lse without gradients", o[0].lse, lse_eval, (size_t)N);
-            fxt_guarded_free("lse_eval", lse_eval);
-            /* h and w in bfloat16 storage: the same results on the pair route, refused on the
-               float32 one (its kernels read float32). */
-            outputs s16 = outputs_make(&pr);
-            memset(s16.dw, 0, (size_t)(V * D) * sizeof(float));
-#define BF16_STORED fx__linear_cross_entropy_bf16(&pr.p, fx__bf16_of(h16), fx__bf16_of(w16), NULL, pr.t, s16.loss, \
-                                                      s16.lse, s16.dh, s16.dw, NULL)
-            if (r == 0) {
-                FXT_STATUS(BF16_STORED, FX_EINVAL, "bfloat16 storage");
-            } else {
-                FXT_OK(BF16_STORED);
-                fxt_bitwise_f32("bf16 loss, bfloat16 storage", o[0].loss, s16.loss, 1);
-                fxt_bitwise_f32("bf16 dh, bfloat16 storage", o[0].dh, s16.dh, (size_t)(N * D));
-                fxt_bitwise_f32("bf16 dw, bfloat16 storage", o[0].dw, s16.dw, (size_t)(V * D));
-            }
-#undef BF16_STORED
-            outputs_free(&s16);
-            fx__gemm_bf16_force_tiled(NULL);
-            fx_set_num_threads(threads0);
-            if (r == 1 && dp_calls == 0)
-                FXT_FAIL("%s: the tile kernel was never called", names[r]);
-            for (int th = 1; th < 3; th++) {
-                fxt_bitwise_f32("bf16 loss, 1 vs 2, 3 threads", o[0].loss, o[th].loss, 1);
-                fxt_bitwise_f32("bf16 lse, 1 vs 2, 3 threads", o[0].lse, o[th].lse, (size_t)N);
-                fxt_bitwise_f32("bf16 dh, 1 vs 2, 3 threads", o[0].dh, o[th].dh, (size_t)(N * D));
-                fxt_bitwise_f32("bf16 dw, 1 vs 2, 3 threads", o[0].dw, o[th].dw, (size_t)(V * D));
-            }
-            outputs b = outputs_make(&pr);
-            FXT_OK(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, b.loss, b.lse, b.dh, b.dw, NULL));
-            if (r == 0) {
-                fxt_bitwise_f32("bf16 loss (float32 route)", o[0].loss, b.loss, 1);
-                fxt_bitwise_f32("bf16 lse (float32 route)", o[0].lse, b.lse, (size_t)N);
-            } else {
-                FXT_NEAR(o[0].loss[0], b.loss[0], 0, 1e-6);
-                for (int64_t i = 0; i < N; i++)
-                    FXT_NEAR(o[0].lse[i], b.lse[i], 0, 1e-6);
-            }
-            if (!bf16_close(names[r], o[0].dh, dh, amb_h, N, D) || !bf16_close(names[r], o[0].dw, dw, amb_w, V, D))
-                fprintf(stderr, "  (%s, plan %zu)\n", names[r], pl);
-            if (r == 0 && pl == 0) {
-                /* The float32 call's dh must fail the same check (without the midpoint allowance). */
-                double miss = 0.0;
-                for (int64_t i = 0; i < N * D; i++)
-                    miss = fabs(b.dh[i] - dh[i]) > miss ? fabs(b.dh[i] - dh[i]) : miss;
-                if (!(miss > 10 * TOL * max_abs(dh, (size_t)(N * D))))
-                    FXT_FAIL("the float32 call's dh is within 10x the tolerance of the bf16 reference (largest "
-                             "error %.3g): the check cannot tell them apart", miss);
-            }
-            outputs_free(&b);
+            bf16_run_route(&fx, &routes[r], o);
+            bf16_check_results(&fx, &o[0], &routes[r], pl);
             for (int th = 0; th < 3; th++)
                 outputs_free(&o[th]);
         }
-    free(dh), free(dw), free(amb_h), free(amb_w), free(h16), free(w16);
-    problem_free(&pr);
+    bf16_fixture_free(&fx);
 }
 
 /* Every output bitwise equal at 1 and 2 threads, in whole-row and tiled plans, forward and
@@ -806,93 +871,155 @@ static void test_reference_gradients(void)
 
 /* Errors: each bad argument is reported by name, with FX_ERANGE for a target, and no output
    is touched. */
+static int lce_call(const fx_lce *p, const problem *pr, const outputs *o)
+{
+    return fx_linear_cross_entropy(p, pr->h, pr->w, pr->bias, pr->t, o->loss, o->lse, o->dh, o->dw, o->dbias);
+}
+
+static int lce_bwd(const fx_lce *p, const problem *pr, const outputs *o, const float *lse_in)
+{
+    return fx_linear_cross_entropy_backward(p, pr->h, pr->w, pr->bias, pr->t, lse_in, pr->grad, o->dh, o->dw,
+                                            o->dbias);
+}
+
+/* One bad parameter: the field set to value (exact in a double for every case), through the
+   training call or the backward one. */
+typedef enum { P_N, P_D, P_V, P_REDUCTION, P_SMOOTHING, P_Z_LOSS, P_SOFTCAP, P_CHUNK, P_VOCAB_CHUNK } param_field;
+
+typedef struct param_case {
+    param_field field;
+    double value;
+    bool bwd;
+    const char *msg; /* a part of the error message */
+} param_case;
+
+static fx_lce param_case_apply(fx_lce p, const param_case *pc)
+{
+    switch (pc->field) {
+    case P_N: p.N = (int64_t)pc->value; break;
+    case P_D: p.D = (int64_t)pc->value; break;
+    case P_V: p.V = (int64_t)pc->value; break;
+    case P_REDUCTION: p.reduction = (fx_reduction)pc->value; break;
+    case P_SMOOTHING: p.label_smoothing = (float)pc->value; break;
+    case P_Z_LOSS: p.z_loss = (float)pc->value; break;
+    case P_SOFTCAP: p.softcap = (float)pc->value; break;
+    case P_CHUNK: p.chunk = (int64_t)pc->value; break;
+    case P_VOCAB_CHUNK: p.vocab_chunk = (int64_t)pc->value; break;
+    }
+    return p;
+}
+
+static void expect_param_errors(const problem *pr, const outputs *o, const float *lse_in)
+{
+    static const param_case cases[] = {
+        {P_N, 0, false, "N = 0 must be > 0"},
+        {P_D, -3, false, "D = -3 must be > 0"},
+        {P_V, 0, true, "V = 0 must be > 0"},
+        {P_V, 1099511627776.0, false, "V = 1099511627776 exceeds"}, /* 2^40 */
+        {P_N, 4611686018427387904.0, false, "overflow"},            /* 2^62 */
+        {P_REDUCTION, 7, false, "reduction = 7"},
+        {P_SMOOTHING, 1.5f, false, "label_smoothing = 1.5 must be in [0, 1]"},
+        {P_SMOOTHING, -0.1f, false, "label_smoothing = -0.1"},
+        {P_SMOOTHING, NAN, false, "label_smoothing = nan"},
+        {P_Z_LOSS, -1.0f, false, "z_loss = -1 must be finite and >= 0"},
+        {P_SOFTCAP, -2.0f, true, "softcap = -2"},
+        {P_SOFTCAP, INFINITY, false, "softcap = inf"},
+        {P_SOFTCAP, 1e-39f, false, "softcap = 1e-39 is too small"}, /* its reciprocal overflows */
+        {P_SOFTCAP, 1e-39f, true, "softcap = 1e-39 is too small"},
+        {P_CHUNK, -1, false, "chunk = -1 must be >= 0"},
+        {P_VOCAB_CHUNK, -5, false, "vocab_chunk = -5"},
+    };
+    FXT_STATUS(lce_call(NULL, pr, o), FX_EINVAL, "p (the fx_lce parameters) is NULL");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int before = fxt_failed_checks;
+        const fx_lce p = param_case_apply(pr->p, &cases[i]);
+        if (cases[i].bwd)
+            FXT_STATUS(lce_bwd(&p, pr, o, lse_in), FX_EINVAL, cases[i].msg);
+        else
+            FXT_STATUS(lce_call(&p, pr, o), FX_EINVAL, cases[i].msg);
+        if (fxt_failed_checks != before)
+            fprintf(stderr, "    (case %zu: %s)\n", i, cases[i].msg);
+    }
+}
+
+/* Missing inputs, and outputs on top of an input or of another output. */
+static void expect_pointer_errors(const problem *pr, const outputs *o, const float *lse_in)
+{
+    const fx_lce *p = &pr->p;
+    FXT_STATUS(fx_linear_cross_entropy(p, NULL, pr->w, NULL, pr->t, o->loss, NULL, NULL, NULL, NULL), FX_EINVAL,
+               "h is NULL");
+    FXT_STATUS(fx_linear_cross_entropy(p, pr->h, NULL, NULL, pr->t, o->loss, NULL, NULL, NULL, NULL), FX_EINVAL,
+               "w is NULL");
+    FXT_STATUS(fx_linear_cross_entropy(p, pr->h, pr->w, NULL, NULL, o->loss, NULL, NULL, NULL, NULL), FX_EINVAL,
+               "target is NULL");
+    FXT_STATUS(fx_linear_cross_entropy_backward(p, pr->h, pr->w, NULL, pr->t, NULL, pr->grad, o->dh, NULL, NULL),
+               FX_EINVAL, "lse is NULL");
+    FXT_STATUS(fx_linear_cross_entropy_backward(p, pr->h, pr->w, NULL, pr->t, lse_in, NULL, o->dh, NULL, NULL),
+               FX_EINVAL, "grad_loss is NULL");
+    /* Aliasing: dh on top of h, dw on top of w, two outputs sharing memory. */
+    FXT_STATUS(fx_linear_cross_entropy(p, pr->h, pr->w, NULL, pr->t, o->loss, NULL, pr->h, NULL, NULL), FX_EINVAL,
+               "dh overlaps the input h");
+    FXT_STATUS(fx_linear_cross_entropy_backward(p, pr->h, pr->w, NULL, pr->t, lse_in, pr->grad, o->dh, pr->w + 4,
+                                                NULL),
+               FX_EINVAL, "dw overlaps the input w");
+    FXT_STATUS(fx_linear_cross_entropy(p, pr->h, pr->w, NULL, pr->t, o->loss, o->dh + 2, o->dh, NULL, NULL),
+               FX_EINVAL, "dh overlaps lse");
+}
+
+/* Targets: the first bad one is named; ignore_index is fine anywhere. Leaves pr's targets bad. */
+static void expect_target_errors(problem *pr, const outputs *o, const float *lse_in)
+{
+    pr->t[2] = -100;
+    pr->t[3] = 9;
+    pr->t[5] = -1;
+    FXT_STATUS(lce_call(&pr->p, pr, o), FX_ERANGE, "target[3] = 9 is outside [0, 9) and is not ignore_index (-100)");
+    FXT_STATUS(lce_bwd(&pr->p, pr, o, lse_in), FX_ERANGE, "target[3] = 9");
+    pr->t[3] = 0;
+    FXT_STATUS(lce_call(&pr->p, pr, o), FX_ERANGE, "target[5] = -1 is outside [0, 9)");
+    fx_lce p = pr->p;
+    p.ignore_index = -1;
+    FXT_STATUS(lce_call(&p, pr, o), FX_ERANGE, "target[2] = -100");
+}
+
+/* Nothing was written: every output still holds its starting contents. */
+static void expect_untouched(const problem *pr, const outputs *o, size_t N, size_t D, size_t V)
+{
+    const uint32_t guard = FXT_GUARD_BITS;
+    float g;
+    memcpy(&g, &guard, sizeof g);
+    for (size_t i = 0; i < N; i++) {
+        FXT_CHECK(memcmp(&o->lse[i], &g, sizeof g) == 0);
+        FXT_CHECK(memcmp(&o->loss[i < 1 ? i : 0], &g, sizeof g) == 0);
+    }
+    for (size_t i = 0; i < N * D; i++)
+        FXT_CHECK(memcmp(&o->dh[i], &g, sizeof g) == 0);
+    fxt_bitwise_f32("dw untouched", o->dw, pr->dw0, V * D);
+    fxt_bitwise_f32("dbias untouched", o->dbias, pr->db0, V);
+}
+
+/* The plan's own checks: NULL parameters; a tile too large to address plans SIZE_MAX bytes,
+   so the call fails with FX_ENOMEM before any work. */
+static void expect_plan_errors(void)
+{
+    FXT_STATUS(fx_linear_cross_entropy_plan(NULL, NULL, NULL, NULL), FX_EINVAL, "is NULL");
+    fx_lce huge = fx_lce_defaults((int64_t)1 << 40, 1, (int64_t)1 << 30);
+    huge.chunk = huge.N;
+    size_t hb = 0;
+    FXT_OK(fx_linear_cross_entropy_plan(&huge, NULL, NULL, &hb));
+    FXT_EQ_INT(hb == SIZE_MAX, 1);
+}
+
 static void test_errors(void)
 {
     problem pr = problem_make(6, 4, 9, 1.0f, true, 0, 900);
     outputs o = outputs_make(&pr);
     const size_t N = 6, D = 4, V = 9;
     float *lse_in = fxt_random(N, 1.0f, 2.0f, 901);
-    fx_lce p;
-#define CALL(pp) fx_linear_cross_entropy(pp, pr.h, pr.w, pr.bias, pr.t, o.loss, o.lse, o.dh, o.dw, o.dbias)
-#define BWD(pp) fx_linear_cross_entropy_backward(pp, pr.h, pr.w, pr.bias, pr.t, lse_in, pr.grad, o.dh, o.dw, o.dbias)
-    FXT_STATUS(CALL(NULL), FX_EINVAL, "p (the fx_lce parameters) is NULL");
-    p = pr.p, p.N = 0;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "N = 0 must be > 0");
-    p = pr.p, p.D = -3;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "D = -3 must be > 0");
-    p = pr.p, p.V = 0;
-    FXT_STATUS(BWD(&p), FX_EINVAL, "V = 0 must be > 0");
-    p = pr.p, p.V = (int64_t)1 << 40;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "V = 1099511627776 exceeds");
-    p = pr.p, p.N = (int64_t)1 << 62;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "overflow");
-    p = pr.p, p.reduction = (fx_reduction)7;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "reduction = 7");
-    p = pr.p, p.label_smoothing = 1.5f;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "label_smoothing = 1.5 must be in [0, 1]");
-    p = pr.p, p.label_smoothing = -0.1f;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "label_smoothing = -0.1");
-    p = pr.p, p.label_smoothing = NAN;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "label_smoothing = nan");
-    p = pr.p, p.z_loss = -1.0f;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "z_loss = -1 must be finite and >= 0");
-    p = pr.p, p.softcap = -2.0f;
-    FXT_STATUS(BWD(&p), FX_EINVAL, "softcap = -2");
-    p = pr.p, p.softcap = INFINITY;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "softcap = inf");
-    p = pr.p, p.softcap = 1e-39f; /* its reciprocal overflows */
-    FXT_STATUS(CALL(&p), FX_EINVAL, "softcap = 1e-39 is too small");
-    FXT_STATUS(BWD(&p), FX_EINVAL, "softcap = 1e-39 is too small");
-    p = pr.p, p.chunk = -1;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "chunk = -1 must be >= 0");
-    p = pr.p, p.vocab_chunk = -5;
-    FXT_STATUS(CALL(&p), FX_EINVAL, "vocab_chunk = -5");
-    FXT_STATUS(fx_linear_cross_entropy(&pr.p, NULL, pr.w, NULL, pr.t, o.loss, NULL, NULL, NULL, NULL), FX_EINVAL, "h is NULL");
-    FXT_STATUS(fx_linear_cross_entropy(&pr.p, pr.h, NULL, NULL, pr.t, o.loss, NULL, NULL, NULL, NULL), FX_EINVAL, "w is NULL");
-    FXT_STATUS(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, NULL, o.loss, NULL, NULL, NULL, NULL), FX_EINVAL,
-               "target is NULL");
-    FXT_STATUS(fx_linear_cross_entropy_backward(&pr.p, pr.h, pr.w, NULL, pr.t, NULL, pr.grad, o.dh, NULL, NULL),
-               FX_EINVAL, "lse is NULL");
-    FXT_STATUS(fx_linear_cross_entropy_backward(&pr.p, pr.h, pr.w, NULL, pr.t, lse_in, NULL, o.dh, NULL, NULL),
-               FX_EINVAL, "grad_loss is NULL");
-    /* Aliasing: dh on top of h, dw on top of w, two outputs sharing memory. */
-    FXT_STATUS(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, o.loss, NULL, pr.h, NULL, NULL), FX_EINVAL,
-               "dh overlaps the input h");
-    FXT_STATUS(fx_linear_cross_entropy_backward(&pr.p, pr.h, pr.w, NULL, pr.t, lse_in, pr.grad, o.dh, pr.w + 4, NULL),
-               FX_EINVAL, "dw overlaps the input w");
-    FXT_STATUS(fx_linear_cross_entropy(&pr.p, pr.h, pr.w, NULL, pr.t, o.loss, o.dh + 2, o.dh, NULL, NULL), FX_EINVAL,
-               "dh overlaps lse");
-    /* Targets: the first bad one is named; ignore_index is fine anywhere. */
-    pr.t[2] = -100;
-    pr.t[3] = 9;
-    pr.t[5] = -1;
-    FXT_STATUS(CALL(&pr.p), FX_ERANGE, "target[3] = 9 is outside [0, 9) and is not ignore_index (-100)");
-    FXT_STATUS(BWD(&pr.p), FX_ERANGE, "target[3] = 9");
-    pr.t[3] = 0;
-    FXT_STATUS(CALL(&pr.p), FX_ERANGE, "target[5] = -1 is outside [0, 9)");
-    p = pr.p, p.ignore_index = -1;
-    FXT_STATUS(CALL(&p), FX_ERANGE, "target[2] = -100");
-#undef CALL
-#undef BWD
-    /* Nothing was written: every output still holds its starting contents. */
-    const uint32_t guard = FXT_GUARD_BITS;
-    float g;
-    memcpy(&g, &guard, sizeof g);
-    for (size_t i = 0; i < N; i++) {
-        FXT_CHECK(memcmp(&o.lse[i], &g, sizeof g) == 0);
-        FXT_CHECK(memcmp(&o.loss[i < 1 ? i : 0], &g, sizeof g) == 0);
-    }
-    for (size_t i = 0; i < N * D; i++)
-        FXT_CHECK(memcmp(&o.dh[i], &g, sizeof g) == 0);
-    fxt_bitwise_f32("dw untouched", o.dw, pr.dw0, V * D);
-    fxt_bitwise_f32("dbias untouched", o.dbias, pr.db0, V);
-    FXT_STATUS(fx_linear_cross_entropy_plan(NULL, NULL, NULL, NULL), FX_EINVAL, "is NULL");
-    /* A tile too large to address plans SIZE_MAX bytes: the call fails with FX_ENOMEM before any work. */
-    fx_lce huge = fx_lce_defaults((int64_t)1 << 40, 1, (int64_t)1 << 30);
-    huge.chunk = huge.N;
-    size_t hb = 0;
-    FXT_OK(fx_linear_cross_entropy_plan(&huge, NULL, NULL, &hb));
-    FXT_EQ_INT(hb == SIZE_MAX, 1);
+    expect_param_errors(&pr, &o, lse_in);
+    expect_pointer_errors(&pr, &o, lse_in);
+    expect_target_errors(&pr, &o, lse_in);
+    expect_untouched(&pr, &o, N, D, V);
+    expect_plan_errors();
     free(lse_in);
     outputs_free(&o);
     problem_free(&pr);
@@ -1028,140 +1155,203 @@ static void test_row_kernels(void)
    tiles: vocabulary rows (6 per tile), tokens (vectors of 16, four per tile), hidden columns
    (vectors of 16, four per tile), and a column range of dh that starts and ends inside the
    row. Outputs carry guard zones. */
+/* A path's fused-pass kernels. */
+typedef struct tile_path {
+    fx_isa isa;
+    const fx__lce_tile_kernels *kern; /* NULL: the reference itself */
+    const fx__lce_tile_gemms *gemm;   /* NULL: the path has none of its own */
+} tile_path;
+
+/* One tile shape's inputs: nj vocabulary rows w [nj,D], c tokens h [c,D] (and transposed,
+   hT [D,ldh]), gradients-like values g [nj,c], and a float64 buffer for the references. */
+typedef struct tile_case {
+    const tile_path *path;
+    int64_t nj, c, D, ldh;
+    size_t uz, uw, uh;
+    uint64_t seed;
+    float *w, *h, *hT, *g;
+    double *ref;
+} tile_case;
+
+static tile_case tile_case_make(const tile_path *path, int64_t nj, int64_t c, int64_t D, uint64_t seed)
+{
+    tile_case tc = {.path = path, .nj = nj, .c = c, .D = D, .ldh = (c + 15) / 16 * 16, .uz = (size_t)(nj * c),
+                    .uw = (size_t)(nj * D), .uh = (size_t)(c * D), .seed = seed};
+    tc.w = fxt_random(tc.uw, -1.0f, 1.0f, seed), tc.h = fxt_random(tc.uh, -1.0f, 1.0f, seed + 1);
+    tc.hT = fxt_random((size_t)(D * tc.ldh), -1.0f, 1.0f, seed + 2);
+    for (int64_t i = 0; i < c; i++)
+        for (int64_t d = 0; d < D; d++)
+            tc.hT[d * tc.ldh + i] = tc.h[i * D + d];
+    const size_t uz = tc.uz, uw = tc.uw, uh = tc.uh;
+    tc.ref = fxt_alloc_f64(uz > uh ? (uz > uw ? uz : uw) : (uh > uw ? uh : uw));
+    /* gradients-like values, a few exactly zero */
+    tc.g = fxt_random(uz, -1.0f, 1.0f, seed + 3);
+    tc.g[0] = 0.0f;
+    return tc;
+}
+
+static void tile_case_free(tile_case *tc)
+{
+    free(tc->g), free(tc->w), free(tc->h), free(tc->hT), free(tc->ref);
+}
+
+/* The float64 GEMM: ref[m, n] = c0[m, n] (0 without c0) + the sum over k of a[m, k] b[k, n],
+   each operand addressed through its two strides. */
+static void ref_gemm(double *ref, int64_t M, int64_t N, int64_t K, const float *a, int64_t am, int64_t ak,
+                     const float *b, int64_t bk, int64_t bn, const float *c0)
+{
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double acc = c0 ? c0[m * N + n] : 0.0;
+            for (int64_t k = 0; k < K; k++)
+                acc += (double)a[m * am + k * ak] * b[k * bk + n * bn];
+            ref[m * N + n] = acc;
+        }
+}
+
+/* A GEMM's output against tc->ref, named by path, kernel and tile shape (and suffix). */
+static void tile_gemm_close(const tile_case *tc, const char *kernel, const char *suffix, const float *got, size_t n,
+                            double atol)
+{
+    char what[96];
+    snprintf(what, sizeof what, "%s %s nj %lld c %lld D %lld%s", fx_isa_name(tc->path->isa), kernel,
+             (long long)tc->nj, (long long)tc->c, (long long)tc->D, suffix);
+    fxt_close_f32(what, got, tc->ref, n, atol, 1e-5);
+}
+
+/* The logits GEMM, z = w h^T. */
+static void check_tile_logits(const tile_case *tc)
+{
+    const int64_t nj = tc->nj, c = tc->c, D = tc->D;
+    float *zt = fxt_guarded(tc->uz);
+    tc->path->gemm->logits(nj, c, D, tc->w, tc->hT, tc->ldh, zt, c);
+    ref_gemm(tc->ref, nj, c, D, tc->w, D, 1, tc->h, 1, D, NULL);
+    tile_gemm_close(tc, "logits", "", zt, tc->uz, 1e-5 * (double)D);
+    fxt_guarded_free("zt", zt);
+}
+
+/* The dw GEMM, dw += g h. */
+static void check_tile_dw(const tile_case *tc)
+{
+    const int64_t nj = tc->nj, c = tc->c, D = tc->D;
+    float *dw0 = fxt_random(tc->uw, -1.0f, 1.0f, tc->seed + 4);
+    float *dw = fxt_guarded_copy(dw0, tc->uw);
+    tc->path->gemm->dw(nj, c, D, tc->g, c, tc->h, dw);
+    ref_gemm(tc->ref, nj, D, c, tc->g, c, 1, tc->h, D, 1, dw0);
+    tile_gemm_close(tc, "dw", "", dw, tc->uw, 1e-5 * (double)c);
+    fxt_guarded_free("dw", dw);
+    free(dw0);
+}
+
+/* The dh GEMM, dh (=|+=) g^T w, overwriting and accumulating. */
+static void check_tile_dh(const tile_case *tc)
+{
+    const int64_t nj = tc->nj, c = tc->c, D = tc->D;
+    float *dh0 = fxt_random(tc->uh, -1.0f, 1.0f, tc->seed + 5);
+    /* columns [d0, d1): inside the row when D allows, the rest untouched */
+    const int64_t d0 = D > 32 ? 16 : 0, d1 = D > 32 ? D - 1 : D;
+    for (int acc_in = 0; acc_in < 2; acc_in++) {
+        float *dh = fxt_guarded_copy(dh0, tc->uh);
+        tc->path->gemm->dh(nj, c, D, d0, d1, tc->g, c, tc->w, dh, acc_in != 0);
+        for (int64_t i = 0; i < c; i++)
+            for (int64_t d = 0; d < D; d++) {
+                double x = d < d0 || d >= d1 || acc_in ? dh0[i * D + d] : 0.0;
+                if (d >= d0 && d < d1)
+                    for (int64_t j = 0; j < nj; j++)
+                        x += (double)tc->g[j * c + i] * tc->w[j * D + d];
+                tc->ref[i * D + d] = x;
+            }
+        tile_gemm_close(tc, "dh", acc_in ? " acc 1" : " acc 0", dh, tc->uh, 1e-5 * (double)nj);
+        fxt_guarded_free("dh", dh);
+    }
+    free(dh0);
+}
+
+/* Statistics, transform and gradients against the scalar twins, with the cap if cap > 0 and
+   a bias if bias; coef holds lse, the two gradient coefficients and keep, [c] each. */
+static void check_tile_elementwise(const tile_case *tc, float cap, const float *bias, float *coef, int cfg)
+{
+    const fx__lce_tile_kernels *o = tc->path->kern;
+    const int64_t nj = tc->nj, c = tc->c;
+    const size_t uz = tc->uz;
+    if (uz == 0 || uz > (size_t)1 << 24) { /* bounds the sizes for the compiler's overflow analysis */
+        FXT_FAIL("tile of %zu logits: not a size this test makes", uz);
+        return;
+    }
+    float *z0 = fxt_random(uz, -30.0f, 30.0f, tc->seed + 8);
+    z0[uz / 2] = -200.0f;
+    float *zs = fxt_guarded_copy(z0, uz), *zv = fxt_guarded_copy(z0, uz);
+    float *st_s = fxt_guarded((size_t)(3 * c)), *st_v = fxt_guarded((size_t)(3 * c));
+    fx__lce_tile_kernels_scalar.stats(zs, nj, c, c, bias, cap, st_s, st_s + c, st_s + 2 * c);
+    o->stats(zv, nj, c, c, bias, cap, st_v, st_v + c, st_v + 2 * c);
+    for (size_t i = 0; i < uz; i++)
+        tc->ref[i] = zs[i];
+    char what[96];
+    snprintf(what, sizeof what, "%s stats nj %lld c %lld cfg %d", fx_isa_name(tc->path->isa), (long long)nj,
+             (long long)c, cfg);
+    fxt_close_f32(what, zv, tc->ref, uz, 1e-5 * (cap > 0 ? cap : 1.0), 1e-6);
+    for (int64_t i = 0; i < c; i++) {
+        FXT_NEAR(st_v[i], st_s[i], 1e-5, 1e-6);
+        FXT_NEAR(st_v[c + i], st_s[c + i], 0.0, 1e-5);
+        FXT_NEAR(st_v[2 * c + i], st_s[2 * c + i], 1e-4 * (double)nj, 1e-5);
+    }
+    float *zp = fxt_guarded_copy(z0, uz);
+    o->prep(zp, nj, c, c, bias, cap);
+    fxt_bitwise_f32("prep == stats transform", zp, zv, uz);
+    float *lse = coef, *ca = coef + c, *cb = coef + 2 * c, *keep = coef + 3 * c;
+    for (int64_t i = 0; i < c; i++)
+        lse[i] = st_s[i] + logf(st_s[c + i]);
+    fx__lce_tile_kernels_scalar.grad(zs, nj, c, c, lse, ca, cb, keep, cap);
+    o->grad(zv, nj, c, c, lse, ca, cb, keep, cap);
+    for (size_t i = 0; i < uz; i++)
+        tc->ref[i] = zs[i];
+    snprintf(what, sizeof what, "%s grad nj %lld c %lld cfg %d", fx_isa_name(tc->path->isa), (long long)nj,
+             (long long)c, cfg);
+    fxt_close_f32(what, zv, tc->ref, uz, 1e-6, 1e-5);
+    for (int64_t j = 0; j < nj; j++)
+        for (int64_t i = 0; i < c; i++)
+            if (keep[i] == 0.0f)
+                FXT_CHECK(zv[j * c + i] == 0.0f);
+    free(z0);
+    fxt_guarded_free("zs", zs), fxt_guarded_free("zv", zv), fxt_guarded_free("zp", zp);
+    fxt_guarded_free("st_s", st_s), fxt_guarded_free("st_v", st_v);
+}
+
+/* Every check of one path at one tile shape. */
+static void check_tile_case(const tile_case *tc)
+{
+    if (tc->path->gemm) {
+        check_tile_logits(tc);
+        check_tile_dw(tc);
+        check_tile_dh(tc);
+    }
+    float *bias = fxt_random((size_t)tc->nj, -2.0f, 2.0f, tc->seed + 6);
+    float *coef = fxt_random((size_t)(4 * tc->c), 0.5f, 1.5f, tc->seed + 7);
+    for (int64_t i = 0; i < tc->c; i++)
+        coef[3 * tc->c + i] = (float)(i % 3 != 1); /* keep: some tokens ignored */
+    for (int cfg = 0; tc->path->kern && cfg < 4; cfg++)
+        check_tile_elementwise(tc, cfg & 1 ? 7.5f : 0.0f, cfg & 2 ? bias : NULL, coef, cfg);
+    free(bias), free(coef);
+}
+
 static void test_fused_kernels(void)
 {
     const fx_isa best = fx_get_isa();
-    const struct {
-        fx_isa isa;
-        const fx__lce_tile_kernels *kern; /* NULL: the reference itself */
-        const fx__lce_tile_gemms *gemm;   /* NULL: the path has none of its own */
-    } paths[] = {{FX_ISA_SCALAR, NULL, &fx__lce_tile_gemms_scalar},
-                 {FX_ISA_AVX2, &fx__lce_tile_kernels_avx2, NULL},
-                 {FX_ISA_AVX512, &fx__lce_tile_kernels_avx512, &fx__lce_tile_gemms_avx512}};
+    const tile_path paths[] = {{FX_ISA_SCALAR, NULL, &fx__lce_tile_gemms_scalar},
+                               {FX_ISA_AVX2, &fx__lce_tile_kernels_avx2, NULL},
+                               {FX_ISA_AVX512, &fx__lce_tile_kernels_avx512, &fx__lce_tile_gemms_avx512}};
     const int64_t njs[] = {1, 5, 6, 7, 13, 64};
     const int64_t cs[] = {1, 15, 16, 17, 63, 70};
     const int64_t Ds[] = {1, 16, 17, 65, 130};
     for (int v = 0; v < 3; v++) {
         if (best < paths[v].isa)
             break; /* this CPU cannot run that path */
-        const fx__lce_tile_kernels *o = paths[v].kern;
-        const fx__lce_tile_gemms *gm = paths[v].gemm;
         for (size_t a = 0; a < sizeof njs / sizeof njs[0]; a++)
             for (size_t b = 0; b < sizeof cs / sizeof cs[0]; b++)
                 for (size_t e = 0; e < sizeof Ds / sizeof Ds[0]; e++) {
-                    const int64_t nj = njs[a], c = cs[b], D = Ds[e], ldh = (c + 15) / 16 * 16;
-                    const size_t uz = (size_t)(nj * c), uw = (size_t)(nj * D), uh = (size_t)(c * D);
-                    const uint64_t seed = 3000 + 100 * a + 10 * b + e;
-                    float *w = fxt_random(uw, -1.0f, 1.0f, seed), *h = fxt_random(uh, -1.0f, 1.0f, seed + 1);
-                    float *hT = fxt_random((size_t)(D * ldh), -1.0f, 1.0f, seed + 2);
-                    for (int64_t i = 0; i < c; i++)
-                        for (int64_t d = 0; d < D; d++)
-                            hT[d * ldh + i] = h[i * D + d];
-                    double *ref = fxt_alloc_f64(uz > uh ? (uz > uw ? uz : uw) : (uh > uw ? uh : uw));
-                    char what[96];
-                    if (gm) {
-                        float *zt = fxt_guarded(uz);
-                        gm->logits(nj, c, D, w, hT, ldh, zt, c);
-                        for (int64_t j = 0; j < nj; j++)
-                            for (int64_t i = 0; i < c; i++) {
-                                double acc = 0.0;
-                                for (int64_t d = 0; d < D; d++)
-                                    acc += (double)w[j * D + d] * h[i * D + d];
-                                ref[j * c + i] = acc;
-                            }
-                        snprintf(what, sizeof what, "%s logits nj %lld c %lld D %lld", fx_isa_name(paths[v].isa),
-                                 (long long)nj, (long long)c, (long long)D);
-                        fxt_close_f32(what, zt, ref, uz, 1e-5 * (double)D, 1e-5);
-                        fxt_guarded_free("zt", zt);
-                    }
-                    /* gradients-like values, a few exactly zero */
-                    float *g = fxt_random(uz, -1.0f, 1.0f, seed + 3);
-                    g[0] = 0.0f;
-                    if (gm) {
-                        float *dw0 = fxt_random(uw, -1.0f, 1.0f, seed + 4);
-                        float *dw = fxt_guarded_copy(dw0, uw);
-                        gm->dw(nj, c, D, g, c, h, dw);
-                        for (int64_t j = 0; j < nj; j++)
-                            for (int64_t d = 0; d < D; d++) {
-                                double acc = dw0[j * D + d];
-                                for (int64_t i = 0; i < c; i++)
-                                    acc += (double)g[j * c + i] * h[i * D + d];
-                                ref[j * D + d] = acc;
-                            }
-                        snprintf(what, sizeof what, "%s dw nj %lld c %lld D %lld", fx_isa_name(paths[v].isa),
-                                 (long long)nj, (long long)c, (long long)D);
-                        fxt_close_f32(what, dw, ref, uw, 1e-5 * (double)c, 1e-5);
-                        fxt_guarded_free("dw", dw);
-                        free(dw0);
-                    }
-                    if (gm) {
-                        float *dh0 = fxt_random(uh, -1.0f, 1.0f, seed + 5);
-                        /* columns [d0, d1): inside the row when D allows, the rest untouched */
-                        const int64_t d0 = D > 32 ? 16 : 0, d1 = D > 32 ? D - 1 : D;
-                        for (int acc_in = 0; acc_in < 2; acc_in++) {
-                            float *dh = fxt_guarded_copy(dh0, uh);
-                            gm->dh(nj, c, D, d0, d1, g, c, w, dh, acc_in != 0);
-                            for (int64_t i = 0; i < c; i++)
-                                for (int64_t d = 0; d < D; d++) {
-                                    double x = d < d0 || d >= d1 || acc_in ? dh0[i * D + d] : 0.0;
-                                    if (d >= d0 && d < d1)
-                                        for (int64_t j = 0; j < nj; j++)
-                                            x += (double)g[j * c + i] * w[j * D + d];
-                                    ref[i * D + d] = x;
-                                }
-                            snprintf(what, sizeof what, "%s dh nj %lld c %lld D %lld acc %d",
-                                     fx_isa_name(paths[v].isa), (long long)nj, (long long)c, (long long)D, acc_in);
-                            fxt_close_f32(what, dh, ref, uh, 1e-5 * (double)nj, 1e-5);
-                            fxt_guarded_free("dh", dh);
-                        }
-                        free(dh0);
-                    }
-                    /* statistics, transform and gradients against the scalar twins */
-                    float *bias = fxt_random((size_t)nj, -2.0f, 2.0f, seed + 6);
-                    float *coef = fxt_random((size_t)(4 * c), 0.5f, 1.5f, seed + 7);
-                    for (int64_t i = 0; i < c; i++)
-                        coef[3 * c + i] = (float)(i % 3 != 1); /* keep: some tokens ignored */
-                    for (int cfg = 0; o && cfg < 4; cfg++) {
-                        const float cap = cfg & 1 ? 7.5f : 0.0f;
-                        const float *bb = cfg & 2 ? bias : NULL;
-                        float *z0 = fxt_random(uz, -30.0f, 30.0f, seed + 8);
-                        z0[uz / 2] = -200.0f;
-                        float *zs = fxt_guarded_copy(z0, uz), *zv = fxt_guarded_copy(z0, uz);
-                        float *st_s = fxt_guarded((size_t)(3 * c)), *st_v = fxt_guarded((size_t)(3 * c));
-                        fx__lce_tile_kernels_scalar.stats(zs, nj, c, c, bb, cap, st_s, st_s + c, st_s + 2 * c);
-                        o->stats(zv, nj, c, c, bb, cap, st_v, st_v + c, st_v + 2 * c);
-                        for (size_t i = 0; i < uz; i++)
-                            ref[i] = zs[i];
-                        snprintf(what, sizeof what, "%s stats nj %lld c %lld cfg %d", fx_isa_name(paths[v].isa),
-                                 (long long)nj, (long long)c, cfg);
-                        fxt_close_f32(what, zv, ref, uz, 1e-5 * (cap > 0 ? cap : 1.0), 1e-6);
-                        for (int64_t i = 0; i < c; i++) {
-                            FXT_NEAR(st_v[i], st_s[i], 1e-5, 1e-6);
-                            FXT_NEAR(st_v[c + i], st_s[c + i], 0.0, 1e-5);
-                            FXT_NEAR(st_v[2 * c + i], st_s[2 * c + i], 1e-4 * (double)nj, 1e-5);
-                        }
-                        float *zp = fxt_guarded_copy(z0, uz);
-                        o->prep(zp, nj, c, c, bb, cap);
-                        fxt_bitwise_f32("prep == stats transform", zp, zv, uz);
-                        float *lse = coef, *ca = coef + c, *cb = coef + 2 * c, *keep = coef + 3 * c;
-                        for (int64_t i = 0; i < c; i++)
-                            lse[i] = st_s[i] + logf(st_s[c + i]);
-                        fx__lce_tile_kernels_scalar.grad(zs, nj, c, c, lse, ca, cb, keep, cap);
-                        o->grad(zv, nj, c, c, lse, ca, cb, keep, cap);
-                        for (size_t i = 0; i < uz; i++)
-                            ref[i] = zs[i];
-                        snprintf(what, sizeof what, "%s grad nj %lld c %lld cfg %d", fx_isa_name(paths[v].isa),
-                                 (long long)nj, (long long)c, cfg);
-                        fxt_close_f32(what, zv, ref, uz, 1e-6, 1e-5);
-                        for (int64_t j = 0; j < nj; j++)
-                            for (int64_t i = 0; i < c; i++)
-                                if (keep[i] == 0.0f)
-                                    FXT_CHECK(zv[j * c + i] == 0.0f);
-                        free(z0);
-                        fxt_guarded_free("zs", zs), fxt_guarded_free("zv", zv), fxt_guarded_free("zp", zp);
-                        fxt_guarded_free("st_s", st_s), fxt_guarded_free("st_v", st_v);
-                    }
-                    free(bias), free(coef), free(g), free(w), free(h), free(hT), free(ref);
+                    tile_case tc = tile_case_make(&paths[v], njs[a], cs[b], Ds[e], 3000 + 100 * a + 10 * b + e);
+                    check_tile_case(&tc);
+                    tile_case_free(&tc);
                 }
     }
 }
