@@ -135,26 +135,85 @@ static int parse_patched(const char *patch, const char *gen, fx__hf_config *c)
     return rc;
 }
 
-static void test_config_refusals(void)
+/* A config that parse_patched must refuse with `status` and a message containing `msg`. */
+typedef struct config_case {
+    const char *patch;
+    const char *gen; /* generation_config.json text, or NULL */
+    int status;
+    const char *msg;
+} config_case;
+
+/* After a table case's checks: names the case if one of them failed since `before`. */
+static void name_failed_case(int before, const char *what)
+{
+    if (fxt_failed_checks != before)
+        fprintf(stderr, "    (case %s)\n", what);
+}
+
+/* FXT_STATUS for each case, naming the one that failed. */
+static void expect_refusals(const config_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        const int before = fxt_failed_checks;
+        FXT_STATUS(parse_patched(cases[i].patch, cases[i].gen, NULL), cases[i].status, cases[i].msg);
+        name_failed_case(before, cases[i].patch);
+    }
+}
+
+/* Architectures, RoPE variants and features flexc does not implement. */
+static void config_refuses_features(void)
+{
+    static const config_case cases[] = {
+        {"{\"architectures\": [\"GPT2LMHeadModel\"]}", NULL, FX_EUNSUPPORTED,
+         "architecture GPT2LMHeadModel is not supported"},
+        {"{\"architectures\": [\"LlamaForCausalLM\", \"X\"]}", NULL, FX_EFORMAT, "architectures"},
+        {"{\"architectures\": null, \"model_type\": \"gemma\"}", NULL, FX_EUNSUPPORTED, "model_type \"gemma\""},
+        {"{\"model_type\": \"qwen2\"}", NULL, FX_EFORMAT, "disagrees"},
+        {"{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}", NULL, FX_EUNSUPPORTED,
+         "type \"yarn\" is not supported"},
+        {"{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}", NULL, FX_EUNSUPPORTED, "type \"linear\""},
+        {"{\"rope_scaling\": null, \"rope_parameters\": {\"rope_type\": \"dynamic\", \"rope_theta\": 10000}}", NULL,
+         FX_EUNSUPPORTED, "rope_parameters type \"dynamic\""},
+        {"{\"rope_scaling\": {\"rope_type\": \"llama3\", \"low_freq_factor\": 1, \"high_freq_factor\": 4, "
+         "\"original_max_position_embeddings\": 16}}", NULL, FX_EFORMAT, "\"factor\" is missing"},
+        {"{\"rope_scaling\": {\"rope_type\": \"llama3\", \"type\": \"yarn\"}}", NULL, FX_EFORMAT, "differ"},
+        {"{\"partial_rotary_factor\": 0.5}", NULL, FX_EUNSUPPORTED, "partial_rotary_factor"},
+        {"{\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4}}", NULL, FX_EUNSUPPORTED,
+         "quant_method gptq"},
+        {"{\"hidden_act\": \"gelu\"}", NULL, FX_EUNSUPPORTED, "hidden_act \"gelu\""},
+        {"{\"attention_bias\": true}", NULL, FX_EUNSUPPORTED, "attention_bias"},
+        {"{\"mlp_bias\": true}", NULL, FX_EUNSUPPORTED, "mlp_bias"},
+    };
+    expect_refusals(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* Sizes, values and token ids that are missing, mistyped or out of range. */
+static void config_refuses_values(void)
+{
+    static const config_case cases[] = {
+        {"{\"hidden_size\": null}", NULL, FX_EFORMAT, "\"hidden_size\" is missing"},
+        {"{\"hidden_size\": 64.5}", NULL, FX_EFORMAT, "\"hidden_size\" must be an integer"},
+        {"{\"vocab_size\": 0}", NULL, FX_EFORMAT, "\"vocab_size\" = 0 is outside"},
+        {"{\"num_key_value_heads\": 3}", NULL, FX_EFORMAT, "not a multiple of"},
+        {"{\"head_dim\": 15}", NULL, FX_EFORMAT, "head_dim = 15 must be even"},
+        {"{\"head_dim\": null, \"hidden_size\": 66}", NULL, FX_EFORMAT, "not a multiple of num_attention_heads"},
+        {"{\"rms_norm_eps\": -1}", NULL, FX_EFORMAT, "rms_norm_eps"},
+        {"{\"tie_word_embeddings\": 1}", NULL, FX_EFORMAT, "true or false"},
+        {"{\"eos_token_id\": 512}", NULL, FX_EFORMAT, "outside the vocabulary"},
+        {"{\"eos_token_id\": \"</s>\"}", NULL, FX_EFORMAT, "eos_token_id"},
+        {"{\"eos_token_id\": [1, \"x\"]}", NULL, FX_EFORMAT, "eos_token_id\"[1]"},
+        {"{}", "[1]", FX_EFORMAT, "generation_config.json is not a JSON object"},
+    };
+    expect_refusals(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* The spellings that are accepted, and the values they give (defaults where a key is gone). */
+static void config_accepts_spellings(void)
 {
     fx__hf_config c;
     FXT_OK(parse_patched("{}", NULL, &c));
-    FXT_STATUS(parse_patched("{\"architectures\": [\"GPT2LMHeadModel\"]}", NULL, NULL), FX_EUNSUPPORTED,
-               "architecture GPT2LMHeadModel is not supported");
-    FXT_STATUS(parse_patched("{\"architectures\": [\"LlamaForCausalLM\", \"X\"]}", NULL, NULL), FX_EFORMAT,
-               "architectures");
-    FXT_STATUS(parse_patched("{\"architectures\": null, \"model_type\": \"gemma\"}", NULL, NULL), FX_EUNSUPPORTED,
-               "model_type \"gemma\"");
     FXT_OK(parse_patched("{\"architectures\": null, \"model_type\": \"mistral\"}", NULL, &c));
     FXT_EQ_INT(c.arch, FX__HF_MISTRAL);
-    FXT_STATUS(parse_patched("{\"model_type\": \"qwen2\"}", NULL, NULL), FX_EFORMAT, "disagrees");
-    FXT_STATUS(parse_patched("{\"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4}}", NULL, NULL),
-               FX_EUNSUPPORTED, "type \"yarn\" is not supported");
-    FXT_STATUS(parse_patched("{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}", NULL, NULL),
-               FX_EUNSUPPORTED, "type \"linear\"");
-    FXT_STATUS(parse_patched("{\"rope_scaling\": null, \"rope_parameters\": {\"rope_type\": \"dynamic\", "
-                             "\"rope_theta\": 10000}}", NULL, NULL),
-               FX_EUNSUPPORTED, "rope_parameters type \"dynamic\"");
     FXT_OK(parse_patched("{\"rope_scaling\": {\"type\": \"default\"}}", NULL, &c));
     FXT_EQ_INT(c.rope_type, FX__HF_ROPE_DEFAULT);
     FXT_OK(parse_patched("{\"rope_scaling\": null, \"rope_theta\": null}", NULL, &c));
@@ -163,35 +222,15 @@ static void test_config_refusals(void)
                          "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}}", NULL, &c));
     FXT_EQ_INT(c.rope_type, FX__HF_ROPE_LLAMA3);
     FXT_EQ_INT(c.rope_original_max_pos, 8192);
-    FXT_STATUS(parse_patched("{\"rope_scaling\": {\"rope_type\": \"llama3\", \"low_freq_factor\": 1, "
-                             "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 16}}", NULL, NULL),
-               FX_EFORMAT, "\"factor\" is missing");
-    FXT_STATUS(parse_patched("{\"rope_scaling\": {\"rope_type\": \"llama3\", \"type\": \"yarn\"}}", NULL, NULL),
-               FX_EFORMAT, "differ");
-    FXT_STATUS(parse_patched("{\"partial_rotary_factor\": 0.5}", NULL, NULL), FX_EUNSUPPORTED,
-               "partial_rotary_factor");
-    FXT_STATUS(parse_patched("{\"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4}}", NULL, NULL),
-               FX_EUNSUPPORTED, "quant_method gptq");
-    FXT_STATUS(parse_patched("{\"hidden_act\": \"gelu\"}", NULL, NULL), FX_EUNSUPPORTED, "hidden_act \"gelu\"");
-    FXT_STATUS(parse_patched("{\"attention_bias\": true}", NULL, NULL), FX_EUNSUPPORTED, "attention_bias");
-    FXT_STATUS(parse_patched("{\"mlp_bias\": true}", NULL, NULL), FX_EUNSUPPORTED, "mlp_bias");
-    FXT_STATUS(parse_patched("{\"hidden_size\": null}", NULL, NULL), FX_EFORMAT, "\"hidden_size\" is missing");
-    FXT_STATUS(parse_patched("{\"hidden_size\": 64.5}", NULL, NULL), FX_EFORMAT, "\"hidden_size\" must be an integer");
-    FXT_STATUS(parse_patched("{\"vocab_size\": 0}", NULL, NULL), FX_EFORMAT, "\"vocab_size\" = 0 is outside");
-    FXT_STATUS(parse_patched("{\"num_key_value_heads\": 3}", NULL, NULL), FX_EFORMAT, "not a multiple of");
-    FXT_STATUS(parse_patched("{\"head_dim\": 15}", NULL, NULL), FX_EFORMAT, "head_dim = 15 must be even");
-    FXT_STATUS(parse_patched("{\"head_dim\": null, \"hidden_size\": 66}", NULL, NULL), FX_EFORMAT,
-               "not a multiple of num_attention_heads");
     FXT_OK(parse_patched("{\"head_dim\": null, \"num_key_value_heads\": null}", NULL, &c));
     FXT_EQ_INT(c.head_dim, 16);
     FXT_EQ_INT(c.kv_heads, 4);
-    FXT_STATUS(parse_patched("{\"rms_norm_eps\": -1}", NULL, NULL), FX_EFORMAT, "rms_norm_eps");
-    FXT_STATUS(parse_patched("{\"tie_word_embeddings\": 1}", NULL, NULL), FX_EFORMAT, "true or false");
-    FXT_STATUS(parse_patched("{\"eos_token_id\": 512}", NULL, NULL), FX_EFORMAT, "outside the vocabulary");
-    FXT_STATUS(parse_patched("{\"eos_token_id\": \"</s>\"}", NULL, NULL), FX_EFORMAT, "eos_token_id");
-    FXT_STATUS(parse_patched("{\"eos_token_id\": [1, \"x\"]}", NULL, NULL), FX_EFORMAT, "eos_token_id\"[1]");
+}
 
-    /* generation_config.json's ids win over config.json's. */
+/* generation_config.json's ids win over config.json's; either dtype key is read. */
+static void config_accepts_ids_dtype(void)
+{
+    fx__hf_config c;
     FXT_OK(parse_patched("{\"eos_token_id\": 7}", "{\"eos_token_id\": [3, 4, 5]}", &c));
     FXT_EQ_INT(c.n_eos, 3);
     FXT_EQ_INT(c.eos[2], 5);
@@ -206,37 +245,46 @@ static void test_config_refusals(void)
     FXT_OK(parse_patched("{\"eos_token_id\": null, \"bos_token_id\": null}", NULL, &c));
     FXT_EQ_INT(c.n_eos, 0);
     FXT_EQ_INT(c.bos, -1);
-    FXT_STATUS(parse_patched("{}", "[1]", NULL), FX_EFORMAT, "generation_config.json is not a JSON object");
+}
 
-    /* Sliding windows: Mistral's is global; Qwen2's only when it covers every layer. */
+/* The start of a Qwen2 config patch; the window keys follow. */
+#define QWEN2_PATCH "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", "
+
+/* Sliding windows: Mistral's is global; Qwen2's only when it covers every layer. */
+static void config_windows(void)
+{
+    fx__hf_config c;
     FXT_OK(parse_patched("{\"architectures\": [\"MistralForCausalLM\"], \"model_type\": \"mistral\", "
                          "\"sliding_window\": 4096}", NULL, &c));
     FXT_EQ_INT(c.window, 4096);
     FXT_OK(parse_patched("{\"sliding_window\": 16}", NULL, &c));
     FXT_EQ_INT(c.window, 0); /* Llama has none */
-    const char *qwen = "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", ";
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s\"use_sliding_window\": true, \"sliding_window\": 32, \"max_window_layers\": 1}", qwen);
-    FXT_STATUS(parse_patched(buf, NULL, NULL), FX_EUNSUPPORTED, "sliding window on 1 of 2 layers");
-    snprintf(buf, sizeof buf, "%s\"use_sliding_window\": true, \"sliding_window\": 32, \"max_window_layers\": 0}", qwen);
-    FXT_OK(parse_patched(buf, NULL, &c));
+    FXT_OK(parse_patched(QWEN2_PATCH "\"use_sliding_window\": true, \"sliding_window\": 32, \"max_window_layers\": 0}",
+                         NULL, &c));
     FXT_EQ_INT(c.window, 32);
     FXT_CHECK(c.qkv_bias);
-    snprintf(buf, sizeof buf, "%s\"use_sliding_window\": false, \"sliding_window\": 32}", qwen);
-    FXT_OK(parse_patched(buf, NULL, &c));
+    FXT_OK(parse_patched(QWEN2_PATCH "\"use_sliding_window\": false, \"sliding_window\": 32}", NULL, &c));
     FXT_EQ_INT(c.window, 0);
-    snprintf(buf, sizeof buf, "%s\"use_sliding_window\": true, \"sliding_window\": 32, \"layer_types\": "
-             "[\"full_attention\", \"sliding_attention\"]}", qwen);
-    FXT_STATUS(parse_patched(buf, NULL, NULL), FX_EUNSUPPORTED, "1 of 2 layers");
-    snprintf(buf, sizeof buf, "%s\"layer_types\": [\"full_attention\", \"chunked_attention\"]}", qwen);
-    FXT_STATUS(parse_patched(buf, NULL, NULL), FX_EUNSUPPORTED, "chunked_attention");
+    static const config_case cases[] = {
+        {QWEN2_PATCH "\"use_sliding_window\": true, \"sliding_window\": 32, \"max_window_layers\": 1}", NULL,
+         FX_EUNSUPPORTED, "sliding window on 1 of 2 layers"},
+        {QWEN2_PATCH "\"use_sliding_window\": true, \"sliding_window\": 32, \"layer_types\": "
+                     "[\"full_attention\", \"sliding_attention\"]}", NULL, FX_EUNSUPPORTED, "1 of 2 layers"},
+        {QWEN2_PATCH "\"layer_types\": [\"full_attention\", \"chunked_attention\"]}", NULL, FX_EUNSUPPORTED,
+         "chunked_attention"},
+    };
+    expect_refusals(cases, sizeof cases / sizeof cases[0]);
+}
 
-    /* Not JSON, not an object, duplicate keys. */
+/* Text that is not JSON, not an object, or has duplicate keys; a directory without
+   config.json, and one with a bad config.json (read from disk, the directory named). */
+static void config_bad_files(void)
+{
+    fx__hf_config c;
     FXT_STATUS(fx__hf_config_parse(&c, "{\"a\": ", 6, NULL, 0), FX_EFORMAT, "not valid JSON");
     FXT_STATUS(fx__hf_config_parse(&c, "[]", 2, NULL, 0), FX_EFORMAT, "not a JSON object");
     FXT_STATUS(fx__hf_config_parse(&c, "{\"a\": 1, \"a\": 2}", 16, NULL, 0), FX_EFORMAT, "not valid JSON");
 
-    /* A directory without config.json; with a bad one (read from disk). */
     FXT_STATUS(fx__hf_config_read(&c, tmpdir), FX_EIO, "config.json");
     char path[1024];
     snprintf(path, sizeof path, "%s/bad", tmpdir);
@@ -246,6 +294,16 @@ static void test_config_refusals(void)
     snprintf(path, sizeof path, "%s/bad", tmpdir);
     FXT_STATUS(fx__hf_config_read(&c, path), FX_EUNSUPPORTED, "PhiForCausalLM");
     FXT_HAS_STR(fx_last_error(), path); /* the directory is named */
+}
+
+static void test_config_refusals(void)
+{
+    config_accepts_spellings();
+    config_refuses_features();
+    config_refuses_values();
+    config_accepts_ids_dtype();
+    config_windows();
+    config_bad_files();
 }
 
 /* c -> config.json text -> c again: every field kept. */
@@ -552,6 +610,16 @@ static float *ref_f32(fx_safetensors *f, const char *name, int64_t *n)
     return p;
 }
 
+/* The reference's prompt pi: its ids (*ids, *T of them) and, returned, its logits (*nl). */
+static float *ref_prompt(fx_safetensors *f, int pi, int64_t **ids, int64_t *T, int64_t *nl)
+{
+    char name[64];
+    snprintf(name, sizeof name, "prompt%d.ids", pi);
+    *ids = ref_i64(f, name, T);
+    snprintf(name, sizeof name, "prompt%d.logits", pi);
+    return ref_f32(f, name, nl);
+}
+
 static double max_abs(const float *x, int64_t n)
 {
     double m = 0;
@@ -572,12 +640,9 @@ static void test_reference_forward(void)
         FXT_OK(fx_safetensors_open(&ref, path));
         const int64_t V = r.m->c.vocab;
         for (int pi = 0; pi < 2; pi++) {
-            char name[64];
             int64_t T, nl;
-            snprintf(name, sizeof name, "prompt%d.ids", pi);
-            int64_t *ids = ref_i64(ref, name, &T);
-            snprintf(name, sizeof name, "prompt%d.logits", pi);
-            float *want = ref_f32(ref, name, &nl);
+            int64_t *ids;
+            float *want = ref_prompt(ref, pi, &ids, &T, &nl);
             FXT_EQ_INT(nl, T * V);
             double *got = forward(&r, ids, T);
             /* Compared as float32 values against the transformers output taken as the reference:
@@ -822,79 +887,98 @@ static void write_variant(const char *dir, const char *name, const variant *v)
     fx_safetensors_close(f);
 }
 
-static void test_bad_weights(void)
+/* A variant of llama3_tied, written to tmpdir/dir, that fx__hf_open must accept (status
+   FX_OK) or refuse with `status` and a message containing `msg`. */
+typedef struct weight_case {
+    const char *dir;
+    int status;
+    const char *msg;
+    variant v;
+} weight_case;
+
+/* Writes and opens each case, naming the one that failed. */
+static void expect_weights(const weight_case *cases, size_t n)
 {
-    char dir[1024];
-    fx__hf_model *m = NULL;
-    snprintf(dir, sizeof dir, "%s/w-ok", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){0});
-    FXT_OK(fx__hf_open(&m, dir));
-    fx__hf_close(m);
+    for (size_t i = 0; i < n; i++) {
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/%s", tmpdir, cases[i].dir);
+        const int before = fxt_failed_checks;
+        write_variant(dir, "llama3_tied", &cases[i].v);
+        fx__hf_model *m = NULL;
+        if (cases[i].status == FX_OK)
+            FXT_OK(fx__hf_open(&m, dir));
+        else
+            FXT_STATUS(fx__hf_open(&m, dir), cases[i].status, cases[i].msg);
+        fx__hf_close(m); /* NULL unless it opened */
+        name_failed_case(before, cases[i].dir);
+    }
+}
 
-    snprintf(dir, sizeof dir, "%s/w-missing", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.drop = "model.layers.1.mlp.up_proj.weight"});
-    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "tensor model.layers.1.mlp.up_proj.weight is missing");
-
+/* A tensor missing, unexpected, of another shape or dtype, or not finite (named with its
+   index); a derived one (inv_freq) is skipped. */
+static void bad_weights_tensors(void)
+{
     static const float extra_data[4] = {1, 2, 3, 4};
-    fx_tensor_view extra = {.name = "model.layers.0.self_attn.o_proj.bias", .dtype = FX_DT_F32, .ndim = 1,
-                            .shape = {4}, .data = extra_data, .nbytes = 16};
-    snprintf(dir, sizeof dir, "%s/w-unexpected", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.extra = &extra});
-    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "unexpected tensor model.layers.0.self_attn.o_proj.bias");
+    static const fx_tensor_view bias = {.name = "model.layers.0.self_attn.o_proj.bias", .dtype = FX_DT_F32,
+                                        .ndim = 1, .shape = {4}, .data = extra_data, .nbytes = 16};
+    static const fx_tensor_view inv_freq = {.name = "model.layers.0.self_attn.rotary_emb.inv_freq",
+                                            .dtype = FX_DT_F32, .ndim = 1, .shape = {4}, .data = extra_data,
+                                            .nbytes = 16};
+    static const weight_case cases[] = {
+        {"w-ok", FX_OK, "", {0}},
+        {"w-missing", FX_EFORMAT, "tensor model.layers.1.mlp.up_proj.weight is missing",
+         {.drop = "model.layers.1.mlp.up_proj.weight"}},
+        {"w-unexpected", FX_EFORMAT, "unexpected tensor model.layers.0.self_attn.o_proj.bias", {.extra = &bias}},
+        {"w-invfreq", FX_OK, "", {.extra = &inv_freq}},
+        {"w-shape", FX_EFORMAT,
+         "tensor model.layers.0.self_attn.k_proj.weight has shape [31, 64], config.json implies [32, 64]",
+         {.reshape = "model.layers.0.self_attn.k_proj.weight"}},
+        {"w-dtype", FX_EUNSUPPORTED, "tensor model.norm.weight is I8", {.retype = "model.norm.weight"}},
+        {"w-nan", FX_EFORMAT, "tensor model.layers.1.mlp.down_proj.weight holds NaN at index 5",
+         {.poison = "model.layers.1.mlp.down_proj.weight", .poison_value = NAN}},
+        {"w-inf", FX_EFORMAT, "tensor model.embed_tokens.weight holds -Inf at index 5",
+         {.poison = "model.embed_tokens.weight", .poison_value = -INFINITY}},
+        {"w-mixed", FX_EUNSUPPORTED, "model.norm.weight is BF16", {.half = "model.norm.weight"}},
+    };
+    expect_weights(cases, sizeof cases / sizeof cases[0]);
 
-    extra.name = "model.layers.0.self_attn.rotary_emb.inv_freq"; /* derived: skipped */
-    snprintf(dir, sizeof dir, "%s/w-invfreq", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.extra = &extra});
-    FXT_OK(fx__hf_open(&m, dir));
-    fx__hf_close(m);
-
-    snprintf(dir, sizeof dir, "%s/w-shape", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.reshape = "model.layers.0.self_attn.k_proj.weight"});
-    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT,
-               "tensor model.layers.0.self_attn.k_proj.weight has shape [31, 64], config.json implies [32, 64]");
-
-    snprintf(dir, sizeof dir, "%s/w-dtype", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.retype = "model.norm.weight"});
-    FXT_STATUS(fx__hf_open(&m, dir), FX_EUNSUPPORTED, "tensor model.norm.weight is I8");
-
-    /* Non-finite weights are refused on every kind of load, naming the tensor and index. */
+    /* Non-finite weights are refused on every kind of load. */
+    char dir[1024];
     snprintf(dir, sizeof dir, "%s/w-nan", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.poison = "model.layers.1.mlp.down_proj.weight",
-                                                 .poison_value = NAN});
-    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "tensor model.layers.1.mlp.down_proj.weight holds NaN at index 5");
     fx_model *bad = NULL;
     FXT_STATUS(fx_model_load(&bad, dir), FX_EFORMAT, "model.layers.1.mlp.down_proj.weight holds NaN");
     FXT_STATUS(fx_model_load_inference(&bad, dir), FX_EFORMAT, "model.layers.1.mlp.down_proj.weight holds NaN");
     FXT_CHECK(bad == NULL);
-    snprintf(dir, sizeof dir, "%s/w-inf", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.poison = "model.embed_tokens.weight", .poison_value = -INFINITY});
-    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "tensor model.embed_tokens.weight holds -Inf at index 5");
+}
 
-    snprintf(dir, sizeof dir, "%s/w-mixed", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.half = "model.norm.weight"});
-    FXT_STATUS(fx__hf_open(&m, dir), FX_EUNSUPPORTED, "model.norm.weight is BF16");
-
-    /* A tied model with lm_head.weight stored: accepted when it is the embedding. */
+/* A tied model with lm_head.weight stored: accepted when it is the embedding. */
+static void bad_weights_tied_head(void)
+{
     fx_safetensors *f = NULL;
     char path[1200];
     fixture_path(path, sizeof path, "llama3_tied", "/model.safetensors");
     FXT_OK(fx_safetensors_open(&f, path));
     fx_tensor_view head = *fx_safetensors_find(f, "model.embed_tokens.weight");
     head.name = "lm_head.weight";
-    snprintf(dir, sizeof dir, "%s/w-tied-head", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.extra = &head});
-    FXT_OK(fx__hf_open(&m, dir));
-    fx__hf_close(m);
-    head.data = fx_safetensors_find(f, "model.layers.0.mlp.gate_proj.weight")->data; /* same size, other bytes */
-    head.nbytes = fx_safetensors_find(f, "model.layers.0.mlp.gate_proj.weight")->nbytes;
-    head.shape[0] = 128;
-    head.shape[1] = 64;
-    snprintf(dir, sizeof dir, "%s/w-tied-other", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.extra = &head});
-    FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "lm_head.weight differs from model.embed_tokens.weight");
+    const fx_tensor_view *gate = fx_safetensors_find(f, "model.layers.0.mlp.gate_proj.weight");
+    fx_tensor_view other = head; /* same size, other bytes */
+    other.data = gate->data;
+    other.nbytes = gate->nbytes;
+    other.shape[0] = 128;
+    other.shape[1] = 64;
+    const weight_case cases[] = {
+        {"w-tied-head", FX_OK, "", {.extra = &head}},
+        {"w-tied-other", FX_EFORMAT, "lm_head.weight differs from model.embed_tokens.weight", {.extra = &other}},
+    };
+    expect_weights(cases, sizeof cases / sizeof cases[0]);
     fx_safetensors_close(f);
+}
 
-    /* No weights; a config the weights do not follow (heads changed). */
+/* No weights; a config the weights do not follow (heads changed). */
+static void bad_weights_config(void)
+{
+    char dir[1024], path[1200];
+    fx__hf_model *m = NULL;
     snprintf(dir, sizeof dir, "%s/w-none", tmpdir);
     mkdir(dir, 0755);
     fixture_path(path, sizeof path, "llama3_tied", "/config.json");
@@ -903,15 +987,20 @@ static void test_bad_weights(void)
     write_text(path, cfg);
     FXT_STATUS(fx__hf_open(&m, dir), FX_EIO, "neither model.safetensors nor model.safetensors.index.json");
     fx__free(cfg);
-    snprintf(dir, sizeof dir, "%s/w-ok", tmpdir);
+    snprintf(dir, sizeof dir, "%s/w-ok", tmpdir); /* written by bad_weights_tensors */
     snprintf(path, sizeof path, "%s/config.json", dir);
     FXT_OK(parse_patched("{}", NULL, NULL));
     write_text(path, "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 512, \"hidden_size\": 64, "
                      "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
                      "\"num_key_value_heads\": 2, \"max_position_embeddings\": 64, \"tie_word_embeddings\": true}");
     FXT_STATUS(fx__hf_open(&m, dir), FX_EFORMAT, "config.json implies [96, 64]");
+}
 
-    /* A sharded model whose index names a shard that is not there. */
+/* A sharded model whose index names a shard that is not there. */
+static void bad_weights_shards(void)
+{
+    char dir[1024], path[1200];
+    fx__hf_model *m = NULL;
     snprintf(dir, sizeof dir, "%s/w-shards", tmpdir);
     mkdir(dir, 0755);
     static const char *const copy[] = {"config.json", "model.safetensors.index.json",
@@ -931,7 +1020,168 @@ static void test_bad_weights(void)
     FXT_EQ_INT(fx__hf_open(NULL, dir), FX_EINVAL);
 }
 
+static void test_bad_weights(void)
+{
+    bad_weights_tensors();
+    bad_weights_tied_head();
+    bad_weights_config();
+    bad_weights_shards();
+}
+
 /* ---- the model (fx_model) against transformers ------------------------------------------------ */
+
+/* The reference's greedy run: prompt0 as tokens, transformers' tokens after it and each step's
+   top-2 margin, and the logit tolerance (1e-4 of prompt0's logit scale). */
+typedef struct greedy_ref {
+    int64_t T0, G;
+    int32_t *prompt;
+    int64_t *gen;
+    float *margin;
+    double tol;
+} greedy_ref;
+
+static greedy_ref load_greedy(fx_safetensors *ref)
+{
+    greedy_ref g;
+    int64_t nm, nlog;
+    int64_t *p0 = ref_i64(ref, "prompt0.ids", &g.T0);
+    g.gen = ref_i64(ref, "greedy.ids", &g.G);
+    g.margin = ref_f32(ref, "greedy.margin", &nm);
+    float *l0 = ref_f32(ref, "prompt0.logits", &nlog);
+    g.tol = 1e-4 * max_abs(l0, nlog);
+    g.prompt = malloc((size_t)g.T0 * sizeof *g.prompt);
+    for (int64_t i = 0; i < g.T0; i++)
+        g.prompt[i] = (int32_t)p0[i];
+    free(p0), free(l0);
+    return g;
+}
+
+static void free_greedy(greedy_ref *g)
+{
+    free(g->prompt), free(g->gen), free(g->margin);
+}
+
+/* The logits of both prompts, within 1e-4 of the reference's logit scale. */
+static void model_logits_parity(int f, fx_model *m, fx_safetensors *ref)
+{
+    const int64_t V = fx_model_get_config(m)->vocab;
+    for (int pi = 0; pi < 2; pi++) {
+        int64_t T, nl;
+        int64_t *ids;
+        float *want = ref_prompt(ref, pi, &ids, &T, &nl);
+        int32_t *tok = malloc((size_t)T * sizeof *tok);
+        for (int64_t i = 0; i < T; i++)
+            tok[i] = (int32_t)ids[i];
+        float *got = fxt_guarded((size_t)(T * V));
+        FXT_OK(fx_model_forward(m, NULL, got, tok, NULL, 1, T, 0));
+        double *wantd = fxt_alloc_f64((size_t)(T * V));
+        for (int64_t i = 0; i < T * V; i++)
+            wantd[i] = want[i];
+        char what[96];
+        snprintf(what, sizeof what, "%s prompt%d logits (fx_model)", fixtures[f], pi);
+        fxt_close_f32(what, got, wantd, (size_t)(T * V), 1e-4 * max_abs(want, T * V), 0);
+        fxt_guarded_free("logits", got);
+        free(ids), free(want), free(tok), free(wantd);
+    }
+}
+
+/* Greedy generation with the KV cache: the reference's tokens until the first step whose
+   top-2 margin is within the logit tolerance (a near tie may go either way). */
+static void model_greedy_parity(int f, fx_model *m, fx_safetensors *ref)
+{
+    greedy_ref g = load_greedy(ref);
+    int32_t out[64];
+    fx_model_cache *cache = NULL;
+    FXT_OK(fx_model_cache_create(&cache, m, g.T0 + g.G));
+    fx_generate_opts o = fx_generate_defaults();
+    o.max_tokens = g.G;
+    o.sample.temperature = 0;
+    o.stop_at_eos = false;
+    int64_t n_out = 0;
+    FXT_OK(fx_model_generate(m, cache, out, &n_out, g.prompt, g.T0, &o));
+    FXT_EQ_INT(n_out, g.G);
+    for (int64_t s = 0; s < n_out && s < g.G && g.margin[s] > g.tol; s++)
+        if (out[s] != g.gen[s])
+            FXT_FAIL("%s greedy step %lld: %d, transformers %lld (margin %.3g)", fixtures[f], (long long)s,
+                     out[s], (long long)g.gen[s], (double)g.margin[s]);
+    fx_model_cache_free(cache);
+    free_greedy(&g);
+}
+
+/* flexc's name for the Hugging Face tensor hf_name in the layout, or NULL. */
+static const char *layout_name(const fx__hf_tensor *lay, size_t nlay, const char *hf_name)
+{
+    const char *fn = NULL;
+    for (size_t j = 0; j < nlay; j++)
+        if (strcmp(lay[j].hf_name, hf_name) == 0)
+            fn = lay[j].name;
+    return fn;
+}
+
+/* After a backward pass: each gradient's norm against transformers' (in the order of the
+   .ref.json's grad_names), and the total norm. */
+static void grad_norms_parity(int f, fx_model *m, const char *dir, const float *gns_ref, const float *gn_ref)
+{
+    json_t *rj = load_ref_json(fixtures[f]);
+    json_t *names = json_object_get(rj, "grad_names");
+    fx__hf_tensor *lay = NULL;
+    size_t nlay = 0;
+    fx__hf_config hc;
+    FXT_OK(fx__hf_config_read(&hc, dir));
+    FXT_OK(fx__hf_layout(&lay, &nlay, &hc));
+    double total = 0;
+    for (size_t i = 0; i < json_array_size(names); i++) {
+        const char *hn = json_string_value(json_array_get(names, i));
+        const char *fn = layout_name(lay, nlay, hn);
+        fx_model_tensor t;
+        if (!fn || fx_model_tensor_find(m, fn, &t) != FX_OK || !t.grad) {
+            FXT_FAIL("%s: no gradient for %s", fixtures[f], hn);
+            continue;
+        }
+        double ss = 0;
+        for (size_t k = 0; k < t.numel; k++)
+            ss += (double)t.grad[k] * t.grad[k];
+        total += ss;
+        if (!(fabs(sqrt(ss) - gns_ref[i]) <= 1e-4 * gns_ref[i] + 1e-6 * gn_ref[0]))
+            FXT_FAIL("%s: |grad %s| = %.7g, transformers %.7g", fixtures[f], hn, sqrt(ss), (double)gns_ref[i]);
+    }
+    FXT_NEAR(sqrt(total), gn_ref[0], 0, 1e-4);
+    fx__free(lay);
+    json_decref(rj);
+}
+
+/* One training step: the loss and the gradient norms, total and per tensor. */
+static void model_train_parity(int f, fx_model *m, fx_safetensors *ref, const char *dir)
+{
+    int64_t nx, ny, one, ng;
+    int64_t *x = ref_i64(ref, "train.x", &nx);
+    int64_t *y = ref_i64(ref, "train.y", &ny);
+    float *loss_ref = ref_f32(ref, "train.loss", &one);
+    float *gn_ref = ref_f32(ref, "train.grad_norm", &one);
+    float *gns_ref = ref_f32(ref, "train.grad_norms", &ng);
+    const fx_tensor_view *xv = ref_tensor(ref, "train.x");
+    const int64_t B = xv->shape[0], T = xv->shape[1];
+    int32_t *xt = malloc((size_t)nx * sizeof *xt), *yt = malloc((size_t)ny * sizeof *yt);
+    for (int64_t i = 0; i < nx; i++)
+        xt[i] = (int32_t)x[i], yt[i] = (int32_t)y[i];
+    float loss = NAN;
+    FXT_OK(fx_model_forward(m, &loss, NULL, xt, yt, B, T, FX_MODEL_GRAD));
+    FXT_OK(fx_model_backward(m));
+    FXT_NEAR(loss, loss_ref[0], 0, 1e-4);
+    grad_norms_parity(f, m, dir, gns_ref, gn_ref);
+    free(x), free(y), free(loss_ref), free(gn_ref), free(gns_ref), free(xt), free(yt);
+}
+
+/* A refused directory is refused through the public load call too, with the reason. */
+static void expect_refused_load(int (*load)(fx_model **, const char *))
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/m-dtype", tmpdir);
+    write_variant(dir, "llama3_tied", &(variant){.retype = "model.norm.weight"});
+    fx_model *m = NULL;
+    FXT_STATUS(load(&m, dir), FX_EUNSUPPORTED, "tensor model.norm.weight is I8");
+    FXT_CHECK(m == NULL);
+}
 
 /* fx_model_load reads each fixture; its logits, greedy tokens (with the KV cache), loss and
    gradient norms match transformers'. */
@@ -945,120 +1195,144 @@ static void test_model_parity(void)
         fx_safetensors *ref = NULL;
         FXT_OK(fx_model_load(&m, dir));
         FXT_OK(fx_safetensors_open(&ref, path));
-        if (!m || !ref) {
-            fx_model_free(m);
-            fx_safetensors_close(ref);
-            continue;
+        if (m && ref) {
+            FXT_EQ_STR(fx_model_get_config(m)->arch,
+                       fx__hf_arch_name(f == 2 ? FX__HF_MISTRAL : f == 3 ? FX__HF_QWEN2 : FX__HF_LLAMA));
+            model_logits_parity(f, m, ref);
+            model_greedy_parity(f, m, ref);
+            model_train_parity(f, m, ref, dir);
         }
-        const fx_model_config *mc = fx_model_get_config(m);
-        const int64_t V = mc->vocab;
-        FXT_EQ_STR(mc->arch, fx__hf_arch_name(f == 2 ? FX__HF_MISTRAL : f == 3 ? FX__HF_QWEN2 : FX__HF_LLAMA));
-        for (int pi = 0; pi < 2; pi++) {
-            char name[64];
-            int64_t T, nl;
-            snprintf(name, sizeof name, "prompt%d.ids", pi);
-            int64_t *ids = ref_i64(ref, name, &T);
-            snprintf(name, sizeof name, "prompt%d.logits", pi);
-            float *want = ref_f32(ref, name, &nl);
-            int32_t *tok = malloc((size_t)T * sizeof *tok);
-            for (int64_t i = 0; i < T; i++)
-                tok[i] = (int32_t)ids[i];
-            float *got = fxt_guarded((size_t)(T * V));
-            FXT_OK(fx_model_forward(m, NULL, got, tok, NULL, 1, T, 0));
-            double *wantd = fxt_alloc_f64((size_t)(T * V));
-            for (int64_t i = 0; i < T * V; i++)
-                wantd[i] = want[i];
-            char what[96];
-            snprintf(what, sizeof what, "%s prompt%d logits (fx_model)", fixtures[f], pi);
-            fxt_close_f32(what, got, wantd, (size_t)(T * V), 1e-4 * max_abs(want, T * V), 0);
-            fxt_guarded_free("logits", got);
-            free(ids), free(want), free(tok), free(wantd);
-        }
-
-        /* Greedy generation with the KV cache: the reference's tokens until the first step
-           whose top-2 margin is within the logit tolerance (a near tie may go either way). */
-        int64_t T0, G, nm;
-        int64_t *p0 = ref_i64(ref, "prompt0.ids", &T0);
-        int64_t *gen = ref_i64(ref, "greedy.ids", &G);
-        float *margin = ref_f32(ref, "greedy.margin", &nm);
-        int64_t nlog;
-        float *l0 = ref_f32(ref, "prompt0.logits", &nlog);
-        const double tol = 1e-4 * max_abs(l0, nlog);
-        int32_t *prompt = malloc((size_t)T0 * sizeof *prompt), out[64];
-        for (int64_t i = 0; i < T0; i++)
-            prompt[i] = (int32_t)p0[i];
-        fx_model_cache *cache = NULL;
-        FXT_OK(fx_model_cache_create(&cache, m, T0 + G));
-        fx_generate_opts o = fx_generate_defaults();
-        o.max_tokens = G;
-        o.sample.temperature = 0;
-        o.stop_at_eos = false;
-        int64_t n_out = 0;
-        FXT_OK(fx_model_generate(m, cache, out, &n_out, prompt, T0, &o));
-        FXT_EQ_INT(n_out, G);
-        for (int64_t s = 0; s < n_out && s < G && margin[s] > tol; s++)
-            if (out[s] != gen[s])
-                FXT_FAIL("%s greedy step %lld: %d, transformers %lld (margin %.3g)", fixtures[f], (long long)s,
-                         out[s], (long long)gen[s], (double)margin[s]);
-        fx_model_cache_free(cache);
-        free(p0), free(gen), free(margin), free(l0), free(prompt);
-
-        /* One training step: the loss and the gradient norms, total and per tensor. */
-        int64_t nx, ny, one, ng;
-        int64_t *x = ref_i64(ref, "train.x", &nx);
-        int64_t *y = ref_i64(ref, "train.y", &ny);
-        float *loss_ref = ref_f32(ref, "train.loss", &one);
-        float *gn_ref = ref_f32(ref, "train.grad_norm", &one);
-        float *gns_ref = ref_f32(ref, "train.grad_norms", &ng);
-        const fx_tensor_view *xv = ref_tensor(ref, "train.x");
-        const int64_t B = xv->shape[0], T = xv->shape[1];
-        int32_t *xt = malloc((size_t)nx * sizeof *xt), *yt = malloc((size_t)ny * sizeof *yt);
-        for (int64_t i = 0; i < nx; i++)
-            xt[i] = (int32_t)x[i], yt[i] = (int32_t)y[i];
-        float loss = NAN;
-        FXT_OK(fx_model_forward(m, &loss, NULL, xt, yt, B, T, FX_MODEL_GRAD));
-        FXT_OK(fx_model_backward(m));
-        FXT_NEAR(loss, loss_ref[0], 0, 1e-4);
-        json_t *rj = load_ref_json(fixtures[f]);
-        json_t *names = json_object_get(rj, "grad_names");
-        fx__hf_tensor *lay = NULL;
-        size_t nlay = 0;
-        fx__hf_config hc;
-        FXT_OK(fx__hf_config_read(&hc, dir));
-        FXT_OK(fx__hf_layout(&lay, &nlay, &hc));
-        double total = 0;
-        for (size_t i = 0; i < json_array_size(names); i++) {
-            const char *hn = json_string_value(json_array_get(names, i));
-            const char *fn = NULL;
-            for (size_t j = 0; j < nlay; j++)
-                if (strcmp(lay[j].hf_name, hn) == 0)
-                    fn = lay[j].name;
-            fx_model_tensor t;
-            if (!fn || fx_model_tensor_find(m, fn, &t) != FX_OK || !t.grad) {
-                FXT_FAIL("%s: no gradient for %s", fixtures[f], hn);
-                continue;
-            }
-            double ss = 0;
-            for (size_t k = 0; k < t.numel; k++)
-                ss += (double)t.grad[k] * t.grad[k];
-            total += ss;
-            if (!(fabs(sqrt(ss) - gns_ref[i]) <= 1e-4 * gns_ref[i] + 1e-6 * gn_ref[0]))
-                FXT_FAIL("%s: |grad %s| = %.7g, transformers %.7g", fixtures[f], hn, sqrt(ss), (double)gns_ref[i]);
-        }
-        FXT_NEAR(sqrt(total), gn_ref[0], 0, 1e-4);
-        fx__free(lay);
-        json_decref(rj);
-        free(x), free(y), free(loss_ref), free(gn_ref), free(gns_ref), free(xt), free(yt);
         fx_safetensors_close(ref);
         fx_model_free(m);
     }
-    /* A refused directory is refused through the public call too, with the reason. */
-    char dir[1024];
-    snprintf(dir, sizeof dir, "%s/m-dtype", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.retype = "model.norm.weight"});
-    fx_model *m = NULL;
-    FXT_STATUS(fx_model_load(&m, dir), FX_EUNSUPPORTED, "tensor model.norm.weight is I8");
-    FXT_CHECK(m == NULL);
+    expect_refused_load(fx_model_load);
+}
+
+/* Mapped: no parameter buffer; every matrix read where the file holds it, in its dtype. */
+static void check_mapped(int f, const fx_model *b)
+{
+    static const fx_dtype want_dt[NFIX] = {FX_DT_F32, FX_DT_BF16, FX_DT_F16, FX_DT_F32};
+    FXT_CHECK(b->params == NULL && b->mapped != NULL && b->mapped->rope_half);
+    for (size_t i = 0; b->mapped && i < b->lay.n; i++)
+        if (b->lay.t[i].ndim == 2 && b->mapped->t[i].dtype != want_dt[f])
+            FXT_FAIL("%s: %s is read as %s, the file holds %s", fixtures[f], b->lay.t[i].name,
+                     fx_dtype_name(b->mapped->t[i].dtype), fx_dtype_name(want_dt[f]));
+}
+
+static int32_t argmax(const float *x, int64_t n)
+{
+    int32_t best = 0;
+    for (int64_t v = 1; v < n; v++)
+        best = x[v] > x[best] ? (int32_t)v : best;
+    return best;
+}
+
+/* Prefill and decode with a (float32) and b (mapped), each fed b's greedy token: b's logits
+   within the tolerance of a's, its tokens transformers' until the first step within the
+   tolerance. *cur_cache: the memory in use once both caches are made. */
+static void inference_steps(int f, fx_model *a, fx_model *b, const greedy_ref *g, size_t *cur_cache)
+{
+    const int64_t V = fx_model_get_config(a)->vocab;
+    fx_model_cache *ca = NULL, *cb = NULL;
+    size_t peak_cache;
+    FXT_OK(fx_model_cache_create(&ca, a, g->T0 + g->G));
+    FXT_OK(fx_model_cache_create(&cb, b, g->T0 + g->G));
+    fx_mem_stats(cur_cache, &peak_cache);
+    float *la = fxt_guarded((size_t)V), *lb = fxt_guarded((size_t)V);
+    double *lad = fxt_alloc_f64((size_t)V);
+    bool agree = true;
+    int32_t tok = 0;
+    for (int64_t s = 0; s <= g->G && ca && cb; s++) {
+        if (s == 0) {
+            FXT_OK(fx_model_prefill(a, ca, la, g->prompt, g->T0));
+            FXT_OK(fx_model_prefill(b, cb, lb, g->prompt, g->T0));
+        } else {
+            FXT_OK(fx_model_decode_step(a, ca, la, tok));
+            FXT_OK(fx_model_decode_step(b, cb, lb, tok));
+        }
+        for (int64_t v = 0; v < V; v++)
+            lad[v] = la[v];
+        char what[96];
+        snprintf(what, sizeof what, "%s step %lld logits (mapped vs float32)", fixtures[f], (long long)s);
+        fxt_close_f32(what, lb, lad, (size_t)V, g->tol, 0);
+        const int32_t best = argmax(lb, V);
+        if (s < g->G) {
+            agree = agree && g->margin[s] > g->tol;
+            if (agree && best != g->gen[s])
+                FXT_FAIL("%s greedy step %lld: %d, transformers %lld (margin %.3g)", fixtures[f], (long long)s,
+                         best, (long long)g->gen[s], (double)g->margin[s]);
+        }
+        tok = best;
+    }
+    fxt_guarded_free("logits a", la), fxt_guarded_free("logits b", lb);
+    fx_model_cache_free(ca), fx_model_cache_free(cb);
+    free(lad);
+}
+
+/* Loading allocated tables, not parameters; generation past the cache (sized by its
+   capacity) only the attention mask and small scratch; no training buffers. The sizes are
+   fx_mem_stats' since the peak was reset before loading. */
+static void check_inference_memory(int f, const fx_model *b, size_t cur0, size_t peak_load, size_t cur_cache,
+                                   size_t peak1)
+{
+    const size_t param_bytes = fx_model_num_params(b) * sizeof(float);
+    FXT_CHECK(b->params == NULL && b->grads == NULL && b->adam == NULL && b->adam16 == NULL && b->acts == NULL);
+    if (!(peak_load - cur0 < param_bytes / 8))
+        FXT_FAIL("%s: loading peaked at %zu bytes, the float32 parameters are %zu", fixtures[f], peak_load - cur0,
+                 param_bytes);
+    if (!(peak1 - cur_cache < param_bytes / 4))
+        FXT_FAIL("%s: generation peaked at %zu bytes above the cache, the float32 parameters are %zu", fixtures[f],
+                 peak1 - cur_cache, param_bytes);
+}
+
+/* A forward pass needs float32 parameters: read on demand, then the model is fx_model_load's,
+   bit for bit. */
+static void check_read_on_demand(int f, fx_model *a, fx_model *b, const greedy_ref *g)
+{
+    const int64_t V = fx_model_get_config(a)->vocab, n = g->T0 * V;
+    float *fa = malloc((size_t)n * sizeof *fa), *fb = malloc((size_t)n * sizeof *fb);
+    FXT_OK(fx_model_forward(a, NULL, fa, g->prompt, NULL, 1, g->T0, 0));
+    FXT_OK(fx_model_forward(b, NULL, fb, g->prompt, NULL, 1, g->T0, 0));
+    FXT_CHECK(b->params != NULL && b->mapped == NULL);
+    char what[96];
+    snprintf(what, sizeof what, "%s forward after reading the parameters", fixtures[f]);
+    fxt_bitwise_f32(what, fa, fb, (size_t)n);
+    fx_model_tensor ta, tb;
+    for (size_t i = 0; i < fx_model_tensor_count(a); i++) {
+        FXT_OK(fx_model_tensor_at(a, i, &ta));
+        FXT_OK(fx_model_tensor_at(b, i, &tb));
+        if (memcmp(ta.data, tb.data, ta.numel * sizeof(float)) != 0)
+            FXT_FAIL("%s: tensor %s differs from fx_model_load's", fixtures[f], ta.name);
+    }
+    free(fa), free(fb);
+}
+
+/* fixture f loaded both ways: mapped, within budget, and fx_model_load's results. */
+static void inference_fixture_parity(int f)
+{
+    char dir[1024], path[1024];
+    fixture_path(dir, sizeof dir, fixtures[f], "");
+    fixture_path(path, sizeof path, fixtures[f], ".ref.safetensors");
+    fx_model *a = NULL, *b = NULL;
+    fx_safetensors *ref = NULL;
+    FXT_OK(fx_model_load(&a, dir));
+    size_t cur0, peak0, cur_load, peak_load, cur_cache, cur1, peak1;
+    fx_mem_reset_peak();
+    fx_mem_stats(&cur0, &peak0);
+    FXT_OK(fx_model_load_inference(&b, dir));
+    fx_mem_stats(&cur_load, &peak_load);
+    FXT_OK(fx_safetensors_open(&ref, path));
+    if (a && b && ref) {
+        check_mapped(f, b);
+        greedy_ref g = load_greedy(ref);
+        inference_steps(f, a, b, &g, &cur_cache);
+        fx_mem_stats(&cur1, &peak1);
+        check_inference_memory(f, b, cur0, peak_load, cur_cache, peak1);
+        check_read_on_demand(f, a, b, &g);
+        free_greedy(&g);
+    }
+    fx_safetensors_close(ref);
+    fx_model_free(a), fx_model_free(b);
 }
 
 /* fx_model_load_inference: the weights stay in the mapped file in its dtype (F32 in place,
@@ -1067,108 +1341,8 @@ static void test_model_parity(void)
    tokens. The first call that needs float32 parameters reads them, with the same result. */
 static void test_inference_parity(void)
 {
-    static const fx_dtype want_dt[NFIX] = {FX_DT_F32, FX_DT_BF16, FX_DT_F16, FX_DT_F32};
-    for (int f = 0; f < NFIX; f++) {
-        char dir[1024], path[1024];
-        fixture_path(dir, sizeof dir, fixtures[f], "");
-        fixture_path(path, sizeof path, fixtures[f], ".ref.safetensors");
-        fx_model *a = NULL, *b = NULL;
-        fx_safetensors *ref = NULL;
-        FXT_OK(fx_model_load(&a, dir));
-        size_t cur0, peak0, cur1, peak1;
-        fx_mem_reset_peak();
-        fx_mem_stats(&cur0, &peak0);
-        FXT_OK(fx_model_load_inference(&b, dir));
-        size_t cur_load, peak_load, cur_cache, peak_cache;
-        fx_mem_stats(&cur_load, &peak_load);
-        FXT_OK(fx_safetensors_open(&ref, path));
-        if (!a || !b || !ref) {
-            fx_model_free(a), fx_model_free(b), fx_safetensors_close(ref);
-            continue;
-        }
-        /* Mapped: no parameter buffer; every matrix read where the file holds it. */
-        FXT_CHECK(b->params == NULL && b->mapped != NULL && b->mapped->rope_half);
-        for (size_t i = 0; b->mapped && i < b->lay.n; i++)
-            if (b->lay.t[i].ndim == 2 && b->mapped->t[i].dtype != want_dt[f])
-                FXT_FAIL("%s: %s is read as %s, the file holds %s", fixtures[f], b->lay.t[i].name,
-                         fx_dtype_name(b->mapped->t[i].dtype), fx_dtype_name(want_dt[f]));
-
-        int64_t T0, G, nm, nlog;
-        int64_t *p0 = ref_i64(ref, "prompt0.ids", &T0);
-        int64_t *gen = ref_i64(ref, "greedy.ids", &G);
-        float *margin = ref_f32(ref, "greedy.margin", &nm);
-        float *l0 = ref_f32(ref, "prompt0.logits", &nlog);
-        const double tol = 1e-4 * max_abs(l0, nlog);
-        const int64_t V = fx_model_get_config(a)->vocab;
-        int32_t *prompt = malloc((size_t)T0 * sizeof *prompt), tok = 0;
-        for (int64_t i = 0; i < T0; i++)
-            prompt[i] = (int32_t)p0[i];
-        fx_model_cache *ca = NULL, *cb = NULL;
-        FXT_OK(fx_model_cache_create(&ca, a, T0 + G));
-        FXT_OK(fx_model_cache_create(&cb, b, T0 + G));
-        fx_mem_stats(&cur_cache, &peak_cache);
-        float *la = fxt_guarded((size_t)V), *lb = fxt_guarded((size_t)V);
-        double *lad = fxt_alloc_f64((size_t)V);
-        bool agree = true;
-        for (int64_t s = 0; s <= G && ca && cb; s++) {
-            if (s == 0) {
-                FXT_OK(fx_model_prefill(a, ca, la, prompt, T0));
-                FXT_OK(fx_model_prefill(b, cb, lb, prompt, T0));
-            } else {
-                FXT_OK(fx_model_decode_step(a, ca, la, tok));
-                FXT_OK(fx_model_decode_step(b, cb, lb, tok));
-            }
-            for (int64_t v = 0; v < V; v++)
-                lad[v] = la[v];
-            char what[96];
-            snprintf(what, sizeof what, "%s step %lld logits (mapped vs float32)", fixtures[f], (long long)s);
-            fxt_close_f32(what, lb, lad, (size_t)V, tol, 0);
-            int32_t best = 0;
-            for (int64_t v = 1; v < V; v++)
-                best = lb[v] > lb[best] ? (int32_t)v : best;
-            if (s < G) {
-                agree = agree && margin[s] > tol;
-                if (agree && best != gen[s])
-                    FXT_FAIL("%s greedy step %lld: %d, transformers %lld (margin %.3g)", fixtures[f], (long long)s,
-                             best, (long long)gen[s], (double)margin[s]);
-            }
-            tok = best;
-        }
-        /* Loading allocated tables, not parameters; generation past the cache (sized by
-           its capacity) only the attention mask and small scratch; no training buffers. */
-        fx_mem_stats(&cur1, &peak1);
-        const size_t param_bytes = fx_model_num_params(b) * sizeof(float);
-        FXT_CHECK(b->params == NULL && b->grads == NULL && b->adam == NULL && b->adam16 == NULL &&
-                  b->acts == NULL);
-        if (!(peak_load - cur0 < param_bytes / 8))
-            FXT_FAIL("%s: loading peaked at %zu bytes, the float32 parameters are %zu", fixtures[f],
-                     peak_load - cur0, param_bytes);
-        if (!(peak1 - cur_cache < param_bytes / 4))
-            FXT_FAIL("%s: generation peaked at %zu bytes above the cache, the float32 parameters are %zu",
-                     fixtures[f], peak1 - cur_cache, param_bytes);
-
-        /* A forward pass needs float32 parameters: read on demand, then the model is
-           fx_model_load's, bit for bit. */
-        float *fa = malloc((size_t)(T0 * V) * sizeof *fa), *fb = malloc((size_t)(T0 * V) * sizeof *fb);
-        FXT_OK(fx_model_forward(a, NULL, fa, prompt, NULL, 1, T0, 0));
-        FXT_OK(fx_model_forward(b, NULL, fb, prompt, NULL, 1, T0, 0));
-        FXT_CHECK(b->params != NULL && b->mapped == NULL);
-        char what[96];
-        snprintf(what, sizeof what, "%s forward after reading the parameters", fixtures[f]);
-        fxt_bitwise_f32(what, fa, fb, (size_t)(T0 * V));
-        fx_model_tensor ta, tb;
-        for (size_t i = 0; i < fx_model_tensor_count(a); i++) {
-            FXT_OK(fx_model_tensor_at(a, i, &ta));
-            FXT_OK(fx_model_tensor_at(b, i, &tb));
-            if (memcmp(ta.data, tb.data, ta.numel * sizeof(float)) != 0)
-                FXT_FAIL("%s: tensor %s differs from fx_model_load's", fixtures[f], ta.name);
-        }
-        fxt_guarded_free("logits a", la), fxt_guarded_free("logits b", lb);
-        fx_model_cache_free(ca), fx_model_cache_free(cb);
-        free(p0), free(gen), free(margin), free(l0), free(prompt), free(lad), free(fa), free(fb);
-        fx_safetensors_close(ref);
-        fx_model_free(a), fx_model_free(b);
-    }
+    for (int f = 0; f < NFIX; f++)
+        inference_fixture_parity(f);
     /* A tensor access reads the parameters too; a refused directory is refused alike. */
     char dir[1024];
     fixture_path(dir, sizeof dir, "llama_bf16", "");
@@ -1178,11 +1352,7 @@ static void test_inference_parity(void)
     FXT_OK(fx_model_tensor_find(m, "layers.0.attn.wq", &t));
     FXT_CHECK(m && m->params != NULL && t.data != NULL);
     fx_model_free(m);
-    snprintf(dir, sizeof dir, "%s/m-dtype", tmpdir);
-    write_variant(dir, "llama3_tied", &(variant){.retype = "model.norm.weight"});
-    m = NULL;
-    FXT_STATUS(fx_model_load_inference(&m, dir), FX_EUNSUPPORTED, "tensor model.norm.weight is I8");
-    FXT_CHECK(m == NULL);
+    expect_refused_load(fx_model_load_inference);
 }
 
 /* Training data from token ids of a large vocabulary: ids past 65535 reach the batches whole;
