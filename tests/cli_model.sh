@@ -58,4 +58,19 @@ lacks bench-gemm-f32-bf16 "$tmp/out" '  bf16 '
 # The fused loss's products (a dimension of 257, the vocabulary) are not rows of the table,
 # on any CPU path (on AVX2 they are BLIS calls made outside a parallel region at this size).
 lacks bench-gemm-f32-loss "$tmp/out" ' 257 '
+# --ops: the step by op; on tiny (2 layers) each layer's attention runs once a step each way,
+# and the rows cover the step (what they leave is printed as "the rest").
+check bench-ops 0 "$flexc" bench train --model tiny --steps 1 --batch 1 --seq 16 --only flex --ops
+contains bench-ops-products "$tmp/out" '^    matrix products  *[1-9][0-9]*\.0 '
+contains bench-ops-attn-fwd "$tmp/out" '^    attention forward  *2\.0 '
+contains bench-ops-attn-bwd "$tmp/out" '^    attention backward  *2\.0 '
+contains bench-ops-norm "$tmp/out" '^    RMSNorm  *[1-9]'
+contains bench-ops-loss "$tmp/out" '^    loss  *1\.0 '
+contains bench-ops-rest "$tmp/out" '^    the rest '
+lacks bench-ops-gemm-table "$tmp/out" 'matrix products per step'
+lacks bench-ops-nan "$tmp/out" 'nan'
+check bench-ops-json 0 "$flexc" bench train --model tiny --steps 1 --batch 1 --seq 16 --only flex --ops --json
+contains bench-ops-json-line "$tmp/out" '^{"case":"train_ops","steps":[0-9]*,"step_s":[0-9.]*,"ops":\[{"op":"matrix products"'
+check bench-ops-pair 2 "$flexc" bench train --model tiny --steps 1 --ops
+has bench-ops-pair-msg "$tmp/err" "bench train --ops: needs --only flex or --only baseline"
 finish cli_model

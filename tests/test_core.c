@@ -197,6 +197,45 @@ static void test_gemm_against_reference(void)
     }
 }
 
+/* The traces of `bench train --gemm` and `--ops`: a GEMM outside any op is one entry of its
+   shape; a GEMM inside an op counts in the op only; nothing counts once the traces stop, or
+   inside a parallel region. */
+static void test_traces(void)
+{
+    float a[4 * 8] = {0}, b[8 * 5] = {0}, c[4 * 5];
+    fx__gemm_shape shapes[4];
+    fx__op_time ops[FX__OP_COUNT];
+    fx__gemm_trace_start(shapes, 4);
+    fx__op_trace_start(ops);
+    fx__sgemm(false, false, 4, 5, 8, 1.0f, a, 8, b, 5, 0.0f, c, 5);
+    fx__sgemm(false, false, 4, 5, 8, 1.0f, a, 8, b, 5, 0.0f, c, 5);
+    double t0 = fx__op_begin();
+    FXT_CHECK(t0 >= 0.0);
+    FXT_CHECK(fx__op_begin() < 0.0); /* nested: timed by the outer call */
+    fx__sgemm(true, false, 8, 5, 4, 1.0f, a, 8, b, 5, 0.0f, c, 5);
+    fx__op_end(FX__OP_NORM, t0);
+#ifdef _OPENMP
+    int inner = 0;
+#pragma omp parallel num_threads(2) reduction(+ : inner)
+    inner += fx__op_begin() >= 0.0 || fx__gemm_trace_begin() >= 0.0;
+    FXT_EQ_INT(inner, 0);
+#endif
+    int64_t dropped = -1;
+    const int n = fx__gemm_trace_stop(&dropped);
+    fx__op_trace_stop();
+    FXT_EQ_INT(n, 1);
+    FXT_EQ_INT(dropped, 0);
+    FXT_CHECK(!shapes[0].ta && shapes[0].M == 4 && shapes[0].N == 5 && shapes[0].K == 8);
+    FXT_EQ_INT(shapes[0].calls, 2);
+    FXT_EQ_INT(ops[FX__OP_NORM].calls, 1);
+    FXT_CHECK(ops[FX__OP_NORM].seconds >= 0.0);
+    for (int op = 0; op < FX__OP_COUNT; op++)
+        if (op != FX__OP_NORM)
+            FXT_EQ_INT(ops[op].calls, 0);
+    FXT_CHECK(fx__op_begin() < 0.0 && fx__gemm_trace_begin() < 0.0); /* both stopped */
+    FXT_EQ_STR(fx__op_name(FX__OP_ATTN_BWD), "attention backward");
+}
+
 /* beta = 0 must overwrite, NaN included, as BLAS does. */
 static void test_gemm_beta_zero(void)
 {
@@ -560,6 +599,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_advise_huge_pages);
     FXT_RUN(test_gemm_against_reference);
     FXT_RUN(test_gemm_beta_zero);
+    FXT_RUN(test_traces);
     FXT_RUN(test_gemm_thread_independent);
     FXT_RUN(test_gemm_tiled_paths);
     FXT_RUN(test_philox_known_answers);

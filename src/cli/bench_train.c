@@ -66,7 +66,7 @@ static void run_step(void *p)
 typedef struct train_args {
     const char *model, *attn, *dtype;
     int64_t batch, seq, steps;
-    bool json, adam_bf16, recompute, gemm, bf16;
+    bool json, adam_bf16, recompute, gemm, ops, bf16;
     fx__gpt_config cfg;
     fx__gpt_mask mask;
     int64_t window;
@@ -95,6 +95,8 @@ static int train_args_parse(int argc, char **argv, train_args *a)
         {"--recompute", CLI_FLAG, &a->recompute, "the flex variant recomputes activations in backward"},
         {"--json", CLI_FLAG, &a->json, "one JSON object"},
         {"--gemm", CLI_FLAG, &a->gemm, "with --only: the step's matrix products by shape, against BLIS alone at each"},
+        {"--ops", CLI_FLAG, &a->ops, "with --only: the step's time by op (matrix products, attention, norms, RoPE, "
+                                     "SwiGLU, loss, embedding, optimizer, the rest)"},
         /* Never parsed here: --parallel selects bench_train_dist. Listed for --help. */
         {"--parallel", CLI_STRING, &parallel, "fsdp | ddp: overlapped vs. serialised steps under mpirun (options: "
                                               "flexc bench train --parallel fsdp --help)"},
@@ -129,8 +131,8 @@ static int train_args_parse(int argc, char **argv, train_args *a)
         cli_error("bench train --only: '%s' is not flex or baseline", only);
         return CLI_EXIT_USAGE;
     }
-    if (a->gemm && !only) {
-        cli_error("bench train --gemm: needs --only flex or --only baseline");
+    if ((a->gemm || a->ops) && !only) {
+        cli_error("bench train %s: needs --only flex or --only baseline", a->gemm ? "--gemm" : "--ops");
         return CLI_EXIT_USAGE;
     }
     const struct { const char *name; int64_t v, lo, hi; } lim[] = {
@@ -177,10 +179,60 @@ static int variant_setup(variant *v, const train_args *a, int i)
     return FX_OK;
 }
 
-/* The report of one variant timed alone (--only) at t seconds a step; --gemm: the products
-   of the traced steps (from traced_from on). */
-static void report_one(const train_args *a, variant *x, double t, const fx__gemm_shape *shapes, int nshapes,
-                       int64_t dropped, int traced_from)
+/* What the traced steps (--gemm, --ops) recorded: the products by shape and the other work by
+   op, over the variant's steps from `from` on. */
+typedef struct step_trace {
+    fx__gemm_shape shapes[64];
+    int nshapes;
+    int64_t dropped;
+    fx__op_time ops[FX__OP_COUNT];
+    int from;
+} step_trace;
+
+/* --ops: the traced steps' mean time by op, the products (all shapes) first, the gradient norm
+   and optimizer (the step's own phase) and what no row covers last. */
+static void report_ops(const train_args *a, const variant *x, const step_trace *tr)
+{
+    const int steps = x->steps - tr->from;
+    if (steps <= 0)
+        return;
+    double step_s = 0.0, optim_s = 0.0, gemm_s = 0.0, gemm_calls = 0.0;
+    for (int i = tr->from; i < x->steps; i++)
+        step_s += x->phase[i][0] + x->phase[i][1] + x->phase[i][2], optim_s += x->phase[i][2];
+    for (int i = 0; i < tr->nshapes; i++)
+        gemm_s += tr->shapes[i].seconds, gemm_calls += (double)tr->shapes[i].calls;
+    struct op_row {
+        const char *name;
+        double calls, s; /* a step's */
+    } row[FX__OP_COUNT + 3];
+    int n = 0;
+    row[n++] = (struct op_row){"matrix products", gemm_calls / steps, gemm_s / steps};
+    for (int op = 0; op < FX__OP_COUNT; op++)
+        row[n++] = (struct op_row){fx__op_name((fx__op)op), (double)tr->ops[op].calls / steps,
+                                     tr->ops[op].seconds / steps};
+    row[n++] = (struct op_row){"gradient norm and optimizer", 1.0, optim_s / steps};
+    double rest = step_s / steps;
+    for (int i = 0; i < n; i++)
+        rest -= row[i].s;
+    row[n++] = (struct op_row){"the rest", 0.0, rest};
+    step_s /= steps;
+    if (a->json) {
+        printf("{\"case\":\"train_ops\",\"steps\":%d,\"step_s\":%.5f,\"ops\":[", steps, step_s);
+        for (int i = 0; i < n; i++)
+            printf("%s{\"op\":\"%s\",\"calls\":%.1f,\"s\":%.5f,\"share\":%.4f}", i ? "," : "", row[i].name,
+                   row[i].calls, row[i].s, row[i].s / step_s);
+        printf("]}\n");
+        return;
+    }
+    printf("  the step by op (mean of %d traced steps, %.3f s a step):\n    %-28s %7s %9s %7s\n", steps, step_s, "op",
+           "calls", "ms", "share");
+    for (int i = 0; i < n; i++)
+        printf("    %-28s %7.1f %9.2f %6.1f%%\n", row[i].name, row[i].calls, 1e3 * row[i].s, 100.0 * row[i].s / step_s);
+}
+
+/* The report of one variant timed alone (--only) at t seconds a step; --gemm and --ops: what
+   the traced steps recorded. */
+static void report_one(const train_args *a, variant *x, double t, const step_trace *tr)
 {
     const double tokens = (double)(a->batch * a->seq), mem = (double)(x->own_bytes + x->step_peak);
     const double params = (double)x->m->lay.total;
@@ -202,11 +254,13 @@ static void report_one(const train_args *a, variant *x, double t, const fx__gemm
     if (a->gemm) {
         /* The traced steps' mean: the products' time is a sum over the same steps. */
         double traced_s = 0.0;
-        for (int i = traced_from; i < x->steps; i++)
+        for (int i = tr->from; i < x->steps; i++)
             traced_s += x->phase[i][0] + x->phase[i][1] + x->phase[i][2];
-        const int traced = x->steps - traced_from;
-        bench_gemm_report(shapes, nshapes, dropped, traced, traced > 0 ? traced_s / traced : t, a->json);
+        const int traced = x->steps - tr->from;
+        bench_gemm_report(tr->shapes, tr->nshapes, tr->dropped, traced, traced > 0 ? traced_s / traced : t, a->json);
     }
+    if (a->ops)
+        report_ops(a, x, tr);
 }
 
 /* The report of both variants timed side by side: ta and tb seconds a step. */
@@ -270,15 +324,16 @@ int bench_train(int argc, char **argv)
         }
     bench_ctx ca = {&v[0], &data.d, data.tok, data.tgt}, cb = {&v[1], &data.d, data.tok, data.tgt};
     double ta = 0, tb = 0;
-    /* --gemm: one warm-up step untraced, then every step bench_time runs (its own warm-up
-       included, all warm by then). */
-    enum { MAX_SHAPES = 64 };
-    fx__gemm_shape shapes[MAX_SHAPES];
-    int traced_from = 0;
-    if (a.gemm) {
+    /* --gemm, --ops: one warm-up step untraced, then every step bench_time runs (its own
+       warm-up included, all warm by then). */
+    static step_trace tr;
+    const bool traced = a.gemm || a.ops;
+    if (traced) {
         run_step(a.first == 0 ? &ca : &cb);
-        traced_from = v[a.first].steps;
-        fx__gemm_trace_start(shapes, MAX_SHAPES);
+        tr.from = v[a.first].steps;
+        fx__gemm_trace_start(tr.shapes, (int)(sizeof tr.shapes / sizeof tr.shapes[0]));
+        if (a.ops)
+            fx__op_trace_start(tr.ops);
     }
     if (a.first == 0 && a.last == 1)
         bench_pair(run_step, &ca, run_step, &cb, (int)a.steps, &ta, &tb);
@@ -286,15 +341,17 @@ int bench_train(int argc, char **argv)
         ta = bench_time(run_step, &ca, (int)a.steps);
     else
         tb = bench_time(run_step, &cb, (int)a.steps);
-    int64_t dropped = 0;
-    const int nshapes = a.gemm ? fx__gemm_trace_stop(&dropped) : 0;
+    if (traced) {
+        tr.nshapes = fx__gemm_trace_stop(&tr.dropped);
+        fx__op_trace_stop();
+    }
     for (int i = a.first; i <= a.last; i++)
         if (v[i].rc) {
             cli_fail(v[i].rc, v[i].name);
             goto done;
         }
     if (a.first == a.last)
-        report_one(&a, &v[a.first], a.first == 0 ? ta : tb, shapes, nshapes, dropped, traced_from);
+        report_one(&a, &v[a.first], a.first == 0 ? ta : tb, &tr);
     else
         report_pair(&a, v, ta, tb);
     exit_code = CLI_EXIT_OK;

@@ -101,6 +101,33 @@ int fx__gemm_trace_stop(int64_t *dropped);
 double fx__gemm_trace_begin(void);
 void fx__gemm_trace_end(const fx__gemm_shape *shape, double t0);
 
+/* Accounting of a step's other work by op (`flexc bench train --ops`), in trace.c with the GEMM
+   trace: between fx__op_trace_start and fx__op_trace_stop, each call of an op's function
+   made outside a parallel region and outside another timed call (a traced GEMM or op) adds
+   its wall time to the op's entry. The same thread starts, stops and makes the calls. */
+typedef enum fx__op {
+    FX__OP_ATTN_FWD, /* the attention kernel, forward */
+    FX__OP_ATTN_BWD, /* and backward */
+    FX__OP_NORM,     /* RMSNorm, forward and backward */
+    FX__OP_HEADS,    /* RoPE and the moves between token rows and heads, both ways */
+    FX__OP_SWIGLU,   /* SwiGLU, forward (also recomputed in the backward pass) and backward */
+    FX__OP_LOSS,     /* the loss (the fused linear + cross-entropy), its own products included */
+    FX__OP_EMBED,    /* the embedding's gather and its gradient's scatter */
+    FX__OP_COUNT
+} fx__op;
+typedef struct fx__op_time {
+    int64_t calls;
+    double seconds;
+} fx__op_time;
+/* times: FX__OP_COUNT entries, cleared here. */
+void fx__op_trace_start(fx__op_time *times);
+void fx__op_trace_stop(void);
+/* The bracket of one op call, as fx__gemm_trace_begin / _end: fx__op_end(op, t0) does nothing
+   when fx__op_begin gave a negative t0. */
+double fx__op_begin(void);
+void fx__op_end(fx__op op, double t0);
+const char *fx__op_name(fx__op op);
+
 /* The plain triple loop (float64 accumulation), same contract: the tests' reference. */
 void fx__sgemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *A, int64_t lda, const float *B, int64_t ldb,

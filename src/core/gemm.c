@@ -36,56 +36,6 @@ static void fx__blis(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float al
                  &alpha, (float *)A, lda, 1, (float *)B, ldb, 1, &beta, C, ldc, 1, NULL, &rntm);
 }
 
-/* The trace (core.h): where calls go while it is on. */
-static struct {
-    fx__gemm_shape *shapes;
-    int cap, n;
-    int64_t dropped;
-    bool inside; /* a traced call is running */
-} fx__trace;
-
-void fx__gemm_trace_start(fx__gemm_shape *shapes, int cap)
-{
-    fx__trace.shapes = shapes, fx__trace.cap = cap, fx__trace.n = 0, fx__trace.dropped = 0;
-}
-
-int fx__gemm_trace_stop(int64_t *dropped)
-{
-    if (dropped)
-        *dropped = fx__trace.dropped;
-    fx__trace.shapes = NULL;
-    return fx__trace.n;
-}
-
-double fx__gemm_trace_begin(void)
-{
-    if (!fx__trace.shapes || fx__trace.inside || fx__in_parallel())
-        return -1.0;
-    fx__trace.inside = true;
-    return fx__seconds();
-}
-
-void fx__gemm_trace_end(const fx__gemm_shape *g, double t0)
-{
-    const double seconds = fx__seconds() - t0;
-    fx__trace.inside = false;
-    for (int i = 0; i < fx__trace.n; i++) {
-        fx__gemm_shape *e = &fx__trace.shapes[i];
-        if (e->ta == g->ta && e->tb == g->tb && e->M == g->M && e->N == g->N && e->K == g->K && e->bf16 == g->bf16 &&
-            e->a16 == g->a16 && e->b16 == g->b16) {
-            e->calls++, e->seconds += seconds;
-            return;
-        }
-    }
-    if (fx__trace.n == fx__trace.cap) {
-        fx__trace.dropped++;
-        return;
-    }
-    fx__gemm_shape *e = &fx__trace.shapes[fx__trace.n++];
-    *e = *g;
-    e->calls = 1, e->seconds = seconds;
-}
-
 void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t lda, const float *B, int64_t ldb,
                float beta, float *C, int64_t ldc)

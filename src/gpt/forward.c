@@ -49,25 +49,33 @@ static fx__attn_ref fx__ref_desc(const fx__attn_call *c)
 int fx__attn_fwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
                         float *out, float *lse)
 {
+    const double t0 = fx__op_begin();
+    int rc = FX_OK;
     if (m->attn_impl == FX__GPT_ATTN_REF) {
         fx__attn_ref r = fx__ref_desc(c);
         fx__attn_ref_forward(&r, q, k, v, out, lse);
-        return FX_OK;
+    } else {
+        fx_attention a = fx__flex_desc(c);
+        rc = fx_flex_attention(&a, q, k, v, out, lse);
     }
-    fx_attention a = fx__flex_desc(c);
-    return fx_flex_attention(&a, q, k, v, out, lse);
+    fx__op_end(FX__OP_ATTN_FWD, t0);
+    return rc;
 }
 
 int fx__attn_bwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
                         const float *out, const float *lse, const float *dout, float *dq, float *dk, float *dv)
 {
+    const double t0 = fx__op_begin();
+    int rc = FX_OK;
     if (m->attn_impl == FX__GPT_ATTN_REF) {
         fx__attn_ref r = fx__ref_desc(c);
         fx__attn_ref_backward(&r, q, k, v, out, lse, dout, dq, dk, dv);
-        return FX_OK;
+    } else {
+        fx_attention a = fx__flex_desc(c);
+        rc = fx_flex_attention_backward(&a, q, k, v, out, lse, dout, dq, dk, dv);
     }
-    fx_attention a = fx__flex_desc(c);
-    return fx_flex_attention_backward(&a, q, k, v, out, lse, dout, dq, dk, dv);
+    fx__op_end(FX__OP_ATTN_BWD, t0);
+    return rc;
 }
 
 /* The training-shape attention call; builds the block mask when the flex path needs one
@@ -267,9 +275,8 @@ static int forward_inputs(fx__gpt *m, const int32_t *tokens, const int32_t *targ
     return FX_OK;
 }
 
-/* The loss of the final norm's output a->xnf against m->targets (*out), and with grad its
-   gradients: the head's (accumulated) and a->dxn's (overwritten). */
-static int forward_loss(fx__gpt *m, const fx__acts *a, bool grad, float *out)
+/* forward_loss's work, untimed. */
+static int loss_call(fx__gpt *m, const fx__acts *a, bool grad, float *out)
 {
     const int64_t N = m->B * m->T, C = m->c.dim, V = m->c.vocab;
     const float *head = fx__gpt_head(m, false);
@@ -297,6 +304,17 @@ static int forward_loss(fx__gpt *m, const fx__acts *a, bool grad, float *out)
         rc = fx_linear_cross_entropy(&p, a->xnf, head, NULL, m->targets, out, NULL, dxnf, dwte, NULL);
     }
     return rc ? fx__error_context(rc, "loss") : FX_OK;
+}
+
+/* The loss of the final norm's output a->xnf against m->targets (*out), and with grad its
+   gradients: the head's (accumulated) and a->dxn's (overwritten); timed as one op by the
+   op trace (core.h). */
+static int forward_loss(fx__gpt *m, const fx__acts *a, bool grad, float *out)
+{
+    const double t0 = fx__op_begin();
+    const int rc = loss_call(m, a, grad, out);
+    fx__op_end(FX__OP_LOSS, t0);
+    return rc;
 }
 
 int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)

@@ -78,6 +78,7 @@ const fx__rms_ops *fx__rms_ops_for(fx_isa isa)
 void fx__rmsnorm_forward_copy(float *out, float *rstd, float *copy, const float *inp, const float *w, int64_t N,
                               int64_t C, float eps)
 {
+    const double t0 = fx__op_begin();
     const fx__rms_ops *op = fx__rms_ops_for(fx__isa());
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
@@ -87,6 +88,7 @@ void fx__rmsnorm_forward_copy(float *out, float *rstd, float *copy, const float 
         if (copy)
             memcpy(copy + n * C, inp + n * C, (size_t)C * sizeof(float));
     }
+    fx__op_end(FX__OP_NORM, t0);
 }
 
 void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int64_t N, int64_t C, float eps)
@@ -97,6 +99,7 @@ void fx__rmsnorm_forward(float *out, float *rstd, const float *inp, const float 
 void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w,
                           const float *rstd, int64_t N, int64_t C)
 {
+    const double t0 = fx__op_begin();
     /* y = x r w with r = (mean x^2 + eps)^-1/2:
        dx = r (dy w) - x r^3 mean(dy w x),  dw = sum_n dy x r (in token order, per channel). */
     const fx__rms_ops *op = fx__rms_ops_for(fx__isa());
@@ -119,6 +122,7 @@ void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float
                 dw[c0 + c] += acc[c];
         }
     }
+    fx__op_end(FX__OP_NORM, t0);
 }
 
 /* ---- RoPE ---------------------------------------------------------------------------------- */
@@ -195,44 +199,53 @@ static void rope_heads(float *dst, int64_t dst_step, const float *src, int64_t s
 void fx__rope_forward(float *out, const float *x, int64_t ldx, const float *rope, int64_t B, int64_t T, int64_t H,
                       int64_t hd, int64_t pos0)
 {
+    const double t0 = fx__op_begin();
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t b = bt / T, t = bt % T;
         rope_heads(out + (b * H * T + t) * hd, T * hd, x + bt * ldx, hd, rope + (pos0 + t) * hd, 1.0f, H, hd);
     }
+    fx__op_end(FX__OP_HEADS, t0);
 }
 
 void fx__rope_backward(float *dx, int64_t ldx, const float *dout, const float *rope, int64_t B, int64_t T, int64_t H,
                        int64_t hd)
 {
+    const double t0 = fx__op_begin();
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t b = bt / T, t = bt % T;
         rope_heads(dx + bt * ldx, hd, dout + (b * H * T + t) * hd, T * hd, rope + t * hd, -1.0f, H, hd);
     }
+    fx__op_end(FX__OP_HEADS, t0);
 }
 
 void fx__to_heads(float *out, const float *x, int64_t ldx, int64_t B, int64_t T, int64_t H, int64_t hd)
 {
+    const double t0 = fx__op_begin();
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t b = bt / T, t = bt % T;
         rope_heads(out + (b * H * T + t) * hd, T * hd, x + bt * ldx, hd, NULL, 1.0f, H, hd);
     }
+    fx__op_end(FX__OP_HEADS, t0);
 }
 
 void fx__from_heads(float *out, int64_t ldo, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd)
 {
+    const double t0 = fx__op_begin();
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t b = bt / T, t = bt % T;
         rope_heads(out + bt * ldo, hd, x + (b * H * T + t) * hd, T * hd, NULL, -1.0f, H, hd);
     }
+    fx__op_end(FX__OP_HEADS, t0);
 }
 
 void fx__qkv_to_heads(float *q, float *k, float *v, const float *qkv, const float *rope, int64_t B, int64_t T,
                       int64_t Hq, int64_t Hkv, int64_t hd)
 {
+    const double t0 = fx__op_begin();
     const int64_t ld = (Hq + 2 * Hkv) * hd;
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
@@ -242,11 +255,13 @@ void fx__qkv_to_heads(float *q, float *k, float *v, const float *qkv, const floa
         rope_heads(k + (b * Hkv * T + t) * hd, T * hd, row + Hq * hd, hd, cs, 1.0f, Hkv, hd);
         rope_heads(v + (b * Hkv * T + t) * hd, T * hd, row + (Hq + Hkv) * hd, hd, NULL, 1.0f, Hkv, hd);
     }
+    fx__op_end(FX__OP_HEADS, t0);
 }
 
 void fx__qkv_from_heads(float *dqkv, const float *dq, const float *dk, const float *dv, const float *rope, int64_t B,
                         int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
 {
+    const double t0 = fx__op_begin();
     const int64_t ld = (Hq + 2 * Hkv) * hd;
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
@@ -257,6 +272,7 @@ void fx__qkv_from_heads(float *dqkv, const float *dq, const float *dk, const flo
         rope_heads(row + Hq * hd, hd, dk + (b * Hkv * T + t) * hd, T * hd, cs, -1.0f, Hkv, hd);
         rope_heads(row + (Hq + Hkv) * hd, hd, dv + (b * Hkv * T + t) * hd, T * hd, NULL, -1.0f, Hkv, hd);
     }
+    fx__op_end(FX__OP_HEADS, t0);
 }
 
 /* ---- SwiGLU ------------------------------------------------------------------------------- */
@@ -294,6 +310,7 @@ enum { FX__EW_BLOCK = 1 << 12 };
 void fx__swiglu_forward(float *out, int64_t ldo, const float *a, const float *b, int64_t ld, int64_t rows,
                         int64_t cols)
 {
+    const double t0 = fx__op_begin();
     const fx__swiglu_ops *op = fx__swiglu_ops_for(fx__isa());
     const int64_t nb = (cols + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
 #pragma omp parallel for schedule(static)
@@ -301,11 +318,13 @@ void fx__swiglu_forward(float *out, int64_t ldo, const float *a, const float *b,
         const int64_t r = t / nb, j = t % nb * FX__EW_BLOCK, len = cols - j < FX__EW_BLOCK ? cols - j : FX__EW_BLOCK;
         op->forward(out + r * ldo + j, a + r * ld + j, b + r * ld + j, len);
     }
+    fx__op_end(FX__OP_SWIGLU, t0);
 }
 
 void fx__swiglu_backward(float *da, float *db, int64_t ld, const float *dout, int64_t ldo, const float *a,
                          const float *b, int64_t rows, int64_t cols)
 {
+    const double t0 = fx__op_begin();
     const fx__swiglu_ops *op = fx__swiglu_ops_for(fx__isa());
     const int64_t nb = (cols + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
 #pragma omp parallel for schedule(static)
@@ -313,19 +332,23 @@ void fx__swiglu_backward(float *da, float *db, int64_t ld, const float *dout, in
         const int64_t r = t / nb, j = t % nb * FX__EW_BLOCK, len = cols - j < FX__EW_BLOCK ? cols - j : FX__EW_BLOCK;
         op->backward(da + r * ld + j, db + r * ld + j, dout + r * ldo + j, a + r * ld + j, b + r * ld + j, len);
     }
+    fx__op_end(FX__OP_SWIGLU, t0);
 }
 
 /* ---- embedding ------------------------------------------------------------------------------- */
 
 void fx__embed_forward(float *out, const int32_t *tokens, const float *wte, int64_t N, int64_t C)
 {
+    const double t0 = fx__op_begin();
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++)
         memcpy(out + n * C, wte + (int64_t)tokens[n] * C, (size_t)C * sizeof(float));
+    fx__op_end(FX__OP_EMBED, t0);
 }
 
 void fx__embed_backward(float *dwte, const float *dout, const int32_t *tokens, int64_t N, int64_t C)
 {
+    const double t0 = fx__op_begin();
     /* Tokens repeat, so rows of dwte collect several updates: each task owns a slice of
        channels and adds the tokens in order. */
     int64_t nblk = (C + FX__CBLOCK - 1) / FX__CBLOCK;
@@ -339,6 +362,7 @@ void fx__embed_backward(float *dwte, const float *dout, const int32_t *tokens, i
                 d[c] += g[c];
         }
     }
+    fx__op_end(FX__OP_EMBED, t0);
 }
 
 /* ---- projection biases ------------------------------------------------------------------ */
