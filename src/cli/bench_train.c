@@ -189,6 +189,19 @@ typedef struct step_trace {
     int from;
 } step_trace;
 
+/* The traced steps' mean seconds: the whole step, and (optim, may be NULL) its gradient norm
+   and optimizer phase. 0 when no step was traced. */
+static double traced_step_s(const variant *x, const step_trace *tr, double *optim)
+{
+    const int steps = x->steps - tr->from;
+    double step_s = 0.0, optim_s = 0.0;
+    for (int i = tr->from; i < x->steps; i++)
+        step_s += x->phase[i][0] + x->phase[i][1] + x->phase[i][2], optim_s += x->phase[i][2];
+    if (optim)
+        *optim = steps > 0 ? optim_s / steps : 0.0;
+    return steps > 0 ? step_s / steps : 0.0;
+}
+
 /* --ops: the traced steps' mean time by op, the products (all shapes) first, the gradient norm
    and optimizer (the step's own phase) and what no row covers last. */
 static void report_ops(const train_args *a, const variant *x, const step_trace *tr)
@@ -196,9 +209,8 @@ static void report_ops(const train_args *a, const variant *x, const step_trace *
     const int steps = x->steps - tr->from;
     if (steps <= 0)
         return;
-    double step_s = 0.0, optim_s = 0.0, gemm_s = 0.0, gemm_calls = 0.0;
-    for (int i = tr->from; i < x->steps; i++)
-        step_s += x->phase[i][0] + x->phase[i][1] + x->phase[i][2], optim_s += x->phase[i][2];
+    double optim_s, gemm_s = 0.0, gemm_calls = 0.0;
+    const double step_s = traced_step_s(x, tr, &optim_s);
     for (int i = 0; i < tr->nshapes; i++)
         gemm_s += tr->shapes[i].seconds, gemm_calls += (double)tr->shapes[i].calls;
     struct op_row {
@@ -210,12 +222,11 @@ static void report_ops(const train_args *a, const variant *x, const step_trace *
     for (int op = 0; op < FX__OP_COUNT; op++)
         row[n++] = (struct op_row){fx__op_name((fx__op)op), (double)tr->ops[op].calls / steps,
                                      tr->ops[op].seconds / steps};
-    row[n++] = (struct op_row){"gradient norm and optimizer", 1.0, optim_s / steps};
-    double rest = step_s / steps;
+    row[n++] = (struct op_row){"gradient norm and optimizer", 1.0, optim_s};
+    double rest = step_s;
     for (int i = 0; i < n; i++)
         rest -= row[i].s;
     row[n++] = (struct op_row){"the rest", 0.0, rest};
-    step_s /= steps;
     if (a->json) {
         printf("{\"case\":\"train_ops\",\"steps\":%d,\"step_s\":%.5f,\"ops\":[", steps, step_s);
         for (int i = 0; i < n; i++)
@@ -253,11 +264,9 @@ static void report_one(const train_args *a, variant *x, double t, const step_tra
                phase_median(x, 1), phase_median(x, 2));
     if (a->gemm) {
         /* The traced steps' mean: the products' time is a sum over the same steps. */
-        double traced_s = 0.0;
-        for (int i = tr->from; i < x->steps; i++)
-            traced_s += x->phase[i][0] + x->phase[i][1] + x->phase[i][2];
         const int traced = x->steps - tr->from;
-        bench_gemm_report(tr->shapes, tr->nshapes, tr->dropped, traced, traced > 0 ? traced_s / traced : t, a->json);
+        bench_gemm_report(tr->shapes, tr->nshapes, tr->dropped, traced, traced > 0 ? traced_step_s(x, tr, NULL) : t,
+                          a->json);
     }
     if (a->ops)
         report_ops(a, x, tr);
@@ -326,7 +335,7 @@ int bench_train(int argc, char **argv)
     double ta = 0, tb = 0;
     /* --gemm, --ops: one warm-up step untraced, then every step bench_time runs (its own
        warm-up included, all warm by then). */
-    static step_trace tr;
+    step_trace tr = {0};
     const bool traced = a.gemm || a.ops;
     if (traced) {
         run_step(a.first == 0 ? &ca : &cb);

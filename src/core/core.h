@@ -79,8 +79,8 @@ void fx__sgemm_untraced(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float
 /* Accounting of the matrix work (`flexc bench train --gemm`): between fx__gemm_trace_start
    and fx__gemm_trace_stop, every fx__sgemm and fx__gemm_bf16 call made outside a parallel
    region adds its wall time to the entry of its shape and kind (up to `cap` distinct ones;
-   later new ones are only counted in *dropped). Calls inside parallel regions, and the fused
-   loss's (fx__sgemm_untraced), are not traced. One trace at a time, started and stopped by
+   later new ones are only counted in *dropped). Calls inside parallel regions, inside an op
+   timed by the op trace (below), and the fused loss's (fx__sgemm_untraced) are not traced. One trace at a time, started and stopped by
    the thread that makes the calls. */
 typedef struct fx__gemm_shape {
     bool ta, tb;
