@@ -321,12 +321,14 @@ static inline void SIMD_FN(strip_softmax)(int mr, float *S, int64_t lds, int64_t
     }
 }
 
-/* Items per chunk of the static schedule. When every item visits at most FWD_CACHED - 1
-   kv-blocks (a window), neighbouring q-blocks share most of them: runs of consecutive items
-   per thread let the packed blocks be reused, and the items cost about the same, so runs of
-   up to 16, at least 16 per thread, keep the threads within one run of even. Otherwise
-   (causal, dense: costs grow along the rows) items are dealt one by one. Any chunk gives the
-   same bits. */
+/* Items per chunk of the schedule. When every item visits at most FWD_CACHED - 1 kv-blocks
+   (a window), neighbouring q-blocks share most of them: runs of consecutive items per thread
+   let the packed blocks be reused, and the items cost about the same, so runs of up to 16,
+   at least 16 per thread, keep the threads within one run of even. Otherwise (causal, dense:
+   costs grow along the rows) items go one by one. Chunks are handed out as threads free
+   up: dealt in turn, a causal call with two q-blocks gave one of two threads every short
+   item and the other every long one (the first thread then waited a quarter of the call).
+   Items are independent, so any chunk and any thread give the same bits. */
 static int64_t SIMD_FN(fwd_chunk)(const fx__fwd_plan *p, const fx_attention *a, int nt)
 {
     const fx_block_mask *m = a->mask;
@@ -387,7 +389,7 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
         SIMD_FN(fwd_cache) cache = {.clock = 0, .n = cached};
         for (int c = 0; c < cached; c++)
             cache.tag[c] = -1, cache.used[c] = 0;
-#pragma omp for schedule(static, chunk) nowait /* the region's end joins the threads */
+#pragma omp for schedule(dynamic, chunk) nowait /* the region's end joins the threads */
         for (int64_t item = 0; item < p.n_items; item++) {
             fx__fwd_item it;
             fx__fwd_item_init(&p, a, item, &it);
