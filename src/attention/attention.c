@@ -1,6 +1,7 @@
 /* fx_flex_attention: argument checks, work plan, and the choice of path. */
 #include "attention/internal.h"
 #include "attention/backward.h"
+#include "attention/bf16.h"
 #include "cuda/cuda.h"
 
 #ifdef __SSE2__
@@ -184,13 +185,15 @@ void fx__fwd_item_store(const fx__fwd_plan *p, const fx_attention *a, const fx__
 #endif
 }
 
-int fx__flex_forward(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
-                     float *lse)
+static int fx__flex_forward_flags(const fx_attention *a, unsigned flags, const float *q, const float *k,
+                                  const float *v, float *out, float *lse)
 {
     /* A sparse forward is fast enough that first writes of a fresh output (one page fault
        per 4 KiB) were a tenth of its time at L = 32768, window 256. */
     fx__advise_huge_pages(out, (size_t)(a->B * a->Hq * a->Lq) * (size_t)a->Dv * sizeof(float));
 #ifndef FLEXC_REFERENCE_KERNELS
+    if ((flags & FX__ATTN_BF16) && fx__attn16_kernels_now())
+        return fx__flex_forward_avx512bf16(a, q, k, v, out, lse);
     switch (fx__isa()) {
     case FX_ISA_AVX512:
         return fx__flex_forward_avx512(a, q, k, v, out, lse);
@@ -200,7 +203,14 @@ int fx__flex_forward(const fx_attention *a, const float *q, const float *k, cons
         break;
     }
 #endif
+    (void)flags;
     return fx__flex_forward_scalar(a, q, k, v, out, lse);
+}
+
+int fx__flex_forward(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
+                     float *lse)
+{
+    return fx__flex_forward_flags(a, 0, q, k, v, out, lse);
 }
 
 int fx_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
@@ -208,6 +218,12 @@ int fx_flex_attention(const fx_attention *a, const float *q, const float *k, con
 {
     if (a && fx__cuda_wanted(a->device, a->dtype)) /* a device or bf16 call: src/cuda */
         return fx__cuda_flex_attention(a, q, k, v, out, lse);
+    return fx__flex_attention_with(a, 0, q, k, v, out, lse);
+}
+
+int fx__flex_attention_with(const fx_attention *a, unsigned flags, const float *q, const float *k, const float *v,
+                            float *out, float *lse)
+{
     int rc = fx__attention_check(a, q, k, v);
     if (rc != FX_OK)
         return rc;
@@ -223,5 +239,5 @@ int fx_flex_attention(const fx_attention *a, const float *q, const float *k, con
         return rc;
     if (fx__attention_use_decode(a)) /* few query rows, many keys: split-KV (decode.c) */
         return fx__attention_decode(a, q, k, v, out, lse);
-    return fx__flex_forward(a, q, k, v, out, lse);
+    return fx__flex_forward_flags(a, flags, q, k, v, out, lse);
 }

@@ -17,6 +17,8 @@
    Both call the same tile code in the same order per output element, so they agree to the
    bit and the choice between them may depend on the thread count. */
 #include "attention/backward.h"
+#include "attention/bf16.h"
+#include "core/gemm_bf16.h"
 #include "cuda/cuda.h"
 
 #include <string.h>
@@ -30,6 +32,10 @@ typedef struct bw_scratch {
     float *Kt, *Vt;         /* [D, ldk], [Dv, ldk]: the kv-block, transposed */
     float *S, *raw, *P, *dS; /* [BW_ROWS, ldk] */
     float *dK, *dV;         /* [bk, D], [bk, Dv]: this kv-block's gradients */
+    /* bfloat16 products only (bf16.h's layouts): the kv-block's Kt and Vt in pairs of their
+       rows, K's rows in pairs; a tile's Q and dO in rows and in pairs, P and dS in pairs,
+       dS in rows. */
+    uint32_t *Kt2, *Vt2, *Kp, *Q2, *Qp, *dO2, *dOp, *Pp, *dSp, *dS2;
 } bw_scratch;
 
 typedef struct bw_ctx {
@@ -37,6 +43,7 @@ typedef struct bw_ctx {
     const float *q, *k, *v, *lse, *dout, *Di;
     float *dq, *dk, *dv;
     const fx__attn_kernels *kr;
+    const fx__attn16_kernels *k16; /* the products in bfloat16 (FX__ATTN_BF16), NULL: float32 */
     float scale;
     int64_t G, bq, bk, ldk;
     int64_t qb_lo, qb_hi; /* absolute q-blocks that hold rows q_offset .. q_offset+Lq-1 */
@@ -62,6 +69,15 @@ const fx__attn_kernels *fx__attn_kernels_now(void)
         return &fx__attn_kernels_avx2;
 #endif
     return &fx__attn_kernels_scalar;
+}
+
+const fx__attn16_kernels *fx__attn16_kernels_now(void)
+{
+#if !defined(FLEXC_REFERENCE_KERNELS) && defined(__x86_64__)
+    if (fx__gemm_bf16_cpu_path() == &fx__bf16_tiled_dp)
+        return &fx__attn16_kernels_avx512bf16;
+#endif
+    return NULL;
 }
 
 /* ---- scalar kernels (the reference twin) --------------------------------------------------- */
@@ -185,6 +201,11 @@ static void bw_load_kv(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t hk, in
     const float *vp = c->v + ((b * a->Hkv + hk) * a->Lkv + c0) * a->Dv;
     c->kr->transpose(s->Kt, c->ldk, kp, a->D, nk, a->D);
     c->kr->transpose(s->Vt, c->ldk, vp, a->Dv, nk, a->Dv);
+    if (c->k16) {
+        c->k16->pairs(s->Kt2, c->ldk, s->Kt, c->ldk, a->D, nk);
+        c->k16->pairs(s->Vt2, c->ldk, s->Vt, c->ldk, a->Dv, nk);
+        c->k16->pairs(s->Kp, a->D, kp, a->D, nk, a->D);
+    }
 }
 
 /* Adds dS' of a tile to this unit's table gradient, by relative distance. */
@@ -240,7 +261,15 @@ static void bw_tile(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_
     const float *qr = c->q + row * D;
     const float *dor = c->dout + row * Dv;
 
-    kr->nn(s->S, ld, qr, D, s->Kt + j0, ld, nq, nk, D, c->scale, false);
+    const fx__attn16_kernels *k16 = c->k16;
+    const int64_t D2 = (D + 1) / 2, Dv2 = (Dv + 1) / 2, nq2 = (nq + 1) / 2;
+    if (k16) {
+        k16->rows(s->Q2, D2, qr, D, nq, D);
+        k16->rows(s->dO2, Dv2, dor, Dv, nq, Dv);
+        k16->mm(s->S, ld, s->Q2, D2, 1, s->Kt2 + j0, ld, nq, nk, D2, c->scale, false);
+    } else {
+        kr->nn(s->S, ld, qr, D, s->Kt + j0, ld, nq, nk, D, c->scale, false);
+    }
     if (c->mod) {
         for (int64_t i = 0; i < nq; i++)
             memcpy(s->raw + i * ld, s->S + i * ld, (size_t)nk * sizeof(float));
@@ -249,7 +278,10 @@ static void bw_tile(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_
     if (bits)
         kr->mask_bits(s->S, ld, nq, nk, bits, c->m->bm_words, i0, j0);
     kr->probs(s->P, s->S, ld, nq, nk, c->lse + row);
-    kr->nn(s->dS, ld, dor, Dv, s->Vt + j0, ld, nq, nk, Dv, 1.0f, false);
+    if (k16)
+        k16->mm(s->dS, ld, s->dO2, Dv2, 1, s->Vt2 + j0, ld, nq, nk, Dv2, 1.0f, false);
+    else
+        kr->nn(s->dS, ld, dor, Dv, s->Vt + j0, ld, nq, nk, Dv, 1.0f, false);
     bool separate_scale = c->mod_grad || tab;
     kr->dscores(s->dS, s->P, ld, nq, nk, c->Di + row, separate_scale ? 1.0f : c->scale);
     if (tab)
@@ -261,11 +293,23 @@ static void bw_tile(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_
             for (int64_t j = 0; j < nk; j++)
                 s->dS[i * ld + j] *= c->scale;
 
-    if (want & BW_DKV) {
+    if ((want & BW_DKV) && k16) {
+        /* dV += P^T dO and dK += dS^T Q: P and dS read down their columns, as pairs of rows */
+        k16->pairs(s->Pp, ld, s->P, ld, nq, nk);
+        k16->pairs(s->dOp, Dv, dor, Dv, nq, Dv);
+        k16->mm(s->dV + j0 * Dv, Dv, s->Pp, 1, ld, s->dOp, Dv, nk, Dv, nq2, 1.0f, true);
+        k16->pairs(s->dSp, ld, s->dS, ld, nq, nk);
+        k16->pairs(s->Qp, D, qr, D, nq, D);
+        k16->mm(s->dK + j0 * D, D, s->dSp, 1, ld, s->Qp, D, nk, D, nq2, 1.0f, true);
+    } else if (want & BW_DKV) {
         kr->tn(s->dV + j0 * Dv, Dv, s->P, ld, dor, Dv, nk, Dv, nq);
         kr->tn(s->dK + j0 * D, D, s->dS, ld, qr, D, nk, D, nq);
     }
-    if (want & BW_DQ) {
+    if ((want & BW_DQ) && k16) {
+        /* j0 is even (a multiple of 16): key kv0 starts pair j0 / 2 of the block's K */
+        k16->rows(s->dS2, ld / 2, s->dS, ld, nq, nk);
+        k16->mm(c->dq + row * D, D, s->dS2, ld / 2, 1, s->Kp + j0 / 2 * D, D, nq, D, (nk + 1) / 2, 1.0f, true);
+    } else if (want & BW_DQ) {
         const float *kp = c->k + ((b * a->Hkv + h / c->G) * a->Lkv + kv0) * D;
         kr->nn(c->dq + row * D, D, s->dS, ld, kp, D, nq, D, nk, 1.0f, true);
     }
@@ -407,12 +451,37 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
 {
     if (a && fx__cuda_wanted(a->device, a->dtype)) /* a device or bf16 call: src/cuda */
         return fx__cuda_flex_attention_backward(a, q, k, v, out, lse, dout, dq, dk, dv);
+    return fx__flex_attention_backward_with(a, 0, q, k, v, out, lse, dout, dq, dk, dv);
+}
+
+/* The words of a thread's bfloat16 operands (bw_scratch), carved in that order. */
+static size_t bw_words16(const bw_ctx *c, uint32_t *base, bw_scratch *s)
+{
+    const int64_t D = c->a->D, Dv = c->a->Dv, D2 = (D + 1) / 2, Dv2 = (Dv + 1) / 2, ld = c->ldk;
+    const int64_t half = BW_ROWS / 2, kp = (c->bk + 1) / 2 * D;
+    const int64_t n[] = {D2 * ld, Dv2 * ld, kp, BW_ROWS * D2, half * D, BW_ROWS * Dv2, half * Dv, half * ld, half * ld,
+                         BW_ROWS * ld / 2};
+    uint32_t **field[] = {&s->Kt2, &s->Vt2, &s->Kp, &s->Q2, &s->Qp, &s->dO2, &s->dOp, &s->Pp, &s->dSp, &s->dS2};
+    size_t off = 0;
+    for (size_t i = 0; i < sizeof n / sizeof n[0]; i++) {
+        if (base)
+            *field[i] = base + off;
+        off += ((size_t)n[i] + 15) / 16 * 16;
+    }
+    return off;
+}
+
+int fx__flex_attention_backward_with(const fx_attention *a, unsigned flags, const float *q, const float *k,
+                                     const float *v, const float *out, const float *lse, const float *dout, float *dq,
+                                     float *dk, float *dv)
+{
     int rc = bw_check(a, q, k, v, out, lse, dout, dq, dk, dv);
     if (rc != FX_OK)
         return rc;
 
     bw_ctx c = {.a = a, .q = q, .k = k, .v = v, .lse = lse, .dout = dout, .dq = dq, .dk = dk, .dv = dv};
     c.kr = fx__attn_kernels_now();
+    c.k16 = flags & FX__ATTN_BF16 ? fx__attn16_kernels_now() : NULL;
     c.scale = fx__attention_scale(a);
     c.G = a->Hq / a->Hkv;
     c.m = a->mask;
@@ -440,6 +509,7 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
     /* Scratch: D_i, per-thread tiles, and the units' table gradients. */
     size_t nrows = (size_t)(a->B * a->Hq * a->Lq);
     size_t per_thread = (size_t)(c.ldk * (a->D + a->Dv) + 4 * BW_ROWS * c.ldk + c.bk * (a->D + a->Dv));
+    per_thread += c.k16 ? bw_words16(&c, NULL, NULL) : 0; /* 32-bit words, as many bytes as floats */
     float *Di = fx__alloc(nrows * sizeof(float));
     float *scr = fx__alloc((size_t)nt * per_thread * sizeof(float));
     size_t tab_n = c.bias ? (size_t)units * (size_t)(c.tab_heads * c.bias->size) : 0;
@@ -478,6 +548,8 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
         s.dS = s.P + BW_ROWS * c.ldk;
         s.dK = s.dS + BW_ROWS * c.ldk;
         s.dV = s.dK + c.bk * a->D;
+        if (c.k16)
+            bw_words16(&c, (uint32_t *)(s.dV + c.bk * a->Dv), &s);
         if (one_pass) {
 #pragma omp for schedule(static) nowait
             for (int64_t u = 0; u < units; u++) {

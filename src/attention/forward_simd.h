@@ -111,6 +111,7 @@ static inline __attribute__((always_inline)) void SIMD_FN(pv_tile)(int mr, int n
     default: SIMD_NC_CASES(KERNEL, 6, __VA_ARGS__) break;                                          \
     }
 
+#ifndef FWD_BF16 /* forward_bf16.h has the bfloat16 twins */
 /* S[r, 0 .. width) for r < mr; width is a whole number of vectors. */
 static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *kt, int64_t ldk, float *s, int64_t lds,
                               int64_t width, float scale)
@@ -154,6 +155,10 @@ static void SIMD_FN(pv_strip)(int mr, const float *p, int64_t ldp, const float *
 #undef PV_
     }
 }
+
+#else
+#include "attention/forward_bf16.h"
+#endif
 
 #define LOG2E 1.44269504088896341f
 #define LN2 0.693147180559945309f
@@ -346,8 +351,11 @@ static int64_t SIMD_FN(fwd_chunk)(const fx__fwd_plan *p, const fx_attention *a, 
     return c < 1 ? 1 : c > 16 ? 16 : c;
 }
 
-int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
-                              float *lse)
+#ifndef FWD_ENTRY
+#define FWD_ENTRY SIMD_FN(fx__flex_forward)
+#endif
+
+int FWD_ENTRY(const fx_attention *a, const float *q, const float *k, const float *v, float *out, float *lse)
 {
     fx__fwd_plan p;
     fx__fwd_plan_init(&p, a);
@@ -370,6 +378,14 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
 #define LINES_(n) (((size_t)(n) + 15) / 16 * 16)
     const size_t kt_len = LINES_(D * bkp), vp_len = LINES_(bk * dvp), s_len = LINES_(MRMAX * bkp),
                  o_len = LINES_(gs * bq * dvp), ml_len = LINES_(gs * bq), al_len = LINES_(MRMAX);
+#ifdef FWD_BF16
+    /* Words: the item's Q rows and a strip's P (rows layout), and the float32 Kt that
+       pack_kt16 pairs up; a panel's Kt2 and V2 fit in its float32 room. */
+    const int64_t D2 = (D + 1) / 2, bk2 = (bk + 1) / 2;
+    const size_t x_len = LINES_(gs * bq * D2) + LINES_(MRMAX * bkp / 2) + kt_len;
+#else
+    const size_t x_len = 0;
+#endif
 #undef LINES_
     const int nt = fx__max_threads();
     const int64_t chunk = SIMD_FN(fwd_chunk)(&p, a, nt);
@@ -377,7 +393,7 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
        scratch of a small call, such as a short prompt, stays small). */
     const int cached = chunk > 1 ? FWD_CACHED : 1;
     const size_t panel = kt_len + vp_len;
-    const size_t per = (size_t)cached * panel + s_len + o_len + 2 * ml_len + al_len;
+    const size_t per = (size_t)cached * panel + s_len + o_len + 2 * ml_len + al_len + x_len;
     float *scratch = fx__alloc((size_t)nt * per * sizeof(float));
     if (!scratch)
         return fx__error(FX_ENOMEM, "attention: out of memory for %d x %zu scratch floats", nt, per);
@@ -386,6 +402,10 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
     {
         float *const panels = scratch + (size_t)fx__thread_id() * per, *S = panels + cached * panel, *O = S + s_len;
         float *M = O + o_len, *L = M + ml_len, *alpha = L + ml_len;
+#ifdef FWD_BF16
+        uint32_t *const Q2 = (uint32_t *)(alpha + al_len), *const P2 = Q2 + (gs * bq * D2 + 15) / 16 * 16;
+        float *const kt_tmp = (float *)(P2 + (MRMAX * bkp / 2 + 15) / 16 * 16);
+#endif
         SIMD_FN(fwd_cache) cache = {.clock = 0, .n = cached};
         for (int c = 0; c < cached; c++)
             cache.tag[c] = -1, cache.used[c] = 0;
@@ -398,6 +418,10 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
 
             const float *kh = fx__fwd_kv_rows(a, &it, k, D);
             const float *vh = fx__fwd_kv_rows(a, &it, v, Dv);
+#ifdef FWD_BF16
+            for (int64_t g = 0; g < gs; g++)
+                fx__attn16_kernels_avx512bf16.rows(Q2 + g * bq * D2, D2, fx__fwd_q_rows(a, &it, q, h0 + g), D, nr, D);
+#endif
             for (int64_t e = it.e0; e < it.e1; e++) {
                 int64_t kb, k0, nk;
                 const uint64_t *bits;
@@ -410,8 +434,13 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                 const int slot = SIMD_FN(cache_slot)(&cache, (b * a->Hkv + hkv) * p.nkb + kb, &fresh);
                 const float *Kt = panels + slot * panel, *Vp = Kt + kt_len;
                 if (fresh) {
+#ifdef FWD_BF16
+                    SIMD_FN(pack_kt16)(kh + k0 * D, D, nk, (uint32_t *)(panels + slot * panel), bkp, kt_tmp);
+                    SIMD_FN(pack_v16)(vh + k0 * Dv, Dv, nk, (uint32_t *)(panels + slot * panel + kt_len), bk2, dvp);
+#else
                     SIMD_FN(pack_kt)(kh + k0 * D, D, nk, panels + slot * panel, bkp);
                     SIMD_FN(pack_v)(vh + k0 * Dv, Dv, nk, panels + slot * panel + kt_len, bk, dvp);
+#endif
                 }
                 /* In a run of a window's items, the next one packs the block after this item's
                    last: fetch it while this one computes. */
@@ -442,7 +471,13 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                         if (bits && !SIMD_FN(strip_keys)(m, bits, brow + i0, mr, nk, &c0, &c1, &p0, &p1))
                             continue; /* no key visible to these rows here: their state stays */
                         const int64_t kend = nk < c1 ? nk : c1; /* keys c0 .. kend - 1 are real */
+#ifdef FWD_BF16
+                        (void)qh;
+                        SIMD_FN(qk_strip16)(mr, Q2 + (g * bq + i0) * D2, D2, (const uint32_t *)Kt + c0, bkp, S + c0,
+                                            bkp, c1 - c0, qk_scale);
+#else
                         SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, qk_scale);
+#endif
                         if (a->score_mod) {
                             if (fast_mod) {
                                 SIMD_FN(score_builtin)(score_kind, a->score_ctx, S + c0, bkp, c1 - c0, mr, h,
@@ -458,7 +493,16 @@ int SIMD_FN(fx__flex_forward)(const fx_attention *a, const float *q, const float
                                                M + ri, L + ri, alpha);
                         /* Keys outside [p0, p1) have P = 0 for every row of the strip: P V skips
                            them (the vector tails at a window's edges). */
+#ifdef FWD_BF16
+                        /* In pairs of keys from an even one: the keys a pair adds past [p0, p1)
+                           have P = 0 (masked for every row, or padding), inside [c0, c1). */
+                        const int64_t pe = p0 / 2 * 2, np2 = (p1 - pe + 1) / 2;
+                        fx__attn16_kernels_avx512bf16.rows(P2, bkp / 2, S + pe, bkp, mr, 2 * np2);
+                        SIMD_FN(pv_strip16)(mr, P2, bkp / 2, (const uint32_t *)Vp, bk2, pe / 2, np2, O + ri * dvp, dvp,
+                                            alpha);
+#else
                         SIMD_FN(pv_strip)(mr, S + p0, bkp, Vp, bk, p0, p1 - p0, O + ri * dvp, dvp, alpha);
+#endif
                     }
                 }
             }

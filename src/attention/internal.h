@@ -144,6 +144,20 @@ int fx__flex_forward_avx2(const fx_attention *a, const float *q, const float *k,
                           float *out, float *lse);
 int fx__flex_forward_avx512(const fx_attention *a, const float *q, const float *k, const float *v,
                             float *out, float *lse);
+/* The AVX-512 path with its products in bfloat16 (bf16.h), where fx__attn16_kernels_now(). */
+int fx__flex_forward_avx512bf16(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
+                                float *lse);
+
+/* Options of the internal entry points. FX__ATTN_BF16: the products take bfloat16 operands
+   (bf16.h; the trainer's --dtype bf16) where fx__attn16_kernels_now() has kernels, float32
+   elsewhere; the split-KV decoding path stays float32. */
+enum { FX__ATTN_BF16 = 1u };
+/* fx_flex_attention and fx_flex_attention_backward on the CPU, with options. */
+int fx__flex_attention_with(const fx_attention *a, unsigned flags, const float *q, const float *k, const float *v,
+                            float *out, float *lse);
+int fx__flex_attention_backward_with(const fx_attention *a, unsigned flags, const float *q, const float *k,
+                                     const float *v, const float *out, const float *lse, const float *dout, float *dq,
+                                     float *dk, float *dv);
 
 /* How a forward call is cut into work items (shared by every path). An item is (b, head
    group, q-block): the gs query heads of a head group share each K/V tile; gs is the GQA

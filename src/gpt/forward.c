@@ -1,6 +1,7 @@
 /* The forward pass: attention through flex or the reference, the views of a layer's saved
    activations (parked ones included), one layer, and the whole model with its loss. */
 #include "model_internal.h"
+#include "attention/internal.h"
 #include "lce/lce_internal.h"
 
 #include <math.h>
@@ -46,6 +47,9 @@ static fx__attn_ref fx__ref_desc(const fx__attn_call *c)
                           .q_offset = c->q_offset, .mask = c->fn, .ctx = c->ctx};
 }
 
+/* Training in bf16 (params16 set) takes the attention's products in bfloat16 too. */
+static unsigned fx__attn_flags(const fx__gpt *m) { return m->params16 ? FX__ATTN_BF16 : 0u; }
+
 int fx__attn_fwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
                         float *out, float *lse)
 {
@@ -56,7 +60,7 @@ int fx__attn_fwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const
         fx__attn_ref_forward(&r, q, k, v, out, lse);
     } else {
         fx_attention a = fx__flex_desc(c);
-        rc = fx_flex_attention(&a, q, k, v, out, lse);
+        rc = fx__flex_attention_with(&a, fx__attn_flags(m), q, k, v, out, lse);
     }
     fx__op_end(FX__OP_ATTN_FWD, t0);
     return rc;
@@ -72,7 +76,7 @@ int fx__attn_bwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const
         fx__attn_ref_backward(&r, q, k, v, out, lse, dout, dq, dk, dv);
     } else {
         fx_attention a = fx__flex_desc(c);
-        rc = fx_flex_attention_backward(&a, q, k, v, out, lse, dout, dq, dk, dv);
+        rc = fx__flex_attention_backward_with(&a, fx__attn_flags(m), q, k, v, out, lse, dout, dq, dk, dv);
     }
     fx__op_end(FX__OP_ATTN_BWD, t0);
     return rc;
