@@ -8,8 +8,12 @@ if(FLEXC_HAVE_SIMDE)
     target_sources(${t} PRIVATE ${PROJECT_SOURCE_DIR}/tests/gemm_bf16_simde.c)
     target_compile_definitions(${t} PRIVATE FXT_HAVE_SIMDE)
   endforeach()
+  # test_attention_backward: the attention's bfloat16 backward on the same portable intrinsics.
+  target_sources(test_attention_backward PRIVATE ${PROJECT_SOURCE_DIR}/tests/attention_bf16_simde.c)
+  target_compile_definitions(test_attention_backward PRIVATE FXT_HAVE_SIMDE)
   # SIMDe passes 64-byte vectors by value, about which GCC notes an old ABI change.
-  set_source_files_properties(${PROJECT_SOURCE_DIR}/tests/gemm_bf16_simde.c PROPERTIES COMPILE_OPTIONS -Wno-psabi)
+  set_source_files_properties(${PROJECT_SOURCE_DIR}/tests/gemm_bf16_simde.c
+                              ${PROJECT_SOURCE_DIR}/tests/attention_bf16_simde.c PROPERTIES COMPILE_OPTIONS -Wno-psabi)
 else()
   message(WARNING "SIMDe not found (Debian: libsimde-dev): test_gemm_bf16 will not test the AVX512-BF16 kernel on this CPU")
 endif()

@@ -764,12 +764,14 @@ static void check_bf16_case(bcase *c, const char *what, uint64_t seed)
     free(q), free(k), free(v), free(dout);
 }
 
+#ifdef FXT_HAVE_SIMDE
+extern const fx__attn16_kernels fxt_attn16_kernels_simde;
+#endif
+
 /* Masks and mods with odd lengths, odd D and Dv (a pair half past the end), GQA, and the
    trainer's shape (full and diagonal 128-blocks, causal without a mask as well). */
-static void test_bf16_products(void)
+static void bf16_cases(const char *tag)
 {
-    if (!fx__attn16_kernels_now())
-        fprintf(stderr, "  (no vdpbf16ps path on this CPU: FX__ATTN_BF16 checked to give float32's bits)\n");
     static const struct {
         int mask, mod;
         int64_t B, Hq, Hkv, L, D, Dv, block;
@@ -784,12 +786,28 @@ static void test_bf16_products(void)
                          .D = cases[i].D, .Dv = cases[i].Dv}};
         c.mask_len = cases[i].L;
         bcase_init(&c, cases[i].mask, cases[i].mod, cases[i].block);
-        char what[96];
-        snprintf(what, sizeof what, "%s/%s L=%lld D=%lld", mask_names[cases[i].mask], mod_names[cases[i].mod],
-                 (long long)cases[i].L, (long long)cases[i].D);
+        char what[128];
+        snprintf(what, sizeof what, "%s/%s L=%lld D=%lld%s", mask_names[cases[i].mask], mod_names[cases[i].mod],
+                 (long long)cases[i].L, (long long)cases[i].D, tag);
         check_bf16_case(&c, what, 900 + 10 * (uint64_t)i);
         bcase_free(&c);
     }
+}
+
+/* The cases with the CPU's kernels, then with the backward's built from SIMDe (any CPU; the
+   forward's strips stay the CPU's: bfloat16 where it has them, else float32). */
+static void test_bf16_products(void)
+{
+    if (!fx__attn16_kernels_now())
+        fprintf(stderr, "  (no vdpbf16ps path on this CPU: FX__ATTN_BF16 checked to give float32's bits)\n");
+    bf16_cases("");
+#ifdef FXT_HAVE_SIMDE
+    fx__attn16_force(&fxt_attn16_kernels_simde);
+    bf16_cases(" (SIMDe backward)");
+    fx__attn16_force(NULL);
+#else
+    fprintf(stderr, "  (no SIMDe: the bfloat16 backward is tested only where the CPU has vdpbf16ps)\n");
+#endif
 }
 
 int main(int argc, char **argv)

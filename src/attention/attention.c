@@ -192,7 +192,7 @@ static int fx__flex_forward_flags(const fx_attention *a, unsigned flags, const f
        per 4 KiB) were a tenth of its time at L = 32768, window 256. */
     fx__advise_huge_pages(out, (size_t)(a->B * a->Hq * a->Lq) * (size_t)a->Dv * sizeof(float));
 #ifndef FLEXC_REFERENCE_KERNELS
-    if ((flags & FX__ATTN_BF16) && fx__attn16_kernels_now())
+    if ((flags & FX__ATTN_BF16) && fx__attn16_cpu())
         return fx__flex_forward_avx512bf16(a, q, k, v, out, lse);
     switch (fx__isa()) {
     case FX_ISA_AVX512:

@@ -31,9 +31,18 @@ typedef struct fx__attn16_kernels {
 
 extern const fx__attn16_kernels fx__attn16_kernels_avx512bf16;
 
-/* The kernels a call with FX__ATTN_BF16 takes on this CPU: the vdpbf16ps ones where the
-   bfloat16 GEMM takes vdpbf16ps too (fx__gemm_bf16_cpu_path: AMD's cores with AVX512-BF16),
-   else NULL, and such a call's products stay float32 (docs/train.md). */
+/* Whether this CPU runs the attention's products in bfloat16: where the bfloat16 GEMM takes
+   vdpbf16ps too (fx__gemm_bf16_cpu_path: AMD's cores with AVX512-BF16); elsewhere a call
+   with FX__ATTN_BF16 stays float32 (docs/train.md). The forward's bfloat16 strips
+   (forward_avx512bf16.c) run only here. */
+bool fx__attn16_cpu(void);
+
+/* The kernels the backward of a call with FX__ATTN_BF16 takes: the forced ones, else the
+   vdpbf16ps ones where fx__attn16_cpu(), else NULL (float32). */
 const fx__attn16_kernels *fx__attn16_kernels_now(void);
+
+/* Tests: later backward passes take kernels k (such as SIMDe's build of bf16_dp.h, on any
+   CPU), whatever the CPU has; NULL restores the CPU's choice. Not inside a parallel region. */
+void fx__attn16_force(const fx__attn16_kernels *k);
 
 #endif
