@@ -471,9 +471,12 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
     return fx__flex_attention_backward_with(a, 0, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
-/* The words of a thread's bfloat16 operands (bw_scratch), carved in that order. */
+/* The words of a thread's bfloat16 operands (bw_scratch), carved from base in that order
+   (base NULL: only counted). */
 static size_t bw_words16(const bw_ctx *c, uint32_t *base, bw_scratch *s)
 {
+    bw_scratch count_only;
+    s = s ? s : &count_only;
     const int64_t D = c->a->D, Dv = c->a->Dv, D2 = (D + 1) / 2, Dv2 = (Dv + 1) / 2, ld = c->ldk;
     const int64_t half = BW_ROWS / 2, kp = (c->bk + 1) / 2 * D;
     const int64_t n[] = {D2 * ld, Dv2 * ld, kp, BW_ROWS * D2, half * D, BW_ROWS * Dv2, half * Dv, half * ld, half * ld,
