@@ -28,9 +28,26 @@ static void SIMD_FN(pack_kt)(const float *ks, int64_t D, int64_t nk, float *kt, 
             memset(kt + d * bkp + nk, 0, (size_t)(bkp - nk) * sizeof(float));
 }
 
+/* The strips' operands: float32 values, or with FWD_BF16 (forward_avx512bf16.c) bfloat16
+   words, each two consecutive k (attention/bf16.h's layouts), one vdpbf16ps per word. A
+   strip kernel's k runs over D values or D / 2 words, its keys over keys or pairs of keys. */
+#ifdef FWD_BF16
+typedef uint32_t fwd_op;
+typedef __m512bh fwd_vec;
+#define FWD_LOAD(p) ((__m512bh)_mm512_loadu_si512((const void *)(p)))
+#define FWD_SET1(x) ((__m512bh)_mm512_set1_epi32((int)(x)))
+#define FWD_MAC(a, b, acc) _mm512_dpbf16_ps(acc, a, b)
+#else
+typedef float fwd_op;
+typedef vf fwd_vec;
+#define FWD_LOAD(p) V_LOAD(p)
+#define FWD_SET1(x) V_SET1(x)
+#define FWD_MAC(a, b, acc) V_FMA(a, b, acc)
+#endif
+
 /* S[r, c0 .. c0 + nc*VL) = scale * sum_d Q[r, d] Kt[d, ...] for r < mr. */
-static inline __attribute__((always_inline)) void SIMD_FN(qk_tile)(int mr, int nc, const float *qr, int64_t D,
-                                                                    const float *kt, int64_t ldk, float *s,
+static inline __attribute__((always_inline)) void SIMD_FN(qk_tile)(int mr, int nc, const fwd_op *qr, int64_t D,
+                                                                    const fwd_op *kt, int64_t ldk, float *s,
                                                                     int64_t lds, float scale)
 {
     vf acc[MRMAX][NC];
@@ -40,16 +57,16 @@ static inline __attribute__((always_inline)) void SIMD_FN(qk_tile)(int mr, int n
         for (int c = 0; c < nc; c++)
             acc[r][c] = V_ZERO();
     for (int64_t d = 0; d < D; d++) {
-        vf kv[NC];
+        fwd_vec kv[NC];
 #pragma GCC unroll 8
         for (int c = 0; c < nc; c++)
-            kv[c] = V_LOAD(kt + d * ldk + c * VL);
+            kv[c] = FWD_LOAD(kt + d * ldk + c * VL);
 #pragma GCC unroll 8
         for (int r = 0; r < mr; r++) {
-            vf qb = V_SET1(qr[r * D + d]);
+            fwd_vec qb = FWD_SET1(qr[r * D + d]);
 #pragma GCC unroll 8
             for (int c = 0; c < nc; c++)
-                acc[r][c] = V_FMA(qb, kv[c], acc[r][c]);
+                acc[r][c] = FWD_MAC(qb, kv[c], acc[r][c]);
         }
     }
     vf sc = V_SET1(scale);
@@ -61,8 +78,8 @@ static inline __attribute__((always_inline)) void SIMD_FN(qk_tile)(int mr, int n
 }
 
 /* O[r, c0 .. c0 + nc*VL) = alpha[r] O[r, ...] + sum_{j < nk} P[r, j] V[j, ...] for r < mr. */
-static inline __attribute__((always_inline)) void SIMD_FN(pv_tile)(int mr, int nc, const float *p, int64_t ldp,
-                                                                    const float *vv, int64_t ldv, int64_t nk,
+static inline __attribute__((always_inline)) void SIMD_FN(pv_tile)(int mr, int nc, const fwd_op *p, int64_t ldp,
+                                                                    const fwd_op *vv, int64_t ldv, int64_t nk,
                                                                     float *o, int64_t ldo, const float *alpha)
 {
     vf acc[MRMAX][NC];
@@ -74,16 +91,16 @@ static inline __attribute__((always_inline)) void SIMD_FN(pv_tile)(int mr, int n
             acc[r][c] = V_MUL(V_LOAD(o + r * ldo + c * VL), al);
     }
     for (int64_t j = 0; j < nk; j++) {
-        vf vr[NC];
+        fwd_vec vr[NC];
 #pragma GCC unroll 8
         for (int c = 0; c < nc; c++)
-            vr[c] = V_LOAD(vv + j * ldv + c * VL);
+            vr[c] = FWD_LOAD(vv + j * ldv + c * VL);
 #pragma GCC unroll 8
         for (int r = 0; r < mr; r++) {
-            vf pb = V_SET1(p[r * ldp + j]);
+            fwd_vec pb = FWD_SET1(p[r * ldp + j]);
 #pragma GCC unroll 8
             for (int c = 0; c < nc; c++)
-                acc[r][c] = V_FMA(pb, vr[c], acc[r][c]);
+                acc[r][c] = FWD_MAC(pb, vr[c], acc[r][c]);
         }
     }
 #pragma GCC unroll 8
@@ -111,10 +128,9 @@ static inline __attribute__((always_inline)) void SIMD_FN(pv_tile)(int mr, int n
     default: SIMD_NC_CASES(KERNEL, 6, __VA_ARGS__) break;                                          \
     }
 
-#ifndef FWD_BF16 /* forward_bf16.h has the bfloat16 twins */
 /* S[r, 0 .. width) for r < mr; width is a whole number of vectors. */
-static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *kt, int64_t ldk, float *s, int64_t lds,
-                              int64_t width, float scale)
+static void SIMD_FN(qk_strip)(int mr, const fwd_op *qr, int64_t D, const fwd_op *kt, int64_t ldk, float *s,
+                              int64_t lds, int64_t width, float scale)
 {
     for (int64_t c0 = 0; c0 < width; c0 += NC * VL) {
         int nc = (int)((width - c0) / VL < NC ? (width - c0) / VL : NC);
@@ -124,6 +140,24 @@ static void SIMD_FN(qk_strip)(int mr, const float *qr, int64_t D, const float *k
     }
 }
 
+/* O[r, ...] = alpha[r] O[r, ...] + sum_{j < nk} P[r, j] V[j0 + j, ...] over V packed by pack_v
+   (keys j, or with FWD_BF16 pairs of keys: pack_v16, bk pairs a panel). */
+static void SIMD_FN(pv_strip)(int mr, const fwd_op *p, int64_t ldp, const fwd_op *vp, int64_t bk, int64_t j0,
+                              int64_t nk, float *o, int64_t dvp, const float *alpha)
+{
+    for (int64_t c0 = 0; c0 < dvp; c0 += NC * VL) {
+        const int64_t w = dvp - c0 < NC * VL ? dvp - c0 : NC * VL;
+        const int nc = (int)(w / VL);
+        const fwd_op *vv = vp + c0 * bk + j0 * w;
+#define PV_(MRV, NCV, ...) SIMD_FN(pv_tile)(MRV, NCV, p, ldp, vv, w, nk, o + c0, dvp, alpha)
+        SIMD_MR_CASES(PV_, 0)
+#undef PV_
+    }
+}
+
+#ifdef FWD_BF16
+#include "attention/forward_bf16.h" /* the bfloat16 packing */
+#else
 /* V of a kv-block packed as the column panels pv_strip reads: the panel of columns
    [c, c + w) (w = NC*VL, or what is left of dvp) starts at vp + c * bk and holds row j at
    j * w, so a strip streams each panel contiguously instead of one line per 4 rows of V.
@@ -142,22 +176,6 @@ static void SIMD_FN(pack_v)(const float *vs, int64_t Dv, int64_t nk, float *vp, 
         }
 }
 
-/* O[r, ...] = alpha[r] O[r, ...] + sum_{j < nk} P[r, j] V[j0 + j, ...] over V packed by pack_v. */
-static void SIMD_FN(pv_strip)(int mr, const float *p, int64_t ldp, const float *vp, int64_t bk, int64_t j0, int64_t nk,
-                              float *o, int64_t dvp, const float *alpha)
-{
-    for (int64_t c0 = 0; c0 < dvp; c0 += NC * VL) {
-        const int64_t w = dvp - c0 < NC * VL ? dvp - c0 : NC * VL;
-        const int nc = (int)(w / VL);
-        const float *vv = vp + c0 * bk + j0 * w;
-#define PV_(MRV, NCV, ...) SIMD_FN(pv_tile)(MRV, NCV, p, ldp, vv, w, nk, o + c0, dvp, alpha)
-        SIMD_MR_CASES(PV_, 0)
-#undef PV_
-    }
-}
-
-#else
-#include "attention/forward_bf16.h"
 #endif
 
 #define LOG2E 1.44269504088896341f
@@ -473,8 +491,8 @@ int FWD_ENTRY(const fx_attention *a, const float *q, const float *k, const float
                         const int64_t kend = nk < c1 ? nk : c1; /* keys c0 .. kend - 1 are real */
 #ifdef FWD_BF16
                         (void)qh;
-                        SIMD_FN(qk_strip16)(mr, Q2 + (g * bq + i0) * D2, D2, (const uint32_t *)Kt + c0, bkp, S + c0,
-                                            bkp, c1 - c0, qk_scale);
+                        SIMD_FN(qk_strip)(mr, Q2 + (g * bq + i0) * D2, D2, (const uint32_t *)Kt + c0, bkp, S + c0, bkp,
+                                          c1 - c0, qk_scale);
 #else
                         SIMD_FN(qk_strip)(mr, qh + i0 * D, D, Kt + c0, bkp, S + c0, bkp, c1 - c0, qk_scale);
 #endif
@@ -498,8 +516,8 @@ int FWD_ENTRY(const fx_attention *a, const float *q, const float *k, const float
                            have P = 0 (masked for every row, or padding), inside [c0, c1). */
                         const int64_t pe = p0 / 2 * 2, np2 = (p1 - pe + 1) / 2;
                         fx__attn16_kernels_avx512bf16.rows(P2, bkp / 2, S + pe, bkp, mr, 2 * np2);
-                        SIMD_FN(pv_strip16)(mr, P2, bkp / 2, (const uint32_t *)Vp, bk2, pe / 2, np2, O + ri * dvp, dvp,
-                                            alpha);
+                        SIMD_FN(pv_strip)(mr, P2, bkp / 2, (const uint32_t *)Vp, bk2, pe / 2, np2, O + ri * dvp, dvp,
+                                          alpha);
 #else
                         SIMD_FN(pv_strip)(mr, S + p0, bkp, Vp, bk, p0, p1 - p0, O + ri * dvp, dvp, alpha);
 #endif
