@@ -113,9 +113,10 @@ include(CheckLanguage)
 check_language(CXX)
 if(CMAKE_CXX_COMPILER AND NOT FLEXC_SANITIZE AND NOT FLEXC_FUZZ)
   enable_language(CXX)
-  add_library(flexc_cuda_emu OBJECT ${PROJECT_SOURCE_DIR}/tests/cuda_emu/device.c
-              ${PROJECT_SOURCE_DIR}/tests/cuda_emu/attention.cpp ${PROJECT_SOURCE_DIR}/tests/cuda_emu/lce.cpp
-              ${PROJECT_SOURCE_DIR}/src/cuda/emu.cpp)
+  # tests/cuda_emu/ holds one file per backend source (device.c, each .cu), each including it.
+  file(GLOB FLEXC_EMU_UNITS CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/cuda_emu/*.c
+       ${PROJECT_SOURCE_DIR}/tests/cuda_emu/*.cpp)
+  add_library(flexc_cuda_emu OBJECT ${FLEXC_EMU_UNITS} ${PROJECT_SOURCE_DIR}/src/cuda/emu.cpp)
   target_include_directories(flexc_cuda_emu PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(flexc_cuda_emu PRIVATE FX_CUDA_EMU FLEXC_HAVE_CUDA)
   set_target_properties(flexc_cuda_emu PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON)
