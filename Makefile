@@ -43,10 +43,13 @@ fuzz: deps
 	@cmake --build build-fuzz -j $(JOBS)
 	@scripts/fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
+GPU_TESTS = $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
+
 build-gpu:
 	@test -f build-gpu/CMakeCache.txt || cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DFLEXC_CUDA=ON -DFLEXC_MPI=OFF -DFLEXC_GPU_PORTABLE=ON >/dev/null
-	@cmake --build build-gpu -j $(JOBS) --target bench_cuda test_gemm_bf16_portable bench_gemm_bf16_portable $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
-	@cd build-gpu && tar -czf gpu-bundle.tgz bench_cuda test_gemm_bf16_portable bench_gemm_bf16_portable $(notdir $(basename $(wildcard tests/test_cuda_gpu_*.c)))
+	@cmake --build build-gpu -j $(JOBS) --target bench_cuda flexc_portable test_gemm_bf16_portable bench_gemm_bf16_portable $(GPU_TESTS)
+	@echo "$$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- src include cmake CMakeLists.txt || echo +changes)" > build-gpu/commit
+	@cd build-gpu && tar -czf gpu-bundle.tgz --transform 's/^flexc_portable$$/flexc/' commit bench_cuda flexc_portable test_gemm_bf16_portable bench_gemm_bf16_portable $(GPU_TESTS)
 	@echo "build-gpu/gpu-bundle.tgz: $$(du -h build-gpu/gpu-bundle.tgz | cut -f1) (carry it with the repository; scripts/gpu-check.sh unpacks it)"
 
 install: build

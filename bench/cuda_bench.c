@@ -1,12 +1,18 @@
 /* Times flexc's device calls for scripts/gpu-bench.sh (bench/cuda_vs_torch.py runs it
    alternately with the PyTorch peers and takes the ratios). One case per run; prints one
-   JSON object: the case, and the median milliseconds of `reps` timed calls after two warm-up
-   calls (CUDA events on the call's stream).
+   JSON object: the case, the median milliseconds of `reps` timed calls after two warm-up
+   calls (CUDA events on the call's stream), and the device memory the calls took beyond
+   their inputs and outputs (scratch_bytes: the stream-ordered pool's high-water mark plus
+   what stayed allocated after the first call, such as a matrix library's workspace).
 
-     bench_cuda attn  B Hq Hkv L Lkv D MASK DTYPE REPS [bwd]
+     bench_cuda attn  B Hq Hkv L Lkv D MASK DTYPE REPS [fwd|bwd|fwdbwd]
      bench_cuda lce   N D V DTYPE REPS
    MASK: none | causal | sliding:W | document:NDOCS; DTYPE: f32 | bf16; Lq = L except
-   with Lkv > L, where the L query rows are the last ones (q_offset = Lkv - L). */
+   with Lkv > L, where the L query rows are the last ones (q_offset = Lkv - L). The attention
+   mode times the forward (default), the backward alone, or both in one call pair (what a
+   training step pays, and what a framework's forward + backward is compared with). The
+   loss always runs forward and backward in one call (the fused call makes the gradients
+   with the loss). */
 #include <flexc.h>
 
 #include <cuda_runtime_api.h>
@@ -45,13 +51,43 @@ static int cmp_float(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Device bytes in use now (every allocation of the process, the context's included). */
+static size_t dev_used(void)
+{
+    size_t free_b = 0, total = 0;
+    cudaMemGetInfo(&free_b, &total);
+    return total - free_b;
+}
+
+/* The default memory pool's high-water mark of stream-ordered allocations since the last
+   reset (the library takes its scratch from it with cudaMallocAsync). */
+static size_t pool_high(int reset)
+{
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, 0) != cudaSuccess)
+        return 0;
+    unsigned long long v = 0; /* cuuint64_t */
+    if (reset)
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &v);
+    else
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &v);
+    return (size_t)v;
+}
+
 typedef int (*call_fn)(void *ctx);
 
-static float time_median(call_fn fn, void *ctx, int reps, cudaStream_t st)
+/* The median of reps timed calls after two warm-ups; *scratch: the bytes the calls took
+   beyond what was allocated before the first one (see the header). */
+static float time_median(call_fn fn, void *ctx, int reps, cudaStream_t st, size_t *scratch)
 {
+    cudaDeviceSynchronize();
+    const size_t used0 = dev_used();
+    pool_high(1);
     for (int i = 0; i < 2; i++)
         if (fn(ctx) != FX_OK)
             die("warm-up call");
+    cudaDeviceSynchronize();
+    const size_t kept = dev_used() > used0 ? dev_used() - used0 : 0;
     float *ms = malloc((size_t)reps * sizeof(float));
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
@@ -64,6 +100,7 @@ static float time_median(call_fn fn, void *ctx, int reps, cudaStream_t st)
         cudaEventSynchronize(e1);
         cudaEventElapsedTime(&ms[r], e0, e1);
     }
+    *scratch = kept + pool_high(0);
     qsort(ms, (size_t)reps, sizeof(float), cmp_float);
     float med = ms[reps / 2];
     free(ms);
@@ -90,16 +127,25 @@ static int attn_bwd(void *p)
     return fx_flex_attention_backward(&c->a, c->q, c->k, c->v, c->out, c->lse, c->dout, c->dq, c->dk, c->dv);
 }
 
+static int attn_fwdbwd(void *p)
+{
+    int rc = attn_fwd(p);
+    return rc != FX_OK ? rc : attn_bwd(p);
+}
+
 static int run_attn(int argc, char **argv)
 {
     if (argc < 11)
-        return fprintf(stderr, "usage: bench_cuda attn B Hq Hkv L Lkv D MASK DTYPE REPS [bwd]\n"), 2;
+        return fprintf(stderr, "usage: bench_cuda attn B Hq Hkv L Lkv D MASK DTYPE REPS [fwd|bwd|fwdbwd]\n"), 2;
     attn_ctx c = {0};
     const int64_t B = atoll(argv[2]), Hq = atoll(argv[3]), Hkv = atoll(argv[4]), L = atoll(argv[5]),
                   Lkv = atoll(argv[6]), D = atoll(argv[7]);
     const char *mask = argv[8];
     const int bf16 = strcmp(argv[9], "bf16") == 0, reps = atoi(argv[10]);
-    const int bwd = argc > 11 && strcmp(argv[11], "bwd") == 0;
+    const char *mode = argc > 11 ? argv[11] : "fwd";
+    call_fn fn = !strcmp(mode, "fwd") ? attn_fwd : !strcmp(mode, "bwd") ? attn_bwd : !strcmp(mode, "fwdbwd") ? attn_fwdbwd : NULL;
+    if (!fn)
+        return fprintf(stderr, "bench_cuda: unknown attention mode %s (fwd, bwd, fwdbwd)\n", mode), 2;
     c.a = (fx_attention){.B = B, .Hq = Hq, .Hkv = Hkv, .Lq = L, .Lkv = Lkv, .D = D, .Dv = D, .device = 1,
                          .dtype = bf16 ? FX_DT_BF16 : 0};
     c.a.q_offset = Lkv > L ? Lkv - L : 0;
@@ -135,11 +181,13 @@ static int run_attn(int argc, char **argv)
     c.lse = dev_random(nq, 0, 9);
     if (attn_fwd(&c) != FX_OK)
         die("forward");
-    float ms = time_median(bwd ? attn_bwd : attn_fwd, &c, reps, NULL);
-    printf("{\"op\": \"%s\", \"B\": %lld, \"Hq\": %lld, \"Hkv\": %lld, \"L\": %lld, \"Lkv\": %lld, \"D\": %lld, "
-           "\"mask\": \"%s\", \"dtype\": \"%s\", \"density\": %.5f, \"reps\": %d, \"ms\": %.4f}\n",
-           bwd ? "attention_backward" : "attention", (long long)B, (long long)Hq, (long long)Hkv, (long long)L,
-           (long long)Lkv, (long long)D, mask, bf16 ? "bf16" : "f32", m ? fx_block_mask_density(m) : 1.0, reps, ms);
+    size_t scratch = 0;
+    float ms = time_median(fn, &c, reps, NULL, &scratch);
+    printf("{\"op\": \"attention\", \"mode\": \"%s\", \"B\": %lld, \"Hq\": %lld, \"Hkv\": %lld, \"L\": %lld, "
+           "\"Lkv\": %lld, \"D\": %lld, \"mask\": \"%s\", \"dtype\": \"%s\", \"density\": %.5f, \"reps\": %d, "
+           "\"ms\": %.4f, \"scratch_bytes\": %zu}\n",
+           mode, (long long)B, (long long)Hq, (long long)Hkv, (long long)L, (long long)Lkv, (long long)D, mask,
+           bf16 ? "bf16" : "f32", m ? fx_block_mask_density(m) : 1.0, reps, ms, scratch);
     fx_block_mask_free(m);
     free(ids);
     return 0;
@@ -176,11 +224,11 @@ static int run_lce(int argc, char **argv)
     cudaMalloc((void **)&c.t, (size_t)N * sizeof(int64_t));
     cudaMemcpy(c.t, ht, (size_t)N * sizeof(int64_t), cudaMemcpyHostToDevice);
     free(ht);
-    size_t free0 = 0, total = 0;
-    cudaMemGetInfo(&free0, &total);
-    float ms = time_median(lce_call, &c, reps, NULL);
-    printf("{\"op\": \"lce\", \"N\": %lld, \"D\": %lld, \"V\": %lld, \"dtype\": \"%s\", \"reps\": %d, \"ms\": %.4f}\n",
-           (long long)N, (long long)D, (long long)V, bf16 ? "bf16" : "f32", reps, ms);
+    size_t scratch = 0;
+    float ms = time_median(lce_call, &c, reps, NULL, &scratch);
+    printf("{\"op\": \"lce\", \"N\": %lld, \"D\": %lld, \"V\": %lld, \"dtype\": \"%s\", \"reps\": %d, \"ms\": %.4f, "
+           "\"scratch_bytes\": %zu}\n",
+           (long long)N, (long long)D, (long long)V, bf16 ? "bf16" : "f32", reps, ms, scratch);
     return 0;
 }
 

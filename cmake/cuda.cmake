@@ -94,6 +94,21 @@ if(FLEXC_HAVE_CUDA)
     set_tests_properties(${name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
                          ENVIRONMENT "FLEXC_SOURCE_DIR=${PROJECT_SOURCE_DIR};FLEXC_BUILD_DIR=${PROJECT_BINARY_DIR}")
   endforeach()
+  # The command itself, linked the same way, for the training checks and benchmarks of
+  # scripts/gpu-check.sh and gpu-bench.sh (packed as `flexc`; `flexc plot` is left out: cairo
+  # does not travel).
+  if(FLEXC_GPU_PORTABLE)
+    find_library(fx_pcre2_a NAMES libpcre2-8.a REQUIRED)
+    find_library(fx_utf8proc_a NAMES libutf8proc.a REQUIRED)
+    add_executable(flexc_portable ${FLEXC_CLI_SOURCES})
+    target_link_libraries(flexc_portable PRIVATE ${fx_gpu_link} ${fx_pcre2_a} ${fx_utf8proc_a})
+    target_include_directories(flexc_portable PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src
+                               ${CUDAToolkit_INCLUDE_DIRS})
+    target_compile_definitions(flexc_portable PRIVATE FLEXC_HAVE_CUDA)
+    if(FLEXC_OPENMP)
+      target_compile_options(flexc_portable PRIVATE ${OpenMP_C_FLAGS})
+    endif()
+  endif()
   # The timing program of scripts/gpu-bench.sh (not a test).
   add_executable(bench_cuda ${PROJECT_SOURCE_DIR}/bench/cuda_bench.c)
   if(FLEXC_GPU_PORTABLE)
