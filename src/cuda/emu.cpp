@@ -158,6 +158,7 @@ struct Fiber {
     uint3_ tid;
     Wait state;
     float slot; // this lane's value in a shuffle
+    alignas(16) unsigned char xslot[64]; // this lane's bytes in a warp_gather
     std::vector<char> stack;
 };
 
@@ -242,6 +243,20 @@ float shfl(float v, int src_lane)
     const float r = fibers[base + (unsigned)(src_lane & 31)].slot;
     yield_as(WARP); // every lane has read before any slot is written again
     return r;
+}
+
+void warp_gather(const void *mine, void *all32, size_t bytes)
+{
+    if (bytes > sizeof cur->xslot) {
+        std::fprintf(stderr, "cuda emulation: warp_gather of %zu bytes (at most %zu)\n", bytes, sizeof cur->xslot);
+        std::abort();
+    }
+    const unsigned base = cur->tid.x & ~31u;
+    std::memcpy(cur->xslot, mine, bytes);
+    yield_as(WARP); // every lane has written its slot
+    for (unsigned l = 0; l < 32; l++)
+        std::memcpy((unsigned char *)all32 + l * bytes, fibers[base + l].xslot, bytes);
+    yield_as(WARP); // every lane has read before any slot is written again
 }
 
 float *dyn_smem() { return smem.data(); }
