@@ -1,7 +1,8 @@
 /* FlexAttention on CUDA: forward (with split-KV for few query rows), backward (dQ, dK/dV,
    and the rel_bias table's gradient), float32 or bfloat16 in and out, float32 arithmetic.
 
-   The plain first version: no tensor cores yet. A thread block owns 16 query rows of one
+   The scalar kernels (bfloat16 forwards of the common head sizes run on tensor cores
+   instead, attn_fwd_tc.cu; the split partials' merge here serves both). A thread block owns 16 query rows of one
    head inside one q-block of the mask (4 warps x 4 rows); it walks the kv-blocks that row
    block visits (the mask's list, or every block without a mask), 32 keys at a time through
    shared memory. Lane j scores key j of the tile for a row; the online softmax and O += P V
@@ -14,6 +15,12 @@
    on how the GPU schedules blocks. The forward's split-KV partials are merged in split
    order. */
 #include "cuda/common.cuh"
+
+/* The tensor-core forward (attn_fwd_tc.cu): whether it takes a call (bfloat16, D == Dv in
+   {32, 64, 96, 128}, 16-byte aligned tensors), and its launch, which writes out and lse, or
+   with nsplit > 1 the split partials that combine_kernel merges. */
+extern "C" int fx__cu_attn_tc_takes(const fx__cu_attn *a);
+extern "C" int fx__cu_attn_forward_tc(const fx__cu_attn *a, float *part);
 
 namespace fxcu {
 namespace {
@@ -622,9 +629,10 @@ int grid_fits(int64_t blocks, const char *what)
 template <typename T> int forward(const fx__cu_attn *a)
 {
     cudaStream_t st = (cudaStream_t)a->stream;
+    const bool tc = fx__cu_attn_tc_takes(a);
     const size_t smem = fwd_smem(a);
-    int rc = grid_fits(fx__cu_attn_row_blocks(a), "attention forward");
-    if (rc == FX_OK)
+    int rc = tc ? FX_OK : grid_fits(fx__cu_attn_row_blocks(a), "attention forward");
+    if (rc == FX_OK && !tc)
         rc = allow_smem(fwd_kernel<T>, smem, "attention forward");
     if (rc != FX_OK)
         return rc;
@@ -636,9 +644,13 @@ template <typename T> int forward(const fx__cu_attn *a)
         if (e != cudaSuccess)
             return fx__cuda_status((int)e, "attention forward: split-KV partials");
     }
-    const dim3 grid((unsigned)fx__cu_attn_row_blocks(a), (unsigned)a->nsplit);
-    FX_LAUNCH(fwd_kernel<T>, grid, THREADS, smem, st)(*a, part);
-    rc = launched("attention forward");
+    if (tc) {
+        rc = fx__cu_attn_forward_tc(a, part);
+    } else {
+        const dim3 grid((unsigned)fx__cu_attn_row_blocks(a), (unsigned)a->nsplit);
+        FX_LAUNCH(fwd_kernel<T>, grid, THREADS, smem, st)(*a, part);
+        rc = launched("attention forward");
+    }
     if (rc == FX_OK && a->nsplit > 1) {
         FX_LAUNCH(combine_kernel<T>, (unsigned)((nrows + THREADS / 32 - 1) / (THREADS / 32)), THREADS, 0, st)(*a, part);
         rc = launched("attention forward: merging splits");

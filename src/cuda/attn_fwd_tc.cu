@@ -1,0 +1,420 @@
+/* FlexAttention forward on tensor cores (mma.sync m16n8k16, sm_80 and later) for bfloat16
+   q, k, v, out with D == Dv in {32, 64, 96, 128}; attention.cu routes those calls here
+   (fx__cu_attn_tc_takes) and keeps its scalar kernels for every other shape.
+
+   FlashAttention-2's schedule. A thread block of 4 warps owns 64 query rows of one head
+   inside one q-block of the mask, 16 rows a warp, and walks the kv-blocks that q-block
+   visits (the mask's list, or every block without a mask) 64 keys a tile. K and V tiles are
+   staged by 16-byte cp.async into two buffers, the next tile loading while this one is used.
+   Each warp keeps its Q fragments in registers; S = Q K^T by mma (K fragments by ldmatrix);
+   the mask and the score mod are applied on the accumulator fragments, where each element
+   knows its (row, key); the online softmax runs in base 2 (scores times log2 e, exp2), and
+   O += P V takes P from the same registers, rounded to the input type as A fragments (V by
+   ldmatrix.trans). Shared rows are padded by 16 bytes so that the 8 rows one ldmatrix reads
+   fall in different banks. Q is staged in the second buffer before the walk starts, so a
+   block needs 4 tiles of shared memory (68 KiB at D = 128: three blocks a multiprocessor).
+
+   Full kv-blocks skip the bitmap, partial blocks test it (a 64-key tile never straddles a
+   64-bit word: tiles start at multiples of 64 inside a block), and keys past the block or
+   past Lkv are masked. Rows the block holds beyond the call's rows are computed on zeros and
+   not stored. Split-KV (a->nsplit > 1) writes the same partial state as the scalar kernel,
+   merged by attention.cu's combine kernel.
+
+   Determinism: every sum of a row has one order fixed by the sizes (tiles ascending, the
+   mma's own order within one), no atomics; the result does not depend on scheduling. */
+#include "cuda/common.cuh"
+#include "cuda/mma.cuh"
+
+namespace fxcu {
+namespace {
+
+enum { BM = 64, BN = 64, TC_THREADS = 128 };
+constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+template <typename T> struct Elem;
+template <> struct Elem<bf16> {
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) { return pack_bf16(lo, hi); }
+    static __device__ __forceinline__ void mma(float d[4], const uint32_t a[4], const uint32_t b[2])
+    {
+        mma_16816_bf16(d, a, b, d);
+    }
+};
+
+/* 2^x; -inf gives 0. The hardware's approximation (2 ulp) on a GPU. */
+__device__ __forceinline__ float exp2_fast(float x)
+{
+#ifdef FX_CUDA_EMU
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
+/* ---- masks and score mods (the same rules as attention.cu's scalar kernels) -------------- */
+
+__device__ __forceinline__ int64_t rel_entry(const fx__cu_attn &a, int64_t d)
+{
+    if (a.tzero > 0 && d > INT64_MAX - a.tzero)
+        return a.tsize - 1;
+    if (a.tzero < 0 && d < INT64_MIN - a.tzero)
+        return 0;
+    const int64_t e = d + a.tzero;
+    return e < 0 ? 0 : e >= a.tsize ? a.tsize - 1 : e;
+}
+
+__device__ __forceinline__ float score_mod(const fx__cu_attn &a, float s, int64_t h, int64_t qpos, int64_t kpos)
+{
+    switch (a.mod) {
+    case FX__CU_MOD_ALIBI:
+        return s + a.slopes[h] * (float)(kpos - qpos);
+    case FX__CU_MOD_SOFTCAP:
+        return a.cap * tanhf(s / a.cap);
+    case FX__CU_MOD_REL_BIAS:
+        return s + a.table[(a.theads == 1 ? 0 : h) * a.tsize + rel_entry(a, qpos - kpos)];
+    default:
+        return s;
+    }
+}
+
+/* The rows a block owns: head h of batch b, positions [lo, hi) of the q-block starting at
+   base. Per head, the last rows come first: under a causal mask they visit the most keys,
+   and starting the long blocks early shortens the tail of the grid. */
+struct Rows {
+    int64_t b, h, qbi, base, lo, hi;
+};
+
+__device__ __forceinline__ Rows tc_rows(const fx__cu_attn &a, int64_t x)
+{
+    const int64_t nch = (a.bq + BM - 1) / BM, per_head = a.n_qb * nch;
+    const int64_t j = per_head - 1 - x % per_head, bh = x / per_head;
+    Rows r;
+    r.qbi = j / nch;
+    r.h = bh % a.Hq;
+    r.b = bh / a.Hq;
+    r.base = a.has_mask ? (a.qb_lo + r.qbi) * a.bq : a.q_offset + r.qbi * a.bq;
+    const int64_t lo = r.base + (j % nch) * BM;
+    r.hi = min(min(lo + BM, r.base + a.bq), a.q_offset + a.Lq);
+    r.lo = max(lo, a.q_offset);
+    return r;
+}
+
+/* One 64-key tile: keys k0 + t0 .. of the kv-block at list entry e (nk keys in this call,
+   bitmap at boff, -1: full). */
+struct Tile {
+    int64_t e, k0, nk, boff, t0;
+    bool has;
+};
+
+/* The first tile of the first entry in [e, e1) whose block holds keys of this call. */
+__device__ __forceinline__ Tile seek(const fx__cu_attn &a, int64_t e, int64_t e1)
+{
+    Tile c;
+    c.e = e1, c.k0 = c.nk = c.t0 = 0, c.boff = -1, c.has = false;
+    for (; e < e1; e++) {
+        const int64_t kb = a.has_mask ? a.m.kv_idx[e] : e;
+        if (kb * a.bk >= a.Lkv)
+            continue; /* a mask longer than the call */
+        c.e = e;
+        c.k0 = kb * a.bk;
+        c.nk = min(a.bk, a.Lkv - c.k0);
+        c.boff = a.has_mask ? a.m.kv_bits[e] : -1;
+        c.has = true;
+        break;
+    }
+    return c;
+}
+
+__device__ __forceinline__ Tile next_tile(const fx__cu_attn &a, const Tile &c, int64_t e1)
+{
+    if (c.t0 + BN < c.nk) {
+        Tile n = c;
+        n.t0 += BN;
+        return n;
+    }
+    return seek(a, c.e + 1, e1);
+}
+
+/* Rows [row0, row0 + BM) of a row-major (., D) matrix into shared memory (row stride LD), rows
+   from nvalid on zero-filled, by 16-byte cp.async of the whole block. */
+template <int D, typename T>
+__device__ __forceinline__ void stage(T *dst, const T *src, int64_t row0, int nvalid, int tid)
+{
+    constexpr int CH = D / 8, LD = D + 8;
+#pragma unroll
+    for (int i = tid; i < BM * CH; i += TC_THREADS) {
+        const int r = i / CH, c = i % CH;
+        const bool ok = r < nvalid;
+        cp_async_16(dst + r * LD + c * 8, src + (row0 + (ok ? r : 0)) * D + c * 8, ok ? 16 : 0);
+    }
+}
+
+template <int D, typename T>
+__global__ void __launch_bounds__(TC_THREADS, 2) fwd_tc_kernel(fx__cu_attn a, float *part)
+{
+    constexpr int LD = D + 8, KS = D / 16, NT = BN / 8, OT = D / 8, TILE = BN * LD;
+    FX_DYN_SMEM(uint4, smv);
+    T *sm = (T *)smv; /* [stage 0: K, V][stage 1: K, V], each BN x LD */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const Rows rb = tc_rows(a, blockIdx.x);
+    if (rb.lo >= rb.hi)
+        return; /* the whole block: no row of this call lies here */
+    const int nr = (int)(rb.hi - rb.lo);
+    const bool active = warp * 16 < nr; /* uniform over the warp */
+    const T *q = (const T *)a.q, *k = (const T *)a.k, *v = (const T *)a.v;
+    const int64_t qrow0 = (rb.b * a.Hq + rb.h) * a.Lq + (rb.lo - a.q_offset);
+    const int64_t kbase = (rb.b * a.Hkv + rb.h / (a.Hq / a.Hkv)) * a.Lkv;
+
+    int64_t e0 = 0, e1 = a.nkb;
+    if (a.has_mask) {
+        const int64_t r = ((a.m.B == 1 ? 0 : rb.b) * a.m.H + (a.m.H == 1 ? 0 : rb.h)) * a.m.nqb + a.qb_lo + rb.qbi;
+        e0 = a.m.kv_ptr[r];
+        e1 = a.m.kv_ptr[r + 1];
+    }
+    const int64_t per = (e1 - e0 + a.nsplit - 1) / a.nsplit;
+    const int64_t s0 = min(e1, e0 + (int64_t)blockIdx.y * per), s1 = min(e1, s0 + per);
+
+    /* Q into stage 1's K buffer, the first tile into stage 0. */
+    stage<D>(sm + 2 * TILE, q, qrow0, nr, tid);
+    Tile cur = seek(a, s0, s1);
+    if (cur.has) {
+        const int nt = (int)min((int64_t)BN, cur.nk);
+        stage<D>(sm, k, kbase + cur.k0, nt, tid);
+        stage<D>(sm + TILE, v, kbase + cur.k0, nt, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    uint32_t qf[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++)
+        ldmatrix_x4(qf[kk], sm + 2 * TILE + (warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 16 * kk +
+                                8 * (lane >> 4));
+    __syncthreads(); /* stage 1 is free for the second tile */
+
+    float o[OT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int d = 0; d < OT; d++)
+        o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    const float sl2 = a.scale * LOG2E;
+    int st = 0;
+    while (cur.has) {
+        const Tile nx = next_tile(a, cur, s1);
+        if (nx.has) {
+            const int nt = (int)min((int64_t)BN, nx.nk - nx.t0);
+            T *dst = sm + (st ^ 1) * 2 * TILE;
+            stage<D>(dst, k, kbase + nx.k0 + nx.t0, nt, tid);
+            stage<D>(dst + TILE, v, kbase + nx.k0 + nx.t0, nt, tid);
+        }
+        cp_async_commit();
+        cp_async_wait<1>(); /* this tile's group has landed; the next one may still fly */
+        __syncthreads();
+        const int nt = (int)min((int64_t)BN, cur.nk - cur.t0);
+        if (active) {
+            const T *Kt = sm + st * 2 * TILE, *Vt = Kt + TILE;
+            float s[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+#pragma unroll
+                for (int jj = 0; jj < NT / 2; jj++) {
+                    if (16 * jj >= nt)
+                        break; /* keys past the tail: masked below */
+                    uint32_t kb[4];
+                    ldmatrix_x4(kb, Kt + (16 * jj + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk +
+                                        8 * ((lane >> 3) & 1));
+                    Elem<T>::mma(s[2 * jj], qf[kk], kb);
+                    Elem<T>::mma(s[2 * jj + 1], qf[kk], kb + 2);
+                }
+
+            /* Scores in base-2 units; masked ones -inf. */
+            if (cur.boff < 0 && nt == BN && a.mod == FX__CU_MOD_NONE) {
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        s[j][i] *= sl2;
+            } else {
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int r = warp * 16 + g + 8 * rr;
+                    const int64_t qpos = rb.lo + r;
+                    uint64_t word = ~(uint64_t)0;
+                    if (cur.boff >= 0)
+                        word = r < nr ? a.m.bits[cur.boff + (qpos - rb.base) * a.m.bm_words + (cur.t0 >> 6)] : 0;
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            const int col = 8 * j + 2 * t + c;
+                            float x = s[j][2 * rr + c] * a.scale;
+                            if (a.mod != FX__CU_MOD_NONE)
+                                x = score_mod(a, x, rb.h, qpos, cur.k0 + cur.t0 + col);
+                            const bool vis = col < nt && ((word >> col) & 1u);
+                            s[j][2 * rr + c] = vis ? x * LOG2E : -INFINITY;
+                        }
+                }
+            }
+
+            /* Online softmax per row (rows g and g + 8 of the warp; each row over 4 lanes). */
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    mx = nmax(mx, nmax(s[j][2 * rr], s[j][2 * rr + 1]));
+                mx = nmax(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = nmax(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mnew = nmax(m[rr], mx), base = mnew == -INFINITY ? 0.0f : mnew;
+                const float alpha = exp2_fast(m[rr] - base);
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float p = exp2_fast(s[j][2 * rr + c] - base);
+                        s[j][2 * rr + c] = p;
+                        sum += p;
+                    }
+                l[rr] = l[rr] * alpha + sum;
+#pragma unroll
+                for (int d = 0; d < OT; d++) {
+                    o[d][2 * rr] *= alpha;
+                    o[d][2 * rr + 1] *= alpha;
+                }
+                m[rr] = mnew;
+            }
+
+            /* O += P V, 16 keys at a time. */
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; kk++) {
+                if (16 * kk >= nt)
+                    break; /* p = 0 there */
+                const uint32_t pa[4] = {Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]),
+                                        Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]),
+                                        Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                        Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int dd = 0; dd < D / 16; dd++) {
+                    uint32_t vb[4];
+                    ldmatrix_x4_trans(vb, Vt + (16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 16 * dd +
+                                              8 * (lane >> 4));
+                    Elem<T>::mma(o[2 * dd], pa, vb);
+                    Elem<T>::mma(o[2 * dd + 1], pa, vb + 2);
+                }
+            }
+        }
+        __syncthreads(); /* every warp is done with this stage before it is refilled */
+        st ^= 1;
+        cur = nx;
+    }
+
+    /* Row sums over the row's 4 lanes (the same sum in each), then the results. */
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+    }
+    if (a.nsplit > 1) {
+        if (!active)
+            return;
+        const int64_t nrows = a.B * a.Hq * a.Lq;
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int r = warp * 16 + g + 8 * rr;
+            if (r >= nr)
+                continue;
+            float *pp = part + ((int64_t)blockIdx.y * nrows + qrow0 + r) * (D + 2);
+#pragma unroll
+            for (int d = 0; d < OT; d++) {
+                pp[8 * d + 2 * t] = o[d][2 * rr];
+                pp[8 * d + 2 * t + 1] = o[d][2 * rr + 1];
+            }
+            if (t == 0) {
+                pp[D] = m[rr] * LN2; /* the combine kernel works in natural-log units */
+                pp[D + 1] = l[rr];
+            }
+        }
+        return;
+    }
+    /* out through shared memory (stage 0's K buffer), so that rows leave in 16-byte pieces. */
+    T *Os = sm;
+    if (active) {
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int r = warp * 16 + g + 8 * rr;
+            const bool nan = l[rr] != l[rr], some = l[rr] > 0.0f;
+            const float inv = some ? 1.0f / l[rr] : 0.0f;
+#pragma unroll
+            for (int d = 0; d < OT; d++) {
+                const float x0 = nan ? NAN : o[d][2 * rr] * inv, x1 = nan ? NAN : o[d][2 * rr + 1] * inv;
+                store_u32(Os + r * LD + 8 * d + 2 * t, Elem<T>::pack(x0, x1));
+            }
+            if (a.lse && t == 0 && r < nr)
+                a.lse[qrow0 + r] = nan ? NAN : some ? m[rr] * LN2 + logf(l[rr]) : -INFINITY;
+        }
+    }
+    __syncthreads();
+    T *out = (T *)a.out;
+#pragma unroll
+    for (int i = tid; i < BM * OT; i += TC_THREADS) {
+        const int r = i / OT, c = i % OT;
+        if (r < nr)
+            copy_16(out + (qrow0 + r) * D + c * 8, Os + r * LD + c * 8);
+    }
+}
+
+size_t tc_smem(int64_t D) { return (size_t)4 * BN * (size_t)(D + 8) * 2; }
+
+int64_t tc_blocks(const fx__cu_attn *a) { return a->B * a->Hq * a->n_qb * ((a->bq + BM - 1) / BM); }
+
+template <int D, typename T> int launch_tc(const fx__cu_attn *a, float *part)
+{
+    const size_t smem = tc_smem(D);
+    int rc = allow_smem(fwd_tc_kernel<D, T>, smem, "attention forward");
+    if (rc != FX_OK)
+        return rc;
+    const dim3 grid((unsigned)tc_blocks(a), (unsigned)a->nsplit);
+    FX_LAUNCH((fwd_tc_kernel<D, T>), grid, TC_THREADS, smem, (cudaStream_t)a->stream)(*a, part);
+    return launched("attention forward");
+}
+
+template <typename T> int launch_tc_d(const fx__cu_attn *a, float *part)
+{
+    switch (a->D) {
+    case 32:
+        return launch_tc<32, T>(a, part);
+    case 64:
+        return launch_tc<64, T>(a, part);
+    case 96:
+        return launch_tc<96, T>(a, part);
+    default:
+        return launch_tc<128, T>(a, part);
+    }
+}
+
+bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+} // namespace
+} // namespace fxcu
+
+extern "C" int fx__cu_attn_tc_takes(const fx__cu_attn *a)
+{
+    if (!a->bf16)
+        return 0;
+    if (a->D != a->Dv || (a->D != 32 && a->D != 64 && a->D != 96 && a->D != 128))
+        return 0;
+    if (!fxcu::aligned16(a->q) || !fxcu::aligned16(a->k) || !fxcu::aligned16(a->v) || !fxcu::aligned16(a->out))
+        return 0; /* rows are moved in 16-byte pieces */
+    return fxcu::tc_blocks(a) <= INT32_MAX && a->nsplit <= 65535;
+}
+
+/* float16 would need an Elem<f16> (pack_f16, mma_16816_f16) and its launch here, once the
+   calls take that type. */
+extern "C" int fx__cu_attn_forward_tc(const fx__cu_attn *a, float *part)
+{
+    return fxcu::launch_tc_d<fxcu::bf16>(a, part);
+}
