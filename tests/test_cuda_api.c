@@ -241,8 +241,10 @@ static void test_plan(void)
     FXT_EQ_INT(fx__cu_attn_splits(&c, 132), 3);
     c.max_entries = 1;
     FXT_EQ_INT(fx__cu_attn_splits(&c, 132), 1);
-    FXT_EQ_INT(fx__cu_lce_chunk(1000, 50000, 0), 1000);        /* 1000 x 50000 floats < 256 MiB */
-    FXT_EQ_INT(fx__cu_lce_chunk(100000, 256000, 0), 262);      /* 256 MiB / (256000 * 4) */
+    FXT_EQ_INT(fx__cu_lce_chunk(1000, 50000, 0), 671);          /* the 128 MiB floor / (50000 * 4) */
+    FXT_EQ_INT(fx__cu_lce_chunk(16384, 128256, 0), 893);        /* (N V / 4 - 64 MiB) / (V * 4) */
+    FXT_EQ_INT(fx__cu_lce_chunk(100000, 256000, 0), 1048);      /* the 1 GiB ceiling / (256000 * 4) */
+    FXT_EQ_INT(fx__cu_lce_chunk(100, 50000, 0), 100);           /* at most N */
     FXT_EQ_INT(fx__cu_lce_chunk(10, (int64_t)1 << 40, 0), 1); /* at least one row */
     FXT_EQ_INT(fx__cu_lce_chunk(100, 50, 7), 7);
     FXT_EQ_INT(fx__cu_lce_chunk(5, 50, 7), 5);

@@ -106,6 +106,7 @@ static void test_options(void)
         check_lce(&cases[i], false);
     check_lce(&cases[0], true);
     check_lce(&cases[3], true);
+    check_lce(&cases[4], true); /* bfloat16 G over the float32 logits, chunk after chunk */
 }
 
 static void test_sizes(void)
@@ -118,6 +119,7 @@ static void test_sizes(void)
     lce_case big = {"N 300, D 64, V 5000", fx_lce_defaults(300, 64, 5000), true, false};
 #endif
     check_lce(&big, false);
+    check_lce(&big, true);
 }
 
 static void test_errors(void)

@@ -115,8 +115,9 @@ typedef struct fx__cu_lce {
 } fx__cu_lce;
 
 int fx__cu_lce_run(const fx__cu_lce *p);
-/* Tokens per chunk for the device path: p->chunk when set, else what keeps the chunk's
-   logits (chunk x V floats) within 256 MiB. */
+/* Tokens per chunk for the device path: chunk when set, else what keeps the chunk's float32
+   logits within an eighth of the bfloat16 logits of all N tokens, less 64 MiB (the products'
+   workspace), and between 128 MiB and 1 GiB; at most N, at least 1. */
 int64_t fx__cu_lce_chunk(int64_t N, int64_t V, int64_t chunk);
 
 #ifdef __cplusplus

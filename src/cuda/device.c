@@ -423,8 +423,13 @@ int64_t fx__cu_lce_chunk(int64_t N, int64_t V, int64_t chunk)
 {
     if (chunk > 0)
         return chunk < N ? chunk : N;
-    const int64_t budget = (int64_t)256 << 20, per_row = V * (int64_t)sizeof(float);
-    int64_t c = budget / per_row;
+    /* The chunk's float32 logits within an eighth of the bfloat16 logits of all N tokens
+       (what an unfused loss holds), less 64 MiB for the products' workspace and the library's
+       own; never below 128 MiB (thinner chunks make memory-bound products) nor above 1 GiB. */
+    const double lo = (double)((int64_t)128 << 20), hi = (double)((int64_t)1 << 30);
+    double budget = (double)N * (double)V * 2.0 / 8.0 - (double)((int64_t)64 << 20);
+    budget = budget < lo ? lo : budget > hi ? hi : budget;
+    int64_t c = (int64_t)(budget / ((double)V * (double)sizeof(float)));
     c = c < 1 ? 1 : c;
     return c < N ? c : N;
 }

@@ -2,103 +2,73 @@
    memory, float32 or bfloat16 in and out, float32 arithmetic with float64 row sums.
 
    Tokens go in chunks of at most p->chunk rows, in order: the chunk's logits Z = h W^T are
-   one GEMM into a [chunk, V] float buffer (never all N rows); one thread block per row then
-   applies bias and softcap, finds the log-sum-exp and the loss, and turns the row into
-   d loss / d logits in place; two more GEMMs give dh = G W (overwritten) and dw += G^T h,
-   and a column sum gives dbias. The GEMM is a plain 64 x 64 tiled kernel in which each
-   output element is summed by one thread in ascending k: with chunks in order, the result
-   is the same on every run and for any grid. */
+   one product (cuBLASLt, src/cuda/blas.h) into a [chunk, V] float32 buffer (never all N rows);
+   one thread block per row then applies bias and softcap, finds the log-sum-exp and the loss,
+   and turns the row into G = d loss / d logits in place; two more products give dh = G W
+   (overwritten) and dw += G^T h, and a column sum gives dbias. With bfloat16 tensors G is
+   written as bfloat16 over the first half of its own float32 row (products take one input
+   type; float32 accumulation either way), so the chunk needs no second buffer. Every product
+   and sum has an order fixed by the sizes: the result is the same on every run. */
+#include "cuda/blas.h"
 #include "cuda/common.cuh"
+
+#include <string.h>
 
 namespace fxcu {
 namespace {
 
-enum { GT = 64, GK = 16, GTHREADS = 256, RTHREADS = 256 };
+enum { RTHREADS = 256 };
 
-/* C[M,N] (ldc) = (acc ? C : 0) + op(A)[M,K] op(B)[K,N], with op(A)[m,k] = ta ? A[k*lda+m] :
-   A[m*lda+k] and op(B)[k,n] = tb ? B[n*ldb+k] : B[k*ldb+n]. */
-template <typename TA, typename TB, typename TC>
-__global__ void __launch_bounds__(GTHREADS)
-    gemm_kernel(int64_t M, int64_t N, int64_t K, const TA *A, int64_t lda, int ta, const TB *B, int64_t ldb, int tb,
-                TC *C, int64_t ldc, int acc)
+template <typename T> struct dtype_of;
+template <> struct dtype_of<float> {
+    enum { value = FX_DT_F32 };
+};
+template <> struct dtype_of<bf16> {
+    enum { value = FX_DT_BF16 };
+};
+
+/* C = op(A) op(B) (+ C when acc) by cuBLASLt; ab and c are FX_DT_* types. */
+int gemm(cudaStream_t st, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda, bool ta, const void *B,
+         int64_t ldb, bool tb, int ab, void *C, int64_t ldc, int c, bool acc)
 {
-    __shared__ float As[GK][GT + 1], Bs[GK][GT + 1];
-    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const int64_t m0 = (int64_t)blockIdx.y * GT, n0 = (int64_t)blockIdx.x * GT;
-    float c[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            c[i][j] = 0.0f;
-    for (int64_t k0 = 0; k0 < K; k0 += GK) {
-        /* Consecutive threads read consecutive addresses in either layout. */
-        for (int i = threadIdx.x; i < GK * GT; i += GTHREADS) {
-            const int kk = ta ? i / GT : i % GK, mm = ta ? i % GT : i / GK;
-            const int64_t m = m0 + mm, k = k0 + kk;
-            As[kk][mm] = m < M && k < K ? load(A, ta ? k * lda + m : m * lda + k) : 0.0f;
-            const int kb = tb ? i % GK : i / GT, nb = tb ? i / GK : i % GT;
-            const int64_t n = n0 + nb, kq = k0 + kb;
-            Bs[kb][nb] = n < N && kq < K ? load(B, tb ? n * ldb + kq : kq * ldb + n) : 0.0f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < GK; kk++) {
-            float a[4], b[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                a[i] = As[kk][ty + 16 * i];
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                b[j] = Bs[kk][tx + 16 * j];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    c[i][j] += a[i] * b[j];
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int64_t m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
-            if (m < M && n < N) {
-                float x = c[i][j];
-                if (acc)
-                    x += load(C, m * ldc + n);
-                store(C, m * ldc + n, x);
-            }
-        }
+    fx__cu_gemm g;
+    memset(&g, 0, sizeof g);
+    g.m = M, g.n = N, g.k = K, g.a = A, g.b = B, g.c = C, g.lda = lda, g.ldb = ldb, g.ldc = ldc;
+    g.ta = ta, g.tb = tb, g.ab_type = ab, g.c_type = c, g.alpha = 1.0f, g.beta = acc ? 1.0f : 0.0f, g.stream = st;
+    return fx__cu_gemm_run(&g);
 }
 
-template <typename TA, typename TB, typename TC>
-int gemm(cudaStream_t st, int64_t M, int64_t N, int64_t K, const TA *A, int64_t lda, bool ta, const TB *B,
-         int64_t ldb, bool tb, TC *C, int64_t ldc, bool acc, const char *what)
+/* A running (max, sum of exp(x - max)) pair, and two of them merged; -inf maxima (nothing
+   seen) contribute nothing, a NaN reaches the sum. */
+struct lse_acc {
+    float m;
+    double s;
+};
+
+__device__ __forceinline__ lse_acc lse_merge(lse_acc a, lse_acc b)
 {
-    if ((M + GT - 1) / GT > 65535 || (N + GT - 1) / GT > INT32_MAX)
-        return fx__error(FX_EUNSUPPORTED, "%s: a %lld x %lld product is past the GEMM kernel's grid", what,
-                         (long long)M, (long long)N);
-    const dim3 grid((unsigned)((N + GT - 1) / GT), (unsigned)((M + GT - 1) / GT));
-    auto kernel = gemm_kernel<TA, TB, TC>;
-    FX_LAUNCH(kernel, grid, GTHREADS, 0, st)(M, N, K, A, lda, ta, B, ldb, tb, C, ldc, acc);
-    return launched(what);
+    const float M = a.m > b.m ? a.m : b.m;
+    if (M == -INFINITY)
+        return lse_acc{M, a.s + b.s};
+    return lse_acc{M, a.s * (double)expf(a.m - M) + b.s * (double)expf(b.m - M)};
 }
 
 /* Fixed-tree block reductions over RTHREADS threads (every thread gets the result). */
-__device__ float block_max(float x, float *sh)
+__device__ lse_acc block_lse(lse_acc x, float *shm, double *shs)
 {
-    sh[threadIdx.x] = x;
+    shm[threadIdx.x] = x.m;
+    shs[threadIdx.x] = x.s;
     __syncthreads();
     for (int s = RTHREADS / 2; s > 0; s >>= 1) {
         if ((int)threadIdx.x < s) {
-            const float o = sh[threadIdx.x + s];
-            sh[threadIdx.x] = o > sh[threadIdx.x] ? o : sh[threadIdx.x];
+            const lse_acc r = lse_merge(lse_acc{shm[threadIdx.x], shs[threadIdx.x]},
+                                        lse_acc{shm[threadIdx.x + s], shs[threadIdx.x + s]});
+            shm[threadIdx.x] = r.m;
+            shs[threadIdx.x] = r.s;
         }
         __syncthreads();
     }
-    const float r = sh[0];
+    const lse_acc r = {shm[0], shs[0]};
     __syncthreads();
     return r;
 }
@@ -117,44 +87,52 @@ __device__ double block_sum(double x, double *sh)
     return r;
 }
 
-/* One token row of the chunk: z = cap tanh((z + bias) / cap); the forward finds lse and the
-   loss; with grads the row becomes d loss / d z (the CPU path's formula:
-   p_j (1 + 2 s lse) sc - eps sc / V - (1 - eps) sc [j == y], times 1 - (z/cap)^2). */
+/* Logit j of a row after bias and softcap (z: the product's raw row). */
+template <typename T>
+__device__ __forceinline__ float logit(const float *z, const T *bias, int64_t j, float cap)
+{
+    float x = z[j] + (bias ? load(bias, j) : 0.0f);
+    return cap > 0.0f ? cap * tanhf(x / cap) : x;
+}
+
+/* One token row of the chunk: the forward finds lse and the loss in one pass (a running max
+   and sum); with grads the row becomes G = d loss / d z (the CPU path's formula:
+   p_j (1 + 2 s lse) sc - eps sc / V - (1 - eps) sc [j == y], times 1 - (z/cap)^2), stored as T
+   from the start of the row's memory. Each pass recomputes bias and softcap from the raw
+   product instead of storing the modified row. */
 template <typename T>
 __global__ void __launch_bounds__(RTHREADS) row_kernel(fx__cu_lce p, float *Z, int64_t n0, double *row_loss, int grads)
 {
     __shared__ float shf[RTHREADS];
     __shared__ double shd[RTHREADS];
     const int64_t r = blockIdx.x, n = n0 + r, V = p.V;
-    float *z = Z + r * V;
+    const float *z = Z + r * V;
     const T *bias = (const T *)p.bias;
     const int64_t y = p.target[n];
     const bool valid = y != p.ignore_index, forward = p.lse_in == NULL;
     const float cap = p.cap, eps = p.eps, zl = p.zl;
+    const float zy = valid ? logit(z, bias, y, cap) : 0.0f; /* read before any thread writes G */
 
-    float mx = -INFINITY;
-    double sz = 0.0;
-    for (int64_t j = threadIdx.x; j < V; j += RTHREADS) {
-        float x = z[j] + (bias ? load(bias, j) : 0.0f);
-        if (cap > 0.0f)
-            x = cap * tanhf(x / cap);
-        z[j] = x;
-        mx = x > mx ? x : mx; /* a NaN reaches the result through the sum of exps */
-        sz += x;
-    }
     double lse;
     if (forward) {
-        const float M = block_max(mx, shf);
-        const double sum_z = block_sum(sz, shd);
-        double s = 0.0;
-        if (M != -INFINITY)
-            for (int64_t j = threadIdx.x; j < V; j += RTHREADS)
-                s += expf(z[j] - M);
-        s = block_sum(s, shd);
-        lse = (double)M + log(s);
+        lse_acc acc = {-INFINITY, 0.0};
+        double sz = 0.0;
+        for (int64_t j = threadIdx.x; j < V; j += RTHREADS) {
+            const float x = logit(z, bias, j, cap);
+            sz += x;
+            if (x > acc.m) {
+                acc.s = acc.s * (double)expf(acc.m - x) + 1.0;
+                acc.m = x;
+            } else if (x != -INFINITY) {
+                acc.s += (double)expf(x - acc.m); /* NaN: reaches the sum */
+            }
+        }
+        acc = block_lse(acc, shf, shd);
+        const double sum_z = eps > 0.0f ? block_sum(sz, shd) : 0.0;
+        lse = (double)acc.m + log(acc.s);
         double loss = 0.0;
         if (valid) {
-            loss = lse - (1.0 - (double)eps) * (double)z[y] + (double)zl * lse * lse;
+            loss = lse - (1.0 - (double)eps) * (double)zy + (double)zl * lse * lse;
             if (eps > 0.0f)
                 loss -= (double)eps * sum_z / (double)V;
         }
@@ -167,7 +145,6 @@ __global__ void __launch_bounds__(RTHREADS) row_kernel(fx__cu_lce p, float *Z, i
         }
     } else {
         lse = p.lse_in[n];
-        __syncthreads(); /* z[y] below may come from another thread */
     }
     if (!grads)
         return;
@@ -180,30 +157,48 @@ __global__ void __launch_bounds__(RTHREADS) row_kernel(fx__cu_lce p, float *Z, i
         gscale = p.n_valid > 0 ? gscale / (double)p.n_valid : 0.0;
     const float sc = valid ? (float)gscale : 0.0f, lf = (float)lse;
     const float a = sc * (1.0f + 2.0f * zl * lf), b = sc * eps * (float)(1.0 / (double)V);
-    const float zy = valid ? z[y] : 0.0f;
-    __syncthreads(); /* every thread has read z[y] before any overwrites it */
-    for (int64_t j = threadIdx.x; j < V; j += RTHREADS) {
-        const float x = z[j];
-        float g = a * expf(x - lf) - b;
-        if (valid && j == y)
-            g = a * expf(zy - lf) - b - sc * (1.0f - eps);
-        if (cap > 0.0f) {
-            const float u = x / cap;
-            g *= 1.0f - u * u;
+    T *g = (T *)(Z + r * V);
+    __syncthreads(); /* every thread has read z[y] before any G lands on it */
+    /* Tiles of 2 x RTHREADS entries: a tile's G lands on memory whose float32 logits every
+       thread has read by the barrier (a bfloat16 G is half as wide). */
+    for (int64_t t0 = 0; t0 < V; t0 += 2 * RTHREADS) {
+        float gv[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int64_t j = t0 + u * RTHREADS + threadIdx.x;
+            gv[u] = 0.0f;
+            if (j < V) {
+                const float x = logit(z, bias, j, cap);
+                float gj = a * expf(x - lf) - b;
+                if (valid && j == y)
+                    gj = a * expf(zy - lf) - b - sc * (1.0f - eps);
+                if (cap > 0.0f) {
+                    const float w = x / cap;
+                    gj *= 1.0f - w * w;
+                }
+                gv[u] = gj;
+            }
         }
-        z[j] = g;
+        if (sizeof(T) != sizeof(float))
+            __syncthreads();
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int64_t j = t0 + u * RTHREADS + threadIdx.x;
+            if (j < V)
+                store(g, j, gv[u]);
+        }
     }
 }
 
-/* dbias[j] += sum over the chunk's rows (ascending) of G[r, j]. */
-template <typename T> __global__ void dbias_kernel(const float *G, int64_t c, int64_t V, T *dbias)
+/* dbias[j] += sum over the chunk's rows (ascending) of G[r, j] (row stride ldg). */
+template <typename T> __global__ void dbias_kernel(const T *G, int64_t ldg, int64_t c, int64_t V, T *dbias)
 {
     const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= V)
         return;
     float s = 0.0f;
     for (int64_t r = 0; r < c; r++)
-        s += G[r * V + j];
+        s += load(G, r * ldg + j);
     store(dbias, j, load(dbias, j) + s);
 }
 
@@ -224,6 +219,8 @@ template <typename T> int run(const fx__cu_lce *p)
     cudaStream_t st = (cudaStream_t)p->stream;
     const bool forward = p->lse_in == NULL, grads = p->dh || p->dw || p->dbias;
     const int64_t N = p->N, D = p->D, V = p->V, C = p->chunk;
+    const int ty = dtype_of<T>::value;
+    const int64_t ldg = V * (int64_t)(sizeof(float) / sizeof(T)); /* G's row stride, in T */
     const T *h = (const T *)p->h, *w = (const T *)p->w;
     T *dh = (T *)p->dh, *dw = (T *)p->dw, *dbias = (T *)p->dbias;
     float *Z = NULL;
@@ -250,7 +247,7 @@ template <typename T> int run(const fx__cu_lce *p)
                 e = cudaMemsetAsync(dh + n0 * D, 0, (size_t)(c * D) * sizeof(T), st);
             continue;
         }
-        rc = gemm<T, T, float>(st, c, V, D, h + n0 * D, D, false, w, D, true, Z, V, false, "fused cross-entropy: logits");
+        rc = gemm(st, c, V, D, h + n0 * D, D, false, w, D, true, ty, Z, V, FX_DT_F32, false);
         if (rc != FX_OK)
             break;
         FX_LAUNCH(row_kernel<T>, (unsigned)c, RTHREADS, 0, st)(*p, Z, n0, row_loss, grads && any_valid);
@@ -261,13 +258,13 @@ template <typename T> int run(const fx__cu_lce *p)
                 e = cudaMemsetAsync(dh + n0 * D, 0, (size_t)(c * D) * sizeof(T), st);
             continue;
         }
+        const T *G = (const T *)Z;
         if (dh)
-            rc = gemm<float, T, T>(st, c, D, V, Z, V, false, w, D, false, dh + n0 * D, D, false,
-                                   "fused cross-entropy: dh");
+            rc = gemm(st, c, D, V, G, ldg, false, w, D, false, ty, dh + n0 * D, D, ty, false);
         if (rc == FX_OK && dw)
-            rc = gemm<float, T, T>(st, V, D, c, Z, V, true, h + n0 * D, D, false, dw, D, true, "fused cross-entropy: dw");
+            rc = gemm(st, V, D, c, G, ldg, true, h + n0 * D, D, false, ty, dw, D, ty, true);
         if (rc == FX_OK && dbias) {
-            FX_LAUNCH(dbias_kernel<T>, (unsigned)((V + 255) / 256), 256, 0, st)(Z, c, V, dbias);
+            FX_LAUNCH(dbias_kernel<T>, (unsigned)((V + 255) / 256), 256, 0, st)(G, ldg, c, V, dbias);
             rc = launched("fused cross-entropy: dbias");
         }
     }
