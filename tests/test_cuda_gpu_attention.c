@@ -1,7 +1,7 @@
 /* FlexAttention on a CUDA device against the CPU path of the same call on the same inputs:
    every built-in mask (and a custom one, through its block mask), every built-in score mod,
    GQA, q_offset and split-KV decoding, odd head sizes, rows that see no key, float32 and
-   bfloat16; each device result is also computed twice and must repeat bitwise. The
+   bfloat16 (on tensor cores where the forward takes the shape); each device result is also computed twice and must repeat bitwise. The
    backward's dQ, dK, dV and the rel_bias table gradient are compared the same way.
    Skipped (77) without a GPU; see tests/cuda_gpu.h for the tolerances. */
 #include "cuda_gpu.h"
@@ -296,6 +296,120 @@ static void test_nan(void)
     free(q), free(k), free(v);
 }
 
+/* bfloat16 calls with D == Dv in {32, 64, 96, 128} run on tensor cores (attn_fwd_tc.cu):
+   64-row blocks of 64-key tiles, so lengths that are not multiples of 64, mask blocks smaller
+   than a tile and rows that see nothing are the cases to cover, with every mask kind and
+   score mod, GQA, q_offset and both the plain and the split-KV grids. */
+static void test_tensor_cores(void)
+{
+    fx_attention a = shape(1, 4, 2, 200, 200, 128, 128);
+    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 200, 200, 0, 0);
+    check_attention("tc: causal, GQA 4/2, L 200, D 128", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+    a = shape(1, 16, 16, 320, 320, 64, 64); /* enough row blocks for one split */
+    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 320, 320, 0, 0);
+    check_attention("tc: causal, 16 heads, L 320, D 64", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+    check_attention("tc: dense, Lq 70 != Lkv 130, D 128", shape(2, 2, 1, 70, 130, 128, 128), true, false);
+    check_attention("tc: dense, L 90, D 96", shape(1, 3, 3, 90, 90, 96, 96), true, false);
+    check_attention("tc: dense, L 65, D 32", shape(1, 2, 2, 65, 65, 32, 32), true, false);
+
+    fx_mask_sliding_window_ctx w = {.window = 40};
+    a = shape(1, 2, 2, 300, 300, 64, 64);
+    a.mask = mask_of(fx_mask_sliding_window, &w, 1, 1, 300, 300, 64, 64);
+    check_attention("tc: sliding window 40, blocks 64, D 64", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+    a.mask = mask_of(fx_mask_sliding_window, &w, 1, 1, 300, 300, 128, 16);
+    check_attention("tc: sliding window 40, blocks 128 x 16, D 64", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+
+    int64_t ids[2 * 150];
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < 150; i++)
+            ids[b * 150 + i] = b == 0 ? i / 37 : i / 100;
+    fx_mask_document_ctx doc = {.doc_ids = ids, .len = 150, .batch_stride = 150};
+    a = shape(2, 2, 2, 150, 150, 128, 128);
+    a.mask = mask_of(fx_mask_document, &doc, 2, 1, 150, 150, 32, 32);
+    check_attention("tc: document, blocks 32, D 128", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+
+    a = shape(1, 4, 1, 70, 70, 64, 64);
+    a.mask = mask_of(odd_mask, NULL, 1, 4, 70, 70, 16, 32);
+    check_attention("tc: custom per-head mask, blocks 16 x 32, GQA 4/1, empty rows", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+
+    /* Rows 130 .. 179 of a causal 180 x 180 mask: the first q-block starts before the call. */
+    a = shape(1, 2, 2, 50, 180, 128, 128);
+    a.q_offset = 130;
+    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 180, 180, 64, 64);
+    check_attention("tc: causal, q_offset 130, D 128", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+}
+
+static void test_tensor_cores_score_mods(void)
+{
+    fx_attention a = shape(1, 4, 2, 100, 100, 128, 128);
+    float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    fx_score_alibi_ctx al = {.slopes = slopes};
+    a.score_mod = fx_score_alibi;
+    a.score_ctx = &al;
+    check_attention("tc: alibi, D 128", a, true, false);
+    fx_score_softcap_ctx cap = {.cap = 2.0f};
+    a.score_mod = fx_score_softcap;
+    a.score_ctx = &cap;
+    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 100, 100, 32, 64);
+    check_attention("tc: softcap 2, causal, D 128", a, true, false);
+    float *table = fxt_random(4 * 41, -1, 1, 22);
+    fx_score_rel_bias_ctx rel = {.table = table, .size = 41, .zero = 20, .heads = 4};
+    a.score_mod = fx_score_rel_bias;
+    a.score_ctx = &rel;
+    check_attention("tc: rel_bias, a table per head, causal, D 128", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+    a = shape(1, 2, 2, 100, 100, 64, 64);
+    rel.heads = 1;
+    a.score_mod = fx_score_rel_bias;
+    a.score_ctx = &rel;
+    check_attention("tc: rel_bias, one table, D 64", a, true, false);
+    free(table);
+}
+
+/* A NaN in one query row of a bfloat16 call on tensor cores: that row's lse and output are
+   NaN, every other row keeps its bits. */
+static void test_tensor_cores_nan(void)
+{
+    enum { L = 80, D = 64 };
+    fx_attention a = shape(1, 1, 1, L, L, D, D);
+    a.device = 1;
+    a.dtype = FX_DT_BF16;
+    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, L, L, 0, 0);
+    FXT_OK(fx_block_mask_to_device((fx_block_mask *)a.mask, 1));
+    const size_t n = L * D;
+    float *q = fxt_random(n, -1, 1, 34), *k = fxt_random(n, -1, 1, 35), *v = fxt_random(n, -1, 1, 36);
+    void *dq = gpu_upload_as(q, n, true), *dk = gpu_upload_as(k, n, true), *dv = gpu_upload_as(v, n, true);
+    void *dout = gpu_alloc(n * 2), *dlse = gpu_alloc(L * 4);
+    float out0[L * D], lse0[L], out1[L * D], lse1[L];
+    FXT_OK(fx_flex_attention(&a, dq, dk, dv, dout, dlse));
+    gpu_download_as(out0, dout, n, true);
+    gpu_download(lse0, dlse, L * 4);
+    q[70 * D + 9] = NAN;
+    gpu_free(dq);
+    dq = gpu_upload_as(q, n, true);
+    FXT_OK(fx_flex_attention(&a, dq, dk, dv, dout, dlse));
+    gpu_download_as(out1, dout, n, true);
+    gpu_download(lse1, dlse, L * 4);
+    FXT_CHECK(isnan(lse1[70]));
+    for (int d = 0; d < D; d++)
+        FXT_CHECK(isnan(out1[70 * D + d]));
+    for (int i = 0; i < L; i++)
+        if (i != 70) {
+            FXT_CHECK(memcmp(&lse0[i], &lse1[i], 4) == 0);
+            FXT_CHECK(memcmp(&out0[i * D], &out1[i * D], D * 4) == 0);
+        }
+    fx_block_mask_free((fx_block_mask *)a.mask);
+    gpu_free(dq), gpu_free(dk), gpu_free(dv), gpu_free(dout), gpu_free(dlse);
+    free(q), free(k), free(v);
+}
+
 /* Clear errors for what a device call cannot take. */
 static void test_errors(void)
 {
@@ -337,5 +451,8 @@ int main(int argc, char **argv)
     FXT_RUN(test_score_mods);
     FXT_RUN(test_decode);
     FXT_RUN(test_nan);
+    FXT_RUN(test_tensor_cores);
+    FXT_RUN(test_tensor_cores_score_mods);
+    FXT_RUN(test_tensor_cores_nan);
     return fxt_finish();
 }
