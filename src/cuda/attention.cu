@@ -660,20 +660,35 @@ template <typename T> int forward(const fx__cu_attn *a)
     return finish_stream(st, rc, "attention forward");
 }
 
+} // namespace
+} // namespace fxcu
+
+/* The tensor-core backward (attn_bwd_tc.cu): whether it takes a call, and its dq, dk, dv
+   kernels queued after the row sums Di. */
+extern "C" int fx__cu_attn_backward_tc_ok(const fx__cu_attn *a);
+extern "C" int fx__cu_attn_backward_tc(const fx__cu_attn *a, const float *Di);
+
+namespace fxcu {
+namespace {
+
 template <typename T> int backward(const fx__cu_attn *a)
 {
     cudaStream_t st = (cudaStream_t)a->stream;
     const size_t smem = bwd_smem(a);
     const int64_t nkc = (a->bk + ROWS - 1) / ROWS;
-    int rc = grid_fits(fx__cu_attn_row_blocks(a), "attention backward");
-    if (rc == FX_OK)
-        rc = grid_fits(a->B * a->Hkv * a->nkb * nkc, "attention backward");
+    const bool tc = fx__cu_attn_backward_tc_ok(a); /* tensor cores for dq, dk, dv (attn_bwd_tc.cu) */
+    int rc = FX_OK;
+    if (!tc) {
+        rc = grid_fits(fx__cu_attn_row_blocks(a), "attention backward");
+        if (rc == FX_OK)
+            rc = grid_fits(a->B * a->Hkv * a->nkb * nkc, "attention backward");
+        if (rc == FX_OK)
+            rc = allow_smem(dq_kernel<T>, smem, "attention backward");
+        if (rc == FX_OK)
+            rc = allow_smem(dkv_kernel<T>, smem, "attention backward");
+    }
     if (rc == FX_OK && a->grad_table)
         rc = grid_fits(a->theads * a->tsize, "attention backward: rel_bias table");
-    if (rc == FX_OK)
-        rc = allow_smem(dq_kernel<T>, smem, "attention backward");
-    if (rc == FX_OK)
-        rc = allow_smem(dkv_kernel<T>, smem, "attention backward");
     if (rc != FX_OK)
         return rc;
     const int64_t nrows = a->B * a->Hq * a->Lq;
@@ -683,11 +698,13 @@ template <typename T> int backward(const fx__cu_attn *a)
         return fx__cuda_status((int)e, "attention backward: row sums");
     FX_LAUNCH(delta_kernel<T>, (unsigned)((nrows + 255) / 256), 256, 0, st)(*a, Di);
     rc = launched("attention backward: row sums");
-    if (rc == FX_OK) {
+    if (rc == FX_OK && tc)
+        rc = fx__cu_attn_backward_tc(a, Di);
+    if (rc == FX_OK && !tc) {
         FX_LAUNCH(dq_kernel<T>, (unsigned)fx__cu_attn_row_blocks(a), THREADS, smem, st)(*a, Di);
         rc = launched("attention backward: dq");
     }
-    if (rc == FX_OK) {
+    if (rc == FX_OK && !tc) {
         FX_LAUNCH(dkv_kernel<T>, (unsigned)(a->B * a->Hkv * a->nkb * nkc), THREADS, smem, st)(*a, Di);
         rc = launched("attention backward: dk, dv");
     }
