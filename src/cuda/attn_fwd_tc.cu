@@ -28,7 +28,9 @@
 namespace fxcu {
 namespace {
 
-enum { BM = 64, BN = 64, TC_THREADS = 128 };
+enum { BN = 64 };
+/* The 128-row shape: 4 warps of two m-tiles (FlashAttention-2's choice), or 8 warps of one. */
+enum { LARGE_WARPS = 4, LARGE_MT = 2 };
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
 template <typename T> struct Elem;
@@ -85,7 +87,7 @@ struct Rows {
     int64_t b, h, qbi, base, lo, hi;
 };
 
-__device__ __forceinline__ Rows tc_rows(const fx__cu_attn &a, int64_t x)
+__device__ __forceinline__ Rows tc_rows(const fx__cu_attn &a, int64_t x, int BM)
 {
     const int64_t nch = (a.bq + BM - 1) / BM, per_head = a.n_qb * nch;
     const int64_t j = per_head - 1 - x % per_head, bh = x / per_head;
@@ -136,32 +138,61 @@ __device__ __forceinline__ Tile next_tile(const fx__cu_attn &a, const Tile &c, i
     return seek(a, c.e + 1, e1);
 }
 
-/* Rows [row0, row0 + BM) of a row-major (., D) matrix into shared memory (row stride LD), rows
-   from nvalid on zero-filled, by 16-byte cp.async of the whole block. */
-template <int D, typename T>
+/* Rows [row0, row0 + ROWS) of a row-major (., D) matrix into shared memory (row stride LD),
+   rows from nvalid on zero-filled, by 16-byte cp.async of the whole block. Each thread moves
+   one column chunk of every RSTEP-th row, so its addresses are one pointer plus constants
+   (nothing per chunk stays live in registers across the walk). */
+template <int D, int ROWS, int THREADS, typename T>
 __device__ __forceinline__ void stage(T *dst, const T *src, int64_t row0, int nvalid, int tid)
 {
     constexpr int CH = D / 8, LD = D + 8;
+    if constexpr (THREADS % CH == 0) {
+        constexpr int RSTEP = THREADS / CH;
+        const int r0 = tid / CH, c = tid % CH;
+        const T *gsrc = src + (row0 + r0) * D + c * 8;
+        T *sdst = dst + r0 * LD + c * 8;
 #pragma unroll
-    for (int i = tid; i < BM * CH; i += TC_THREADS) {
-        const int r = i / CH, c = i % CH;
-        const bool ok = r < nvalid;
-        cp_async_16(dst + r * LD + c * 8, src + (row0 + (ok ? r : 0)) * D + c * 8, ok ? 16 : 0);
+        for (int it = 0; it < ROWS / RSTEP; it++) {
+            const bool ok = r0 + it * RSTEP < nvalid;
+            cp_async_16(sdst + it * RSTEP * LD, ok ? gsrc + it * RSTEP * D : src + row0 * D, ok ? 16 : 0);
+        }
+    } else {
+#pragma unroll
+        for (int i = tid; i < ROWS * CH; i += THREADS) {
+            const int r = i / CH, c = i % CH;
+            const bool ok = r < nvalid;
+            cp_async_16(dst + r * LD + c * 8, src + (row0 + (ok ? r : 0)) * D + c * 8, ok ? 16 : 0);
+        }
     }
 }
 
-template <int D, typename T>
-__global__ void __launch_bounds__(TC_THREADS, 2) fwd_tc_kernel(fx__cu_attn a, float *part)
+/* The block shapes: WARPS warps of MT m-tiles (16 rows each), 16 * WARPS * MT rows. With one
+   m-tile a warp keeps its Q fragments in registers; with two, each K and V fragment read from
+   shared memory serves both (half the shared-memory traffic per product), and Q is read from
+   its own buffer at each tile to leave the registers to the accumulators. */
+template <int WARPS, int MT> struct Shape {
+    static constexpr int BM = 16 * WARPS * MT, THREADS = 32 * WARPS;
+    static constexpr bool QREG = MT == 1;
+};
+
+template <int D, int WARPS, int MT, typename T>
+__global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(fx__cu_attn a, float *part)
 {
-    constexpr int LD = D + 8, KS = D / 16, NT = BN / 8, OT = D / 8, TILE = BN * LD;
+    using S = Shape<WARPS, MT>;
+    constexpr int BM = S::BM, THREADS = S::THREADS, LD = D + 8, KS = D / 16, NT = BN / 8, OT = D / 8;
+    constexpr int TILE = BN * LD, QOFF = S::QREG ? 2 * TILE : 4 * TILE;
+    static_assert(BM <= 2 * BN, "Q staged in the second buffer pair");
     FX_DYN_SMEM(uint4, smv);
-    T *sm = (T *)smv; /* [stage 0: K, V][stage 1: K, V], each BN x LD */
+    /* [stage 0: K, V][stage 1: K, V], each BN x LD; Q (BM x LD) in stage 1 until the first
+       tile is used (QREG), else after the stages. */
+    T *sm = (T *)smv;
+    const T *Qs = sm + QOFF;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const Rows rb = tc_rows(a, blockIdx.x);
+    const Rows rb = tc_rows(a, blockIdx.x, BM);
     if (rb.lo >= rb.hi)
         return; /* the whole block: no row of this call lies here */
-    const int nr = (int)(rb.hi - rb.lo);
-    const bool active = warp * 16 < nr; /* uniform over the warp */
+    const int nr = (int)(rb.hi - rb.lo), wrow = warp * 16 * MT;
+    const bool active = wrow < nr; /* uniform over the warp */
     const T *q = (const T *)a.q, *k = (const T *)a.k, *v = (const T *)a.v;
     const int64_t qrow0 = (rb.b * a.Hq + rb.h) * a.Lq + (rb.lo - a.q_offset);
     const int64_t kbase = (rb.b * a.Hkv + rb.h / (a.Hq / a.Hkv)) * a.Lkv;
@@ -175,28 +206,36 @@ __global__ void __launch_bounds__(TC_THREADS, 2) fwd_tc_kernel(fx__cu_attn a, fl
     const int64_t per = (e1 - e0 + a.nsplit - 1) / a.nsplit;
     const int64_t s0 = min(e1, e0 + (int64_t)blockIdx.y * per), s1 = min(e1, s0 + per);
 
-    /* Q into stage 1's K buffer, the first tile into stage 0. */
-    stage<D>(sm + 2 * TILE, q, qrow0, nr, tid);
+    stage<D, BM, THREADS>(sm + QOFF, q, qrow0, nr, tid);
     Tile cur = seek(a, s0, s1);
     if (cur.has) {
         const int nt = (int)min((int64_t)BN, cur.nk);
-        stage<D>(sm, k, kbase + cur.k0, nt, tid);
-        stage<D>(sm + TILE, v, kbase + cur.k0, nt, tid);
+        stage<D, BN, THREADS>(sm, k, kbase + cur.k0, nt, tid);
+        stage<D, BN, THREADS>(sm + TILE, v, kbase + cur.k0, nt, tid);
     }
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    uint32_t qf[KS][4];
+    /* A fragments' row addresses: lane l reads row l % 8 (+ 8 for matrices 1 and 3) at column
+       8 (l / 16) of a 16 x 16 block. */
+    const int arow = (lane & 7) + 8 * ((lane >> 3) & 1), acol = 8 * (lane >> 4);
+    uint32_t qf[S::QREG ? KS : 1][4];
+    if (S::QREG) {
 #pragma unroll
-    for (int kk = 0; kk < KS; kk++)
-        ldmatrix_x4(qf[kk], sm + 2 * TILE + (warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 16 * kk +
-                                8 * (lane >> 4));
-    __syncthreads(); /* stage 1 is free for the second tile */
+        for (int kk = 0; kk < KS; kk++)
+            ldmatrix_x4(qf[kk], Qs + (wrow + arow) * LD + 16 * kk + acol);
+        __syncthreads(); /* stage 1 is free for the second tile */
+    }
 
-    float o[OT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    float o[MT][OT][4], m[MT][2], l[MT][2];
 #pragma unroll
-    for (int d = 0; d < OT; d++)
-        o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    for (int mt = 0; mt < MT; mt++) {
+        m[mt][0] = m[mt][1] = -INFINITY;
+        l[mt][0] = l[mt][1] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < OT; d++)
+            o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0.0f;
+    }
     const float sl2 = a.scale * LOG2E;
     int st = 0;
     while (cur.has) {
@@ -204,8 +243,8 @@ __global__ void __launch_bounds__(TC_THREADS, 2) fwd_tc_kernel(fx__cu_attn a, fl
         if (nx.has) {
             const int nt = (int)min((int64_t)BN, nx.nk - nx.t0);
             T *dst = sm + (st ^ 1) * 2 * TILE;
-            stage<D>(dst, k, kbase + nx.k0 + nx.t0, nt, tid);
-            stage<D>(dst + TILE, v, kbase + nx.k0 + nx.t0, nt, tid);
+            stage<D, BN, THREADS>(dst, k, kbase + nx.k0 + nx.t0, nt, tid);
+            stage<D, BN, THREADS>(dst + TILE, v, kbase + nx.k0 + nx.t0, nt, tid);
         }
         cp_async_commit();
         cp_async_wait<1>(); /* this tile's group has landed; the next one may still fly */
@@ -213,97 +252,125 @@ __global__ void __launch_bounds__(TC_THREADS, 2) fwd_tc_kernel(fx__cu_attn a, fl
         const int nt = (int)min((int64_t)BN, cur.nk - cur.t0);
         if (active) {
             const T *Kt = sm + st * 2 * TILE, *Vt = Kt + TILE;
-            float s[NT][4];
+            float s[MT][NT][4];
 #pragma unroll
-            for (int j = 0; j < NT; j++)
-                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int kk = 0; kk < KS; kk++)
+                for (int j = 0; j < NT; j++)
+                    s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                uint32_t qa[MT][4];
+                if (!S::QREG)
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+                        ldmatrix_x4(qa[mt], Qs + (wrow + 16 * mt + arow) * LD + 16 * kk + acol);
 #pragma unroll
                 for (int jj = 0; jj < NT / 2; jj++) {
                     if (16 * jj >= nt)
                         break; /* keys past the tail: masked below */
+                    /* B fragments of keys 16 jj .. 16 jj + 15: matrices (keys +0, d +0), (+0, +8),
+                       (+8, +0), (+8, +8). */
                     uint32_t kb[4];
                     ldmatrix_x4(kb, Kt + (16 * jj + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk +
                                         8 * ((lane >> 3) & 1));
-                    Elem<T>::mma(s[2 * jj], qf[kk], kb);
-                    Elem<T>::mma(s[2 * jj + 1], qf[kk], kb + 2);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        const uint32_t *af = S::QREG ? qf[kk] : qa[mt];
+                        Elem<T>::mma(s[mt][2 * jj], af, kb);
+                        Elem<T>::mma(s[mt][2 * jj + 1], af, kb + 2);
+                    }
                 }
+            }
 
             /* Scores in base-2 units; masked ones -inf. */
             if (cur.boff < 0 && nt == BN && a.mod == FX__CU_MOD_NONE) {
 #pragma unroll
-                for (int j = 0; j < NT; j++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        s[j][i] *= sl2;
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            s[mt][j][i] *= sl2;
             } else {
 #pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int rr = 0; rr < 2; rr++) {
+                        const int r = wrow + 16 * mt + g + 8 * rr;
+                        const int64_t qpos = rb.lo + r;
+                        uint64_t word = ~(uint64_t)0;
+                        if (cur.boff >= 0)
+                            word = r < nr ? a.m.bits[cur.boff + (qpos - rb.base) * a.m.bm_words + (cur.t0 >> 6)] : 0;
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+#pragma unroll
+                            for (int c = 0; c < 2; c++) {
+                                const int col = 8 * j + 2 * t + c;
+                                float x = s[mt][j][2 * rr + c] * a.scale;
+                                if (a.mod != FX__CU_MOD_NONE)
+                                    x = score_mod(a, x, rb.h, qpos, cur.k0 + cur.t0 + col);
+                                const bool vis = col < nt && ((word >> col) & 1u);
+                                s[mt][j][2 * rr + c] = vis ? x * LOG2E : -INFINITY;
+                            }
+                    }
+            }
+
+            /* Online softmax per row (rows g and g + 8 of each m-tile; a row spans 4 lanes). */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
-                    const int r = warp * 16 + g + 8 * rr;
-                    const int64_t qpos = rb.lo + r;
-                    uint64_t word = ~(uint64_t)0;
-                    if (cur.boff >= 0)
-                        word = r < nr ? a.m.bits[cur.boff + (qpos - rb.base) * a.m.bm_words + (cur.t0 >> 6)] : 0;
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+                        mx = nmax(mx, nmax(s[mt][j][2 * rr], s[mt][j][2 * rr + 1]));
+                    mx = nmax(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = nmax(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float mnew = nmax(m[mt][rr], mx), base = mnew == -INFINITY ? 0.0f : mnew;
+                    const float alpha = exp2_fast(m[mt][rr] - base);
+                    float sum = 0.0f;
 #pragma unroll
                     for (int j = 0; j < NT; j++)
 #pragma unroll
                         for (int c = 0; c < 2; c++) {
-                            const int col = 8 * j + 2 * t + c;
-                            float x = s[j][2 * rr + c] * a.scale;
-                            if (a.mod != FX__CU_MOD_NONE)
-                                x = score_mod(a, x, rb.h, qpos, cur.k0 + cur.t0 + col);
-                            const bool vis = col < nt && ((word >> col) & 1u);
-                            s[j][2 * rr + c] = vis ? x * LOG2E : -INFINITY;
+                            const float p = exp2_fast(s[mt][j][2 * rr + c] - base);
+                            s[mt][j][2 * rr + c] = p;
+                            sum += p;
                         }
-                }
-            }
-
-            /* Online softmax per row (rows g and g + 8 of the warp; each row over 4 lanes). */
+                    l[mt][rr] = l[mt][rr] * alpha + sum;
 #pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < NT; j++)
-                    mx = nmax(mx, nmax(s[j][2 * rr], s[j][2 * rr + 1]));
-                mx = nmax(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = nmax(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mnew = nmax(m[rr], mx), base = mnew == -INFINITY ? 0.0f : mnew;
-                const float alpha = exp2_fast(m[rr] - base);
-                float sum = 0.0f;
-#pragma unroll
-                for (int j = 0; j < NT; j++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const float p = exp2_fast(s[j][2 * rr + c] - base);
-                        s[j][2 * rr + c] = p;
-                        sum += p;
+                    for (int d = 0; d < OT; d++) {
+                        o[mt][d][2 * rr] *= alpha;
+                        o[mt][d][2 * rr + 1] *= alpha;
                     }
-                l[rr] = l[rr] * alpha + sum;
-#pragma unroll
-                for (int d = 0; d < OT; d++) {
-                    o[d][2 * rr] *= alpha;
-                    o[d][2 * rr + 1] *= alpha;
+                    m[mt][rr] = mnew;
                 }
-                m[rr] = mnew;
-            }
 
-            /* O += P V, 16 keys at a time. */
+            /* O += P V, 16 keys at a time: P's accumulators are A's fragments as they are. */
 #pragma unroll
             for (int kk = 0; kk < BN / 16; kk++) {
                 if (16 * kk >= nt)
                     break; /* p = 0 there */
-                const uint32_t pa[4] = {Elem<T>::pack(s[2 * kk][0], s[2 * kk][1]),
-                                        Elem<T>::pack(s[2 * kk][2], s[2 * kk][3]),
-                                        Elem<T>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                        Elem<T>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                uint32_t pa[MT][4];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    pa[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                    pa[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                    pa[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                    pa[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                }
 #pragma unroll
                 for (int dd = 0; dd < D / 16; dd++) {
+                    /* V^T's B fragments by the transposing load: matrices (keys +0, d +0),
+                       (+8, +0), (+0, +8), (+8, +8). */
                     uint32_t vb[4];
-                    ldmatrix_x4_trans(vb, Vt + (16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 16 * dd +
-                                              8 * (lane >> 4));
-                    Elem<T>::mma(o[2 * dd], pa, vb);
-                    Elem<T>::mma(o[2 * dd + 1], pa, vb + 2);
+                    ldmatrix_x4_trans(vb, Vt + (16 * kk + arow) * LD + 16 * dd + acol);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        Elem<T>::mma(o[mt][2 * dd], pa[mt], vb);
+                        Elem<T>::mma(o[mt][2 * dd + 1], pa[mt], vb + 2);
+                    }
                 }
             }
         }
@@ -314,85 +381,109 @@ __global__ void __launch_bounds__(TC_THREADS, 2) fwd_tc_kernel(fx__cu_attn a, fl
 
     /* Row sums over the row's 4 lanes (the same sum in each), then the results. */
 #pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
-        l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
-    }
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            l[mt][rr] += __shfl_xor_sync(0xffffffffu, l[mt][rr], 1);
+            l[mt][rr] += __shfl_xor_sync(0xffffffffu, l[mt][rr], 2);
+        }
     if (a.nsplit > 1) {
         if (!active)
             return;
         const int64_t nrows = a.B * a.Hq * a.Lq;
 #pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            const int r = warp * 16 + g + 8 * rr;
-            if (r >= nr)
-                continue;
-            float *pp = part + ((int64_t)blockIdx.y * nrows + qrow0 + r) * (D + 2);
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int d = 0; d < OT; d++) {
-                pp[8 * d + 2 * t] = o[d][2 * rr];
-                pp[8 * d + 2 * t + 1] = o[d][2 * rr + 1];
+            for (int rr = 0; rr < 2; rr++) {
+                const int r = wrow + 16 * mt + g + 8 * rr;
+                if (r >= nr)
+                    continue;
+                float *pp = part + ((int64_t)blockIdx.y * nrows + qrow0 + r) * (D + 2);
+#pragma unroll
+                for (int d = 0; d < OT; d++) {
+                    pp[8 * d + 2 * t] = o[mt][d][2 * rr];
+                    pp[8 * d + 2 * t + 1] = o[mt][d][2 * rr + 1];
+                }
+                if (t == 0) {
+                    pp[D] = m[mt][rr] * LN2; /* the combine kernel works in natural-log units */
+                    pp[D + 1] = l[mt][rr];
+                }
             }
-            if (t == 0) {
-                pp[D] = m[rr] * LN2; /* the combine kernel works in natural-log units */
-                pp[D + 1] = l[rr];
-            }
-        }
         return;
     }
-    /* out through shared memory (stage 0's K buffer), so that rows leave in 16-byte pieces. */
+    /* out through shared memory (the stages), so that rows leave in 16-byte pieces. */
     T *Os = sm;
     if (active) {
 #pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            const int r = warp * 16 + g + 8 * rr;
-            const bool nan = l[rr] != l[rr], some = l[rr] > 0.0f;
-            const float inv = some ? 1.0f / l[rr] : 0.0f;
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int d = 0; d < OT; d++) {
-                const float x0 = nan ? NAN : o[d][2 * rr] * inv, x1 = nan ? NAN : o[d][2 * rr + 1] * inv;
-                store_u32(Os + r * LD + 8 * d + 2 * t, Elem<T>::pack(x0, x1));
+            for (int rr = 0; rr < 2; rr++) {
+                const int r = wrow + 16 * mt + g + 8 * rr;
+                const float lr = l[mt][rr];
+                const bool nan = lr != lr, some = lr > 0.0f;
+                const float inv = some ? 1.0f / lr : 0.0f;
+#pragma unroll
+                for (int d = 0; d < OT; d++) {
+                    const float x0 = nan ? NAN : o[mt][d][2 * rr] * inv, x1 = nan ? NAN : o[mt][d][2 * rr + 1] * inv;
+                    store_u32(Os + r * LD + 8 * d + 2 * t, Elem<T>::pack(x0, x1));
+                }
+                if (a.lse && t == 0 && r < nr)
+                    a.lse[qrow0 + r] = nan ? NAN : some ? m[mt][rr] * LN2 + logf(lr) : -INFINITY;
             }
-            if (a.lse && t == 0 && r < nr)
-                a.lse[qrow0 + r] = nan ? NAN : some ? m[rr] * LN2 + logf(l[rr]) : -INFINITY;
-        }
     }
     __syncthreads();
     T *out = (T *)a.out;
 #pragma unroll
-    for (int i = tid; i < BM * OT; i += TC_THREADS) {
+    for (int i = tid; i < BM * OT; i += THREADS) {
         const int r = i / OT, c = i % OT;
         if (r < nr)
             copy_16(out + (qrow0 + r) * D + c * 8, Os + r * LD + c * 8);
     }
 }
 
-size_t tc_smem(int64_t D) { return (size_t)4 * BN * (size_t)(D + 8) * 2; }
+/* The large shape (128 rows a block) when the mask's q-blocks hold that many rows and the
+   call has them; else 64 rows, which wastes less on small q-blocks and short calls. */
+bool tc_large(const fx__cu_attn *a) { return a->bq >= 128 && a->Lq >= 128; }
 
-int64_t tc_blocks(const fx__cu_attn *a) { return a->B * a->Hq * a->n_qb * ((a->bq + BM - 1) / BM); }
-
-template <int D, typename T> int launch_tc(const fx__cu_attn *a, float *part)
+template <int WARPS, int MT> size_t tc_smem(int64_t D)
 {
-    const size_t smem = tc_smem(D);
-    int rc = allow_smem(fwd_tc_kernel<D, T>, smem, "attention forward");
+    using S = Shape<WARPS, MT>;
+    return ((size_t)4 * BN + (S::QREG ? 0 : (size_t)S::BM)) * (size_t)(D + 8) * 2;
+}
+
+int64_t tc_blocks(const fx__cu_attn *a)
+{
+    const int64_t bm = tc_large(a) ? Shape<LARGE_WARPS, LARGE_MT>::BM : Shape<4, 1>::BM;
+    return a->B * a->Hq * a->n_qb * ((a->bq + bm - 1) / bm);
+}
+
+template <int D, int WARPS, int MT> int launch_tc(const fx__cu_attn *a, float *part)
+{
+    const size_t smem = tc_smem<WARPS, MT>(D);
+    int rc = allow_smem(fwd_tc_kernel<D, WARPS, MT, bf16>, smem, "attention forward");
     if (rc != FX_OK)
         return rc;
     const dim3 grid((unsigned)tc_blocks(a), (unsigned)a->nsplit);
-    FX_LAUNCH((fwd_tc_kernel<D, T>), grid, TC_THREADS, smem, (cudaStream_t)a->stream)(*a, part);
+    FX_LAUNCH((fwd_tc_kernel<D, WARPS, MT, bf16>), grid, 32 * WARPS, smem, (cudaStream_t)a->stream)(*a, part);
     return launched("attention forward");
 }
 
-template <typename T> int launch_tc_d(const fx__cu_attn *a, float *part)
+template <int D> int launch_tc_shape(const fx__cu_attn *a, float *part)
+{
+    return tc_large(a) ? launch_tc<D, LARGE_WARPS, LARGE_MT>(a, part) : launch_tc<D, 4, 1>(a, part);
+}
+
+int launch_tc_d(const fx__cu_attn *a, float *part)
 {
     switch (a->D) {
     case 32:
-        return launch_tc<32, T>(a, part);
+        return launch_tc_shape<32>(a, part);
     case 64:
-        return launch_tc<64, T>(a, part);
+        return launch_tc_shape<64>(a, part);
     case 96:
-        return launch_tc<96, T>(a, part);
+        return launch_tc_shape<96>(a, part);
     default:
-        return launch_tc<128, T>(a, part);
+        return launch_tc_shape<128>(a, part);
     }
 }
 
@@ -416,5 +507,5 @@ extern "C" int fx__cu_attn_tc_takes(const fx__cu_attn *a)
    calls take that type. */
 extern "C" int fx__cu_attn_forward_tc(const fx__cu_attn *a, float *part)
 {
-    return fxcu::launch_tc_d<fxcu::bf16>(a, part);
+    return fxcu::launch_tc_d(a, part);
 }
