@@ -1,6 +1,7 @@
 /* The backward pass: gradients of the last forward's mean loss, accumulated into the
    gradient buffer layer by layer, with the distributed hooks called as they become final. */
 #include "model_internal.h"
+#include "cuda/model_gpu.h"
 
 #include <string.h>
 
@@ -8,6 +9,8 @@
 
 int fx__gpt_backward(fx__gpt *m)
 {
+    if (m && m->gpu)
+        return fx__gpt_gpu_backward(m);
     if (!m || !m->grads || !m->acts || !m->grad_ready)
         return fx__error(FX_EINVAL, "fx__gpt_backward: no forward with gradients before it");
     m->grad_ready = false;
@@ -94,6 +97,10 @@ int fx__gpt_backward(fx__gpt *m)
 
 void fx__gpt_zero_grad(fx__gpt *m)
 {
+    if (m->gpu) {
+        (void)fx__gpt_gpu_zero_grad(m); /* a failure shows in the next device call */
+        return;
+    }
     if (m->grads)
         memset(m->grads, 0, m->lay.total * sizeof(float));
     m->grads_zero = m->grads != NULL;

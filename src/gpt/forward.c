@@ -3,6 +3,7 @@
 #include "model_internal.h"
 #include "attention/internal.h"
 #include "lce/lce_internal.h"
+#include "cuda/model_gpu.h"
 
 #include <math.h>
 #include <string.h>
@@ -323,6 +324,8 @@ static int forward_loss(fx__gpt *m, const fx__acts *a, bool grad, float *out)
 
 int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
 {
+    if (m && m->gpu)
+        return fx__gpt_gpu_forward(m, tokens, targets, loss, grad);
     if (!m || !tokens || !m->acts)
         return fx__error(FX_EINVAL, "fx__gpt_forward: no model, tokens or batch shape (fx__gpt_set_batch)");
     if (grad && (!m->grads || !targets))

@@ -129,6 +129,9 @@ typedef struct fx__gpt_mapped {
 
 /* ---- the model ------------------------------------------------------------------------- */
 
+/* The device copy of a model trained on a CUDA device (src/cuda/model_gpu.h). */
+typedef struct fx__gpt_gpu fx__gpt_gpu;
+
 /* The public fx_model is this struct. */
 typedef struct fx_model fx__gpt;
 struct fx_model {
@@ -182,6 +185,9 @@ struct fx_model {
 
     fx__gpt_hooks hooks; /* distributed training's points of entry (hooks.h); all NULL alone */
     fx__gpt_mapped *mapped; /* generation-only weights (params NULL until needed), or NULL */
+    fx__gpt_gpu *gpu;       /* training on a CUDA device (fx__gpt_gpu_attach): set_batch, forward,
+                               backward and the step's optimizer run there; params and adam are
+                               current only after fx__gpt_gpu_download */
 };
 
 /* Grows the RoPE table to positions [0, len) (len <= ctx). */

@@ -1,6 +1,7 @@
 /* The model: configuration and presets, the parameter table, creation and initialisation,
    and the buffers of training (gradients, Adam moments, activations). */
 #include "model_internal.h"
+#include "cuda/model_gpu.h"
 
 #include <errno.h>
 #include <math.h>
@@ -309,6 +310,7 @@ void fx__gpt_free(fx__gpt *m)
 {
     if (!m)
         return;
+    fx__gpt_gpu_free(m->gpu);
     fx_block_mask_free(m->bmask);
     fx__gpt_mapped_free(m->mapped);
     fx__free(m->lay.t);
@@ -448,6 +450,8 @@ int fx__gpt_set_batch(fx__gpt *m, int64_t B, int64_t T)
     if (T < 1 || T > m->c.ctx)
         return fx__error(FX_EINVAL, "sequence length %lld is outside [1, %lld] (the model's context)",
                          (long long)T, (long long)m->c.ctx);
+    if (m->gpu) /* the activations live on the device */
+        return fx__gpt_gpu_set_batch(m, B, T);
     int rc = fx__gpt_rope_ensure(m, T);
     if (rc)
         return rc;

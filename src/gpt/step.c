@@ -1,5 +1,6 @@
 /* The training step and evaluation, shared by `flexc train`, the benchmark and the tests. */
 #include "gpt.h"
+#include "cuda/model_gpu.h"
 
 #include <math.h>
 
@@ -21,8 +22,10 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
         double t0 = fx__seconds();
         if ((rc = fx__gpt_forward(m, tokens, targets, &l, true)) != FX_OK)
             return rc;
+        /* (On a device the forward returns once the loss is read back; the backward is timed
+           to the end of its queued work.) */
         double t1 = fx__seconds();
-        if ((rc = fx__gpt_backward(m)) != FX_OK)
+        if ((rc = fx__gpt_backward(m)) != FX_OK || (m->gpu && (rc = fx__gpt_gpu_sync(m)) != FX_OK))
             return rc;
         t_fwd += t1 - t0, t_bwd += fx__seconds() - t1;
         loss += l;
@@ -30,7 +33,13 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
     double t_opt = fx__seconds();
     /* The gradient of the mean over micro-batches, clipped to the global norm: one scale
        that AdamW applies as it reads the gradients. */
-    double norm = fx__gpt_grad_norm(m) / (double)s->accum, scale = 1.0 / (double)s->accum;
+    double norm;
+    if (!m->gpu)
+        norm = fx__gpt_grad_norm(m);
+    else if ((rc = fx__gpt_gpu_grad_norm(m, &norm)) != FX_OK)
+        return rc;
+    norm /= (double)s->accum;
+    double scale = 1.0 / (double)s->accum;
     if (s->clip > 0.0f && norm > s->clip)
         scale *= s->clip / norm;
     float lr = fx__lr_schedule(s->step, s->warmup, s->steps, s->lr, s->min_lr);
@@ -40,7 +49,10 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
     if (isfinite(lossf) && isfinite(norm)) {
         fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f,
                        .weight_decay = s->weight_decay, .grad_scale = (float)scale, .zero_grad = true};
-        fx__gpt_adamw(m, &o, s->step + 1);
+        if (!m->gpu)
+            fx__gpt_adamw(m, &o, s->step + 1);
+        else if ((rc = fx__gpt_gpu_adamw(m, &o, s->step + 1)) != FX_OK || (rc = fx__gpt_gpu_sync(m)) != FX_OK)
+            return rc;
         s->step++;
     }
     if (info)
