@@ -200,6 +200,14 @@ static void test_masks(void)
     a.mask = mask_of(fx_mask_sliding_window, &w, 1, 1, 100, 100, 96, 80);
     check_backward("sliding window 17, blocks 96 x 80", a);
     fx_block_mask_free((fx_block_mask *)a.mask);
+    a.mask = mask_of(fx_mask_sliding_window, &w, 1, 1, 100, 100, 17, 23);
+    check_backward("sliding window 17, blocks 17 x 23", a);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+
+    fx_attention big = shape(1, 1, 1, 260, 260, 64);
+    big.mask = mask_of(fx_mask_causal, NULL, 1, 1, 260, 260, 136, 200); /* 4 bitmap words a row */
+    check_backward("causal, blocks 136 x 200, L 260", big);
+    fx_block_mask_free((fx_block_mask *)big.mask);
 
     int64_t ids[2 * 100];
     for (int b = 0; b < 2; b++)
