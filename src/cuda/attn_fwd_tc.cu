@@ -103,28 +103,37 @@ __device__ __forceinline__ Rows tc_rows(const fx__cu_attn &a, int64_t x, int BM)
 }
 
 /* One 64-key tile: keys k0 + t0 .. of the kv-block at list entry e (nk keys in this call,
-   bitmap at boff, -1: full). */
+   bitmap at boff, -1: full). nkb, nboff: the next entry's block and bitmap, read one entry
+   ahead so that moving to it does not wait on memory. */
 struct Tile {
-    int64_t e, k0, nk, boff, t0;
+    int64_t e, k0, nk, boff, t0, nkb, nboff;
     bool has;
 };
+
+__device__ __forceinline__ Tile at_entry(const fx__cu_attn &a, int64_t e, int64_t kb, int64_t boff, int64_t e1)
+{
+    Tile c;
+    c.e = e;
+    c.k0 = kb * a.bk;
+    c.nk = min(a.bk, a.Lkv - c.k0);
+    c.boff = boff;
+    c.t0 = 0;
+    c.has = true;
+    c.nkb = e + 1 < e1 ? (a.has_mask ? (int64_t)a.m.kv_idx[e + 1] : e + 1) : -1;
+    c.nboff = e + 1 < e1 && a.has_mask ? a.m.kv_bits[e + 1] : -1;
+    return c;
+}
 
 /* The first tile of the first entry in [e, e1) whose block holds keys of this call. */
 __device__ __forceinline__ Tile seek(const fx__cu_attn &a, int64_t e, int64_t e1)
 {
-    Tile c;
-    c.e = e1, c.k0 = c.nk = c.t0 = 0, c.boff = -1, c.has = false;
     for (; e < e1; e++) {
         const int64_t kb = a.has_mask ? a.m.kv_idx[e] : e;
-        if (kb * a.bk >= a.Lkv)
-            continue; /* a mask longer than the call */
-        c.e = e;
-        c.k0 = kb * a.bk;
-        c.nk = min(a.bk, a.Lkv - c.k0);
-        c.boff = a.has_mask ? a.m.kv_bits[e] : -1;
-        c.has = true;
-        break;
+        if (kb * a.bk < a.Lkv) /* else a mask longer than the call */
+            return at_entry(a, e, kb, a.has_mask ? a.m.kv_bits[e] : -1, e1);
     }
+    Tile c;
+    c.e = e1, c.k0 = c.nk = c.t0 = 0, c.boff = c.nkb = c.nboff = -1, c.has = false;
     return c;
 }
 
@@ -135,6 +144,8 @@ __device__ __forceinline__ Tile next_tile(const fx__cu_attn &a, const Tile &c, i
         n.t0 += BN;
         return n;
     }
+    if (c.nkb >= 0 && c.nkb * a.bk < a.Lkv)
+        return at_entry(a, c.e + 1, c.nkb, c.nboff, e1);
     return seek(a, c.e + 1, e1);
 }
 
