@@ -110,18 +110,20 @@ template <bool MOD>
 __device__ __forceinline__ float pair_grad(const fx__cu_attn &a, float s, float dp, float lse2, float di, int64_t h,
                                            int64_t qpos, int64_t kpos, float *p)
 {
+    if (!MOD) {
+        *p = exp2f(fmaf(s, a.scale * LOG2E, -lse2)); /* the product is hoisted out of the loops */
+        return *p * (dp - di);
+    }
     const float raw = s * a.scale;
     float m = raw, gf = 1.0f;
-    if (MOD) {
-        if (a.mod == FX__CU_MOD_ALIBI) {
-            m = raw + a.slopes[h] * (float)(kpos - qpos);
-        } else if (a.mod == FX__CU_MOD_SOFTCAP) {
-            const float th = tanhf(raw / a.cap);
-            m = a.cap * th;
-            gf = 1.0f - th * th;
-        } else if (a.mod == FX__CU_MOD_REL_BIAS) {
-            m = raw + a.table[(a.theads == 1 ? 0 : h) * a.tsize + tc_rel_entry(a, qpos - kpos)];
-        }
+    if (a.mod == FX__CU_MOD_ALIBI) {
+        m = raw + a.slopes[h] * (float)(kpos - qpos);
+    } else if (a.mod == FX__CU_MOD_SOFTCAP) {
+        const float th = tanhf(raw / a.cap);
+        m = a.cap * th;
+        gf = 1.0f - th * th;
+    } else if (a.mod == FX__CU_MOD_REL_BIAS) {
+        m = raw + a.table[(a.theads == 1 ? 0 : h) * a.tsize + tc_rel_entry(a, qpos - kpos)];
     }
     *p = exp2f(fmaf(m, LOG2E, -lse2));
     return *p * (dp - di) * gf;
