@@ -3,7 +3,8 @@
    and every gradient tensor of a forward and backward pass, in float32 and with bfloat16
    products, with qkv biases and an untied head, under the causal, sliding-window and
    document masks; a few optimizer steps; two runs bitwise equal; checkpoints written from
-   one device and read on the other. Skipped (77) without a GPU. */
+   one device and read on the other; decoding with the KV cache on the device, logits and
+   greedy tokens against the CPU's. Skipped (77) without a GPU. */
 #include "harness.h"
 #include "tmpdir.h"
 
@@ -241,6 +242,54 @@ static void test_checkpoints(void)
     fx__gpt_data_free(&d);
 }
 
+/* Decoding on the device: a prompt, then one token at a time, the logits of each within
+   float rounding of the CPU's (under each mask), and greedy choices the same. */
+static void test_decode(void)
+{
+    for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+        const variant *v = &variants[vi];
+        fx__gpt_config c = tiny(v);
+        fx__gpt *cpu = NULL, *gpu = NULL;
+        FXT_OK(fx__gpt_create(&cpu, &c, 9));
+        FXT_OK(fx__gpt_create(&gpu, &c, 9));
+        FXT_OK(fx__gpt_mask_parse(v->mask, &cpu->mask, &cpu->window));
+        FXT_OK(fx__gpt_mask_parse(v->mask, &gpu->mask, &gpu->window));
+        FXT_OK(fx__gpt_gpu_attach(gpu, 1, false));
+        fx__gpt_cache *kc = NULL, *kg = NULL;
+        FXT_OK(fx__gpt_cache_create(&kc, cpu, 24));
+        FXT_OK(fx__gpt_cache_create(&kg, gpu, 24));
+        const int64_t V = c.vocab;
+        float *lc = malloc((size_t)V * sizeof(float)), *lg = malloc((size_t)V * sizeof(float));
+        double *ref = fxt_alloc_f64((size_t)V);
+        int32_t prompt[6] = {FX__GPT_EOT, 't', 'h', 'e', ' ', 'q'}, next = 0;
+        for (int step = 0; step < 8; step++) {
+            if (step == 0) {
+                FXT_OK(fx__gpt_decode(cpu, kc, prompt, 6, lc));
+                FXT_OK(fx__gpt_decode(gpu, kg, prompt, 6, lg));
+            } else {
+                FXT_OK(fx__gpt_decode(cpu, kc, &next, 1, lc));
+                FXT_OK(fx__gpt_decode(gpu, kg, &next, 1, lg));
+            }
+            double big = 0.0;
+            int32_t bc = 0, bg = 0;
+            for (int64_t i = 0; i < V; i++) {
+                ref[i] = lc[i];
+                big = fabs(ref[i]) > big ? fabs(ref[i]) : big;
+                bc = lc[i] > lc[bc] ? (int32_t)i : bc;
+                bg = lg[i] > lg[bg] ? (int32_t)i : bg;
+            }
+            if (!fxt_close_f32(v->name, lg, ref, (size_t)V, 1e-4 * big, 1e-4))
+                fxt_failed_checks++;
+            FXT_EQ_INT(bg, bc);
+            next = bc;
+        }
+        FXT_EQ_INT(kg->len, 13);
+        free(lc), free(lg), free(ref);
+        fx__gpt_cache_free(kc), fx__gpt_cache_free(kg);
+        fx__gpt_free(cpu), fx__gpt_free(gpu);
+    }
+}
+
 static void test_refusals(void)
 {
     fx__gpt *m = make(&variants[0], false, false);
@@ -272,6 +321,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_gradients_bf16);
     FXT_RUN(test_steps);
     FXT_RUN(test_checkpoints);
+    FXT_RUN(test_decode);
     fxt_rm_tree(tmp);
     return fxt_finish();
 }

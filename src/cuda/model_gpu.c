@@ -82,6 +82,15 @@ struct fx__gpt_gpu {
     fx__gpt_mask bmask_mask;
     int64_t bmask_window;
     bool grad_ready;
+
+    /* Decoding: one allocation for the cache and the scratch of up to cap tokens. */
+    void *dec_mem;
+    const fx__gpt_cache *dec_for;
+    int64_t dec_cap;
+    float *dk, *dv;            /* [L, Hkv, cap, hd] */
+    float *dx, *dxn, *drstd;   /* [cap, C], [cap, C], [cap] */
+    float *dqkv, *dq, *dkn, *dvn, *datt, *dwork, *dh13, *dlogits, *drope; /* see decode_buffers */
+    int32_t *dtok;
 };
 
 static int cu(cudaError_t e, const char *what)
@@ -154,7 +163,7 @@ void fx__gpt_gpu_free(fx__gpt_gpu *g)
     int prev = 0;
     bool switched = cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(g->device - 1) == cudaSuccess;
     buffers_free(g);
-    void *dev[] = {g->params, g->grads, g->mom, g->params16, g->norm_parts};
+    void *dev[] = {g->params, g->grads, g->mom, g->params16, g->norm_parts, g->dec_mem};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i])
             (void)cudaFree(dev[i]);
@@ -727,6 +736,134 @@ int fx__gpt_gpu_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
     return rc;
 }
 
+/* ---- decoding ------------------------------------------------------------------------------- */
+
+/* The cache and scratch for kc (allocated when the cache changes; a new cache starts empty). */
+static int decode_buffers(fx__gpt *m, const fx__gpt_cache *kc)
+{
+    fx__gpt_gpu *g = m->gpu;
+    if (g->dec_mem && g->dec_for == kc && g->dec_cap == kc->cap)
+        return FX_OK;
+    if (kc->len != 0)
+        return fx__error(FX_EINVAL, "decoding on the GPU: this cache was filled elsewhere (start it over: len 0)");
+    if (g->dec_mem)
+        (void)cudaFree(g->dec_mem);
+    g->dec_mem = NULL;
+    const fx__gpt_config *c = &m->c;
+    const size_t cap = (size_t)kc->cap, C = (size_t)c->dim, F = (size_t)c->ffn, hd = (size_t)c->head_dim;
+    const size_t QD = (size_t)c->heads * hd, KD = (size_t)c->kv_heads * hd, QKV = QD + 2 * KD;
+    const size_t wide = F > QD ? F : QD, f = sizeof(float);
+    const size_t sizes[] = {(size_t)c->layers * KD * cap * f, (size_t)c->layers * KD * cap * f, cap * C * f,
+                            cap * C * f, cap * f, cap * QKV * f, cap * QD * f, cap * KD * f, cap * KD * f,
+                            cap * QD * f, cap * wide * f, cap * 2 * F * f, (size_t)c->vocab * f, cap * hd * f,
+                            cap * sizeof(int32_t)};
+    void **views[] = {(void **)&g->dk, (void **)&g->dv, (void **)&g->dx, (void **)&g->dxn, (void **)&g->drstd,
+                      (void **)&g->dqkv, (void **)&g->dq, (void **)&g->dkn, (void **)&g->dvn, (void **)&g->datt,
+                      (void **)&g->dwork, (void **)&g->dh13, (void **)&g->dlogits, (void **)&g->drope,
+                      (void **)&g->dtok};
+    enum { NV = sizeof sizes / sizeof sizes[0] };
+    size_t off[NV], total = 0;
+    for (int i = 0; i < NV; i++) {
+        off[i] = total;
+        total += (sizes[i] + 255) / 256 * 256;
+    }
+    int rc = dalloc(&g->dec_mem, total, "the KV cache");
+    if (rc != FX_OK)
+        return rc;
+    for (int i = 0; i < NV; i++)
+        *views[i] = (char *)g->dec_mem + off[i];
+    if ((rc = fx__gpt_rope_ensure(m, kc->cap)) != FX_OK ||
+        (rc = cu(cudaMemcpy(g->drope, m->rope, cap * hd * f, cudaMemcpyHostToDevice), "the RoPE table")) != FX_OK) {
+        (void)cudaFree(g->dec_mem);
+        g->dec_mem = NULL;
+        return rc;
+    }
+    g->dec_for = kc, g->dec_cap = kc->cap;
+    return FX_OK;
+}
+
+/* Layer l for the n tokens in dx at positions p0..: the new keys and values into the cache,
+   each KV head's group of queries over it (q_offset p0, as the CPU's decode_attention), and
+   the output projection and MLP added into dx. */
+static int decode_layer(fx__gpt *m, const fx__gpt_cache *kc, int64_t l, int64_t n)
+{
+    const fx__gpt_gpu *g = m->gpu;
+    const fx__gpt_config *c = &m->c;
+    const int64_t C = c->dim, F = c->ffn, Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, G = Hq / Hkv;
+    const int64_t QD = Hq * hd, KD = Hkv * hd, QKV = QD + 2 * KD, cap = kc->cap, p0 = kc->len;
+    float *kl = g->dk + l * KD * cap, *vl = g->dv + l * KD * cap;
+    int rc = fx__cu_rmsnorm_forward(g->dxn, 0, g->drstd, g->dx, g->params + toff(m, l, FX__GPT_LN1), n, C,
+                                    c->norm_eps);
+    if (rc == FX_OK)
+        rc = mm(g, 0, 1, n, QKV, C, g->dxn, C, wt(g, toff(m, l, FX__GPT_WQ)), C, 0.0f, g->dqkv, QKV);
+    if (rc == FX_OK && c->qkv_bias)
+        rc = fx__cu_bias_forward(g->dqkv, g->params + toff(m, l, FX__GPT_BQ), n, QKV);
+    if (rc == FX_OK)
+        rc = fx__cu_qkv_to_heads(g->dq, g->dkn, g->dvn, 0, g->dqkv, g->drope + p0 * hd, 1, n, Hq, Hkv, hd);
+    for (int64_t h = 0; rc == FX_OK && h < Hkv; h++) {
+        const size_t bytes = (size_t)(n * hd) * sizeof(float);
+        rc = cu(cudaMemcpyAsync(kl + (h * cap + p0) * hd, g->dkn + h * n * hd, bytes, cudaMemcpyDeviceToDevice,
+                                NULL), "the KV cache");
+        if (rc == FX_OK)
+            rc = cu(cudaMemcpyAsync(vl + (h * cap + p0) * hd, g->dvn + h * n * hd, bytes, cudaMemcpyDeviceToDevice,
+                                    NULL), "the KV cache");
+    }
+    /* One causal query sees every cached key: no mask needed then. */
+    const bool need_mask = n > 1 || m->mask == FX__GPT_MASK_SLIDING || m->mask == FX__GPT_MASK_DOCUMENT;
+    for (int64_t h = 0; rc == FX_OK && h < Hkv; h++) {
+        fx_attention at = {.B = 1, .Hq = G, .Hkv = 1, .Lq = n, .Lkv = p0 + n, .D = hd, .Dv = hd, .q_offset = p0,
+                           .mask = need_mask ? kc->bmask : NULL, .device = g->device, .dtype = FX_DT_F32};
+        if ((rc = fx_flex_attention(&at, g->dq + h * G * n * hd, kl + h * cap * hd, vl + h * cap * hd,
+                                    g->datt + h * G * n * hd, NULL)) != FX_OK)
+            return fx__error_context(rc, "layer %lld attention", (long long)l);
+    }
+    if (rc == FX_OK)
+        rc = fx__cu_from_heads(g->dwork, QD, g->datt, 0, 1, n, Hq, hd);
+    if (rc == FX_OK)
+        rc = mm(g, 0, 1, n, C, QD, g->dwork, QD, wt(g, toff(m, l, FX__GPT_WO)), QD, 1.0f, g->dx, C);
+    if (rc == FX_OK)
+        rc = fx__cu_rmsnorm_forward(g->dxn, 0, g->drstd, g->dx, g->params + toff(m, l, FX__GPT_LN2), n, C,
+                                    c->norm_eps);
+    if (rc == FX_OK)
+        rc = mm(g, 0, 1, n, 2 * F, C, g->dxn, C, wt(g, toff(m, l, FX__GPT_W1)), C, 0.0f, g->dh13, 2 * F);
+    if (rc == FX_OK)
+        rc = fx__cu_swiglu_forward(g->dwork, 0, g->dh13, n, F);
+    if (rc == FX_OK)
+        rc = mm(g, 0, 1, n, C, F, g->dwork, F, wt(g, toff(m, l, FX__GPT_W2)), F, 1.0f, g->dx, C);
+    return rc;
+}
+
+int fx__gpt_gpu_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t n, float *logits)
+{
+    fx__gpt_gpu *g = m->gpu;
+    if (g->bf16)
+        return fx__error(FX_EUNSUPPORTED, "decoding on the GPU takes float32 weights (attach with bf16 off)");
+    const fx__gpt_config *c = &m->c;
+    const int64_t C = c->dim, V = c->vocab, L = c->layers;
+    int rc = current(g);
+    if (rc == FX_OK)
+        rc = decode_buffers(m, kc);
+    /* The mask fx__gpt_decode built for this sequence, copied when the sequence starts. */
+    if (rc == FX_OK && kc->len == 0 && kc->bmask)
+        rc = fx_block_mask_to_device(kc->bmask, g->device);
+    if (rc == FX_OK)
+        rc = cu(cudaMemcpy(g->dtok, tokens, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice), "tokens");
+    if (rc == FX_OK)
+        rc = fx__cu_embed_forward(g->dx, g->dtok, g->params, n, C);
+    for (int64_t l = 0; rc == FX_OK && l < L; l++)
+        rc = decode_layer(m, kc, l, n);
+    if (rc == FX_OK)
+        rc = fx__cu_rmsnorm_forward(g->dxn, 0, g->drstd, g->dx + (n - 1) * C, g->params + toff(m, L, 0), 1, C,
+                                    c->norm_eps);
+    if (rc == FX_OK)
+        rc = mm(g, 0, 1, 1, V, C, g->dxn, C, wt(g, head_off(m)), C, 0.0f, g->dlogits, V);
+    if (rc == FX_OK)
+        rc = cu(cudaMemcpy(logits, g->dlogits, (size_t)V * sizeof(float), cudaMemcpyDeviceToHost), "the logits");
+    if (rc == FX_OK)
+        kc->len += n;
+    return rc;
+}
+
 #else /* no CUDA in the build */
 
 static int no_cuda(void)
@@ -755,5 +892,10 @@ int fx__gpt_gpu_zero_grad(fx__gpt *m) { return (void)m, no_cuda(); }
 int fx__gpt_gpu_grad_norm(fx__gpt *m, double *norm) { return (void)m, (void)norm, no_cuda(); }
 int fx__gpt_gpu_adamw(fx__gpt *m, const fx__adamw *o, int64_t t) { return (void)m, (void)o, (void)t, no_cuda(); }
 int fx__gpt_gpu_sync(const fx__gpt *m) { return (void)m, no_cuda(); }
+int fx__gpt_gpu_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t n, float *logits)
+{
+    (void)m, (void)kc, (void)tokens, (void)n, (void)logits;
+    return no_cuda();
+}
 
 #endif

@@ -44,6 +44,10 @@ int fx__gpt_gpu_backward(fx__gpt *m);
 int fx__gpt_gpu_zero_grad(fx__gpt *m);
 int fx__gpt_gpu_grad_norm(fx__gpt *m, double *norm);
 int fx__gpt_gpu_adamw(fx__gpt *m, const fx__adamw *o, int64_t t);
+/* fx__gpt_decode on the device (generation): the cache's keys and values live there, the
+   block mask is the host cache's (built by fx__gpt_decode when len == 0) copied over, and
+   the logits of the last token come back to logits [V]. Float32 throughout. */
+int fx__gpt_gpu_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t n, float *logits);
 /* Waits for the device's queued work (the step's timings). */
 int fx__gpt_gpu_sync(const fx__gpt *m);
 

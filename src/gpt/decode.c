@@ -5,6 +5,7 @@
 #include "model_internal.h"
 
 #include "core/gemv.h"
+#include "cuda/model_gpu.h"
 
 #include <string.h>
 
@@ -241,6 +242,8 @@ int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t
     int rc;
     if (p0 == 0 && (rc = fx__cache_mask(m, kc, tokens[0])) != FX_OK)
         return rc;
+    if (m->gpu)
+        return fx__gpt_gpu_decode(m, kc, tokens, n, logits);
     const decode_ws w = decode_scratch(c, kc->scratch, ctx);
     fx__gpt_weight wte = fx__embedding(m);
     for (int64_t i = 0; i < n; i++)
