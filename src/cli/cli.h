@@ -59,6 +59,10 @@ int bench_generate(int argc, char **argv);
    an int, so that 4294967297 is refused rather than taken for 1. Returns CLI_EXIT_OK, or
    CLI_EXIT_USAGE with the error printed ("<cmd> --threads N: ..."). */
 int cli_threads(const char *cmd, int64_t n);
+/* --device NAME (train, generate): "cpu" (or NULL) leaves *cuda false; "cuda" sets it when
+   this build has CUDA and a device is visible. Returns CLI_EXIT_OK, CLI_EXIT_USAGE for another
+   name, or CLI_EXIT_FAIL naming what is missing (the error printed). */
+int cli_device(const char *name, bool *cuda);
 /* The cores this process may run on (its CPU affinity); 0 when unknown. */
 int cli_cores(void);
 

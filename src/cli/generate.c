@@ -4,6 +4,7 @@
 
 #include "gen_text.h"
 
+#include "cuda/model_gpu.h"
 #include "gpt/gpt.h" /* fx__utf8_invalid_at, FX__GPT_EOT, FX__GPT_VOCAB: the byte tokenizer */
 #include "prompt.h"
 
@@ -12,11 +13,11 @@
 #include <string.h>
 
 static int generate_run(const char *ckpt, const char *model, const char *prompt, size_t plen, int64_t ntok,
-                        double temp, int64_t top_k, double top_p, int64_t seed, bool json);
+                        double temp, int64_t top_k, double top_p, int64_t seed, bool json, bool cuda);
 
 int cmd_generate(int argc, char **argv)
 {
-    const char *ckpt = NULL, *model = NULL, *prompt_arg = NULL, *prompt_file = NULL;
+    const char *ckpt = NULL, *model = NULL, *prompt_arg = NULL, *prompt_file = NULL, *device = NULL;
     int64_t ntok = 256, top_k = 40, seed = 1, threads = 0;
     double temp = 0.8, top_p = 1.0;
     bool json = false;
@@ -31,6 +32,7 @@ int cmd_generate(int argc, char **argv)
         {"--top-p", CLI_FLOAT, &top_p, "then among the most likely tokens whose probability reaches p (default 1)"},
         {"--seed", CLI_INT, &seed, "sampling seed (default 1)"},
         {"--threads", CLI_INT, &threads, "threads (default: all cores)"},
+        {"--device", CLI_STRING, &device, "cpu | cuda: where the model runs (default cpu; docs/cuda.md)"},
         {"--json", CLI_FLAG, &json, "print one line {\"prompt_ids\", \"ids\", \"text\"} instead of streaming"},
     };
     int rc = cli_parse("generate", "--ckpt DIR|FILE [options]", argc, argv, opts, sizeof opts / sizeof opts[0],
@@ -65,6 +67,9 @@ int cmd_generate(int argc, char **argv)
     }
     if ((rc = cli_threads("generate", threads)) != CLI_EXIT_OK)
         return rc;
+    bool cuda;
+    if ((rc = cli_device(device, &cuda)) != CLI_EXIT_OK)
+        return rc;
     char *prompt = NULL;
     size_t plen = 0;
     if ((rc = cli_read_prompt(prompt_arg, prompt_file, &prompt, &plen)) != CLI_EXIT_OK)
@@ -74,13 +79,13 @@ int cmd_generate(int argc, char **argv)
         cli_error("%s is not valid UTF-8: byte 0x%02x at offset %lld", prompt_file ? "--prompt-file" : "--prompt",
                   (unsigned char)prompt[bad], (long long)bad);
     else
-        rc = generate_run(ckpt, model, prompt, plen, ntok, temp, top_k, top_p, seed, json);
+        rc = generate_run(ckpt, model, prompt, plen, ntok, temp, top_k, top_p, seed, json, cuda);
     free(prompt);
     return bad >= 0 ? CLI_EXIT_USAGE : rc;
 }
 
 static int generate_run(const char *ckpt, const char *model, const char *prompt, size_t plen, int64_t ntok,
-                        double temp, int64_t top_k, double top_p, int64_t seed, bool json)
+                        double temp, int64_t top_k, double top_p, int64_t seed, bool json, bool cuda)
 {
     int rc;
     fx_model *m = NULL;
@@ -93,6 +98,11 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
             return rc;
         if (!m && (rc = fx_model_create(&m, &pc, (uint64_t)seed)) != FX_OK)
             return cli_fail(rc, "--model");
+    }
+    /* On a GPU: the weights in float32 (a mapped file is read whole first), sent over once. */
+    if (cuda && ((rc = fx__gpt_own_params(m)) != FX_OK || (rc = fx__gpt_gpu_attach(m, 1, false)) != FX_OK)) {
+        fx_model_free(m);
+        return cli_fail(rc, "--device cuda");
     }
     const fx_model_config *cfg = fx_model_get_config(m);
     fx_model_cache *kc = NULL;

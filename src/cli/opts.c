@@ -42,6 +42,29 @@ int cli_cores(void)
     return n > 0 && n < INT_MAX ? (int)n : 0;
 }
 
+int cli_device(const char *name, bool *cuda)
+{
+    *cuda = false;
+    if (!name || strcmp(name, "cpu") == 0)
+        return CLI_EXIT_OK;
+    if (strcmp(name, "cuda") != 0) {
+        cli_error("--device %s: expected cpu or cuda", name);
+        return CLI_EXIT_USAGE;
+    }
+#ifndef FLEXC_HAVE_CUDA
+    cli_error("--device cuda: this build of flexc has no CUDA backend (configure with -DFLEXC_CUDA=ON and a CUDA "
+              "toolkit); use --device cpu");
+    return CLI_EXIT_FAIL;
+#else
+    if (fx_cuda_device_count() < 1) {
+        cli_error("--device cuda: no CUDA device is visible (no GPU, or no driver); use --device cpu");
+        return CLI_EXIT_FAIL;
+    }
+    *cuda = true;
+    return CLI_EXIT_OK;
+#endif
+}
+
 int cli_threads(const char *cmd, int64_t n)
 {
     if (n == 0)

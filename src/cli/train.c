@@ -6,6 +6,7 @@
 
 #include "bench_util.h"
 #include "core/file.h"
+#include "cuda/model_gpu.h"
 #include "gpt/dist.h"
 #include "gpt/gpt.h"
 #include "outdir_lock.h"
@@ -27,7 +28,7 @@ static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { interrupted = sig; }
 
 typedef struct train_opts {
-    const char *data, *model, *attn, *out, *parallel, *comm_log, *dtype;
+    const char *data, *model, *attn, *out, *parallel, *comm_log, *dtype, *device;
     int64_t steps, batch, seq, seed, threads, accum, warmup, save_every, eval_every, eval_batches, log_every, until;
     int64_t layers, dim, heads, kv_heads;
     double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac, comm_timeout;
@@ -211,11 +212,15 @@ static bool all_ok(fx_comm *world, bool ok)
     return bad == 0.0f;
 }
 
-static int save_all(const fx__gpt *m, const fx__gpt_train_state *s, const char *out, bool bf16)
+static int save_all(fx__gpt *m, const fx__gpt_train_state *s, const char *out, bool bf16)
 {
     char path[4200];
+    /* Training on a GPU: the writer reads the host's buffers, brought up to date first. */
+    int rc = m->gpu ? fx__gpt_gpu_download(m) : FX_OK;
+    if (rc)
+        return cli_fail(rc, "reading the weights from the GPU");
     snprintf(path, sizeof path, "%s/checkpoint.safetensors", out);
-    int rc = fx__gpt_save_checkpoint(m, s, path);
+    rc = fx__gpt_save_checkpoint(m, s, path);
     if (rc)
         return cli_fail(rc, "saving the checkpoint");
     snprintf(path, sizeof path, "%s/model.safetensors", out);
@@ -246,6 +251,27 @@ static int save_dist(fx__gpt *m, fx__dist *dist, fx_comm *world, const fx__gpt_t
     return all_ok(world, ret == CLI_EXIT_OK) ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }
 
+/* --device: a device this build can reach, and no option the GPU step does not take (docs/cuda.md,
+   "Training on the GPU"). */
+static int device_check(const train_opts *o, fx__par par)
+{
+    bool cuda = false;
+    if (o->device && strcmp(o->device, "cuda") == 0) {
+        const struct { bool on; const char *opt, *why; } no[] = {
+            {par != FX__PAR_NONE, par == FX__PAR_DDP ? "--parallel ddp" : "--parallel fsdp", "one GPU, one process"},
+            {o->deterministic, "--deterministic", "the GPU step repeats bitwise without it"},
+            {o->recompute, "--recompute", "every activation is kept in device memory"},
+            {o->adam_bf16, "--adam-bf16", "the Adam moments stay float32"},
+            {o->attn && strcmp(o->attn, "dense") == 0, "--attn dense", "the dense baseline is the CPU's"}};
+        for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+            if (no[i].on) {
+                cli_error("--device cuda does not take %s (%s)", no[i].opt, no[i].why);
+                return CLI_EXIT_USAGE;
+            }
+    }
+    return cli_device(o->device, &cuda);
+}
+
 /* The checks of train's options that need neither data nor a model; *par the --parallel mode.
    A usage error is printed and its exit code returned. */
 static int train_opts_check(const train_opts *o, fx__par *par)
@@ -274,6 +300,9 @@ static int train_opts_check(const train_opts *o, fx__par *par)
         cli_error("--comm-log %s: there are no collectives to record without --parallel ddp or fsdp", o->comm_log);
         return CLI_EXIT_USAGE;
     }
+    int rc = device_check(o, *par);
+    if (rc != CLI_EXIT_OK)
+        return rc;
     if (!(o->comm_timeout > 0)) {
         cli_error("--comm-timeout %g must be > 0 seconds", o->comm_timeout);
         return CLI_EXIT_USAGE;
@@ -353,6 +382,7 @@ int cmd_train(int argc, char **argv)
         {"--bf16", CLI_FLAG, &o.bf16, "write model.safetensors in bfloat16"},
         {"--adam-bf16", CLI_FLAG, &o.adam_bf16, "keep the Adam moments in bfloat16 (half the optimizer memory)"},
         {"--recompute", CLI_FLAG, &o.recompute, "keep only layer inputs, recompute the rest in backward"},
+        {"--device", CLI_STRING, &o.device, "cpu | cuda: where the training step runs (default cpu; docs/cuda.md)"},
         {"--threads", CLI_INT, &o.threads, "threads (default: all cores)"},
         {"--quiet", CLI_FLAG, &o.quiet, "no progress output"},
         {"--parallel", CLI_STRING, &o.parallel, "none | ddp | fsdp: training over the processes of mpirun"},
@@ -763,6 +793,7 @@ static int setup_model(train_job *j)
     else if ((rc = fx_model_create(&j->m, &j->cfg, st->seed)) != FX_OK)
         return cli_fail(rc, "model");
     fx__gpt *m = j->m;
+    const bool gpu = o->device && strcmp(o->device, "cuda") == 0;
     m->adam_bf16 = st->adam_bf16;
     m->recompute = o->recompute;
     if ((rc = fx__gpt_alloc_train(m)) != FX_OK)
@@ -770,7 +801,10 @@ static int setup_model(train_job *j)
     fx__gpt_mask_parse(st->attn, &m->mask, &m->window);
     if (o->resume && (rc = fx__gpt_load(m, j->ckpt, true)) != FX_OK)
         return cli_fail(rc, "--resume");
-    if (st->bf16 && (rc = fx__gpt_set_bf16(m, true)) != FX_OK)
+    /* On a GPU the device holds the weights' bfloat16 copy, and the host none. */
+    if (gpu && (rc = fx__gpt_gpu_attach(m, 1, st->bf16)) != FX_OK)
+        return cli_fail(rc, "--device cuda");
+    if (!gpu && st->bf16 && (rc = fx__gpt_set_bf16(m, true)) != FX_OK)
         return cli_fail(rc, "--dtype bf16");
     if ((j->par != FX__PAR_NONE || o->deterministic) &&
         (rc = fx__dist_create(&j->dist, m, j->world, j->par, o->deterministic, st->batch)) != FX_OK) {
@@ -819,6 +853,8 @@ static void print_header(const train_job *j)
            fx_get_num_threads(), cli_s((uint64_t)fx_get_num_threads()), j->o.out);
     if (st->bf16)
         printf("dtype bf16: bfloat16 inputs to every matrix product, float32 weights, sums and loss\n");
+    if (j->m->gpu)
+        printf("device cuda: the training step on CUDA device 0 (weights, optimizer and activations there)\n");
     if (j->world)
         printf("parallel %s over %d processes (%lld sequences each)%s, communication timeout %g s\n", j->o.parallel,
                j->nproc, (long long)(st->batch / j->nproc), j->o.deterministic ? ", deterministic" : "",

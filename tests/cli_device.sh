@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# flexc train / generate --device: a bad name and the options the GPU step does not take are
+# refused by name; without a GPU (or without CUDA in the build) --device cuda says which is
+# missing and leaves no --out behind. With a GPU: 20 steps on it against 20 on the CPU (the
+# losses within float rounding), a run that switches device at its checkpoint either way,
+# and greedy generation that gives the CPU's tokens.
+set -u
+flexc=${1:?path to flexc}
+source "$(dirname "$0")/lib/checks.sh"
+scratch cli_device 300
+common=(--model tiny --data "$tmp/corpus.txt" --batch 4 --seq 32 --lr 3e-3 --quiet)
+
+check bad-device 2 "$flexc" train "${common[@]}" --steps 2 --device bogus --out "$tmp/e"
+has bad-device-msg "$tmp/err" "--device bogus: expected cpu or cuda"
+check bad-device-empty 2 "$flexc" train "${common[@]}" --steps 2 --device "" --out "$tmp/e"
+for opt in --recompute --adam-bf16 --deterministic "--attn dense"; do
+    # shellcheck disable=SC2086 # "--attn dense" is two words
+    check "refused $opt" 2 "$flexc" train "${common[@]}" --steps 2 --device cuda $opt --out "$tmp/e"
+    has "refused-msg $opt" "$tmp/err" "--device cuda does not take ${opt%% *}"
+done
+check gen-bad-device 2 "$flexc" generate --model tiny --tokens 4 --device bogus
+has gen-bad-device-msg "$tmp/err" "--device bogus: expected cpu or cuda"
+check cpu-explicit 0 "$flexc" train "${common[@]}" --steps 2 --device cpu --out "$tmp/cpu"
+
+"$flexc" train "${common[@]}" --steps 2 --device cuda --out "$tmp/probe" >"$tmp/out" 2>"$tmp/err"
+status=$?
+if [[ $status -ne 0 ]]; then
+    # No GPU here: the reason, exit status 1, and nothing written.
+    [[ $status -eq 1 ]] && ok || bad "no-gpu: exit $status, expected 1"
+    contains no-gpu-msg "$tmp/err" "--device cuda: \(no CUDA device is visible\|this build of flexc has no CUDA backend\)"
+    [[ ! -e "$tmp/probe" ]] && ok || bad "no-gpu: $tmp/probe was created"
+    check gen-no-gpu 1 "$flexc" generate --model tiny --tokens 4 --device cuda
+    contains gen-no-gpu-msg "$tmp/err" "--device cuda: "
+    finish cli_device
+    exit
+fi
+
+# ---- a GPU: the same run on both devices ----
+lossat() { grep "\"step\":$2," "$1" | sed 's/.*"loss":\([0-9.e-]*\).*/\1/'; }
+close() { # NAME A B TOL: |A - B| <= TOL (1 + |B|)
+    if awk -v a="$2" -v b="$3" -v t="$4" 'BEGIN { d = a - b; if (d < 0) d = -d; m = b < 0 ? -b : b;
+                                                  exit !(d <= t * (1 + m)) }'; then ok; else
+        bad "$1: $2 vs $3"; fi
+}
+for dt in f32 bf16; do
+    tol=$([[ $dt == f32 ]] && echo 1e-3 || echo 2e-2)
+    check "cpu-$dt" 0 "$flexc" train "${common[@]}" --steps 20 --dtype $dt --out "$tmp/c-$dt"
+    check "gpu-$dt" 0 "$flexc" train "${common[@]}" --steps 20 --dtype $dt --device cuda --out "$tmp/g-$dt"
+    for s in 1 10 20; do
+        close "loss-$dt-step$s" "$(lossat "$tmp/g-$dt/metrics.jsonl" $s)" "$(lossat "$tmp/c-$dt/metrics.jsonl" $s)" "$tol"
+    done
+    contains "gpu-$dt-metrics" "$tmp/g-$dt/metrics.jsonl" '"step":20,"loss":[0-9.e-]*,"lr":[0-9.e-]*,"grad_norm":[0-9.e-]*,"tokens_per_s":[0-9.]*'
+done
+# Twice on the GPU: the same bits.
+check gpu-again 0 "$flexc" train "${common[@]}" --steps 20 --device cuda --out "$tmp/g2"
+same gpu-rerun "$tmp/g-f32/model.safetensors" "$tmp/g2/model.safetensors"
+# Resume across devices: 10 steps on one, 10 on the other.
+check cpu-then 0 "$flexc" train "${common[@]}" --steps 20 --until 10 --out "$tmp/x"
+check gpu-now 0 "$flexc" train --resume --device cuda --out "$tmp/x" --quiet
+close cpu-to-gpu "$(lossat "$tmp/x/metrics.jsonl" 20)" "$(lossat "$tmp/c-f32/metrics.jsonl" 20)" 1e-3
+check gpu-then 0 "$flexc" train "${common[@]}" --steps 20 --until 10 --device cuda --out "$tmp/y"
+check cpu-now 0 "$flexc" train --resume --out "$tmp/y" --quiet
+close gpu-to-cpu "$(lossat "$tmp/y/metrics.jsonl" 20)" "$(lossat "$tmp/c-f32/metrics.jsonl" 20)" 1e-3
+# Greedy generation: the CPU's tokens.
+check gen-cpu 0 "$flexc" generate --ckpt "$tmp/c-f32" --prompt "the quick" --tokens 24 --temperature 0 --json
+cp "$tmp/out" "$tmp/gen-cpu"
+check gen-gpu 0 "$flexc" generate --ckpt "$tmp/c-f32" --prompt "the quick" --tokens 24 --temperature 0 --json --device cuda
+same gen-tokens "$tmp/gen-cpu" "$tmp/out"
+finish cli_device
