@@ -1,5 +1,5 @@
 /* The bfloat16 FlexAttention backward on a CUDA device for the head sizes the tensor-core
-   kernels take (D = Dv = 64, 128; src/cuda/attn_bwd_tc.cu) against the CPU path of the same
+   kernels take (D = Dv = 32, 64, 96, 128; src/cuda/attn_bwd_tc.cu) against the CPU path of the same
    call on the same inputs: causal, sliding-window, document and custom masks with small
    blocks and rows that see no key, every built-in score mod with the rel_bias table's
    gradient, GQA with and without the head-split partials, q_offset and odd lengths. Each
@@ -151,7 +151,7 @@ static fx_block_mask *mask_of(fx_mask_fn fn, const void *ctx, int64_t B, int64_t
     return m;
 }
 
-/* Which calls the tensor-core kernels take: bf16, D = Dv = 64 or 128, 16-byte aligned. */
+/* Which calls the tensor-core kernels take: bf16, D = Dv = 32, 64, 96 or 128, 16-byte aligned. */
 static void test_route(void)
 {
     static _Alignas(16) char buf[64];
@@ -163,6 +163,10 @@ static void test_route(void)
     c.Dv = 64;
     FXT_CHECK(!fx__cu_attn_backward_tc_ok(&c));
     c.D = c.Dv = 96;
+    FXT_CHECK(fx__cu_attn_backward_tc_ok(&c));
+    c.D = c.Dv = 80;
+    FXT_CHECK(!fx__cu_attn_backward_tc_ok(&c));
+    c.D = c.Dv = 256;
     FXT_CHECK(!fx__cu_attn_backward_tc_ok(&c));
     c.D = c.Dv = 64;
     c.bf16 = 0;
@@ -179,6 +183,8 @@ static void test_dense(void)
     fx_attention off = shape(1, 2, 1, 10, 70, 64);
     off.q_offset = 60; /* no mask: rows see every key wherever they are */
     check_backward("dense, q_offset 60, GQA 2/1", off);
+    check_backward("dense, D 32, L 90", shape(1, 2, 2, 90, 90, 32));
+    check_backward("dense, D 96, L 70", shape(1, 2, 2, 70, 70, 96));
 }
 
 static void test_masks(void)

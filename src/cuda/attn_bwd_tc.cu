@@ -1,5 +1,5 @@
 /* FlexAttention backward on tensor cores: bfloat16 Q, K, V, dO (mma.sync m16n8k16, float32
-   accumulation) for D = Dv = 64 or 128. attention.cu computes D_i = rowsum(dO O) and then
+   accumulation) for D = Dv = 32, 64, 96 or 128. attention.cu computes D_i = rowsum(dO O) and then
    hands the call here when fx__cu_attn_backward_tc_ok() says so; everything else keeps the
    scalar kernels.
 
@@ -648,12 +648,13 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 } // namespace
 } // namespace fxcu
 
-/* True when the tensor-core backward takes this call: bfloat16, D = Dv = 64 or 128, and every
-   tensor 16-byte aligned (cp.async and the paired stores). */
+/* True when the tensor-core backward takes this call: bfloat16, D = Dv = 32, 64, 96 or 128
+   (larger heads would not keep dK and dV in registers), and every tensor 16-byte aligned
+   (cp.async and the paired stores). */
 extern "C" int fx__cu_attn_backward_tc_ok(const fx__cu_attn *a)
 {
     using fxcu::aligned16;
-    if (!a->bf16 || a->D != a->Dv || (a->D != 64 && a->D != 128))
+    if (!a->bf16 || a->D != a->Dv || (a->D != 32 && a->D != 64 && a->D != 96 && a->D != 128))
         return 0;
     return aligned16(a->q) && aligned16(a->k) && aligned16(a->v) && aligned16(a->dout) && aligned16(a->dq) &&
            aligned16(a->dk) && aligned16(a->dv);
@@ -663,5 +664,14 @@ extern "C" int fx__cu_attn_backward_tc_ok(const fx__cu_attn *a)
    the call's stream, not waited for. */
 extern "C" int fx__cu_attn_backward_tc(const fx__cu_attn *a, const float *Di)
 {
-    return a->D == 64 ? fxcu::launch_tc_mod<fxcu::bf16, 64>(a, Di) : fxcu::launch_tc_mod<fxcu::bf16, 128>(a, Di);
+    switch (a->D) {
+    case 32:
+        return fxcu::launch_tc_mod<fxcu::bf16, 32>(a, Di);
+    case 64:
+        return fxcu::launch_tc_mod<fxcu::bf16, 64>(a, Di);
+    case 96:
+        return fxcu::launch_tc_mod<fxcu::bf16, 96>(a, Di);
+    default:
+        return fxcu::launch_tc_mod<fxcu::bf16, 128>(a, Di);
+    }
 }
