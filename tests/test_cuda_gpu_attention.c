@@ -296,7 +296,7 @@ static void test_nan(void)
     free(q), free(k), free(v);
 }
 
-/* bfloat16 calls with D == Dv in {32, 64, 96, 128} run on tensor cores (attn_fwd_tc.cu):
+/* bfloat16 calls with D == Dv in {32, 64, 96, 128, 256} run on tensor cores (attn_fwd_tc.cu):
    64-row blocks of 64-key tiles, so lengths that are not multiples of 64, mask blocks smaller
    than a tile and rows that see nothing are the cases to cover, with every mask kind and
    score mod, GQA, q_offset and both the plain and the split-KV grids. */
@@ -313,6 +313,10 @@ static void test_tensor_cores(void)
     check_attention("tc: dense, Lq 70 != Lkv 130, D 128", shape(2, 2, 1, 70, 130, 128, 128), true, false);
     check_attention("tc: dense, L 90, D 96", shape(1, 3, 3, 90, 90, 96, 96), true, false);
     check_attention("tc: dense, L 65, D 32", shape(1, 2, 2, 65, 65, 32, 32), true, false);
+    a = shape(1, 2, 1, 100, 100, 256, 256);
+    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 100, 100, 0, 0);
+    check_attention("tc: causal, GQA 2/1, L 100, D 256", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
 
     fx_mask_sliding_window_ctx w = {.window = 40};
     a = shape(1, 2, 2, 300, 300, 64, 64);

@@ -17,7 +17,7 @@
 #include "cuda/common.cuh"
 
 /* The tensor-core forward (attn_fwd_tc.cu): whether it takes a call (bfloat16, D == Dv in
-   {32, 64, 96, 128}, 16-byte aligned tensors), and its launch, which writes out and lse, or
+   {32, 64, 96, 128, 256}, 16-byte aligned tensors), and its launch, which writes out and lse, or
    with nsplit > 1 the split partials that combine_kernel merges. */
 extern "C" int fx__cu_attn_tc_takes(const fx__cu_attn *a);
 extern "C" int fx__cu_attn_forward_tc(const fx__cu_attn *a, float *part);

@@ -1,18 +1,20 @@
 /* FlexAttention forward on tensor cores (mma.sync m16n8k16, sm_80 and later) for bfloat16
-   q, k, v, out with D == Dv in {32, 64, 96, 128}; attention.cu routes those calls here
+   q, k, v, out with D == Dv in {32, 64, 96, 128, 256}; attention.cu routes those calls here
    (fx__cu_attn_tc_takes) and keeps its scalar kernels for every other shape.
 
-   FlashAttention-2's schedule. A thread block of 4 warps owns 64 query rows of one head
-   inside one q-block of the mask, 16 rows a warp, and walks the kv-blocks that q-block
+   FlashAttention-2's schedule. A thread block of 4 warps owns 128 query rows of one head
+   inside one q-block of the mask (two 16-row m-tiles a warp), or 64 rows (one m-tile a warp)
+   when the q-blocks or the call are shorter or D = 256, and walks the kv-blocks that q-block
    visits (the mask's list, or every block without a mask) 64 keys a tile. K and V tiles are
    staged by 16-byte cp.async into two buffers, the next tile loading while this one is used.
-   Each warp keeps its Q fragments in registers; S = Q K^T by mma (K fragments by ldmatrix);
-   the mask and the score mod are applied on the accumulator fragments, where each element
-   knows its (row, key); the online softmax runs in base 2 (scores times log2 e, exp2), and
-   O += P V takes P from the same registers, rounded to the input type as A fragments (V by
-   ldmatrix.trans). Shared rows are padded by 16 bytes so that the 8 rows one ldmatrix reads
-   fall in different banks. Q is staged in the second buffer before the walk starts, so a
-   block needs 4 tiles of shared memory (68 KiB at D = 128: three blocks a multiprocessor).
+   S = Q K^T by mma (Q fragments in registers with one m-tile, else from shared memory; K
+   fragments by ldmatrix); the mask and the score mod are applied on the accumulator
+   fragments, where each element knows its (row, key); the online softmax runs in base 2
+   (scores times log2 e, exp2), and O += P V takes P from the same registers, rounded to the
+   input type as A fragments (V by ldmatrix.trans). Shared rows are padded by 16 bytes so
+   that the 8 rows one ldmatrix reads fall in different banks. Shared memory: 4 tiles (K and
+   V, two stages), plus Q's rows where Q stays there (at D = 128: 68 KiB for 64 rows, 102 KiB
+   for 128, two blocks a multiprocessor either way, as registers allow).
 
    Full kv-blocks skip the bitmap, partial blocks test it (a 64-key tile never straddles a
    64-bit word: tiles start at multiples of 64 inside a block), and keys past the block or
@@ -178,18 +180,19 @@ __device__ __forceinline__ void stage(T *dst, const T *src, int64_t row0, int nv
 }
 
 /* The block shapes: WARPS warps of MT m-tiles (16 rows each), 16 * WARPS * MT rows. With one
-   m-tile a warp keeps its Q fragments in registers; with two, each K and V fragment read from
-   shared memory serves both (half the shared-memory traffic per product), and Q is read from
-   its own buffer at each tile to leave the registers to the accumulators. */
-template <int WARPS, int MT> struct Shape {
+   m-tile a warp keeps its Q fragments in registers (up to D = 128); with two, each K and V
+   fragment read from shared memory serves both (half the shared-memory traffic per product),
+   and Q is read from its own buffer at each tile to leave the registers to the accumulators,
+   as it is at D = 256. */
+template <int D, int WARPS, int MT> struct Shape {
     static constexpr int BM = 16 * WARPS * MT, THREADS = 32 * WARPS;
-    static constexpr bool QREG = MT == 1;
+    static constexpr bool QREG = MT == 1 && D <= 128;
 };
 
 template <int D, int WARPS, int MT, typename T>
 __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(fx__cu_attn a, float *part)
 {
-    using S = Shape<WARPS, MT>;
+    using S = Shape<D, WARPS, MT>;
     constexpr int BM = S::BM, THREADS = S::THREADS, LD = D + 8, KS = D / 16, NT = BN / 8, OT = D / 8;
     constexpr int TILE = BN * LD, QOFF = S::QREG ? 2 * TILE : 4 * TILE;
     static_assert(BM <= 2 * BN, "Q staged in the second buffer pair");
@@ -453,24 +456,25 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(
 }
 
 /* The large shape (128 rows a block) when the mask's q-blocks hold that many rows and the
-   call has them; else 64 rows, which wastes less on small q-blocks and short calls. */
-bool tc_large(const fx__cu_attn *a) { return a->bq >= 128 && a->Lq >= 128; }
+   call has them; else 64 rows, which wastes less on small q-blocks and short calls. D = 256
+   has registers for one m-tile only. */
+bool tc_large(const fx__cu_attn *a) { return a->bq >= 128 && a->Lq >= 128 && a->D <= 128; }
 
-template <int WARPS, int MT> size_t tc_smem(int64_t D)
+template <int D, int WARPS, int MT> size_t tc_smem()
 {
-    using S = Shape<WARPS, MT>;
+    using S = Shape<D, WARPS, MT>;
     return ((size_t)4 * BN + (S::QREG ? 0 : (size_t)S::BM)) * (size_t)(D + 8) * 2;
 }
 
 int64_t tc_blocks(const fx__cu_attn *a)
 {
-    const int64_t bm = tc_large(a) ? Shape<LARGE_WARPS, LARGE_MT>::BM : Shape<4, 1>::BM;
+    const int64_t bm = tc_large(a) ? 16 * LARGE_WARPS * LARGE_MT : 64;
     return a->B * a->Hq * a->n_qb * ((a->bq + bm - 1) / bm);
 }
 
 template <int D, int WARPS, int MT> int launch_tc(const fx__cu_attn *a, float *part)
 {
-    const size_t smem = tc_smem<WARPS, MT>(D);
+    const size_t smem = tc_smem<D, WARPS, MT>();
     int rc = allow_smem(fwd_tc_kernel<D, WARPS, MT, bf16>, smem, "attention forward");
     if (rc != FX_OK)
         return rc;
@@ -481,7 +485,10 @@ template <int D, int WARPS, int MT> int launch_tc(const fx__cu_attn *a, float *p
 
 template <int D> int launch_tc_shape(const fx__cu_attn *a, float *part)
 {
-    return tc_large(a) ? launch_tc<D, LARGE_WARPS, LARGE_MT>(a, part) : launch_tc<D, 4, 1>(a, part);
+    if constexpr (D > 128)
+        return launch_tc<D, 4, 1>(a, part);
+    else
+        return tc_large(a) ? launch_tc<D, LARGE_WARPS, LARGE_MT>(a, part) : launch_tc<D, 4, 1>(a, part);
 }
 
 int launch_tc_d(const fx__cu_attn *a, float *part)
@@ -493,8 +500,10 @@ int launch_tc_d(const fx__cu_attn *a, float *part)
         return launch_tc_shape<64>(a, part);
     case 96:
         return launch_tc_shape<96>(a, part);
-    default:
+    case 128:
         return launch_tc_shape<128>(a, part);
+    default:
+        return launch_tc_shape<256>(a, part);
     }
 }
 
@@ -507,7 +516,7 @@ extern "C" int fx__cu_attn_tc_takes(const fx__cu_attn *a)
 {
     if (!a->bf16)
         return 0;
-    if (a->D != a->Dv || (a->D != 32 && a->D != 64 && a->D != 96 && a->D != 128))
+    if (a->D != a->Dv || (a->D != 32 && a->D != 64 && a->D != 96 && a->D != 128 && a->D != 256))
         return 0;
     if (!fxcu::aligned16(a->q) || !fxcu::aligned16(a->k) || !fxcu::aligned16(a->v) || !fxcu::aligned16(a->out))
         return 0; /* rows are moved in 16-byte pieces */
