@@ -192,6 +192,9 @@ static void test_masks(void)
     fx_attention a = shape(1, 2, 2, 150, 150, 128);
     a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 150, 150, 0, 0);
     check_backward("causal, blocks 128, D 128, L 150", a);
+    setenv("FLEXC_CUDA_BWD_WARPS", "4", 1); /* the 64-row thread blocks on the same blocks */
+    check_backward("causal, blocks 128, D 128, L 150, 4 warps", a);
+    unsetenv("FLEXC_CUDA_BWD_WARPS");
     fx_block_mask_free((fx_block_mask *)a.mask);
 
     a = shape(2, 1, 1, 100, 100, 64);
@@ -213,6 +216,9 @@ static void test_masks(void)
     fx_attention big = shape(1, 1, 1, 260, 260, 64);
     big.mask = mask_of(fx_mask_causal, NULL, 1, 1, 260, 260, 136, 200); /* 4 bitmap words a row */
     check_backward("causal, blocks 136 x 200, L 260", big);
+    fx_block_mask_free((fx_block_mask *)big.mask);
+    big.mask = mask_of(fx_mask_causal, NULL, 1, 1, 260, 260, 256, 256); /* 128-key tiles, 2 per block */
+    check_backward("causal, blocks 256, L 260", big);
     fx_block_mask_free((fx_block_mask *)big.mask);
 
     int64_t ids[2 * 100];

@@ -1,18 +1,19 @@
 /* FlexAttention backward on tensor cores: bfloat16 Q, K, V, dO (mma.sync m16n8k16, float32
-   accumulation) for D = Dv = 32, 64, 96 or 128. attention.cu computes D_i = rowsum(dO O) and then
-   hands the call here when fx__cu_attn_backward_tc_ok() says so; everything else keeps the
-   scalar kernels.
+   accumulation) for D = Dv = 32, 64, 96 or 128. attention.cu computes D_i = rowsum(dO O)
+   and then hands the call here when fx__cu_attn_backward_tc_ok() says so; everything else
+   keeps the scalar kernels.
 
    Two kernels, FlashAttention-2 style, each recomputing S = Q K^T and P = exp(S' - lse) from
-   the forward's lse (S' the modified, masked score):
-   - dK/dV: a thread block owns 64 keys of one kv-block of one (batch, kv head) and walks, for
-     each query head of its GQA group (ascending), the q-blocks that visit the kv-block (the
-     mask's transposed lists; every q-block without a mask), 64 query rows at a time. Each of
-     its 4 warps owns 16 keys and works in the transposed frame: S^T = K Q^T and
+   the forward's lse (S' the modified, masked score), with thread blocks of 8 warps owning 128
+   rows when the mask's blocks on that side are multiples of 128 rows, else 4 warps and 64:
+   - dK/dV: a thread block owns the keys of one kv-block tile of one (batch, kv head) and
+     walks, for each query head of its GQA group (ascending), the q-blocks that visit the
+     kv-block (the mask's transposed lists; every q-block without a mask), 64 query rows at a
+     time. Each warp owns 16 keys and works in the transposed frame: S^T = K Q^T and
      dP^T = V dO^T stay in registers, P^T and dS^T = P^T (dP^T - D) are rounded to bf16 and
      fed straight back as the A operands of dV += P^T dO and dK += dS^T Q.
-   - dQ: a thread block owns 64 query rows of one q-block of one head and walks the kv-blocks
-     the row block visits, 64 keys at a time: S, dP, dS as above, dQ += dS K.
+   - dQ: a thread block owns query rows of one q-block of one head and walks the kv-blocks
+     the rows visit, 64 keys at a time: S, dP, dS as above, dQ += dS K.
    Q/dO (dK/dV kernel) and K/V (dQ kernel) tiles stream through shared memory by cp.async,
    double-buffered; rows are padded by 16 bytes so that ldmatrix reads are free of bank
    conflicts. Full blocks skip the bitmap; partial blocks test it; keys past a block or the
@@ -31,9 +32,10 @@
 namespace fxcu {
 namespace {
 
-/* BT: rows of a tile (keys of the dK/dV block, queries of the dQ block); 4 warps of 16 rows.
-   Each warp computes S in halves of HALF columns to keep its registers for dK/dV or dQ. */
-enum { BT = 64, HALF = 32, TC_WARPS = 4, TC_THREADS = 32 * TC_WARPS };
+/* A thread block of W warps (4 or 8) owns RT = 16 W rows (keys for dK/dV, queries for dQ),
+   16 a warp, and streams the other side through shared memory BT = 64 rows at a time. Each
+   warp computes S in halves of HALF columns to keep its registers for dK/dV or dQ. */
+enum { BT = 64, HALF = 32 };
 
 constexpr float LOG2E = 1.4426950408889634f;
 
@@ -49,19 +51,19 @@ template <> struct tc_type<bf16> {
 
 /* ---- shared-memory tiles ------------------------------------------------------------------ */
 
-/* A BT x HD tile of 16-bit elements, rows LDS apart: 16 bytes of padding per row put the 8
-   rows an ldmatrix reads on 8 different 16-byte bank groups. */
+/* Tiles of HD-element rows of 16-bit elements, LDS apart: 16 bytes of padding per row put the
+   8 rows an ldmatrix reads on 8 different 16-byte bank groups. */
 template <int HD> struct Tile {
-    static constexpr int LDS = HD + 8, ELEMS = BT * LDS, BYTES = ELEMS * 2;
+    static constexpr int LDS = HD + 8, ELEMS = BT * LDS; /* ELEMS: a streamed tile */
 };
 
-/* Rows [row0, row0 + nvalid) of a row-major [., HD] tensor into a tile by cp.async; rows from
-   nvalid on are zeros. */
-template <int HD>
-__device__ __forceinline__ void tile_load(uint16_t *dst, const uint16_t *src, int64_t row0, int nvalid)
+/* Rows [row0, row0 + nvalid) of a row-major [., HD] tensor into the first `rows` rows of a
+   tile by cp.async (NTH threads); rows from nvalid on are zeros. */
+template <int HD, int NTH>
+__device__ __forceinline__ void tile_load(uint16_t *dst, const uint16_t *src, int64_t row0, int nvalid, int rows)
 {
     constexpr int CPR = HD / 8; /* 16-byte pieces per row */
-    for (int i = threadIdx.x; i < BT * CPR; i += TC_THREADS) {
+    for (int i = threadIdx.x; i < rows * CPR; i += NTH) {
         const int r = i / CPR, c = i % CPR;
         const bool ok = r < nvalid;
         cp_async_16(dst + r * Tile<HD>::LDS + c * 8, ok ? src + (row0 + r) * HD + c * 8 : src, ok ? 16 : 0);
@@ -196,39 +198,39 @@ __device__ __forceinline__ bool qwalk_next(const fx__cu_attn &a, QWalk &w, QChun
 }
 
 /* Q and dO rows of a chunk into buffer tiles (cp.async), their lse and D_i into shared floats. */
-template <int HD>
+template <int HD, int NTH>
 __device__ __forceinline__ void qchunk_load(const fx__cu_attn &a, const float *Di, const QChunk &c, uint16_t *Qs,
                                             uint16_t *dOs, float *lse2, float *di)
 {
     const int n = (int)c.n;
     const int64_t grow = c.h * a.Lq + c.pos - a.q_offset; /* a's pointers start at the batch */
-    tile_load<HD>(Qs, (const uint16_t *)a.q, grow, n);
-    tile_load<HD>(dOs, (const uint16_t *)a.dout, grow, n);
-    for (int r = threadIdx.x; r < BT; r += TC_THREADS) {
+    tile_load<HD, NTH>(Qs, (const uint16_t *)a.q, grow, n, BT);
+    tile_load<HD, NTH>(dOs, (const uint16_t *)a.dout, grow, n, BT);
+    for (int r = threadIdx.x; r < BT; r += NTH) {
         lse2[r] = r < n ? lse_log2(a.lse[grow + r]) : INFINITY;
         di[r] = r < n ? Di[grow + r] : 0.0f;
     }
 }
 
-template <typename T, int HD, bool MOD>
-__global__ void __launch_bounds__(TC_THREADS) dkv_tc_kernel(fx__cu_attn a, const float *Di, float *part, int hs)
+template <typename T, int HD, int W, bool MOD>
+__global__ void __launch_bounds__(32 * W) dkv_tc_kernel(fx__cu_attn a, const float *Di, float *part, int hs)
 {
     typedef tc_type<T> tc;
-    constexpr int TE = Tile<HD>::ELEMS, NT = HD / 8;
+    constexpr int TE = Tile<HD>::ELEMS, NT = HD / 8, RT = 16 * W, NTH = 32 * W;
     FX_DYN_SMEM(float, sm);
-    uint16_t *Ks = (uint16_t *)sm, *Vs = Ks + TE, *Qs = Vs + TE, *dOs = Qs + 2 * TE;
+    uint16_t *Ks = (uint16_t *)sm, *Vs = Ks + RT * Tile<HD>::LDS, *Qs = Vs + RT * Tile<HD>::LDS, *dOs = Qs + 2 * TE;
     float *lse_s = (float *)(dOs + 2 * TE), *di_s = lse_s + 2 * BT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 
-    const int64_t nkt = (a.bk + BT - 1) / BT;
+    const int64_t nkt = (a.bk + RT - 1) / RT;
     int64_t x = blockIdx.x;
     const int64_t kc = x % nkt;
     x /= nkt;
     const int64_t kb = x % a.nkb;
     x /= a.nkb;
     const int64_t hkv = x % a.Hkv, b = x / a.Hkv;
-    const int64_t kpos0 = kb * a.bk + kc * BT;
-    const int nkeys = (int)min(min((int64_t)BT, a.bk - kc * BT), a.Lkv - kpos0);
+    const int64_t kpos0 = kb * a.bk + kc * RT;
+    const int nkeys = (int)min(min((int64_t)RT, a.bk - kc * RT), a.Lkv - kpos0);
     if (nkeys <= 0)
         return;
     const int64_t G = a.Hq / a.Hkv, split = blockIdx.y;
@@ -240,8 +242,8 @@ __global__ void __launch_bounds__(TC_THREADS) dkv_tc_kernel(fx__cu_attn a, const
     const float *Dib = Di + b * a.Hq * a.Lq;
 
     const int64_t krow0 = (b * a.Hkv + hkv) * a.Lkv + kpos0;
-    tile_load<HD>(Ks, (const uint16_t *)a.k, krow0, nkeys);
-    tile_load<HD>(Vs, (const uint16_t *)a.v, krow0, nkeys);
+    tile_load<HD, NTH>(Ks, (const uint16_t *)a.k, krow0, nkeys, RT);
+    tile_load<HD, NTH>(Vs, (const uint16_t *)a.v, krow0, nkeys, RT);
 
     QWalk w;
     w.b = b, w.kb = kb;
@@ -250,7 +252,7 @@ __global__ void __launch_bounds__(TC_THREADS) dkv_tc_kernel(fx__cu_attn a, const
     QChunk cur = {}, nxt = {};
     bool have = qwalk_next(ab, w, cur);
     if (have)
-        qchunk_load<HD>(ab, Dib, cur, Qs, dOs, lse_s, di_s);
+        qchunk_load<HD, NTH>(ab, Dib, cur, Qs, dOs, lse_s, di_s);
     cp_async_commit();
 
     float dk[NT][4], dv[NT][4];
@@ -265,7 +267,7 @@ __global__ void __launch_bounds__(TC_THREADS) dkv_tc_kernel(fx__cu_attn a, const
     while (have) {
         const bool more = qwalk_next(ab, w, nxt);
         if (more)
-            qchunk_load<HD>(ab, Dib, nxt, Qs + (buf ^ 1) * TE, dOs + (buf ^ 1) * TE, lse_s + (buf ^ 1) * BT,
+            qchunk_load<HD, NTH>(ab, Dib, nxt, Qs + (buf ^ 1) * TE, dOs + (buf ^ 1) * TE, lse_s + (buf ^ 1) * BT,
                             di_s + (buf ^ 1) * BT);
         cp_async_commit();
         cp_async_wait<1>();
@@ -306,11 +308,11 @@ __global__ void __launch_bounds__(TC_THREADS) dkv_tc_kernel(fx__cu_attn a, const
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     const int key = krow + g + 8 * (i >> 1), qr = qh * HALF + 8 * j + 2 * t + (i & 1);
-                    const int64_t qpos = cur.pos + qr, kpos = kpos0 + key;
+                    const int64_t qpos = cur.pos + qr, kpos = kpos0 + key, kin = kc * RT + key; /* in the block */
                     const float l2 = lb[qr];
                     bool vis = l2 != INFINITY;
                     if (vis && cur.boff >= 0)
-                        vis = (a.m.bits[cur.boff + (qpos - cur.base) * a.m.bm_words + kc] >> key) & 1u;
+                        vis = (a.m.bits[cur.boff + (qpos - cur.base) * a.m.bm_words + (kin >> 6)] >> (kin & 63)) & 1u;
                     p[i] = 0.0f, ds[i] = 0.0f;
                     if (vis)
                         ds[i] = pair_grad<MOD>(a, st[j][i], dpt[j][i], l2, db[qr], cur.h, qpos, kpos, &p[i]);
@@ -416,18 +418,18 @@ __device__ __forceinline__ bool kwalk_next(const fx__cu_attn &a, KWalk &w, KChun
     }
 }
 
-template <typename T, int HD, bool MOD>
-__global__ void __launch_bounds__(TC_THREADS) dq_tc_kernel(fx__cu_attn a, const float *Di)
+template <typename T, int HD, int W, bool MOD>
+__global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const float *Di)
 {
     typedef tc_type<T> tc;
-    constexpr int TE = Tile<HD>::ELEMS, NT = HD / 8;
+    constexpr int TE = Tile<HD>::ELEMS, NT = HD / 8, RT = 16 * W, NTH = 32 * W;
     FX_DYN_SMEM(float, sm);
-    uint16_t *Qs = (uint16_t *)sm, *dOs = Qs + TE, *Ks = dOs + TE, *Vs = Ks + 2 * TE;
-    float *lse_s = (float *)(Vs + 2 * TE), *di_s = lse_s + BT;
+    uint16_t *Qs = (uint16_t *)sm, *dOs = Qs + RT * Tile<HD>::LDS, *Ks = dOs + RT * Tile<HD>::LDS, *Vs = Ks + 2 * TE;
+    float *lse_s = (float *)(Vs + 2 * TE), *di_s = lse_s + RT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 
     /* Row blocks of the last q-blocks first: under a causal mask they visit the most keys. */
-    const int64_t nrc = (a.bq + BT - 1) / BT;
+    const int64_t nrc = (a.bq + RT - 1) / RT;
     int64_t x = blockIdx.x;
     const int64_t rc = x % nrc;
     x /= nrc;
@@ -435,16 +437,16 @@ __global__ void __launch_bounds__(TC_THREADS) dq_tc_kernel(fx__cu_attn a, const 
     x /= a.n_qb;
     const int64_t h = x % a.Hq, b = x / a.Hq;
     const int64_t base = a.has_mask ? (a.qb_lo + qbi) * a.bq : a.q_offset + qbi * a.bq;
-    const int64_t lo = max(base + rc * BT, a.q_offset);
-    const int64_t hi = min(min(base + rc * BT + BT, base + a.bq), a.q_offset + a.Lq);
+    const int64_t lo = max(base + rc * RT, a.q_offset);
+    const int64_t hi = min(min(base + rc * RT + RT, base + a.bq), a.q_offset + a.Lq);
     if (lo >= hi)
         return;
     const int nr = (int)(hi - lo);
     const int64_t qrow0 = (b * a.Hq + h) * a.Lq + (lo - a.q_offset);
     const int64_t kbase = (b * a.Hkv + h / (a.Hq / a.Hkv)) * a.Lkv;
-    tile_load<HD>(Qs, (const uint16_t *)a.q, qrow0, nr);
-    tile_load<HD>(dOs, (const uint16_t *)a.dout, qrow0, nr);
-    for (int r = threadIdx.x; r < BT; r += TC_THREADS) {
+    tile_load<HD, NTH>(Qs, (const uint16_t *)a.q, qrow0, nr, RT);
+    tile_load<HD, NTH>(dOs, (const uint16_t *)a.dout, qrow0, nr, RT);
+    for (int r = threadIdx.x; r < RT; r += NTH) {
         lse_s[r] = r < nr ? lse_log2(a.lse[qrow0 + r]) : INFINITY;
         di_s[r] = r < nr ? Di[qrow0 + r] : 0.0f;
     }
@@ -460,8 +462,8 @@ __global__ void __launch_bounds__(TC_THREADS) dq_tc_kernel(fx__cu_attn a, const 
     KChunk cur = {}, nxt = {};
     bool have = kwalk_next(a, w, cur);
     if (have) {
-        tile_load<HD>(Ks, (const uint16_t *)a.k, kbase + cur.pos, (int)cur.n);
-        tile_load<HD>(Vs, (const uint16_t *)a.v, kbase + cur.pos, (int)cur.n);
+        tile_load<HD, NTH>(Ks, (const uint16_t *)a.k, kbase + cur.pos, (int)cur.n, BT);
+        tile_load<HD, NTH>(Vs, (const uint16_t *)a.v, kbase + cur.pos, (int)cur.n, BT);
     }
     cp_async_commit();
 
@@ -485,8 +487,8 @@ __global__ void __launch_bounds__(TC_THREADS) dq_tc_kernel(fx__cu_attn a, const 
     while (have) {
         const bool more = kwalk_next(a, w, nxt);
         if (more) {
-            tile_load<HD>(Ks + (buf ^ 1) * TE, (const uint16_t *)a.k, kbase + nxt.pos, (int)nxt.n);
-            tile_load<HD>(Vs + (buf ^ 1) * TE, (const uint16_t *)a.v, kbase + nxt.pos, (int)nxt.n);
+            tile_load<HD, NTH>(Ks + (buf ^ 1) * TE, (const uint16_t *)a.k, kbase + nxt.pos, (int)nxt.n, BT);
+            tile_load<HD, NTH>(Vs + (buf ^ 1) * TE, (const uint16_t *)a.v, kbase + nxt.pos, (int)nxt.n, BT);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -573,13 +575,37 @@ __global__ void __launch_bounds__(TC_THREADS) dq_tc_kernel(fx__cu_attn a, const 
 
 /* ---- launcher ----------------------------------------------------------------------------- */
 
-template <int HD> constexpr size_t dkv_smem() { return 6 * (size_t)Tile<HD>::BYTES + 4 * BT * sizeof(float); }
-template <int HD> constexpr size_t dq_smem() { return 6 * (size_t)Tile<HD>::BYTES + 2 * BT * sizeof(float); }
+/* Shared memory: the RT owned rows (two tiles), two buffers of two streamed tiles, and the
+   rows' lse and D_i. */
+template <int HD, int W> constexpr size_t dkv_smem()
+{
+    return (size_t)(2 * 16 * W + 4 * BT) * Tile<HD>::LDS * 2 + 4 * BT * sizeof(float);
+}
+template <int HD, int W> constexpr size_t dq_smem()
+{
+    return (size_t)(2 * 16 * W + 4 * BT) * Tile<HD>::LDS * 2 + 2 * 16 * W * sizeof(float);
+}
 
 int tc_status(const char *what)
 {
     cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? FX_OK : fx__cuda_status((int)e, what);
+}
+
+int too_many_blocks(void)
+{
+    return fx__error(FX_EUNSUPPORTED, "attention backward: too many thread blocks for the grid; use larger mask "
+                                      "blocks or split the batch");
+}
+
+/* Warps per thread block for a side whose mask blocks hold `block` rows: 8 (128 owned rows:
+   half the global reads a product of 4 warps makes) when that is a multiple of 128, else 4
+   (a 64-row tile wastes less of a small block). FLEXC_CUDA_BWD_WARPS=4 keeps 4 everywhere,
+   to compare the two. */
+int warps_for(int64_t block)
+{
+    const char *e = getenv("FLEXC_CUDA_BWD_WARPS");
+    return (e && atoi(e) == 4) || block % 128 != 0 ? 4 : 8;
 }
 
 /* Head ranges per GQA group for the dK/dV kernel: enough thread blocks for two waves. */
@@ -598,20 +624,33 @@ int head_splits(const fx__cu_attn *a, int64_t blocks)
     return (int)(hs < G ? hs : G);
 }
 
-template <typename T, int HD, bool MOD> int launch_tc(const fx__cu_attn *a, const float *Di)
+template <typename T, int HD, int W, bool MOD> int launch_dq(const fx__cu_attn *a, const float *Di, cudaStream_t st)
 {
-    cudaStream_t st = (cudaStream_t)a->stream;
-    const int64_t dq_blocks = a->B * a->Hq * a->n_qb * ((a->bq + BT - 1) / BT);
-    const int64_t kv_blocks = a->B * a->Hkv * a->nkb * ((a->bk + BT - 1) / BT);
-    if (dq_blocks > INT32_MAX || kv_blocks > INT32_MAX)
-        return fx__error(FX_EUNSUPPORTED, "attention backward: too many thread blocks for the grid; use larger mask "
-                                          "blocks or split the batch");
-    int rc = allow_smem(&dq_tc_kernel<T, HD, MOD>, dq_smem<HD>(), "attention backward: dq");
-    if (rc == FX_OK)
-        rc = allow_smem(&dkv_tc_kernel<T, HD, MOD>, dkv_smem<HD>(), "attention backward: dk, dv");
+    const int64_t blocks = a->B * a->Hq * a->n_qb * ((a->bq + 16 * W - 1) / (16 * W));
+    if (blocks > INT32_MAX)
+        return too_many_blocks();
+    /* Named first: a template's commas would split the launch macro's arguments. */
+    auto k = &dq_tc_kernel<T, HD, W, MOD>;
+    const size_t smem = dq_smem<HD, W>();
+    int rc = allow_smem(k, smem, "attention backward: dq");
     if (rc != FX_OK)
         return rc;
-    const int hs = head_splits(a, kv_blocks);
+    FX_LAUNCH(k, (unsigned)blocks, 32 * W, smem, st)(*a, Di);
+    return tc_status("attention backward: dq");
+}
+
+template <typename T, int HD, int W, bool MOD> int launch_dkv(const fx__cu_attn *a, const float *Di, cudaStream_t st)
+{
+    const int64_t blocks = a->B * a->Hkv * a->nkb * ((a->bk + 16 * W - 1) / (16 * W));
+    if (blocks > INT32_MAX)
+        return too_many_blocks();
+    auto k = &dkv_tc_kernel<T, HD, W, MOD>;
+    auto red = &dkv_reduce_kernel<T, HD>;
+    const size_t smem = dkv_smem<HD, W>();
+    int rc = allow_smem(k, smem, "attention backward: dk, dv");
+    if (rc != FX_OK)
+        return rc;
+    const int hs = head_splits(a, blocks);
     float *part = NULL;
     const int64_t n = a->B * a->Hkv * a->Lkv * HD;
     if (hs > 1) {
@@ -619,22 +658,23 @@ template <typename T, int HD, bool MOD> int launch_tc(const fx__cu_attn *a, cons
         if (e != cudaSuccess)
             return fx__cuda_status((int)e, "attention backward: dk, dv partials");
     }
-    /* Named first: a template's commas would split the launch macro's arguments. */
-    auto dq_k = dq_tc_kernel<T, HD, MOD>;
-    auto dkv_k = dkv_tc_kernel<T, HD, MOD>;
-    auto red_k = dkv_reduce_kernel<T, HD>;
-    FX_LAUNCH(dq_k, (unsigned)dq_blocks, TC_THREADS, dq_smem<HD>(), st)(*a, Di);
-    rc = tc_status("attention backward: dq");
-    if (rc == FX_OK) {
-        FX_LAUNCH(dkv_k, dim3((unsigned)kv_blocks, (unsigned)hs), TC_THREADS, dkv_smem<HD>(), st)(*a, Di, part, hs);
-        rc = tc_status("attention backward: dk, dv");
-    }
+    FX_LAUNCH(k, dim3((unsigned)blocks, (unsigned)hs), 32 * W, smem, st)(*a, Di, part, hs);
+    rc = tc_status("attention backward: dk, dv");
     if (rc == FX_OK && hs > 1) {
-        FX_LAUNCH(red_k, (unsigned)((n + 255) / 256), 256, 0, st)(*a, part, hs);
+        FX_LAUNCH(red, (unsigned)((n + 255) / 256), 256, 0, st)(*a, part, hs);
         rc = tc_status("attention backward: dk, dv sums");
     }
     if (part)
         (void)cudaFreeAsync(part, st);
+    return rc;
+}
+
+template <typename T, int HD, bool MOD> int launch_tc(const fx__cu_attn *a, const float *Di)
+{
+    cudaStream_t st = (cudaStream_t)a->stream;
+    int rc = warps_for(a->bq) == 8 ? launch_dq<T, HD, 8, MOD>(a, Di, st) : launch_dq<T, HD, 4, MOD>(a, Di, st);
+    if (rc == FX_OK)
+        rc = warps_for(a->bk) == 8 ? launch_dkv<T, HD, 8, MOD>(a, Di, st) : launch_dkv<T, HD, 4, MOD>(a, Di, st);
     return rc;
 }
 
