@@ -378,7 +378,7 @@ static void test_tensor_cores_score_mods(void)
 }
 
 /* A NaN in one query row of a bfloat16 call on tensor cores: that row's lse and output are
-   NaN, every other row keeps its bits. */
+   NaN, every other row keeps its bits. A NaN in V leaves the rows that see no key at zeros. */
 static void test_tensor_cores_nan(void)
 {
     enum { L = 80, D = 64 };
@@ -409,6 +409,24 @@ static void test_tensor_cores_nan(void)
             FXT_CHECK(memcmp(&lse0[i], &lse1[i], 4) == 0);
             FXT_CHECK(memcmp(&out0[i * D], &out1[i * D], D * 4) == 0);
         }
+    fx_block_mask_free((fx_block_mask *)a.mask);
+
+    /* A NaN in V under a mask: rows that see no key still get zeros and -inf (one kv-block:
+       no split, the tensor-core kernel writes out itself). */
+    a.mask = mask_of(odd_mask, NULL, 1, 1, L, L, 16, 128);
+    FXT_OK(fx_block_mask_to_device((fx_block_mask *)a.mask, 1));
+    q[70 * D + 9] = 0.5f;
+    v[3 * D] = v[3 * D + 1] = NAN;
+    gpu_free(dq), gpu_free(dv);
+    dq = gpu_upload_as(q, n, true), dv = gpu_upload_as(v, n, true);
+    FXT_OK(fx_flex_attention(&a, dq, dk, dv, dout, dlse));
+    gpu_download_as(out1, dout, n, true);
+    gpu_download(lse1, dlse, L * 4);
+    for (int i = 0; i < L; i += 4) {
+        FXT_CHECK(lse1[i] == -INFINITY);
+        for (int d = 0; d < D; d++)
+            FXT_CHECK(out1[i * D + d] == 0.0f);
+    }
     fx_block_mask_free((fx_block_mask *)a.mask);
     gpu_free(dq), gpu_free(dk), gpu_free(dv), gpu_free(dout), gpu_free(dlse);
     free(q), free(k), free(v);

@@ -438,7 +438,9 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(
                 const float inv = some ? 1.0f / lr : 0.0f;
 #pragma unroll
                 for (int d = 0; d < OT; d++) {
-                    const float x0 = nan ? NAN : o[mt][d][2 * rr] * inv, x1 = nan ? NAN : o[mt][d][2 * rr + 1] * inv;
+                    /* A row that saw no key is zeros whatever V held under its mask. */
+                    const float x0 = nan ? NAN : some ? o[mt][d][2 * rr] * inv : 0.0f;
+                    const float x1 = nan ? NAN : some ? o[mt][d][2 * rr + 1] * inv : 0.0f;
                     store_u32(Os + r * LD + 8 * d + 2 * t, Elem<T>::pack(x0, x1));
                 }
                 if (a.lse && t == 0 && r < nr)
