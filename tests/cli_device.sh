@@ -3,7 +3,7 @@
 # refused by name; without a GPU (or without CUDA in the build) --device cuda says which is
 # missing and leaves no --out behind. With a GPU: 20 steps on it against 20 on the CPU (the
 # losses within float rounding), a run that switches device at its checkpoint either way,
-# and greedy generation that gives the CPU's tokens.
+# greedy generation that gives the CPU's tokens, and the same for Hugging Face models.
 set -u
 flexc=${1:?path to flexc}
 source "$(dirname "$0")/lib/checks.sh"
@@ -66,4 +66,19 @@ check gen-cpu 0 "$flexc" generate --ckpt "$tmp/c-f32" --prompt "the quick" --tok
 cp "$tmp/out" "$tmp/gen-cpu"
 check gen-gpu 0 "$flexc" generate --ckpt "$tmp/c-f32" --prompt "the quick" --tokens 24 --temperature 0 --json --device cuda
 same gen-tokens "$tmp/gen-cpu" "$tmp/out"
+# Hugging Face models (qkv biases; Llama-3 RoPE, a tied head): fine-tuning and greedy
+# generation (the weights read from their file, rotate-half rows made flexc's) on both devices.
+fix="${FLEXC_SOURCE_DIR:-$(dirname "$0")/..}/tests/fixtures/models"
+head -c 20000 "$0" >"$tmp/text.txt"
+for mdl in qwen2_bias llama3_tied; do
+    hf=(--model "$fix/$mdl" --data "$tmp/text.txt" --steps 4 --batch 2 --seq 32 --quiet)
+    check "hf-cpu-$mdl" 0 "$flexc" train "${hf[@]}" --out "$tmp/hc-$mdl"
+    check "hf-gpu-$mdl" 0 "$flexc" train "${hf[@]}" --device cuda --out "$tmp/hg-$mdl"
+    close "hf-loss-$mdl" "$(lossat "$tmp/hg-$mdl/metrics.jsonl" 4)" "$(lossat "$tmp/hc-$mdl/metrics.jsonl" 4)" 1e-3
+    check "hf-gen-cpu-$mdl" 0 "$flexc" generate --model "$fix/$mdl" --prompt "The" --tokens 12 --temperature 0 --json
+    cp "$tmp/out" "$tmp/hf-gen-cpu"
+    check "hf-gen-gpu-$mdl" 0 "$flexc" generate --model "$fix/$mdl" --prompt "The" --tokens 12 --temperature 0 --json \
+        --device cuda
+    same "hf-gen-$mdl" "$tmp/hf-gen-cpu" "$tmp/out"
+done
 finish cli_device
