@@ -233,8 +233,18 @@ static void test_plan(void)
 {
     fx__cu_attn c = {.B = 1, .Hq = 8, .Lq = 4, .bq = 128, .n_qb = 1, .max_entries = 100};
     FXT_EQ_INT(fx__cu_attn_row_blocks(&c), 8 * 8); /* 8 heads x 8 row chunks of 16 */
+    FXT_EQ_INT(fx__cu_attn_busy_blocks(&c), 8);     /* 4 rows: one chunk a head holds them */
+    FXT_EQ_INT(fx__cu_attn_splits(&c, 132), 32);     /* ceil(264 / 8), at most 32 */
+    FXT_EQ_INT(fx__cu_attn_splits(&c, 32), 8);       /* ceil(64 / 8) */
+    c.Lq = 128;                                     /* every chunk busy */
+    FXT_EQ_INT(fx__cu_attn_busy_blocks(&c), 64);
     FXT_EQ_INT(fx__cu_attn_splits(&c, 132), 5);      /* ceil(264 / 64) */
     FXT_EQ_INT(fx__cu_attn_splits(&c, 32), 1);       /* 64 row blocks fill 2 x 32 */
+    c.Lq = 300, c.q_offset = 100, c.has_mask = 1, c.qb_lo = 0, c.n_qb = 4; /* rows 100 .. 399 */
+    FXT_EQ_INT(fx__cu_attn_busy_blocks(&c), 8 * (2 + 8 + 8 + 1)); /* rows 100-127, two full, 384-399 */
+    c.Lq = 1, c.q_offset = 200, c.qb_lo = 1, c.n_qb = 1; /* one row in the second q-block */
+    FXT_EQ_INT(fx__cu_attn_busy_blocks(&c), 8);
+    c.Lq = 4, c.q_offset = 0, c.has_mask = 0, c.qb_lo = 0;
     c.bq = 16;                                      /* 8 row blocks: as many splits as allowed */
     FXT_EQ_INT(fx__cu_attn_splits(&c, 132), 32);
     c.max_entries = 3;                              /* never more splits than kv-blocks */

@@ -721,6 +721,8 @@ template <typename T> int backward(const fx__cu_attn *a)
 
 extern "C" int fx__cu_attn_forward(const fx__cu_attn *a)
 {
+    if (fx__cu_attn_decode_fits(a))
+        return fx__cu_attn_decode(a);
     return a->bf16 ? fxcu::forward<fxcu::bf16>(a) : fxcu::forward<float>(a);
 }
 

@@ -90,9 +90,10 @@ typedef struct fx__cu_attn {
    FX_OK or a status from fx__cuda_status. */
 int fx__cu_attn_forward(const fx__cu_attn *a);
 int fx__cu_attn_backward(const fx__cu_attn *a);
-/* KV splits for the forward (device.c): 1 when the row blocks fill sm_count multiprocessors
-   twice over, else up to 32, never more than max_entries. The result depends on the sizes
-   and the device's multiprocessor count only, so a call repeats bitwise on one GPU. */
+/* KV splits for the forward (device.c): 1 when the row blocks that hold rows of the call
+   (fx__cu_attn_busy_blocks) fill sm_count multiprocessors twice over, else up to 32, never
+   more than max_entries. The result depends on the sizes and the device's multiprocessor
+   count only, so a call repeats bitwise on one GPU. */
 int fx__cu_attn_splits(const fx__cu_attn *a, int sm_count);
 /* Row blocks (thread blocks before splitting) of the forward grid: B * Hq * n_qb * row
    chunks of 16 per q-block. */
@@ -119,6 +120,20 @@ int fx__cu_lce_run(const fx__cu_lce *p);
    logits within an eighth of the bfloat16 logits of all N tokens, less 64 MiB (the products'
    workspace), and between 128 MiB and 1 GiB; at most N, at least 1. */
 int64_t fx__cu_lce_chunk(int64_t N, int64_t V, int64_t chunk);
+
+/* Row blocks of the forward grid (fx__cu_attn_row_blocks) that hold at least one row of the
+   call: what fx__cu_attn_splits weighs against the multiprocessors. */
+int64_t fx__cu_attn_busy_blocks(const fx__cu_attn *a);
+
+/* ---- decoding (attn_decode.cu) ------------------------------------------------------------ */
+
+/* The forward for few query rows: one thread block per (batch, KV head, split) reads each K/V
+   row once for all Lq x (Hq / Hkv) query rows of the group. Takes D == Dv in {32, 64, 128,
+   256}, Lq Hq / Hkv <= 64 and 16-byte aligned q, k, v; masks, score mods and q_offset as the
+   general forward. fx__cu_attn_forward routes the calls it fits to fx__cu_attn_decode, which
+   chooses its own split count (a->nsplit is not read). */
+bool fx__cu_attn_decode_fits(const fx__cu_attn *a);
+int fx__cu_attn_decode(const fx__cu_attn *a);
 
 #ifdef __cplusplus
 }

@@ -220,10 +220,32 @@ int64_t fx__cu_attn_row_blocks(const fx__cu_attn *a)
     return a->B * a->Hq * a->n_qb * ((a->bq + 15) / 16);
 }
 
+/* Row chunks of 16 holding rows of the call in the q-block at index qbi of the call. */
+static int64_t busy_chunks(const fx__cu_attn *a, int64_t qbi)
+{
+    const int64_t base = a->has_mask ? (a->qb_lo + qbi) * a->bq : a->q_offset + qbi * a->bq;
+    const int64_t lo = base > a->q_offset ? base : a->q_offset;
+    const int64_t end = a->q_offset + a->Lq, hi = base + a->bq < end ? base + a->bq : end;
+    return lo < hi ? (hi - 1 - base) / 16 - (lo - base) / 16 + 1 : 0;
+}
+
+int64_t fx__cu_attn_busy_blocks(const fx__cu_attn *a)
+{
+    if (a->n_qb <= 0)
+        return 0;
+    /* Only the first and the last q-block can be partly outside the call's rows. */
+    int64_t per_head = busy_chunks(a, 0);
+    if (a->n_qb > 1)
+        per_head += busy_chunks(a, a->n_qb - 1) + (a->n_qb - 2) * ((a->bq + 15) / 16);
+    return a->B * a->Hq * per_head;
+}
+
 int fx__cu_attn_splits(const fx__cu_attn *a, int sm_count)
 {
-    const int64_t blocks = fx__cu_attn_row_blocks(a), want = 2 * (int64_t)(sm_count > 0 ? sm_count : 1);
-    if (blocks >= want || a->max_entries <= 1)
+    /* The blocks that work: with Lq = 1 every q-block has one busy row chunk of its
+       (bq + 15) / 16, and counting the idle ones left decoding with one split. */
+    const int64_t blocks = fx__cu_attn_busy_blocks(a), want = 2 * (int64_t)(sm_count > 0 ? sm_count : 1);
+    if (blocks >= want || blocks == 0 || a->max_entries <= 1)
         return 1;
     int64_t s = (want + blocks - 1) / blocks;
     s = s < 32 ? s : 32;
