@@ -31,7 +31,9 @@ namespace fxcu {
 namespace {
 
 enum { BN = 64 };
-/* The 128-row shape: 4 warps of two m-tiles (FlashAttention-2's choice), or 8 warps of one. */
+/* The 128-row shape: 4 warps of two m-tiles (FlashAttention-2's choice: two blocks a
+   multiprocessor, 255 registers). 8 warps of one m-tile (Q in registers, 226 registers, one
+   block a multiprocessor) is the alternative; both pass the same tests. */
 enum { LARGE_WARPS = 4, LARGE_MT = 2 };
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
@@ -161,6 +163,7 @@ __device__ __forceinline__ void stage(T *dst, const T *src, int64_t row0, int nv
     constexpr int CH = D / 8, LD = D + 8;
     if constexpr (THREADS % CH == 0) {
         constexpr int RSTEP = THREADS / CH;
+        static_assert(ROWS % RSTEP == 0, "whole passes over the rows");
         const int r0 = tid / CH, c = tid % CH;
         const T *gsrc = src + (row0 + r0) * D + c * 8;
         T *sdst = dst + r0 * LD + c * 8;
