@@ -129,6 +129,44 @@ static void check_pass(const variant *v, bool bf16)
     fx__gpt_free(gpu);
 }
 
+/* A shape that is a multiple of nothing (dim 48, 3 query heads of 16 over one KV head, one
+   layer, ffn 128) and more tokens than a column-sum chunk (3 x 96 = 288 > 256: the norms'
+   and the bias's weight gradients add two chunks). */
+static void test_odd_shape(void)
+{
+    fx__gpt_config c;
+    FXT_OK(fx__gpt_preset(&c, "tiny"));
+    c.ctx = 96, c.layers = 1, c.dim = 48, c.heads = 3, c.kv_heads = 1, c.ffn = 0, c.qkv_bias = true;
+    c.tied_embeddings = false;
+    FXT_OK(fx__gpt_config_check(&c));
+    enum { b = 3, t = 96 };
+    fx__gpt *m[2];
+    for (int i = 0; i < 2; i++) {
+        FXT_OK(fx__gpt_create(&m[i], &c, 21));
+        FXT_OK(fx__gpt_alloc_train(m[i]));
+        FXT_OK(fx__gpt_mask_parse("sliding:40", &m[i]->mask, &m[i]->window));
+        for (size_t j = 0; j < m[i]->lay.total; j++) /* the zero biases and unit norms a little off */
+            m[i]->params[j] += 0.01f * (float)(j % 7) - 0.03f;
+        if (i == 1)
+            FXT_OK(fx__gpt_gpu_attach(m[i], 1, false));
+        FXT_OK(fx__gpt_set_batch(m[i], b, t));
+    }
+    int32_t tok[b * t], tgt[b * t];
+    for (int i = 0; i < b * t; i++)
+        tok[i] = (int32_t)((i * 37 + 5) % 257), tgt[i] = i % 9 == 2 ? -100 : (int32_t)((i * 53 + 1) % 257);
+    float l[2];
+    for (int i = 0; i < 2; i++) {
+        FXT_OK(fx__gpt_forward(m[i], tok, tgt, &l[i], true));
+        FXT_OK(fx__gpt_backward(m[i]));
+    }
+    FXT_NEAR(l[1], l[0], 1e-5, 1e-5);
+    float *g = malloc(m[1]->lay.total * sizeof(float));
+    FXT_OK(fx__gpt_gpu_grads(m[1], g));
+    compare_grads(m[0], g, 1e-4, 1e-3);
+    free(g);
+    fx__gpt_free(m[0]), fx__gpt_free(m[1]);
+}
+
 static const variant variants[] = {
     {"causal", false, false, "causal", false},
     {"qkv bias, untied head", true, true, "causal", false},
@@ -328,6 +366,7 @@ int main(int argc, char **argv)
     fxt_make_tmpdir(tmp, sizeof tmp, "flexc-gpu-train");
     FXT_RUN(test_refusals);
     FXT_RUN(test_gradients_f32);
+    FXT_RUN(test_odd_shape);
     FXT_RUN(test_gradients_bf16);
     FXT_RUN(test_steps);
     FXT_RUN(test_checkpoints);
