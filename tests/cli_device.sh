@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# flexc train / generate --device: a bad name and the options the GPU step does not take are
-# refused by name; without a GPU (or without CUDA in the build) --device cuda says which is
-# missing and leaves no --out behind. With a GPU: 20 steps on it against 20 on the CPU (the
-# losses within float rounding), a run that switches device at its checkpoint either way,
-# greedy generation that gives the CPU's tokens, and the same for Hugging Face models.
+# flexc train / generate / bench train --device: a bad name and the options the GPU step does
+# not take are refused by name; without a GPU (or without CUDA in the build) --device cuda says
+# which is missing and leaves no --out behind. With a GPU: 20 steps on it against 20 on the
+# CPU (the losses within float rounding), a run that switches device at its checkpoint either
+# way, greedy generation that gives the CPU's tokens, the same for Hugging Face models, and
+# the benchmark's GPU step.
 set -u
 flexc=${1:?path to flexc}
 source "$(dirname "$0")/lib/checks.sh"
@@ -21,6 +22,10 @@ done
 check gen-bad-device 2 "$flexc" generate --model tiny --tokens 4 --device bogus
 has gen-bad-device-msg "$tmp/err" "--device bogus: expected cpu or cuda"
 check cpu-explicit 0 "$flexc" train "${common[@]}" --steps 2 --device cpu --out "$tmp/cpu"
+bench=(bench train --model tiny --batch 2 --seq 32 --steps 1 --json)
+check bench-bad-device 2 "$flexc" "${bench[@]}" --only flex --device bogus
+check bench-cuda-pair 2 "$flexc" "${bench[@]}" --device cuda
+has bench-cuda-pair-msg "$tmp/err" "bench train --device cuda: times --only flex"
 
 "$flexc" train "${common[@]}" --steps 2 --device cuda --out "$tmp/probe" >"$tmp/out" 2>"$tmp/err"
 status=$?
@@ -31,6 +36,7 @@ if [[ $status -ne 0 ]]; then
     [[ ! -e "$tmp/probe" ]] && ok || bad "no-gpu: $tmp/probe was created"
     check gen-no-gpu 1 "$flexc" generate --model tiny --tokens 4 --device cuda
     contains gen-no-gpu-msg "$tmp/err" "--device cuda: "
+    check bench-no-gpu 1 "$flexc" "${bench[@]}" --only flex --device cuda
     finish cli_device
     exit
 fi
@@ -61,6 +67,8 @@ close cpu-to-gpu "$(lossat "$tmp/x/metrics.jsonl" 20)" "$(lossat "$tmp/c-f32/met
 check gpu-then 0 "$flexc" train "${common[@]}" --steps 20 --until 10 --device cuda --out "$tmp/y"
 check cpu-now 0 "$flexc" train --resume --out "$tmp/y" --quiet
 close gpu-to-cpu "$(lossat "$tmp/y/metrics.jsonl" 20)" "$(lossat "$tmp/c-f32/metrics.jsonl" 20)" 1e-3
+check bench-gpu 0 "$flexc" "${bench[@]}" --only flex --device cuda --dtype bf16
+contains bench-gpu-json "$tmp/out" '"device":"cuda","dtype":"bf16".*"tokens_per_s":'
 # Greedy generation: the CPU's tokens.
 check gen-cpu 0 "$flexc" generate --ckpt "$tmp/c-f32" --prompt "the quick" --tokens 24 --temperature 0 --json
 cp "$tmp/out" "$tmp/gen-cpu"

@@ -6,6 +6,7 @@
 
 #include "bench_train_dist.h"
 #include "bench_util.h"
+#include "cuda/model_gpu.h"
 #include "gpt/gpt.h"
 
 #include <stdlib.h>
@@ -64,9 +65,9 @@ static void run_step(void *p)
 
 /* The run's options, checked, and what follows from them. */
 typedef struct train_args {
-    const char *model, *attn, *dtype;
+    const char *model, *attn, *dtype, *device;
     int64_t batch, seq, steps;
-    bool json, adam_bf16, recompute, gemm, ops, bf16;
+    bool json, adam_bf16, recompute, gemm, ops, bf16, cuda;
     fx__gpt_config cfg;
     fx__gpt_mask mask;
     int64_t window;
@@ -93,6 +94,7 @@ static int train_args_parse(int argc, char **argv, train_args *a)
         {"--dtype", CLI_STRING, &a->dtype, "f32 | bf16: the flex variant's matrix products; bf16 compares it with "
                                            "the same model in f32 (default f32)"},
         {"--recompute", CLI_FLAG, &a->recompute, "the flex variant recomputes activations in backward"},
+        {"--device", CLI_STRING, &a->device, "cpu | cuda: where the flex variant's step runs (cuda: with --only flex)"},
         {"--json", CLI_FLAG, &a->json, "one JSON object"},
         {"--gemm", CLI_FLAG, &a->gemm, "with --only: the step's matrix products by shape, against BLIS alone at each"},
         {"--ops", CLI_FLAG, &a->ops, "with --only: the step's time by op (matrix products, attention, norms, RoPE, "
@@ -135,6 +137,14 @@ static int train_args_parse(int argc, char **argv, train_args *a)
         cli_error("bench train %s: needs --only flex or --only baseline", a->gemm ? "--gemm" : "--ops");
         return CLI_EXIT_USAGE;
     }
+    /* On a GPU only the flex variant, with the options the GPU step takes. */
+    if (a->device && strcmp(a->device, "cuda") == 0 && (a->first != 0 || a->last != 0 || a->gemm || a->ops ||
+                                                        a->recompute || a->adam_bf16)) {
+        cli_error("bench train --device cuda: times --only flex, without --gemm, --ops, --recompute or --adam-bf16");
+        return CLI_EXIT_USAGE;
+    }
+    if ((rc = cli_device(a->device, &a->cuda)) != CLI_EXIT_OK)
+        return rc;
     const struct { const char *name; int64_t v, lo, hi; } lim[] = {
         {"--seq", a->seq, 1, a->cfg.ctx}, {"--batch", a->batch, 1, 4096}, {"--steps", a->steps, 1, 64}};
     for (size_t i = 0; i < sizeof lim / sizeof lim[0]; i++)
@@ -167,8 +177,11 @@ static int variant_setup(variant *v, const train_args *a, int i)
     v->m->mask = i == 0 || a->bf16 ? a->mask : FX__GPT_MASK_CAUSAL_DENSE;
     v->m->window = a->window;
     v->m->loss_impl = i == 0 || a->bf16 ? FX__GPT_LOSS_FUSED : FX__GPT_LOSS_UNFUSED;
+    /* On a GPU the device holds the weights' bfloat16 copy (and the batch's activations). */
+    if (a->cuda && (rc = fx__gpt_gpu_attach(v->m, 1, a->bf16)) != FX_OK)
+        return rc;
     if ((rc = fx__gpt_set_batch(v->m, a->batch, a->seq)) != FX_OK ||
-        (rc = fx__gpt_set_bf16(v->m, a->bf16 && i == 0)) != FX_OK)
+        (rc = fx__gpt_set_bf16(v->m, a->bf16 && i == 0 && !a->cuda)) != FX_OK)
         return rc;
     fx_mem_stats(&after, &peak);
     v->own_bytes = after - before;
@@ -248,18 +261,20 @@ static void report_one(const train_args *a, variant *x, double t, const step_tra
     const double tokens = (double)(a->batch * a->seq), mem = (double)(x->own_bytes + x->step_peak);
     const double params = (double)x->m->lay.total;
     if (a->json)
-        printf("{\"case\":\"train\",\"variant\":\"%s\",\"dtype\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\","
+        printf("{\"case\":\"train\",\"variant\":\"%s\",\"device\":\"%s\",\"dtype\":\"%s\",\"recompute\":%s,\"adam\":\"%s\","
+               "\"model\":\"%s\","
                "\"params\":%.0f,\"vocab\":%lld,\"batch\":%lld,\"seq\":%lld,\"threads\":%d,\"tokens_per_s\":%.1f,"
                "\"forward_s\":%.4f,\"backward_s\":%.4f,\"optimizer_s\":%.4f,\"peak_bytes\":%.0f,\"max_rss_bytes\":%zu}\n",
-               x->name, x->m->params16 ? "bf16" : "f32", x->m->recompute ? "true" : "false",
+               x->name, a->cuda ? "cuda" : "cpu", x->m->params16 || (x->m->gpu && a->bf16) ? "bf16" : "f32",
+               x->m->recompute ? "true" : "false",
                a->adam_bf16 ? "bf16" : "f32", a->model, params, (long long)a->cfg.vocab, (long long)a->batch,
                (long long)a->seq, fx_get_num_threads(), tokens / t, phase_median(x, 0), phase_median(x, 1),
                phase_median(x, 2), mem, bench_max_rss());
     else
-        printf("train %s (%s): %.2fM params, batch %lld x %lld, %d threads: %.1f tokens/s, library peak %.1f MB, "
+        printf("train %s (%s%s): %.2fM params, batch %lld x %lld, %d threads: %.1f tokens/s, library peak %.1f MB, "
                "process max RSS %.1f MB\n"
                "  per step (median): forward with the loss %.3f s, backward %.3f s, norm and optimizer %.3f s\n",
-               a->model, x->name, params / 1e6, (long long)a->batch, (long long)a->seq, fx_get_num_threads(),
+               a->model, x->name, a->cuda ? ", on CUDA device 0" : "", params / 1e6, (long long)a->batch, (long long)a->seq, fx_get_num_threads(),
                tokens / t, mem / 1048576.0, (double)bench_max_rss() / 1048576.0, phase_median(x, 0),
                phase_median(x, 1), phase_median(x, 2));
     if (a->gemm) {
