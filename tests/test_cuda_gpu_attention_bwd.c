@@ -70,8 +70,9 @@ static void dev_ctx_free(dev_ctx *d)
     gpu_free(d->grad_table);
 }
 
-/* The backward of a in bfloat16 on device 1 against the CPU path, from the CPU's forward. */
-static void check_backward(const char *name, fx_attention a)
+/* The backward of a in bfloat16 on device 1 against the CPU path, from the CPU's forward;
+   nan_at >= 0: q[nan_at] is NaN (NaN and infinities must then match the CPU's exactly). */
+static void check_backward_nan(const char *name, fx_attention a, int64_t nan_at)
 {
     printf("  %s (bf16 backward)\n", name);
     const size_t nq = (size_t)(a.B * a.Hq * a.Lq), nk = (size_t)(a.B * a.Hkv * a.Lkv);
@@ -79,6 +80,8 @@ static void check_backward(const char *name, fx_attention a)
     float *q = fxt_random(nqd, -1, 1, 51), *k = fxt_random(nkd, -1, 1, 52), *v = fxt_random(nkv, -1, 1, 53);
     float *dout = fxt_random(nqv, -1, 1, 54);
     bf16_round(q, nqd), bf16_round(k, nkd), bf16_round(v, nkv), bf16_round(dout, nqv);
+    if (nan_at >= 0)
+        q[nan_at] = NAN;
     float *out = fxt_guarded(nqv), *lse = fxt_guarded(nq);
     FXT_OK(fx_flex_attention(&a, q, k, v, out, lse));
     bf16_round(out, nqv); /* both sides take the device's rounded forward output */
@@ -138,6 +141,8 @@ static void check_backward(const char *name, fx_attention a)
     free(q), free(k), free(v), free(dout);
 }
 
+static void check_backward(const char *name, fx_attention a) { check_backward_nan(name, a, -1); }
+
 static fx_attention shape(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lkv, int64_t D)
 {
     return (fx_attention){.B = B, .Hq = Hq, .Hkv = Hkv, .Lq = Lq, .Lkv = Lkv, .D = D, .Dv = D};
@@ -185,6 +190,8 @@ static void test_dense(void)
     check_backward("dense, q_offset 60, GQA 2/1", off);
     check_backward("dense, D 32, L 90", shape(1, 2, 2, 90, 90, 32));
     check_backward("dense, D 96, L 70", shape(1, 2, 2, 70, 70, 96));
+    /* Every key sees the row: dq of that row, every dk and dv NaN, the other rows' dq not. */
+    check_backward_nan("dense, NaN in one query row", shape(1, 1, 1, 40, 40, 64), 5 * 64 + 3);
 }
 
 static void test_masks(void)
