@@ -167,7 +167,14 @@ static int load_locked(void)
     if (lt_state == -1)
         return fx__error(FX_EUNSUPPORTED, "%s", lt_why);
     const char *env = getenv("FLEXC_CUBLASLT");
-    const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12"};
+    /* The loader's search first, then the toolkit's usual place (often not in the loader's
+       path on a machine with the toolkit installed). */
+    const char *names[] = {"libcublasLt.so.13",
+                           "libcublasLt.so.12",
+                           "/usr/local/cuda/lib64/libcublasLt.so.13",
+                           "/usr/local/cuda/lib64/libcublasLt.so.12",
+                           "/usr/local/cuda/targets/x86_64-linux/lib/libcublasLt.so.13",
+                           "/usr/local/cuda/targets/sbsa-linux/lib/libcublasLt.so.13"};
     if (env && *env) {
         lt.lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
         if (!lt.lib)
@@ -177,8 +184,8 @@ static int load_locked(void)
             lt.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
         if (!lt.lib)
             snprintf(lt_why, sizeof lt_why, "cuBLASLt (libcublasLt.so.13 or .so.12) is not found by the dynamic "
-                                            "loader: add its directory to LD_LIBRARY_PATH or name the file in "
-                                            "FLEXC_CUBLASLT");
+                                            "loader nor in /usr/local/cuda: add its directory to LD_LIBRARY_PATH "
+                                            "or name the file in FLEXC_CUBLASLT");
     }
     const struct {
         const char *name;
