@@ -313,6 +313,9 @@ static void test_tensor_cores(void)
     check_attention("tc: dense, Lq 70 != Lkv 130, D 128", shape(2, 2, 1, 70, 130, 128, 128), true, false);
     check_attention("tc: dense, L 90, D 96", shape(1, 3, 3, 90, 90, 96, 96), true, false);
     check_attention("tc: dense, L 65, D 32", shape(1, 2, 2, 65, 65, 32, 32), true, false);
+    a = shape(1, 2, 2, 130, 130, 64, 64);
+    a.scale = -0.3f; /* the row max of negated products: full tiles take the masked path */
+    check_attention("tc: dense, scale -0.3, D 64", a, true, false);
     a = shape(1, 2, 1, 100, 100, 256, 256);
     a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 100, 100, 0, 0);
     check_attention("tc: causal, GQA 2/1, L 100, D 256", a, true, false);

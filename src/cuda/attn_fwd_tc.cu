@@ -300,16 +300,12 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(
                 }
             }
 
-            /* Scores in base-2 units; masked ones -inf. */
-            if (cur.boff < 0 && nt == BN && a.mod == FX__CU_MOD_NONE) {
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int i = 0; i < 4; i++)
-                            s[mt][j][i] *= sl2;
-            } else {
+            /* Scores in base-2 units (masked ones -inf), or on a full tile without a mod the
+               raw products, scaled by mul inside the exponent's FMA (the row max commutes with
+               a positive scale, rounding included). */
+            const bool plain = cur.boff < 0 && nt == BN && a.mod == FX__CU_MOD_NONE && sl2 > 0.0f;
+            const float mul = plain ? sl2 : 1.0f;
+            if (!plain) {
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -338,20 +334,22 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(
             for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
+                    /* fmaxf drops a NaN from the max, but the NaN's own exp2 still makes the
+                       row sum, and with it out and lse, NaN. */
                     float mx = -INFINITY;
 #pragma unroll
                     for (int j = 0; j < NT; j++)
-                        mx = nmax(mx, nmax(s[mt][j][2 * rr], s[mt][j][2 * rr + 1]));
-                    mx = nmax(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = nmax(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    const float mnew = nmax(m[mt][rr], mx), base = mnew == -INFINITY ? 0.0f : mnew;
+                        mx = fmaxf(mx, fmaxf(s[mt][j][2 * rr], s[mt][j][2 * rr + 1]));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float mnew = fmaxf(m[mt][rr], mx * mul), base = mnew == -INFINITY ? 0.0f : mnew;
                     const float alpha = exp2_fast(m[mt][rr] - base);
                     float sum = 0.0f;
 #pragma unroll
                     for (int j = 0; j < NT; j++)
 #pragma unroll
                         for (int c = 0; c < 2; c++) {
-                            const float p = exp2_fast(s[mt][j][2 * rr + c] - base);
+                            const float p = exp2_fast(fmaf(s[mt][j][2 * rr + c], mul, -base));
                             s[mt][j][2 * rr + c] = p;
                             sum += p;
                         }
