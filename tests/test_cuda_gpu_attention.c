@@ -345,10 +345,11 @@ static void test_tensor_cores(void)
     check_attention("tc: custom per-head mask, blocks 16 x 32, GQA 4/1, empty rows", a, true, false);
     fx_block_mask_free((fx_block_mask *)a.mask);
 
-    /* Rows 130 .. 179 of a causal 180 x 180 mask: the first q-block starts before the call. */
-    a = shape(1, 2, 2, 50, 180, 128, 128);
+    /* Rows 130 .. 229 of a causal 230 x 230 mask: the first q-block starts before the call
+       (100 rows a head: more than the decoding kernel takes). */
+    a = shape(1, 2, 2, 100, 230, 128, 128);
     a.q_offset = 130;
-    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 180, 180, 64, 64);
+    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 230, 230, 64, 64);
     check_attention("tc: causal, q_offset 130, D 128", a, true, false);
     fx_block_mask_free((fx_block_mask *)a.mask);
 }
