@@ -43,7 +43,8 @@ typedef struct gpu_acts {
     gpu_layer *layer;          /* [L] (host array of views) */
     float *res_out;            /* [N, C] the final norm's input */
     float *xnf, *rstdf;        /* [N, C], [N] */
-    float *xnf_r, *head_r;     /* bf16: xnf and the head rounded to bfloat16, as float32 */
+    void *xnf16, *dxn16;       /* [N, C] bf16: the loss's input and its gradient */
+    void *dw16;                /* [V, C] bf16: the head's gradient from the loss */
     float *qkv;                /* [N, QKV] the q, k, v product; later its gradient */
     void *work;                /* [N, max(F, QKV)] A: a product's input made on the way */
     float *dres, *dxn;         /* [N, C] */
@@ -335,8 +336,9 @@ static size_t acts_carve(gpu_acts *a, char *base, const fx__gpt *m, bool bf16, i
     CARVE(a->xnf, N * C * f);
     CARVE(a->rstdf, N * f);
     if (bf16) {
-        CARVE(a->xnf_r, N * C * f);
-        CARVE(a->head_r, V * C * f);
+        CARVE(a->xnf16, N * C * e);
+        CARVE(a->dxn16, N * C * e);
+        CARVE(a->dw16, V * C * e);
         CARVE(a->dres16, N * C * e);
         CARVE(a->dh16, N * F2 * e);
     }
@@ -538,25 +540,38 @@ static int layer_forward(fx__gpt *m, int64_t l, float *out)
     return rc;
 }
 
+/* The largest logits chunk (bytes) the bf16 loss takes in one piece. */
+enum { LOSS_ONE_CHUNK = 1 << 30 };
+
 /* The loss of xnf against the targets; with grad, d(xnf) into dxn (overwritten) and the
-   head's gradient accumulated. Under bf16 the loss reads xnf and the head rounded to
-   bfloat16 (as the CPU's bf16 step does), through the float32 route. */
+   head's gradient accumulated. Under bf16 the loss takes its bfloat16 route: xnf rounded and
+   the head's bfloat16 copy in (the CPU's bf16 step reads the same values), the logits'
+   gradient rounded to bfloat16 for the two products out (as on the CPU), and d(xnf) and the
+   head's gradient come back as bfloat16, widened into the float32 buffers. The head's
+   gradient is rounded once: the tokens go in one chunk when their logits fit in 1 GiB
+   (bfloat16 gradients add up in their own type from chunk to chunk). */
 static int forward_loss(fx__gpt *m, bool grad, float *loss)
 {
     const fx__gpt_gpu *g = m->gpu;
     const gpu_acts *a = &g->a;
     const int64_t N = g->B * g->T, C = m->c.dim, V = m->c.vocab;
-    const float *h = a->xnf, *w = g->params + head_off(m);
-    int rc = FX_OK;
-    if (g->bf16) {
-        if ((rc = fx__cu_round_bf16(a->xnf_r, 0, a->xnf, N * C)) != FX_OK ||
-            (rc = fx__cu_round_bf16(a->head_r, 0, w, V * C)) != FX_OK)
-            return rc;
-        h = a->xnf_r, w = a->head_r;
-    }
     fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN, .device = g->device};
-    rc = fx_linear_cross_entropy(&p, h, w, NULL, a->targets, a->loss, NULL, grad ? a->dxn : NULL,
-                                 grad ? g->grads + head_off(m) : NULL, NULL);
+    int rc;
+    if (!g->bf16) {
+        rc = fx_linear_cross_entropy(&p, a->xnf, g->params + head_off(m), NULL, a->targets, a->loss, NULL,
+                                     grad ? a->dxn : NULL, grad ? g->grads + head_off(m) : NULL, NULL);
+    } else {
+        p.dtype = FX_DT_BF16;
+        p.chunk = N * V * (int64_t)sizeof(float) <= LOSS_ONE_CHUNK ? N : 0;
+        rc = fx__cu_round_bf16(a->xnf16, 1, a->xnf, N * C);
+        if (rc == FX_OK && grad)
+            rc = cu(cudaMemsetAsync(a->dw16, 0, (size_t)(V * C) * sizeof(uint16_t), NULL), "clearing the head's gradient");
+        if (rc == FX_OK)
+            rc = fx_linear_cross_entropy(&p, a->xnf16, (const float *)(g->params16 + head_off(m)), NULL, a->targets,
+                                         a->loss, NULL, grad ? a->dxn16 : NULL, grad ? a->dw16 : NULL, NULL);
+        if (rc == FX_OK && grad && (rc = fx__cu_widen_bf16(a->dxn, 0, a->dxn16, N * C)) == FX_OK)
+            rc = fx__cu_widen_bf16(g->grads + head_off(m), 1, a->dw16, V * C);
+    }
     if (rc != FX_OK)
         return fx__error_context(rc, "loss");
     return cu(cudaMemcpy(loss, a->loss, sizeof(float), cudaMemcpyDeviceToHost), "reading the loss");

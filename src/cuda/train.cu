@@ -262,6 +262,13 @@ template <typename T> __global__ void round_bf16(T *out, const float *x, int64_t
         store(out, i, __bfloat162float(__float2bfloat16_rn(x[i])));
 }
 
+__global__ void widen_bf16(float *out, int acc, const bf16 *x, int64_t n)
+{
+    const int64_t i = (int64_t)blockIdx.x * EW + threadIdx.x;
+    if (i < n)
+        out[i] = acc ? out[i] + __bfloat162float(x[i]) : __bfloat162float(x[i]);
+}
+
 __global__ void adamw(float *p, float *g, float *m, float *v, bf16 *p16, int64_t n, fx__cu_adamw_k k)
 {
     const int64_t i = (int64_t)blockIdx.x * EW + threadIdx.x;
@@ -445,6 +452,14 @@ int fx__cu_round_bf16(void *out, int bf16_out, const float *x, int64_t n)
     else
         FX_LAUNCH(round_bf16<float>, nblocks(n, EW), EW, 0, 0)((float *)out, x, n);
     return launched("bfloat16 rounding");
+}
+
+int fx__cu_widen_bf16(float *out, int acc, const uint16_t *x, int64_t n)
+{
+    if (n == 0)
+        return FX_OK;
+    FX_LAUNCH(widen_bf16, nblocks(n, EW), EW, 0, 0)(out, acc, (const bf16 *)x, n);
+    return launched("bfloat16 widening");
 }
 
 int fx__cu_adamw(float *p, float *g, float *m, float *v, uint16_t *p16, int64_t n, const fx__cu_adamw_k *k)

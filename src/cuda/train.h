@@ -61,6 +61,8 @@ int fx__cu_swiglu_backward(float *dh13, const float *dout, const float *h13, int
 /* out [n] = x rounded to bfloat16 (nearest even): as bfloat16 words (bf16) or as the float32
    values they hold */
 int fx__cu_round_bf16(void *out, int bf16, const float *x, int64_t n);
+/* out [n] = x widened to float32 (bfloat16 words), or out += that with acc */
+int fx__cu_widen_bf16(float *out, int acc, const uint16_t *x, int64_t n);
 
 /* AdamW's per-step constants (fx__adamw_k of src/gpt/gpt.h). */
 typedef struct fx__cu_adamw_k {
