@@ -341,7 +341,8 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
 
 /* The split partials of each row merged in split order (one warp a row), as attention.cu's
    combine_kernel does for its own splits. */
-template <typename T> __global__ void __launch_bounds__(DTHREADS) decode_combine(fx__cu_attn a, int nsplit, const float *part)
+template <typename T>
+__global__ void __launch_bounds__(DTHREADS) decode_combine(fx__cu_attn a, int nsplit, const float *part)
 {
     constexpr int DT = FX__CU_DMAX / 32;
     const int lane = threadIdx.x & 31;

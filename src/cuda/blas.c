@@ -104,6 +104,7 @@ int fx__cu_gemm_run(const fx__cu_gemm *g)
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <glob.h>
 #include <pthread.h>
 
 /* The workspace every call may use: what the heuristic is told, so the algorithm does not
@@ -167,14 +168,13 @@ static int load_locked(void)
     if (lt_state == -1)
         return fx__error(FX_EUNSUPPORTED, "%s", lt_why);
     const char *env = getenv("FLEXC_CUBLASLT");
-    /* The loader's search first, then the toolkit's usual place (often not in the loader's
-       path on a machine with the toolkit installed). */
-    const char *names[] = {"libcublasLt.so.13",
-                           "libcublasLt.so.12",
-                           "/usr/local/cuda/lib64/libcublasLt.so.13",
-                           "/usr/local/cuda/lib64/libcublasLt.so.12",
-                           "/usr/local/cuda/targets/x86_64-linux/lib/libcublasLt.so.13",
-                           "/usr/local/cuda/targets/sbsa-linux/lib/libcublasLt.so.13"};
+    /* The loader's search first, then the toolkits' usual places (often outside the loader's
+       path where a toolkit is installed), the newest directory of each pattern first. */
+    const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12"};
+    const char *places[] = {"/usr/local/cuda*/targets/*/lib/libcublasLt.so.13",
+                            "/usr/local/cuda*/lib64/libcublasLt.so.13",
+                            "/usr/local/cuda*/targets/*/lib/libcublasLt.so.12",
+                            "/usr/local/cuda*/lib64/libcublasLt.so.12"};
     if (env && *env) {
         lt.lib = dlopen(env, RTLD_NOW | RTLD_LOCAL);
         if (!lt.lib)
@@ -182,9 +182,17 @@ static int load_locked(void)
     } else {
         for (size_t i = 0; i < sizeof names / sizeof names[0] && !lt.lib; i++)
             lt.lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        for (size_t i = 0; i < sizeof places / sizeof places[0] && !lt.lib; i++) {
+            glob_t g;
+            memset(&g, 0, sizeof g);
+            if (glob(places[i], 0, NULL, &g) == 0)
+                for (size_t j = g.gl_pathc; j > 0 && !lt.lib; j--)
+                    lt.lib = dlopen(g.gl_pathv[j - 1], RTLD_NOW | RTLD_LOCAL);
+            globfree(&g);
+        }
         if (!lt.lib)
             snprintf(lt_why, sizeof lt_why, "cuBLASLt (libcublasLt.so.13 or .so.12) is not found by the dynamic "
-                                            "loader nor in /usr/local/cuda: add its directory to LD_LIBRARY_PATH "
+                                            "loader nor under /usr/local/cuda*: add its directory to LD_LIBRARY_PATH "
                                             "or name the file in FLEXC_CUBLASLT");
     }
     const struct {
