@@ -615,8 +615,11 @@ int head_splits(const fx__cu_attn *a, int64_t blocks)
     if (G == 1)
         return 1;
     int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not the launches' error, which tc_status reads */
         sms = 132;
+    }
     const int64_t want = 2 * (int64_t)sms;
     if (blocks >= want)
         return 1;
