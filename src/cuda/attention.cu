@@ -21,6 +21,8 @@
    with nsplit > 1 the split partials that combine_kernel merges. */
 extern "C" int fx__cu_attn_tc_takes(const fx__cu_attn *a);
 extern "C" int fx__cu_attn_forward_tc(const fx__cu_attn *a, float *part);
+/* Its split count (its blocks hold up to 128 rows, not 16). */
+extern "C" int fx__cu_attn_tc_splits(const fx__cu_attn *a, int sm_count);
 
 namespace fxcu {
 namespace {
@@ -626,10 +628,21 @@ int grid_fits(int64_t blocks, const char *what)
                                       "the batch", what, (long long)blocks);
 }
 
-template <typename T> int forward(const fx__cu_attn *a)
+template <typename T> int forward(const fx__cu_attn *call)
 {
-    cudaStream_t st = (cudaStream_t)a->stream;
-    const bool tc = fx__cu_attn_tc_takes(a);
+    cudaStream_t st = (cudaStream_t)call->stream;
+    const bool tc = fx__cu_attn_tc_takes(call);
+    fx__cu_attn tcall = *call;
+    if (tc) {
+        int dev = 0, sms = 1;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            sms = 1;
+        }
+        tcall.nsplit = fx__cu_attn_tc_splits(call, sms);
+    }
+    const fx__cu_attn *a = &tcall;
     const size_t smem = fwd_smem(a);
     int rc = tc ? FX_OK : grid_fits(fx__cu_attn_row_blocks(a), "attention forward");
     if (rc == FX_OK && !tc)

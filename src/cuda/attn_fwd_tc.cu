@@ -526,6 +526,20 @@ extern "C" int fx__cu_attn_tc_takes(const fx__cu_attn *a)
     return fxcu::tc_blocks(a) <= INT32_MAX && a->nsplit <= 65535;
 }
 
+/* KV splits for the tensor-core grid: as fx__cu_attn_splits, but weighed with this kernel's
+   own blocks (up to 128 rows each, two resident a multiprocessor), so a call whose blocks
+   cannot fill the GPU twice over is cut along its kv-blocks. Depends on the sizes and
+   sm_count only. */
+extern "C" int fx__cu_attn_tc_splits(const fx__cu_attn *a, int sm_count)
+{
+    const int64_t blocks = fxcu::tc_blocks(a), want = 4 * (int64_t)(sm_count > 0 ? sm_count : 1);
+    if (blocks >= want || a->max_entries <= 1)
+        return 1;
+    int64_t s = (want + blocks - 1) / blocks;
+    s = s < 32 ? s : 32;
+    return (int)(s < a->max_entries ? s : a->max_entries);
+}
+
 /* float16 would need an Elem<f16> (pack_f16, mma_16816_f16) and its launch here, once the
    calls take that type. */
 extern "C" int fx__cu_attn_forward_tc(const fx__cu_attn *a, float *part)
