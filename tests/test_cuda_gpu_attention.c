@@ -330,6 +330,16 @@ static void test_tensor_cores(void)
     check_attention("tc: sliding window 40, blocks 128 x 16, D 64", a, true, false);
     fx_block_mask_free((fx_block_mask *)a.mask);
 
+    /* Blocks that are not multiples of 16 or 64: tiles of 23 keys; 200-key blocks in four
+       tiles and four bitmap words a row, 136-row q-blocks in a 128-row and an 8-row piece. */
+    a = shape(1, 2, 2, 300, 300, 64, 64);
+    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 300, 300, 17, 23);
+    check_attention("tc: causal, blocks 17 x 23, D 64", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+    a.mask = mask_of(fx_mask_sliding_window, &w, 1, 1, 300, 300, 136, 200);
+    check_attention("tc: sliding window 40, blocks 136 x 200, D 64", a, true, false);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+
     int64_t ids[2 * 150];
     for (int b = 0; b < 2; b++)
         for (int i = 0; i < 150; i++)
