@@ -208,16 +208,16 @@ static void test_nan(void)
 }
 
 #ifdef FX_CUDA_EMU
-/* Other split counts: few resident blocks (3 splits of 8 kv-blocks) and many (8, one each). */
+/* Other split counts: few resident blocks (one split) and many (8, a kv-block each). */
 static void test_split_counts(void)
 {
     fx_attention a = shape(2, 8, 2, 2, 1000, 64);
     a.q_offset = 998;
     a.mask = mask_of(fx_mask_causal, NULL, 1, 1000, 0, 0);
     fxemu_set_sm_count(1);
-    check_decode("causal, 3 resident blocks", a, false);
+    check_decode("causal, 3 resident blocks: one split", a, false);
     fxemu_set_sm_count(1000);
-    check_decode("causal, 3000 resident blocks", a, false);
+    check_decode("causal, 3000 resident blocks: 8 splits", a, false);
     fxemu_set_sm_count(132);
     fx_block_mask_free((fx_block_mask *)a.mask);
 }

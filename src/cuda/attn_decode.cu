@@ -392,14 +392,15 @@ int rows_per_block(int64_t R) { return R <= 1 ? 1 : R <= 2 ? 2 : R <= 4 ? 4 : 8;
 
 /* Splits: the count whose blocks fill the GPU's resident slots (slots: blocks a
    multiprocessor holds at once, times the multiprocessors) in the fewest waves per unit of
-   work, the smallest such; at most one per kv-block a row visits and DMAXSPLIT. Depends on
-   the sizes, the kernel and the device only. */
+   work, the smallest such, within two waves (more splits only add merging); at most one per
+   kv-block a row visits and DMAXSPLIT. Depends on the sizes, the kernel and the device
+   only. */
 int decode_splits(const fx__cu_attn *a, int64_t blocks, int64_t slots)
 {
     const int64_t smax = min((int64_t)DMAXSPLIT, max(a->max_entries, (int64_t)1));
     int64_t best = 1;
     double best_cost = 0.0;
-    for (int64_t s = 1; s <= smax; s++) {
+    for (int64_t s = 1; s <= smax && (s == 1 || blocks * s <= 2 * slots); s++) {
         const int64_t waves = (blocks * s + slots - 1) / slots;
         const double cost = (double)waves / (double)s; /* a block's work shrinks as 1 / s */
         if (s == 1 || cost < best_cost * 0.98)
