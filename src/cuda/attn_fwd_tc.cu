@@ -192,11 +192,210 @@ template <int D, int WARPS, int MT> struct Shape {
     static constexpr bool QREG = MT == 1 && D <= 128;
 };
 
+/* ---- one warp's steps on one tile (inlined: the arrays stay in registers) --------------- */
+
+/* s = Q K^T for the warp's MT m-tiles and the tile's 64 keys (key blocks past nt left 0). Q
+   from the registers qf (QREG) or from shared memory Qs; K from Kt. */
+template <int D, int MT, bool QREG, int QN, typename T>
+__device__ __forceinline__ void qk_tile(float (&s)[MT][BN / 8][4], const uint32_t (&qf)[QN][4], const T *Qs,
+                                        const T *Kt, int wrow, int lane, int nt)
+{
+    constexpr int LD = D + 8, NT = BN / 8;
+    /* A fragments' rows: lane l reads row l % 8 (+ 8 for matrices 1 and 3) at column 8 (l / 16)
+       of a 16 x 16 block; B fragments of 16 keys: matrices (keys +0, d +0), (+0, +8), (+8, +0),
+       (+8, +8). */
+    const int arow = (lane & 7) + 8 * ((lane >> 3) & 1), acol = 8 * (lane >> 4);
+    const int krow = (lane & 7) + 8 * (lane >> 4), kcol = 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+            s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t qa[MT][4];
+        if (!QREG)
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+                ldmatrix_x4(qa[mt], Qs + (wrow + 16 * mt + arow) * LD + 16 * kk + acol);
+#pragma unroll
+        for (int jj = 0; jj < NT / 2; jj++) {
+            if (16 * jj >= nt)
+                break; /* keys past the tail: masked afterwards */
+            uint32_t kb[4];
+            ldmatrix_x4(kb, Kt + (16 * jj + krow) * LD + 16 * kk + kcol);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                const uint32_t *af = QREG ? qf[kk] : qa[mt];
+                Elem<T>::mma(s[mt][2 * jj], af, kb);
+                Elem<T>::mma(s[mt][2 * jj + 1], af, kb + 2);
+            }
+        }
+    }
+}
+
+/* The scores of a tile that is partial (bitmap), short (tail keys) or modified, into base-2
+   units: scale, score mod, then -inf where the key is not visible. */
+template <int MT>
+__device__ __forceinline__ void mask_tile(const fx__cu_attn &a, float (&s)[MT][BN / 8][4], const Rows &rb,
+                                          const Tile &cur, int nr, int wrow, int g, int t, int nt)
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int r = wrow + 16 * mt + g + 8 * rr;
+            const int64_t qpos = rb.lo + r;
+            uint64_t word = ~(uint64_t)0;
+            if (cur.boff >= 0)
+                word = r < nr ? a.m.bits[cur.boff + (qpos - rb.base) * a.m.bm_words + (cur.t0 >> 6)] : 0;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int col = 8 * j + 2 * t + c;
+                    float x = s[mt][j][2 * rr + c] * a.scale;
+                    if (a.mod != FX__CU_MOD_NONE)
+                        x = score_mod(a, x, rb.h, qpos, cur.k0 + cur.t0 + col);
+                    const bool vis = col < nt && ((word >> col) & 1u);
+                    s[mt][j][2 * rr + c] = vis ? x * LOG2E : -INFINITY;
+                }
+        }
+}
+
+/* The online softmax step of rows g and g + 8 of each m-tile (a row spans the 4 lanes of a
+   quad): new max m, rescaled sum l and output o, and s turned into probabilities. The scores
+   are s * mul in base-2 units. fmaxf drops a NaN from the max, but the NaN's own exp2 still
+   makes the row sum, and with it out and lse, NaN. */
+template <int MT, int OT>
+__device__ __forceinline__ void softmax_tile(float (&s)[MT][BN / 8][4], float (&o)[MT][OT][4], float (&m)[MT][2],
+                                             float (&l)[MT][2], float mul)
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+                mx = fmaxf(mx, fmaxf(s[mt][j][2 * rr], s[mt][j][2 * rr + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mnew = fmaxf(m[mt][rr], mx * mul), base = mnew == -INFINITY ? 0.0f : mnew;
+            const float alpha = exp2_fast(m[mt][rr] - base);
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float p = exp2_fast(fmaf(s[mt][j][2 * rr + c], mul, -base));
+                    s[mt][j][2 * rr + c] = p;
+                    sum += p;
+                }
+            l[mt][rr] = l[mt][rr] * alpha + sum;
+#pragma unroll
+            for (int d = 0; d < OT; d++) {
+                o[mt][d][2 * rr] *= alpha;
+                o[mt][d][2 * rr + 1] *= alpha;
+            }
+            m[mt][rr] = mnew;
+        }
+}
+
+/* o += P V, 16 keys at a time: P's accumulators are the A fragments as they are, rounded to
+   T; V^T's B fragments by the transposing load, matrices (keys +0, d +0), (+8, +0), (+0, +8),
+   (+8, +8). */
+template <int D, int MT, typename T>
+__device__ __forceinline__ void pv_tile(float (&o)[MT][D / 8][4], const float (&p)[MT][BN / 8][4], const T *Vt,
+                                        int lane, int nt)
+{
+    constexpr int LD = D + 8;
+    const int vrow = (lane & 7) + 8 * ((lane >> 3) & 1), vcol = 8 * (lane >> 4);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+        if (16 * kk >= nt)
+            break; /* p = 0 there */
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            pa[mt][0] = Elem<T>::pack(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+            pa[mt][1] = Elem<T>::pack(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+            pa[mt][2] = Elem<T>::pack(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+            pa[mt][3] = Elem<T>::pack(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dd = 0; dd < D / 16; dd++) {
+            uint32_t vb[4];
+            ldmatrix_x4_trans(vb, Vt + (16 * kk + vrow) * LD + 16 * dd + vcol);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                Elem<T>::mma(o[mt][2 * dd], pa[mt], vb);
+                Elem<T>::mma(o[mt][2 * dd + 1], pa[mt], vb + 2);
+            }
+        }
+    }
+}
+
+/* The split partials of the warp's rows, as the scalar kernel writes them: o unnormalised, the
+   max in natural-log units (the combine kernel's), the row sum. */
+template <int D, int MT>
+__device__ __forceinline__ void store_partial(float *pp0, const float (&o)[MT][D / 8][4], const float (&m)[MT][2],
+                                              const float (&l)[MT][2], int nr, int wrow, int g, int t)
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int r = wrow + 16 * mt + g + 8 * rr;
+            if (r >= nr)
+                continue;
+            float *pp = pp0 + (int64_t)r * (D + 2);
+#pragma unroll
+            for (int d = 0; d < D / 8; d++) {
+                pp[8 * d + 2 * t] = o[mt][d][2 * rr];
+                pp[8 * d + 2 * t + 1] = o[mt][d][2 * rr + 1];
+            }
+            if (t == 0) {
+                pp[D] = m[mt][rr] * LN2;
+                pp[D + 1] = l[mt][rr];
+            }
+        }
+}
+
+/* out = o / l of the warp's rows into shared memory Os (as T), and lse. A NaN row is NaN; a
+   row that saw no key is zeros (whatever V held under its mask) with lse -inf. */
+template <int D, int MT, typename T>
+__device__ __forceinline__ void finish_rows(const fx__cu_attn &a, T *Os, int64_t qrow0, const float (&o)[MT][D / 8][4],
+                                            const float (&m)[MT][2], const float (&l)[MT][2], int nr, int wrow, int g,
+                                            int t)
+{
+    constexpr int LD = D + 8;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int r = wrow + 16 * mt + g + 8 * rr;
+            const float lr = l[mt][rr];
+            const bool nan = lr != lr, some = lr > 0.0f;
+            const float inv = some ? 1.0f / lr : 0.0f;
+#pragma unroll
+            for (int d = 0; d < D / 8; d++) {
+                const float x0 = nan ? NAN : some ? o[mt][d][2 * rr] * inv : 0.0f;
+                const float x1 = nan ? NAN : some ? o[mt][d][2 * rr + 1] * inv : 0.0f;
+                store_u32(Os + r * LD + 8 * d + 2 * t, Elem<T>::pack(x0, x1));
+            }
+            if (a.lse && t == 0 && r < nr)
+                a.lse[qrow0 + r] = nan ? NAN : some ? m[mt][rr] * LN2 + logf(lr) : -INFINITY;
+        }
+}
+
+/* ---- the kernel --------------------------------------------------------------------------- */
+
 template <int D, int WARPS, int MT, typename T>
 __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(fx__cu_attn a, float *part)
 {
     using S = Shape<D, WARPS, MT>;
-    constexpr int BM = S::BM, THREADS = S::THREADS, LD = D + 8, KS = D / 16, NT = BN / 8, OT = D / 8;
+    constexpr int BM = S::BM, THREADS = S::THREADS, LD = D + 8, KS = D / 16, OT = D / 8;
     constexpr int TILE = BN * LD, QOFF = S::QREG ? 2 * TILE : 4 * TILE;
     static_assert(BM <= 2 * BN, "Q staged in the second buffer pair");
     FX_DYN_SMEM(uint4, smv);
@@ -233,11 +432,9 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
-    /* A fragments' row addresses: lane l reads row l % 8 (+ 8 for matrices 1 and 3) at column
-       8 (l / 16) of a 16 x 16 block. */
-    const int arow = (lane & 7) + 8 * ((lane >> 3) & 1), acol = 8 * (lane >> 4);
     uint32_t qf[S::QREG ? KS : 1][4];
     if (S::QREG) {
+        const int arow = (lane & 7) + 8 * ((lane >> 3) & 1), acol = 8 * (lane >> 4);
 #pragma unroll
         for (int kk = 0; kk < KS; kk++)
             ldmatrix_x4(qf[kk], Qs + (wrow + arow) * LD + 16 * kk + acol);
@@ -269,125 +466,15 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(
         const int nt = (int)min((int64_t)BN, cur.nk - cur.t0);
         if (active) {
             const T *Kt = sm + st * 2 * TILE, *Vt = Kt + TILE;
-            float s[MT][NT][4];
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int j = 0; j < NT; j++)
-                    s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                uint32_t qa[MT][4];
-                if (!S::QREG)
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-                        ldmatrix_x4(qa[mt], Qs + (wrow + 16 * mt + arow) * LD + 16 * kk + acol);
-#pragma unroll
-                for (int jj = 0; jj < NT / 2; jj++) {
-                    if (16 * jj >= nt)
-                        break; /* keys past the tail: masked below */
-                    /* B fragments of keys 16 jj .. 16 jj + 15: matrices (keys +0, d +0), (+0, +8),
-                       (+8, +0), (+8, +8). */
-                    uint32_t kb[4];
-                    ldmatrix_x4(kb, Kt + (16 * jj + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk +
-                                        8 * ((lane >> 3) & 1));
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        const uint32_t *af = S::QREG ? qf[kk] : qa[mt];
-                        Elem<T>::mma(s[mt][2 * jj], af, kb);
-                        Elem<T>::mma(s[mt][2 * jj + 1], af, kb + 2);
-                    }
-                }
-            }
-
-            /* Scores in base-2 units (masked ones -inf), or on a full tile without a mod the
-               raw products, scaled by mul inside the exponent's FMA (the row max commutes with
-               a positive scale, rounding included). */
+            float s[MT][BN / 8][4];
+            qk_tile<D, MT, S::QREG>(s, qf, Qs, Kt, wrow, lane, nt);
+            /* A full tile without a mod keeps the raw products: the scale goes into the
+               exponent's FMA (the row max commutes with a positive scale, rounding included). */
             const bool plain = cur.boff < 0 && nt == BN && a.mod == FX__CU_MOD_NONE && sl2 > 0.0f;
-            const float mul = plain ? sl2 : 1.0f;
-            if (!plain) {
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int rr = 0; rr < 2; rr++) {
-                        const int r = wrow + 16 * mt + g + 8 * rr;
-                        const int64_t qpos = rb.lo + r;
-                        uint64_t word = ~(uint64_t)0;
-                        if (cur.boff >= 0)
-                            word = r < nr ? a.m.bits[cur.boff + (qpos - rb.base) * a.m.bm_words + (cur.t0 >> 6)] : 0;
-#pragma unroll
-                        for (int j = 0; j < NT; j++)
-#pragma unroll
-                            for (int c = 0; c < 2; c++) {
-                                const int col = 8 * j + 2 * t + c;
-                                float x = s[mt][j][2 * rr + c] * a.scale;
-                                if (a.mod != FX__CU_MOD_NONE)
-                                    x = score_mod(a, x, rb.h, qpos, cur.k0 + cur.t0 + col);
-                                const bool vis = col < nt && ((word >> col) & 1u);
-                                s[mt][j][2 * rr + c] = vis ? x * LOG2E : -INFINITY;
-                            }
-                    }
-            }
-
-            /* Online softmax per row (rows g and g + 8 of each m-tile; a row spans 4 lanes). */
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int rr = 0; rr < 2; rr++) {
-                    /* fmaxf drops a NaN from the max, but the NaN's own exp2 still makes the
-                       row sum, and with it out and lse, NaN. */
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-                        mx = fmaxf(mx, fmaxf(s[mt][j][2 * rr], s[mt][j][2 * rr + 1]));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                    const float mnew = fmaxf(m[mt][rr], mx * mul), base = mnew == -INFINITY ? 0.0f : mnew;
-                    const float alpha = exp2_fast(m[mt][rr] - base);
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++) {
-                            const float p = exp2_fast(fmaf(s[mt][j][2 * rr + c], mul, -base));
-                            s[mt][j][2 * rr + c] = p;
-                            sum += p;
-                        }
-                    l[mt][rr] = l[mt][rr] * alpha + sum;
-#pragma unroll
-                    for (int d = 0; d < OT; d++) {
-                        o[mt][d][2 * rr] *= alpha;
-                        o[mt][d][2 * rr + 1] *= alpha;
-                    }
-                    m[mt][rr] = mnew;
-                }
-
-            /* O += P V, 16 keys at a time: P's accumulators are A's fragments as they are. */
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; kk++) {
-                if (16 * kk >= nt)
-                    break; /* p = 0 there */
-                uint32_t pa[MT][4];
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    pa[mt][0] = Elem<T>::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                    pa[mt][1] = Elem<T>::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                    pa[mt][2] = Elem<T>::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                    pa[mt][3] = Elem<T>::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-                }
-#pragma unroll
-                for (int dd = 0; dd < D / 16; dd++) {
-                    /* V^T's B fragments by the transposing load: matrices (keys +0, d +0),
-                       (+8, +0), (+0, +8), (+8, +8). */
-                    uint32_t vb[4];
-                    ldmatrix_x4_trans(vb, Vt + (16 * kk + arow) * LD + 16 * dd + acol);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++) {
-                        Elem<T>::mma(o[mt][2 * dd], pa[mt], vb);
-                        Elem<T>::mma(o[mt][2 * dd + 1], pa[mt], vb + 2);
-                    }
-                }
-            }
+            if (!plain)
+                mask_tile<MT>(a, s, rb, cur, nr, wrow, g, t, nt);
+            softmax_tile<MT, OT>(s, o, m, l, plain ? sl2 : 1.0f);
+            pv_tile<D, MT, T>(o, s, Vt, lane, nt);
         }
         __syncthreads(); /* every warp is done with this stage before it is refilled */
         st ^= 1;
@@ -403,51 +490,15 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(
             l[mt][rr] += __shfl_xor_sync(0xffffffffu, l[mt][rr], 2);
         }
     if (a.nsplit > 1) {
-        if (!active)
-            return;
-        const int64_t nrows = a.B * a.Hq * a.Lq;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                const int r = wrow + 16 * mt + g + 8 * rr;
-                if (r >= nr)
-                    continue;
-                float *pp = part + ((int64_t)blockIdx.y * nrows + qrow0 + r) * (D + 2);
-#pragma unroll
-                for (int d = 0; d < OT; d++) {
-                    pp[8 * d + 2 * t] = o[mt][d][2 * rr];
-                    pp[8 * d + 2 * t + 1] = o[mt][d][2 * rr + 1];
-                }
-                if (t == 0) {
-                    pp[D] = m[mt][rr] * LN2; /* the combine kernel works in natural-log units */
-                    pp[D + 1] = l[mt][rr];
-                }
-            }
+        if (active)
+            store_partial<D, MT>(part + ((int64_t)blockIdx.y * a.B * a.Hq * a.Lq + qrow0) * (D + 2), o, m, l, nr, wrow,
+                                 g, t);
         return;
     }
     /* out through shared memory (the stages), so that rows leave in 16-byte pieces. */
     T *Os = sm;
-    if (active) {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                const int r = wrow + 16 * mt + g + 8 * rr;
-                const float lr = l[mt][rr];
-                const bool nan = lr != lr, some = lr > 0.0f;
-                const float inv = some ? 1.0f / lr : 0.0f;
-#pragma unroll
-                for (int d = 0; d < OT; d++) {
-                    /* A row that saw no key is zeros whatever V held under its mask. */
-                    const float x0 = nan ? NAN : some ? o[mt][d][2 * rr] * inv : 0.0f;
-                    const float x1 = nan ? NAN : some ? o[mt][d][2 * rr + 1] * inv : 0.0f;
-                    store_u32(Os + r * LD + 8 * d + 2 * t, Elem<T>::pack(x0, x1));
-                }
-                if (a.lse && t == 0 && r < nr)
-                    a.lse[qrow0 + r] = nan ? NAN : some ? m[mt][rr] * LN2 + logf(lr) : -INFINITY;
-            }
-    }
+    if (active)
+        finish_rows<D, MT, T>(a, Os, qrow0, o, m, l, nr, wrow, g, t);
     __syncthreads();
     T *out = (T *)a.out;
 #pragma unroll
