@@ -77,10 +77,15 @@ static void test_fits(void)
     fx__cu_attn c = {.q = buf, .k = buf, .v = buf, .B = 2, .Hq = 8, .Hkv = 2, .Lq = 1, .Lkv = 3000, .D = 64,
                      .Dv = 64};
     FXT_CHECK(fx__cu_attn_decode_fits(&c));
-    c.Lq = 16; /* 16 x 4 = 64 rows: the most */
+    c.Lq = 8; /* the most positions */
     FXT_CHECK(fx__cu_attn_decode_fits(&c));
-    c.Lq = 17;
+    c.Lq = 9;
     FXT_CHECK(!fx__cu_attn_decode_fits(&c));
+    c.Hq = 32, c.Lq = 4; /* 4 x 16 = 64 rows: the most */
+    FXT_CHECK(fx__cu_attn_decode_fits(&c));
+    c.Lq = 5;
+    FXT_CHECK(!fx__cu_attn_decode_fits(&c));
+    c.Hq = 8;
     c.Lq = 1, c.D = 48, c.Dv = 48;
     FXT_CHECK(!fx__cu_attn_decode_fits(&c));
     c.D = 64, c.Dv = 32;
@@ -182,6 +187,7 @@ static void test_fallback(void)
 {
     check_decode("D 48 (general forward)", shape(2, 8, 2, 1, 800, 48), false);
     check_decode("Lq 20 x GQA 4 = 80 rows (general forward)", shape(1, 8, 2, 20, 300, 32), false);
+    check_decode("Lq 12 > 8 positions (general forward)", shape(1, 4, 2, 12, 300, 64), true);
 }
 
 /* A NaN in one query row reaches that row's output and lse only. */

@@ -20,7 +20,7 @@
 namespace fxcu {
 namespace {
 
-enum { DTHREADS = 128, DWARPS = DTHREADS / 32, DROWS = 64, DMAXSPLIT = 64 };
+enum { DTHREADS = 128, DWARPS = DTHREADS / 32, DROWS = 64, DPOS = 8, DMAXSPLIT = 64 };
 
 /* ---- masks and score mods (the rules of attention.cu's kernels) -------------------------- */
 
@@ -494,7 +494,9 @@ extern "C" bool fx__cu_attn_decode_fits(const fx__cu_attn *a)
     const int64_t D = a->D;
     if (a->Hkv <= 0 || a->Hq % a->Hkv != 0 || a->Dv != D || (D != 32 && D != 64 && D != 128 && D != 256))
         return false;
-    if (a->Lq * (a->Hq / a->Hkv) > fxcu::DROWS || a->Lq < 1)
+    /* Up to 8 positions: a row group holds 8 rows, so beyond that the kernel would read the
+       cache more often than the general forward, which reads it once per query head. */
+    if (a->Lq * (a->Hq / a->Hkv) > fxcu::DROWS || a->Lq < 1 || a->Lq > fxcu::DPOS)
         return false;
     /* 16-byte loads of q, k and v rows. */
     if (((uintptr_t)a->q | (uintptr_t)a->k | (uintptr_t)a->v) & 15u)
