@@ -129,9 +129,9 @@ int64_t fx__cu_attn_busy_blocks(const fx__cu_attn *a);
 
 /* The forward for few query rows: one thread block per (batch, KV head, split) reads each K/V
    row once for all Lq x (Hq / Hkv) query rows of the group. Takes D == Dv in {32, 64, 128,
-   256}, Lq <= 8, Lq Hq / Hkv <= 64 and 16-byte aligned q, k, v; masks, score mods and q_offset as the
-   general forward. fx__cu_attn_forward routes the calls it fits to fx__cu_attn_decode, which
-   chooses its own split count (a->nsplit is not read). */
+   256}, Lq <= 8, Lq Hq / Hkv <= 64 and 16-byte aligned q, k, v; masks, score mods and
+   q_offset as the general forward. fx__cu_attn_forward routes the calls it fits to
+   fx__cu_attn_decode, which chooses its own split count (a->nsplit is not read). */
 bool fx__cu_attn_decode_fits(const fx__cu_attn *a);
 int fx__cu_attn_decode(const fx__cu_attn *a);
 
