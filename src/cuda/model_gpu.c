@@ -782,7 +782,11 @@ static int decode_buffers(fx__gpt *m, const fx__gpt_cache *kc)
         off[i] = total;
         total += (sizes[i] + 255) / 256 * 256;
     }
+    /* Cleared once: the attention reads the whole cache (masked beyond the filled positions),
+       and zeros there cannot turn a product with a zero probability into a NaN. */
     int rc = dalloc(&g->dec_mem, total, "the KV cache");
+    if (rc == FX_OK && (rc = cu(cudaMemset(g->dec_mem, 0, total), "clearing the KV cache")) != FX_OK)
+        (void)cudaFree(g->dec_mem), g->dec_mem = NULL;
     if (rc != FX_OK)
         return rc;
     for (int i = 0; i < NV; i++)
@@ -798,13 +802,14 @@ static int decode_buffers(fx__gpt *m, const fx__gpt_cache *kc)
 }
 
 /* Layer l for the n tokens in dx at positions p0..: the new keys and values into the cache,
-   each KV head's group of queries over it (q_offset p0, as the CPU's decode_attention), and
-   the output projection and MLP added into dx. */
+   the queries over all of it in one call (q_offset p0; the sequence's mask hides the
+   positions after each query, so the cache's unfilled end is never seen), and the output
+   projection and MLP added into dx. */
 static int decode_layer(fx__gpt *m, const fx__gpt_cache *kc, int64_t l, int64_t n)
 {
     const fx__gpt_gpu *g = m->gpu;
     const fx__gpt_config *c = &m->c;
-    const int64_t C = c->dim, F = c->ffn, Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, G = Hq / Hkv;
+    const int64_t C = c->dim, F = c->ffn, Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim;
     const int64_t QD = Hq * hd, KD = Hkv * hd, QKV = QD + 2 * KD, cap = kc->cap, p0 = kc->len;
     float *kl = g->dk + l * KD * cap, *vl = g->dv + l * KD * cap;
     int rc = fx__cu_rmsnorm_forward(g->dxn, 0, g->drstd, g->dx, g->params + toff(m, l, FX__GPT_LN1), n, C,
@@ -823,13 +828,10 @@ static int decode_layer(fx__gpt *m, const fx__gpt_cache *kc, int64_t l, int64_t 
             rc = cu(cudaMemcpyAsync(vl + (h * cap + p0) * hd, g->dvn + h * n * hd, bytes, cudaMemcpyDeviceToDevice,
                                     NULL), "the KV cache");
     }
-    /* One causal query sees every cached key: no mask needed then. */
-    const bool need_mask = n > 1 || m->mask == FX__GPT_MASK_SLIDING || m->mask == FX__GPT_MASK_DOCUMENT;
-    for (int64_t h = 0; rc == FX_OK && h < Hkv; h++) {
-        fx_attention at = {.B = 1, .Hq = G, .Hkv = 1, .Lq = n, .Lkv = p0 + n, .D = hd, .Dv = hd, .q_offset = p0,
-                           .mask = need_mask ? kc->bmask : NULL, .device = g->device, .dtype = FX_DT_F32};
-        if ((rc = fx_flex_attention(&at, g->dq + h * G * n * hd, kl + h * cap * hd, vl + h * cap * hd,
-                                    g->datt + h * G * n * hd, NULL)) != FX_OK)
+    if (rc == FX_OK) {
+        fx_attention at = {.B = 1, .Hq = Hq, .Hkv = Hkv, .Lq = n, .Lkv = cap, .D = hd, .Dv = hd, .q_offset = p0,
+                           .mask = kc->bmask, .device = g->device, .dtype = FX_DT_F32};
+        if ((rc = fx_flex_attention(&at, g->dq, kl, vl, g->datt, NULL)) != FX_OK)
             return fx__error_context(rc, "layer %lld attention", (long long)l);
     }
     if (rc == FX_OK)
@@ -853,13 +855,15 @@ int fx__gpt_gpu_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int
     fx__gpt_gpu *g = m->gpu;
     if (g->bf16)
         return fx__error(FX_EUNSUPPORTED, "decoding on the GPU takes float32 weights (attach with bf16 off)");
+    if (!kc->bmask) /* fx__gpt_decode builds it unless the reference attention is chosen */
+        return fx__error(FX_EUNSUPPORTED, "decoding on the GPU uses the flex attention (not the reference)");
     const fx__gpt_config *c = &m->c;
     const int64_t C = c->dim, V = c->vocab, L = c->layers;
     int rc = current(g);
     if (rc == FX_OK)
         rc = decode_buffers(m, kc);
     /* The mask fx__gpt_decode built for this sequence, copied when the sequence starts. */
-    if (rc == FX_OK && kc->len == 0 && kc->bmask)
+    if (rc == FX_OK && kc->len == 0)
         rc = fx_block_mask_to_device(kc->bmask, g->device);
     if (rc == FX_OK)
         rc = cu(cudaMemcpy(g->dtok, tokens, (size_t)n * sizeof(int32_t), cudaMemcpyHostToDevice), "tokens");
