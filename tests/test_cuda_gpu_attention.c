@@ -297,18 +297,25 @@ static void test_nan(void)
 }
 
 /* bfloat16 calls with D == Dv in {32, 64, 96, 128, 256} run on tensor cores (attn_fwd_tc.cu):
-   64-row blocks of 64-key tiles, so lengths that are not multiples of 64, mask blocks smaller
-   than a tile and rows that see nothing are the cases to cover, with every mask kind and
-   score mod, GQA, q_offset and both the plain and the split-KV grids. */
+   64- or 128-row blocks of 64-key tiles, so lengths that are not multiples of 64, mask blocks
+   smaller than a tile or not a multiple of it and rows that see nothing are the cases to
+   cover, with every mask kind and score mod, GQA, q_offset, both 128-row shapes and both the
+   plain and the split-KV grids. */
 static void test_tensor_cores(void)
 {
     fx_attention a = shape(1, 4, 2, 200, 200, 128, 128);
     a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 200, 200, 0, 0);
     check_attention("tc: causal, GQA 4/2, L 200, D 128", a, true, false);
+    setenv("FLEXC_CUDA_FWD_WARPS", "8", 1); /* the other 128-row shape: 8 warps of one m-tile */
+    check_attention("tc: causal, GQA 4/2, L 200, D 128, 8 warps", a, true, false);
+    unsetenv("FLEXC_CUDA_FWD_WARPS");
     fx_block_mask_free((fx_block_mask *)a.mask);
-    a = shape(1, 16, 16, 320, 320, 64, 64); /* enough row blocks for one split */
+    a = shape(1, 16, 16, 320, 320, 64, 64);
     a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 320, 320, 0, 0);
     check_attention("tc: causal, 16 heads, L 320, D 64", a, true, false);
+    setenv("FLEXC_CUDA_FWD_WARPS", "8", 1);
+    check_attention("tc: causal, 16 heads, L 320, D 64, 8 warps", a, true, false);
+    unsetenv("FLEXC_CUDA_FWD_WARPS");
     fx_block_mask_free((fx_block_mask *)a.mask);
     check_attention("tc: dense, Lq 70 != Lkv 130, D 128", shape(2, 2, 1, 70, 130, 128, 128), true, false);
     check_attention("tc: dense, L 90, D 96", shape(1, 3, 3, 90, 90, 96, 96), true, false);

@@ -27,14 +27,12 @@
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
 
+#include <stdlib.h>
+
 namespace fxcu {
 namespace {
 
 enum { BN = 64 };
-/* The 128-row shape: 4 warps of two m-tiles (FlashAttention-2's choice: two blocks a
-   multiprocessor, 255 registers). 8 warps of one m-tile (Q in registers, 226 registers, one
-   block a multiprocessor) is the alternative; both pass the same tests. */
-enum { LARGE_WARPS = 4, LARGE_MT = 2 };
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
 template <typename T> struct Elem;
@@ -522,7 +520,7 @@ template <int D, int WARPS, int MT> size_t tc_smem()
 
 int64_t tc_blocks(const fx__cu_attn *a)
 {
-    const int64_t bm = tc_large(a) ? 16 * LARGE_WARPS * LARGE_MT : 64;
+    const int64_t bm = tc_large(a) ? 128 : 64;
     return a->B * a->Hq * a->n_qb * ((a->bq + bm - 1) / bm);
 }
 
@@ -537,12 +535,23 @@ template <int D, int WARPS, int MT> int launch_tc(const fx__cu_attn *a, float *p
     return launched("attention forward");
 }
 
+/* The 128-row shape: 4 warps of two m-tiles (FlashAttention-2's choice: two blocks a
+   multiprocessor at D = 128, 255 registers), or with FLEXC_CUDA_FWD_WARPS=8 8 warps of one
+   m-tile (Q in registers, 218 registers, one block a multiprocessor), to compare the two. */
+bool eight_warps()
+{
+    const char *e = getenv("FLEXC_CUDA_FWD_WARPS");
+    return e && atoi(e) == 8;
+}
+
 template <int D> int launch_tc_shape(const fx__cu_attn *a, float *part)
 {
     if constexpr (D > 128)
         return launch_tc<D, 4, 1>(a, part);
+    else if (!tc_large(a))
+        return launch_tc<D, 4, 1>(a, part);
     else
-        return tc_large(a) ? launch_tc<D, LARGE_WARPS, LARGE_MT>(a, part) : launch_tc<D, 4, 1>(a, part);
+        return eight_warps() ? launch_tc<D, 8, 1>(a, part) : launch_tc<D, 4, 2>(a, part);
 }
 
 int launch_tc_d(const fx__cu_attn *a, float *part)
