@@ -49,8 +49,13 @@ build-gpu:
 	@test -f build-gpu/CMakeCache.txt || cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DFLEXC_CUDA=ON -DFLEXC_MPI=OFF -DFLEXC_GPU_PORTABLE=ON >/dev/null
 	@cmake --build build-gpu -j $(JOBS) --target bench_cuda flexc_portable test_gemm_bf16_portable bench_gemm_bf16_portable $(GPU_TESTS)
 	@echo "$$(git rev-parse --short HEAD)$$(git diff --quiet HEAD -- src include cmake CMakeLists.txt || echo +changes)" > build-gpu/commit
-	@cd build-gpu && tar -czf gpu-bundle.tgz --transform 's/^flexc_portable$$/flexc/' commit bench_cuda flexc_portable test_gemm_bf16_portable bench_gemm_bf16_portable $(GPU_TESTS)
-	@echo "build-gpu/gpu-bundle.tgz: $$(du -h build-gpu/gpu-bundle.tgz | cut -f1) (carry it with the repository; scripts/gpu-check.sh unpacks it)"
+	@# Stripped, and one xz stream with a dictionary larger than a program: the programs share
+	@# most of their bytes (the library and its kernels), so the bundle is a few MB, not 200.
+	@rm -rf build-gpu/bundle && mkdir build-gpu/bundle
+	@cd build-gpu && cp commit bench_cuda test_gemm_bf16_portable bench_gemm_bf16_portable $(GPU_TESTS) bundle/ && cp flexc_portable bundle/flexc
+	@strip --strip-unneeded $(addprefix build-gpu/bundle/,bench_cuda flexc test_gemm_bf16_portable bench_gemm_bf16_portable $(GPU_TESTS))
+	@cd build-gpu/bundle && tar -cf - * | xz -9 -T$(JOBS) > ../gpu-bundle.tar.xz
+	@echo "build-gpu/gpu-bundle.tar.xz: $$(du -h build-gpu/gpu-bundle.tar.xz | cut -f1) (carry it with the repository; scripts/gpu-check.sh unpacks it)"
 
 install: build
 	@cmake -S . -B $(BUILD) -DCMAKE_INSTALL_PREFIX=$(PREFIX) >/dev/null

@@ -10,7 +10,7 @@
 #   scripts/gpu-bench.sh [DIR] [--quick] [--rounds N] [--reps N] [--only attn,decode,lce,train]
 #                                 on the GPU machine
 #
-# Paths to carry: the repository's tracked files and build-gpu/gpu-bundle.tgz (holds
+# Paths to carry: the repository's tracked files and build-gpu/gpu-bundle.tar.xz (holds
 # bench_cuda and flexc, self-contained like the test programs; unpacked here when missing).
 # Needs python3 with torch (CUDA) there. --quick: the two head-dim-128 attention cases, decode,
 # the loss and one training round (a few minutes, most of it torch.compile). Prints one JSON
@@ -22,8 +22,8 @@ if [[ $# -gt 0 && $1 != --* ]]; then
     build=$1
     shift
 fi
-if [[ ! -x $build/bench_cuda && -f $build/gpu-bundle.tgz ]]; then
-    tar -xzf "$build/gpu-bundle.tgz" -C "$build"
+if [[ ! -x $build/bench_cuda && -f $build/gpu-bundle.tar.xz ]]; then
+    xz -dc "$build/gpu-bundle.tar.xz" | tar -xf - -C "$build"
 fi
 if [[ ! -x $build/bench_cuda ]]; then
     echo "gpu-bench: $build/bench_cuda is missing: run 'make build-gpu' on the build machine and carry it" >&2

@@ -8,7 +8,7 @@
 #   scripts/gpu-check.sh [DIR] on the GPU machine (DIR: the build directory, default build-gpu)
 #
 # Paths to carry to the GPU machine: the repository's tracked files, and
-#   build-gpu/gpu-bundle.tgz   (every test_cuda_gpu_* program, bench_cuda, flexc, the host
+#   build-gpu/gpu-bundle.tar.xz   (every test_cuda_gpu_* program, bench_cuda, flexc, the host
 #                               CPU's bfloat16 GEMM test and benchmark, and the commit they were
 #                               built from; unpacked here when missing)
 # The programs need only libc, libm, libstdc++, libgcc_s and the CUDA driver; this script prints
@@ -30,8 +30,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
-if [[ ! -x $build/flexc && -f $build/gpu-bundle.tgz ]]; then
-    tar -xzf "$build/gpu-bundle.tgz" -C "$build"
+if [[ ! -x $build/flexc && -f $build/gpu-bundle.tar.xz ]]; then
+    xz -dc "$build/gpu-bundle.tar.xz" | tar -xf - -C "$build"
 fi
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
          "$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null)"; do
