@@ -199,8 +199,8 @@ static void test_masks(void)
     fx_attention a = shape(1, 2, 2, 150, 150, 128);
     a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 150, 150, 0, 0);
     check_backward("causal, blocks 128, D 128, L 150", a);
-    setenv("FLEXC_CUDA_BWD_WARPS", "4", 1); /* the 64-row thread blocks on the same blocks */
-    check_backward("causal, blocks 128, D 128, L 150, 4 warps", a);
+    setenv("FLEXC_CUDA_BWD_WARPS", "8", 1); /* the 128-row thread blocks on the same blocks */
+    check_backward("causal, blocks 128, D 128, L 150, 8 warps", a);
     unsetenv("FLEXC_CUDA_BWD_WARPS");
     fx_block_mask_free((fx_block_mask *)a.mask);
 

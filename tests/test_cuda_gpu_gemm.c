@@ -64,7 +64,10 @@ static void check_gemm(gemm_shape s, bool ta, bool tb, bool bf16_in, bool bf16_o
                 tol = 0.0;
                 err = memcmp(&got[0][x], &c0[x], 4) ? INFINITY : 0.0;
             } else {
-                tol = 2e-5 * mag[x] + (bf16_out ? ldexp(fabs(ref[x]), -8) : 0.0) + 1e-30;
+                /* A bfloat16 output may be rounded twice: cuBLASLt's epilogue can round alpha A B to
+                   bfloat16 before it adds beta C (seen on an H200: ~4% of the elements one unit off
+                   at beta 1), so one unit in the last place, not half. */
+                tol = 2e-5 * mag[x] + (bf16_out ? ldexp(fabs(ref[x]), -7) : 0.0) + 1e-30;
                 err = fabs((double)got[0][x] - ref[x]);
                 if (isnan(err))
                     err = INFINITY;

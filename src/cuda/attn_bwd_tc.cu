@@ -598,14 +598,14 @@ int too_many_blocks(void)
                                       "blocks or split the batch");
 }
 
-/* Warps per thread block for a side whose mask blocks hold `block` rows: 8 (128 owned rows:
-   half the global reads a product of 4 warps makes) when that is a multiple of 128, else 4
-   (a 64-row tile wastes less of a small block). FLEXC_CUDA_BWD_WARPS=4 keeps 4 everywhere,
-   to compare the two. */
+/* Warps per thread block: 4 (64 owned rows). The 8-warp shape (128 rows, half the global
+   reads) was slower on an H200 (causal 1x16x8192x128: 6.34 ms against 5.77; sliding 1024:
+   1.87 against 1.76), its 231-253 registers allowing one block per multiprocessor.
+   FLEXC_CUDA_BWD_WARPS=8 runs it where the mask's blocks are a multiple of 128 rows. */
 int warps_for(int64_t block)
 {
     const char *e = getenv("FLEXC_CUDA_BWD_WARPS");
-    return (e && atoi(e) == 4) || block % 128 != 0 ? 4 : 8;
+    return e && atoi(e) == 8 && block % 128 == 0 ? 8 : 4;
 }
 
 /* Head ranges per GQA group for the dK/dV kernel: enough thread blocks for two waves. */
