@@ -398,6 +398,50 @@ static void test_tensor_cores_score_mods(void)
     free(table);
 }
 
+/* The forward of bfloat16 a on device 1 (inputs from fixed seeds) into out, lse. */
+static void tc_forward(fx_attention a, float *out, float *lse)
+{
+    const size_t nq = (size_t)(a.B * a.Hq * a.Lq), nk = (size_t)(a.B * a.Hkv * a.Lkv);
+    const size_t nqd = nq * (size_t)a.D, nkd = nk * (size_t)a.D, nkv = nk * (size_t)a.Dv, nqv = nq * (size_t)a.Dv;
+    float *q = fxt_random(nqd, -1, 1, 71), *k = fxt_random(nkd, -1, 1, 72), *v = fxt_random(nkv, -1, 1, 73);
+    a.device = 1;
+    a.dtype = FX_DT_BF16;
+    void *dq = gpu_upload_as(q, nqd, true), *dk = gpu_upload_as(k, nkd, true), *dv = gpu_upload_as(v, nkv, true);
+    void *dout = gpu_alloc(nqv * 2), *dlse = gpu_alloc(nq * 4);
+    FXT_OK(fx_flex_attention(&a, dq, dk, dv, dout, dlse));
+    gpu_download_as(out, dout, nqv, true);
+    gpu_download(lse, dlse, nq * 4);
+    gpu_free(dq), gpu_free(dk), gpu_free(dv), gpu_free(dout), gpu_free(dlse);
+    free(q), free(k), free(v);
+}
+
+/* The grid's order (heaviest row blocks first over groups of heads, FLEXC_CUDA_L2_HEADS KV
+   heads a group) changes which thread block does what, never a result: groups of 4 KV heads
+   out of 2 x 3 (the last group short) and of 1, against the default (one group), bitwise,
+   and against the CPU. */
+static void test_tensor_cores_order(void)
+{
+    fx_attention a = shape(2, 6, 3, 200, 200, 64, 64);
+    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 200, 200, 64, 64);
+    FXT_OK(fx_block_mask_to_device((fx_block_mask *)a.mask, 1));
+    const size_t nq = (size_t)(a.B * a.Hq * a.Lq), n = nq * (size_t)a.Dv;
+    float *out0 = fxt_guarded(n), *lse0 = fxt_guarded(nq), *out1 = fxt_guarded(n), *lse1 = fxt_guarded(nq);
+    tc_forward(a, out0, lse0);
+    const char *groups[2] = {"4", "1"};
+    for (int i = 0; i < 2; i++) {
+        setenv("FLEXC_CUDA_L2_HEADS", groups[i], 1);
+        printf("  tc: causal, GQA 6/3, batch 2, %s KV heads a group\n", groups[i]);
+        tc_forward(a, out1, lse1);
+        gpu_same("out, grouped against default", out0, out1, n);
+        gpu_same("lse, grouped against default", lse0, lse1, nq);
+        check_attention("tc: causal, GQA 6/3, batch 2, grouped", a, true, false);
+        unsetenv("FLEXC_CUDA_L2_HEADS");
+    }
+    fxt_guarded_free("out0", out0), fxt_guarded_free("lse0", lse0);
+    fxt_guarded_free("out1", out1), fxt_guarded_free("lse1", lse1);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+}
+
 /* A NaN in one query row of a bfloat16 call on tensor cores: that row's lse and output are
    NaN, every other row keeps its bits. A NaN in V leaves the rows that see no key at zeros. */
 static void test_tensor_cores_nan(void)
@@ -496,6 +540,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_nan);
     FXT_RUN(test_tensor_cores);
     FXT_RUN(test_tensor_cores_score_mods);
+    FXT_RUN(test_tensor_cores_order);
     FXT_RUN(test_tensor_cores_nan);
     return fxt_finish();
 }

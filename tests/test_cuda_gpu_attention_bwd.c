@@ -277,6 +277,22 @@ static void test_gqa(void)
     fx_block_mask_free((fx_block_mask *)a.mask);
 }
 
+/* The grids' order (heaviest tiles first over groups of heads, FLEXC_CUDA_L2_HEADS KV heads
+   a group) changes which thread block does what, never a result: groups of 4 KV heads out of
+   2 x 3 (the last one short) and of 1. */
+static void test_order(void)
+{
+    fx_attention a = shape(2, 6, 3, 150, 150, 64);
+    a.mask = mask_of(fx_mask_causal, NULL, 1, 1, 150, 150, 64, 64);
+    check_backward("causal, GQA 6/3, batch 2", a);
+    setenv("FLEXC_CUDA_L2_HEADS", "4", 1);
+    check_backward("causal, GQA 6/3, batch 2, 4 KV heads a group", a);
+    setenv("FLEXC_CUDA_L2_HEADS", "1", 1);
+    check_backward("causal, GQA 6/3, batch 2, 1 KV head a group", a);
+    unsetenv("FLEXC_CUDA_L2_HEADS");
+    fx_block_mask_free((fx_block_mask *)a.mask);
+}
+
 static void test_score_mods(void)
 {
     fx_attention a = shape(1, 4, 2, 60, 60, 64);
@@ -317,6 +333,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_masks);
     FXT_RUN(test_custom_mask_gqa);
     FXT_RUN(test_gqa);
+    FXT_RUN(test_order);
     FXT_RUN(test_score_mods);
     return fxt_finish();
 }

@@ -145,6 +145,26 @@ template <typename T> __device__ __forceinline__ void store2(T *p, int64_t i, fl
     *(uint32_t *)(p + i) = tc_type<T>::pack(lo, hi);
 }
 
+/* ---- the order of the thread blocks --------------------------------------------------------- */
+
+/* Thread block x's unit (returned: 0 .. per - 1, a row or key tile of a head) and head (*hd:
+   0 .. nh - 1, batch-major) when every head has per units. The order the grid starts them
+   in, not their work: heaviest first over groups of hsec heads. Within a group the units go
+   by descending index (rev: the dQ kernel's row tiles, whose last q-blocks visit the most
+   kv-blocks under a causal mask) or ascending (the dK/dV kernel's key tiles, whose first
+   kv-blocks are visited by the most q-blocks), all the group's heads at one unit before the
+   next, so the longest blocks start first on the whole GPU and the last wave holds the
+   shortest. Each head walking its own units instead saw-tooths: the last heads' longest
+   blocks start in the final waves and run alone. The group (what its blocks read of the
+   other side) is sized by the launch to stay in L2; groups go in head order. */
+__device__ __forceinline__ int64_t sched_order(int64_t x, int64_t per, int64_t nh, int64_t hsec, bool rev,
+                                               int64_t *hd)
+{
+    const int64_t grp = x / (hsec * per), h0 = grp * hsec, n = min(hsec, nh - h0), w = x - grp * hsec * per;
+    *hd = h0 + w % n;
+    return rev ? per - 1 - w / n : w / n;
+}
+
 /* ---- dK, dV ------------------------------------------------------------------------------- */
 
 /* A run of at most BT query rows of head h: positions [pos, pos + n) of the q-block starting at
@@ -213,7 +233,7 @@ __device__ __forceinline__ void qchunk_load(const fx__cu_attn &a, const float *D
 }
 
 template <typename T, int HD, int W, bool MOD>
-__global__ void __launch_bounds__(32 * W) dkv_tc_kernel(fx__cu_attn a, const float *Di, float *part, int hs)
+__global__ void __launch_bounds__(32 * W) dkv_tc_kernel(fx__cu_attn a, const float *Di, float *part, int hs, int64_t hsec)
 {
     typedef tc_type<T> tc;
     constexpr int TE = Tile<HD>::ELEMS, NT = HD / 8, RT = 16 * W, NTH = 32 * W;
@@ -221,14 +241,12 @@ __global__ void __launch_bounds__(32 * W) dkv_tc_kernel(fx__cu_attn a, const flo
     uint16_t *Ks = (uint16_t *)sm, *Vs = Ks + RT * Tile<HD>::LDS, *Qs = Vs + RT * Tile<HD>::LDS, *dOs = Qs + 2 * TE;
     float *lse_s = (float *)(dOs + 2 * TE), *di_s = lse_s + 2 * BT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int64_t x;
 
+    /* Key tiles of the first kv-blocks first, over groups of hsec KV heads (sched_order). */
     const int64_t nkt = (a.bk + RT - 1) / RT;
-    int64_t x = blockIdx.x;
-    const int64_t kc = x % nkt;
-    x /= nkt;
-    const int64_t kb = x % a.nkb;
-    x /= a.nkb;
-    const int64_t hkv = x % a.Hkv, b = x / a.Hkv;
+    const int64_t j = sched_order(blockIdx.x, a.nkb * nkt, a.B * a.Hkv, hsec, false, &x);
+    const int64_t kc = j % nkt, kb = j / nkt, hkv = x % a.Hkv, b = x / a.Hkv;
     const int64_t kpos0 = kb * a.bk + kc * RT;
     const int nkeys = (int)min(min((int64_t)RT, a.bk - kc * RT), a.Lkv - kpos0);
     if (nkeys <= 0)
@@ -419,7 +437,7 @@ __device__ __forceinline__ bool kwalk_next(const fx__cu_attn &a, KWalk &w, KChun
 }
 
 template <typename T, int HD, int W, bool MOD>
-__global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const float *Di)
+__global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const float *Di, int64_t hsec)
 {
     typedef tc_type<T> tc;
     constexpr int TE = Tile<HD>::ELEMS, NT = HD / 8, RT = 16 * W, NTH = 32 * W;
@@ -428,14 +446,11 @@ __global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const floa
     float *lse_s = (float *)(Vs + 2 * TE), *di_s = lse_s + RT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
 
-    /* Row blocks of the last q-blocks first: under a causal mask they visit the most keys. */
+    /* Row blocks of the last q-blocks first, over groups of hsec heads (sched_order). */
     const int64_t nrc = (a.bq + RT - 1) / RT;
-    int64_t x = blockIdx.x;
-    const int64_t rc = x % nrc;
-    x /= nrc;
-    const int64_t qbi = a.n_qb - 1 - x % a.n_qb;
-    x /= a.n_qb;
-    const int64_t h = x % a.Hq, b = x / a.Hq;
+    int64_t x;
+    const int64_t j = sched_order(blockIdx.x, a.n_qb * nrc, a.B * a.Hq, hsec, true, &x);
+    const int64_t rc = j % nrc, qbi = j / nrc, h = x % a.Hq, b = x / a.Hq;
     const int64_t base = a.has_mask ? (a.qb_lo + qbi) * a.bq : a.q_offset + qbi * a.bq;
     const int64_t lo = max(base + rc * RT, a.q_offset);
     const int64_t hi = min(min(base + rc * RT + RT, base + a.bq), a.q_offset + a.Lq);
@@ -627,6 +642,22 @@ int head_splits(const fx__cu_attn *a, int64_t blocks)
     return (int)(hs < G ? hs : G);
 }
 
+/* Heads a scheduling group (sched_order): as many as keep the other side's tensors that
+   their blocks stream within 32 MiB (most of the L2 of an H100 or H200): K and V of the KV
+   heads for dQ (whole GQA groups of query heads), Q and dO of the query heads a KV head
+   serves for dK/dV (8 heads at L = 8192, D = 128 either way). FLEXC_CUDA_L2_HEADS=n sets n
+   KV heads a group instead (the order changes, the results do not; the tests use it for
+   groups that do not divide the heads). Returns the group in KV heads. */
+int64_t sched_kv_heads(const fx__cu_attn *a, int64_t bytes_per_kv_head)
+{
+    int64_t n = bytes_per_kv_head > 0 ? ((int64_t)32 << 20) / bytes_per_kv_head : 0;
+    const char *e = getenv("FLEXC_CUDA_L2_HEADS");
+    if (e && atoi(e) > 0)
+        n = atoi(e);
+    n = n < 1 ? 1 : n;
+    return n < a->B * a->Hkv ? n : a->B * a->Hkv;
+}
+
 template <typename T, int HD, int W, bool MOD> int launch_dq(const fx__cu_attn *a, const float *Di, cudaStream_t st)
 {
     const int64_t blocks = a->B * a->Hq * a->n_qb * ((a->bq + 16 * W - 1) / (16 * W));
@@ -638,7 +669,8 @@ template <typename T, int HD, int W, bool MOD> int launch_dq(const fx__cu_attn *
     int rc = allow_smem(k, smem, "attention backward: dq");
     if (rc != FX_OK)
         return rc;
-    FX_LAUNCH(k, (unsigned)blocks, 32 * W, smem, st)(*a, Di);
+    const int64_t G = a->Hq / a->Hkv, hsec = G * sched_kv_heads(a, a->Lkv * (a->D + a->Dv) * 2);
+    FX_LAUNCH(k, (unsigned)blocks, 32 * W, smem, st)(*a, Di, hsec);
     return tc_status("attention backward: dq");
 }
 
@@ -661,7 +693,8 @@ template <typename T, int HD, int W, bool MOD> int launch_dkv(const fx__cu_attn 
         if (e != cudaSuccess)
             return fx__cuda_status((int)e, "attention backward: dk, dv partials");
     }
-    FX_LAUNCH(k, dim3((unsigned)blocks, (unsigned)hs), 32 * W, smem, st)(*a, Di, part, hs);
+    const int64_t hsec = sched_kv_heads(a, a->Hq / a->Hkv * a->Lq * (a->D + a->Dv) * 2);
+    FX_LAUNCH(k, dim3((unsigned)blocks, (unsigned)hs), 32 * W, smem, st)(*a, Di, part, hs, hsec);
     rc = tc_status("attention backward: dk, dv");
     if (rc == FX_OK && hs > 1) {
         FX_LAUNCH(red, (unsigned)((n + 255) / 256), 256, 0, st)(*a, part, hs);

@@ -83,16 +83,27 @@ __device__ __forceinline__ float score_mod(const fx__cu_attn &a, float s, int64_
 }
 
 /* The rows a block owns: head h of batch b, positions [lo, hi) of the q-block starting at
-   base. Per head, the last rows come first: under a causal mask they visit the most keys,
-   and starting the long blocks early shortens the tail of the grid. */
+   base.
+
+   The order the grid starts them in (the work of a block never depends on it): heaviest
+   first over groups of hsec heads. Within a group the row blocks go from the last q-block to
+   the first, all the group's heads at one q-block before the next, so the blocks that visit
+   the most keys (the last rows under a causal mask; every row block but the first few under
+   a sliding window) start first, on the whole GPU at once, and the last wave holds the
+   shortest blocks. Walking each head from its last row block to its first instead (one head
+   a group) saw-tooths: the last heads' longest blocks start in the final waves and run alone.
+   A group's K and V (hsec / G KV heads) are sized by the launch to stay in L2 while its
+   blocks run; the groups go in (batch, head) order. */
 struct Rows {
     int64_t b, h, qbi, base, lo, hi;
 };
 
-__device__ __forceinline__ Rows tc_rows(const fx__cu_attn &a, int64_t x, int BM)
+__device__ __forceinline__ Rows tc_rows(const fx__cu_attn &a, int64_t x, int BM, int64_t hsec)
 {
-    const int64_t nch = (a.bq + BM - 1) / BM, per_head = a.n_qb * nch;
-    const int64_t j = per_head - 1 - x % per_head, bh = x / per_head;
+    const int64_t nch = (a.bq + BM - 1) / BM, per_head = a.n_qb * nch, nbh = a.B * a.Hq;
+    const int64_t grp = x / (hsec * per_head), h0 = grp * hsec, nh = min(hsec, nbh - h0);
+    const int64_t w = x - grp * hsec * per_head;
+    const int64_t j = per_head - 1 - w / nh, bh = h0 + w % nh;
     Rows r;
     r.qbi = j / nch;
     r.h = bh % a.Hq;
@@ -390,7 +401,8 @@ __device__ __forceinline__ void finish_rows(const fx__cu_attn &a, T *Os, int64_t
 /* ---- the kernel --------------------------------------------------------------------------- */
 
 template <int D, int WARPS, int MT, typename T>
-__global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(fx__cu_attn a, float *part)
+__global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1)
+    fwd_tc_kernel(fx__cu_attn a, float *part, int64_t hsec)
 {
     using S = Shape<D, WARPS, MT>;
     constexpr int BM = S::BM, THREADS = S::THREADS, LD = D + 8, KS = D / 16, OT = D / 8;
@@ -402,7 +414,7 @@ __global__ void __launch_bounds__(32 * WARPS, WARPS == 4 ? 2 : 1) fwd_tc_kernel(
     T *sm = (T *)smv;
     const T *Qs = sm + QOFF;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const Rows rb = tc_rows(a, blockIdx.x, BM);
+    const Rows rb = tc_rows(a, blockIdx.x, BM, hsec);
     if (rb.lo >= rb.hi)
         return; /* the whole block: no row of this call lies here */
     const int nr = (int)(rb.hi - rb.lo), wrow = warp * 16 * MT;
@@ -524,6 +536,21 @@ int64_t tc_blocks(const fx__cu_attn *a)
     return a->B * a->Hq * a->n_qb * ((a->bq + bm - 1) / bm);
 }
 
+/* Query heads a scheduling group (tc_rows): whole GQA groups, as many KV heads as keep their
+   K and V within 32 MiB (most of the L2 of an H100 or H200: 8 heads at Lkv = 8192, D = 128).
+   FLEXC_CUDA_L2_HEADS=n sets n KV heads a group instead (the order changes, the results do
+   not; the tests use it for groups that do not divide the heads). */
+int64_t sched_heads(const fx__cu_attn *a)
+{
+    const int64_t G = a->Hq / a->Hkv, per = a->Lkv * (a->D + a->Dv) * 2;
+    int64_t n = per > 0 ? ((int64_t)32 << 20) / per : 0;
+    const char *e = getenv("FLEXC_CUDA_L2_HEADS");
+    if (e && atoi(e) > 0)
+        n = atoi(e);
+    n = n < 1 ? 1 : n;
+    return (n < a->B * a->Hkv ? n : a->B * a->Hkv) * G;
+}
+
 template <int D, int WARPS, int MT> int launch_tc(const fx__cu_attn *a, float *part)
 {
     const size_t smem = tc_smem<D, WARPS, MT>();
@@ -531,7 +558,8 @@ template <int D, int WARPS, int MT> int launch_tc(const fx__cu_attn *a, float *p
     if (rc != FX_OK)
         return rc;
     const dim3 grid((unsigned)tc_blocks(a), (unsigned)a->nsplit);
-    FX_LAUNCH((fwd_tc_kernel<D, WARPS, MT, bf16>), grid, 32 * WARPS, smem, (cudaStream_t)a->stream)(*a, part);
+    FX_LAUNCH((fwd_tc_kernel<D, WARPS, MT, bf16>), grid, 32 * WARPS, smem, (cudaStream_t)a->stream)
+    (*a, part, sched_heads(a));
     return launched("attention forward");
 }
 
