@@ -311,9 +311,12 @@ static int algo_locked(const algo_key *key, cublasLtHandle_t h, cublasLtMatmulDe
     cublasLtMatmulPreference_t pref = NULL;
     cublasStatus_t s = lt.pref_create(&pref);
     const uint64_t ws = WORKSPACE;
-    /* No split-K reduction: a sum split over k in pieces would be merged in an order the
-       library chooses. */
-    const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    /* Split-K is allowed: cuBLASLt's reductions (in place with counters that serialise the
+       pieces, or through the workspace) give the same bits on every run for one algorithm,
+       workspace and GPU, which is what the cache above fixes. Without it a product with a long
+       k and a small output (the loss's dh = G W: k = V) ran on 30 thread blocks, 12 ms of a
+       200 ms training step on an H200. */
+    const uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_MASK;
     const uint32_t al[3] = {(uint32_t)key->align_b, (uint32_t)key->align_a, (uint32_t)key->align_c};
     if (s == CUBLAS_STATUS_SUCCESS)
         s = lt.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);

@@ -7,7 +7,8 @@
 
    Every call of one shape repeats bitwise: float32 accumulation (CUBLAS_COMPUTE_32F, no TF32),
    one algorithm per (device, shape, leading dimensions, types, transposes, pointer alignment)
-   chosen once by the heuristic and kept, no split-K reduction, and a fixed workspace.
+   chosen once by the heuristic and kept, and a fixed workspace per stream (split-K is allowed:
+   cuBLASLt's reductions repeat bitwise for one algorithm, workspace and GPU).
 
    Built in every configuration: without CUDA, fx__cu_gemm_run returns FX_EUNSUPPORTED; in the
    CPU emulation of the kernels (FX_CUDA_EMU) it is a plain loop over host memory. */
