@@ -16,6 +16,7 @@
    and key. Score mods and q_offset as in attention.cu. Calls outside what this kernel takes
    (fx__cu_attn_decode_fits) go to the general forward. */
 #include "cuda/common.cuh"
+#include "cuda/mma.cuh"
 
 namespace fxcu {
 namespace {
@@ -104,10 +105,18 @@ template <> __device__ __forceinline__ void unpack8<bf16>(const uint4 *w, float 
 
 /* ---- the kernel ---------------------------------------------------------------------------- */
 
-/* Keys a lane group loads at once: 64 bytes a lane in flight for K and as much for V. */
+/* Keys a lane group takes from one tile: 64 bytes a lane of K and as many of V. */
 template <typename T> struct KeysPerStep {
     enum { N = sizeof(T) == 2 ? 4 : 2 };
 };
+
+/* The K/V pipeline. A tile is the block's DTHREADS x 128 bytes (16 KiB: 32 keys at D = 128
+   in bfloat16, 16 in float32, in general 8192 / (D sizeof(T)) keys); each thread copies its
+   own 64 + 64 bytes of it into shared memory by cp.async and later reads them back itself,
+   so the pipeline needs no barrier. DSTAGES tiles rotate: while a tile's products run, the
+   next DSTAGES - 2 are in flight and one more is issued after them, 32 to 48 KiB a block.
+   DWIN: kv-blocks whose per-row views are staged at once. */
+enum { DSTAGES = 4, DTILE_WORDS = 8, DWIN = 32 };
 
 /* LG: lanes per key (D / 8); RT: query rows per block. Block (x = (b, hkv, row group), y =
    split). With nsplit == 1 the block writes out and lse; else its partial state (o, m, l per
@@ -115,9 +124,11 @@ template <typename T> struct KeysPerStep {
 template <typename T, int LG, int RT>
 __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t ngroups, int nsplit, float *part)
 {
-    constexpr int KB = KeysPerStep<T>::N, W = Words<T>::N, GPW = 32 / LG, NG = DTHREADS / LG;
-    FX_DYN_SMEM(float, sm);
-    const int tid = threadIdx.x, warp = tid >> 5, gl = tid % LG, grp = tid / LG, gw = (tid & 31) / LG;
+    constexpr int KB = KeysPerStep<T>::N, W = Words<T>::N, NG = DTHREADS / LG, TK = NG * KB;
+    static_assert(2 * KB * W == DTILE_WORDS, "a thread's share of a tile");
+    FX_DYN_SMEM(uint4, smv);
+    float *sm = (float *)smv; /* after the key loop: the lane groups' states */
+    const int tid = threadIdx.x, gl = tid % LG, grp = tid / LG;
     const int64_t D = a.D, G = a.Hq / a.Hkv, R = a.Lq * G;
     int64_t x = blockIdx.x;
     const int64_t rg = x % ngroups;
@@ -130,9 +141,11 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
 
     /* The rows: row rg RT + rr is query head hkv G + r / Lq at position q_offset + r % Lq.
        What the key loop needs of them lives in shared memory (registers go to the query and
-       output slices); thread rr < nr walks row rr's visit list. */
-    __shared__ int64_t s_h[RT], s_qpos[RT], s_qbase[RT], s_boff[RT];
-    __shared__ int s_vis[RT];
+       output slices); thread rr < nr walks row rr's visit list. Per window of DWIN
+       kv-blocks: each row's view of each block (not visited, full: -1, or partial: the
+       bitmap offset) and the list of blocks some row visits. */
+    __shared__ int64_t s_h[RT], s_qpos[RT], s_qbase[RT], s_boff[DWIN][RT];
+    __shared__ int s_vis[DWIN][RT], s_list[DWIN], s_nlist;
     float qf[RT][8], o[RT][8], mrow[RT], lrow[RT];
 #pragma unroll
     for (int rr = 0; rr < RT; rr++) {
@@ -171,8 +184,6 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
         s_h[tid] = hkv * G + r / a.Lq;
         s_qpos[tid] = a.q_offset + r % a.Lq;
         s_qbase[tid] = a.has_mask ? s_qpos[tid] / a.bq * a.bq : 0;
-        s_boff[tid] = -1;
-        s_vis[tid] = tid < nr;
     }
 
     /* This split's kv-blocks: an even share of the rows' span. */
@@ -193,44 +204,97 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
         }
     }
 
-    for (int64_t kb = s0; kb < s1; kb++) {
-        /* Each row's view of the block: not visited, full (-1) or partial (bitmap offset). */
-        if (a.has_mask) {
-            __syncthreads(); /* the previous block's views are read */
-            if (tid < nr) {
-                while (cur < end && a.m.kv_idx[cur] < kb)
-                    cur++;
-                const bool vis = cur < end && a.m.kv_idx[cur] == kb;
-                s_vis[tid] = vis;
-                s_boff[tid] = vis ? a.m.kv_bits[cur] : -1;
+    /* Tile t of a window: kv-block w0 + s_list[e], keys k0 + j for j in [jt, jt + TK) of
+       the block's nk; this thread's keys are jt + grp KB + u. */
+    struct Tile {
+        int e, jt;
+    };
+    const int64_t bk = a.bk;
+    for (int64_t w0 = s0; w0 < s1; w0 += DWIN) {
+        const int nw = (int)min((int64_t)DWIN, s1 - w0);
+        __syncthreads(); /* the previous window's views are read */
+        if (tid < RT)
+            for (int w = 0; w < nw; w++) {
+                bool vis = tid < nr;
+                int64_t boff = -1;
+                if (a.has_mask && vis) {
+                    while (cur < end && a.m.kv_idx[cur] < w0 + w)
+                        cur++;
+                    vis = cur < end && a.m.kv_idx[cur] == w0 + w;
+                    boff = vis ? a.m.kv_bits[cur] : -1;
+                }
+                s_vis[w][tid] = vis;
+                s_boff[w][tid] = boff;
             }
+        __syncthreads();
+        if (tid == 0) {
+            int n = 0;
+            for (int w = 0; w < nw; w++) {
+                bool any = false;
+                for (int rr = 0; rr < RT; rr++)
+                    any |= s_vis[w][rr] != 0;
+                if (any)
+                    s_list[n++] = w;
+            }
+            s_nlist = n;
         }
         __syncthreads();
-        bool any = false;
+        const int nl = s_nlist;
+        auto block_keys = [&](int e) { return (int)min(bk, a.Lkv - (w0 + s_list[e]) * bk); };
+        auto next = [&](Tile &t) {
+            t.jt += TK;
+            if (t.jt >= block_keys(t.e))
+                t.e++, t.jt = 0;
+        };
+        /* Issues tile t into stage st, or nothing past the list (an empty group all the same,
+           so that the waits count tiles). Keys past the block's end are zeros. */
+        auto issue = [&](const Tile &t, int st) {
+            if (t.e < nl) {
+                const int64_t k0 = (w0 + s_list[t.e]) * bk;
+                const int nk = block_keys(t.e);
+                uint4 *dst = smv + (int64_t)st * DTILE_WORDS * DTHREADS + tid;
 #pragma unroll
-        for (int rr = 0; rr < RT; rr++)
-            any |= s_vis[rr] != 0;
-        if (!any)
-            continue;
-        const int64_t k0 = kb * a.bk, nk = min(a.bk, a.Lkv - k0);
-        /* Warp steps of GPW x KB keys (the same count for every lane of a warp). */
-        for (int64_t t0 = (int64_t)warp * GPW * KB; t0 < nk; t0 += DWARPS * GPW * KB) {
-            uint4 kw[KB][W], vw[KB][W];
+                for (int u = 0; u < KB; u++) {
+                    const int j = t.jt + grp * KB + u;
+                    const int64_t off = (kvbase + k0 + (j < nk ? j : 0)) * D + gl * 8;
+                    const int bytes = j < nk ? 16 : 0;
 #pragma unroll
-            for (int u = 0; u < KB; u++) {
-                const int64_t j = t0 + gw * KB + u;
-                const int64_t row = kvbase + k0 + (j < nk ? j : 0);
-#pragma unroll
-                for (int i = 0; i < W; i++) {
-                    kw[u][i] = ld16(k + row * D + gl * 8 + i * (8 / W));
-                    vw[u][i] = ld16(v + row * D + gl * 8 + i * (8 / W));
+                    for (int i = 0; i < W; i++) {
+                        cp_async_16(dst + (u * W + i) * DTHREADS, k + off + i * (8 / W), bytes);
+                        cp_async_16(dst + (KB * W + u * W + i) * DTHREADS, v + off + i * (8 / W), bytes);
+                    }
                 }
             }
+            cp_async_commit();
+        };
+        Tile pt = {0, 0}, ct = {0, 0};
+#pragma unroll
+        for (int st = 0; st < DSTAGES - 1; st++) {
+            issue(pt, st);
+            if (pt.e < nl)
+                next(pt);
+        }
+        for (int c = 0; ct.e < nl; c++) {
+            cp_async_wait<DSTAGES - 2>(); /* this thread's share of tile c is in */
+            /* Tile c + DSTAGES - 1 into the stage tile c - 1 left (read by this thread only,
+               one tile ago); then tile c's products while DSTAGES - 1 tiles are in flight. */
+            issue(pt, (c + DSTAGES - 1) % DSTAGES);
+            if (pt.e < nl)
+                next(pt);
+            const int w = s_list[ct.e];
+            const int64_t k0 = (w0 + w) * bk;
+            const int nk = block_keys(ct.e), t0 = ct.jt;
+            next(ct);
+            const uint4 *src = smv + (c % DSTAGES) * DTILE_WORDS * DTHREADS + tid;
             float s[RT][KB];
 #pragma unroll
             for (int u = 0; u < KB; u++) {
+                uint4 kw[W];
+#pragma unroll
+                for (int i = 0; i < W; i++)
+                    kw[i] = src[(u * W + i) * DTHREADS];
                 float kf[8];
-                unpack8<T>(kw[u], kf);
+                unpack8<T>(kw, kf);
 #pragma unroll
                 for (int rr = 0; rr < RT; rr++) {
                     float acc = 0.0f;
@@ -248,48 +312,61 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
 #pragma unroll
                     for (int u = 0; u < KB; u++)
                         s[rr][u] += __shfl_xor_sync(0xffffffffu, s[rr][u], off);
+            /* Per row: scores to probabilities in s, the state rescaled; act: rows that take
+               this tile's values (uniform over the lane group). */
+            bool act[RT];
 #pragma unroll
             for (int rr = 0; rr < RT; rr++) {
-                if (!s_vis[rr])
+                act[rr] = false;
+                if (!s_vis[w][rr])
                     continue; /* uniform over the block */
-                const int64_t boff = s_boff[rr], qp = s_qpos[rr];
+                const int64_t boff = s_boff[w][rr], qp = s_qpos[rr];
                 float mb = -INFINITY;
 #pragma unroll
                 for (int u = 0; u < KB; u++) {
-                    const int64_t j = t0 + gw * KB + u, kpos = k0 + j;
+                    const int j = t0 + grp * KB + u;
                     float sc = -INFINITY;
                     if (j < nk && (boff < 0 || dmask_bit(a.m, boff, qp - s_qbase[rr], j)))
-                        sc = dscore_mod(a, s[rr][u] * a.scale, s_h[rr], qp, kpos);
+                        sc = dscore_mod(a, s[rr][u] * a.scale, s_h[rr], qp, k0 + j);
                     s[rr][u] = sc;
                     mb = nmax(mb, sc);
                 }
                 const float mnew = nmax(mrow[rr], mb);
                 if (mnew == -INFINITY)
-                    continue; /* nothing visible to this row yet (uniform over the lane group) */
+                    continue; /* nothing visible to this row yet */
                 const float alpha = expf(mrow[rr] - mnew);
-                float psum = 0.0f, p[KB];
+                float psum = 0.0f;
 #pragma unroll
                 for (int u = 0; u < KB; u++) {
-                    p[u] = expf(s[rr][u] - mnew);
-                    psum += p[u];
+                    s[rr][u] = expf(s[rr][u] - mnew);
+                    psum += s[rr][u];
                 }
                 lrow[rr] = lrow[rr] * alpha + psum;
                 mrow[rr] = mnew;
 #pragma unroll
                 for (int e = 0; e < 8; e++)
                     o[rr][e] *= alpha;
+                act[rr] = true;
+            }
+            /* o += p V, each V word read and unpacked once for all rows (keys in order). */
 #pragma unroll
-                for (int u = 0; u < KB; u++) {
-                    float vf[8];
-                    unpack8<T>(vw[u], vf);
+            for (int u = 0; u < KB; u++) {
+                uint4 vw[W];
 #pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        o[rr][e] += p[u] * vf[e];
-                }
+                for (int i = 0; i < W; i++)
+                    vw[i] = src[(KB * W + u * W + i) * DTHREADS];
+                float vf[8];
+                unpack8<T>(vw, vf);
+#pragma unroll
+                for (int rr = 0; rr < RT; rr++)
+                    if (act[rr])
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                            o[rr][e] += s[rr][u] * vf[e];
             }
         }
     }
-
+    __syncthreads(); /* every thread is past its last tile: the stages become the states */
     /* The lane groups' states, merged in group order. */
     const int64_t Dv = a.Dv, ld = Dv + 2;
 #pragma unroll
@@ -419,12 +496,15 @@ int decode_finish(cudaStream_t st, int rc)
 template <typename T, int LG, int RT> int launch_rt(const fx__cu_attn *a, int64_t ng)
 {
     cudaStream_t st = (cudaStream_t)a->stream;
-    const size_t smem = (size_t)(DTHREADS / LG) * RT * (size_t)(a->Dv + 2) * sizeof(float);
+    /* The stages, later the lane groups' states (at most 35 KiB). */
+    const size_t pipe = (size_t)DSTAGES * DTILE_WORDS * DTHREADS * 16,
+                 states = (size_t)(DTHREADS / LG) * RT * (size_t)(a->Dv + 2) * sizeof(float);
+    const size_t smem = pipe > states ? pipe : states;
     auto kernel = decode_kernel<T, LG, RT>;
     int rc = allow_smem(kernel, smem, "attention decode");
     if (rc != FX_OK)
         return rc;
-    int dev = 0, sms = 0, per_sm = 3; /* the emulation's: about what 168 registers allow */
+    int dev = 0, sms = 0, per_sm = 3; /* the emulation's: what 158 registers and 64 KiB allow */
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
