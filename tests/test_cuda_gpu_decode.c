@@ -227,6 +227,31 @@ static void test_split_counts(void)
     fxemu_set_sm_count(132);
     fx_block_mask_free((fx_block_mask *)a.mask);
 }
+
+/* The K/V pipeline over long splits: more kv-blocks than the kernel stages the views of at
+   once (32), the last tile of the keys partly past Lkv, kv-blocks shorter than a tile, blocks
+   no row visits between visited ones, splits of uneven length and an empty one. */
+static void test_pipeline(void)
+{
+    fx_attention a = shape(2, 8, 2, 1, 4820, 64); /* 38 kv-blocks of 128, the last of 84 keys */
+    a.q_offset = 4819;
+    fxemu_set_sm_count(1);
+    check_decode("dense, Lkv 4820: one split of 38 kv-blocks", a, true);
+    check_decode("dense, Lkv 4820: one split of 38 kv-blocks", a, false);
+    fxemu_set_sm_count(5);
+    check_decode("dense, Lkv 4820: 7 splits, 6 kv-blocks each but the last (2)", a, true);
+    a.Lkv = 4600; /* 36 kv-blocks: 7 splits of 6, the last empty */
+    a.q_offset = 4599;
+    check_decode("dense, Lkv 4600: 7 splits, the last empty", a, false);
+    a = shape(2, 8, 2, 3, 2400, 64);
+    a.q_offset = 2397; /* 50 kv-blocks of 48 keys, one in three never visited */
+    a.mask = mask_of(sparse_mask, NULL, 8, 2400, 32, 48);
+    fxemu_set_sm_count(1);
+    check_decode("custom per-head mask, Lkv 2400: one split of 50 kv-blocks", a, true);
+    check_decode("custom per-head mask, Lkv 2400: one split of 50 kv-blocks", a, false);
+    fxemu_set_sm_count(132);
+    fx_block_mask_free((fx_block_mask *)a.mask);
+}
 #endif
 
 int main(int argc, char **argv)
@@ -243,6 +268,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_nan);
 #ifdef FX_CUDA_EMU
     FXT_RUN(test_split_counts);
+    FXT_RUN(test_pipeline);
 #endif
     return fxt_finish();
 }

@@ -54,6 +54,21 @@ __device__ __forceinline__ bool dmask_bit(const fx__cu_mask &m, int64_t off, int
     return (m.bits[off + i * m.bm_words + (j >> 6)] >> (j & 63)) & 1u;
 }
 
+/* 2^x; -inf gives 0. The hardware's approximation (2 ulp) on a GPU, as in attn_fwd_tc.cu: the
+   key loop keeps scores and row maxima in base 2 (times log2 e), the states it hands on are
+   in base e again. */
+constexpr float DLOG2E = 1.4426950408889634f, DLN2 = 0.6931471805599453f;
+__device__ __forceinline__ float dexp2(float x)
+{
+#ifdef FX_CUDA_EMU
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
 /* ---- 16-byte loads ------------------------------------------------------------------------- */
 
 __device__ __forceinline__ uint4 ld16(const void *p)
@@ -327,25 +342,28 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
                     const int j = t0 + grp * KB + u;
                     float sc = -INFINITY;
                     if (j < nk && (boff < 0 || dmask_bit(a.m, boff, qp - s_qbase[rr], j)))
-                        sc = dscore_mod(a, s[rr][u] * a.scale, s_h[rr], qp, k0 + j);
+                        sc = dscore_mod(a, s[rr][u] * a.scale, s_h[rr], qp, k0 + j) * DLOG2E;
                     s[rr][u] = sc;
                     mb = nmax(mb, sc);
                 }
                 const float mnew = nmax(mrow[rr], mb);
                 if (mnew == -INFINITY)
                     continue; /* nothing visible to this row yet */
-                const float alpha = expf(mrow[rr] - mnew);
                 float psum = 0.0f;
 #pragma unroll
                 for (int u = 0; u < KB; u++) {
-                    s[rr][u] = expf(s[rr][u] - mnew);
+                    s[rr][u] = dexp2(s[rr][u] - mnew);
                     psum += s[rr][u];
                 }
-                lrow[rr] = lrow[rr] * alpha + psum;
-                mrow[rr] = mnew;
+                if (mnew != mrow[rr]) { /* else alpha would be 1 (mostly: a steady maximum) */
+                    const float alpha = dexp2(mrow[rr] - mnew);
+                    lrow[rr] *= alpha;
 #pragma unroll
-                for (int e = 0; e < 8; e++)
-                    o[rr][e] *= alpha;
+                    for (int e = 0; e < 8; e++)
+                        o[rr][e] *= alpha;
+                    mrow[rr] = mnew;
+                }
+                lrow[rr] += psum;
                 act[rr] = true;
             }
             /* o += p V, each V word read and unpacked once for all rows (keys in order). */
@@ -376,7 +394,7 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
         for (int e = 0; e < 8; e++)
             st[gl * 8 + e] = o[rr][e];
         if (gl == 0) {
-            st[Dv] = mrow[rr];
+            st[Dv] = mrow[rr] * DLN2;
             st[Dv + 1] = lrow[rr];
         }
     }
