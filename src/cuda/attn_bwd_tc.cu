@@ -13,7 +13,9 @@
      dP^T = V dO^T stay in registers, P^T and dS^T = P^T (dP^T - D) are rounded to bf16 and
      fed straight back as the A operands of dV += P^T dO and dK += dS^T Q.
    - dQ: a thread block owns query rows of one q-block of one head and walks the kv-blocks
-     the rows visit, 64 keys at a time: S, dP, dS as above, dQ += dS K.
+     the rows visit, 64 keys at a time: S, dP, dS as above, dQ += dS K. Each warp keeps its
+     16 rows' Q fragments in registers for the whole walk (dO's are read from shared memory
+     at each use: the registers hold dQ).
    Q/dO (dK/dV kernel) and K/V (dQ kernel) tiles stream through shared memory by cp.async,
    double-buffered; rows are padded by 16 bytes so that ldmatrix reads are free of bank
    conflicts. Full blocks skip the bitmap; partial blocks test it; keys past a block or the
@@ -57,16 +59,30 @@ template <int HD> struct Tile {
     static constexpr int LDS = HD + 8, ELEMS = BT * LDS; /* ELEMS: a streamed tile */
 };
 
-/* Rows [row0, row0 + nvalid) of a row-major [., HD] tensor into the first `rows` rows of a
-   tile by cp.async (NTH threads); rows from nvalid on are zeros. */
-template <int HD, int NTH>
-__device__ __forceinline__ void tile_load(uint16_t *dst, const uint16_t *src, int64_t row0, int nvalid, int rows)
+/* Rows [row0, row0 + nvalid) of a row-major [., HD] tensor into the first ROWS rows of a
+   tile by cp.async (NTH threads); rows from nvalid on are zeros. Each thread moves one
+   column piece of every RSTEP-th row, so that its addresses are one pointer plus constants
+   (no division or 64-bit product per piece in the loops that stream the tiles). */
+template <int HD, int NTH, int ROWS>
+__device__ __forceinline__ void tile_load(uint16_t *dst, const uint16_t *src, int64_t row0, int nvalid)
 {
-    constexpr int CPR = HD / 8; /* 16-byte pieces per row */
-    for (int i = threadIdx.x; i < rows * CPR; i += NTH) {
-        const int r = i / CPR, c = i % CPR;
-        const bool ok = r < nvalid;
-        cp_async_16(dst + r * Tile<HD>::LDS + c * 8, ok ? src + (row0 + r) * HD + c * 8 : src, ok ? 16 : 0);
+    constexpr int CPR = HD / 8, LDS = Tile<HD>::LDS; /* CPR: 16-byte pieces per row */
+    if constexpr (NTH % CPR == 0 && ROWS % (NTH / CPR) == 0) {
+        constexpr int RSTEP = NTH / CPR;
+        const int r0 = threadIdx.x / CPR, c = threadIdx.x % CPR;
+        const uint16_t *gsrc = src + (row0 + r0) * HD + c * 8;
+        uint16_t *sdst = dst + r0 * LDS + c * 8;
+#pragma unroll
+        for (int it = 0; it < ROWS / RSTEP; it++) {
+            const bool ok = r0 + it * RSTEP < nvalid;
+            cp_async_16(sdst + it * RSTEP * LDS, ok ? gsrc + it * RSTEP * HD : src, ok ? 16 : 0);
+        }
+    } else {
+        for (int i = threadIdx.x; i < ROWS * CPR; i += NTH) {
+            const int r = i / CPR, c = i % CPR;
+            const bool ok = r < nvalid;
+            cp_async_16(dst + r * LDS + c * 8, ok ? src + (row0 + r) * HD + c * 8 : src, ok ? 16 : 0);
+        }
     }
 }
 
@@ -224,8 +240,8 @@ __device__ __forceinline__ void qchunk_load(const fx__cu_attn &a, const float *D
 {
     const int n = (int)c.n;
     const int64_t grow = c.h * a.Lq + c.pos - a.q_offset; /* a's pointers start at the batch */
-    tile_load<HD, NTH>(Qs, (const uint16_t *)a.q, grow, n, BT);
-    tile_load<HD, NTH>(dOs, (const uint16_t *)a.dout, grow, n, BT);
+    tile_load<HD, NTH, BT>(Qs, (const uint16_t *)a.q, grow, n);
+    tile_load<HD, NTH, BT>(dOs, (const uint16_t *)a.dout, grow, n);
     for (int r = threadIdx.x; r < BT; r += NTH) {
         lse2[r] = r < n ? lse_log2(a.lse[grow + r]) : INFINITY;
         di[r] = r < n ? Di[grow + r] : 0.0f;
@@ -260,8 +276,8 @@ __global__ void __launch_bounds__(32 * W) dkv_tc_kernel(fx__cu_attn a, const flo
     const float *Dib = Di + b * a.Hq * a.Lq;
 
     const int64_t krow0 = (b * a.Hkv + hkv) * a.Lkv + kpos0;
-    tile_load<HD, NTH>(Ks, (const uint16_t *)a.k, krow0, nkeys, RT);
-    tile_load<HD, NTH>(Vs, (const uint16_t *)a.v, krow0, nkeys, RT);
+    tile_load<HD, NTH, RT>(Ks, (const uint16_t *)a.k, krow0, nkeys);
+    tile_load<HD, NTH, RT>(Vs, (const uint16_t *)a.v, krow0, nkeys);
 
     QWalk w;
     w.b = b, w.kb = kb;
@@ -459,8 +475,9 @@ __global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const floa
     const int nr = (int)(hi - lo);
     const int64_t qrow0 = (b * a.Hq + h) * a.Lq + (lo - a.q_offset);
     const int64_t kbase = (b * a.Hkv + h / (a.Hq / a.Hkv)) * a.Lkv;
-    tile_load<HD, NTH>(Qs, (const uint16_t *)a.q, qrow0, nr, RT);
-    tile_load<HD, NTH>(dOs, (const uint16_t *)a.dout, qrow0, nr, RT);
+    tile_load<HD, NTH, RT>(Qs, (const uint16_t *)a.q, qrow0, nr);
+    tile_load<HD, NTH, RT>(dOs, (const uint16_t *)a.dout, qrow0, nr);
+    cp_async_commit(); /* a group of its own: Q goes to registers before the first keys land */
     for (int r = threadIdx.x; r < RT; r += NTH) {
         lse_s[r] = r < nr ? lse_log2(a.lse[qrow0 + r]) : INFINITY;
         di_s[r] = r < nr ? Di[qrow0 + r] : 0.0f;
@@ -477,8 +494,8 @@ __global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const floa
     KChunk cur = {}, nxt = {};
     bool have = kwalk_next(a, w, cur);
     if (have) {
-        tile_load<HD, NTH>(Ks, (const uint16_t *)a.k, kbase + cur.pos, (int)cur.n, BT);
-        tile_load<HD, NTH>(Vs, (const uint16_t *)a.v, kbase + cur.pos, (int)cur.n, BT);
+        tile_load<HD, NTH, BT>(Ks, (const uint16_t *)a.k, kbase + cur.pos, (int)cur.n);
+        tile_load<HD, NTH, BT>(Vs, (const uint16_t *)a.v, kbase + cur.pos, (int)cur.n);
     }
     cp_async_commit();
 
@@ -497,13 +514,21 @@ __global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const floa
 #pragma unroll
         for (int i = 0; i < 4; i++)
             dq[j][i] = 0.0f;
+    /* The warp's Q fragments stay in registers for the whole walk (the same for every key
+       tile); dO's are read from shared memory at each half, for want of registers. */
+    uint32_t qf[HD / 16][4];
+    cp_async_wait<1>();
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        ld_a<HD>(qf[kk], Qs, qr, kk * 16);
 
     int buf = 0;
     while (have) {
         const bool more = kwalk_next(a, w, nxt);
         if (more) {
-            tile_load<HD, NTH>(Ks + (buf ^ 1) * TE, (const uint16_t *)a.k, kbase + nxt.pos, (int)nxt.n, BT);
-            tile_load<HD, NTH>(Vs + (buf ^ 1) * TE, (const uint16_t *)a.v, kbase + nxt.pos, (int)nxt.n, BT);
+            tile_load<HD, NTH, BT>(Ks + (buf ^ 1) * TE, (const uint16_t *)a.k, kbase + nxt.pos, (int)nxt.n);
+            tile_load<HD, NTH, BT>(Vs + (buf ^ 1) * TE, (const uint16_t *)a.v, kbase + nxt.pos, (int)nxt.n);
         }
         cp_async_commit();
         cp_async_wait<1>();
@@ -528,16 +553,15 @@ __global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const floa
                     s[j][i] = dp[j][i] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < HD / 16; kk++) {
-                uint32_t qa[4], oa[4];
-                ld_a<HD>(qa, Qs, qr, kk * 16);
+                uint32_t oa[4];
                 ld_a<HD>(oa, dOs, qr, kk * 16);
 #pragma unroll
                 for (int nn = 0; nn < HALF / 16; nn++) {
                     uint32_t kb2[4], vb2[4];
                     ld_b_rows<HD>(kb2, Kb, kh * HALF + nn * 16, kk * 16);
                     ld_b_rows<HD>(vb2, Vb, kh * HALF + nn * 16, kk * 16);
-                    tc::mma(s[2 * nn], qa, kb2);
-                    tc::mma(s[2 * nn + 1], qa, kb2 + 2);
+                    tc::mma(s[2 * nn], qf[kk], kb2);
+                    tc::mma(s[2 * nn + 1], qf[kk], kb2 + 2);
                     tc::mma(dp[2 * nn], oa, vb2);
                     tc::mma(dp[2 * nn + 1], oa, vb2 + 2);
                 }
