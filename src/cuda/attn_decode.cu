@@ -3,17 +3,26 @@
    GQA group (all G query heads times all Lq positions, at most RT rows a block), so the
    cache is read once per KV head instead of once per query head.
 
-   Memory-bound by design: a lane group of D / 8 lanes holds one key's row, 8 elements a lane
-   in 16-byte loads (bfloat16; two for float32), each group loading a few keys at once; the
-   lanes keep their slice of the query rows and of the output in registers, and the dot
-   products are summed across the group by shuffles. Arithmetic is float32. Each lane group
-   runs its own online softmax over its share of the keys; at the end the groups are merged
-   in group order, and the splits (when there are several) in split order by a second kernel.
-   No atomics: the result is the same on every run.
+   Memory-bound by design, so K and V stream through shared memory in tiles of 16 KiB (each
+   thread's 64 + 64 bytes, copied by cp.async and read back by the same thread), DSTAGES = 4
+   tiles rotating: while a tile's products run, the next three are in flight. A lane group of
+   D / 8 lanes takes a few keys of each tile, 8 elements a lane; the lanes keep their slice
+   of the query rows and of the output in registers, and the dot products are summed across
+   the group by shuffles. Arithmetic is float32 (scores in base 2, exp2 by the hardware).
+   Each lane group runs its own online softmax over its share of the keys; at the end the
+   groups are merged in group order, and the splits (when there are several) in split order
+   by a second kernel. No atomics: the result is the same on every run.
 
-   Masks: the rows' visit lists are walked together, kv-block by kv-block, each row with its
-   own cursor; a block no row visits is never read, a partial block tests the bitmap per row
-   and key. Score mods and q_offset as in attention.cu. Calls outside what this kernel takes
+   Sizes (nvcc -Xptxas -v, sm_90a): bfloat16, D = 128, 4 rows a block (G = 4, Lq = 1): 162
+   registers and 64 KiB of stages, 3 blocks (12 warps) a multiprocessor, 3 x 48 KiB = 144 KiB
+   in flight a multiprocessor during the products (at least 96 KiB), against the ~25 KiB that
+   4.2 TB/s at ~700 ns of latency needs. 8 rows: about 250 registers, 2 blocks.
+
+   Masks: per window of DWIN kv-blocks, the rows' visit lists are walked, each row with its
+   own cursor, into each row's view of each block and the list of blocks some row visits;
+   only those are streamed (a block no row visits is never read), a partial block tests the
+   bitmap per row and key, keys past a block's end arrive as zeros and score -inf. Score mods
+   and q_offset as in attention.cu. Calls outside what this kernel takes
    (fx__cu_attn_decode_fits) go to the general forward. */
 #include "cuda/common.cuh"
 #include "cuda/mma.cuh"
@@ -128,9 +137,10 @@ template <typename T> struct KeysPerStep {
 /* The K/V pipeline. A tile is the block's DTHREADS x 128 bytes (16 KiB: 32 keys at D = 128
    in bfloat16, 16 in float32, in general 8192 / (D sizeof(T)) keys); each thread copies its
    own 64 + 64 bytes of it into shared memory by cp.async and later reads them back itself,
-   so the pipeline needs no barrier. DSTAGES tiles rotate: while a tile's products run, the
-   next DSTAGES - 2 are in flight and one more is issued after them, 32 to 48 KiB a block.
-   DWIN: kv-blocks whose per-row views are staged at once. */
+   so the pipeline needs no barrier. DSTAGES tiles rotate: tile c + DSTAGES - 1 is issued
+   once tile c is in (into the stage tile c - 1 left), so that DSTAGES - 1 tiles, 48 KiB a
+   block, are in flight during tile c's products. DWIN: kv-blocks whose per-row views are
+   staged at once (a window). */
 enum { DSTAGES = 4, DTILE_WORDS = 8, DWIN = 32 };
 
 /* LG: lanes per key (D / 8); RT: query rows per block. Block (x = (b, hkv, row group), y =
