@@ -272,10 +272,25 @@ __device__ __forceinline__ void mask_tile(const fx__cu_attn &a, float (&s)[MT][B
         }
 }
 
+/* True when any lane of the warp says so (every lane of the warp calls it). */
+__device__ __forceinline__ bool warp_any(bool x)
+{
+#ifdef FX_CUDA_EMU
+    return x; /* each lane alone: the callers' work is the identity where x is false */
+#else
+    return __any_sync(0xffffffffu, x);
+#endif
+}
+
 /* The online softmax step of rows g and g + 8 of each m-tile (a row spans the 4 lanes of a
    quad): new max m, rescaled sum l and output o, and s turned into probabilities. The scores
    are s * mul in base-2 units. fmaxf drops a NaN from the max, but the NaN's own exp2 still
-   makes the row sum, and with it out and lse, NaN. */
+   makes the row sum, and with it out and lse, NaN. With one m-tile a warp, a row's o is
+   rescaled only when the factor of that row in some quad of the warp differs from 1 (a
+   maximum grew): the skipped products are by exactly 1, so the bits are those of rescaling
+   always, and long rows, whose maximum seldom moves after the first tiles, skip D / 4
+   multiplications a lane a row most tiles. Two m-tiles a warp always rescale: the test and
+   its branch cost registers that shape does not have (ptxas spills at D = 128). */
 template <int MT, int OT>
 __device__ __forceinline__ void softmax_tile(float (&s)[MT][BN / 8][4], float (&o)[MT][OT][4], float (&m)[MT][2],
                                              float (&l)[MT][2], float mul)
@@ -302,11 +317,12 @@ __device__ __forceinline__ void softmax_tile(float (&s)[MT][BN / 8][4], float (&
                     sum += p;
                 }
             l[mt][rr] = l[mt][rr] * alpha + sum;
+            if (MT > 1 || warp_any(alpha != 1.0f))
 #pragma unroll
-            for (int d = 0; d < OT; d++) {
-                o[mt][d][2 * rr] *= alpha;
-                o[mt][d][2 * rr + 1] *= alpha;
-            }
+                for (int d = 0; d < OT; d++) {
+                    o[mt][d][2 * rr] *= alpha;
+                    o[mt][d][2 * rr + 1] *= alpha;
+                }
             m[mt][rr] = mnew;
         }
 }
