@@ -15,8 +15,9 @@
 
    Sizes (nvcc -Xptxas -v, sm_90a): bfloat16, D = 128, 4 rows a block (G = 4, Lq = 1): 162
    registers and 64 KiB of stages, 3 blocks (12 warps) a multiprocessor, 3 x 48 KiB = 144 KiB
-   in flight a multiprocessor during the products (at least 96 KiB), against the ~25 KiB that
-   4.2 TB/s at ~700 ns of latency needs. 8 rows: about 250 registers, 2 blocks.
+   in flight a multiprocessor during the products (96 KiB while a block waits on a tile),
+   against the ~25 KiB that 4.2 TB/s at ~700 ns of latency needs. 8 rows: about 250
+   registers, 2 blocks.
 
    Masks: per window of DWIN kv-blocks, the rows' visit lists are walked, each row with its
    own cursor, into each row's view of each block and the list of blocks some row visits;
@@ -532,7 +533,7 @@ template <typename T, int LG, int RT> int launch_rt(const fx__cu_attn *a, int64_
     int rc = allow_smem(kernel, smem, "attention decode");
     if (rc != FX_OK)
         return rc;
-    int dev = 0, sms = 0, per_sm = 3; /* the emulation's: what 158 registers and 64 KiB allow */
+    int dev = 0, sms = 0, per_sm = 3; /* the emulation's: what 162 registers and 64 KiB allow */
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
