@@ -121,6 +121,20 @@ __device__ __forceinline__ int64_t tc_rel_entry(const fx__cu_attn &a, int64_t d)
     return e < 0 ? 0 : e >= a.tsize ? a.tsize - 1 : e;
 }
 
+/* 2^x by the hardware's approximation (2 ulp, subnormal results flushed to zero), as the
+   tensor-core forward computes its probabilities; -inf gives 0. exp2f's own handling of
+   subnormal results costs instructions per pair for probabilities below 2^-126. */
+__device__ __forceinline__ float exp2_fast(float x)
+{
+#ifdef FX_CUDA_EMU
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
 /* One visible pair from its dot products s = q.k and dp = dO.v: *p = exp(S' - lse) with
    lse2 = lse log2(e), and the return value: the gradient w.r.t. the raw score s * scale,
    before the scale (applied once to the sums). MOD: a.mod may be other than NONE. */
@@ -129,7 +143,7 @@ __device__ __forceinline__ float pair_grad(const fx__cu_attn &a, float s, float 
                                            int64_t qpos, int64_t kpos, float *p)
 {
     if (!MOD) {
-        *p = exp2f(fmaf(s, a.scale * LOG2E, -lse2)); /* the product is hoisted out of the loops */
+        *p = exp2_fast(fmaf(s, a.scale * LOG2E, -lse2)); /* the product is hoisted out of the loops */
         return *p * (dp - di);
     }
     const float raw = s * a.scale;
@@ -143,7 +157,7 @@ __device__ __forceinline__ float pair_grad(const fx__cu_attn &a, float s, float 
     } else if (a.mod == FX__CU_MOD_REL_BIAS) {
         m = raw + a.table[(a.theads == 1 ? 0 : h) * a.tsize + tc_rel_entry(a, qpos - kpos)];
     }
-    *p = exp2f(fmaf(m, LOG2E, -lse2));
+    *p = exp2_fast(fmaf(m, LOG2E, -lse2));
     return *p * (dp - di) * gf;
 }
 
@@ -503,6 +517,7 @@ __global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const floa
     __syncthreads();          /* lse_s, di_s */
     float l2[2], dr[2];
     int64_t qpos[2];
+#pragma unroll
     for (int i = 0; i < 2; i++) {
         l2[i] = lse_s[qr + g + 8 * i];
         dr[i] = di_s[qr + g + 8 * i];
@@ -538,6 +553,7 @@ __global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const floa
            BT = 64 keys into the block, so one word each. */
         uint64_t bw[2] = {~0ull, ~0ull};
         if (cur.boff >= 0)
+#pragma unroll
             for (int i = 0; i < 2; i++)
                 if (qpos[i] < hi)
                     bw[i] = a.m.bits[cur.boff + (qpos[i] - base) * a.m.bm_words + (cur.pos - cur.base) / BT];
