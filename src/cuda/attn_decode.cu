@@ -8,12 +8,14 @@
    tiles rotating: while a tile's products run, the next three are in flight. A lane group of
    D / 8 lanes takes a few keys of each tile, 8 elements a lane; the lanes keep their slice
    of the query rows and of the output in registers, and the dot products are summed across
-   the group by shuffles. Arithmetic is float32 (scores in base 2, exp2 by the hardware).
+   the group by shuffles (the first level splits the keys between the group's halves, which
+   turn their half into probabilities and trade them back). Arithmetic is float32 (scores in
+   base 2, exp2 by the hardware).
    Each lane group runs its own online softmax over its share of the keys; at the end the
    groups are merged in group order, and the splits (when there are several) in split order
    by a second kernel. No atomics: the result is the same on every run.
 
-   Sizes (nvcc -Xptxas -v, sm_90a): bfloat16, D = 128, 4 rows a block (G = 4, Lq = 1): 162
+   Sizes (nvcc -Xptxas -v, sm_90a): bfloat16, D = 128, 4 rows a block (G = 4, Lq = 1): 156
    registers and 64 KiB of stages, 3 blocks (12 warps) a multiprocessor, 3 x 48 KiB = 144 KiB
    in flight a multiprocessor during the products (96 KiB while a block waits on a tile),
    against the ~25 KiB that 4.2 TB/s at ~700 ns of latency needs. 8 rows: about 250
@@ -150,7 +152,7 @@ enum { DSTAGES = 4, DTILE_WORDS = 8, DWIN = 32 };
 template <typename T, int LG, int RT>
 __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t ngroups, int nsplit, float *part)
 {
-    constexpr int KB = KeysPerStep<T>::N, W = Words<T>::N, NG = DTHREADS / LG, TK = NG * KB;
+    constexpr int KB = KeysPerStep<T>::N, KH = KB / 2, W = Words<T>::N, NG = DTHREADS / LG, TK = NG * KB;
     static_assert(2 * KB * W == DTILE_WORDS, "a thread's share of a tile");
     FX_DYN_SMEM(uint4, smv);
     float *sm = (float *)smv; /* after the key loop: the lane groups' states */
@@ -330,16 +332,31 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
                     s[rr][u] = acc;
                 }
             }
-            /* Sums across the lane group (a butterfly: the same value in every lane). */
+            /* Sums across the lane group. The first level splits the keys: the lower half of
+               the group goes on with keys 0 .. KH - 1, the upper with KH .. KB - 1 (both
+               halves add lower + upper); then a butterfly in each half, so that every lane
+               of a half holds the same sums. */
+            const bool hi = (gl & (LG / 2)) != 0;
+            float sh[RT][KH];
 #pragma unroll
-            for (int off = LG / 2; off > 0; off >>= 1)
+            for (int rr = 0; rr < RT; rr++)
+#pragma unroll
+                for (int u = 0; u < KH; u++) {
+                    const float mine = hi ? s[rr][u + KH] : s[rr][u], send = hi ? s[rr][u] : s[rr][u + KH];
+                    const float got = __shfl_xor_sync(0xffffffffu, send, LG / 2);
+                    sh[rr][u] = hi ? got + mine : mine + got;
+                }
+#pragma unroll
+            for (int off = LG / 4; off > 0; off >>= 1)
 #pragma unroll
                 for (int rr = 0; rr < RT; rr++)
 #pragma unroll
-                    for (int u = 0; u < KB; u++)
-                        s[rr][u] += __shfl_xor_sync(0xffffffffu, s[rr][u], off);
-            /* Per row: scores to probabilities in s, the state rescaled; act: rows that take
-               this tile's values (uniform over the lane group). */
+                    for (int u = 0; u < KH; u++)
+                        sh[rr][u] += __shfl_xor_sync(0xffffffffu, sh[rr][u], off);
+            /* Per row: each half's scores to probabilities, the maximum and the sum across
+               the halves, every probability back in s for o += p V; act: rows that take this
+               tile's values (uniform over the lane group). The shuffles run for every row
+               some row of the block visits, in every lane. */
             bool act[RT];
 #pragma unroll
             for (int rr = 0; rr < RT; rr++) {
@@ -349,23 +366,32 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
                 const int64_t boff = s_boff[w][rr], qp = s_qpos[rr];
                 float mb = -INFINITY;
 #pragma unroll
-                for (int u = 0; u < KB; u++) {
-                    const int j = t0 + grp * KB + u;
+                for (int u = 0; u < KH; u++) {
+                    const int j = t0 + grp * KB + (hi ? u + KH : u);
                     float sc = -INFINITY;
                     if (j < nk && (boff < 0 || dmask_bit(a.m, boff, qp - s_qbase[rr], j)))
-                        sc = dscore_mod(a, s[rr][u] * a.scale, s_h[rr], qp, k0 + j) * DLOG2E;
-                    s[rr][u] = sc;
+                        sc = dscore_mod(a, sh[rr][u] * a.scale, s_h[rr], qp, k0 + j) * DLOG2E;
+                    sh[rr][u] = sc;
                     mb = nmax(mb, sc);
                 }
-                const float mnew = nmax(mrow[rr], mb);
-                if (mnew == -INFINITY)
-                    continue; /* nothing visible to this row yet */
-                float psum = 0.0f;
+                const float mo = __shfl_xor_sync(0xffffffffu, mb, LG / 2);
+                const float mnew = nmax(mrow[rr], hi ? nmax(mo, mb) : nmax(mb, mo));
+                const bool live = mnew != -INFINITY; /* else nothing visible to this row yet */
+                float ps = 0.0f;
 #pragma unroll
-                for (int u = 0; u < KB; u++) {
-                    s[rr][u] = dexp2(s[rr][u] - mnew);
-                    psum += s[rr][u];
+                for (int u = 0; u < KH; u++) {
+                    sh[rr][u] = live ? dexp2(sh[rr][u] - mnew) : 0.0f;
+                    ps += sh[rr][u];
                 }
+                const float po = __shfl_xor_sync(0xffffffffu, ps, LG / 2);
+#pragma unroll
+                for (int u = 0; u < KH; u++) {
+                    const float other = __shfl_xor_sync(0xffffffffu, sh[rr][u], LG / 2);
+                    s[rr][u] = hi ? other : sh[rr][u];
+                    s[rr][u + KH] = hi ? sh[rr][u] : other;
+                }
+                if (!live)
+                    continue;
                 if (mnew != mrow[rr]) { /* else alpha would be 1 (mostly: a steady maximum) */
                     const float alpha = dexp2(mrow[rr] - mnew);
                     lrow[rr] *= alpha;
@@ -374,7 +400,7 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
                         o[rr][e] *= alpha;
                     mrow[rr] = mnew;
                 }
-                lrow[rr] += psum;
+                lrow[rr] += hi ? po + ps : ps + po;
                 act[rr] = true;
             }
             /* o += p V, each V word read and unpacked once for all rows (keys in order). */
@@ -533,7 +559,7 @@ template <typename T, int LG, int RT> int launch_rt(const fx__cu_attn *a, int64_
     int rc = allow_smem(kernel, smem, "attention decode");
     if (rc != FX_OK)
         return rc;
-    int dev = 0, sms = 0, per_sm = 3; /* the emulation's: what 162 registers and 64 KiB allow */
+    int dev = 0, sms = 0, per_sm = 3; /* the emulation's: what 156 registers and 64 KiB allow */
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
