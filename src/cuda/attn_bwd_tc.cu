@@ -247,18 +247,38 @@ __device__ __forceinline__ bool qwalk_next(const fx__cu_attn &a, QWalk &w, QChun
     }
 }
 
-/* Q and dO rows of a chunk into buffer tiles (cp.async), their lse and D_i into shared floats. */
+/* Q and dO rows of a chunk into buffer tiles (cp.async). */
 template <int HD, int NTH>
-__device__ __forceinline__ void qchunk_load(const fx__cu_attn &a, const float *Di, const QChunk &c, uint16_t *Qs,
-                                            uint16_t *dOs, float *lse2, float *di)
+__device__ __forceinline__ void qchunk_load(const fx__cu_attn &a, const QChunk &c, uint16_t *Qs, uint16_t *dOs)
 {
-    const int n = (int)c.n;
     const int64_t grow = c.h * a.Lq + c.pos - a.q_offset; /* a's pointers start at the batch */
-    tile_load<HD, NTH, BT>(Qs, (const uint16_t *)a.q, grow, n);
-    tile_load<HD, NTH, BT>(dOs, (const uint16_t *)a.dout, grow, n);
-    for (int r = threadIdx.x; r < BT; r += NTH) {
-        lse2[r] = r < n ? lse_log2(a.lse[grow + r]) : INFINITY;
-        di[r] = r < n ? Di[grow + r] : 0.0f;
+    tile_load<HD, NTH, BT>(Qs, (const uint16_t *)a.q, grow, (int)c.n);
+    tile_load<HD, NTH, BT>(dOs, (const uint16_t *)a.dout, grow, (int)c.n);
+}
+
+/* Row threadIdx.x of a chunk (threads 0 .. BT - 1): its lse (-inf past the chunk) and D_i,
+   read into registers so that the loads can fly while the current chunk is used, then
+   stored to shared memory in the form pair_grad takes. */
+struct QRow {
+    float lse, di;
+};
+
+__device__ __forceinline__ QRow qrow_read(const fx__cu_attn &a, const float *Di, const QChunk &c)
+{
+    QRow r = {-INFINITY, 0.0f};
+    if (threadIdx.x < c.n) {
+        const int64_t i = c.h * a.Lq + c.pos - a.q_offset + threadIdx.x;
+        r.lse = a.lse[i];
+        r.di = Di[i];
+    }
+    return r;
+}
+
+__device__ __forceinline__ void qrow_store(float *lse2, float *di, const QRow &r)
+{
+    if (threadIdx.x < BT) {
+        lse2[threadIdx.x] = lse_log2(r.lse); /* +inf past the chunk: P = 0 there */
+        di[threadIdx.x] = r.di;
     }
 }
 
@@ -299,8 +319,11 @@ __global__ void __launch_bounds__(32 * W) dkv_tc_kernel(fx__cu_attn a, const flo
     w.f = w.f1 = w.pos = w.end = w.base = 0, w.boff = -1;
     QChunk cur = {}, nxt = {};
     bool have = qwalk_next(ab, w, cur);
-    if (have)
-        qchunk_load<HD, NTH>(ab, Dib, cur, Qs, dOs, lse_s, di_s);
+    static_assert(NTH >= BT, "a row of a chunk a thread");
+    if (have) {
+        qchunk_load<HD, NTH>(ab, cur, Qs, dOs);
+        qrow_store(lse_s, di_s, qrow_read(ab, Dib, cur));
+    }
     cp_async_commit();
 
     float dk[NT][4], dv[NT][4];
@@ -314,9 +337,11 @@ __global__ void __launch_bounds__(32 * W) dkv_tc_kernel(fx__cu_attn a, const flo
     int buf = 0;
     while (have) {
         const bool more = qwalk_next(ab, w, nxt);
-        if (more)
-            qchunk_load<HD, NTH>(ab, Dib, nxt, Qs + (buf ^ 1) * TE, dOs + (buf ^ 1) * TE, lse_s + (buf ^ 1) * BT,
-                            di_s + (buf ^ 1) * BT);
+        QRow nrow = {-INFINITY, 0.0f};
+        if (more) {
+            qchunk_load<HD, NTH>(ab, nxt, Qs + (buf ^ 1) * TE, dOs + (buf ^ 1) * TE);
+            nrow = qrow_read(ab, Dib, nxt); /* stored after this chunk's products */
+        }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();
@@ -385,6 +410,10 @@ __global__ void __launch_bounds__(32 * W) dkv_tc_kernel(fx__cu_attn a, const flo
                 }
             }
         }
+        /* The next chunk's rows: the other buffer's, which every warp finished reading
+           before the barrier that ended the last chunk. */
+        if (more)
+            qrow_store(lse_s + (buf ^ 1) * BT, di_s + (buf ^ 1) * BT, nrow);
         __syncthreads(); /* the buffer is refilled two chunks on */
         cur = nxt;
         have = more;
