@@ -472,9 +472,20 @@ struct KChunk {
     int64_t pos, n, base, boff;
 };
 
+/* The dQ block's walk: list entries [e, e1), keys [pos, end) of the current kv-block. nkb,
+   nboff: entry e's block and bitmap, read when the entry before it is taken, so that moving
+   to a new kv-block (which decides the next tiles' addresses) does not wait on memory. */
 struct KWalk {
-    int64_t e, e1, pos, end, base, boff;
+    int64_t e, e1, pos, end, base, boff, nkb, nboff;
 };
+
+__device__ __forceinline__ void kwalk_fetch(const fx__cu_attn &a, KWalk &w)
+{
+    if (w.e < w.e1) {
+        w.nkb = a.has_mask ? (int64_t)a.m.kv_idx[w.e] : w.e;
+        w.nboff = a.has_mask ? a.m.kv_bits[w.e] : -1;
+    }
+}
 
 __device__ __forceinline__ bool kwalk_next(const fx__cu_attn &a, KWalk &w, KChunk &c)
 {
@@ -486,10 +497,10 @@ __device__ __forceinline__ bool kwalk_next(const fx__cu_attn &a, KWalk &w, KChun
         }
         if (w.e >= w.e1)
             return false;
-        const int64_t e = w.e++;
-        const int64_t kb = a.has_mask ? a.m.kv_idx[e] : e;
-        w.base = kb * a.bk;
-        w.boff = a.has_mask ? a.m.kv_bits[e] : -1;
+        w.base = w.nkb * a.bk;
+        w.boff = w.nboff;
+        w.e++;
+        kwalk_fetch(a, w);
         w.pos = w.base;
         w.end = min(w.base + a.bk, a.Lkv); /* empty for a block past this call's keys */
     }
@@ -533,7 +544,8 @@ __global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const floa
     } else {
         w.e = 0, w.e1 = a.nkb;
     }
-    w.pos = w.end = w.base = 0, w.boff = -1;
+    w.pos = w.end = w.base = 0, w.boff = w.nkb = w.nboff = -1;
+    kwalk_fetch(a, w);
     KChunk cur = {}, nxt = {};
     bool have = kwalk_next(a, w, cur);
     if (have) {
