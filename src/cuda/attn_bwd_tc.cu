@@ -206,8 +206,19 @@ struct QChunk {
 /* The dK/dV block's walk: heads [h, hend) of the group, the q-blocks visiting kv-block kb (list
    entries [f, f1)), rows [pos, end) of the current q-block. */
 struct QWalk {
-    int64_t b, kb, h, hend, f, f1, pos, end, base, boff;
+    int64_t b, kb, h, hend, f, f1, pos, end, base, boff, nqb, nqboff;
 };
+
+/* nqb, nqboff: entry f's q-block (f itself without a mask) and bitmap, read when the entry
+   before it is taken, so that moving to a new q-block (which decides the next tiles'
+   addresses, before this chunk's products) does not wait on memory. */
+__device__ __forceinline__ void qwalk_fetch(const fx__cu_attn &a, QWalk &w)
+{
+    if (w.f < w.f1) {
+        w.nqb = a.has_mask ? (int64_t)a.m.q_idx[w.f] : w.f;
+        w.nqboff = a.has_mask ? a.m.q_bits[w.f] : -1;
+    }
+}
 
 __device__ __forceinline__ bool qwalk_next(const fx__cu_attn &a, QWalk &w, QChunk &c)
 {
@@ -218,15 +229,16 @@ __device__ __forceinline__ bool qwalk_next(const fx__cu_attn &a, QWalk &w, QChun
             return true;
         }
         if (w.f < w.f1) {
-            const int64_t f = w.f++;
+            const int64_t qb = w.nqb, boff = w.nqboff;
+            w.f++;
+            qwalk_fetch(a, w);
             if (a.has_mask) {
-                const int64_t qb = a.m.q_idx[f];
                 if (qb < a.qb_lo || qb >= a.qb_lo + a.n_qb)
                     continue; /* a q-block outside this call's rows */
                 w.base = qb * a.bq;
-                w.boff = a.m.q_bits[f];
+                w.boff = boff;
             } else {
-                w.base = a.q_offset + f * a.bq;
+                w.base = a.q_offset + qb * a.bq;
                 w.boff = -1;
             }
             w.pos = max(w.base, a.q_offset);
@@ -244,6 +256,7 @@ __device__ __forceinline__ bool qwalk_next(const fx__cu_attn &a, QWalk &w, QChun
             w.f = 0;
             w.f1 = a.n_qb;
         }
+        qwalk_fetch(a, w);
     }
 }
 
@@ -316,7 +329,7 @@ __global__ void __launch_bounds__(32 * W) dkv_tc_kernel(fx__cu_attn a, const flo
     QWalk w;
     w.b = b, w.kb = kb;
     w.h = hkv * G + split * G / hs - 1, w.hend = hkv * G + (split + 1) * G / hs;
-    w.f = w.f1 = w.pos = w.end = w.base = 0, w.boff = -1;
+    w.f = w.f1 = w.pos = w.end = w.base = 0, w.boff = w.nqb = w.nqboff = -1;
     QChunk cur = {}, nxt = {};
     bool have = qwalk_next(ab, w, cur);
     static_assert(NTH >= BT, "a row of a chunk a thread");
