@@ -296,7 +296,8 @@ __device__ __forceinline__ void qrow_store(float *lse2, float *di, const QRow &r
 }
 
 template <typename T, int HD, int W, bool MOD>
-__global__ void __launch_bounds__(32 * W) dkv_tc_kernel(fx__cu_attn a, const float *Di, float *part, int hs, int64_t hsec)
+__global__ void __launch_bounds__(32 * W)
+    dkv_tc_kernel(fx__cu_attn a, const float *Di, float *part, int hs, int64_t hsec)
 {
     typedef tc_type<T> tc;
     constexpr int TE = Tile<HD>::ELEMS, NT = HD / 8, RT = 16 * W, NTH = 32 * W;
