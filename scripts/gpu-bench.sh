@@ -30,6 +30,6 @@ if [[ ! -x $build/bench_cuda ]]; then
     exit 2
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
-echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "built from commit $(cat "$build/commit" 2>/dev/null || echo unknown)"
 export PYTHONUNBUFFERED=1
 exec python3 bench/cuda_vs_torch.py "$build" "$@"
