@@ -14,7 +14,7 @@
    ascending, then rows). No floating-point atomics anywhere, so the result does not depend
    on how the GPU schedules blocks. The forward's split-KV partials are merged in split
    order. */
-#include "cuda/common.cuh"
+#include "cuda/attn_rules.cuh"
 
 /* The tensor-core forward (attn_fwd_tc.cu): whether it takes a call (bfloat16, D == Dv in
    {32, 64, 96, 128, 256}, 16-byte aligned tensors), and its launch, which writes out and lse, or
@@ -30,53 +30,6 @@ namespace {
 enum { ROWS = 16, RPW = 4, KT = 32, THREADS = 128, DT = FX__CU_DMAX / 32 };
 
 /* ---- score mods and masks ----------------------------------------------------------------- */
-
-/* The rel_bias entry of distance d: clamp(d + zero, 0, size - 1), without overflow. */
-__device__ __forceinline__ int64_t rel_entry(const fx__cu_attn &a, int64_t d)
-{
-    if (a.tzero > 0 && d > INT64_MAX - a.tzero)
-        return a.tsize - 1;
-    if (a.tzero < 0 && d < INT64_MIN - a.tzero)
-        return 0;
-    const int64_t e = d + a.tzero;
-    return e < 0 ? 0 : e >= a.tsize ? a.tsize - 1 : e;
-}
-
-/* The modified score of raw score s (query qpos, key kpos, query head h). */
-__device__ __forceinline__ float score_mod(const fx__cu_attn &a, float s, int64_t h, int64_t qpos, int64_t kpos)
-{
-    switch (a.mod) {
-    case FX__CU_MOD_ALIBI:
-        return s + a.slopes[h] * (float)(kpos - qpos);
-    case FX__CU_MOD_SOFTCAP:
-        return a.cap * tanhf(s / a.cap);
-    case FX__CU_MOD_REL_BIAS:
-        return s + a.table[(a.theads == 1 ? 0 : h) * a.tsize + rel_entry(a, qpos - kpos)];
-    default:
-        return s;
-    }
-}
-
-/* Gradient w.r.t. the raw score s from g, the gradient w.r.t. the modified one. */
-__device__ __forceinline__ float score_grad(const fx__cu_attn &a, float s, float g)
-{
-    if (a.mod == FX__CU_MOD_SOFTCAP) {
-        const float t = tanhf(s / a.cap);
-        return g * (1.0f - t * t);
-    }
-    return g;
-}
-
-/* Bit (i, j) of the bitmap at word offset off. */
-__device__ __forceinline__ bool mask_bit(const fx__cu_mask &m, int64_t off, int64_t i, int64_t j)
-{
-    return (m.bits[off + i * m.bm_words + (j >> 6)] >> (j & 63)) & 1u;
-}
-
-__device__ __forceinline__ int64_t mask_slot(const fx__cu_mask &m, int64_t b, int64_t h)
-{
-    return (m.B == 1 ? 0 : b) * m.H + (m.H == 1 ? 0 : h);
-}
 
 /* out row and lse from the running state (m, l, o): out = o / l, lse = m + log l; a row that
    saw no key gets zeros and -inf; a NaN anywhere in the row reaches both. */

@@ -28,7 +28,7 @@
    into hs contiguous head ranges, each thread block writes float32 partial dK/dV to scratch
    and a second kernel adds the ranges in ascending order; hs depends only on the sizes and
    the device's multiprocessor count, so a call repeats bitwise on one GPU. */
-#include "cuda/common.cuh"
+#include "cuda/attn_rules.cuh"
 #include "cuda/mma.cuh"
 
 namespace fxcu {
@@ -38,8 +38,6 @@ namespace {
    16 a warp, and streams the other side through shared memory BT = 64 rows at a time. Each
    warp computes S in halves of HALF columns to keep its registers for dK/dV or dQ. */
 enum { BT = 64, HALF = 32 };
-
-constexpr float LOG2E = 1.4426950408889634f;
 
 /* The tensor-core product and the packing for the element type. */
 template <typename T> struct tc_type;
@@ -110,31 +108,6 @@ template <int HD> __device__ __forceinline__ void ld_b_cols(uint32_t r[4], const
 
 /* ---- scores ------------------------------------------------------------------------------- */
 
-/* The rel_bias entry of distance d (as in attention.cu). */
-__device__ __forceinline__ int64_t tc_rel_entry(const fx__cu_attn &a, int64_t d)
-{
-    if (a.tzero > 0 && d > INT64_MAX - a.tzero)
-        return a.tsize - 1;
-    if (a.tzero < 0 && d < INT64_MIN - a.tzero)
-        return 0;
-    const int64_t e = d + a.tzero;
-    return e < 0 ? 0 : e >= a.tsize ? a.tsize - 1 : e;
-}
-
-/* 2^x by the hardware's approximation (2 ulp, subnormal results flushed to zero), as the
-   tensor-core forward computes its probabilities; -inf gives 0. exp2f's own handling of
-   subnormal results costs instructions per pair for probabilities below 2^-126. */
-__device__ __forceinline__ float exp2_fast(float x)
-{
-#ifdef FX_CUDA_EMU
-    return exp2f(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
-
 /* One visible pair from its dot products s = q.k and dp = dO.v: *p = exp(S' - lse) with
    lse2 = lse log2(e), and the return value: the gradient w.r.t. the raw score s * scale,
    before the scale (applied once to the sums). MOD: a.mod may be other than NONE. */
@@ -155,7 +128,7 @@ __device__ __forceinline__ float pair_grad(const fx__cu_attn &a, float s, float 
         m = a.cap * th;
         gf = 1.0f - th * th;
     } else if (a.mod == FX__CU_MOD_REL_BIAS) {
-        m = raw + a.table[(a.theads == 1 ? 0 : h) * a.tsize + tc_rel_entry(a, qpos - kpos)];
+        m = raw + a.table[(a.theads == 1 ? 0 : h) * a.tsize + rel_entry(a, qpos - kpos)];
     }
     *p = exp2_fast(fmaf(m, LOG2E, -lse2));
     return *p * (dp - di) * gf;
@@ -163,11 +136,6 @@ __device__ __forceinline__ float pair_grad(const fx__cu_attn &a, float s, float 
 
 /* lse in the form pair_grad takes: +inf for a row that sees nothing (P = 0), NaN kept. */
 __device__ __forceinline__ float lse_log2(float lse) { return lse == -INFINITY ? INFINITY : lse * LOG2E; }
-
-__device__ __forceinline__ int64_t tc_mask_slot(const fx__cu_mask &m, int64_t b, int64_t h)
-{
-    return (m.B == 1 ? 0 : b) * m.H + (m.H == 1 ? 0 : h);
-}
 
 /* Two floats as one 32-bit store of T (column pairs of an accumulator). */
 template <typename T> __device__ __forceinline__ void store2(T *p, int64_t i, float lo, float hi)
@@ -249,7 +217,7 @@ __device__ __forceinline__ bool qwalk_next(const fx__cu_attn &a, QWalk &w, QChun
             return false;
         w.h++;
         if (a.has_mask) {
-            const int64_t col = tc_mask_slot(a.m, w.b, w.h) * a.m.nkb + w.kb;
+            const int64_t col = mask_slot(a.m, w.b, w.h) * a.m.nkb + w.kb;
             w.f = a.m.q_ptr[col];
             w.f1 = a.m.q_ptr[col + 1];
         } else {
@@ -553,7 +521,7 @@ __global__ void __launch_bounds__(32 * W) dq_tc_kernel(fx__cu_attn a, const floa
 
     KWalk w;
     if (a.has_mask) {
-        const int64_t r = tc_mask_slot(a.m, b, h) * a.m.nqb + a.qb_lo + qbi;
+        const int64_t r = mask_slot(a.m, b, h) * a.m.nqb + a.qb_lo + qbi;
         w.e = a.m.kv_ptr[r], w.e1 = a.m.kv_ptr[r + 1];
     } else {
         w.e = 0, w.e1 = a.nkb;

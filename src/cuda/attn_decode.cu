@@ -27,59 +27,13 @@
    bitmap per row and key, keys past a block's end arrive as zeros and score -inf. Score mods
    and q_offset as in attention.cu. Calls outside what this kernel takes
    (fx__cu_attn_decode_fits) go to the general forward. */
-#include "cuda/common.cuh"
+#include "cuda/attn_rules.cuh"
 #include "cuda/mma.cuh"
 
 namespace fxcu {
 namespace {
 
 enum { DTHREADS = 128, DWARPS = DTHREADS / 32, DROWS = 64, DPOS = 8, DMAXSPLIT = 64 };
-
-/* ---- masks and score mods (the rules of attention.cu's kernels) -------------------------- */
-
-__device__ __forceinline__ int64_t drel_entry(const fx__cu_attn &a, int64_t d)
-{
-    if (a.tzero > 0 && d > INT64_MAX - a.tzero)
-        return a.tsize - 1;
-    if (a.tzero < 0 && d < INT64_MIN - a.tzero)
-        return 0;
-    const int64_t e = d + a.tzero;
-    return e < 0 ? 0 : e >= a.tsize ? a.tsize - 1 : e;
-}
-
-__device__ __forceinline__ float dscore_mod(const fx__cu_attn &a, float s, int64_t h, int64_t qpos, int64_t kpos)
-{
-    switch (a.mod) {
-    case FX__CU_MOD_ALIBI:
-        return s + a.slopes[h] * (float)(kpos - qpos);
-    case FX__CU_MOD_SOFTCAP:
-        return a.cap * tanhf(s / a.cap);
-    case FX__CU_MOD_REL_BIAS:
-        return s + a.table[(a.theads == 1 ? 0 : h) * a.tsize + drel_entry(a, qpos - kpos)];
-    default:
-        return s;
-    }
-}
-
-__device__ __forceinline__ bool dmask_bit(const fx__cu_mask &m, int64_t off, int64_t i, int64_t j)
-{
-    return (m.bits[off + i * m.bm_words + (j >> 6)] >> (j & 63)) & 1u;
-}
-
-/* 2^x; -inf gives 0. The hardware's approximation (2 ulp) on a GPU, as in attn_fwd_tc.cu: the
-   key loop keeps scores and row maxima in base 2 (times log2 e), the states it hands on are
-   in base e again. */
-constexpr float DLOG2E = 1.4426950408889634f, DLN2 = 0.6931471805599453f;
-__device__ __forceinline__ float dexp2(float x)
-{
-#ifdef FX_CUDA_EMU
-    return exp2f(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
 
 /* ---- 16-byte loads ------------------------------------------------------------------------- */
 
@@ -368,9 +322,11 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
 #pragma unroll
                 for (int u = 0; u < KH; u++) {
                     const int j = t0 + grp * KB + (hi ? u + KH : u);
+                    /* Scores and row maxima in base 2 (times log2 e) within the key
+                       loop; the states handed on are in base e again. */
                     float sc = -INFINITY;
-                    if (j < nk && (boff < 0 || dmask_bit(a.m, boff, qp - s_qbase[rr], j)))
-                        sc = dscore_mod(a, sh[rr][u] * a.scale, s_h[rr], qp, k0 + j) * DLOG2E;
+                    if (j < nk && (boff < 0 || mask_bit(a.m, boff, qp - s_qbase[rr], j)))
+                        sc = score_mod(a, sh[rr][u] * a.scale, s_h[rr], qp, k0 + j) * LOG2E;
                     sh[rr][u] = sc;
                     mb = nmax(mb, sc);
                 }
@@ -380,7 +336,7 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
                 float ps = 0.0f;
 #pragma unroll
                 for (int u = 0; u < KH; u++) {
-                    sh[rr][u] = live ? dexp2(sh[rr][u] - mnew) : 0.0f;
+                    sh[rr][u] = live ? exp2_fast(sh[rr][u] - mnew) : 0.0f;
                     ps += sh[rr][u];
                 }
                 const float po = __shfl_xor_sync(0xffffffffu, ps, LG / 2);
@@ -393,7 +349,7 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
                 if (!live)
                     continue;
                 if (mnew != mrow[rr]) { /* else alpha would be 1 (mostly: a steady maximum) */
-                    const float alpha = dexp2(mrow[rr] - mnew);
+                    const float alpha = exp2_fast(mrow[rr] - mnew);
                     lrow[rr] *= alpha;
 #pragma unroll
                     for (int e = 0; e < 8; e++)
@@ -431,7 +387,7 @@ __global__ void __launch_bounds__(DTHREADS) decode_kernel(fx__cu_attn a, int64_t
         for (int e = 0; e < 8; e++)
             st[gl * 8 + e] = o[rr][e];
         if (gl == 0) {
-            st[Dv] = mrow[rr] * DLN2;
+            st[Dv] = mrow[rr] * LN2;
             st[Dv + 1] = lrow[rr];
         }
     }

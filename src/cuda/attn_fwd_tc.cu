@@ -24,7 +24,7 @@
 
    Determinism: every sum of a row has one order fixed by the sizes (tiles ascending, the
    mma's own order within one), no atomics; the result does not depend on scheduling. */
-#include "cuda/common.cuh"
+#include "cuda/attn_rules.cuh"
 #include "cuda/mma.cuh"
 
 #include <stdlib.h>
@@ -33,7 +33,6 @@ namespace fxcu {
 namespace {
 
 enum { BN = 64 };
-constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
 template <typename T> struct Elem;
 template <> struct Elem<bf16> {
@@ -43,44 +42,6 @@ template <> struct Elem<bf16> {
         mma_16816_bf16(d, a, b, d);
     }
 };
-
-/* 2^x; -inf gives 0. The hardware's approximation (2 ulp) on a GPU. */
-__device__ __forceinline__ float exp2_fast(float x)
-{
-#ifdef FX_CUDA_EMU
-    return exp2f(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
-
-/* ---- masks and score mods (the same rules as attention.cu's scalar kernels) -------------- */
-
-__device__ __forceinline__ int64_t rel_entry(const fx__cu_attn &a, int64_t d)
-{
-    if (a.tzero > 0 && d > INT64_MAX - a.tzero)
-        return a.tsize - 1;
-    if (a.tzero < 0 && d < INT64_MIN - a.tzero)
-        return 0;
-    const int64_t e = d + a.tzero;
-    return e < 0 ? 0 : e >= a.tsize ? a.tsize - 1 : e;
-}
-
-__device__ __forceinline__ float score_mod(const fx__cu_attn &a, float s, int64_t h, int64_t qpos, int64_t kpos)
-{
-    switch (a.mod) {
-    case FX__CU_MOD_ALIBI:
-        return s + a.slopes[h] * (float)(kpos - qpos);
-    case FX__CU_MOD_SOFTCAP:
-        return a.cap * tanhf(s / a.cap);
-    case FX__CU_MOD_REL_BIAS:
-        return s + a.table[(a.theads == 1 ? 0 : h) * a.tsize + rel_entry(a, qpos - kpos)];
-    default:
-        return s;
-    }
-}
 
 /* The rows a block owns: head h of batch b, positions [lo, hi) of the q-block starting at
    base.
