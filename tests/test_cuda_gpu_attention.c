@@ -4,42 +4,7 @@
    bfloat16 (on tensor cores where the forward takes the shape); each device result is also computed twice and must repeat bitwise. The
    backward's dQ, dK, dV and the rel_bias table gradient are compared the same way.
    Skipped (77) without a GPU; see tests/cuda_gpu.h for the tolerances. */
-#include "cuda_gpu.h"
-
-/* The score mod's context with its arrays on the device (what a device call takes). */
-typedef struct dev_ctx {
-    fx_score_alibi_ctx alibi;
-    fx_score_rel_bias_ctx rel;
-    const void *ctx;
-    float *grad_table; /* device, NULL when not wanted */
-    size_t ntab;
-} dev_ctx;
-
-static void dev_ctx_make(dev_ctx *d, const fx_attention *a)
-{
-    memset(d, 0, sizeof *d);
-    d->ctx = a->score_ctx;
-    if (a->score_mod == fx_score_alibi) {
-        d->alibi.slopes = gpu_upload(((const fx_score_alibi_ctx *)a->score_ctx)->slopes, (size_t)a->Hq * sizeof(float));
-        d->ctx = &d->alibi;
-    } else if (a->score_mod == fx_score_rel_bias) {
-        d->rel = *(const fx_score_rel_bias_ctx *)a->score_ctx;
-        d->ntab = (size_t)(d->rel.heads * d->rel.size);
-        d->rel.table = gpu_upload(d->rel.table, d->ntab * sizeof(float));
-        if (d->rel.grad_table) {
-            d->grad_table = gpu_alloc(d->ntab * sizeof(float));
-            d->rel.grad_table = d->grad_table;
-        }
-        d->ctx = &d->rel;
-    }
-}
-
-static void dev_ctx_free(dev_ctx *d)
-{
-    gpu_free((void *)d->alibi.slopes);
-    gpu_free((void *)d->rel.table);
-    gpu_free(d->grad_table);
-}
+#include "cuda_attn.h"
 
 /* Runs a on the CPU and on device 1 (float32 or bfloat16) and compares. */
 static void check_attention(const char *name, fx_attention a, bool bf16, bool backward)

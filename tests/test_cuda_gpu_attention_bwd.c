@@ -6,7 +6,7 @@
    device call runs twice and must repeat bitwise; the device outputs are followed by guard
    words that must survive. Skipped (77) without a GPU; see tests/cuda_gpu.h for the
    tolerances. */
-#include "cuda_gpu.h"
+#include "cuda_attn.h"
 
 #include "cuda/cuda.h"
 
@@ -33,41 +33,6 @@ static void gpu_guard_check(const char *what, const void *p, size_t bytes)
             FXT_FAIL("%s: guard byte %zu past the end overwritten (0x%02x)", what, i, g[i]);
             return;
         }
-}
-
-/* The score mod's context with its arrays on the device. */
-typedef struct dev_ctx {
-    fx_score_alibi_ctx alibi;
-    fx_score_rel_bias_ctx rel;
-    const void *ctx;
-    float *grad_table;
-    size_t ntab;
-} dev_ctx;
-
-static void dev_ctx_make(dev_ctx *d, const fx_attention *a)
-{
-    memset(d, 0, sizeof *d);
-    d->ctx = a->score_ctx;
-    if (a->score_mod == fx_score_alibi) {
-        d->alibi.slopes = gpu_upload(((const fx_score_alibi_ctx *)a->score_ctx)->slopes, (size_t)a->Hq * sizeof(float));
-        d->ctx = &d->alibi;
-    } else if (a->score_mod == fx_score_rel_bias) {
-        d->rel = *(const fx_score_rel_bias_ctx *)a->score_ctx;
-        d->ntab = (size_t)(d->rel.heads * d->rel.size);
-        d->rel.table = gpu_upload(d->rel.table, d->ntab * sizeof(float));
-        if (d->rel.grad_table) {
-            d->grad_table = gpu_alloc(d->ntab * sizeof(float));
-            d->rel.grad_table = d->grad_table;
-        }
-        d->ctx = &d->rel;
-    }
-}
-
-static void dev_ctx_free(dev_ctx *d)
-{
-    gpu_free((void *)d->alibi.slopes);
-    gpu_free((void *)d->rel.table);
-    gpu_free(d->grad_table);
 }
 
 /* The backward of a in bfloat16 on device 1 against the CPU path, from the CPU's forward;

@@ -5,7 +5,7 @@
    mod, head sizes 32 to 256, float32 and bfloat16, a NaN in one query, shapes the kernel does
    not take (the general forward answers them), and every device call twice, bitwise equal.
    Skipped (77) without a GPU; see tests/cuda_gpu.h for the tolerances. */
-#include "cuda_gpu.h"
+#include "cuda_attn.h"
 #include "cuda/cuda.h"
 
 /* Runs a on the CPU and on device 1 and compares out and lse; the mask (if any) gets its
@@ -26,18 +26,9 @@ static void check_decode(const char *name, fx_attention a, bool bf16)
     d.dtype = bf16 ? FX_DT_BF16 : 0;
     if (a.mask)
         FXT_OK(fx_block_mask_to_device((fx_block_mask *)a.mask, 1));
-    fx_score_alibi_ctx al;
-    fx_score_rel_bias_ctx rel;
-    void *dev_arr = NULL;
-    if (a.score_mod == fx_score_alibi) {
-        al = *(const fx_score_alibi_ctx *)a.score_ctx;
-        al.slopes = dev_arr = gpu_upload(al.slopes, (size_t)a.Hq * sizeof(float));
-        d.score_ctx = &al;
-    } else if (a.score_mod == fx_score_rel_bias) {
-        rel = *(const fx_score_rel_bias_ctx *)a.score_ctx;
-        rel.table = dev_arr = gpu_upload(rel.table, (size_t)(rel.heads * rel.size) * sizeof(float));
-        d.score_ctx = &rel;
-    }
+    dev_ctx dc;
+    dev_ctx_make(&dc, &a);
+    d.score_ctx = dc.ctx;
     void *gq = gpu_upload_as(q, nqd, bf16), *gk = gpu_upload_as(k, nkd, bf16), *gv = gpu_upload_as(v, nkv, bf16);
     void *gout = gpu_alloc(nqv * (bf16 ? 2 : 4)), *glse = gpu_alloc(nq * sizeof(float));
     float *out[2], *lse[2];
@@ -54,7 +45,8 @@ static void check_decode(const char *name, fx_attention a, bool bf16)
     for (int run = 0; run < 2; run++)
         fxt_guarded_free("out", out[run]), fxt_guarded_free("lse", lse[run]);
     fxt_guarded_free("out_ref", out_ref), fxt_guarded_free("lse_ref", lse_ref);
-    gpu_free(gq), gpu_free(gk), gpu_free(gv), gpu_free(gout), gpu_free(glse), gpu_free(dev_arr);
+    gpu_free(gq), gpu_free(gk), gpu_free(gv), gpu_free(gout), gpu_free(glse);
+    dev_ctx_free(&dc);
     free(q), free(k), free(v);
 }
 
