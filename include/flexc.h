@@ -90,9 +90,12 @@ FX_API void fx_set_log_callback(fx_log_fn fn, void *user, fx_log_level min_level
 
 /* ---- threads ----------------------------------------------------------------------------- */
 
-/* Threads used by flexc's kernels and matrix products (OpenMP). n >= 1; the default follows
-   OMP_NUM_THREADS, else the number of cores; fx_get_num_threads() returns the count in effect.
-   A build without OpenMP accepts any n >= 1 and runs on one thread. */
+/* Threads used by flexc's kernels and matrix products (OpenMP). 1 <= n <= a bound: the larger
+   of 4 x the cores online and 256, never above what the process may create (RLIMIT_NPROC,
+   kernel.threads-max); a larger n returns FX_EINVAL, fx_last_error() naming n and the bound,
+   and the count stays as it was. The default follows OMP_NUM_THREADS, else the number of
+   cores; fx_get_num_threads() returns the count in effect. A build without OpenMP checks n
+   the same way and runs on one thread. */
 FX_API int fx_set_num_threads(int n);
 FX_API int fx_get_num_threads(void);
 

@@ -128,6 +128,12 @@ cores=$(nproc)
 check threads-above 0 "$flexc" train "${common[@]}" --threads $((cores + 1)) --steps 1 --quiet --out "$tmp/th"
 has threads-above-msg "$tmp/err" "flexc: warning: train --threads $((cores + 1)) is more than the $cores cores of this machine"
 [[ $(wc -l <"$tmp/err") == 1 ]] && ok || bad "threads-above: not one line: $(cat "$tmp/err")"
+# More threads than the process may create: refused as a usage error, not a crash inside OpenMP.
+check threads-huge-train 2 "$flexc" train "${common[@]}" --threads 100000 --steps 1 --quiet --out "$tmp/th2"
+has threads-huge-train-msg "$tmp/err" "flexc: error: train --threads 100000: thread count 100000 is more than the bound of"
+check threads-huge-gen 2 "$flexc" generate --ckpt "$tmp/r" --threads 100000 --tokens 2
+has threads-huge-gen-msg "$tmp/err" "flexc: error: generate --threads 100000: thread count 100000 is more than the bound of"
+[[ -e $tmp/th2 ]] && bad "threads-huge: the refused run created --out" || ok
 
 # ---- 7. prompts of any size ----
 head -c 1000000 /dev/zero | tr '\0' 'x' >"$tmp/big.txt"

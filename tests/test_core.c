@@ -9,9 +9,11 @@
 #include "core/sgemm.h"
 
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 
 #include <stdarg.h>
+#include <sys/resource.h>
 
 static void test_status_strings(void)
 {
@@ -98,6 +100,31 @@ static void test_threads(void)
 #else
     FXT_EQ_INT(fx_get_num_threads(), 1);
 #endif
+    FXT_OK(fx_set_num_threads(before));
+}
+
+/* More threads than the process may create is refused before OpenMP sees it (libgomp aborts
+   at 50000 and crashes at 100000), and the count in effect stays as it was. */
+static void test_threads_bound(void)
+{
+    int before = fx_get_num_threads();
+    FXT_STATUS(fx_set_num_threads(100000), FX_EINVAL, "thread count 100000 is more than the bound of");
+    FXT_EQ_INT(fx_get_num_threads(), before);
+    FXT_STATUS(fx_set_num_threads(INT_MAX), FX_EINVAL, "thread count 2147483647");
+    FXT_EQ_INT(fx_get_num_threads(), before);
+    /* A lower RLIMIT_NPROC lowers the bound (the soft limit may be lowered and raised back
+       up to the hard one). */
+    struct rlimit rl, low;
+    if (getrlimit(RLIMIT_NPROC, &rl) == 0 && (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > 3)) {
+        low = rl;
+        low.rlim_cur = 3;
+        if (setrlimit(RLIMIT_NPROC, &low) == 0) {
+            FXT_STATUS(fx_set_num_threads(4), FX_EINVAL, "bound of 3 threads (RLIMIT_NPROC");
+            FXT_OK(fx_set_num_threads(3));
+            FXT_CHECK(setrlimit(RLIMIT_NPROC, &rl) == 0);
+            FXT_OK(fx_set_num_threads(4));
+        }
+    }
     FXT_OK(fx_set_num_threads(before));
 }
 
@@ -594,6 +621,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_version);
     FXT_RUN(test_logging);
     FXT_RUN(test_threads);
+    FXT_RUN(test_threads_bound);
     FXT_RUN(test_isa);
     FXT_RUN(test_alloc_accounting);
     FXT_RUN(test_advise_huge_pages);
