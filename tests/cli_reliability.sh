@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The command against a hostile or careless user: one run per --out; non-finite numbers are
 # named, not propagated; special files never hang a reader; contradicting options are refused;
-# a save that cannot happen is found before the first step; prompts of any size.
+# a save that cannot happen is found before the first step; prompts of any size; a
+# tokenizer.json far too large is refused before it is read.
 set -u
 flexc=${1:?path to flexc}
 source "$(dirname "$0")/lib/checks.sh"
@@ -177,4 +178,12 @@ check bidi 0 "$flexc" inspect "$tmp/bidi.safetensors"
 has bidi-escaped "$tmp/out" 'a\u202eb\u2066c\u200fd'
 lacks bidi-raw "$tmp/out" $'\u202e'
 has one-tensor "$tmp/out" "total: 1 tensor, 1 parameter, 4 bytes of data"
+# ---- 9. a tokenizer.json far too large is refused from its size, before it is read ----
+cp -r "$(dirname "$0")/fixtures/models/llama3_tied" "$tmp/bigtok" && rm "$tmp/bigtok/tokenizer.json"
+truncate -s 300M "$tmp/bigtok/tokenizer.json" # sparse: no disk used
+start=$(date +%s%N)
+check tok-huge 1 t5 "$flexc" tokenize --model "$tmp/bigtok" --text hi
+ms=$((($(date +%s%N) - start) / 1000000))
+has tok-huge-msg "$tmp/err" "$tmp/bigtok/tokenizer.json: 314572800 bytes, more than the 268435456-byte (256 MiB) limit of a tokenizer.json"
+((ms < 2000)) && ok || bad "tok-huge: took $ms ms (the file must not be read)"
 finish cli_reliability

@@ -2,6 +2,7 @@
    (tests/fixtures/tokenizers, made by scripts/fixtures_tokenizers.py), invalid UTF-8, refused
    configurations, safe cuts, thread safety, and the token file format. */
 #include "harness.h"
+#include "tmpdir.h"
 
 #include <flexc/tokenizer.h>
 #include <jansson.h>
@@ -304,6 +305,33 @@ static void test_refused(void)
     FXT_CHECK(t == NULL);
 }
 
+/* A tokenizer.json above the 256 MiB limit is refused from its size (a sparse file: nothing
+   is written or read), naming the file, the size and the limit. */
+static void test_too_large(void)
+{
+    char dir[512], path[600];
+    fxt_make_tmpdir(dir, sizeof dir, "flexc-tok");
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "wb");
+    FXT_CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    FXT_CHECK(truncate(path, (off_t)300 << 20) == 0);
+    fx_tokenizer *t = NULL;
+    char want[700];
+    snprintf(want, sizeof want, "%s: 314572800 bytes, more than the 268435456-byte (256 MiB) limit", path);
+    FXT_STATUS(fx_tokenizer_load(&t, path), FX_EFORMAT, want);
+    FXT_CHECK(t == NULL);
+    /* One byte past the limit is enough; a small file passes the check and its contents
+       decide (zero bytes: not JSON). */
+    FXT_CHECK(truncate(path, ((off_t)256 << 20) + 1) == 0);
+    FXT_STATUS(fx_tokenizer_load(&t, path), FX_EFORMAT, "268435457 bytes, more than the 268435456-byte");
+    FXT_CHECK(truncate(path, 16) == 0);
+    FXT_STATUS(fx_tokenizer_load(&t, path), FX_EFORMAT, "not valid JSON");
+    FXT_CHECK(t == NULL);
+    fxt_rm_tree(dir);
+}
+
 /* A hand-made tokenizer: merges in the pair encoding, lstrip/rstrip, unk fusing, byte fallback
    flushing order, and Strip/Lowercase normalizers. */
 static void test_small(void)
@@ -547,6 +575,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_api);
     FXT_RUN(test_ignore_merges);
     FXT_RUN(test_refused);
+    FXT_RUN(test_too_large);
     FXT_RUN(test_small);
     FXT_RUN(test_safe_cut);
     FXT_RUN(test_threads);

@@ -71,7 +71,8 @@ FX_API void fx_text_free(fx_text *text);
 typedef struct fx_tokenizer fx_tokenizer;
 
 /* Loads a tokenizer.json file (FX_EIO when it cannot be read, FX_EFORMAT when it is not a
-   valid tokenizer.json, FX_EUNSUPPORTED naming the field this library does not implement). */
+   valid tokenizer.json or holds more than 256 MiB, refused from its size before it is read,
+   FX_EUNSUPPORTED naming the field this library does not implement). */
 FX_API int fx_tokenizer_load(fx_tokenizer **out, const char *path);
 /* The same from a tokenizer.json held in memory (json[0 .. len), need not be NUL-terminated). */
 FX_API int fx_tokenizer_load_json(fx_tokenizer **out, const char *json, size_t len);

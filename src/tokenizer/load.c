@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* The pattern ByteLevel splits with when use_regex is set (GPT-2's). */
 static const char GPT2_PATTERN[] =
@@ -851,6 +852,10 @@ int fx__tok_fopen(FILE **f, const char *path)
     return FX_OK;
 }
 
+/* The largest tokenizer.json read: real ones are 10 to 20 MB at most; a larger file (a wrong
+   path, a corrupt or sparse file) is refused from its size before a byte is read. */
+#define FX__TOK_MAX_JSON ((long long)256 << 20)
+
 int fx_tokenizer_load(fx_tokenizer **out, const char *path)
 {
     if (!out || !path)
@@ -860,6 +865,17 @@ int fx_tokenizer_load(fx_tokenizer **out, const char *path)
     int rc = fx__tok_fopen(&f, path);
     if (rc != FX_OK)
         return rc;
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        rc = fx__error(FX_EIO, "%s: cannot stat: %s", path, strerror(errno));
+        fclose(f);
+        return rc;
+    }
+    if ((long long)st.st_size > FX__TOK_MAX_JSON) {
+        fclose(f);
+        return fx__error(FX_EFORMAT, "%s: %lld bytes, more than the %lld-byte (256 MiB) limit of a tokenizer.json",
+                         path, (long long)st.st_size, FX__TOK_MAX_JSON);
+    }
     fx__buf b = {0};
     char chunk[65536];
     size_t got;
