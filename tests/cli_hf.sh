@@ -86,6 +86,24 @@ mkdir -p "$tmp/notok"
 cp "$fix/qwen2_bias/config.json" "$fix/qwen2_bias/model.safetensors" "$tmp/notok/"
 check gen-no-tokenizer 1 "$flexc" generate --model "$tmp/notok" --prompt "x" --tokens 2
 has gen-no-tokenizer-msg "$tmp/err" "no tokenizer.json"
+# An empty prompt starts from the model's bos id (as transformers does); without one, or with
+# a context too small for the prompt, the error names that cause.
+check gen-empty 0 "$flexc" generate --model "$fix/llama3_tied" --tokens 5 --temperature 0 --json
+contains gen-empty-ids "$tmp/out" '"prompt_ids": \[\], "ids": \[[0-9]*, [0-9]*, [0-9]*, [0-9]*, [0-9]*\]'
+check gen-empty-arg 0 "$flexc" generate --model "$fix/qwen2_bias" --prompt "" --tokens 3 --temperature 0
+mkdir -p "$tmp/nobos" "$tmp/nullbos" "$tmp/ctx1"
+sed '/"bos_token_id"/d' "$fix/qwen2_bias/config.json" >"$tmp/nobos/config.json"
+sed 's/"bos_token_id": [0-9]*/"bos_token_id": null/' "$fix/qwen2_bias/config.json" >"$tmp/nullbos/config.json"
+sed 's/"max_position_embeddings": [0-9]*/"max_position_embeddings": 1/' "$fix/qwen2_bias/config.json" >"$tmp/ctx1/config.json"
+for d in nobos nullbos ctx1; do
+    cp "$fix/qwen2_bias/model.safetensors" "$fix/qwen2_bias/tokenizer.json" "$tmp/$d/"
+done
+check gen-no-bos 1 "$flexc" generate --model "$tmp/nobos" --tokens 2
+has gen-no-bos-msg "$tmp/err" "config has no bos_token_id"
+check gen-null-bos 1 "$flexc" generate --model "$tmp/nullbos" --prompt "" --tokens 2
+has gen-null-bos-msg "$tmp/err" "config has no bos_token_id"
+check gen-small-ctx 1 "$flexc" generate --model "$tmp/ctx1" --prompt "Computers are" --tokens 2
+has gen-small-ctx-msg "$tmp/err" "context (1 tokens) is too small for the prompt (6 tokens)"
 
 # Fine-tuning a Hugging Face model on text, resuming, generating from the run, exporting it.
 head -c 20000 /usr/share/games/fortunes/computers >"$tmp/text.txt" 2>/dev/null || head -c 20000 "$0" >"$tmp/text.txt"

@@ -6,14 +6,18 @@
 
 #include "cuda/model_gpu.h"
 #include "gpt/gpt.h" /* fx__utf8_invalid_at, FX__GPT_EOT, FX__GPT_VOCAB: the byte tokenizer */
+#include "hf/hf.h"   /* fx__hf_config_read: the bos id */
 #include "prompt.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static int generate_run(const char *ckpt, const char *model, const char *prompt, size_t plen, int64_t ntok,
                         double temp, int64_t top_k, double top_p, int64_t seed, bool json, bool cuda);
+static int generate_bos(int64_t *bos, const char *src);
 
 int cmd_generate(int argc, char **argv)
 {
@@ -146,9 +150,24 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
         hist[n++] = FX__GPT_EOT;
     for (int64_t i = pids.n - keep; i < pids.n; i++)
         hist[n++] = pids.ids[i];
-    if (n == 0) {
-        cli_error("generate: the model has a tokenizer and no bos id to start from: give a --prompt");
+    if (n == 0 && pids.n > 0) {
+        cli_error("generate: the model's context (%lld tokens) is too small for the prompt (%lld tokens)",
+                  (long long)ctx, (long long)pids.n);
         goto done;
+    }
+    if (n == 0) {
+        /* An empty prompt starts from bos, as transformers' generate does. */
+        int64_t bos;
+        if ((rc = generate_bos(&bos, ckpt ? ckpt : model)) != CLI_EXIT_OK) {
+            exit_code = rc;
+            goto done;
+        }
+        if (bos < 0) {
+            cli_error("generate: the prompt is empty and the model's config has no bos_token_id to start from: "
+                      "give a --prompt");
+            goto done;
+        }
+        hist[n++] = (int32_t)bos;
     }
     if (!json) {
         fwrite(prompt, 1, plen, stdout);
@@ -212,4 +231,28 @@ done:
     fx_model_cache_free(kc);
     fx_model_free(m);
     return exit_code;
+}
+
+/* The bos id of the Hugging Face model in src (a directory, or a training directory fine-tuned
+   from one: hf/), -1 when its config has none. */
+static int generate_bos(int64_t *bos, const char *src)
+{
+    *bos = -1;
+    char path[4200];
+    const char *dirs[] = {"%s", "%s/hf"};
+    for (int i = 0; src && i < 2; i++) {
+        char dir[4100];
+        snprintf(dir, sizeof dir, dirs[i], src);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        struct stat st;
+        if (stat(path, &st) != 0 || !S_ISREG(st.st_mode))
+            continue;
+        fx__hf_config hc;
+        int rc = fx__hf_config_read(&hc, dir);
+        if (rc != FX_OK)
+            return cli_fail(rc, path);
+        *bos = hc.bos;
+        return CLI_EXIT_OK;
+    }
+    return CLI_EXIT_OK;
 }
