@@ -199,6 +199,11 @@ _masks = weakref.WeakValueDictionary()
 _next_handle = [1]
 
 
+def _free_block_mask(free, ptr):
+    if ptr:
+        free(ptr)
+
+
 class BlockMask:
     """A block-sparse mask built by flexc (create_block_mask or from_torch_block_mask): each
     BLOCK_SIZE block of each (b, h) is empty (skipped), full (no masking) or partial (a bitmap).
@@ -213,11 +218,10 @@ class BlockMask:
         self._handle = _next_handle[0]
         _next_handle[0] += 1
         _masks[self._handle] = self
-
-    def __del__(self):
-        ptr, self._ptr = getattr(self, "_ptr", None), None
-        if ptr:
-            _lib.fx_block_mask_free(ptr)
+        # Not __del__: at interpreter exit module globals (_lib) may already be None when the
+        # mask is collected. finalize holds the free function itself, runs at most once (at
+        # exit before modules are torn down, or when the mask is collected) and never after.
+        self._free = weakref.finalize(self, _free_block_mask, _lib.fx_block_mask_free, ptr)
 
     def density(self):
         """Visited blocks / all blocks."""
