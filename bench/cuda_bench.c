@@ -87,7 +87,7 @@ static float time_median(call_fn fn, void *ctx, int reps, cudaStream_t st, size_
         if (fn(ctx) != FX_OK)
             die("warm-up call");
     cudaDeviceSynchronize();
-    const size_t kept = dev_used() > used0 ? dev_used() - used0 : 0;
+    const size_t used1 = dev_used(), kept = used1 > used0 ? used1 - used0 : 0;
     float *ms = malloc((size_t)reps * sizeof(float));
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
