@@ -5,7 +5,7 @@
 #include "harness.h"
 #include "tmpdir.h"
 
-#include "gpt/gpt.h"
+#include "model/model.h"
 #include "hf/hf.h"
 
 #include <flexc/model.h>
@@ -1363,26 +1363,26 @@ static void test_data_large_vocab(void)
     int32_t *ids = malloc(N * sizeof *ids);
     for (int i = 0; i < N; i++)
         ids[i] = i % 100 == 99 ? 128001 : 65536 + (i * 7919) % 62000;
-    fx__gpt_data d;
-    FXT_OK(fx__gpt_data_from_ids(&d, ids, N, 128001, "ids", 0.1, 33));
+    fx__model_data d;
+    FXT_OK(fx__model_data_from_ids(&d, ids, N, 128001, "ids", 0.1, 33));
     FXT_EQ_INT(d.n, N);
     FXT_EQ_INT(d.docs, N / 100);
     FXT_EQ_INT(d.n_train, N - (int64_t)(N * 0.1));
     int32_t tok[2 * 32], tgt[2 * 32];
-    fx__gpt_data_val_batch(&d, 0, 2, 32, tok, tgt);
+    fx__model_data_val_batch(&d, 0, 2, 32, tok, tgt);
     for (int i = 0; i < 64; i++) {
         FXT_EQ_INT(tok[i], ids[d.n_train + i]);
         FXT_EQ_INT(tgt[i], ids[d.n_train + i + 1]);
     }
-    fx__gpt_data d2;
+    fx__model_data d2;
     ids[5] += 65536; /* differs only above bit 16: the hash sees it */
-    FXT_OK(fx__gpt_data_from_ids(&d2, ids, N, 128001, "ids", 0.1, 33));
+    FXT_OK(fx__model_data_from_ids(&d2, ids, N, 128001, "ids", 0.1, 33));
     FXT_CHECK(d2.hash != d.hash);
-    fx__gpt_data_free(&d2);
-    FXT_STATUS(fx__gpt_data_from_ids(&d2, ids, 40, 128001, "ids", 0.1, 33), FX_EINVAL, "ids holds 40 tokens");
+    fx__model_data_free(&d2);
+    FXT_STATUS(fx__model_data_from_ids(&d2, ids, 40, 128001, "ids", 0.1, 33), FX_EINVAL, "ids holds 40 tokens");
     ids[7] = -3;
-    FXT_STATUS(fx__gpt_data_from_ids(&d2, ids, N, 128001, "ids", 0.1, 33), FX_ERANGE, "token 7 = -3");
-    fx__gpt_data_free(&d);
+    FXT_STATUS(fx__model_data_from_ids(&d2, ids, N, 128001, "ids", 0.1, 33), FX_ERANGE, "token 7 = -3");
+    fx__model_data_free(&d);
     free(ids);
 }
 

@@ -1,4 +1,4 @@
-/* The model (src/gpt/, include/flexc/model.h): each layer against float64 references and
+/* The model (src/model/, include/flexc/model.h): each layer against float64 references and
    finite differences, the whole model's gradient against finite differences (reference and
    flex attention, fused and unfused loss; the byte-level GPT and a Llama-style configuration
    with head_dim != dim/heads, q/k/v biases, an untied head, llama3 RoPE and a sliding
@@ -7,17 +7,17 @@
 #include "harness.h"
 
 #include "core/gemm_bf16.h"
-#include "gpt/gpt.h"
+#include "model/model.h"
 #include "model_fixtures.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
 
 /* A small model that still has every feature: GQA (4 query heads on 2 KV heads), 2 layers. */
-static fx__gpt_config small_cfg(void)
+static fx__model_config small_cfg(void)
 {
-    fx__gpt_config c;
-    fx__gpt_preset(&c, "tiny");
+    fx__model_config c;
+    fx__model_preset(&c, "tiny");
     c.layers = 2, c.dim = 16, c.heads = 4, c.kv_heads = 2, c.ffn = 24, c.ctx = 16;
     return c;
 }
@@ -25,9 +25,9 @@ static fx__gpt_config small_cfg(void)
 /* Every feature of the Llama family at once: head_dim 6 (Hq * hd = 24 != dim 16), q/k/v
    biases, an untied LM head, llama3 RoPE scaling (with original_max_position_embeddings 8,
    the three frequencies fall in the three bands), a sliding window of 5. */
-static fx__gpt_config llama_cfg(void)
+static fx__model_config llama_cfg(void)
 {
-    fx__gpt_config c = small_cfg();
+    fx__model_config c = small_cfg();
     snprintf(c.arch, sizeof c.arch, "LlamaForCausalLM");
     c.head_dim = 6;
     c.qkv_bias = true;
@@ -40,7 +40,7 @@ static fx__gpt_config llama_cfg(void)
 }
 
 /* Biases drawn like the matrices (their init is zero, which would hide them). */
-static void randomize_biases(fx__gpt *m, uint64_t seed)
+static void randomize_biases(fx__model *m, uint64_t seed)
 {
     for (size_t ti = 0; ti < m->lay.n; ti++)
         if (strstr(m->lay.t[ti].name, "attn.b"))
@@ -454,40 +454,40 @@ static void make_batch(int64_t B, int64_t T, int64_t V, uint64_t seed, int32_t *
         tgt[i] = (int32_t)(fx_rng_u32(&r) % (uint32_t)(V - 1));
     }
     if (eot) {
-        tok[3] = FX__GPT_EOT;
-        tok[T + 5] = FX__GPT_EOT;
+        tok[3] = FX__MODEL_EOT;
+        tok[T + 5] = FX__MODEL_EOT;
     }
     tgt[2] = -100;
 }
 
 /* Whole-model gradient against central differences: every tensor's largest-gradient
    entries plus a random direction over the whole buffer. */
-static void gradcheck_cfg(const fx__gpt_config *cfg, fx__gpt_attn_impl ai, fx__gpt_loss_impl li, fx__gpt_mask mask,
+static void gradcheck_cfg(const fx__model_config *cfg, fx__model_attn_impl ai, fx__model_loss_impl li, fx__model_mask mask,
                           int64_t window)
 {
-    fx__gpt_config c = *cfg;
-    fx__gpt *m = NULL;
-    FXT_OK(fx__gpt_create(&m, &c, 42));
+    fx__model_config c = *cfg;
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 42));
     if (!m)
         return;
     randomize_biases(m, 43);
     m->attn_impl = ai, m->loss_impl = li, m->mask = mask, m->window = window;
     int64_t B = 2, T = 12, V = c.vocab;
-    FXT_OK(fx__gpt_alloc_train(m));
-    FXT_OK(fx__gpt_set_batch(m, B, T));
+    FXT_OK(fx__model_alloc_train(m));
+    FXT_OK(fx__model_set_batch(m, B, T));
     int32_t tok[24], tgt[24];
-    make_batch(B, T, V, 7, tok, tgt, mask == FX__GPT_MASK_DOCUMENT);
+    make_batch(B, T, V, 7, tok, tgt, mask == FX__MODEL_MASK_DOCUMENT);
     /* Matrices 5x the init, so every path carries a visible gradient. */
     for (size_t ti = 0; ti < m->lay.n; ti++)
         for (size_t j = 0; j < m->lay.t[ti].numel && m->lay.t[ti].ndim == 2; j++)
             m->params[m->lay.t[ti].offset + j] *= 5.0f;
     float loss;
-    FXT_OK(fx__gpt_forward(m, tok, tgt, &loss, true));
-    FXT_OK(fx__gpt_backward(m));
+    FXT_OK(fx__model_forward(m, tok, tgt, &loss, true));
+    FXT_OK(fx__model_backward(m));
     const float eps = 1e-3f;
     int checked = 0;
     for (size_t ti = 0; ti < m->lay.n; ti++) {
-        const fx__gpt_tensor *t = &m->lay.t[ti];
+        const fx__model_tensor *t = &m->lay.t[ti];
         /* The largest |grad| entry of the tensor and two others. */
         size_t best = 0;
         for (size_t j = 1; j < t->numel; j++)
@@ -497,9 +497,9 @@ static void gradcheck_cfg(const fx__gpt_config *cfg, fx__gpt_attn_impl ai, fx__g
             size_t i = t->offset + (pick == 0 ? best : ((size_t)pick * 7919 + 13) % t->numel);
             float keep = m->params[i], lp, lm;
             m->params[i] = keep + eps;
-            FXT_OK(fx__gpt_forward(m, tok, tgt, &lp, false));
+            FXT_OK(fx__model_forward(m, tok, tgt, &lp, false));
             m->params[i] = keep - eps;
-            FXT_OK(fx__gpt_forward(m, tok, tgt, &lm, false));
+            FXT_OK(fx__model_forward(m, tok, tgt, &lm, false));
             m->params[i] = keep;
             double fd = ((double)lp - lm) / (2.0 * eps);
             double got = m->grads[i];
@@ -521,39 +521,39 @@ static void gradcheck_cfg(const fx__gpt_config *cfg, fx__gpt_attn_impl ai, fx__g
     float lp, lm;
     for (size_t i = 0; i < P; i++)
         m->params[i] = p0[i] + h * dir[i];
-    FXT_OK(fx__gpt_forward(m, tok, tgt, &lp, false));
+    FXT_OK(fx__model_forward(m, tok, tgt, &lp, false));
     for (size_t i = 0; i < P; i++)
         m->params[i] = p0[i] - h * dir[i];
-    FXT_OK(fx__gpt_forward(m, tok, tgt, &lm, false));
+    FXT_OK(fx__model_forward(m, tok, tgt, &lm, false));
     double fd = ((double)lp - lm) / (2.0 * h);
     FXT_NEAR(gd, fd, 1e-3, 2e-2);
     free(dir), free(p0);
-    fx__gpt_free(m);
+    fx__model_free(m);
 }
 
-static void gradcheck(fx__gpt_attn_impl ai, fx__gpt_loss_impl li, fx__gpt_mask mask, int64_t window)
+static void gradcheck(fx__model_attn_impl ai, fx__model_loss_impl li, fx__model_mask mask, int64_t window)
 {
-    fx__gpt_config c = small_cfg();
+    fx__model_config c = small_cfg();
     gradcheck_cfg(&c, ai, li, mask, window);
 }
 
 static void test_gradcheck_ref(void)
 {
-    gradcheck(FX__GPT_ATTN_REF, FX__GPT_LOSS_UNFUSED, FX__GPT_MASK_CAUSAL, 0);
-    gradcheck(FX__GPT_ATTN_REF, FX__GPT_LOSS_UNFUSED, FX__GPT_MASK_SLIDING, 3);
-    gradcheck(FX__GPT_ATTN_REF, FX__GPT_LOSS_UNFUSED, FX__GPT_MASK_DOCUMENT, 0);
-    fx__gpt_config c = llama_cfg();
-    gradcheck_cfg(&c, FX__GPT_ATTN_REF, FX__GPT_LOSS_UNFUSED, FX__GPT_MASK_SLIDING, c.sliding_window);
+    gradcheck(FX__MODEL_ATTN_REF, FX__MODEL_LOSS_UNFUSED, FX__MODEL_MASK_CAUSAL, 0);
+    gradcheck(FX__MODEL_ATTN_REF, FX__MODEL_LOSS_UNFUSED, FX__MODEL_MASK_SLIDING, 3);
+    gradcheck(FX__MODEL_ATTN_REF, FX__MODEL_LOSS_UNFUSED, FX__MODEL_MASK_DOCUMENT, 0);
+    fx__model_config c = llama_cfg();
+    gradcheck_cfg(&c, FX__MODEL_ATTN_REF, FX__MODEL_LOSS_UNFUSED, FX__MODEL_MASK_SLIDING, c.sliding_window);
 }
 
 static void test_gradcheck_flex(void)
 {
-    gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_CAUSAL, 0);
-    gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_SLIDING, 3);
-    gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_DOCUMENT, 0);
-    gradcheck(FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_CAUSAL_DENSE, 0);
-    fx__gpt_config c = llama_cfg();
-    gradcheck_cfg(&c, FX__GPT_ATTN_FLEX, FX__GPT_LOSS_FUSED, FX__GPT_MASK_SLIDING, c.sliding_window);
+    gradcheck(FX__MODEL_ATTN_FLEX, FX__MODEL_LOSS_FUSED, FX__MODEL_MASK_CAUSAL, 0);
+    gradcheck(FX__MODEL_ATTN_FLEX, FX__MODEL_LOSS_FUSED, FX__MODEL_MASK_SLIDING, 3);
+    gradcheck(FX__MODEL_ATTN_FLEX, FX__MODEL_LOSS_FUSED, FX__MODEL_MASK_DOCUMENT, 0);
+    gradcheck(FX__MODEL_ATTN_FLEX, FX__MODEL_LOSS_FUSED, FX__MODEL_MASK_CAUSAL_DENSE, 0);
+    fx__model_config c = llama_cfg();
+    gradcheck_cfg(&c, FX__MODEL_ATTN_FLEX, FX__MODEL_LOSS_FUSED, FX__MODEL_MASK_SLIDING, c.sliding_window);
 }
 
 /* Flex + fused against reference + unfused: the same loss and gradients. */
@@ -561,38 +561,38 @@ static void test_flex_matches_reference(void)
 {
     const char *masks[] = {"causal", "sliding:4", "document", "dense", "sliding:5", "causal"};
     for (int mi = 0; mi < 6; mi++) {
-        fx__gpt_config c = mi < 4 ? small_cfg() : llama_cfg();
+        fx__model_config c = mi < 4 ? small_cfg() : llama_cfg();
         if (mi == 5)
             c.sliding_window = 0;
-        fx__gpt *a = NULL, *b = NULL;
-        FXT_OK(fx__gpt_create(&a, &c, 3));
-        FXT_OK(fx__gpt_create(&b, &c, 3));
+        fx__model *a = NULL, *b = NULL;
+        FXT_OK(fx__model_create(&a, &c, 3));
+        FXT_OK(fx__model_create(&b, &c, 3));
         if (!a || !b)
             return;
         randomize_biases(a, 8), randomize_biases(b, 8);
-        fx__gpt_mask mk;
+        fx__model_mask mk;
         int64_t w;
-        FXT_OK(fx__gpt_mask_parse(masks[mi], &mk, &w));
+        FXT_OK(fx__model_mask_parse(masks[mi], &mk, &w));
         a->mask = b->mask = mk, a->window = b->window = w;
-        b->attn_impl = FX__GPT_ATTN_REF, b->loss_impl = FX__GPT_LOSS_UNFUSED;
-        FXT_OK(fx__gpt_alloc_train(a));
-        FXT_OK(fx__gpt_alloc_train(b));
-        FXT_OK(fx__gpt_set_batch(a, 2, 16));
-        FXT_OK(fx__gpt_set_batch(b, 2, 16));
+        b->attn_impl = FX__MODEL_ATTN_REF, b->loss_impl = FX__MODEL_LOSS_UNFUSED;
+        FXT_OK(fx__model_alloc_train(a));
+        FXT_OK(fx__model_alloc_train(b));
+        FXT_OK(fx__model_set_batch(a, 2, 16));
+        FXT_OK(fx__model_set_batch(b, 2, 16));
         int32_t tok[32], tgt[32];
         make_batch(2, 16, c.vocab, 11, tok, tgt, true);
         float la, lb;
-        FXT_OK(fx__gpt_forward(a, tok, tgt, &la, true));
-        FXT_OK(fx__gpt_backward(a));
-        FXT_OK(fx__gpt_forward(b, tok, tgt, &lb, true));
-        FXT_OK(fx__gpt_backward(b));
+        FXT_OK(fx__model_forward(a, tok, tgt, &la, true));
+        FXT_OK(fx__model_backward(a));
+        FXT_OK(fx__model_forward(b, tok, tgt, &lb, true));
+        FXT_OK(fx__model_backward(b));
         FXT_NEAR(la, lb, 1e-5, 1e-5);
         double *ref = fxt_alloc_f64(a->lay.total);
         for (size_t i = 0; i < a->lay.total; i++)
             ref[i] = b->grads[i];
         fxt_close_f32(masks[mi], a->grads, ref, a->lay.total, 1e-5, 1e-3);
         free(ref);
-        fx__gpt_free(a), fx__gpt_free(b);
+        fx__model_free(a), fx__model_free(b);
     }
 }
 
@@ -601,32 +601,32 @@ static void test_recompute_bitwise(void)
 {
     const char *masks[] = {"causal", "document", "sliding:5", "dense", "sliding:5"};
     for (int mi = 0; mi < 5; mi++) {
-        fx__gpt_config c = mi < 4 ? small_cfg() : llama_cfg();
-        fx__gpt *a = NULL, *b = NULL;
-        FXT_OK(fx__gpt_create(&a, &c, 4));
-        FXT_OK(fx__gpt_create(&b, &c, 4));
+        fx__model_config c = mi < 4 ? small_cfg() : llama_cfg();
+        fx__model *a = NULL, *b = NULL;
+        FXT_OK(fx__model_create(&a, &c, 4));
+        FXT_OK(fx__model_create(&b, &c, 4));
         if (!a || !b)
             return;
         randomize_biases(a, 5), randomize_biases(b, 5);
-        FXT_OK(fx__gpt_mask_parse(masks[mi], &a->mask, &a->window));
-        FXT_OK(fx__gpt_mask_parse(masks[mi], &b->mask, &b->window));
+        FXT_OK(fx__model_mask_parse(masks[mi], &a->mask, &a->window));
+        FXT_OK(fx__model_mask_parse(masks[mi], &b->mask, &b->window));
         b->recompute = true;
-        FXT_OK(fx__gpt_alloc_train(a));
-        FXT_OK(fx__gpt_alloc_train(b));
-        FXT_OK(fx__gpt_set_batch(a, 2, 16));
-        FXT_OK(fx__gpt_set_batch(b, 2, 16));
+        FXT_OK(fx__model_alloc_train(a));
+        FXT_OK(fx__model_alloc_train(b));
+        FXT_OK(fx__model_set_batch(a, 2, 16));
+        FXT_OK(fx__model_set_batch(b, 2, 16));
         FXT_CHECK(b->acts_floats < a->acts_floats);
         int32_t tok[32], tgt[32];
         make_batch(2, 16, c.vocab, 12, tok, tgt, true);
         float la, lb;
-        FXT_OK(fx__gpt_forward(a, tok, tgt, &la, true));
-        FXT_OK(fx__gpt_backward(a));
-        FXT_OK(fx__gpt_forward(b, tok, tgt, &lb, true));
-        FXT_OK(fx__gpt_backward(b));
+        FXT_OK(fx__model_forward(a, tok, tgt, &la, true));
+        FXT_OK(fx__model_backward(a));
+        FXT_OK(fx__model_forward(b, tok, tgt, &lb, true));
+        FXT_OK(fx__model_backward(b));
         FXT_CHECK(la == lb);
         FXT_CHECK(!b->park.acts_parked); /* this model's layers are too small to park 32 tokens */
         fxt_bitwise_f32(masks[mi], b->grads, a->grads, a->lay.total);
-        fx__gpt_free(a), fx__gpt_free(b);
+        fx__model_free(a), fx__model_free(b);
     }
 }
 
@@ -651,20 +651,20 @@ static void record_hook(int layer, float *grad, size_t numel, void *user)
 
 static void test_grad_hook(void)
 {
-    fx__gpt_config c = small_cfg();
-    fx__gpt *m = NULL;
-    FXT_OK(fx__gpt_create(&m, &c, 3));
+    fx__model_config c = small_cfg();
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 3));
     if (!m)
         return;
-    FXT_OK(fx__gpt_alloc_train(m));
-    FXT_OK(fx__gpt_set_batch(m, 2, 8));
+    FXT_OK(fx__model_alloc_train(m));
+    FXT_OK(fx__model_set_batch(m, 2, 8));
     hook_log h = {.base = m->grads};
     m->hooks.grad = record_hook, m->hooks.user = &h;
     int32_t tok[16], tgt[16];
     make_batch(2, 8, c.vocab, 3, tok, tgt, false);
     float loss;
-    FXT_OK(fx__gpt_forward(m, tok, tgt, &loss, true));
-    FXT_OK(fx__gpt_backward(m));
+    FXT_OK(fx__model_forward(m, tok, tgt, &loss, true));
+    FXT_OK(fx__model_backward(m));
     FXT_EQ_INT(h.n, c.layers + 2);
     if (h.n != c.layers + 2)
         return;
@@ -681,33 +681,33 @@ static void test_grad_hook(void)
     FXT_EQ_INT(covered, m->lay.total);
     FXT_EQ_INT(h.off[h.n - 1], 0);
     FXT_EQ_INT(h.off[0] + h.numel[0], m->lay.total);
-    fx__gpt_free(m);
+    fx__model_free(m);
 }
 
 /* Decoding token by token (KV cache, q_offset, Lq = 1) gives the forward pass's loss. */
-static void decode_check_cfg(const fx__gpt_config *cfg, fx__gpt_attn_impl ai, const char *mask)
+static void decode_check_cfg(const fx__model_config *cfg, fx__model_attn_impl ai, const char *mask)
 {
-    fx__gpt_config c = *cfg;
-    fx__gpt *m = NULL;
-    FXT_OK(fx__gpt_create(&m, &c, 5));
+    fx__model_config c = *cfg;
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 5));
     if (!m)
         return;
     randomize_biases(m, 6);
     m->attn_impl = ai;
-    FXT_OK(fx__gpt_mask_parse(mask, &m->mask, &m->window));
+    FXT_OK(fx__model_mask_parse(mask, &m->mask, &m->window));
     int64_t T = 16;
     int32_t tok[16], tgt[16];
     make_batch(1, T, c.vocab, 21, tok, tgt, false);
-    tok[0] = FX__GPT_EOT;
+    tok[0] = FX__MODEL_EOT;
     for (int64_t t = 0; t < T; t++)
         tgt[t] = t + 1 < T ? tok[t + 1] : 65;
-    FXT_OK(fx__gpt_set_batch(m, 1, T));
+    FXT_OK(fx__model_set_batch(m, 1, T));
     /* Weights 5x the init, so that attention shapes the logits well above the tolerance. */
     for (size_t ti = 0; ti < m->lay.n; ti++)
         for (size_t j = 0; j < m->lay.t[ti].numel && m->lay.t[ti].ndim == 2; j++)
             m->params[m->lay.t[ti].offset + j] *= 5.0f;
-    fx__gpt_cache *kc = NULL;
-    FXT_OK(fx__gpt_cache_create(&kc, m, 0));
+    fx__model_cache *kc = NULL;
+    FXT_OK(fx__model_cache_create(&kc, m, 0));
     if (!kc)
         return;
     float *logits = fxt_guarded((size_t)c.vocab);
@@ -715,7 +715,7 @@ static void decode_check_cfg(const fx__gpt_config *cfg, fx__gpt_attn_impl ai, co
        last position fed, which a forward pass with only that target must agree with. */
     for (int64_t t = 0; t < T;) {
         int64_t n = t == 0 ? 5 : 1;
-        FXT_OK(fx__gpt_decode(m, kc, tok + t, n, logits));
+        FXT_OK(fx__model_decode(m, kc, tok + t, n, logits));
         t += n;
         double mx = -1e300, s = 0;
         for (int64_t v = 0; v < c.vocab; v++)
@@ -726,40 +726,40 @@ static void decode_check_cfg(const fx__gpt_config *cfg, fx__gpt_attn_impl ai, co
         for (int64_t j = 0; j < T; j++)
             one[j] = j == t - 1 ? tgt[j] : -100;
         float want;
-        FXT_OK(fx__gpt_forward(m, tok, one, &want, false));
+        FXT_OK(fx__model_forward(m, tok, one, &want, false));
         FXT_NEAR(mx + log(s) - logits[tgt[t - 1]], want, 1e-4, 1e-4);
     }
     FXT_EQ_INT(kc->len, T);
     fxt_guarded_free("logits", logits);
-    fx__gpt_cache_free(kc);
-    fx__gpt_free(m);
+    fx__model_cache_free(kc);
+    fx__model_free(m);
 }
 
-static void decode_check(fx__gpt_attn_impl ai, const char *mask)
+static void decode_check(fx__model_attn_impl ai, const char *mask)
 {
-    fx__gpt_config c = small_cfg();
+    fx__model_config c = small_cfg();
     decode_check_cfg(&c, ai, mask);
 }
 
 static void test_decode_ref(void)
 {
-    fx__gpt_config c = llama_cfg();
-    decode_check_cfg(&c, FX__GPT_ATTN_REF, "sliding:5");
-    decode_check(FX__GPT_ATTN_REF, "causal");
-    decode_check(FX__GPT_ATTN_REF, "sliding:5");
-    decode_check(FX__GPT_ATTN_REF, "document");
+    fx__model_config c = llama_cfg();
+    decode_check_cfg(&c, FX__MODEL_ATTN_REF, "sliding:5");
+    decode_check(FX__MODEL_ATTN_REF, "causal");
+    decode_check(FX__MODEL_ATTN_REF, "sliding:5");
+    decode_check(FX__MODEL_ATTN_REF, "document");
 }
 
 static void test_decode_flex(void)
 {
-    decode_check(FX__GPT_ATTN_FLEX, "causal");
-    decode_check(FX__GPT_ATTN_FLEX, "sliding:5");
-    decode_check(FX__GPT_ATTN_FLEX, "document");
-    decode_check(FX__GPT_ATTN_FLEX, "dense");
-    fx__gpt_config c = llama_cfg();
-    decode_check_cfg(&c, FX__GPT_ATTN_FLEX, "sliding:5");
+    decode_check(FX__MODEL_ATTN_FLEX, "causal");
+    decode_check(FX__MODEL_ATTN_FLEX, "sliding:5");
+    decode_check(FX__MODEL_ATTN_FLEX, "document");
+    decode_check(FX__MODEL_ATTN_FLEX, "dense");
+    fx__model_config c = llama_cfg();
+    decode_check_cfg(&c, FX__MODEL_ATTN_FLEX, "sliding:5");
     c.sliding_window = 0;
-    decode_check_cfg(&c, FX__GPT_ATTN_FLEX, "causal");
+    decode_check_cfg(&c, FX__MODEL_ATTN_FLEX, "causal");
 }
 
 /* ---- optimizer ------------------------------------------------------------------------------ */
@@ -768,10 +768,10 @@ static void test_decode_flex(void)
    1e-2, betas 0.9 and 0.95, eps 1e-8, decay 0.1 on the matrices only): the moments mm, vv
    advance and p moves. moments16: the moments are kept rounded to bfloat16 (--adam-bf16), the
    step itself taking them unrounded. */
-static void adamw_reference(const fx__gpt *m, double *p, double *mm, double *vv, int t, bool moments16)
+static void adamw_reference(const fx__model *m, double *p, double *mm, double *vv, int t, bool moments16)
 {
     for (size_t ti = 0; ti < m->lay.n; ti++) {
-        const fx__gpt_tensor *tt = &m->lay.t[ti];
+        const fx__model_tensor *tt = &m->lay.t[ti];
         const double wd = tt->ndim == 2 ? 0.1 : 0.0;
         for (size_t j = tt->offset; j < tt->offset + tt->numel; j++) {
             const double g = m->grads[j], mj = 0.9 * mm[j] + 0.1 * g, vj = 0.95 * vv[j] + 0.05 * g * g;
@@ -789,15 +789,15 @@ static const fx__adamw adamw_opts = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f,
 /* A few AdamW steps of a small_cfg model on random gradients against adamw_reference, with
    float32 or bfloat16 moments (moments16: also the stored moments against the reference's).
    Returns the model after them for further checks, or NULL. */
-static fx__gpt *adamw_against_reference(bool moments16)
+static fx__model *adamw_against_reference(bool moments16)
 {
-    fx__gpt_config c = small_cfg();
-    fx__gpt *m = NULL;
-    FXT_OK(fx__gpt_create(&m, &c, 1));
+    fx__model_config c = small_cfg();
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 1));
     if (!m)
         return NULL;
     m->adam_bf16 = moments16;
-    FXT_OK(fx__gpt_alloc_train(m));
+    FXT_OK(fx__model_alloc_train(m));
     FXT_CHECK(moments16 ? m->adam16 && !m->adam : m->adam && !m->adam16);
     const size_t P = m->lay.total;
     double *p = fxt_alloc_f64(P), *mm = fxt_alloc_f64(P), *vv = fxt_alloc_f64(P);
@@ -805,7 +805,7 @@ static fx__gpt *adamw_against_reference(bool moments16)
         p[i] = m->params[i];
     for (int t = 1; t <= (moments16 ? 4 : 3); t++) {
         fx_rng_fill_uniform(m->grads, (int64_t)P, -1, 1, moments16 ? 78 : 77, (uint64_t)t);
-        fx__gpt_adamw(m, &adamw_opts, t);
+        fx__model_adamw(m, &adamw_opts, t);
         adamw_reference(m, p, mm, vv, t, moments16);
     }
     if (moments16) {
@@ -824,25 +824,25 @@ static fx__gpt *adamw_against_reference(bool moments16)
 
 static void test_adamw(void)
 {
-    fx__gpt *m = adamw_against_reference(false);
+    fx__model *m = adamw_against_reference(false);
     if (!m)
         return;
     const size_t P = m->lay.total;
     /* A gradient scale is the same as scaling the gradients first. */
-    fx__gpt *m2 = NULL;
-    FXT_OK(fx__gpt_create(&m2, &m->c, 1));
+    fx__model *m2 = NULL;
+    FXT_OK(fx__model_create(&m2, &m->c, 1));
     if (m2) {
-        FXT_OK(fx__gpt_alloc_train(m2));
+        FXT_OK(fx__model_alloc_train(m2));
         memcpy(m2->params, m->params, P * sizeof(float));
         memcpy(m2->adam, m->adam, 2 * P * sizeof(float));
         memcpy(m2->grads, m->grads, P * sizeof(float));
-        fx__gpt_grad_scale(m2, 0.375f);
+        fx__model_grad_scale(m2, 0.375f);
         fx__adamw o2 = adamw_opts;
         o2.grad_scale = 0.375f;
-        fx__gpt_adamw(m, &o2, 4);
-        fx__gpt_adamw(m2, &adamw_opts, 4);
+        fx__model_adamw(m, &o2, 4);
+        fx__model_adamw(m2, &adamw_opts, 4);
         fxt_bitwise_f32("grad_scale", m->params, m2->params, P);
-        fx__gpt_free(m2);
+        fx__model_free(m2);
     }
     /* Norms have no decay: with a zero gradient they stay exactly. */
     FXT_CHECK(!m->lay.t[1].decay && m->lay.t[2].decay && m->lay.t[0].decay);
@@ -855,15 +855,15 @@ static void test_adamw(void)
     double ss = 0;
     for (size_t i = 0; i < P; i++)
         ss += (double)m->grads[i] * m->grads[i];
-    FXT_NEAR(fx__gpt_grad_norm(m), sqrt(ss), 1e-9, 1e-12);
-    fx__gpt_free(m);
+    FXT_NEAR(fx__model_grad_norm(m), sqrt(ss), 1e-9, 1e-12);
+    fx__model_free(m);
 }
 
 /* bfloat16 moments: the same update with the moments rounded to bfloat16 after each step. */
 static void test_adamw_bf16(void)
 {
-    fx__gpt *m = adamw_against_reference(true);
-    fx__gpt_free(m);
+    fx__model *m = adamw_against_reference(true);
+    fx__model_free(m);
 }
 
 /* bf16 training (--dtype bf16): gradients close to float32's yet not equal to them (every
@@ -871,27 +871,27 @@ static void test_adamw_bf16(void)
    the weights' bfloat16 copy refreshed by AdamW, and the unfused loss refused. Tolerance:
    each tensor's gradient within 2.5% of float32's in L2 norm (bfloat16 keeps 8 bits; seen:
    at most 0.75% on these models), the loss within 1%. */
-static void bf16_grads(const fx__gpt_config *c, bool bf16, bool recompute, int threads, float *grads, float *loss)
+static void bf16_grads(const fx__model_config *c, bool bf16, bool recompute, int threads, float *grads, float *loss)
 {
-    fx__gpt *m = NULL;
-    FXT_OK(fx__gpt_create(&m, c, 4));
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, c, 4));
     if (!m)
         return;
     randomize_biases(m, 5);
     m->recompute = recompute;
-    FXT_OK(fx__gpt_alloc_train(m));
-    FXT_OK(fx__gpt_set_batch(m, 2, 16));
-    FXT_OK(fx__gpt_set_bf16(m, bf16));
+    FXT_OK(fx__model_alloc_train(m));
+    FXT_OK(fx__model_set_batch(m, 2, 16));
+    FXT_OK(fx__model_set_bf16(m, bf16));
     FXT_CHECK((m->params16 != NULL) == bf16);
     int32_t tok[32], tgt[32];
     make_batch(2, 16, c->vocab, 12, tok, tgt, true);
     int before = fx_get_num_threads();
     fx_set_num_threads(threads);
-    FXT_OK(fx__gpt_forward(m, tok, tgt, loss, true));
-    FXT_OK(fx__gpt_backward(m));
+    FXT_OK(fx__model_forward(m, tok, tgt, loss, true));
+    FXT_OK(fx__model_backward(m));
     fx_set_num_threads(before);
     memcpy(grads, m->grads, m->lay.total * sizeof(float));
-    fx__gpt_free(m);
+    fx__model_free(m);
 }
 
 #ifdef FXT_HAVE_SIMDE
@@ -902,9 +902,9 @@ void fxt_bf16_dp_kernel_simde(int64_t pairs, const uint32_t *a, const uint32_t *
 static void test_bf16_step(void)
 {
     for (int ci = 0; ci < 2; ci++) {
-        fx__gpt_config c = ci ? llama_cfg() : small_cfg();
-        fx__gpt *m = NULL;
-        FXT_OK(fx__gpt_create(&m, &c, 4));
+        fx__model_config c = ci ? llama_cfg() : small_cfg();
+        fx__model *m = NULL;
+        FXT_OK(fx__model_create(&m, &c, 4));
         if (!m)
             return;
         size_t P = m->lay.total;
@@ -921,7 +921,7 @@ static void test_bf16_step(void)
         FXT_NEAR(l1, l32, 0, 1e-2);
         FXT_CHECK(l1 != l32); /* the products were rounded */
         for (size_t t = 0; t < m->lay.n; t++) {
-            const fx__gpt_tensor *tt = &m->lay.t[t];
+            const fx__model_tensor *tt = &m->lay.t[t];
             double d2 = 0.0, r2 = 0.0;
             for (size_t i = tt->offset; i < tt->offset + tt->numel; i++) {
                 d2 += ((double)g1[i] - g32[i]) * ((double)g1[i] - g32[i]);
@@ -936,7 +936,7 @@ static void test_bf16_step(void)
                 char qname[96];
                 ref2 = 0.0;
                 snprintf(qname, sizeof qname, "%.*sbq", (int)(nl - 2), tt->name);
-                const fx__gpt_tensor *tq = fx__gpt_find(m, qname);
+                const fx__model_tensor *tq = fx__model_find(m, qname);
                 FXT_CHECK(tq != NULL);
                 for (size_t i = tq ? tq->offset : 0; tq && i < tq->offset + tq->numel; i++)
                     ref2 += (double)g32[i] * g32[i];
@@ -963,7 +963,7 @@ static void test_bf16_step(void)
         FXT_NEAR(lt1, l1, 0, 1e-3);
         double worst = 0.0;
         for (size_t t = 0; t < m->lay.n; t++) {
-            const fx__gpt_tensor *tt = &m->lay.t[t];
+            const fx__model_tensor *tt = &m->lay.t[t];
             double d2 = 0.0, r2 = 0.0;
             for (size_t i = tt->offset; i < tt->offset + tt->numel; i++) {
                 d2 += ((double)gt1[i] - g1[i]) * ((double)gt1[i] - g1[i]);
@@ -984,12 +984,12 @@ static void test_bf16_step(void)
         free(g32), free(g1), free(g2), free(gr);
 
         /* AdamW keeps the copy: params16 is bfloat16(params) after every step. */
-        FXT_OK(fx__gpt_alloc_train(m));
-        FXT_OK(fx__gpt_set_bf16(m, true));
+        FXT_OK(fx__model_alloc_train(m));
+        FXT_OK(fx__model_set_bf16(m, true));
         fx__adamw o = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
         for (int t = 1; t <= 2; t++) {
             fx_rng_fill_uniform(m->grads, (int64_t)P, -1, 1, 78, (uint64_t)t);
-            fx__gpt_adamw(m, &o, t);
+            fx__model_adamw(m, &o, t);
             size_t bad = 0, first = 0;
             for (size_t i = 0; i < P; i++)
                 if (m->params16[i] != fx_f32_to_bf16(m->params[i]) && !bad++)
@@ -1000,13 +1000,13 @@ static void test_bf16_step(void)
         /* The unfused loss has no bf16 path: refused, not silently float32. */
         int32_t tok[32], tgt[32];
         make_batch(2, 16, c.vocab, 12, tok, tgt, false);
-        FXT_OK(fx__gpt_set_batch(m, 2, 16));
-        m->loss_impl = FX__GPT_LOSS_UNFUSED;
+        FXT_OK(fx__model_set_batch(m, 2, 16));
+        m->loss_impl = FX__MODEL_LOSS_UNFUSED;
         float l;
-        FXT_STATUS(fx__gpt_forward(m, tok, tgt, &l, true), FX_EUNSUPPORTED, "fused loss");
-        FXT_OK(fx__gpt_set_bf16(m, false));
+        FXT_STATUS(fx__model_forward(m, tok, tgt, &l, true), FX_EUNSUPPORTED, "fused loss");
+        FXT_OK(fx__model_set_bf16(m, false));
         FXT_CHECK(!m->params16 && !m->bf16_ws);
-        fx__gpt_free(m);
+        fx__model_free(m);
     }
 }
 
@@ -1119,10 +1119,10 @@ static const char *write_tmp(const char *name, const void *data, size_t n)
 static void test_data(void)
 {
     const char *text = "ab\n%\ncd<|endoftext|>e\n%\n";
-    fx__gpt_data d;
-    FXT_OK(fx__gpt_data_load(&d, write_tmp("a.txt", text, strlen(text)), NULL, 0.5, 2));
+    fx__model_data d;
+    FXT_OK(fx__model_data_load(&d, write_tmp("a.txt", text, strlen(text)), NULL, 0.5, 2));
     /* a b \n EOT c d EOT e \n EOT */
-    int32_t want[] = {'a', 'b', '\n', FX__GPT_EOT, 'c', 'd', FX__GPT_EOT, 'e', '\n', FX__GPT_EOT};
+    int32_t want[] = {'a', 'b', '\n', FX__MODEL_EOT, 'c', 'd', FX__MODEL_EOT, 'e', '\n', FX__MODEL_EOT};
     FXT_EQ_INT(d.n, 10);
     for (int i = 0; i < 10 && d.n == 10; i++)
         FXT_EQ_INT(d.tok[i], want[i]);
@@ -1132,7 +1132,7 @@ static void test_data(void)
     fx_rng r;
     fx_rng_init(&r, 1, 1);
     int32_t tk[6], tg[6];
-    fx__gpt_data_batch(&d, &r, 3, 2, tk, tg);
+    fx__model_data_batch(&d, &r, 3, 2, tk, tg);
     for (int b = 0; b < 3; b++) {
         bool found = false;
         for (int off = 0; off + 2 < 5 + 1 && !found; off++)
@@ -1140,12 +1140,12 @@ static void test_data(void)
                     tg[2 * b + 1] == (int32_t)d.tok[off + 2];
         FXT_CHECK(found);
     }
-    fx__gpt_data_free(&d);
-    FXT_STATUS(fx__gpt_data_load(&d, write_tmp("empty.txt", "", 0), NULL, 0.1, 2), FX_EINVAL, "is empty");
-    FXT_STATUS(fx__gpt_data_load(&d, "/nonexistent/x.txt", NULL, 0.1, 2), FX_EIO, "cannot open");
-    FXT_STATUS(fx__gpt_data_load(&d, write_tmp("bad.txt", "ok\xff\xfe", 4), NULL, 0.1, 2), FX_EFORMAT, "offset 2");
-    FXT_STATUS(fx__gpt_data_load(&d, write_tmp("short.txt", "abc", 3), NULL, 0.1, 65), FX_EINVAL, "smaller --seq");
-    FXT_STATUS(fx__gpt_data_load(&d, NULL, "/nonexistent/fortunes", 0.1, 2), FX_EIO, "--data FILE");
+    fx__model_data_free(&d);
+    FXT_STATUS(fx__model_data_load(&d, write_tmp("empty.txt", "", 0), NULL, 0.1, 2), FX_EINVAL, "is empty");
+    FXT_STATUS(fx__model_data_load(&d, "/nonexistent/x.txt", NULL, 0.1, 2), FX_EIO, "cannot open");
+    FXT_STATUS(fx__model_data_load(&d, write_tmp("bad.txt", "ok\xff\xfe", 4), NULL, 0.1, 2), FX_EFORMAT, "offset 2");
+    FXT_STATUS(fx__model_data_load(&d, write_tmp("short.txt", "abc", 3), NULL, 0.1, 65), FX_EINVAL, "smaller --seq");
+    FXT_STATUS(fx__model_data_load(&d, NULL, "/nonexistent/fortunes", 0.1, 2), FX_EIO, "--data FILE");
     /* UTF-8 validation. */
     FXT_EQ_INT(fx__utf8_invalid_at((const unsigned char *)"h\xc3\xa9llo \xe2\x82\xac \xf0\x9f\x98\x80", 15), -1);
     FXT_EQ_INT(fx__utf8_invalid_at((const unsigned char *)"a\xc0\xafz", 4), 1);       /* overlong */
@@ -1155,9 +1155,9 @@ static void test_data(void)
 
 /* ---- checkpoints and the training step ----------------------------------------------------------- */
 
-static fx__gpt_train_state train_state(void)
+static fx__model_train_state train_state(void)
 {
-    fx__gpt_train_state s = {.steps = 8, .warmup = 2, .batch = 2, .seq = 16, .accum = 2, .lr = 3e-3f,
+    fx__model_train_state s = {.steps = 8, .warmup = 2, .batch = 2, .seq = 16, .accum = 2, .lr = 3e-3f,
                              .min_lr = 3e-4f, .weight_decay = 0.1f, .clip = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f,
                              .seed = 5};
     fx_rng_init(&s.rng, 5, 1);
@@ -1165,24 +1165,24 @@ static fx__gpt_train_state train_state(void)
     return s;
 }
 
-static fx__gpt_data corpus(void)
+static fx__model_data corpus(void)
 {
     char text[4096];
     size_t n = 0;
     for (int i = 0; n + 64 < sizeof text; i++)
         n += (size_t)snprintf(text + n, sizeof text - n, "the cat %d sat on the mat.\n%s", i % 7, i % 5 == 4 ? "%\n" : "");
-    fx__gpt_data d;
-    FXT_OK(fx__gpt_data_load(&d, write_tmp("corpus.txt", text, n), NULL, 0.1, 17));
+    fx__model_data d;
+    FXT_OK(fx__model_data_load(&d, write_tmp("corpus.txt", text, n), NULL, 0.1, 17));
     return d;
 }
 
 /* n steps; losses out. */
-static void run_steps(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s, int n, float *losses)
+static void run_steps(fx__model *m, const fx__model_data *d, fx__model_train_state *s, int n, float *losses)
 {
     int32_t tok[32], tgt[32];
     for (int i = 0; i < n; i++) {
-        fx__gpt_step_info info;
-        FXT_OK(fx__gpt_train_step(m, d, s, tok, tgt, &info));
+        fx__model_step_info info;
+        FXT_OK(fx__model_train_step(m, d, s, tok, tgt, &info));
         losses[i] = info.loss;
     }
 }
@@ -1191,14 +1191,14 @@ static void run_steps(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s,
    stay as they were (the caller saves them and stops). */
 static void test_step_nonfinite_not_applied(void)
 {
-    fx__gpt_data d = corpus();
-    fx__gpt_config c = small_cfg();
-    fx__gpt *m = NULL;
-    FXT_OK(fx__gpt_create(&m, &c, 9));
+    fx__model_data d = corpus();
+    fx__model_config c = small_cfg();
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 9));
     if (!m)
         return;
-    FXT_OK(fx__gpt_alloc_train(m));
-    fx__gpt_train_state s = train_state();
+    FXT_OK(fx__model_alloc_train(m));
+    fx__model_train_state s = train_state();
     float l[2];
     run_steps(m, &d, &s, 2, l);
     size_t P = m->lay.total;
@@ -1207,47 +1207,47 @@ static void test_step_nonfinite_not_applied(void)
     memcpy(w, m->params, P * sizeof *w);
     memcpy(mo, m->adam, 2 * P * sizeof *mo);
     int32_t tok[32], tgt[32];
-    fx__gpt_step_info info;
-    FXT_OK(fx__gpt_train_step(m, &d, &s, tok, tgt, &info));
+    fx__model_step_info info;
+    FXT_OK(fx__model_train_step(m, &d, &s, tok, tgt, &info));
     FXT_CHECK(isnan(info.loss));
     FXT_EQ_INT(s.step, 2);
     FXT_CHECK(memcmp(w, m->params, P * sizeof *w) == 0);
     FXT_CHECK(memcmp(mo, m->adam, 2 * P * sizeof *mo) == 0);
     free(w), free(mo);
-    fx__gpt_free(m);
-    fx__gpt_data_free(&d);
+    fx__model_free(m);
+    fx__model_data_free(&d);
 }
 
 static void test_resume_bitwise(void)
 {
-    fx__gpt_data d = corpus();
-    fx__gpt_config c = small_cfg();
-    fx__gpt *a = NULL, *b = NULL, *r = NULL;
-    FXT_OK(fx__gpt_create(&a, &c, 9));
-    FXT_OK(fx__gpt_create(&b, &c, 9));
-    FXT_OK(fx__gpt_create(&r, &c, 1234)); /* different init: everything must come from the file */
+    fx__model_data d = corpus();
+    fx__model_config c = small_cfg();
+    fx__model *a = NULL, *b = NULL, *r = NULL;
+    FXT_OK(fx__model_create(&a, &c, 9));
+    FXT_OK(fx__model_create(&b, &c, 9));
+    FXT_OK(fx__model_create(&r, &c, 1234)); /* different init: everything must come from the file */
     if (!a || !b || !r)
         return;
-    FXT_OK(fx__gpt_alloc_train(a));
-    FXT_OK(fx__gpt_alloc_train(b));
-    FXT_OK(fx__gpt_alloc_train(r));
-    fx__gpt_train_state sa = train_state(), sb = train_state();
+    FXT_OK(fx__model_alloc_train(a));
+    FXT_OK(fx__model_alloc_train(b));
+    FXT_OK(fx__model_alloc_train(r));
+    fx__model_train_state sa = train_state(), sb = train_state();
     float la[8], lb[8];
     run_steps(a, &d, &sa, 8, la);
     run_steps(b, &d, &sb, 4, lb);
     char path[512];
     snprintf(path, sizeof path, "%s/ck.safetensors", tmpdir);
-    FXT_OK(fx__gpt_save_checkpoint(b, &sb, path));
-    fx__gpt_config c2;
-    fx__gpt_train_state sr;
+    FXT_OK(fx__model_save_checkpoint(b, &sb, path));
+    fx__model_config c2;
+    fx__model_train_state sr;
     bool adam = false;
-    FXT_OK(fx__gpt_read_config(path, &c2, &sr, &adam));
+    FXT_OK(fx__model_read_config(path, &c2, &sr, &adam));
     FXT_CHECK(adam);
     FXT_EQ_INT(c2.dim, c.dim);
     FXT_EQ_INT(sr.step, 4);
     FXT_EQ_INT(sr.data_pos, sb.data_pos);
     FXT_CHECK(!memcmp(&sr.rng, &sb.rng, sizeof sr.rng));
-    FXT_OK(fx__gpt_load(r, path, true));
+    FXT_OK(fx__model_load(r, path, true));
     run_steps(r, &d, &sr, 4, lb + 4);
     fxt_bitwise_f32("resumed losses", lb, la, 8);
     fxt_bitwise_f32("resumed params", r->params, a->params, a->lay.total);
@@ -1256,30 +1256,30 @@ static void test_resume_bitwise(void)
     FXT_CHECK(la[7] < la[0]);
 
     /* A model file (weights only, bf16 or f32) loads into a fresh model. */
-    fx__gpt *g = NULL;
-    FXT_OK(fx__gpt_create(&g, &c, 77));
+    fx__model *g = NULL;
+    FXT_OK(fx__model_create(&g, &c, 77));
     snprintf(path, sizeof path, "%s/model.safetensors", tmpdir);
-    FXT_OK(fx__gpt_save_model(a, path, false));
-    FXT_OK(fx__gpt_load(g, path, false));
+    FXT_OK(fx__model_save_model(a, path, false));
+    FXT_OK(fx__model_load(g, path, false));
     fxt_bitwise_f32("model f32", g->params, a->params, a->lay.total);
-    FXT_OK(fx__gpt_save_model(a, path, true));
-    FXT_OK(fx__gpt_load(g, path, false));
+    FXT_OK(fx__model_save_model(a, path, true));
+    FXT_OK(fx__model_load(g, path, false));
     double *ref = fxt_alloc_f64(a->lay.total);
     for (size_t i = 0; i < a->lay.total; i++)
         ref[i] = a->params[i];
     fxt_close_f32("model bf16", g->params, ref, a->lay.total, 1e-30, 1.0 / 256);
     free(ref);
     /* A model file cannot resume training. */
-    FXT_STATUS(fx__gpt_load(r, path, true), FX_EFORMAT, "no optimizer state");
+    FXT_STATUS(fx__model_load(r, path, true), FX_EFORMAT, "no optimizer state");
 
     /* A mismatched config is refused, and the model is untouched. */
-    fx__gpt_config c3 = c;
+    fx__model_config c3 = c;
     c3.dim = 32;
-    fx__gpt *x = NULL;
-    FXT_OK(fx__gpt_create(&x, &c3, 1));
+    fx__model *x = NULL;
+    FXT_OK(fx__model_create(&x, &c3, 1));
     float keep = x->params[0];
     snprintf(path, sizeof path, "%s/ck.safetensors", tmpdir);
-    FXT_STATUS(fx__gpt_load(x, path, false), FX_EINVAL, "dim=16");
+    FXT_STATUS(fx__model_load(x, path, false), FX_EINVAL, "dim=16");
     FXT_CHECK(x->params[0] == keep);
     /* A corrupted file is refused. */
     FILE *f = fopen(path, "r+b");
@@ -1289,12 +1289,12 @@ static void test_resume_bitwise(void)
         FXT_CHECK(ftruncate(fileno(f), size / 2) == 0);
         fclose(f);
     }
-    int rc = fx__gpt_load(r, path, true);
+    int rc = fx__model_load(r, path, true);
     FXT_CHECK(rc == FX_EFORMAT || rc == FX_EIO);
     FXT_CHECK(fx_last_error()[0] != '\0');
-    fx__gpt_free(x), fx__gpt_free(g);
-    fx__gpt_free(a), fx__gpt_free(b), fx__gpt_free(r);
-    fx__gpt_data_free(&d);
+    fx__model_free(x), fx__model_free(g);
+    fx__model_free(a), fx__model_free(b), fx__model_free(r);
+    fx__model_data_free(&d);
 }
 
 /* 1 and 2 threads give bitwise the same training, for every mask. */
@@ -1304,58 +1304,58 @@ static void test_resume_bitwise(void)
    every activation, and a forward and backward on clear gradients gives their gradients. */
 static void test_recompute_parked(void)
 {
-    fx__gpt_data d = corpus();
+    fx__model_data d = corpus();
     const char *masks[] = {"causal", "document"};
     for (int mi = 0; mi < 2; mi++) {
-        fx__gpt *m[2] = {NULL, NULL};
+        fx__model *m[2] = {NULL, NULL};
         float l[2][4];
         for (int v = 0; v < 2; v++) {
-            fx__gpt_config c = small_cfg();
+            fx__model_config c = small_cfg();
             c.layers = 3, c.dim = 64, c.heads = 4, c.kv_heads = 2, c.ffn = 160;
-            FXT_OK(fx__gpt_create(&m[v], &c, 6));
+            FXT_OK(fx__model_create(&m[v], &c, 6));
             if (!m[v])
                 break;
-            FXT_OK(fx__gpt_mask_parse(masks[mi], &m[v]->mask, &m[v]->window));
+            FXT_OK(fx__model_mask_parse(masks[mi], &m[v]->mask, &m[v]->window));
             m[v]->recompute = v == 1;
-            FXT_OK(fx__gpt_alloc_train(m[v]));
-            fx__gpt_train_state s = train_state();
+            FXT_OK(fx__model_alloc_train(m[v]));
+            fx__model_train_state s = train_state();
             run_steps(m[v], &d, &s, 3, l[v]);
             /* One more forward and backward by hand, on clear gradients. */
             int32_t tok[32], tgt[32];
             make_batch(2, 16, c.vocab, 13, tok, tgt, true);
-            fx__gpt_zero_grad(m[v]);
+            fx__model_zero_grad(m[v]);
             float loss;
-            FXT_OK(fx__gpt_forward(m[v], tok, tgt, &loss, true));
+            FXT_OK(fx__model_forward(m[v], tok, tgt, &loss, true));
             FXT_CHECK(m[v]->park.acts_parked == (v == 1));
-            FXT_OK(fx__gpt_backward(m[v]));
+            FXT_OK(fx__model_backward(m[v]));
             /* A forward pass without gradients (two residual streams in turn with recompute). */
-            FXT_OK(fx__gpt_forward(m[v], tok, tgt, &l[v][3], false));
+            FXT_OK(fx__model_forward(m[v], tok, tgt, &l[v][3], false));
         }
         if (m[0] && m[1]) {
             fxt_bitwise_f32(masks[mi], m[1]->params, m[0]->params, m[0]->lay.total);
             fxt_bitwise_f32("losses", l[1], l[0], 4); /* the last: the forward without gradients */
             fxt_bitwise_f32("gradients", m[1]->grads, m[0]->grads, m[0]->lay.total);
         }
-        fx__gpt_free(m[0]), fx__gpt_free(m[1]);
+        fx__model_free(m[0]), fx__model_free(m[1]);
     }
-    fx__gpt_data_free(&d);
+    fx__model_data_free(&d);
 }
 
 /* The training step leaves the gradients cleared by the optimizer's pass and skips its own
    zeroing then; gradients written by anything else are zeroed first. */
 static void test_step_zeroing(void)
 {
-    fx__gpt_data d = corpus();
+    fx__model_data d = corpus();
     float *p[2] = {NULL, NULL}, l[2][2];
     for (int v = 0; v < 2; v++) {
-        fx__gpt_config c = small_cfg();
-        fx__gpt *m = NULL;
-        FXT_OK(fx__gpt_create(&m, &c, 5));
+        fx__model_config c = small_cfg();
+        fx__model *m = NULL;
+        FXT_OK(fx__model_create(&m, &c, 5));
         if (!m)
             break;
-        FXT_OK(fx__gpt_alloc_train(m));
+        FXT_OK(fx__model_alloc_train(m));
         FXT_CHECK(m->grads_zero);
-        fx__gpt_train_state s = train_state();
+        fx__model_train_state s = train_state();
         run_steps(m, &d, &s, 1, l[v]);
         size_t nz = 0;
         for (size_t i = 0; i < m->lay.total; i++)
@@ -1374,29 +1374,29 @@ static void test_step_zeroing(void)
             fxt_bitwise_f32("params after stale gradients", p[1], p[0], m->lay.total);
             fxt_bitwise_f32("losses", l[1], l[0], 2);
         }
-        fx__gpt_free(m);
+        fx__model_free(m);
     }
     free(p[0]), free(p[1]);
-    fx__gpt_data_free(&d);
+    fx__model_data_free(&d);
 }
 
 static void test_threads_bitwise(void)
 {
-    fx__gpt_data d = corpus();
+    fx__model_data d = corpus();
     const char *masks[] = {"causal", "document", "sliding:5", "dense"};
     for (int mi = 0; mi < 4; mi++) {
         float *p[2], l[2][3];
         for (int th = 0; th < 2; th++) {
             FXT_OK(fx_set_num_threads(th + 1));
-            fx__gpt_config c = small_cfg();
+            fx__model_config c = small_cfg();
             c.dim = 128, c.heads = 4, c.kv_heads = 2, c.ffn = 160; /* wide enough to split */
-            fx__gpt *m = NULL;
-            FXT_OK(fx__gpt_create(&m, &c, 9));
+            fx__model *m = NULL;
+            FXT_OK(fx__model_create(&m, &c, 9));
             if (!m)
                 return;
-            FXT_OK(fx__gpt_mask_parse(masks[mi], &m->mask, &m->window));
-            FXT_OK(fx__gpt_alloc_train(m));
-            fx__gpt_train_state s = train_state();
+            FXT_OK(fx__model_mask_parse(masks[mi], &m->mask, &m->window));
+            FXT_OK(fx__model_alloc_train(m));
+            fx__model_train_state s = train_state();
             run_steps(m, &d, &s, 3, l[th]);
             p[th] = malloc(m->lay.total * sizeof(float));
             memcpy(p[th], m->params, m->lay.total * sizeof(float));
@@ -1404,50 +1404,50 @@ static void test_threads_bitwise(void)
                 fxt_bitwise_f32(masks[mi], p[0], p[1], m->lay.total);
                 fxt_bitwise_f32("losses", l[0], l[1], 3);
             }
-            fx__gpt_free(m);
+            fx__model_free(m);
         }
         free(p[0]), free(p[1]);
     }
     fx_set_num_threads(2);
-    fx__gpt_data_free(&d);
+    fx__model_data_free(&d);
 }
 
 static void test_config_errors(void)
 {
-    fx__gpt_config c;
-    FXT_STATUS(fx__gpt_preset(&c, "huge"), FX_EINVAL, "'huge'");
-    FXT_OK(fx__gpt_preset(&c, "small"));
-    FXT_OK(fx__gpt_config_check(&c));
+    fx__model_config c;
+    FXT_STATUS(fx__model_preset(&c, "huge"), FX_EINVAL, "'huge'");
+    FXT_OK(fx__model_preset(&c, "small"));
+    FXT_OK(fx__model_config_check(&c));
     FXT_EQ_INT(c.ffn, 1024);
-    fx__gpt *m = NULL;
-    FXT_OK(fx__gpt_create(&m, &c, 1));
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 1));
     if (m) {
         /* about 10M parameters */
         FXT_CHECK(m->lay.total > 9000000 && m->lay.total < 11000000);
-        FXT_STATUS(fx__gpt_set_batch(m, 1, 257), FX_EINVAL, "context");
-        fx__gpt_free(m);
+        FXT_STATUS(fx__model_set_batch(m, 1, 257), FX_EINVAL, "context");
+        fx__model_free(m);
     }
     c.heads = 5;
-    FXT_STATUS(fx__gpt_config_check(&c), FX_EINVAL, "heads = 5");
-    FXT_OK(fx__gpt_preset(&c, "small"));
+    FXT_STATUS(fx__model_config_check(&c), FX_EINVAL, "heads = 5");
+    FXT_OK(fx__model_preset(&c, "small"));
     c.kv_heads = 4;
-    FXT_STATUS(fx__gpt_config_check(&c), FX_EINVAL, "kv_heads = 4");
-    fx__gpt_mask mk;
+    FXT_STATUS(fx__model_config_check(&c), FX_EINVAL, "kv_heads = 4");
+    fx__model_mask mk;
     int64_t w;
-    FXT_STATUS(fx__gpt_mask_parse("sliding:x", &mk, &w), FX_EINVAL, "sliding:x");
-    FXT_STATUS(fx__gpt_mask_parse("full", &mk, &w), FX_EINVAL, "'full'");
-    FXT_OK(fx__gpt_mask_parse("sliding:128", &mk, &w));
+    FXT_STATUS(fx__model_mask_parse("sliding:x", &mk, &w), FX_EINVAL, "sliding:x");
+    FXT_STATUS(fx__model_mask_parse("full", &mk, &w), FX_EINVAL, "'full'");
+    FXT_OK(fx__model_mask_parse("sliding:128", &mk, &w));
     FXT_EQ_INT(w, 128);
     /* Token ids are checked before any work. */
-    FXT_OK(fx__gpt_preset(&c, "tiny"));
-    FXT_OK(fx__gpt_create(&m, &c, 1));
+    FXT_OK(fx__model_preset(&c, "tiny"));
+    FXT_OK(fx__model_create(&m, &c, 1));
     if (m) {
-        FXT_OK(fx__gpt_set_batch(m, 1, 4));
+        FXT_OK(fx__model_set_batch(m, 1, 4));
         int32_t tok[4] = {1, 2, 300, 4}, tgt[4] = {1, 2, 3, 4};
         float loss = 7;
-        FXT_STATUS(fx__gpt_forward(m, tok, tgt, &loss, false), FX_ERANGE, "token[2] = 300");
+        FXT_STATUS(fx__model_forward(m, tok, tgt, &loss, false), FX_ERANGE, "token[2] = 300");
         FXT_CHECK(loss == 7);
-        fx__gpt_free(m);
+        fx__model_free(m);
     }
 }
 
@@ -1459,12 +1459,12 @@ static void test_rope_llama3(void)
 {
     for (size_t k = 0; k < sizeof fxt_rope_cases / sizeof fxt_rope_cases[0]; k++) {
         const fxt_rope_case *rc = &fxt_rope_cases[k];
-        fx__gpt_config c = small_cfg();
+        fx__model_config c = small_cfg();
         c.head_dim = rc->head_dim, c.rope_theta = rc->theta;
         c.rope_scaling.type = FX_ROPE_SCALING_LLAMA3;
         c.rope_scaling.factor = rc->factor, c.rope_scaling.low_freq_factor = rc->low;
         c.rope_scaling.high_freq_factor = rc->high, c.rope_scaling.original_max_position_embeddings = rc->original;
-        FXT_OK(fx__gpt_config_check(&c));
+        FXT_OK(fx__model_config_check(&c));
         int64_t half = rc->head_dim / 2;
         double *freq = fxt_alloc_f64((size_t)half), *ref = fxt_alloc_f64((size_t)half);
         fx__rope_freqs(freq, &c);
@@ -1480,8 +1480,8 @@ static void test_rope_llama3(void)
         free(freq), free(ref), free(got);
     }
     /* The table rows: cos, sin of position * frequency, for any range of positions. */
-    fx__gpt_config c = llama_cfg();
-    FXT_OK(fx__gpt_config_check(&c));
+    fx__model_config c = llama_cfg();
+    FXT_OK(fx__model_config_check(&c));
     double freq[3];
     fx__rope_freqs(freq, &c);
     float rows[10 * 6];
@@ -1496,17 +1496,17 @@ static void test_rope_llama3(void)
    covers the positions in use. */
 static void test_rope_lazy(void)
 {
-    fx__gpt_config c = small_cfg();
+    fx__model_config c = small_cfg();
     c.ctx = 131072;
-    fx__gpt *m = NULL;
-    FXT_OK(fx__gpt_create(&m, &c, 1));
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 1));
     if (!m)
         return;
     FXT_EQ_INT(m->rope_len, 0);
-    FXT_OK(fx__gpt_set_batch(m, 1, 12));
+    FXT_OK(fx__model_set_batch(m, 1, 12));
     FXT_CHECK(m->rope_len >= 12 && m->rope_len <= 24);
-    fx__gpt_cache *kc = NULL;
-    FXT_OK(fx__gpt_cache_create(&kc, m, 100));
+    fx__model_cache *kc = NULL;
+    FXT_OK(fx__model_cache_create(&kc, m, 100));
     FXT_CHECK(m->rope_len >= 100 && m->rope_len <= 200);
     /* Growing keeps the rows already there and adds the same rows a fresh table has. */
     double freq[2];
@@ -1515,30 +1515,30 @@ static void test_rope_lazy(void)
     fx__rope_rows(fresh, 0, m->rope_len, freq, 4);
     fxt_bitwise_f32("grown rope table", m->rope, fresh, (size_t)(m->rope_len * 4));
     free(fresh);
-    fx__gpt_cache_free(kc);
-    FXT_STATUS(fx__gpt_rope_ensure(m, 131073), FX_EINVAL, "context");
-    fx__gpt_free(m);
+    fx__model_cache_free(kc);
+    FXT_STATUS(fx__model_rope_ensure(m, 131073), FX_EINVAL, "context");
+    fx__model_free(m);
 }
 
 /* The sliding window follows transformers' Mistral convention: a query at i sees the keys j
    with i - W < j <= i. */
 static void test_sliding_window_convention(void)
 {
-    fx__gpt_config c = llama_cfg();
-    fx__gpt *m = NULL;
-    FXT_OK(fx__gpt_create(&m, &c, 1));
+    fx__model_config c = llama_cfg();
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 1));
     if (!m)
         return;
-    FXT_EQ_INT(m->mask, FX__GPT_MASK_SLIDING);
+    FXT_EQ_INT(m->mask, FX__MODEL_MASK_SLIDING);
     FXT_EQ_INT(m->window, 5);
-    fx__gpt_mask_ctx mc = {.sliding = {.window = m->window}};
+    fx__model_mask_ctx mc = {.sliding = {.window = m->window}};
     const void *ctx;
-    fx_mask_fn fn = fx__gpt_mask_fn(m->mask, &mc, &ctx);
+    fx_mask_fn fn = fx__model_mask_fn(m->mask, &mc, &ctx);
     for (int64_t i = 0; i < 12; i++)
         for (int64_t j = 0; j < 12; j++)
             if (fn(0, 0, i, j, ctx) != (i - 5 < j && j <= i))
                 FXT_FAIL("query %lld, key %lld: visible = %d", (long long)i, (long long)j, (int)fn(0, 0, i, j, ctx));
-    fx__gpt_free(m);
+    fx__model_free(m);
 }
 
 /* --attn document splits at the model's first eos id (a Hugging Face model's, not flexc's
@@ -1547,36 +1547,36 @@ static void test_sliding_window_convention(void)
    closes it; it holds a 256) those of a causal run over it. */
 static void test_document_eos(void)
 {
-    fx__gpt_config c = small_cfg();
+    fx__model_config c = small_cfg();
     c.vocab = 300, c.eos[0] = 1, c.n_eos = 1;
     const int32_t full[12] = {5, 6, 7, 256, 8, 1, 9, 10, 11, 12, 13, 14};
     const int64_t V = c.vocab, split = 6;
     for (int impl = 0; impl < 2; impl++) {
-        fx__gpt *m = NULL;
-        FXT_OK(fx__gpt_create(&m, &c, 3));
+        fx__model *m = NULL;
+        FXT_OK(fx__model_create(&m, &c, 3));
         if (!m)
             return;
-        m->attn_impl = impl ? FX__GPT_ATTN_REF : FX__GPT_ATTN_FLEX;
+        m->attn_impl = impl ? FX__MODEL_ATTN_REF : FX__MODEL_ATTN_FLEX;
         float *got = malloc((size_t)(12 * V) * sizeof(float)), *part = malloc((size_t)(12 * V) * sizeof(float));
         double *ref = malloc((size_t)(12 * V) * sizeof(double));
         float loss;
-        m->mask = FX__GPT_MASK_DOCUMENT;
-        FXT_OK(fx__gpt_set_batch(m, 1, 12));
-        FXT_OK(fx__gpt_forward(m, full, NULL, &loss, false));
-        fx__gpt_logits(m, got, false);
+        m->mask = FX__MODEL_MASK_DOCUMENT;
+        FXT_OK(fx__model_set_batch(m, 1, 12));
+        FXT_OK(fx__model_forward(m, full, NULL, &loss, false));
+        fx__model_logits(m, got, false);
         /* The second document alone (RoPE is relative: equal within rounding). */
-        FXT_OK(fx__gpt_set_batch(m, 1, 12 - split));
-        FXT_OK(fx__gpt_forward(m, full + split, NULL, &loss, false));
-        fx__gpt_logits(m, part, false);
+        FXT_OK(fx__model_set_batch(m, 1, 12 - split));
+        FXT_OK(fx__model_forward(m, full + split, NULL, &loss, false));
+        fx__model_logits(m, part, false);
         for (int64_t i = 0; i < (12 - split) * V; i++)
             ref[i] = part[i];
         fxt_close_f32(impl ? "second document (reference attention)" : "second document", got + split * V, ref,
                       (size_t)((12 - split) * V), 1e-4, 1e-4);
         /* The first document, eos included, under a plain causal mask. */
-        m->mask = FX__GPT_MASK_CAUSAL;
-        FXT_OK(fx__gpt_set_batch(m, 1, split));
-        FXT_OK(fx__gpt_forward(m, full, NULL, &loss, false));
-        fx__gpt_logits(m, part, false);
+        m->mask = FX__MODEL_MASK_CAUSAL;
+        FXT_OK(fx__model_set_batch(m, 1, split));
+        FXT_OK(fx__model_forward(m, full, NULL, &loss, false));
+        fx__model_logits(m, part, false);
         for (int64_t i = 0; i < split * V; i++)
             ref[i] = part[i];
         fxt_close_f32(impl ? "first document (reference attention)" : "first document", got, ref,
@@ -1584,22 +1584,22 @@ static void test_document_eos(void)
         /* Decoding with the KV cache splits where training does: a prompt that starts with the
            eos id is a new document after it (the last position's logits as the forward's). */
         const int32_t seq[4] = {1, 8, 9, 10};
-        m->mask = FX__GPT_MASK_DOCUMENT;
-        FXT_OK(fx__gpt_set_batch(m, 1, 4));
-        FXT_OK(fx__gpt_forward(m, seq, NULL, &loss, false));
-        fx__gpt_logits(m, part, false);
-        fx__gpt_cache *kc = NULL;
-        FXT_OK(fx__gpt_cache_create(&kc, m, 8));
+        m->mask = FX__MODEL_MASK_DOCUMENT;
+        FXT_OK(fx__model_set_batch(m, 1, 4));
+        FXT_OK(fx__model_forward(m, seq, NULL, &loss, false));
+        fx__model_logits(m, part, false);
+        fx__model_cache *kc = NULL;
+        FXT_OK(fx__model_cache_create(&kc, m, 8));
         if (kc) {
-            FXT_OK(fx__gpt_decode(m, kc, seq, 4, got));
+            FXT_OK(fx__model_decode(m, kc, seq, 4, got));
             for (int64_t i = 0; i < V; i++)
                 ref[i] = part[3 * V + i];
             fxt_close_f32(impl ? "decode after eos (reference attention)" : "decode after eos", got, ref, (size_t)V,
                           1e-4, 1e-4);
-            fx__gpt_cache_free(kc);
+            fx__model_cache_free(kc);
         }
         free(got), free(part), free(ref);
-        fx__gpt_free(m);
+        fx__model_free(m);
     }
 }
 
@@ -1646,12 +1646,12 @@ static void test_hf_reference(void)
         float *logits = fxt_guarded((size_t)(T * V));
         char what[96];
         for (int impl = 0; impl < 2; impl++) {
-            m->attn_impl = impl ? FX__GPT_ATTN_REF : FX__GPT_ATTN_FLEX;
+            m->attn_impl = impl ? FX__MODEL_ATTN_REF : FX__MODEL_ATTN_FLEX;
             FXT_OK(fx_model_forward(m, NULL, logits, h->tokens, NULL, 1, T, 0));
             snprintf(what, sizeof what, "%s logits (%s attention)", h->arch, impl ? "reference" : "flex");
             fxt_close_f32(what, logits, h->logits, (size_t)(T * V), 1e-4, 1e-4);
         }
-        m->attn_impl = FX__GPT_ATTN_FLEX;
+        m->attn_impl = FX__MODEL_ATTN_FLEX;
         /* Decoding: a prefill of 3, then one token at a time; each step's logits are the row of
            the position just fed. */
         fx_model_cache *c = NULL;
@@ -1679,27 +1679,27 @@ static void test_hf_reference(void)
    unfused path's, ids at the top of the range included. */
 static void test_large_vocab(void)
 {
-    fx__gpt_config c = small_cfg();
+    fx__model_config c = small_cfg();
     c.vocab = 128256, c.dim = 8, c.heads = 2, c.kv_heads = 1, c.ffn = 16, c.layers = 1, c.ctx = 8;
     c.tied_embeddings = false;
-    fx__gpt *a = NULL, *b = NULL;
-    FXT_OK(fx__gpt_create(&a, &c, 2));
-    FXT_OK(fx__gpt_create(&b, &c, 2));
+    fx__model *a = NULL, *b = NULL;
+    FXT_OK(fx__model_create(&a, &c, 2));
+    FXT_OK(fx__model_create(&b, &c, 2));
     if (!a || !b)
         return;
-    b->loss_impl = FX__GPT_LOSS_UNFUSED;
-    FXT_OK(fx__gpt_alloc_grads(a));
-    FXT_OK(fx__gpt_alloc_grads(b));
-    FXT_OK(fx__gpt_set_batch(a, 2, 8));
-    FXT_OK(fx__gpt_set_batch(b, 2, 8));
+    b->loss_impl = FX__MODEL_LOSS_UNFUSED;
+    FXT_OK(fx__model_alloc_grads(a));
+    FXT_OK(fx__model_alloc_grads(b));
+    FXT_OK(fx__model_set_batch(a, 2, 8));
+    FXT_OK(fx__model_set_batch(b, 2, 8));
     int32_t tok[16], tgt[16];
     make_batch(2, 8, c.vocab, 31, tok, tgt, false);
     tok[1] = (int32_t)c.vocab - 1, tgt[4] = (int32_t)c.vocab - 1, tgt[9] = 0;
     float la, lb;
-    FXT_OK(fx__gpt_forward(a, tok, tgt, &la, true));
-    FXT_OK(fx__gpt_backward(a));
-    FXT_OK(fx__gpt_forward(b, tok, tgt, &lb, true));
-    FXT_OK(fx__gpt_backward(b));
+    FXT_OK(fx__model_forward(a, tok, tgt, &la, true));
+    FXT_OK(fx__model_backward(a));
+    FXT_OK(fx__model_forward(b, tok, tgt, &lb, true));
+    FXT_OK(fx__model_backward(b));
     FXT_NEAR(la, lb, 1e-5, 1e-5);
     FXT_NEAR(la, log(128256.0), 0.05, 0); /* a fresh model is about uniform */
     double *ref = fxt_alloc_f64(a->lay.total);
@@ -1707,10 +1707,10 @@ static void test_large_vocab(void)
         ref[i] = b->grads[i];
     fxt_close_f32("grads, vocab 128256", a->grads, ref, a->lay.total, 1e-7, 1e-3);
     free(ref);
-    fx__gpt_free(a), fx__gpt_free(b);
+    fx__model_free(a), fx__model_free(b);
     /* The id range is the int32 range. */
     c.vocab = (int64_t)INT32_MAX + 1;
-    FXT_STATUS(fx__gpt_config_check(&c), FX_EINVAL, "vocab = 2147483648");
+    FXT_STATUS(fx__model_config_check(&c), FX_EINVAL, "vocab = 2147483648");
 }
 
 /* Every feature at once, forward + backward + logits + decoding: bitwise the same at 1 and
@@ -1722,10 +1722,10 @@ static void test_features_threads_bitwise(void)
     int64_t B = 2, T = 16, V = 257;
     for (int th = 0; th < 2; th++) {
         FXT_OK(fx_set_num_threads(th + 1));
-        fx__gpt_config c = llama_cfg();
+        fx__model_config c = llama_cfg();
         c.dim = 128, c.heads = 4, c.kv_heads = 2, c.head_dim = 40, c.ffn = 160; /* wide enough to split */
-        fx__gpt *m = NULL;
-        FXT_OK(fx__gpt_create(&m, &c, 9));
+        fx__model *m = NULL;
+        FXT_OK(fx__model_create(&m, &c, 9));
         if (!m)
             return;
         randomize_biases(m, 10);
@@ -1744,7 +1744,7 @@ static void test_features_threads_bitwise(void)
         FXT_OK(fx_model_prefill(m, kc, dl[th], tok, T - 1));
         FXT_OK(fx_model_decode_step(m, kc, dl[th], tok[T - 1]));
         fx_model_cache_free(kc);
-        fx__gpt_free(m);
+        fx__model_free(m);
     }
     if (g[0] && g[1]) {
         fxt_bitwise_f32("gradients", g[0], g[1], P);
@@ -2041,7 +2041,7 @@ static void test_api_save_load(void)
         FXT_CHECK(b->rope_scaling.type == FX_ROPE_SCALING_LLAMA3 && b->rope_scaling.factor == 8.0f &&
                   b->rope_scaling.original_max_position_embeddings == 8);
         FXT_CHECK(b->n_eos == a->n_eos && b->eos[0] == a->eos[0]);
-        FXT_EQ_INT(r->mask, FX__GPT_MASK_SLIDING);
+        FXT_EQ_INT(r->mask, FX__MODEL_MASK_SLIDING);
         FXT_EQ_INT(fx_model_num_params(r), fx_model_num_params(m));
         size_t P = fx_model_num_params(m);
         if (!bf16) {

@@ -7,15 +7,15 @@
 #include "bench_train_dist.h"
 #include "bench_util.h"
 #include "cuda/model_gpu.h"
-#include "gpt/gpt.h"
+#include "model/model.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct variant {
     const char *name;
-    fx__gpt *m;
-    fx__gpt_train_state s;
+    fx__model *m;
+    fx__model_train_state s;
     size_t own_bytes;  /* the model's buffers: parameters, gradients, Adam, activations */
     size_t step_peak;  /* the most the library held during a step, beyond what was held before */
     /* Each step's forward, backward, optimizer seconds: --steps (at most 64) after a warm-up,
@@ -37,7 +37,7 @@ static double phase_median(variant *v, int k)
 
 typedef struct bench_ctx {
     variant *v;
-    const fx__gpt_data *d;
+    const fx__model_data *d;
     int32_t *tok, *tgt;
 } bench_ctx;
 
@@ -50,8 +50,8 @@ static void run_step(void *p)
     size_t cur, peak;
     fx_mem_stats(&cur, &peak);
     fx_mem_reset_peak();
-    fx__gpt_step_info info;
-    v->rc = fx__gpt_train_step(v->m, c->d, &v->s, c->tok, c->tgt, &info);
+    fx__model_step_info info;
+    v->rc = fx__model_train_step(v->m, c->d, &v->s, c->tok, c->tgt, &info);
     if (!v->rc && v->steps < 66) {
         for (int k = 0; k < 3; k++)
             v->phase[v->steps][k] = info.time_s[k];
@@ -68,8 +68,8 @@ typedef struct train_args {
     const char *model, *attn, *dtype, *device;
     int64_t batch, seq, steps;
     bool json, adam_bf16, recompute, gemm, ops, bf16, cuda;
-    fx__gpt_config cfg;
-    fx__gpt_mask mask;
+    fx__model_config cfg;
+    fx__model_mask mask;
     int64_t window;
     int first, last; /* the variants built and timed: 0 flex, 1 baseline */
 } train_args;
@@ -123,7 +123,7 @@ static int train_args_parse(int argc, char **argv, train_args *a)
         a->cfg.vocab = vocab;
     if (a->seq == 0)
         a->seq = a->cfg.ctx;
-    if (fx__gpt_config_check(&a->cfg) != FX_OK || fx__gpt_mask_parse(a->attn, &a->mask, &a->window) != FX_OK) {
+    if (fx__model_config_check(&a->cfg) != FX_OK || fx__model_mask_parse(a->attn, &a->mask, &a->window) != FX_OK) {
         cli_error("bench train: %s", fx_last_error());
         return CLI_EXIT_USAGE;
     }
@@ -172,20 +172,20 @@ static int variant_setup(variant *v, const train_args *a, int i)
         return rc;
     v->m->adam_bf16 = a->adam_bf16;
     v->m->recompute = a->recompute && i == 0;
-    if ((rc = fx__gpt_alloc_train(v->m)) != FX_OK)
+    if ((rc = fx__model_alloc_train(v->m)) != FX_OK)
         return rc;
-    v->m->mask = i == 0 || a->bf16 ? a->mask : FX__GPT_MASK_CAUSAL_DENSE;
+    v->m->mask = i == 0 || a->bf16 ? a->mask : FX__MODEL_MASK_CAUSAL_DENSE;
     v->m->window = a->window;
-    v->m->loss_impl = i == 0 || a->bf16 ? FX__GPT_LOSS_FUSED : FX__GPT_LOSS_UNFUSED;
+    v->m->loss_impl = i == 0 || a->bf16 ? FX__MODEL_LOSS_FUSED : FX__MODEL_LOSS_UNFUSED;
     /* On a GPU the device holds the weights' bfloat16 copy (and the batch's activations). */
-    if (a->cuda && (rc = fx__gpt_gpu_attach(v->m, 1, a->bf16)) != FX_OK)
+    if (a->cuda && (rc = fx__model_gpu_attach(v->m, 1, a->bf16)) != FX_OK)
         return rc;
-    if ((rc = fx__gpt_set_batch(v->m, a->batch, a->seq)) != FX_OK ||
-        (rc = fx__gpt_set_bf16(v->m, a->bf16 && i == 0 && !a->cuda)) != FX_OK)
+    if ((rc = fx__model_set_batch(v->m, a->batch, a->seq)) != FX_OK ||
+        (rc = fx__model_set_bf16(v->m, a->bf16 && i == 0 && !a->cuda)) != FX_OK)
         return rc;
     fx_mem_stats(&after, &peak);
     v->own_bytes = after - before;
-    v->s = (fx__gpt_train_state){.steps = 1000, .warmup = 10, .batch = a->batch, .seq = a->seq, .accum = 1,
+    v->s = (fx__model_train_state){.steps = 1000, .warmup = 10, .batch = a->batch, .seq = a->seq, .accum = 1,
                                  .lr = 1e-4f, .min_lr = 1e-5f, .weight_decay = 0.1f, .clip = 1.0f,
                                  .beta1 = 0.9f, .beta2 = 0.95f};
     fx_rng_init(&v->s.rng, 1, 1);
@@ -293,8 +293,8 @@ static void report_pair(const train_args *a, const variant v[2], double ta, doub
     const double tokens = (double)(a->batch * a->seq), params = (double)v[0].m->lay.total;
     const double mem_a = (double)(v[0].own_bytes + v[0].step_peak), mem_b = (double)(v[1].own_bytes + v[1].step_peak);
     char an[32];
-    fx__gpt_mask_name(a->mask, a->window, an, sizeof an);
-    const fx__gpt_config *c = &a->cfg;
+    fx__model_mask_name(a->mask, a->window, an, sizeof an);
+    const fx__model_config *c = &a->cfg;
     if (a->json) {
         printf("{\"case\":\"train\",\"dtype\":\"%s\",\"baseline\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\","
                "\"params\":%.0f,\"layers\":%lld,\"dim\":%lld,\"heads\":%lld,"

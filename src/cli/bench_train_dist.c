@@ -6,7 +6,7 @@
 
 #include "bench_util.h"
 #include "cli.h"
-#include "gpt/dist.h"
+#include "model/dist.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +38,7 @@ typedef struct dist_args {
     double timeout;
     bool json;
     fx__par par;
-    fx__gpt_config cfg;
+    fx__model_config cfg;
 } dist_args;
 
 static _Noreturn void bench_comm_failed(void)
@@ -92,7 +92,7 @@ static int dist_args_parse(int argc, char **argv, dist_args *a)
 /* One warm-up step of each mode, then `steps` overlapped and serialised steps alternately,
    a barrier lining the ranks up before each; r gets what each timed step measured. A failed
    collective ends the process (bench_comm_failed); another failure is returned. */
-static int dist_time_steps(fx__dist *dist, fx_comm *world, const fx__gpt_data *d, fx__gpt_train_state *s,
+static int dist_time_steps(fx__dist *dist, fx_comm *world, const fx__model_data *d, fx__model_train_state *s,
                            int32_t *tok, int32_t *tgt, int64_t steps, dist_run *r)
 {
     double bytes_ov = 0;
@@ -157,7 +157,7 @@ typedef struct dist_mem {
     size_t state, shards, layer, full_state, allocated, allocated_whole;
 } dist_mem;
 
-static void dist_report(const dist_args *a, const fx__gpt *m, int ranks, const dist_run *r,
+static void dist_report(const dist_args *a, const fx__model *m, int ranks, const dist_run *r,
                         const float med[DIST_MEDIANS], const dist_mem *mem)
 {
     /* Communication time: what a rank spends inside communication calls (blocked in waits,
@@ -240,7 +240,7 @@ int bench_train_dist(int argc, char **argv)
 
     const int64_t seq = a.seq, batch = a.batch;
     bench_train_data data;
-    fx__gpt *m = NULL;
+    fx__model *m = NULL;
     fx__dist *dist = NULL;
     int exit_code = CLI_EXIT_FAIL;
     if (!bench_train_data_new(&data, 1 << 20, seq, batch, a.cfg.vocab))
@@ -248,7 +248,7 @@ int bench_train_dist(int argc, char **argv)
     /* The library's allocation counter: the whole model before sharding, what stays after. */
     size_t mem0, mem_whole, mem_sharded, peak;
     fx_mem_stats(&mem0, &peak);
-    if ((rc = fx_model_create(&m, &a.cfg, 1)) != FX_OK || (rc = fx__gpt_alloc_train(m)) != FX_OK) {
+    if ((rc = fx_model_create(&m, &a.cfg, 1)) != FX_OK || (rc = fx__model_alloc_train(m)) != FX_OK) {
         cli_fail(rc, "bench train");
         goto done;
     }
@@ -260,7 +260,7 @@ int bench_train_dist(int argc, char **argv)
         goto done;
     }
     fx_mem_stats(&mem_sharded, &peak);
-    fx__gpt_train_state s = {.steps = 1000, .warmup = 10, .batch = batch, .seq = seq, .accum = 1, .lr = 1e-4f,
+    fx__model_train_state s = {.steps = 1000, .warmup = 10, .batch = batch, .seq = seq, .accum = 1, .lr = 1e-4f,
                              .min_lr = 1e-5f, .weight_decay = 0.1f, .clip = 1.0f, .beta1 = 0.9f, .beta2 = 0.95f};
     fx_rng_init(&s.rng, 1, 1);
     static dist_run run; /* 5 KiB of samples */

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "core/core.h" /* fx__seconds(): the clock of every measurement */
-#include "gpt/gpt.h"   /* fx__gpt_data */
+#include "model/model.h"   /* fx__model_data */
 
 /* The median of x[0..n) (sorts x in place). */
 double bench_median(double *x, int n);
@@ -61,7 +61,7 @@ void bench_gemm_report(const fx__gemm_shape *shapes, int n, int64_t dropped, int
    depend on the text), all but the last window of seq + 1 for training, and a batch x seq
    buffer each for a step's tokens and targets. */
 typedef struct bench_train_data {
-    fx__gpt_data d;
+    fx__model_data d;
     int32_t *tok, *tgt;
 } bench_train_data;
 

@@ -2,7 +2,7 @@
    (tokenizer.json beside the model). Generated text is streamed as it becomes valid UTF-8. */
 #include "gen_text.h"
 
-#include "gpt/gpt.h" /* FX__GPT_EOT, FX__GPT_VOCAB: the byte vocabulary */
+#include "model/model.h" /* FX__MODEL_EOT, FX__MODEL_VOCAB: the byte vocabulary */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,9 +72,9 @@ int gen_text_open(gen_text *g, const char *src, const fx_model_config *cfg)
         }
         return CLI_EXIT_OK;
     }
-    if (cfg->vocab != FX__GPT_VOCAB) {
+    if (cfg->vocab != FX__MODEL_VOCAB) {
         cli_error("generate: the model's vocabulary has %lld tokens and no tokenizer.json is beside it (flexc's "
-                  "byte vocabulary has %d)", (long long)cfg->vocab, FX__GPT_VOCAB);
+                  "byte vocabulary has %d)", (long long)cfg->vocab, FX__MODEL_VOCAB);
         return CLI_EXIT_FAIL;
     }
     return CLI_EXIT_OK;

@@ -5,7 +5,7 @@
 #include "gen_text.h"
 
 #include "cuda/model_gpu.h"
-#include "gpt/gpt.h" /* fx__utf8_invalid_at, FX__GPT_EOT, FX__GPT_VOCAB: the byte tokenizer */
+#include "model/model.h" /* fx__utf8_invalid_at, FX__MODEL_EOT, FX__MODEL_VOCAB: the byte tokenizer */
 #include "hf/hf.h"   /* fx__hf_config_read: the bos id */
 #include "prompt.h"
 
@@ -104,7 +104,7 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
             return cli_fail(rc, "--model");
     }
     /* On a GPU: the weights in float32 (a mapped file is read whole first), sent over once. */
-    if (cuda && ((rc = fx__gpt_own_params(m)) != FX_OK || (rc = fx__gpt_gpu_attach(m, 1, false)) != FX_OK)) {
+    if (cuda && ((rc = fx__model_own_params(m)) != FX_OK || (rc = fx__model_gpu_attach(m, 1, false)) != FX_OK)) {
         fx_model_free(m);
         return cli_fail(rc, "--device cuda");
     }
@@ -147,7 +147,7 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
        half the context. */
     int64_t n = 0, keep = pids.n + 1 + ntok > ctx && pids.n > ctx / 2 ? ctx / 2 : pids.n;
     if (!g.tok && n + keep < cap && keep == pids.n)
-        hist[n++] = FX__GPT_EOT;
+        hist[n++] = FX__MODEL_EOT;
     for (int64_t i = pids.n - keep; i < pids.n; i++)
         hist[n++] = pids.ids[i];
     if (n == 0 && pids.n > 0) {

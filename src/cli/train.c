@@ -1,4 +1,4 @@
-/* flexc train: trains the GPT of src/gpt on a text file or the default corpus, with
+/* flexc train: trains the GPT of src/model on a text file or the default corpus, with
    checkpoints, resume, progress and metrics. See docs/train.md. */
 #include "cli.h"
 
@@ -7,8 +7,8 @@
 #include "bench_util.h"
 #include "core/file.h"
 #include "cuda/model_gpu.h"
-#include "gpt/dist.h"
-#include "gpt/gpt.h"
+#include "model/dist.h"
+#include "model/model.h"
 #include "outdir_lock.h"
 #include "save_check.h"
 
@@ -212,15 +212,15 @@ static bool all_ok(fx_comm *world, bool ok)
     return bad == 0.0f;
 }
 
-static int save_all(fx__gpt *m, const fx__gpt_train_state *s, const char *out, bool bf16)
+static int save_all(fx__model *m, const fx__model_train_state *s, const char *out, bool bf16)
 {
     char path[4200];
     /* Training on a GPU: the writer reads the host's buffers, brought up to date first. */
-    int rc = m->gpu ? fx__gpt_gpu_download(m) : FX_OK;
+    int rc = m->gpu ? fx__model_gpu_download(m) : FX_OK;
     if (rc)
         return cli_fail(rc, "reading the weights from the GPU");
     snprintf(path, sizeof path, "%s/checkpoint.safetensors", out);
-    rc = fx__gpt_save_checkpoint(m, s, path);
+    rc = fx__model_save_checkpoint(m, s, path);
     if (rc)
         return cli_fail(rc, "saving the checkpoint");
     snprintf(path, sizeof path, "%s/model.safetensors", out);
@@ -233,12 +233,12 @@ static int save_all(fx__gpt *m, const fx__gpt_train_state *s, const char *out, b
 static int train_run(const train_opts *op, fx__par par, fx_comm *world, int rank, int nproc);
 
 /* Saves from rank 0; under FSDP every rank takes part in gathering the shards first. */
-static int save_dist(fx__gpt *m, fx__dist *dist, fx_comm *world, const fx__gpt_train_state *s, const char *out,
+static int save_dist(fx__model *m, fx__dist *dist, fx_comm *world, const fx__model_train_state *s, const char *out,
                      bool bf16)
 {
     if (!dist)
         return save_all(m, s, out, bf16);
-    fx__gpt *full = NULL;
+    fx__model *full = NULL;
     int rc = fx__dist_full(dist, &full);
     if (rc && comm_broken(world, dist))
         comm_failed();
@@ -423,13 +423,13 @@ typedef struct train_job {
     fx_comm *world;
     int rank, nproc;
     char ckpt[4200], mpath[4200];
-    fx__gpt_config cfg;
-    fx__gpt_train_state st;
+    fx__model_config cfg;
+    fx__model_train_state st;
     int64_t until, eval_every, log_every;
-    fx__gpt_data data;
+    fx__model_data data;
     bool have_data;
     fx_model *init; /* --model DIR: the model to fine-tune, until setup_model takes it over */
-    fx__gpt *m;
+    fx__model *m;
     fx__dist *dist;
     int32_t *tokens, *targets;
     double step_tokens; /* tokens a step trains on */
@@ -445,9 +445,9 @@ typedef struct train_job {
 static int resume_model(const train_job *j)
 {
     const train_opts *o = &j->o;
-    const fx__gpt_config *cfg = &j->cfg;
-    fx__gpt_config p;
-    if (fx__gpt_preset(&p, o->model) != FX_OK) {
+    const fx__model_config *cfg = &j->cfg;
+    fx__model_config p;
+    if (fx__model_preset(&p, o->model) != FX_OK) {
         cli_error("--resume: the checkpoint holds the model; --model %s is not a preset (drop --model)", o->model);
         return CLI_EXIT_USAGE;
     }
@@ -455,7 +455,7 @@ static int resume_model(const train_job *j)
     p.dim = o->dim != UNSET ? o->dim : p.dim;
     p.heads = o->heads != UNSET ? o->heads : p.heads;
     p.kv_heads = o->kv_heads != UNSET ? o->kv_heads : p.kv_heads;
-    if (fx__gpt_config_check(&p) != FX_OK || p.layers != cfg->layers || p.dim != cfg->dim ||
+    if (fx__model_config_check(&p) != FX_OK || p.layers != cfg->layers || p.dim != cfg->dim ||
         p.heads != cfg->heads || p.kv_heads != cfg->kv_heads || p.ctx != cfg->ctx) {
         cli_error("--resume: %s holds a model with %lld layers, dim %lld, %lld/%lld heads, context %lld, "
                   "not --model %s",
@@ -470,8 +470,8 @@ static int resume_model(const train_job *j)
 static int resume_shape(const train_job *j)
 {
     const train_opts *o = &j->o;
-    const fx__gpt_config *cfg = &j->cfg;
-    const fx__gpt_train_state *st = &j->st;
+    const fx__model_config *cfg = &j->cfg;
+    const fx__model_train_state *st = &j->st;
     const struct { const char *name; int64_t given, saved; } chk[] = {
         {"--layers", o->layers, cfg->layers}, {"--dim", o->dim, cfg->dim}, {"--heads", o->heads, cfg->heads},
         {"--kv-heads", o->kv_heads, cfg->kv_heads}, {"--batch", o->batch, st->batch}, {"--seq", o->seq, st->seq},
@@ -491,7 +491,7 @@ static int resume_shape(const train_job *j)
 static int resume_run(train_job *j)
 {
     train_opts *o = &j->o;
-    const fx__gpt_train_state *st = &j->st;
+    const fx__model_train_state *st = &j->st;
     /* These would change the run too. A checkpoint keeps them as float32, and the default
        --min-lr is computed in float32 (lr/10), so "the same" is within float rounding. */
     const struct { const char *name; double given; float saved; } hp[] = {
@@ -537,7 +537,7 @@ static int resume_run(train_job *j)
 static int resume_steps(train_job *j)
 {
     const train_opts *o = &j->o;
-    fx__gpt_train_state *st = &j->st;
+    fx__model_train_state *st = &j->st;
     if (o->steps != UNSET && o->steps < 1) {
         cli_error("--steps %lld must be >= 1", (long long)o->steps);
         return CLI_EXIT_USAGE;
@@ -559,7 +559,7 @@ static int config_resume(train_job *j)
         return CLI_EXIT_FAIL;
     }
     bool adam = false;
-    int rc = fx__gpt_read_config(j->ckpt, &j->cfg, &j->st, &adam);
+    int rc = fx__model_read_config(j->ckpt, &j->cfg, &j->st, &adam);
     if (rc != FX_OK)
         return cli_fail(rc, "--resume");
     if (!adam) {
@@ -574,7 +574,7 @@ static int config_resume(train_job *j)
 }
 
 /* The optimizer's settings of a new run: the options' float32 values, checked. */
-static int config_new_optimizer(const train_opts *o, fx__gpt_train_state *st)
+static int config_new_optimizer(const train_opts *o, fx__model_train_state *st)
 {
     st->lr = isnan(o->lr) ? 1e-3f : (float)o->lr;
     st->min_lr = isnan(o->min_lr) ? st->lr / 10.0f : (float)o->min_lr;
@@ -609,8 +609,8 @@ static int config_new_optimizer(const train_opts *o, fx__gpt_train_state *st)
 static int config_new(train_job *j)
 {
     const train_opts *o = &j->o;
-    fx__gpt_config *cfg = &j->cfg;
-    fx__gpt_train_state *st = &j->st;
+    fx__model_config *cfg = &j->cfg;
+    fx__model_train_state *st = &j->st;
     int rc;
     if (file_exists(j->ckpt) && !o->force) {
         cli_error("%s already exists: pass --resume to continue it, --force to start over, or another --out",
@@ -621,7 +621,7 @@ static int config_new(train_job *j)
     if ((rc = cli_model_open("--model", o->model ? o->model : "small", cfg, &j->init)) != CLI_EXIT_OK)
         return rc;
     char tp[4200];
-    if (cfg->vocab < FX__GPT_VOCAB && !train_tokenizer_path(tp, sizeof tp, o->model) &&
+    if (cfg->vocab < FX__MODEL_VOCAB && !train_tokenizer_path(tp, sizeof tp, o->model) &&
         !train_is_token_file(o->data)) {
         cli_error("--model %s has %lld tokens and no tokenizer.json; pass --data as an llm.c token file", o->model,
                   (long long)cfg->vocab);
@@ -642,7 +642,7 @@ static int config_new(train_job *j)
         cfg->kv_heads = o->kv_heads;
     else if (o->heads != UNSET && cfg->heads % cfg->kv_heads)
         cfg->kv_heads = cfg->heads;
-    if (fx__gpt_config_check(cfg) != FX_OK) {
+    if (fx__model_config_check(cfg) != FX_OK) {
         cli_error("model: %s", fx_last_error());
         return CLI_EXIT_USAGE;
     }
@@ -656,17 +656,17 @@ static int config_new(train_job *j)
     st->deterministic = o->deterministic;
     st->bf16 = o->dtype && strcmp(o->dtype, "bf16") == 0;
     fx_rng_init(&st->rng, st->seed, 1);
-    fx__gpt_mask mk;
+    fx__model_mask mk;
     int64_t w;
     /* A trained model keeps its own mask unless told otherwise. */
     char own[32] = "causal";
     if (j->init)
-        fx__gpt_mask_name(j->init->mask, j->init->window, own, sizeof own);
-    if (fx__gpt_mask_parse(o->attn ? o->attn : own, &mk, &w) != FX_OK) {
+        fx__model_mask_name(j->init->mask, j->init->window, own, sizeof own);
+    if (fx__model_mask_parse(o->attn ? o->attn : own, &mk, &w) != FX_OK) {
         cli_error("--attn: %s", fx_last_error());
         return CLI_EXIT_USAGE;
     }
-    fx__gpt_mask_name(mk, w, st->attn, sizeof st->attn);
+    fx__model_mask_name(mk, w, st->attn, sizeof st->attn);
     /* Checks that need the config. */
     if (st->seq < 1 || st->seq > cfg->ctx) {
         cli_error("--seq %lld is outside [1, %lld]: the model's context is %lld tokens", (long long)st->seq,
@@ -689,7 +689,7 @@ static int config_new(train_job *j)
 static int config_schedule(train_job *j)
 {
     const train_opts *o = &j->o;
-    const fx__gpt_train_state *st = &j->st;
+    const fx__model_train_state *st = &j->st;
     /* The multi-process and deterministic paths run their own optimizer over their own
        buffers, which do not keep the weights' bfloat16 copy. */
     if (st->bf16 && (j->par != FX__PAR_NONE || o->deterministic)) {
@@ -750,7 +750,7 @@ static int out_prepare(train_job *j)
 static int setup_data(train_job *j)
 {
     const train_opts *o = &j->o;
-    fx__gpt_train_state *st = &j->st;
+    fx__model_train_state *st = &j->st;
     /* A resumed run reads its checkpoint's data unless told otherwise, and checks it is the
        same text. */
     const char *data_path = o->data;
@@ -786,25 +786,25 @@ static int setup_data(train_job *j)
 static int setup_model(train_job *j)
 {
     const train_opts *o = &j->o;
-    const fx__gpt_train_state *st = &j->st;
+    const fx__model_train_state *st = &j->st;
     int rc;
     if (j->init)
         j->m = j->init, j->init = NULL; /* fine-tuning: the weights read from --model */
     else if ((rc = fx_model_create(&j->m, &j->cfg, st->seed)) != FX_OK)
         return cli_fail(rc, "model");
-    fx__gpt *m = j->m;
+    fx__model *m = j->m;
     const bool gpu = o->device && strcmp(o->device, "cuda") == 0;
     m->adam_bf16 = st->adam_bf16;
     m->recompute = o->recompute;
-    if ((rc = fx__gpt_alloc_train(m)) != FX_OK)
+    if ((rc = fx__model_alloc_train(m)) != FX_OK)
         return cli_fail(rc, "model");
-    fx__gpt_mask_parse(st->attn, &m->mask, &m->window);
-    if (o->resume && (rc = fx__gpt_load(m, j->ckpt, true)) != FX_OK)
+    fx__model_mask_parse(st->attn, &m->mask, &m->window);
+    if (o->resume && (rc = fx__model_load(m, j->ckpt, true)) != FX_OK)
         return cli_fail(rc, "--resume");
     /* On a GPU the device holds the weights' bfloat16 copy, and the host none. */
-    if (gpu && (rc = fx__gpt_gpu_attach(m, 1, st->bf16)) != FX_OK)
+    if (gpu && (rc = fx__model_gpu_attach(m, 1, st->bf16)) != FX_OK)
         return cli_fail(rc, "--device cuda");
-    if (!gpu && st->bf16 && (rc = fx__gpt_set_bf16(m, true)) != FX_OK)
+    if (!gpu && st->bf16 && (rc = fx__model_set_bf16(m, true)) != FX_OK)
         return cli_fail(rc, "--dtype bf16");
     if ((j->par != FX__PAR_NONE || o->deterministic) &&
         (rc = fx__dist_create(&j->dist, m, j->world, j->par, o->deterministic, st->batch)) != FX_OK) {
@@ -814,7 +814,7 @@ static int setup_model(train_job *j)
         /* options that do not go together, e.g. fsdp and --adam-bf16 */
         return rc == FX_EUNSUPPORTED ? CLI_EXIT_USAGE : CLI_EXIT_FAIL;
     }
-    if (!j->dist && (rc = fx__gpt_set_batch(m, st->batch, st->seq)) != FX_OK)
+    if (!j->dist && (rc = fx__model_set_batch(m, st->batch, st->seq)) != FX_OK)
         return cli_fail(rc, "model");
     j->tokens = malloc((size_t)(st->batch * st->seq) * sizeof *j->tokens);
     j->targets = malloc((size_t)(st->batch * st->seq) * sizeof *j->targets);
@@ -836,9 +836,9 @@ static int setup_model(train_job *j)
 
 static void print_header(const train_job *j)
 {
-    const fx__gpt_config *cfg = &j->cfg;
-    const fx__gpt_train_state *st = &j->st;
-    const fx__gpt_data *data = &j->data;
+    const fx__model_config *cfg = &j->cfg;
+    const fx__model_train_state *st = &j->st;
+    const fx__model_data *data = &j->data;
     printf("flexc train: %.2fM parameters (%lld layer%s, dim %lld, %lld/%lld heads, ffn %lld, context %lld), "
            "attention %s\n",
            (double)j->m->lay.total / 1e6, (long long)cfg->layers, cli_s((uint64_t)cfg->layers), (long long)cfg->dim,
@@ -867,7 +867,7 @@ static void print_header(const train_job *j)
 /* A finished step's metrics line (val: the validation loss, when the step evaluated). A line that
    cannot be written (a full disk) stops the run as a signal would (every process after the
    same step, the checkpoint saved), and the run then fails. */
-static void record_metrics(train_job *j, const fx__gpt_step_info *info, double tps, double elapsed, bool eval,
+static void record_metrics(train_job *j, const fx__model_step_info *info, double tps, double elapsed, bool eval,
                            float val)
 {
     if (!j->metrics)
@@ -890,10 +890,10 @@ static void record_metrics(train_job *j, const fx__gpt_step_info *info, double t
 
 /* The progress line: rewritten in place on a terminal, else every --log-every steps and
    at each evaluation. avg: tokens/s since the run (or resume) started. */
-static void print_progress(const train_job *j, const fx__gpt_step_info *info, double avg, int64_t first, bool eval,
+static void print_progress(const train_job *j, const fx__model_step_info *info, double avg, int64_t first, bool eval,
                            float val)
 {
-    const fx__gpt_train_state *st = &j->st;
+    const fx__model_train_state *st = &j->st;
     char eta[32];
     fmt_duration(eta, sizeof eta, (double)(j->until - st->step) * j->step_tokens / avg);
     double mem = (double)bench_max_rss() / (1 << 20);
@@ -917,7 +917,7 @@ static void print_progress(const train_job *j, const fx__gpt_step_info *info, do
 static int train_loop(train_job *j)
 {
     const train_opts *o = &j->o;
-    fx__gpt_train_state *st = &j->st;
+    fx__model_train_state *st = &j->st;
     int rc;
     signal(SIGINT, on_sigint);
     signal(SIGTERM, on_sigint);
@@ -932,11 +932,11 @@ static int train_loop(train_job *j)
     bool all_stop = false;
     while (st->step < j->until && !(j->dist ? all_stop : interrupted)) {
         double t0 = fx__seconds();
-        fx__gpt_step_info info;
-        fx__gpt_train_state before = *st; /* what is saved if this step goes non-finite */
+        fx__model_step_info info;
+        fx__model_train_state before = *st; /* what is saved if this step goes non-finite */
         bool stop = interrupted;
         rc = j->dist ? fx__dist_step(j->dist, &j->data, st, j->tokens, j->targets, &info, &stop)
-                     : fx__gpt_train_step(j->m, &j->data, st, j->tokens, j->targets, &info);
+                     : fx__model_train_step(j->m, &j->data, st, j->tokens, j->targets, &info);
         if (rc && comm_broken(j->world, j->dist))
             comm_failed();
         if (rc)
@@ -967,7 +967,7 @@ static int train_loop(train_job *j)
         float val = NAN;
         if (eval) {
             rc = j->dist ? fx__dist_eval(j->dist, &j->data, o->eval_batches, st->seq, j->tokens, j->targets, &val)
-                         : fx__gpt_eval(j->m, &j->data, o->eval_batches, j->tokens, j->targets, &val);
+                         : fx__model_eval(j->m, &j->data, o->eval_batches, j->tokens, j->targets, &val);
             if (rc && comm_broken(j->world, j->dist))
                 comm_failed();
             if (rc)
@@ -1013,7 +1013,7 @@ static void job_free(train_job *j)
     fx_model_free(j->m);
     fx_model_free(j->init);
     if (j->have_data)
-        fx__gpt_data_free(&j->data);
+        fx__model_data_free(&j->data);
 }
 
 static int train_run(const train_opts *op, fx__par par, fx_comm *world, int rank, int nproc)

@@ -67,7 +67,7 @@ static int encode_doc(const fx_tokenizer *tok, fx_ids *ids, const char *s, size_
     return rc;
 }
 
-int train_data_load(fx__gpt_data *d, const char *path, const char *tokenizer, const fx_model_config *cfg,
+int train_data_load(fx__model_data *d, const char *path, const char *tokenizer, const fx_model_config *cfg,
                     double val_frac, int64_t min_tokens)
 {
     const int32_t eot = cfg->n_eos ? cfg->eos[0] : -1;
@@ -75,17 +75,17 @@ int train_data_load(fx__gpt_data *d, const char *path, const char *tokenizer, co
         fx_ids ids = {0};
         int rc = fx_tokens_load(&ids, path, cfg->vocab);
         if (rc == FX_OK)
-            rc = fx__gpt_data_from_ids(d, ids.ids, ids.n, eot, path, val_frac, min_tokens);
+            rc = fx__model_data_from_ids(d, ids.ids, ids.n, eot, path, val_frac, min_tokens);
         fx_ids_free(&ids);
         return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, "--data");
     }
     if (!tokenizer) {
-        if (cfg->vocab != FX__GPT_VOCAB) {
+        if (cfg->vocab != FX__MODEL_VOCAB) {
             cli_error("--data: the model has %lld tokens and no tokenizer.json beside it: pass --data as an llm.c "
                       "token file (flexc tokenize) or fine-tune from a Hugging Face directory", (long long)cfg->vocab);
             return CLI_EXIT_USAGE;
         }
-        int rc = fx__gpt_data_load(d, path, TRAIN_DEFAULT_CORPUS, val_frac, min_tokens);
+        int rc = fx__model_data_load(d, path, TRAIN_DEFAULT_CORPUS, val_frac, min_tokens);
         return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, path ? "--data" : "default corpus");
     }
     if (!path) {
@@ -126,7 +126,7 @@ int train_data_load(fx__gpt_data *d, const char *path, const char *tokenizer, co
     fx__free(text);
     fx_tokenizer_free(tok);
     if (rc == FX_OK)
-        rc = fx__gpt_data_from_ids(d, ids.ids, ids.n, eot, path, val_frac, min_tokens);
+        rc = fx__model_data_from_ids(d, ids.ids, ids.n, eot, path, val_frac, min_tokens);
     fx_ids_free(&ids);
     return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, "--data");
 }

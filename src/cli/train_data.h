@@ -4,7 +4,7 @@
 
 #include "cli.h"
 
-#include "gpt/gpt.h"
+#include "model/model.h"
 
 #define TRAIN_DEFAULT_CORPUS "/usr/share/games/fortunes"
 
@@ -15,7 +15,7 @@ bool train_tokenizer_path(char *buf, size_t n, const char *dir);
 /* The run's data: a token file as is; else text through `tokenizer` (a tokenizer.json; NULL:
    flexc's bytes, for byte-vocabulary models only), documents ending at "%" lines with the
    model's first eos id. Returns CLI_EXIT_OK or an exit status with the error printed. */
-int train_data_load(fx__gpt_data *d, const char *path, const char *tokenizer, const fx_model_config *cfg,
+int train_data_load(fx__model_data *d, const char *path, const char *tokenizer, const fx_model_config *cfg,
                     double val_frac, int64_t min_tokens);
 /* Copies the Hugging Face files of src (config, generation config, tokenizer) to out/hf, so
    that flexc export writes the fine-tuned model back as the model it came from. */

@@ -1,7 +1,7 @@
 /* The GPT's training step on one CUDA device (model_gpu.h): the device copy of a model, its
    activation buffer, and forward, backward, gradient norm and AdamW written as calls of the
    layer kernels (train.h), the products (blas.h), the attention and the fused loss. The
-   order of operations is the CPU model's (src/gpt/forward.c, backward.c, optim.c), so that
+   order of operations is the CPU model's (src/model/forward.c, backward.c, optim.c), so that
    the two can be compared tensor by tensor. Plain C; built in every configuration. */
 #include "cuda/model_gpu.h"
 #include "cuda/blas.h"
@@ -61,7 +61,7 @@ typedef struct gpu_acts {
     float *loss;               /* [1] */
 } gpu_acts;
 
-struct fx__gpt_gpu {
+struct fx__model_gpu {
     int device; /* 1-based, as fx_attention.device */
     bool bf16;
     size_t P;
@@ -80,13 +80,13 @@ struct fx__gpt_gpu {
     int64_t *h_targets, *h_doc;
     int64_t U;
     fx_block_mask *bmask;
-    fx__gpt_mask bmask_mask;
+    fx__model_mask bmask_mask;
     int64_t bmask_window;
     bool grad_ready;
 
     /* Decoding: one allocation for the cache and the scratch of up to cap tokens. */
     void *dec_mem;
-    const fx__gpt_cache *dec_for;
+    const fx__model_cache *dec_for;
     int64_t dec_cap;
     float *dk, *dv;            /* [L, Hkv, cap, hd] */
     float *dx, *dxn, *drstd;   /* [cap, C], [cap, C], [cap] */
@@ -99,30 +99,30 @@ static int cu(cudaError_t e, const char *what)
     return e == cudaSuccess ? FX_OK : fx__cuda_status((int)e, what);
 }
 
-static int current(const fx__gpt_gpu *g)
+static int current(const fx__model_gpu *g)
 {
     return cu(cudaSetDevice(g->device - 1), "selecting the training device");
 }
 
 /* The first float of tensor k of layer l (l == layers: the final norm, then lm_head). */
-static size_t toff(const fx__gpt *m, int64_t l, int k)
+static size_t toff(const fx__model *m, int64_t l, int k)
 {
     return m->lay.t[1 + (size_t)l * m->lay.per_layer + (size_t)k].offset;
 }
 
-static size_t head_off(const fx__gpt *m)
+static size_t head_off(const fx__model *m)
 {
     return m->c.tied_embeddings ? 0 : toff(m, m->c.layers, 1);
 }
 
 /* A weight as the products read it: float32, or its bfloat16 copy. */
-static const void *wt(const fx__gpt_gpu *g, size_t off)
+static const void *wt(const fx__model_gpu *g, size_t off)
 {
     return g->bf16 ? (const void *)(g->params16 + off) : (const void *)(g->params + off);
 }
 
 /* C [M,N] = op(A) op(B) + beta C, A and B of the step's product type, float32 C. */
-static int mm(const fx__gpt_gpu *g, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
+static int mm(const fx__model_gpu *g, int ta, int tb, int64_t M, int64_t N, int64_t K, const void *A, int64_t lda,
               const void *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
     const fx__cu_gemm p = {.m = M, .n = N, .k = K, .a = A, .b = B, .c = C, .lda = lda, .ldb = ldb, .ldc = ldc,
@@ -132,7 +132,7 @@ static int mm(const fx__gpt_gpu *g, int ta, int tb, int64_t M, int64_t N, int64_
 }
 
 /* x rounded for a product under bf16 (into scratch), or x itself; nothing after an error. */
-static const void *as_a(const fx__gpt_gpu *g, void *scratch, const float *x, int64_t n, int *rc)
+static const void *as_a(const fx__model_gpu *g, void *scratch, const float *x, int64_t n, int *rc)
 {
     if (!g->bf16 || *rc != FX_OK)
         return x;
@@ -140,7 +140,7 @@ static const void *as_a(const fx__gpt_gpu *g, void *scratch, const float *x, int
     return scratch;
 }
 
-static void buffers_free(fx__gpt_gpu *g)
+static void buffers_free(fx__model_gpu *g)
 {
     if (g->acts_mem)
         (void)cudaFree(g->acts_mem);
@@ -157,7 +157,7 @@ static void buffers_free(fx__gpt_gpu *g)
     g->grad_ready = false;
 }
 
-void fx__gpt_gpu_free(fx__gpt_gpu *g)
+void fx__model_gpu_free(fx__model_gpu *g)
 {
     if (!g)
         return;
@@ -182,12 +182,12 @@ static int dalloc(void **p, size_t bytes, const char *what)
 }
 
 /* AdamW's runs: tensors merged while their decay agrees. */
-static int make_runs(fx__gpt_gpu *g, const fx__gpt_layout *lay)
+static int make_runs(fx__model_gpu *g, const fx__model_layout *lay)
 {
     if (!(g->runs = fx__calloc(lay->n, sizeof *g->runs)))
         return FX_ENOMEM;
     for (size_t i = 0; i < lay->n; i++) {
-        const fx__gpt_tensor *t = &lay->t[i];
+        const fx__model_tensor *t = &lay->t[i];
         gpu_run *last = g->nruns ? &g->runs[g->nruns - 1] : NULL;
         if (last && last->decay == t->decay && last->off + last->n == t->offset)
             last->n += t->numel;
@@ -197,7 +197,7 @@ static int make_runs(fx__gpt_gpu *g, const fx__gpt_layout *lay)
     return FX_OK;
 }
 
-static int attach_check(const fx__gpt *m, int device)
+static int attach_check(const fx__model *m, int device)
 {
     if (device < 1)
         return fx__error(FX_EINVAL, "device = %d must be >= 1 (CUDA device device - 1)", device);
@@ -206,7 +206,7 @@ static int attach_check(const fx__gpt *m, int device)
     if (device > fx_cuda_device_count())
         return fx__error(FX_EINVAL, "device = %d, but %d CUDA device(s) are visible", device, fx_cuda_device_count());
     if (!m->params)
-        return fx__error(FX_EINVAL, "the model has no float32 parameters (fx__gpt_own_params first)");
+        return fx__error(FX_EINVAL, "the model has no float32 parameters (fx__model_own_params first)");
     if (m->adam16)
         return fx__error(FX_EUNSUPPORTED, "training on a GPU keeps the Adam moments in float32 (not --adam-bf16)");
     if (m->recompute)
@@ -219,14 +219,14 @@ static int attach_check(const fx__gpt *m, int device)
     return FX_OK;
 }
 
-int fx__gpt_gpu_attach(fx__gpt *m, int device, bool bf16)
+int fx__model_gpu_attach(fx__model *m, int device, bool bf16)
 {
     if (!m)
-        return fx__error(FX_EINVAL, "fx__gpt_gpu_attach: m is NULL");
+        return fx__error(FX_EINVAL, "fx__model_gpu_attach: m is NULL");
     int rc = attach_check(m, device);
     if (rc != FX_OK)
         return rc;
-    fx__gpt_gpu *g = fx__calloc(1, sizeof *g);
+    fx__model_gpu *g = fx__calloc(1, sizeof *g);
     if (!g)
         return FX_ENOMEM;
     g->device = device, g->bf16 = bf16, g->P = m->lay.total;
@@ -248,22 +248,22 @@ int fx__gpt_gpu_attach(fx__gpt *m, int device, bool bf16)
                   (rc = cu(cudaMemset(g->grads, 0, P * sizeof(float)), "clearing the gradients")) != FX_OK ||
                   (rc = cu(cudaMemset(g->mom, 0, 2 * P * sizeof(float)), "clearing the moments")) != FX_OK))
         goto fail;
-    fx__gpt_gpu_free(m->gpu);
+    fx__model_gpu_free(m->gpu);
     m->gpu = g;
-    if ((rc = fx__gpt_gpu_upload(m)) != FX_OK) {
+    if ((rc = fx__model_gpu_upload(m)) != FX_OK) {
         m->gpu = NULL;
         goto fail;
     }
     m->grads_zero = train;
     return FX_OK;
 fail:
-    fx__gpt_gpu_free(g);
+    fx__model_gpu_free(g);
     return rc;
 }
 
-int fx__gpt_gpu_upload(fx__gpt *m)
+int fx__model_gpu_upload(fx__model *m)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     const size_t P = g->P;
     int rc = current(g);
     if (rc == FX_OK)
@@ -272,12 +272,12 @@ int fx__gpt_gpu_upload(fx__gpt *m)
         rc = cu(cudaMemcpy(g->mom, m->adam, 2 * P * sizeof(float), cudaMemcpyHostToDevice), "uploading the moments");
     if (rc == FX_OK && g->params16)
         rc = fx__cu_round_bf16(g->params16, 1, g->params, (int64_t)P);
-    return rc == FX_OK ? fx__gpt_gpu_sync(m) : rc;
+    return rc == FX_OK ? fx__model_gpu_sync(m) : rc;
 }
 
-int fx__gpt_gpu_download(fx__gpt *m)
+int fx__model_gpu_download(fx__model *m)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     const size_t P = g->P;
     int rc = current(g);
     if (rc == FX_OK)
@@ -285,20 +285,20 @@ int fx__gpt_gpu_download(fx__gpt *m)
     if (rc == FX_OK && g->mom && m->adam)
         rc = cu(cudaMemcpy(m->adam, g->mom, 2 * P * sizeof(float), cudaMemcpyDeviceToHost), "reading the moments");
     if (rc == FX_OK && m->params16)
-        fx__gpt_bf16_sync(m);
+        fx__model_bf16_sync(m);
     return rc;
 }
 
-int fx__gpt_gpu_grads(const fx__gpt *m, float *grads)
+int fx__model_gpu_grads(const fx__model *m, float *grads)
 {
-    const fx__gpt_gpu *g = m->gpu;
+    const fx__model_gpu *g = m->gpu;
     if (!g->grads)
         return fx__error(FX_EINVAL, "the device copy has no gradients");
     int rc = current(g);
     return rc ? rc : cu(cudaMemcpy(grads, g->grads, g->P * sizeof(float), cudaMemcpyDeviceToHost), "reading the gradients");
 }
 
-int fx__gpt_gpu_sync(const fx__gpt *m)
+int fx__model_gpu_sync(const fx__model *m)
 {
     int rc = current(m->gpu);
     return rc ? rc : cu(cudaStreamSynchronize(NULL), "the training step");
@@ -307,9 +307,9 @@ int fx__gpt_gpu_sync(const fx__gpt *m)
 /* ---- the batch's buffers -------------------------------------------------------------------- */
 
 /* Carves (base NULL: counts) the activation buffer; returns its bytes. */
-static size_t acts_carve(gpu_acts *a, char *base, const fx__gpt *m, bool bf16, int64_t B, int64_t T)
+static size_t acts_carve(gpu_acts *a, char *base, const fx__model *m, bool bf16, int64_t B, int64_t T)
 {
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     const size_t N = (size_t)(B * T), C = (size_t)c->dim, F = (size_t)c->ffn, L = (size_t)c->layers;
     const size_t hd = (size_t)c->head_dim, QD = (size_t)c->heads * hd, KD = (size_t)c->kv_heads * hd;
     const size_t QKV = QD + 2 * KD, V = (size_t)c->vocab, e = bf16 ? 2 : 4, f = sizeof(float);
@@ -364,9 +364,9 @@ static size_t acts_carve(gpu_acts *a, char *base, const fx__gpt *m, bool bf16, i
     return off;
 }
 
-int fx__gpt_gpu_set_batch(fx__gpt *m, int64_t B, int64_t T)
+int fx__model_gpu_set_batch(fx__model *m, int64_t B, int64_t T)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     if (B < 1 || B > (1 << 20))
         return fx__error(FX_EINVAL, "batch = %lld is outside [1, 1048576]", (long long)B);
     if (T < 1 || T > m->c.ctx)
@@ -376,7 +376,7 @@ int fx__gpt_gpu_set_batch(fx__gpt *m, int64_t B, int64_t T)
         return FX_OK;
     int rc = current(g);
     if (rc == FX_OK)
-        rc = fx__gpt_rope_ensure(m, T);
+        rc = fx__model_rope_ensure(m, T);
     if (rc != FX_OK)
         return rc;
     buffers_free(g);
@@ -411,9 +411,9 @@ int fx__gpt_gpu_set_batch(fx__gpt *m, int64_t B, int64_t T)
 
 /* The batch checked and uploaded: tokens, targets (int64, -100 ignored), document ids on the
    host (the mask), and with grad the tokens grouped by id for the embedding's backward. */
-static int forward_inputs(fx__gpt *m, const int32_t *tokens, const int32_t *targets, bool grad)
+static int forward_inputs(fx__model *m, const int32_t *tokens, const int32_t *targets, bool grad)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     const int64_t B = g->B, T = g->T, N = B * T, V = m->c.vocab;
     for (int64_t i = 0; i < N; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
@@ -463,21 +463,21 @@ static int forward_inputs(fx__gpt *m, const int32_t *tokens, const int32_t *targ
 
 /* The block mask of the batch, built on the host and copied to the device: once per shape,
    or per batch for document masks (as fx__train_attn). */
-static int forward_mask(fx__gpt *m)
+static int forward_mask(fx__model *m)
 {
-    fx__gpt_gpu *g = m->gpu;
-    if (m->mask == FX__GPT_MASK_CAUSAL_DENSE)
+    fx__model_gpu *g = m->gpu;
+    if (m->mask == FX__MODEL_MASK_CAUSAL_DENSE)
         return fx__error(FX_EUNSUPPORTED, "the dense-causal baseline (--attn dense) runs on the CPU only "
                                           "(its causality is a C score modifier); use --attn causal");
-    const bool doc = m->mask == FX__GPT_MASK_DOCUMENT;
+    const bool doc = m->mask == FX__MODEL_MASK_DOCUMENT;
     if (g->bmask && !doc && g->bmask_mask == m->mask && g->bmask_window == m->window)
         return FX_OK;
     fx_block_mask_free(g->bmask);
     g->bmask = NULL;
-    fx__gpt_mask_ctx mc = {.sliding = {.window = m->window},
+    fx__model_mask_ctx mc = {.sliding = {.window = m->window},
                            .document = {.doc_ids = g->h_doc, .len = g->T, .batch_stride = g->T}};
     const void *ctx;
-    fx_mask_fn fn = fx__gpt_mask_fn(m->mask, &mc, &ctx);
+    fx_mask_fn fn = fx__model_mask_fn(m->mask, &mc, &ctx);
     int rc = fx_block_mask_create(&g->bmask, fn, ctx, doc ? g->B : 1, 1, g->T, g->T, 0, 0);
     if (rc == FX_OK)
         rc = fx_block_mask_to_device(g->bmask, g->device);
@@ -487,30 +487,30 @@ static int forward_mask(fx__gpt *m)
     return FX_OK;
 }
 
-static fx_attention attn_desc(const fx__gpt *m)
+static fx_attention attn_desc(const fx__model *m)
 {
-    const fx__gpt_gpu *g = m->gpu;
+    const fx__model_gpu *g = m->gpu;
     return (fx_attention){.B = g->B, .Hq = m->c.heads, .Hkv = m->c.kv_heads, .Lq = g->T, .Lkv = g->T,
                           .D = m->c.head_dim, .Dv = m->c.head_dim, .mask = g->bmask, .device = g->device,
                           .dtype = g->bf16 ? FX_DT_BF16 : FX_DT_F32};
 }
 
 /* Layer l: from x->res to the next layer's input `out`. */
-static int layer_forward(fx__gpt *m, int64_t l, float *out)
+static int layer_forward(fx__model *m, int64_t l, float *out)
 {
-    const fx__gpt_gpu *g = m->gpu;
+    const fx__model_gpu *g = m->gpu;
     const gpu_acts *a = &g->a;
     const gpu_layer *x = &a->layer[l];
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     const int64_t B = g->B, T = g->T, N = B * T, C = c->dim, F = c->ffn, Hq = c->heads, Hkv = c->kv_heads;
     const int64_t hd = c->head_dim, QD = Hq * hd, QKV = QD + 2 * Hkv * hd;
     const float eps = c->norm_eps;
-    int rc = fx__cu_rmsnorm_forward(x->xn1, g->bf16, x->rstd1, x->res, g->params + toff(m, l, FX__GPT_LN1), N, C, eps);
+    int rc = fx__cu_rmsnorm_forward(x->xn1, g->bf16, x->rstd1, x->res, g->params + toff(m, l, FX__MODEL_LN1), N, C, eps);
     /* q, k and v in one product: wq, wk, wv (and their biases) are adjacent, as on the CPU. */
     if (rc == FX_OK)
-        rc = mm(g, 0, 1, N, QKV, C, x->xn1, C, wt(g, toff(m, l, FX__GPT_WQ)), C, 0.0f, a->qkv, QKV);
+        rc = mm(g, 0, 1, N, QKV, C, x->xn1, C, wt(g, toff(m, l, FX__MODEL_WQ)), C, 0.0f, a->qkv, QKV);
     if (rc == FX_OK && c->qkv_bias)
-        rc = fx__cu_bias_forward(a->qkv, g->params + toff(m, l, FX__GPT_BQ), N, QKV);
+        rc = fx__cu_bias_forward(a->qkv, g->params + toff(m, l, FX__MODEL_BQ), N, QKV);
     if (rc == FX_OK)
         rc = fx__cu_qkv_to_heads(x->q, x->k, x->v, g->bf16, a->qkv, a->rope, B, T, Hq, Hkv, hd);
     if (rc == FX_OK) {
@@ -524,19 +524,19 @@ static int layer_forward(fx__gpt *m, int64_t l, float *out)
         rc = cu(cudaMemcpyAsync(x->resm, x->res, (size_t)(N * C) * sizeof(float), cudaMemcpyDeviceToDevice, NULL),
                 "residual");
     if (rc == FX_OK)
-        rc = mm(g, 0, 1, N, C, QD, a->work, QD, wt(g, toff(m, l, FX__GPT_WO)), QD, 1.0f, x->resm, C);
+        rc = mm(g, 0, 1, N, C, QD, a->work, QD, wt(g, toff(m, l, FX__MODEL_WO)), QD, 1.0f, x->resm, C);
     if (rc == FX_OK)
-        rc = fx__cu_rmsnorm_forward(x->xn2, g->bf16, x->rstd2, x->resm, g->params + toff(m, l, FX__GPT_LN2), N, C, eps);
+        rc = fx__cu_rmsnorm_forward(x->xn2, g->bf16, x->rstd2, x->resm, g->params + toff(m, l, FX__MODEL_LN2), N, C, eps);
     /* gate and up in one product: w1 and w3 are adjacent. */
     if (rc == FX_OK)
-        rc = mm(g, 0, 1, N, 2 * F, C, x->xn2, C, wt(g, toff(m, l, FX__GPT_W1)), C, 0.0f, x->h13, 2 * F);
+        rc = mm(g, 0, 1, N, 2 * F, C, x->xn2, C, wt(g, toff(m, l, FX__MODEL_W1)), C, 0.0f, x->h13, 2 * F);
     if (rc == FX_OK)
         rc = fx__cu_swiglu_forward(a->work, g->bf16, x->h13, N, F);
     if (rc == FX_OK)
         rc = cu(cudaMemcpyAsync(out, x->resm, (size_t)(N * C) * sizeof(float), cudaMemcpyDeviceToDevice, NULL),
                 "residual");
     if (rc == FX_OK)
-        rc = mm(g, 0, 1, N, C, F, a->work, F, wt(g, toff(m, l, FX__GPT_W2)), F, 1.0f, out, C);
+        rc = mm(g, 0, 1, N, C, F, a->work, F, wt(g, toff(m, l, FX__MODEL_W2)), F, 1.0f, out, C);
     return rc;
 }
 
@@ -550,9 +550,9 @@ enum { LOSS_ONE_CHUNK = 1 << 30 };
    head's gradient come back as bfloat16, widened into the float32 buffers. The head's
    gradient is rounded once: the tokens go in one chunk when their logits fit in 1 GiB
    (bfloat16 gradients add up in their own type from chunk to chunk). */
-static int forward_loss(fx__gpt *m, bool grad, float *loss)
+static int forward_loss(fx__model *m, bool grad, float *loss)
 {
-    const fx__gpt_gpu *g = m->gpu;
+    const fx__model_gpu *g = m->gpu;
     const gpu_acts *a = &g->a;
     const int64_t N = g->B * g->T, C = m->c.dim, V = m->c.vocab;
     fx_lce p = {.N = N, .D = C, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN, .device = g->device};
@@ -577,14 +577,14 @@ static int forward_loss(fx__gpt *m, bool grad, float *loss)
     return cu(cudaMemcpy(loss, a->loss, sizeof(float), cudaMemcpyDeviceToHost), "reading the loss");
 }
 
-int fx__gpt_gpu_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
+int fx__model_gpu_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     if (!g->acts_mem || !tokens)
-        return fx__error(FX_EINVAL, "fx__gpt_forward: no tokens or batch shape (fx__gpt_set_batch)");
+        return fx__error(FX_EINVAL, "fx__model_forward: no tokens or batch shape (fx__model_set_batch)");
     if (grad && (!g->grads || !targets))
-        return fx__error(FX_EINVAL, "fx__gpt_forward: gradients need targets and fx__gpt_alloc_train");
-    if (m->loss_impl == FX__GPT_LOSS_UNFUSED)
+        return fx__error(FX_EINVAL, "fx__model_forward: gradients need targets and fx__model_alloc_train");
+    if (m->loss_impl == FX__MODEL_LOSS_UNFUSED)
         return fx__error(FX_EUNSUPPORTED, "the unfused loss runs on the CPU only");
     g->grad_ready = false;
     int rc = current(g);
@@ -592,7 +592,7 @@ int fx__gpt_gpu_forward(fx__gpt *m, const int32_t *tokens, const int32_t *target
         rc = forward_inputs(m, tokens, targets, grad);
     if (rc == FX_OK)
         rc = forward_mask(m);
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     const int64_t N = g->B * g->T, C = c->dim, L = c->layers;
     const gpu_acts *a = &g->a;
     if (rc == FX_OK)
@@ -617,12 +617,12 @@ int fx__gpt_gpu_forward(fx__gpt *m, const int32_t *tokens, const int32_t *target
 /* ---- backward ------------------------------------------------------------------------------- */
 
 /* Layer l's gradients, dres holding d(out) on entry and d(res) on return. */
-static int layer_backward(fx__gpt *m, int64_t l)
+static int layer_backward(fx__model *m, int64_t l)
 {
-    const fx__gpt_gpu *g = m->gpu;
+    const fx__model_gpu *g = m->gpu;
     const gpu_acts *a = &g->a;
     const gpu_layer *x = &a->layer[l];
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     const int64_t B = g->B, T = g->T, N = B * T, C = c->dim, F = c->ffn, Hq = c->heads, Hkv = c->kv_heads;
     const int64_t hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd, QKV = QD + 2 * KD;
     float *gr = g->grads;
@@ -630,27 +630,27 @@ static int layer_backward(fx__gpt *m, int64_t l)
     int rc = fx__cu_swiglu_forward(a->work, g->bf16, x->h13, N, F);
     const void *dres = as_a(g, a->dres16, a->dres, N * C, &rc);
     if (rc == FX_OK)
-        rc = mm(g, 1, 0, C, F, N, dres, C, a->work, F, 1.0f, gr + toff(m, l, FX__GPT_W2), F);
+        rc = mm(g, 1, 0, C, F, N, dres, C, a->work, F, 1.0f, gr + toff(m, l, FX__MODEL_W2), F);
     if (rc == FX_OK)
-        rc = mm(g, 0, 0, N, F, C, dres, C, wt(g, toff(m, l, FX__GPT_W2)), F, 0.0f, a->wf, F);
+        rc = mm(g, 0, 0, N, F, C, dres, C, wt(g, toff(m, l, FX__MODEL_W2)), F, 0.0f, a->wf, F);
     if (rc == FX_OK)
         rc = fx__cu_swiglu_backward(a->dh13, a->wf, x->h13, N, F);
     const void *dh13 = as_a(g, a->dh16, a->dh13, N * 2 * F, &rc);
     if (rc == FX_OK)
-        rc = mm(g, 0, 0, N, C, 2 * F, dh13, 2 * F, wt(g, toff(m, l, FX__GPT_W1)), C, 0.0f, a->dxn, C);
+        rc = mm(g, 0, 0, N, C, 2 * F, dh13, 2 * F, wt(g, toff(m, l, FX__MODEL_W1)), C, 0.0f, a->dxn, C);
     if (rc == FX_OK)
-        rc = mm(g, 1, 0, 2 * F, C, N, dh13, 2 * F, x->xn2, C, 1.0f, gr + toff(m, l, FX__GPT_W1), C);
+        rc = mm(g, 1, 0, 2 * F, C, N, dh13, 2 * F, x->xn2, C, 1.0f, gr + toff(m, l, FX__MODEL_W1), C);
     if (rc == FX_OK)
-        rc = fx__cu_rmsnorm_backward(a->dres, gr + toff(m, l, FX__GPT_LN2), a->parts, a->dxn, x->resm,
-                                     g->params + toff(m, l, FX__GPT_LN2), x->rstd2, N, C);
+        rc = fx__cu_rmsnorm_backward(a->dres, gr + toff(m, l, FX__MODEL_LN2), a->parts, a->dxn, x->resm,
+                                     g->params + toff(m, l, FX__MODEL_LN2), x->rstd2, N, C);
     /* Attention: resm = res + from_heads(att) Wo^T. */
     if (rc == FX_OK)
         rc = fx__cu_from_heads(a->work, QD, x->att, g->bf16, B, T, Hq, hd);
     dres = as_a(g, a->dres16, a->dres, N * C, &rc);
     if (rc == FX_OK)
-        rc = mm(g, 1, 0, C, QD, N, dres, C, a->work, QD, 1.0f, gr + toff(m, l, FX__GPT_WO), QD);
+        rc = mm(g, 1, 0, C, QD, N, dres, C, a->work, QD, 1.0f, gr + toff(m, l, FX__MODEL_WO), QD);
     if (rc == FX_OK)
-        rc = mm(g, 0, 0, N, QD, C, dres, C, wt(g, toff(m, l, FX__GPT_WO)), QD, 0.0f, a->wf, QD);
+        rc = mm(g, 0, 0, N, QD, C, dres, C, wt(g, toff(m, l, FX__MODEL_WO)), QD, 0.0f, a->wf, QD);
     if (rc == FX_OK)
         rc = fx__cu_to_heads(a->datt, g->bf16, a->wf, QD, B, T, Hq, hd);
     if (rc == FX_OK) {
@@ -663,26 +663,26 @@ static int layer_backward(fx__gpt *m, int64_t l)
     if (rc == FX_OK)
         rc = fx__cu_qkv_from_heads(a->qkv, a->dq, a->dk, a->dv, g->bf16, a->rope, B, T, Hq, Hkv, hd);
     if (rc == FX_OK && c->qkv_bias)
-        rc = fx__cu_colsum(gr + toff(m, l, FX__GPT_BQ), a->parts, a->qkv, N, QKV);
+        rc = fx__cu_colsum(gr + toff(m, l, FX__MODEL_BQ), a->parts, a->qkv, N, QKV);
     const void *dqkv = as_a(g, a->dh16, a->qkv, N * QKV, &rc);
     if (rc == FX_OK)
-        rc = mm(g, 0, 0, N, C, QKV, dqkv, QKV, wt(g, toff(m, l, FX__GPT_WQ)), C, 0.0f, a->dxn, C);
+        rc = mm(g, 0, 0, N, C, QKV, dqkv, QKV, wt(g, toff(m, l, FX__MODEL_WQ)), C, 0.0f, a->dxn, C);
     if (rc == FX_OK)
-        rc = mm(g, 1, 0, QKV, C, N, dqkv, QKV, x->xn1, C, 1.0f, gr + toff(m, l, FX__GPT_WQ), C);
+        rc = mm(g, 1, 0, QKV, C, N, dqkv, QKV, x->xn1, C, 1.0f, gr + toff(m, l, FX__MODEL_WQ), C);
     if (rc == FX_OK)
-        rc = fx__cu_rmsnorm_backward(a->dres, gr + toff(m, l, FX__GPT_LN1), a->parts, a->dxn, x->res,
-                                     g->params + toff(m, l, FX__GPT_LN1), x->rstd1, N, C);
+        rc = fx__cu_rmsnorm_backward(a->dres, gr + toff(m, l, FX__MODEL_LN1), a->parts, a->dxn, x->res,
+                                     g->params + toff(m, l, FX__MODEL_LN1), x->rstd1, N, C);
     return rc;
 }
 
-int fx__gpt_gpu_backward(fx__gpt *m)
+int fx__model_gpu_backward(fx__model *m)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     if (!g->grads || !g->acts_mem || !g->grad_ready)
-        return fx__error(FX_EINVAL, "fx__gpt_backward: no forward with gradients before it");
+        return fx__error(FX_EINVAL, "fx__model_backward: no forward with gradients before it");
     g->grad_ready = false;
     m->grads_zero = false;
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     const int64_t N = g->B * g->T, C = c->dim, L = c->layers;
     const gpu_acts *a = &g->a;
     int rc = current(g);
@@ -700,9 +700,9 @@ int fx__gpt_gpu_backward(fx__gpt *m)
 
 /* ---- optimizer ------------------------------------------------------------------------------ */
 
-int fx__gpt_gpu_zero_grad(fx__gpt *m)
+int fx__model_gpu_zero_grad(fx__model *m)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     int rc = current(g);
     if (rc == FX_OK && g->grads)
         rc = cu(cudaMemsetAsync(g->grads, 0, g->P * sizeof(float), NULL), "clearing the gradients");
@@ -710,9 +710,9 @@ int fx__gpt_gpu_zero_grad(fx__gpt *m)
     return rc;
 }
 
-int fx__gpt_gpu_grad_norm(fx__gpt *m, double *norm)
+int fx__model_gpu_grad_norm(fx__model *m, double *norm)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     int rc = current(g);
     if (rc == FX_OK)
         rc = fx__cu_sumsq(g->norm_parts, g->grads, (int64_t)g->P);
@@ -734,11 +734,11 @@ static fx__cu_adamw_k adamw_k(const fx__adamw *o, float wd, int64_t t)
     return (fx__cu_adamw_k){k.gs, k.b1, k.nb1, k.b2, k.nb2, k.lr, k.bc1, k.bc2, k.eps, k.wd, k.zero_grad};
 }
 
-int fx__gpt_gpu_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
+int fx__model_gpu_adamw(fx__model *m, const fx__adamw *o, int64_t t)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     if (!g->mom)
-        return fx__error(FX_EINVAL, "fx__gpt_adamw: no optimizer buffers on the device");
+        return fx__error(FX_EINVAL, "fx__model_adamw: no optimizer buffers on the device");
     const fx__cu_adamw_k kd = adamw_k(o, o->weight_decay, t), k0 = adamw_k(o, 0.0f, t);
     int rc = current(g);
     for (size_t i = 0; rc == FX_OK && i < g->nruns; i++) {
@@ -754,9 +754,9 @@ int fx__gpt_gpu_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
 /* ---- decoding ------------------------------------------------------------------------------- */
 
 /* The cache and scratch for kc (allocated when the cache changes; a new cache starts empty). */
-static int decode_buffers(fx__gpt *m, const fx__gpt_cache *kc)
+static int decode_buffers(fx__model *m, const fx__model_cache *kc)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     if (g->dec_mem && g->dec_for == kc && g->dec_cap == kc->cap)
         return FX_OK;
     if (kc->len != 0)
@@ -764,7 +764,7 @@ static int decode_buffers(fx__gpt *m, const fx__gpt_cache *kc)
     if (g->dec_mem)
         (void)cudaFree(g->dec_mem);
     g->dec_mem = NULL;
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     const size_t cap = (size_t)kc->cap, C = (size_t)c->dim, F = (size_t)c->ffn, hd = (size_t)c->head_dim;
     const size_t QD = (size_t)c->heads * hd, KD = (size_t)c->kv_heads * hd, QKV = QD + 2 * KD;
     const size_t wide = F > QD ? F : QD, f = sizeof(float);
@@ -791,7 +791,7 @@ static int decode_buffers(fx__gpt *m, const fx__gpt_cache *kc)
         return rc;
     for (int i = 0; i < NV; i++)
         *views[i] = (char *)g->dec_mem + off[i];
-    if ((rc = fx__gpt_rope_ensure(m, kc->cap)) != FX_OK ||
+    if ((rc = fx__model_rope_ensure(m, kc->cap)) != FX_OK ||
         (rc = cu(cudaMemcpy(g->drope, m->rope, cap * hd * f, cudaMemcpyHostToDevice), "the RoPE table")) != FX_OK) {
         (void)cudaFree(g->dec_mem);
         g->dec_mem = NULL;
@@ -805,19 +805,19 @@ static int decode_buffers(fx__gpt *m, const fx__gpt_cache *kc)
    the queries over all of it in one call (q_offset p0; the sequence's mask hides the
    positions after each query, so the cache's unfilled end is never seen), and the output
    projection and MLP added into dx. */
-static int decode_layer(fx__gpt *m, const fx__gpt_cache *kc, int64_t l, int64_t n)
+static int decode_layer(fx__model *m, const fx__model_cache *kc, int64_t l, int64_t n)
 {
-    const fx__gpt_gpu *g = m->gpu;
-    const fx__gpt_config *c = &m->c;
+    const fx__model_gpu *g = m->gpu;
+    const fx__model_config *c = &m->c;
     const int64_t C = c->dim, F = c->ffn, Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim;
     const int64_t QD = Hq * hd, KD = Hkv * hd, QKV = QD + 2 * KD, cap = kc->cap, p0 = kc->len;
     float *kl = g->dk + l * KD * cap, *vl = g->dv + l * KD * cap;
-    int rc = fx__cu_rmsnorm_forward(g->dxn, 0, g->drstd, g->dx, g->params + toff(m, l, FX__GPT_LN1), n, C,
+    int rc = fx__cu_rmsnorm_forward(g->dxn, 0, g->drstd, g->dx, g->params + toff(m, l, FX__MODEL_LN1), n, C,
                                     c->norm_eps);
     if (rc == FX_OK)
-        rc = mm(g, 0, 1, n, QKV, C, g->dxn, C, wt(g, toff(m, l, FX__GPT_WQ)), C, 0.0f, g->dqkv, QKV);
+        rc = mm(g, 0, 1, n, QKV, C, g->dxn, C, wt(g, toff(m, l, FX__MODEL_WQ)), C, 0.0f, g->dqkv, QKV);
     if (rc == FX_OK && c->qkv_bias)
-        rc = fx__cu_bias_forward(g->dqkv, g->params + toff(m, l, FX__GPT_BQ), n, QKV);
+        rc = fx__cu_bias_forward(g->dqkv, g->params + toff(m, l, FX__MODEL_BQ), n, QKV);
     if (rc == FX_OK)
         rc = fx__cu_qkv_to_heads(g->dq, g->dkn, g->dvn, 0, g->dqkv, g->drope + p0 * hd, 1, n, Hq, Hkv, hd);
     for (int64_t h = 0; rc == FX_OK && h < Hkv; h++) {
@@ -837,32 +837,32 @@ static int decode_layer(fx__gpt *m, const fx__gpt_cache *kc, int64_t l, int64_t 
     if (rc == FX_OK)
         rc = fx__cu_from_heads(g->dwork, QD, g->datt, 0, 1, n, Hq, hd);
     if (rc == FX_OK)
-        rc = mm(g, 0, 1, n, C, QD, g->dwork, QD, wt(g, toff(m, l, FX__GPT_WO)), QD, 1.0f, g->dx, C);
+        rc = mm(g, 0, 1, n, C, QD, g->dwork, QD, wt(g, toff(m, l, FX__MODEL_WO)), QD, 1.0f, g->dx, C);
     if (rc == FX_OK)
-        rc = fx__cu_rmsnorm_forward(g->dxn, 0, g->drstd, g->dx, g->params + toff(m, l, FX__GPT_LN2), n, C,
+        rc = fx__cu_rmsnorm_forward(g->dxn, 0, g->drstd, g->dx, g->params + toff(m, l, FX__MODEL_LN2), n, C,
                                     c->norm_eps);
     if (rc == FX_OK)
-        rc = mm(g, 0, 1, n, 2 * F, C, g->dxn, C, wt(g, toff(m, l, FX__GPT_W1)), C, 0.0f, g->dh13, 2 * F);
+        rc = mm(g, 0, 1, n, 2 * F, C, g->dxn, C, wt(g, toff(m, l, FX__MODEL_W1)), C, 0.0f, g->dh13, 2 * F);
     if (rc == FX_OK)
         rc = fx__cu_swiglu_forward(g->dwork, 0, g->dh13, n, F);
     if (rc == FX_OK)
-        rc = mm(g, 0, 1, n, C, F, g->dwork, F, wt(g, toff(m, l, FX__GPT_W2)), F, 1.0f, g->dx, C);
+        rc = mm(g, 0, 1, n, C, F, g->dwork, F, wt(g, toff(m, l, FX__MODEL_W2)), F, 1.0f, g->dx, C);
     return rc;
 }
 
-int fx__gpt_gpu_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t n, float *logits)
+int fx__model_gpu_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, int64_t n, float *logits)
 {
-    fx__gpt_gpu *g = m->gpu;
+    fx__model_gpu *g = m->gpu;
     if (g->bf16)
         return fx__error(FX_EUNSUPPORTED, "decoding on the GPU takes float32 weights (attach with bf16 off)");
-    if (!kc->bmask) /* fx__gpt_decode builds it unless the reference attention is chosen */
+    if (!kc->bmask) /* fx__model_decode builds it unless the reference attention is chosen */
         return fx__error(FX_EUNSUPPORTED, "decoding on the GPU uses the flex attention (not the reference)");
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     const int64_t C = c->dim, V = c->vocab, L = c->layers;
     int rc = current(g);
     if (rc == FX_OK)
         rc = decode_buffers(m, kc);
-    /* The mask fx__gpt_decode built for this sequence, copied when the sequence starts. */
+    /* The mask fx__model_decode built for this sequence, copied when the sequence starts. */
     if (rc == FX_OK && kc->len == 0)
         rc = fx_block_mask_to_device(kc->bmask, g->device);
     if (rc == FX_OK)
@@ -891,27 +891,27 @@ static int no_cuda(void)
                                       "CUDA toolkit)");
 }
 
-int fx__gpt_gpu_attach(fx__gpt *m, int device, bool bf16)
+int fx__model_gpu_attach(fx__model *m, int device, bool bf16)
 {
     (void)m, (void)device, (void)bf16;
     return no_cuda();
 }
-void fx__gpt_gpu_free(fx__gpt_gpu *g) { (void)g; }
-int fx__gpt_gpu_download(fx__gpt *m) { return (void)m, no_cuda(); }
-int fx__gpt_gpu_upload(fx__gpt *m) { return (void)m, no_cuda(); }
-int fx__gpt_gpu_grads(const fx__gpt *m, float *grads) { return (void)m, (void)grads, no_cuda(); }
-int fx__gpt_gpu_set_batch(fx__gpt *m, int64_t B, int64_t T) { return (void)m, (void)B, (void)T, no_cuda(); }
-int fx__gpt_gpu_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
+void fx__model_gpu_free(fx__model_gpu *g) { (void)g; }
+int fx__model_gpu_download(fx__model *m) { return (void)m, no_cuda(); }
+int fx__model_gpu_upload(fx__model *m) { return (void)m, no_cuda(); }
+int fx__model_gpu_grads(const fx__model *m, float *grads) { return (void)m, (void)grads, no_cuda(); }
+int fx__model_gpu_set_batch(fx__model *m, int64_t B, int64_t T) { return (void)m, (void)B, (void)T, no_cuda(); }
+int fx__model_gpu_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
 {
     (void)m, (void)tokens, (void)targets, (void)loss, (void)grad;
     return no_cuda();
 }
-int fx__gpt_gpu_backward(fx__gpt *m) { return (void)m, no_cuda(); }
-int fx__gpt_gpu_zero_grad(fx__gpt *m) { return (void)m, no_cuda(); }
-int fx__gpt_gpu_grad_norm(fx__gpt *m, double *norm) { return (void)m, (void)norm, no_cuda(); }
-int fx__gpt_gpu_adamw(fx__gpt *m, const fx__adamw *o, int64_t t) { return (void)m, (void)o, (void)t, no_cuda(); }
-int fx__gpt_gpu_sync(const fx__gpt *m) { return (void)m, no_cuda(); }
-int fx__gpt_gpu_decode(fx__gpt *m, fx__gpt_cache *kc, const int32_t *tokens, int64_t n, float *logits)
+int fx__model_gpu_backward(fx__model *m) { return (void)m, no_cuda(); }
+int fx__model_gpu_zero_grad(fx__model *m) { return (void)m, no_cuda(); }
+int fx__model_gpu_grad_norm(fx__model *m, double *norm) { return (void)m, (void)norm, no_cuda(); }
+int fx__model_gpu_adamw(fx__model *m, const fx__adamw *o, int64_t t) { return (void)m, (void)o, (void)t, no_cuda(); }
+int fx__model_gpu_sync(const fx__model *m) { return (void)m, no_cuda(); }
+int fx__model_gpu_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, int64_t n, float *logits)
 {
     (void)m, (void)kc, (void)tokens, (void)n, (void)logits;
     return no_cuda();

@@ -1,7 +1,7 @@
 // The GPT's layers on a CUDA device (train.h): embedding, RMSNorm, RoPE and the head
 // layouts, SwiGLU, biases, bfloat16 rounding, AdamW and the gradient norm's partial sums.
 // Plain kernels, one thread per element or one block per row; the layers' arithmetic is the
-// CPU's (src/gpt/layers.c, optim.c), and every reduction has a fixed order.
+// CPU's (src/model/layers.c, optim.c), and every reduction has a fixed order.
 #include "cuda/common.cuh"
 #include "cuda/train.h"
 

@@ -6,7 +6,7 @@
    Every result is the same bits on every run: no floating-point atomics; each sum over
    tokens (a norm's or a bias's weight gradient, the embedding's) runs in a fixed order, and
    the norms' row sums are float64 trees of a fixed shape. The arithmetic follows the CPU
-   model's layers (src/gpt/layers.c) operation for operation, so the two agree to float
+   model's layers (src/model/layers.c) operation for operation, so the two agree to float
    rounding.
 
    "A" tensors (activations that feed a matrix product or the attention) are float32, or
@@ -64,7 +64,7 @@ int fx__cu_round_bf16(void *out, int bf16, const float *x, int64_t n);
 /* out [n] = x widened to float32 (bfloat16 words), or out += that with acc */
 int fx__cu_widen_bf16(float *out, int acc, const uint16_t *x, int64_t n);
 
-/* AdamW's per-step constants (fx__adamw_k of src/gpt/gpt.h). */
+/* AdamW's per-step constants (fx__adamw_k of src/model/model.h). */
 typedef struct fx__cu_adamw_k {
     float gs, b1, nb1, b2, nb2, lr, bc1, bc2, eps, wd;
     int zero_grad;

@@ -2,7 +2,7 @@
    directory holding config.json), and back: the HF configuration of a model that came from one. */
 #include "hf/hf.h"
 
-#include "gpt/gpt.h"
+#include "model/model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,16 +69,16 @@ static int fx__hf_source_read(void *p, size_t i, float *dst)
 /* Where decoding reads tensor v: in place when it is a matrix whose bytes are aligned for
    its dtype, else widened to float32 at own (vectors: norms and biases). Rows stay in the
    file's order (rotate-half for q and k). */
-static int fx__hf_place(fx__gpt_weight *w, float **own, const fx_tensor_view *v, bool matrix)
+static int fx__hf_place(fx__model_weight *w, float **own, const fx_tensor_view *v, bool matrix)
 {
     size_t esz = fx_dtype_size(v->dtype);
     if (matrix && (uintptr_t)v->data % esz == 0) {
-        *w = (fx__gpt_weight){v->data, v->dtype};
+        *w = (fx__model_weight){v->data, v->dtype};
         return FX_OK;
     }
     size_t n = (size_t)fx_tensor_numel(v);
     int rc = fx_tensor_to_f32(*own, n, v);
-    *w = (fx__gpt_weight){*own, FX_DT_F32};
+    *w = (fx__model_weight){*own, FX_DT_F32};
     *own += (n + 15) / 16 * 16;
     return rc;
 }
@@ -88,7 +88,7 @@ int fx__hf_load_mapped(fx_model **out, const char *dir)
     if (!out || !dir)
         return fx__error(FX_EINVAL, "out and dir must not be NULL");
     fx__hf_source *src = fx__calloc(1, sizeof *src);
-    fx__gpt_mapped *mp = fx__calloc(1, sizeof *mp);
+    fx__model_mapped *mp = fx__calloc(1, sizeof *mp);
     if (!src || !mp) {
         fx__free(src), fx__free(mp);
         return FX_ENOMEM;
@@ -106,10 +106,10 @@ int fx__hf_load_mapped(fx_model **out, const char *dir)
     fx_model_config mc;
     fx_model *m = NULL;
     if ((rc = fx__hf_model_config(&mc, &h->c)) != FX_OK) {
-        fx__gpt_mapped_free(mp);
+        fx__model_mapped_free(mp);
         return fx__error_context(rc, "%s: config.json", dir);
     }
-    if ((rc = fx__gpt_new_mapped(&m, &mc, mp)) != FX_OK)
+    if ((rc = fx__model_new_mapped(&m, &mc, mp)) != FX_OK)
         return rc;
     const size_t n = m->lay.n;
     if (n != h->n) {
@@ -124,7 +124,7 @@ int fx__hf_load_mapped(fx_model **out, const char *dir)
     }
     size_t own = 0;
     for (size_t i = 0; i < n; i++) {
-        const fx__gpt_tensor *t = &m->lay.t[i];
+        const fx__model_tensor *t = &m->lay.t[i];
         int64_t k = fx__hf_find(h->t, h->n, t->name);
         if (k < 0) {
             rc = fx__error(FX_EFORMAT, "%s: the directory has no tensor for %s", dir, t->name);
@@ -163,7 +163,7 @@ int fx__hf_load(fx_model **out, const char *dir)
 {
     fx_model *m = NULL;
     int rc = fx__hf_load_mapped(&m, dir);
-    if (rc == FX_OK && (rc = fx__gpt_own_params(m)) != FX_OK)
+    if (rc == FX_OK && (rc = fx__model_own_params(m)) != FX_OK)
         fx__error_context(rc, "%s", dir);
     if (rc != FX_OK) {
         fx_model_free(m);

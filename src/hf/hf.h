@@ -174,7 +174,7 @@ int fx__hf_export(const char *dir, const fx__hf_export_spec *s);
 int fx__hf_load(fx_model **out, const char *dir);
 /* The same for generation (fx_model_load_inference): the file stays mapped and the model
    reads its matrices there, in the file's dtype and row order (mapped weights, see
-   src/gpt/gpt.h); norms and biases are widened to float32. No parameter buffer. */
+   src/model/model.h); norms and biases are widened to float32. No parameter buffer. */
 int fx__hf_load_mapped(fx_model **out, const char *dir);
 /* The model configuration of c (arch is the HF class name, ctx max_position_embeddings). */
 int fx__hf_model_config(fx_model_config *mc, const fx__hf_config *c);

@@ -1,31 +1,31 @@
 /* The training step and evaluation, shared by `flexc train`, the benchmark and the tests. */
-#include "gpt.h"
+#include "model.h"
 #include "cuda/model_gpu.h"
 
 #include <math.h>
 
-int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s, int32_t *tokens,
-                       int32_t *targets, fx__gpt_step_info *info)
+int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_state *s, int32_t *tokens,
+                       int32_t *targets, fx__model_step_info *info)
 {
     if (!m->grads || (!m->adam && !m->adam16))
-        return fx__error(FX_EINVAL, "fx__gpt_train_step: no gradient or optimizer buffers (fx__gpt_alloc_train)");
-    int rc = fx__gpt_set_batch(m, s->batch, s->seq);
+        return fx__error(FX_EINVAL, "fx__model_train_step: no gradient or optimizer buffers (fx__model_alloc_train)");
+    int rc = fx__model_set_batch(m, s->batch, s->seq);
     if (rc)
         return rc;
     if (!m->grads_zero)
-        fx__gpt_zero_grad(m);
+        fx__model_zero_grad(m);
     double loss = 0.0, t_fwd = 0.0, t_bwd = 0.0;
     for (int64_t a = 0; a < s->accum; a++) {
-        fx__gpt_data_batch(d, &s->rng, s->batch, s->seq, tokens, targets);
+        fx__model_data_batch(d, &s->rng, s->batch, s->seq, tokens, targets);
         s->data_pos += s->batch;
         float l;
         double t0 = fx__seconds();
-        if ((rc = fx__gpt_forward(m, tokens, targets, &l, true)) != FX_OK)
+        if ((rc = fx__model_forward(m, tokens, targets, &l, true)) != FX_OK)
             return rc;
         /* (On a device the forward returns once the loss is read back; the backward is timed
            to the end of its queued work.) */
         double t1 = fx__seconds();
-        if ((rc = fx__gpt_backward(m)) != FX_OK || (m->gpu && (rc = fx__gpt_gpu_sync(m)) != FX_OK))
+        if ((rc = fx__model_backward(m)) != FX_OK || (m->gpu && (rc = fx__model_gpu_sync(m)) != FX_OK))
             return rc;
         t_fwd += t1 - t0, t_bwd += fx__seconds() - t1;
         loss += l;
@@ -35,8 +35,8 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
        that AdamW applies as it reads the gradients. */
     double norm;
     if (!m->gpu)
-        norm = fx__gpt_grad_norm(m);
-    else if ((rc = fx__gpt_gpu_grad_norm(m, &norm)) != FX_OK)
+        norm = fx__model_grad_norm(m);
+    else if ((rc = fx__model_gpu_grad_norm(m, &norm)) != FX_OK)
         return rc;
     norm /= (double)s->accum;
     double scale = 1.0 / (double)s->accum;
@@ -50,24 +50,24 @@ int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s
         fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f,
                        .weight_decay = s->weight_decay, .grad_scale = (float)scale, .zero_grad = true};
         if (!m->gpu)
-            fx__gpt_adamw(m, &o, s->step + 1);
-        else if ((rc = fx__gpt_gpu_adamw(m, &o, s->step + 1)) != FX_OK || (rc = fx__gpt_gpu_sync(m)) != FX_OK)
+            fx__model_adamw(m, &o, s->step + 1);
+        else if ((rc = fx__model_gpu_adamw(m, &o, s->step + 1)) != FX_OK || (rc = fx__model_gpu_sync(m)) != FX_OK)
             return rc;
         s->step++;
     }
     if (info)
-        *info = (fx__gpt_step_info){.loss = lossf, .lr = lr, .grad_norm = (float)norm,
+        *info = (fx__model_step_info){.loss = lossf, .lr = lr, .grad_norm = (float)norm,
                                     .time_s = {t_fwd, t_bwd, fx__seconds() - t_opt}};
     return FX_OK;
 }
 
-int fx__gpt_eval(fx__gpt *m, const fx__gpt_data *d, int64_t batches, int32_t *tokens, int32_t *targets, float *loss)
+int fx__model_eval(fx__model *m, const fx__model_data *d, int64_t batches, int32_t *tokens, int32_t *targets, float *loss)
 {
     double sum = 0.0;
     for (int64_t i = 0; i < batches; i++) {
-        fx__gpt_data_val_batch(d, i, m->B, m->T, tokens, targets);
+        fx__model_data_val_batch(d, i, m->B, m->T, tokens, targets);
         float l;
-        int rc = fx__gpt_forward(m, tokens, targets, &l, false);
+        int rc = fx__model_forward(m, tokens, targets, &l, false);
         if (rc)
             return rc;
         sum += l;

@@ -2,10 +2,10 @@
    or core/simd_avx512.h, included first), for optim_avx2.c and optim_avx512.c. Operation for
    operation the scalar loop (multiplies and adds stay separate: ISO C mode does not contract
    them into FMAs), so the results are bitwise those of the scalar twin. */
-#ifndef FX_GPT_OPTIM_SIMD_H
-#define FX_GPT_OPTIM_SIMD_H
+#ifndef FX_MODEL_OPTIM_SIMD_H
+#define FX_MODEL_OPTIM_SIMD_H
 
-#include "gpt.h"
+#include "model.h"
 
 #include <stdbool.h>
 

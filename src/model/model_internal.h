@@ -1,11 +1,11 @@
 /* What the model's source files (model.c, forward.c, backward.c, decode.c, optim.c) share:
    the activation buffer's views, the attention call, the per-layer views of the parameters
-   and the hook points. Not used outside src/gpt/. */
-#ifndef FX_GPT_MODEL_INTERNAL_H
-#define FX_GPT_MODEL_INTERNAL_H
+   and the hook points. Not used outside src/model/. */
+#ifndef FX_MODEL_MODEL_INTERNAL_H
+#define FX_MODEL_MODEL_INTERNAL_H
 
 #include "core/gemm_bf16.h"
-#include "gpt.h"
+#include "model.h"
 
 #include <assert.h>
 
@@ -13,7 +13,7 @@
 enum { FX__NORM_CHUNK = 1 << 14 };
 
 /* The first tensor of layer l (l == layers: the final norm). */
-static inline const fx__gpt_tensor *fx__layer_first(const fx__gpt *m, int64_t l)
+static inline const fx__model_tensor *fx__layer_first(const fx__model *m, int64_t l)
 {
     return &m->lay.t[1 + (size_t)l * m->lay.per_layer];
 }
@@ -49,7 +49,7 @@ typedef struct fx__acts {
 
 /* Carves a (base NULL: only counts). With recompute, the per-layer activations have one
    slot (the layer being worked on) and only the residual stream is kept for every layer. */
-void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, int64_t B, int64_t T, bool unfused,
+void fx__acts_carve(fx__acts *a, float *base, const fx__model_config *c, int64_t B, int64_t T, bool unfused,
                     bool recompute);
 
 /* ---- attention ---------------------------------------------------------------------------- */
@@ -63,13 +63,13 @@ typedef struct fx__attn_call {
 } fx__attn_call;
 
 /* Through fx_flex_attention(_backward) or the reference, as m->attn_impl says. */
-int fx__attn_fwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
+int fx__attn_fwd(const fx__model *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
                  float *out, float *lse);
-int fx__attn_bwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
+int fx__attn_bwd(const fx__model *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
                  const float *out, const float *lse, const float *dout, float *dq, float *dk, float *dv);
 /* The training-shape attention call; builds the block mask when the flex path needs one
    (the backward pass reuses the forward's). */
-int fx__train_attn(fx__gpt *m, fx__attn_call *c, bool build);
+int fx__train_attn(fx__model *m, fx__attn_call *c, bool build);
 
 /* ---- linear layers -------------------------------------------------------------------------- */
 
@@ -91,7 +91,7 @@ static inline void fx__linear_backward(float *dx, float *dw, const float *dy, co
    bfloat16 inputs and float32 accumulation when training in bf16 (params16 set): an operand
    that is a parameter (a_w, b_w: a pointer into params) is read from its bfloat16 copy, the
    others (activations, gradients) are rounded to bfloat16 as the product reads them. */
-static inline void fx__mm(const fx__gpt *m, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A,
+static inline void fx__mm(const fx__model *m, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A,
                           bool a_w, int64_t lda, const float *B, bool b_w, int64_t ldb, float beta, float *C,
                           int64_t ldc)
 {
@@ -99,20 +99,20 @@ static inline void fx__mm(const fx__gpt *m, bool ta, bool tb, int64_t M, int64_t
         fx__sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    assert(fx__gemm_bf16_ws(M, N, K) <= m->bf16_ws_floats); /* fx__gpt_bf16_ws_floats counts every product */
+    assert(fx__gemm_bf16_ws(M, N, K) <= m->bf16_ws_floats); /* fx__model_bf16_ws_floats counts every product */
     fx__bf16_mat a = a_w ? fx__bf16_of(m->params16 + (A - m->params)) : fx__bf16_of_f32(A);
     fx__bf16_mat b = b_w ? fx__bf16_of(m->params16 + (B - m->params)) : fx__bf16_of_f32(B);
     fx__gemm_bf16(ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc, m->bf16_ws);
 }
 
 /* fx__linear and fx__linear_backward through fx__mm (w a parameter). */
-static inline void fx__mm_linear(const fx__gpt *m, float *y, const float *x, const float *w, int64_t N, int64_t I,
+static inline void fx__mm_linear(const fx__model *m, float *y, const float *x, const float *w, int64_t N, int64_t I,
                                  int64_t O, bool acc)
 {
     fx__mm(m, false, true, N, O, I, x, false, I, w, true, I, acc ? 1.0f : 0.0f, y, O);
 }
 
-static inline void fx__mm_linear_backward(const fx__gpt *m, float *dx, float *dw, const float *dy, const float *x,
+static inline void fx__mm_linear_backward(const fx__model *m, float *dx, float *dw, const float *dy, const float *x,
                                           const float *w, int64_t N, int64_t I, int64_t O, bool acc_dx)
 {
     fx__mm(m, false, false, N, I, O, dy, false, O, w, true, I, acc_dx ? 1.0f : 0.0f, dx, I);
@@ -128,7 +128,7 @@ typedef struct fx__layer_params {
 
 /* Layer l's first float (l == layers: the final norm) in the parameters or the gradients:
    in the flat buffer, or in the layer's own buffer when sharded training set one. */
-static inline float *fx__layer_base(const fx__gpt *m, bool grads, int64_t l)
+static inline float *fx__layer_base(const fx__model *m, bool grads, int64_t l)
 {
     float **own = grads ? m->hooks.layer_grads : m->hooks.layer_params;
     if (own)
@@ -136,35 +136,35 @@ static inline float *fx__layer_base(const fx__gpt *m, bool grads, int64_t l)
     return (grads ? m->grads : m->params) + fx__layer_first(m, l)->offset;
 }
 
-static inline fx__layer_params fx__layer(const fx__gpt *m, bool grads, int64_t l)
+static inline fx__layer_params fx__layer(const fx__model *m, bool grads, int64_t l)
 {
-    const fx__gpt_tensor *t = fx__layer_first(m, l);
+    const fx__model_tensor *t = fx__layer_first(m, l);
     float *buf = fx__layer_base(m, grads, l);
     size_t o = t->offset;
-    return (fx__layer_params){buf + (t[FX__GPT_LN1].offset - o), buf + (t[FX__GPT_WQ].offset - o),
-                              buf + (t[FX__GPT_WK].offset - o), buf + (t[FX__GPT_WV].offset - o),
-                              buf + (t[FX__GPT_WO].offset - o), buf + (t[FX__GPT_LN2].offset - o),
-                              buf + (t[FX__GPT_W1].offset - o), buf + (t[FX__GPT_W3].offset - o),
-                              buf + (t[FX__GPT_W2].offset - o),
-                              m->c.qkv_bias ? buf + (t[FX__GPT_BQ].offset - o) : NULL,
-                              m->c.qkv_bias ? buf + (t[FX__GPT_BK].offset - o) : NULL,
-                              m->c.qkv_bias ? buf + (t[FX__GPT_BV].offset - o) : NULL};
+    return (fx__layer_params){buf + (t[FX__MODEL_LN1].offset - o), buf + (t[FX__MODEL_WQ].offset - o),
+                              buf + (t[FX__MODEL_WK].offset - o), buf + (t[FX__MODEL_WV].offset - o),
+                              buf + (t[FX__MODEL_WO].offset - o), buf + (t[FX__MODEL_LN2].offset - o),
+                              buf + (t[FX__MODEL_W1].offset - o), buf + (t[FX__MODEL_W3].offset - o),
+                              buf + (t[FX__MODEL_W2].offset - o),
+                              m->c.qkv_bias ? buf + (t[FX__MODEL_BQ].offset - o) : NULL,
+                              m->c.qkv_bias ? buf + (t[FX__MODEL_BK].offset - o) : NULL,
+                              m->c.qkv_bias ? buf + (t[FX__MODEL_BV].offset - o) : NULL};
 }
 
-static inline int fx__layer_hook(fx__gpt *m, int64_t l, bool backward)
+static inline int fx__layer_hook(fx__model *m, int64_t l, bool backward)
 {
     return m->hooks.layer ? m->hooks.layer((int)l, backward, m->hooks.user) : FX_OK;
 }
 
 /* Between the sub-operations of a layer: lets a multi-process trainer drive its collectives
    in flight (MPI moves them only inside its calls; each stage of a transfer waits for one). */
-static inline void fx__progress_point(fx__gpt *m)
+static inline void fx__progress_point(fx__model *m)
 {
     if (m->hooks.progress)
         m->hooks.progress(m->hooks.user);
 }
 
-static inline void fx__grad_hook(fx__gpt *m, int layer, float *grad, size_t numel)
+static inline void fx__grad_hook(fx__model *m, int layer, float *grad, size_t numel)
 {
     if (m->hooks.grad)
         m->hooks.grad(layer, grad, numel, m->hooks.user);
@@ -179,13 +179,13 @@ typedef struct fx__layer_acts {
 
 /* The residual stream entering layer l (l == layers: the final norm's input): parked, or
    in the activation buffer; a forward pass without gradients keeps only two, in turn. */
-float *fx__res_at(const fx__gpt *m, const fx__acts *a, int64_t l);
-fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l);
+float *fx__res_at(const fx__model *m, const fx__acts *a, int64_t l);
+fx__layer_acts fx__layer_acts_at(const fx__model *m, const fx__acts *a, int64_t l);
 /* Clears what is parked in layer l's gradient memory (layer l+1's activations and input,
    or the final norm's input when l is the last layer), before its gradients go there. */
-void fx__park_clear(const fx__gpt *m, const fx__acts *a, int64_t l);
+void fx__park_clear(const fx__model *m, const fx__acts *a, int64_t l);
 /* Layer l from its input res[l]; writes res[l+1] when write_out (a recomputation for the
    backward pass does not: the stream is already there, bit for bit). */
-int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, int64_t l, bool write_out);
+int fx__layer_forward(fx__model *m, const fx__acts *a, const fx__attn_call *call, int64_t l, bool write_out);
 
 #endif

@@ -7,26 +7,26 @@
 
 /* ---- backward ---------------------------------------------------------------------------------------- */
 
-int fx__gpt_backward(fx__gpt *m)
+int fx__model_backward(fx__model *m)
 {
     if (m && m->gpu)
-        return fx__gpt_gpu_backward(m);
+        return fx__model_gpu_backward(m);
     if (!m || !m->grads || !m->acts || !m->grad_ready)
-        return fx__error(FX_EINVAL, "fx__gpt_backward: no forward with gradients before it");
+        return fx__error(FX_EINVAL, "fx__model_backward: no forward with gradients before it");
     m->grad_ready = false;
     m->grads_zero = false;
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
     int64_t Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd;
     fx__acts a;
-    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
+    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__MODEL_LOSS_UNFUSED, m->recompute);
     fx__attn_call call;
     int rc = fx__train_attn(m, &call, false);
     if (rc)
         return rc;
 
     /* The final norm: its input gradient d(xnf) came with the loss. */
-    const fx__gpt_tensor *tn = fx__layer_first(m, c->layers);
+    const fx__model_tensor *tn = fx__layer_first(m, c->layers);
     memset(a.dres, 0, (size_t)(N * C) * sizeof(float));
     if ((rc = fx__layer_hook(m, c->layers, true)) != FX_OK)
         return rc;
@@ -86,7 +86,7 @@ int fx__gpt_backward(fx__gpt *m)
         fx__mm_linear_backward(m, a.dxn, g.wq, dqkv, xn1, p.wq, N, C, QKV, false);
         fx__rmsnorm_backward(a.dres, g.ln1, a.dxn, res, p.ln1, rstd1, N, C);
 
-        const fx__gpt_tensor *t0 = fx__layer_first(m, l);
+        const fx__model_tensor *t0 = fx__layer_first(m, l);
         size_t numel = fx__layer_first(m, l + 1)->offset - t0->offset;
         fx__grad_hook(m, (int)l, fx__layer_base(m, true, l), numel);
     }
@@ -95,10 +95,10 @@ int fx__gpt_backward(fx__gpt *m)
     return FX_OK;
 }
 
-void fx__gpt_zero_grad(fx__gpt *m)
+void fx__model_zero_grad(fx__model *m)
 {
     if (m->gpu) {
-        (void)fx__gpt_gpu_zero_grad(m); /* a failure shows in the next device call */
+        (void)fx__model_gpu_zero_grad(m); /* a failure shows in the next device call */
         return;
     }
     if (m->grads)

@@ -1,6 +1,6 @@
 /* Training text: byte tokens with end-of-text between documents, a train/validation split,
    and batches drawn from a saveable counter-based generator. */
-#include "gpt.h"
+#include "model.h"
 
 #include "core/file.h"
 
@@ -61,7 +61,7 @@ static int fx__toks_push(fx__toks *t, uint32_t v)
         t->p = p, t->cap = cap;
     }
     t->p[t->n++] = v;
-    if (v == FX__GPT_EOT)
+    if (v == FX__MODEL_EOT)
         t->docs++;
     return FX_OK;
 }
@@ -82,14 +82,14 @@ static int fx__tokenize(fx__toks *t, const unsigned char *s, size_t n)
             if (j < n && s[j] == '\r')
                 j++;
             if (j == n || s[j] == '\n') {
-                if (t->n > 0 && t->p[t->n - 1] != FX__GPT_EOT && (rc = fx__toks_push(t, FX__GPT_EOT)))
+                if (t->n > 0 && t->p[t->n - 1] != FX__MODEL_EOT && (rc = fx__toks_push(t, FX__MODEL_EOT)))
                     return rc;
                 i = j < n ? j + 1 : j;
                 continue;
             }
         }
         if (s[i] == '<' && n - i >= eot_len && !memcmp(s + i, eot, eot_len)) {
-            if ((rc = fx__toks_push(t, FX__GPT_EOT)))
+            if ((rc = fx__toks_push(t, FX__MODEL_EOT)))
                 return rc;
             i += eot_len;
             continue;
@@ -98,8 +98,8 @@ static int fx__tokenize(fx__toks *t, const unsigned char *s, size_t n)
             return rc;
         i++;
     }
-    if (t->n > 0 && t->p[t->n - 1] != FX__GPT_EOT)
-        return fx__toks_push(t, FX__GPT_EOT);
+    if (t->n > 0 && t->p[t->n - 1] != FX__MODEL_EOT)
+        return fx__toks_push(t, FX__MODEL_EOT);
     return FX_OK;
 }
 
@@ -234,7 +234,7 @@ static int fx__load_fortunes(fx__toks *t, const char *dir)
 }
 
 /* The train / validation split and the hash; takes t's tokens. */
-static int fx__data_finish(fx__gpt_data *d, fx__toks *t, double val_frac, int64_t min_tokens)
+static int fx__data_finish(fx__model_data *d, fx__toks *t, double val_frac, int64_t min_tokens)
 {
     /* Each part needs at least one window of min_tokens. */
     int64_t n_val = (int64_t)((double)t->n * val_frac);
@@ -268,14 +268,14 @@ static int fx__data_finish(fx__gpt_data *d, fx__toks *t, double val_frac, int64_
     return FX_OK;
 }
 
-int fx__gpt_data_from_ids(fx__gpt_data *d, const int32_t *ids, int64_t n, int32_t eot, const char *source,
+int fx__model_data_from_ids(fx__model_data *d, const int32_t *ids, int64_t n, int32_t eot, const char *source,
                           double val_frac, int64_t min_tokens)
 {
     memset(d, 0, sizeof *d);
     if (!(val_frac > 0.0 && val_frac < 1.0))
         return fx__error(FX_EINVAL, "validation fraction %g is outside (0, 1)", val_frac);
     if (n < 0 || (n > 0 && !ids))
-        return fx__error(FX_EINVAL, "fx__gpt_data_from_ids: %lld ids at %p", (long long)n, (const void *)ids);
+        return fx__error(FX_EINVAL, "fx__model_data_from_ids: %lld ids at %p", (long long)n, (const void *)ids);
     fx__toks t = {0};
     if (n > 0 && !(t.p = malloc((size_t)n * sizeof *t.p)))
         return fx__error(FX_ENOMEM, "cannot hold %lld tokens", (long long)n);
@@ -292,7 +292,7 @@ int fx__gpt_data_from_ids(fx__gpt_data *d, const int32_t *ids, int64_t n, int32_
     return fx__data_finish(d, &t, val_frac, min_tokens);
 }
 
-int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir, double val_frac,
+int fx__model_data_load(fx__model_data *d, const char *path, const char *default_dir, double val_frac,
                       int64_t min_tokens)
 {
     memset(d, 0, sizeof *d);
@@ -342,7 +342,7 @@ int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir
     return fx__data_finish(d, &t, val_frac, min_tokens);
 }
 
-void fx__gpt_data_free(fx__gpt_data *d)
+void fx__model_data_free(fx__model_data *d)
 {
     free(d->tok);
     d->tok = NULL;
@@ -356,7 +356,7 @@ static void fx__window(const uint32_t *src, int64_t T, int32_t *tokens, int32_t 
     }
 }
 
-void fx__gpt_data_batch(const fx__gpt_data *d, fx_rng *rng, int64_t B, int64_t T, int32_t *tokens, int32_t *targets)
+void fx__model_data_batch(const fx__model_data *d, fx_rng *rng, int64_t B, int64_t T, int32_t *tokens, int32_t *targets)
 {
     uint64_t range = (uint64_t)(d->n_train - T); /* offsets 0 .. n_train - T - 1 */
     for (int64_t b = 0; b < B; b++) {
@@ -366,7 +366,7 @@ void fx__gpt_data_batch(const fx__gpt_data *d, fx_rng *rng, int64_t B, int64_t T
     }
 }
 
-void fx__gpt_data_val_batch(const fx__gpt_data *d, int64_t i, int64_t B, int64_t T, int32_t *tokens, int32_t *targets)
+void fx__model_data_val_batch(const fx__model_data *d, int64_t i, int64_t B, int64_t T, int32_t *tokens, int32_t *targets)
 {
     int64_t nval = d->n - d->n_train, windows = (nval - 1) / T;
     for (int64_t b = 0; b < B; b++) {

@@ -8,19 +8,19 @@
  *          -> rmsf -> fused linear + cross-entropy against wte
  *
  * Memory (llm.c style): every parameter lives in one contiguous buffer, carved into named
- * views by a size table (fx__gpt_tensor); gradients and the two Adam moments are buffers of
+ * views by a size table (fx__model_tensor); gradients and the two Adam moments are buffers of
  * the same layout, so the optimizer is one flat loop and a checkpoint is a list of views.
  * Activations are one more buffer sized up front for (B, T).
  *
  * A training step is, in order (the points where a multi-process trainer hooks in):
- *   fx__gpt_zero_grad (unless grads_zero: the last optimizer pass cleared them); for each
- *   micro-batch: fx__gpt_forward, fx__gpt_backward (which calls the optional per-layer
+ *   fx__model_zero_grad (unless grads_zero: the last optimizer pass cleared them); for each
+ *   micro-batch: fx__model_forward, fx__model_backward (which calls the optional per-layer
  *   gradient hook (hooks.h) as each layer's gradients become final); the gradient norm, then
- *   fx__gpt_adamw over the flat buffers (averaging and clipping folded into its gradient
+ *   fx__model_adamw over the flat buffers (averaging and clipping folded into its gradient
  *   scale, the gradients cleared as they are read).
  */
-#ifndef FX_GPT_H
-#define FX_GPT_H
+#ifndef FX_MODEL_H
+#define FX_MODEL_H
 
 #include "core/core.h"
 #include "flexc/model.h"
@@ -29,134 +29,134 @@
 /* ---- tokens ---------------------------------------------------------------------------- */
 
 /* Byte-level vocabulary: ids 0..255 are bytes, then the special tokens. */
-enum { FX__GPT_EOT = 256, FX__GPT_VOCAB = 257 };
+enum { FX__MODEL_EOT = 256, FX__MODEL_VOCAB = 257 };
 
 /* ---- configuration --------------------------------------------------------------------- */
 
 /* The public configuration (include/flexc/model.h): vocab, ctx, layers, dim (C), heads (Hq),
    kv_heads (Hkv), head_dim (hd), ffn (F), RoPE, norm_eps, biases, tied head, window, eos. */
-typedef fx_model_config fx__gpt_config;
+typedef fx_model_config fx__model_config;
 
 /* "tiny", "small", "gpt2": FX_EINVAL for another name. */
-int fx__gpt_preset(fx__gpt_config *c, const char *name);
+int fx__model_preset(fx__model_config *c, const char *name);
 /* Checks every field (the message names it); fills head_dim (dim / heads) and ffn (8/3 C
    rounded up to 32) when 0, and arch when empty. */
-int fx__gpt_config_check(fx__gpt_config *c);
+int fx__model_config_check(fx__model_config *c);
 
 /* ---- attention mask and loss paths ----------------------------------------------------- */
 
-typedef enum fx__gpt_mask {
-    FX__GPT_MASK_CAUSAL = 0,
-    FX__GPT_MASK_SLIDING = 1,  /* causal, keys within `window` positions back */
-    FX__GPT_MASK_DOCUMENT = 2, /* causal within documents split at end-of-text */
-    FX__GPT_MASK_CAUSAL_DENSE = 3 /* causal, computed densely (every block, causality by a score
+typedef enum fx__model_mask {
+    FX__MODEL_MASK_CAUSAL = 0,
+    FX__MODEL_MASK_SLIDING = 1,  /* causal, keys within `window` positions back */
+    FX__MODEL_MASK_DOCUMENT = 2, /* causal within documents split at end-of-text */
+    FX__MODEL_MASK_CAUSAL_DENSE = 3 /* causal, computed densely (every block, causality by a score
                                      modifier): the baseline that block skipping is measured against */
-} fx__gpt_mask;
+} fx__model_mask;
 
 /* "causal" | "sliding:W" | "document" | "dense" -> mask, window. */
-int fx__gpt_mask_parse(const char *s, fx__gpt_mask *mask, int64_t *window);
+int fx__model_mask_parse(const char *s, fx__model_mask *mask, int64_t *window);
 /* The canonical spelling back ("sliding:256"). */
-void fx__gpt_mask_name(fx__gpt_mask mask, int64_t window, char *buf, size_t n);
+void fx__model_mask_name(fx__model_mask mask, int64_t window, char *buf, size_t n);
 
-typedef enum fx__gpt_attn_impl {
-    FX__GPT_ATTN_FLEX = 0, /* fx_flex_attention / fx_flex_attention_backward */
-    FX__GPT_ATTN_REF = 1   /* materialised scores, float64 softmax: the tests' reference */
-} fx__gpt_attn_impl;
+typedef enum fx__model_attn_impl {
+    FX__MODEL_ATTN_FLEX = 0, /* fx_flex_attention / fx_flex_attention_backward */
+    FX__MODEL_ATTN_REF = 1   /* materialised scores, float64 softmax: the tests' reference */
+} fx__model_attn_impl;
 
-typedef enum fx__gpt_loss_impl {
-    FX__GPT_LOSS_FUSED = 0,  /* fx_linear_cross_entropy: no [N, V] logits */
-    FX__GPT_LOSS_UNFUSED = 1 /* materialised logits + softmax: the baseline */
-} fx__gpt_loss_impl;
+typedef enum fx__model_loss_impl {
+    FX__MODEL_LOSS_FUSED = 0,  /* fx_linear_cross_entropy: no [N, V] logits */
+    FX__MODEL_LOSS_UNFUSED = 1 /* materialised logits + softmax: the baseline */
+} fx__model_loss_impl;
 
 /* The contexts of the built-in masks the model uses (fx_mask_causal, fx_mask_sliding_window,
-   fx_mask_document); fx__gpt_mask_fn picks the function and its context. */
-typedef struct fx__gpt_mask_ctx {
+   fx_mask_document); fx__model_mask_fn picks the function and its context. */
+typedef struct fx__model_mask_ctx {
     fx_mask_sliding_window_ctx sliding;
     fx_mask_document_ctx document;
-} fx__gpt_mask_ctx;
-fx_mask_fn fx__gpt_mask_fn(fx__gpt_mask mask, const fx__gpt_mask_ctx *mc, const void **ctx);
+} fx__model_mask_ctx;
+fx_mask_fn fx__model_mask_fn(fx__model_mask mask, const fx__model_mask_ctx *mc, const void **ctx);
 
 /* ---- parameters ------------------------------------------------------------------------ */
 
 /* Per-layer tensors, in buffer order: the nine of every layer, then the three biases
    with qkv_bias (lay.per_layer says which). */
 enum {
-    FX__GPT_LN1, FX__GPT_WQ, FX__GPT_WK, FX__GPT_WV, FX__GPT_WO,
-    FX__GPT_LN2, FX__GPT_W1, FX__GPT_W3, FX__GPT_W2, FX__GPT_PER_LAYER,
-    FX__GPT_BQ = FX__GPT_PER_LAYER, FX__GPT_BK, FX__GPT_BV, FX__GPT_PER_LAYER_BIAS
+    FX__MODEL_LN1, FX__MODEL_WQ, FX__MODEL_WK, FX__MODEL_WV, FX__MODEL_WO,
+    FX__MODEL_LN2, FX__MODEL_W1, FX__MODEL_W3, FX__MODEL_W2, FX__MODEL_PER_LAYER,
+    FX__MODEL_BQ = FX__MODEL_PER_LAYER, FX__MODEL_BK, FX__MODEL_BV, FX__MODEL_PER_LAYER_BIAS
 };
 
-typedef struct fx__gpt_tensor {
+typedef struct fx__model_tensor {
     char name[48];     /* "wte", "layers.3.attn.wq", "norm" */
     int ndim;
     int64_t shape[2];
     size_t offset;     /* in floats, from the start of the buffer */
     size_t numel;
     bool decay;        /* weight decay applies (matrices only) */
-} fx__gpt_tensor;
+} fx__model_tensor;
 
 /* The view table of a configuration: wte, L * per_layer tensors, norm, then lm_head when
    the head is not tied. */
-typedef struct fx__gpt_layout {
-    fx__gpt_tensor *t;
+typedef struct fx__model_layout {
+    fx__model_tensor *t;
     size_t n;
     size_t total;     /* floats */
-    size_t per_layer; /* FX__GPT_PER_LAYER, or FX__GPT_PER_LAYER_BIAS with qkv_bias */
-} fx__gpt_layout;
+    size_t per_layer; /* FX__MODEL_PER_LAYER, or FX__MODEL_PER_LAYER_BIAS with qkv_bias */
+} fx__model_layout;
 
 /* ---- weights kept in their file (generation) ------------------------------------------- */
 
 /* One tensor where decoding reads it: float32 in the model's buffer, or the file's bytes. */
-typedef struct fx__gpt_weight {
+typedef struct fx__model_weight {
     const void *data;
     fx_dtype dtype; /* F32, BF16 or F16 */
-} fx__gpt_weight;
+} fx__model_weight;
 
 /* A model loaded for generation (fx_model_load_inference): params stays NULL and the
    matrices are read in place from the mapped file, in its dtype. The vectors (norms,
    biases), and a matrix the file holds misaligned, are widened to float32 in `own`. The
    first call that needs float32 parameters (forward, tensor access, save) reads every
    tensor into a new params buffer through `read` and closes the file. */
-typedef struct fx__gpt_mapped {
-    fx__gpt_weight *t; /* [lay.n], layout order */
+typedef struct fx__model_mapped {
+    fx__model_weight *t; /* [lay.n], layout order */
     float *own;
     bool rope_half;    /* the rows of wq, wk (bq, bk) are in rotate-half order (Hugging Face):
                           decoding rotates x[i] with x[i + hd/2], not x[2i] with x[2i+1] */
     void *file;
     int (*read)(void *file, size_t i, float *dst); /* tensor i, float32, flexc's row order */
     void (*close)(void *file);
-} fx__gpt_mapped;
+} fx__model_mapped;
 
 /* ---- the model ------------------------------------------------------------------------- */
 
 /* The device copy of a model trained on a CUDA device (src/cuda/model_gpu.h). */
-typedef struct fx__gpt_gpu fx__gpt_gpu;
+typedef struct fx__model_gpu fx__model_gpu;
 
 /* The public fx_model is this struct. */
-typedef struct fx_model fx__gpt;
+typedef struct fx_model fx__model;
 struct fx_model {
-    fx__gpt_config c;
-    fx__gpt_layout lay;
+    fx__model_config c;
+    fx__model_layout lay;
     float *params;    /* [P] */
-    float *grads;     /* [P], NULL until fx__gpt_alloc_train */
+    float *grads;     /* [P], NULL until fx__model_alloc_train */
     float *adam;      /* [2P]: m then v, float32 ... */
     uint16_t *adam16; /* ... or bfloat16 when adam_bf16 (exactly one of the two is set) */
-    bool adam_bf16;   /* set before fx__gpt_alloc_train: half the optimizer memory and traffic */
-    uint16_t *params16; /* [P] bfloat16 copy of params when training in bf16 (fx__gpt_set_bf16):
+    bool adam_bf16;   /* set before fx__model_alloc_train: half the optimizer memory and traffic */
+    uint16_t *params16; /* [P] bfloat16 copy of params when training in bf16 (fx__model_set_bf16):
                            every matrix product reads the weights from it, AdamW refreshes it */
-    float *bf16_ws;     /* the bf16 products' scratch (fx__gpt_bf16_ws_floats), with params16 */
+    float *bf16_ws;     /* the bf16 products' scratch (fx__model_bf16_ws_floats), with params16 */
     size_t bf16_ws_floats;
     float *rope;      /* [rope_len, hd/2, 2] cos, sin: positions 0 .. rope_len-1, grown on
-                         demand (fx__gpt_rope_ensure), never [ctx, ...] up front */
+                         demand (fx__model_rope_ensure), never [ctx, ...] up front */
     int64_t rope_len;
 
     /* Per-step settings. */
-    fx__gpt_mask mask;
+    fx__model_mask mask;
     int64_t window;
-    fx__gpt_attn_impl attn_impl;
-    fx__gpt_loss_impl loss_impl;
+    fx__model_attn_impl attn_impl;
+    fx__model_loss_impl loss_impl;
     bool recompute;   /* keep only each layer's input; backward recomputes the rest (set before
-                         fx__gpt_set_batch): activation memory / (about) L, one more forward */
+                         fx__model_set_batch): activation memory / (about) L, one more forward */
     /* Where this forward left its activations (read by the backward pass). */
     struct {
         bool acts_parked; /* layers 1 .. L-1's activations are parked in the gradient memory
@@ -173,9 +173,9 @@ struct fx_model {
     int32_t *tokens;      /* [B*T] */
     int64_t *doc;         /* [B*T] document id of each position */
     fx_block_mask *bmask; /* built per batch for document masks, once per shape otherwise */
-    fx__gpt_mask bmask_mask; /* what bmask was built for */
+    fx__model_mask bmask_mask; /* what bmask was built for */
     int64_t bmask_window;
-    fx__gpt_mask_ctx mctx;
+    fx__model_mask_ctx mctx;
     double *norm_parts;   /* per-chunk partial sums of the gradient norm */
     bool grads_zero;      /* the gradient buffer is all zeros: just allocated, zeroed, or
                              cleared by an optimizer step with zero_grad (the training step
@@ -183,67 +183,67 @@ struct fx_model {
                              directly must clear this. */
     bool grad_ready;      /* a forward with grad ran, and its backward has not */
 
-    fx__gpt_hooks hooks; /* distributed training's points of entry (hooks.h); all NULL alone */
-    fx__gpt_mapped *mapped; /* generation-only weights (params NULL until needed), or NULL */
-    fx__gpt_gpu *gpu;       /* training on a CUDA device (fx__gpt_gpu_attach): set_batch, forward,
+    fx__model_hooks hooks; /* distributed training's points of entry (hooks.h); all NULL alone */
+    fx__model_mapped *mapped; /* generation-only weights (params NULL until needed), or NULL */
+    fx__model_gpu *gpu;       /* training on a CUDA device (fx__model_gpu_attach): set_batch, forward,
                                backward and the step's optimizer run there; params and adam are
-                               current only after fx__gpt_gpu_download */
+                               current only after fx__model_gpu_download */
 };
 
 /* Grows the RoPE table to positions [0, len) (len <= ctx). */
-int fx__gpt_rope_ensure(fx__gpt *m, int64_t len);
+int fx__model_rope_ensure(fx__model *m, int64_t len);
 /* The LM head's parameters [V, C] (the embedding when tied) and gradients. */
-float *fx__gpt_head(const fx__gpt *m, bool grads);
+float *fx__model_head(const fx__model *m, bool grads);
 /* After a forward pass: logits [N, V] of every position, or [B, V] of each sequence's last
    one with last_only, from the final norm's output. */
-void fx__gpt_logits(const fx__gpt *m, float *logits, bool last_only);
+void fx__model_logits(const fx__model *m, float *logits, bool last_only);
 /* Allocates and initialises parameters (N(0, 0.02), output projections scaled by
    1/sqrt(2L), norms = 1) from seed. */
-int fx__gpt_create(fx__gpt **out, const fx__gpt_config *c, uint64_t seed);
+int fx__model_create(fx__model **out, const fx__model_config *c, uint64_t seed);
 /* The model without initialising its parameters (their values are undefined): for a loader
    that fills every tensor, so a large model is not drawn at random first. */
-int fx__gpt_new(fx__gpt **out, const fx__gpt_config *c);
-void fx__gpt_free(fx__gpt *m);
+int fx__model_new(fx__model **out, const fx__model_config *c);
+void fx__model_free(fx__model *m);
 /* The model without a parameter buffer, its weights in `mp` (taken over, also on failure:
    closed and freed). */
-int fx__gpt_new_mapped(fx__gpt **out, const fx__gpt_config *c, fx__gpt_mapped *mp);
+int fx__model_new_mapped(fx__model **out, const fx__model_config *c, fx__model_mapped *mp);
 /* Float32 parameters for a mapped model: reads every tensor into a new buffer, then closes
    the file. FX_OK at once for a model that is not mapped. */
-int fx__gpt_own_params(fx__gpt *m);
-void fx__gpt_mapped_free(fx__gpt_mapped *mp);
+int fx__model_own_params(fx__model *m);
+void fx__model_mapped_free(fx__model_mapped *mp);
 /* Gradient and Adam buffers (zeroed). */
-int fx__gpt_alloc_train(fx__gpt *m);
+int fx__model_alloc_train(fx__model *m);
 /* The gradient buffer alone (zeroed), for forward / backward without the optimizer. */
-int fx__gpt_alloc_grads(fx__gpt *m);
+int fx__model_alloc_grads(fx__model *m);
 /* Activation buffers for batches of B sequences of T tokens (T <= ctx). Reallocates when
    the shape changes. */
-int fx__gpt_set_batch(fx__gpt *m, int64_t B, int64_t T);
+int fx__model_set_batch(fx__model *m, int64_t B, int64_t T);
 /* Floats of the activation buffer for (B, T) with the current paths. */
-size_t fx__gpt_acts_floats(const fx__gpt *m, int64_t B, int64_t T);
+size_t fx__model_acts_floats(const fx__model *m, int64_t B, int64_t T);
 
-const fx__gpt_tensor *fx__gpt_find(const fx__gpt *m, const char *name);
+const fx__model_tensor *fx__model_find(const fx__model *m, const char *name);
 
 /* tokens [B,T], targets [B,T] (ids in [0,V), or -100 to ignore) -> *loss (mean over
    targets), keeping what backward needs. With grad, the loss's own gradient is made in the
    same pass (the fused loss produces it with the loss): dwte is accumulated into grads
-   then, and fx__gpt_backward must follow before the next forward with grad. */
-int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad);
+   then, and fx__model_backward must follow before the next forward with grad. */
+int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad);
 /* Accumulates (+=) the gradients of the last forward's mean loss into grads. */
-int fx__gpt_backward(fx__gpt *m);
-void fx__gpt_zero_grad(fx__gpt *m);
+int fx__model_backward(fx__model *m);
+void fx__model_zero_grad(fx__model *m);
 
 /* ---- bfloat16 matrix products (--dtype bf16) --------------------------------------------- */
 
 /* On: allocates params16 (and the scratch for the current batch shape) and fills it from
    params; off: frees both, and the products are float32 again. Parameters changed outside
-   fx__gpt_adamw afterwards (a load) need fx__gpt_bf16_sync. */
-int fx__gpt_set_bf16(fx__gpt *m, bool on);
+   fx__model_adamw afterwards (a load) need fx__model_bf16_sync. */
+int fx__model_set_bf16(fx__model *m, bool on);
 /* params16 = bfloat16 of params (nearest even), in parallel. */
-void fx__gpt_bf16_sync(fx__gpt *m);
+void fx__model_bf16_sync(fx__model *m);
 /* Floats of scratch the bf16 products of a (B, T) step need. */
-size_t fx__gpt_bf16_ws_floats(const fx__gpt *m, int64_t B, int64_t T);
+size_t fx__model_bf16_ws_floats(const fx__model *m, int64_t B, int64_t T);
 /* Grows bf16_ws for the current batch shape (with params16 only). */
-int fx__gpt_bf16_ws_ensure(fx__gpt *m);
+int fx__model_bf16_ws_ensure(fx__model *m);
 
 /* ---- optimizer ------------------------------------------------------------------------- */
 
@@ -251,18 +251,18 @@ typedef struct fx__adamw {
     float lr, beta1, beta2, eps, weight_decay;
     float grad_scale; /* the gradient used is grads * grad_scale (0 means 1): averaging over
                          micro-batches and clipping, without a pass of their own */
-    bool zero_grad;   /* clear the gradients as they are read (fx__gpt_zero_grad's work, done
+    bool zero_grad;   /* clear the gradients as they are read (fx__model_zero_grad's work, done
                          in the optimizer's pass over the buffers) */
 } fx__adamw;
 
 /* sqrt(sum g^2) over the whole gradient buffer, in a fixed order. */
-double fx__gpt_grad_norm(const fx__gpt *m);
-void fx__gpt_grad_scale(fx__gpt *m, float s);
+double fx__model_grad_norm(const fx__model *m);
+void fx__model_grad_scale(fx__model *m, float s);
 /* One AdamW step (t counts from 1) over the flat buffers; decay on matrices only. With
    bfloat16 moments, each is widened, updated in float32 and rounded to nearest even (fine
    for beta2 <= 0.99: smaller relative updates than bfloat16's 2^-8 would be lost). */
-void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t);
-/* The float32 AdamW update of n elements at step t with decay wd (the loop of fx__gpt_adamw;
+void fx__model_adamw(fx__model *m, const fx__adamw *o, int64_t t);
+/* The float32 AdamW update of n elements at step t with decay wd (the loop of fx__model_adamw;
    sharded training runs it on its shard, with the same results element for element). */
 void fx__adamw_f32(float *p, float *g, float *m, float *v, int64_t n, const fx__adamw *o, float wd, int64_t t);
 /* The per-element AdamW update with its constants worked out once per step and tensor:
@@ -358,7 +358,7 @@ void fx__qkv_from_heads(float *dqkv, const float *dq, const float *dk, const flo
                         int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta);
 /* The hd/2 frequencies of the config (plain theta, or llama3-scaled as transformers does). */
-void fx__rope_freqs(double *freq, const fx__gpt_config *c);
+void fx__rope_freqs(double *freq, const fx__model_config *c);
 /* Rows t0 .. t1-1 of the table: rope [t, i] = cos, sin of t * freq[i] (computed in double). */
 void fx__rope_rows(float *rope, int64_t t0, int64_t t1, const double *freq, int64_t hd);
 /* y [N,O] += b [O] on every row */
@@ -408,57 +408,57 @@ float fx__loss_unfused(float *logits, float *row_loss, const float *h, const flo
 /* ---- decoding ---------------------------------------------------------------------------- */
 
 /* The public fx_model_cache is this struct. */
-typedef struct fx_model_cache fx__gpt_cache;
+typedef struct fx_model_cache fx__model_cache;
 struct fx_model_cache {
-    const fx__gpt *m; /* the model it was made for */
+    const fx__model *m; /* the model it was made for */
     int64_t len;      /* positions held */
     int64_t cap;      /* positions it can hold (<= ctx) */
     float *k, *v;     /* [L, Hkv, cap, hd] each */
     float *scratch;
     int64_t *doc;         /* [cap] document ids by position */
-    fx__gpt_mask_ctx mctx;
+    fx__model_mask_ctx mctx;
     fx_block_mask *bmask; /* [cap, cap] over absolute positions, built when len == 0 */
 };
 
 /* A cache for max_len positions (0: the model's context); the model's RoPE table grows to
    max_len here. */
-int fx__gpt_cache_create(fx__gpt_cache **out, fx__gpt *m, int64_t max_len);
-void fx__gpt_cache_free(fx__gpt_cache *c);
+int fx__model_cache_create(fx__model_cache **out, fx__model *m, int64_t max_len);
+void fx__model_cache_free(fx__model_cache *c);
 /* Feeds n tokens at positions len..len+n-1 (len+n <= cap) and writes the logits of the
    last one to logits [V]. Set len = 0 to start over. */
-int fx__gpt_decode(fx__gpt *m, fx__gpt_cache *c, const int32_t *tokens, int64_t n, float *logits);
+int fx__model_decode(fx__model *m, fx__model_cache *c, const int32_t *tokens, int64_t n, float *logits);
 
 /* ---- data -------------------------------------------------------------------------------- */
 
-typedef struct fx__gpt_data {
+typedef struct fx__model_data {
     uint32_t *tok;    /* all tokens; train = [0, n_train), val = [n_train, n) */
     int64_t n, n_train;
     int64_t docs;
     uint64_t hash;    /* FNV-1a of the tokens: a resumed run checks it reads the same data */
     char source[512]; /* what was read, for messages and checkpoints */
-} fx__gpt_data;
+} fx__model_data;
 
 /* Reads a UTF-8 text file (or every fortune file of the default corpus when path is NULL):
    bytes become tokens; a line holding only "%", or the text <|endoftext|>, ends a
-   document (FX__GPT_EOT). val_frac of the tokens (at least one window) go to validation. */
-int fx__gpt_data_load(fx__gpt_data *d, const char *path, const char *default_dir, double val_frac,
+   document (FX__MODEL_EOT). val_frac of the tokens (at least one window) go to validation. */
+int fx__model_data_load(fx__model_data *d, const char *path, const char *default_dir, double val_frac,
                       int64_t min_tokens);
 /* Token ids already made (a tokenizer's, or a token file's): documents end at eot (counted;
    -1: none), the same split. source names them in messages. */
-int fx__gpt_data_from_ids(fx__gpt_data *d, const int32_t *ids, int64_t n, int32_t eot, const char *source,
+int fx__model_data_from_ids(fx__model_data *d, const int32_t *ids, int64_t n, int32_t eot, const char *source,
                           double val_frac, int64_t min_tokens);
-void fx__gpt_data_free(fx__gpt_data *d);
+void fx__model_data_free(fx__model_data *d);
 /* B windows of T+1 tokens from the training part at offsets drawn from rng. */
-void fx__gpt_data_batch(const fx__gpt_data *d, fx_rng *rng, int64_t B, int64_t T, int32_t *tokens, int32_t *targets);
+void fx__model_data_batch(const fx__model_data *d, fx_rng *rng, int64_t B, int64_t T, int32_t *tokens, int32_t *targets);
 /* Validation window i (sequential, wraps). */
-void fx__gpt_data_val_batch(const fx__gpt_data *d, int64_t i, int64_t B, int64_t T, int32_t *tokens, int32_t *targets);
+void fx__model_data_val_batch(const fx__model_data *d, int64_t i, int64_t B, int64_t T, int32_t *tokens, int32_t *targets);
 /* Index of the first byte that is not valid UTF-8, or -1. */
 int64_t fx__utf8_invalid_at(const unsigned char *s, size_t n);
 
 /* ---- checkpoints ------------------------------------------------------------------------- */
 
 /* Training state besides the buffers. */
-typedef struct fx__gpt_train_state {
+typedef struct fx__model_train_state {
     int64_t step;      /* optimizer steps done */
     int64_t data_pos;  /* training windows drawn */
     fx_rng rng;        /* the data sampler */
@@ -472,37 +472,37 @@ typedef struct fx__gpt_train_state {
     int64_t steps, warmup, batch, seq, accum;
     float lr, min_lr, weight_decay, clip, beta1, beta2;
     uint64_t seed;
-} fx__gpt_train_state;
+} fx__model_train_state;
 
 /* DIR/checkpoint.safetensors: parameters, Adam moments, state and config. Atomic. */
-int fx__gpt_save_checkpoint(const fx__gpt *m, const fx__gpt_train_state *s, const char *path);
+int fx__model_save_checkpoint(const fx__model *m, const fx__model_train_state *s, const char *path);
 /* The weights alone, float32 or bfloat16, with the config in metadata. Atomic. */
-int fx__gpt_save_model(const fx__gpt *m, const char *path, bool bf16);
+int fx__model_save_model(const fx__model *m, const char *path, bool bf16);
 /* Reads the config (and state, when s != NULL) of a checkpoint or model file. */
-int fx__gpt_read_config(const char *path, fx__gpt_config *c, fx__gpt_train_state *s, bool *has_adam);
+int fx__model_read_config(const char *path, fx__model_config *c, fx__model_train_state *s, bool *has_adam);
 /* Loads a file's parameters (and Adam moments when the model has them and load_adam) into a
    model of the same config; every tensor is checked before anything is copied. */
-int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam);
+int fx__model_load(fx__model *m, const char *path, bool load_adam);
 
 /* ---- the training step ------------------------------------------------------------------- */
 
-typedef struct fx__gpt_step_info {
+typedef struct fx__model_step_info {
     float loss;       /* mean over the micro-batches */
     float lr;
     float grad_norm;  /* before clipping */
     double time_s[3]; /* seconds in forward passes (with the loss and its gradient), backward
                          passes, and the gradient norm and optimizer */
-} fx__gpt_step_info;
+} fx__model_step_info;
 
 /* One optimizer step from state s: accum micro-batches of (batch, seq) drawn from d with
    s->rng, the gradient averaged, clipped to s->clip (0: off), AdamW at the scheduled lr.
    Advances s->step and s->data_pos. tokens, targets: [batch * seq] scratch. When the loss or
    the gradient norm is not finite the update is not applied: the weights, the optimizer state
    and s->step stay as they were (s->data_pos and s->rng have moved on), info says which. */
-int fx__gpt_train_step(fx__gpt *m, const fx__gpt_data *d, fx__gpt_train_state *s, int32_t *tokens,
-                       int32_t *targets, fx__gpt_step_info *info);
+int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_state *s, int32_t *tokens,
+                       int32_t *targets, fx__model_step_info *info);
 /* Mean loss over `batches` validation batches (no gradients). */
-int fx__gpt_eval(fx__gpt *m, const fx__gpt_data *d, int64_t batches, int32_t *tokens, int32_t *targets,
+int fx__model_eval(fx__model *m, const fx__model_data *d, int64_t batches, int32_t *tokens, int32_t *targets,
                  float *loss);
 
 #endif

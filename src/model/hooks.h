@@ -1,5 +1,5 @@
 /*
- * The points where a multi-process trainer (src/gpt/dist.c) or another device's runtime
+ * The points where a multi-process trainer (src/model/dist.c) or another device's runtime
  * hooks into the model's passes: one struct of callbacks with the user pointer they all
  * receive. A model with no hooks (all NULL, the default) runs on its own flat buffers.
  *
@@ -11,13 +11,13 @@
  *             last grad(-1, ...) for the embedding (the loss and the inputs both add to it);
  *   progress(): between the sub-operations of every layer, forward and backward.
  */
-#ifndef FX_GPT_HOOKS_H
-#define FX_GPT_HOOKS_H
+#ifndef FX_MODEL_HOOKS_H
+#define FX_MODEL_HOOKS_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
-typedef struct fx__gpt_hooks {
+typedef struct fx__model_hooks {
     void *user; /* passed to every callback */
     /* A region of the gradient buffer is final for this micro-batch: layer = L for the final
        norm, L-1 .. 0 for each layer's tensors (contiguous), -1 for the embedding. */
@@ -32,11 +32,11 @@ typedef struct fx__gpt_hooks {
        buffers of their own, laid out as in the flat buffer from the layer's first tensor;
        the embedding stays at offset 0 of the flat buffers. NULL: the flat buffers. */
     float **layer_params, **layer_grads;
-} fx__gpt_hooks;
+} fx__model_hooks;
 
 /* Whether any hook is set: the model may then not use gradient memory for anything else
    (parked activations), since a hook may read it. */
-static inline bool fx__gpt_hooks_any(const fx__gpt_hooks *h)
+static inline bool fx__model_hooks_any(const fx__model_hooks *h)
 {
     return h->grad || h->layer || h->progress || h->layer_params || h->layer_grads;
 }

@@ -11,10 +11,10 @@
 
 /* ---- configuration ------------------------------------------------------------------------- */
 
-int fx__gpt_preset(fx__gpt_config *c, const char *name)
+int fx__model_preset(fx__model_config *c, const char *name)
 {
-    fx__gpt_config base = {.arch = "flexc-gpt", .vocab = FX__GPT_VOCAB, .rope_theta = 10000.0f, .norm_eps = 1e-5f,
-                           .tied_embeddings = true, .eos = {FX__GPT_EOT}, .n_eos = 1};
+    fx__model_config base = {.arch = "flexc-gpt", .vocab = FX__MODEL_VOCAB, .rope_theta = 10000.0f, .norm_eps = 1e-5f,
+                           .tied_embeddings = true, .eos = {FX__MODEL_EOT}, .n_eos = 1};
     if (!name)
         return fx__error(FX_EINVAL, "model preset is NULL");
     if (!strcmp(name, "tiny")) {
@@ -30,7 +30,7 @@ int fx__gpt_preset(fx__gpt_config *c, const char *name)
     return FX_OK;
 }
 
-int fx__gpt_config_check(fx__gpt_config *c)
+int fx__model_config_check(fx__model_config *c)
 {
     if (!c)
         return fx__error(FX_EINVAL, "model config is NULL");
@@ -101,24 +101,24 @@ int fx__gpt_config_check(fx__gpt_config *c)
     return FX_OK;
 }
 
-int fx__gpt_mask_parse(const char *s, fx__gpt_mask *mask, int64_t *window)
+int fx__model_mask_parse(const char *s, fx__model_mask *mask, int64_t *window)
 {
     *window = 0;
     if (!s)
         return fx__error(FX_EINVAL, "attention mask is NULL");
     if (!strcmp(s, "causal"))
-        *mask = FX__GPT_MASK_CAUSAL;
+        *mask = FX__MODEL_MASK_CAUSAL;
     else if (!strcmp(s, "document"))
-        *mask = FX__GPT_MASK_DOCUMENT;
+        *mask = FX__MODEL_MASK_DOCUMENT;
     else if (!strcmp(s, "dense"))
-        *mask = FX__GPT_MASK_CAUSAL_DENSE;
+        *mask = FX__MODEL_MASK_CAUSAL_DENSE;
     else if (!strncmp(s, "sliding:", 8)) {
         char *end = NULL;
         errno = 0;
         long long w = strtoll(s + 8, &end, 10);
         if (end == s + 8 || *end || w < 1 || errno == ERANGE)
             return fx__error(FX_EINVAL, "attention '%s': the window after 'sliding:' must be an integer >= 1", s);
-        *mask = FX__GPT_MASK_SLIDING;
+        *mask = FX__MODEL_MASK_SLIDING;
         *window = w;
     } else {
         return fx__error(FX_EINVAL, "attention '%s' is not causal, sliding:W, document or dense", s);
@@ -126,21 +126,21 @@ int fx__gpt_mask_parse(const char *s, fx__gpt_mask *mask, int64_t *window)
     return FX_OK;
 }
 
-void fx__gpt_mask_name(fx__gpt_mask mask, int64_t window, char *buf, size_t n)
+void fx__model_mask_name(fx__model_mask mask, int64_t window, char *buf, size_t n)
 {
     switch (mask) {
-    case FX__GPT_MASK_CAUSAL: snprintf(buf, n, "causal"); break;
-    case FX__GPT_MASK_SLIDING: snprintf(buf, n, "sliding:%lld", (long long)window); break;
-    case FX__GPT_MASK_DOCUMENT: snprintf(buf, n, "document"); break;
-    case FX__GPT_MASK_CAUSAL_DENSE: snprintf(buf, n, "dense"); break;
+    case FX__MODEL_MASK_CAUSAL: snprintf(buf, n, "causal"); break;
+    case FX__MODEL_MASK_SLIDING: snprintf(buf, n, "sliding:%lld", (long long)window); break;
+    case FX__MODEL_MASK_DOCUMENT: snprintf(buf, n, "document"); break;
+    case FX__MODEL_MASK_CAUSAL_DENSE: snprintf(buf, n, "dense"); break;
     }
 }
 
 /* ---- the parameter table ------------------------------------------------------------------------ */
 
-static void fx__add_tensor(fx__gpt_layout *lay, const char *name, int64_t d0, int64_t d1)
+static void fx__add_tensor(fx__model_layout *lay, const char *name, int64_t d0, int64_t d1)
 {
-    fx__gpt_tensor *t = &lay->t[lay->n++];
+    fx__model_tensor *t = &lay->t[lay->n++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->ndim = d1 ? 2 : 1;
     t->shape[0] = d0;
@@ -151,9 +151,9 @@ static void fx__add_tensor(fx__gpt_layout *lay, const char *name, int64_t d0, in
     lay->total += t->numel;
 }
 
-static int fx__layout_build(fx__gpt_layout *lay, const fx__gpt_config *c)
+static int fx__layout_build(fx__model_layout *lay, const fx__model_config *c)
 {
-    lay->per_layer = c->qkv_bias ? FX__GPT_PER_LAYER_BIAS : FX__GPT_PER_LAYER;
+    lay->per_layer = c->qkv_bias ? FX__MODEL_PER_LAYER_BIAS : FX__MODEL_PER_LAYER;
     size_t n = 3 + (size_t)c->layers * lay->per_layer;
     lay->t = fx__calloc(n, sizeof *lay->t);
     if (!lay->t)
@@ -189,7 +189,7 @@ static int fx__layout_build(fx__gpt_layout *lay, const fx__gpt_config *c)
     return FX_OK;
 }
 
-const fx__gpt_tensor *fx__gpt_find(const fx__gpt *m, const char *name)
+const fx__model_tensor *fx__model_find(const fx__model *m, const char *name)
 {
     for (size_t i = 0; i < m->lay.n; i++)
         if (!strcmp(m->lay.t[i].name, name))
@@ -200,29 +200,29 @@ const fx__gpt_tensor *fx__gpt_find(const fx__gpt *m, const char *name)
 /* ---- the model ------------------------------------------------------------------------------------ */
 
 /* The model's struct and layout, no buffers. */
-static int fx__gpt_shell(fx__gpt **out, const fx__gpt_config *cfg)
+static int fx__model_shell(fx__model **out, const fx__model_config *cfg)
 {
     if (!out || !cfg)
-        return fx__error(FX_EINVAL, "fx__gpt_new: NULL argument");
-    fx__gpt_config c = *cfg;
-    int rc = fx__gpt_config_check(&c);
+        return fx__error(FX_EINVAL, "fx__model_new: NULL argument");
+    fx__model_config c = *cfg;
+    int rc = fx__model_config_check(&c);
     if (rc)
         return rc;
-    fx__gpt *m = fx__calloc(1, sizeof *m);
+    fx__model *m = fx__calloc(1, sizeof *m);
     if (!m)
         return FX_ENOMEM;
     m->c = c;
     if (c.sliding_window > 0)
-        m->mask = FX__GPT_MASK_SLIDING, m->window = c.sliding_window;
+        m->mask = FX__MODEL_MASK_SLIDING, m->window = c.sliding_window;
     if ((rc = fx__layout_build(&m->lay, &c)) != FX_OK) {
-        fx__gpt_free(m);
+        fx__model_free(m);
         return rc;
     }
     *out = m;
     return FX_OK;
 }
 
-void fx__gpt_mapped_free(fx__gpt_mapped *mp)
+void fx__model_mapped_free(fx__model_mapped *mp)
 {
     if (!mp)
         return;
@@ -233,12 +233,12 @@ void fx__gpt_mapped_free(fx__gpt_mapped *mp)
     fx__free(mp);
 }
 
-int fx__gpt_new_mapped(fx__gpt **out, const fx__gpt_config *cfg, fx__gpt_mapped *mp)
+int fx__model_new_mapped(fx__model **out, const fx__model_config *cfg, fx__model_mapped *mp)
 {
-    fx__gpt *m = NULL;
-    int rc = fx__gpt_shell(&m, cfg);
+    fx__model *m = NULL;
+    int rc = fx__model_shell(&m, cfg);
     if (rc) {
-        fx__gpt_mapped_free(mp);
+        fx__model_mapped_free(mp);
         return rc;
     }
     m->mapped = mp;
@@ -246,7 +246,7 @@ int fx__gpt_new_mapped(fx__gpt **out, const fx__gpt_config *cfg, fx__gpt_mapped 
     return FX_OK;
 }
 
-int fx__gpt_own_params(fx__gpt *m)
+int fx__model_own_params(fx__model *m)
 {
     if (m->params || !m->mapped)
         return FX_OK;
@@ -261,29 +261,29 @@ int fx__gpt_own_params(fx__gpt *m)
         }
     }
     m->params = p;
-    fx__gpt_mapped_free(m->mapped);
+    fx__model_mapped_free(m->mapped);
     m->mapped = NULL;
     return FX_OK;
 }
 
-int fx__gpt_new(fx__gpt **out, const fx__gpt_config *cfg)
+int fx__model_new(fx__model **out, const fx__model_config *cfg)
 {
-    fx__gpt *m = NULL;
-    int rc = fx__gpt_shell(&m, cfg);
+    fx__model *m = NULL;
+    int rc = fx__model_shell(&m, cfg);
     if (rc)
         return rc;
     if (!(m->params = fx__alloc_huge(m->lay.total * sizeof(float)))) {
-        fx__gpt_free(m);
+        fx__model_free(m);
         return FX_ENOMEM;
     }
     *out = m;
     return FX_OK;
 }
 
-int fx__gpt_create(fx__gpt **out, const fx__gpt_config *cfg, uint64_t seed)
+int fx__model_create(fx__model **out, const fx__model_config *cfg, uint64_t seed)
 {
-    fx__gpt *m = NULL;
-    int rc = fx__gpt_new(&m, cfg);
+    fx__model *m = NULL;
+    int rc = fx__model_new(&m, cfg);
     if (rc)
         return rc;
     /* N(0, 0.02) for matrices, the residual projections scaled by 1/sqrt(2L) (GPT-2),
@@ -291,7 +291,7 @@ int fx__gpt_create(fx__gpt **out, const fx__gpt_config *cfg, uint64_t seed)
        thread-independent. */
     float resid_std = 0.02f / sqrtf(2.0f * (float)m->c.layers);
     for (size_t i = 0; i < m->lay.n; i++) {
-        const fx__gpt_tensor *t = &m->lay.t[i];
+        const fx__model_tensor *t = &m->lay.t[i];
         float *p = m->params + t->offset;
         if (t->ndim == 1) {
             float one = strstr(t->name, "attn.b") ? 0.0f : 1.0f;
@@ -306,13 +306,13 @@ int fx__gpt_create(fx__gpt **out, const fx__gpt_config *cfg, uint64_t seed)
     return FX_OK;
 }
 
-void fx__gpt_free(fx__gpt *m)
+void fx__model_free(fx__model *m)
 {
     if (!m)
         return;
-    fx__gpt_gpu_free(m->gpu);
+    fx__model_gpu_free(m->gpu);
     fx_block_mask_free(m->bmask);
-    fx__gpt_mapped_free(m->mapped);
+    fx__model_mapped_free(m->mapped);
     fx__free(m->lay.t);
     fx__free(m->params);
     fx__free(m->grads);
@@ -331,7 +331,7 @@ void fx__gpt_free(fx__gpt *m)
 
 /* Gradient-norm partial sums: one per fixed chunk of the flat buffer. */
 
-int fx__gpt_alloc_grads(fx__gpt *m)
+int fx__model_alloc_grads(fx__model *m)
 {
     if (m->grads)
         return FX_OK;
@@ -348,11 +348,11 @@ int fx__gpt_alloc_grads(fx__gpt *m)
     return FX_OK;
 }
 
-int fx__gpt_alloc_train(fx__gpt *m)
+int fx__model_alloc_train(fx__model *m)
 {
     if (m->adam || m->adam16)
         return FX_OK;
-    int rc = fx__gpt_alloc_grads(m);
+    int rc = fx__model_alloc_grads(m);
     if (rc)
         return rc;
     size_t P = m->lay.total;
@@ -363,7 +363,7 @@ int fx__gpt_alloc_train(fx__gpt *m)
     return m->adam || m->adam16 ? FX_OK : FX_ENOMEM;
 }
 
-int fx__gpt_rope_ensure(fx__gpt *m, int64_t len)
+int fx__model_rope_ensure(fx__model *m, int64_t len)
 {
     if (len <= m->rope_len)
         return FX_OK;
@@ -391,12 +391,12 @@ int fx__gpt_rope_ensure(fx__gpt *m, int64_t len)
     return FX_OK;
 }
 
-float *fx__gpt_head(const fx__gpt *m, bool grads)
+float *fx__model_head(const fx__model *m, bool grads)
 {
     if (m->c.tied_embeddings)
         return grads ? m->grads : m->params;
     /* After the final norm, in its unit (the same buffer under sharded training). */
-    const fx__gpt_tensor *tn = fx__layer_first(m, m->c.layers);
+    const fx__model_tensor *tn = fx__layer_first(m, m->c.layers);
     return fx__layer_base(m, grads, m->c.layers) + (tn[1].offset - tn->offset);
 }
 
@@ -404,7 +404,7 @@ float *fx__gpt_head(const fx__gpt *m, bool grads)
    counts. */
 /* With recompute, the per-layer activations have one slot (the layer being worked on) and
    only the residual stream is kept for every layer. */
-void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, int64_t B, int64_t T, bool unfused,
+void fx__acts_carve(fx__acts *a, float *base, const fx__model_config *c, int64_t B, int64_t T, bool unfused,
                            bool recompute)
 {
     size_t N = (size_t)(B * T), L = recompute ? 1 : (size_t)c->layers, C = (size_t)c->dim, F = (size_t)c->ffn;
@@ -436,14 +436,14 @@ void fx__acts_carve(fx__acts *a, float *base, const fx__gpt_config *c, int64_t B
     a->total = off;
 }
 
-size_t fx__gpt_acts_floats(const fx__gpt *m, int64_t B, int64_t T)
+size_t fx__model_acts_floats(const fx__model *m, int64_t B, int64_t T)
 {
     fx__acts a;
-    fx__acts_carve(&a, NULL, &m->c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
+    fx__acts_carve(&a, NULL, &m->c, B, T, m->loss_impl == FX__MODEL_LOSS_UNFUSED, m->recompute);
     return a.total;
 }
 
-int fx__gpt_set_batch(fx__gpt *m, int64_t B, int64_t T)
+int fx__model_set_batch(fx__model *m, int64_t B, int64_t T)
 {
     if (B < 1 || B > (1 << 20))
         return fx__error(FX_EINVAL, "batch = %lld is outside [1, 1048576]", (long long)B);
@@ -451,11 +451,11 @@ int fx__gpt_set_batch(fx__gpt *m, int64_t B, int64_t T)
         return fx__error(FX_EINVAL, "sequence length %lld is outside [1, %lld] (the model's context)",
                          (long long)T, (long long)m->c.ctx);
     if (m->gpu) /* the activations live on the device */
-        return fx__gpt_gpu_set_batch(m, B, T);
-    int rc = fx__gpt_rope_ensure(m, T);
+        return fx__model_gpu_set_batch(m, B, T);
+    int rc = fx__model_rope_ensure(m, T);
     if (rc)
         return rc;
-    size_t need = fx__gpt_acts_floats(m, B, T);
+    size_t need = fx__model_acts_floats(m, B, T);
     if (m->acts && m->B == B && m->T == T && m->acts_floats == need)
         return FX_OK;
     m->grad_ready = false;

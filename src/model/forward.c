@@ -49,14 +49,14 @@ static fx__attn_ref fx__ref_desc(const fx__attn_call *c)
 }
 
 /* Training in bf16 (params16 set) takes the attention's products in bfloat16 too. */
-static unsigned fx__attn_flags(const fx__gpt *m) { return m->params16 ? FX__ATTN_BF16 : 0u; }
+static unsigned fx__attn_flags(const fx__model *m) { return m->params16 ? FX__ATTN_BF16 : 0u; }
 
-int fx__attn_fwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
+int fx__attn_fwd(const fx__model *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
                         float *out, float *lse)
 {
     const double t0 = fx__op_begin();
     int rc = FX_OK;
-    if (m->attn_impl == FX__GPT_ATTN_REF) {
+    if (m->attn_impl == FX__MODEL_ATTN_REF) {
         fx__attn_ref r = fx__ref_desc(c);
         fx__attn_ref_forward(&r, q, k, v, out, lse);
     } else {
@@ -67,12 +67,12 @@ int fx__attn_fwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const
     return rc;
 }
 
-int fx__attn_bwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
+int fx__attn_bwd(const fx__model *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
                         const float *out, const float *lse, const float *dout, float *dq, float *dk, float *dv)
 {
     const double t0 = fx__op_begin();
     int rc = FX_OK;
-    if (m->attn_impl == FX__GPT_ATTN_REF) {
+    if (m->attn_impl == FX__MODEL_ATTN_REF) {
         fx__attn_ref r = fx__ref_desc(c);
         fx__attn_ref_backward(&r, q, k, v, out, lse, dout, dq, dk, dv);
     } else {
@@ -85,25 +85,25 @@ int fx__attn_bwd(const fx__gpt *m, const fx__attn_call *c, const float *q, const
 
 /* The training-shape attention call; builds the block mask when the flex path needs one
    (the backward pass reuses the forward's). */
-int fx__train_attn(fx__gpt *m, fx__attn_call *c, bool build)
+int fx__train_attn(fx__model *m, fx__attn_call *c, bool build)
 {
     int64_t hd = m->c.head_dim;
     m->mctx.sliding.window = m->window;
     m->mctx.document = (fx_mask_document_ctx){.doc_ids = m->doc, .len = m->T, .batch_stride = m->T};
     *c = (fx__attn_call){.B = m->B, .Hq = m->c.heads, .Hkv = m->c.kv_heads, .Lq = m->T, .Lkv = m->T, .D = hd};
-    c->fn = fx__gpt_mask_fn(m->mask, &m->mctx, &c->ctx);
-    if (m->attn_impl == FX__GPT_ATTN_REF)
+    c->fn = fx__model_mask_fn(m->mask, &m->mctx, &c->ctx);
+    if (m->attn_impl == FX__MODEL_ATTN_REF)
         return FX_OK;
-    if (m->mask == FX__GPT_MASK_CAUSAL_DENSE) {
+    if (m->mask == FX__MODEL_MASK_CAUSAL_DENSE) {
         c->dense_causal = true;
         return FX_OK;
     }
     /* Document masks change with every batch; the others only with the shape. */
     bool stale = !m->bmask || m->bmask_mask != m->mask || m->bmask_window != m->window;
-    if ((build && m->mask == FX__GPT_MASK_DOCUMENT) || stale) {
+    if ((build && m->mask == FX__MODEL_MASK_DOCUMENT) || stale) {
         fx_block_mask_free(m->bmask);
         m->bmask = NULL;
-        int64_t Bm = m->mask == FX__GPT_MASK_DOCUMENT ? m->B : 1;
+        int64_t Bm = m->mask == FX__MODEL_MASK_DOCUMENT ? m->B : 1;
         int rc = fx_block_mask_create(&m->bmask, c->fn, c->ctx, Bm, 1, m->T, m->T, 0, 0);
         if (rc)
             return fx__error_context(rc, "attention mask");
@@ -116,9 +116,9 @@ int fx__train_attn(fx__gpt *m, fx__attn_call *c, bool build)
 
 /* One layer's activations (all but its input and output) carved from base in slot order;
    returns the floats used. */
-static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__gpt *m)
+static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__model *m)
 {
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     size_t N = (size_t)(m->B * m->T), C = (size_t)c->dim, F = (size_t)c->ffn, Hq = (size_t)c->heads;
     size_t hd = (size_t)c->head_dim, QD = Hq * hd, KD = (size_t)c->kv_heads * hd, off = 0;
 #define FX__SLOT(field, n) (x->field = base ? base + off : NULL, off += ((n) + 15) / 16 * 16)
@@ -144,13 +144,13 @@ static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__gpt *m)
    (layer 0's). The residual stream entering layer l goes after them, and the final norm's
    input in layer L-1's region. Where a region is too small for this (many tokens per step
    for the model's size), layers are recomputed as usual. */
-static float *fx__park_base(const fx__gpt *m, int64_t l)
+static float *fx__park_base(const fx__model *m, int64_t l)
 {
     float *g = m->grads + fx__layer_first(m, l - 1)->offset;
     return g + ((16 - ((uintptr_t)g / sizeof(float)) % 16) % 16); /* 64-byte aligned, as fx__alloc */
 }
 
-static bool fx__park_fits(const fx__gpt *m)
+static bool fx__park_fits(const fx__model *m)
 {
     fx__layer_acts x;
     size_t region = fx__layer_first(m, 1)->offset - fx__layer_first(m, 0)->offset;
@@ -160,7 +160,7 @@ static bool fx__park_fits(const fx__gpt *m)
 
 /* The residual stream entering layer l (l == layers: the final norm's input): parked, or
    in the activation buffer; a forward pass without gradients keeps only two, in turn. */
-float *fx__res_at(const fx__gpt *m, const fx__acts *a, int64_t l)
+float *fx__res_at(const fx__model *m, const fx__acts *a, int64_t l)
 {
     int64_t NC = m->B * m->T * m->c.dim;
     if (m->park.acts_parked && l >= 1) {
@@ -172,16 +172,16 @@ float *fx__res_at(const fx__gpt *m, const fx__acts *a, int64_t l)
 
 /* Clears what is parked in layer l's gradient memory (layer l+1's activations and input,
    or the final norm's input when l is the last layer), before its gradients go there. */
-void fx__park_clear(const fx__gpt *m, const fx__acts *a, int64_t l)
+void fx__park_clear(const fx__model *m, const fx__acts *a, int64_t l)
 {
     float *region = fx__layer_base(m, true, l);
     float *end = fx__res_at(m, a, l + 1) + m->B * m->T * m->c.dim;
     memset(region, 0, (size_t)(end - region) * sizeof(float));
 }
 
-fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l)
+fx__layer_acts fx__layer_acts_at(const fx__model *m, const fx__acts *a, int64_t l)
 {
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     int64_t N = m->B * m->T, C = c->dim, F = c->ffn, Hq = c->heads, hd = c->head_dim, QD = Hq * hd;
     int64_t KD = c->kv_heads * hd, s = m->recompute ? 0 : l;
     if (m->park.acts_parked && l >= 1) {
@@ -198,9 +198,9 @@ fx__layer_acts fx__layer_acts_at(const fx__gpt *m, const fx__acts *a, int64_t l)
 
 /* Layer l from its input res[l]; writes res[l+1] when write_out (a recomputation for the
    backward pass does not: the stream is already there, bit for bit). */
-int fx__layer_forward(fx__gpt *m, const fx__acts *a, const fx__attn_call *call, int64_t l, bool write_out)
+int fx__layer_forward(fx__model *m, const fx__acts *a, const fx__attn_call *call, int64_t l, bool write_out)
 {
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
     int64_t Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd;
     fx__layer_params p = fx__layer(m, false, l);
@@ -255,9 +255,9 @@ static int64_t fx__loss_chunk(int64_t N, int64_t V)
 /* The batch's tokens and targets checked against the vocabulary and copied into m (no targets:
    every one ignored), and each token's document id (the model's first eos id, the one the
    data loader puts between documents, closes its document). */
-static int forward_inputs(fx__gpt *m, const int32_t *tokens, const int32_t *targets)
+static int forward_inputs(fx__model *m, const int32_t *tokens, const int32_t *targets)
 {
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     const int64_t B = m->B, T = m->T, N = B * T, V = c->vocab;
     for (int64_t i = 0; i < N; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
@@ -281,12 +281,12 @@ static int forward_inputs(fx__gpt *m, const int32_t *tokens, const int32_t *targ
 }
 
 /* forward_loss's work, untimed. */
-static int loss_call(fx__gpt *m, const fx__acts *a, bool grad, float *out)
+static int loss_call(fx__model *m, const fx__acts *a, bool grad, float *out)
 {
     const int64_t N = m->B * m->T, C = m->c.dim, V = m->c.vocab;
-    const float *head = fx__gpt_head(m, false);
-    float *dwte = grad ? fx__gpt_head(m, true) : NULL, *dxnf = grad ? a->dxn : NULL;
-    if (m->loss_impl == FX__GPT_LOSS_UNFUSED) {
+    const float *head = fx__model_head(m, false);
+    float *dwte = grad ? fx__model_head(m, true) : NULL, *dxnf = grad ? a->dxn : NULL;
+    if (m->loss_impl == FX__MODEL_LOSS_UNFUSED) {
         *out = fx__loss_unfused(a->logits, a->rowloss, a->xnf, head, m->targets, N, C, V, dxnf, dwte);
         return FX_OK;
     }
@@ -314,7 +314,7 @@ static int loss_call(fx__gpt *m, const fx__acts *a, bool grad, float *out)
 /* The loss of the final norm's output a->xnf against m->targets (*out), and with grad its
    gradients: the head's (accumulated) and a->dxn's (overwritten); timed as one op by the
    op trace (core.h). */
-static int forward_loss(fx__gpt *m, const fx__acts *a, bool grad, float *out)
+static int forward_loss(fx__model *m, const fx__acts *a, bool grad, float *out)
 {
     const double t0 = fx__op_begin();
     const int rc = loss_call(m, a, grad, out);
@@ -322,31 +322,31 @@ static int forward_loss(fx__gpt *m, const fx__acts *a, bool grad, float *out)
     return rc;
 }
 
-int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
+int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
 {
     if (m && m->gpu)
-        return fx__gpt_gpu_forward(m, tokens, targets, loss, grad);
+        return fx__model_gpu_forward(m, tokens, targets, loss, grad);
     if (!m || !tokens || !m->acts)
-        return fx__error(FX_EINVAL, "fx__gpt_forward: no model, tokens or batch shape (fx__gpt_set_batch)");
+        return fx__error(FX_EINVAL, "fx__model_forward: no model, tokens or batch shape (fx__model_set_batch)");
     if (grad && (!m->grads || !targets))
-        return fx__error(FX_EINVAL, "fx__gpt_forward: gradients need targets and fx__gpt_alloc_train");
-    if (m->params16 && m->loss_impl == FX__GPT_LOSS_UNFUSED)
+        return fx__error(FX_EINVAL, "fx__model_forward: gradients need targets and fx__model_alloc_train");
+    if (m->params16 && m->loss_impl == FX__MODEL_LOSS_UNFUSED)
         return fx__error(FX_EUNSUPPORTED, "bf16 matrix products use the fused loss (not the unfused one)");
     int rc = forward_inputs(m, tokens, targets);
     if (rc)
         return rc;
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     const int64_t N = m->B * m->T, C = c->dim;
     fx__acts a;
-    fx__acts_carve(&a, m->acts, c, m->B, m->T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
+    fx__acts_carve(&a, m->acts, c, m->B, m->T, m->loss_impl == FX__MODEL_LOSS_UNFUSED, m->recompute);
     fx__attn_call call;
     m->grad_ready = false;
-    if ((rc = fx__gpt_bf16_ws_ensure(m)) != FX_OK || (rc = fx__train_attn(m, &call, true)) != FX_OK)
+    if ((rc = fx__model_bf16_ws_ensure(m)) != FX_OK || (rc = fx__train_attn(m, &call, true)) != FX_OK)
         return rc;
 
     /* Parking needs gradient memory known to be clear and laid out flat, and no hooks that
        might read it (multi-process training). */
-    m->park.acts_parked = grad && m->recompute && m->grads_zero && !fx__gpt_hooks_any(&m->hooks) &&
+    m->park.acts_parked = grad && m->recompute && m->grads_zero && !fx__model_hooks_any(&m->hooks) &&
                      fx__park_fits(m);
     if (m->park.acts_parked)
         m->grads_zero = false;
@@ -373,13 +373,13 @@ int fx__gpt_forward(fx__gpt *m, const int32_t *tokens, const int32_t *targets, f
 }
 
 
-void fx__gpt_logits(const fx__gpt *m, float *logits, bool last_only)
+void fx__model_logits(const fx__model *m, float *logits, bool last_only)
 {
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     int64_t B = m->B, T = m->T, C = c->dim, V = c->vocab;
     fx__acts a;
-    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__GPT_LOSS_UNFUSED, m->recompute);
-    const float *head = fx__gpt_head(m, false);
+    fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__MODEL_LOSS_UNFUSED, m->recompute);
+    const float *head = fx__model_head(m, false);
     if (!last_only) {
         fx__linear(logits, a.xnf, head, B * T, C, V, false);
         return;

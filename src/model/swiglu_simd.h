@@ -2,10 +2,10 @@
    core/simd_avx512.h, included first): the vector twins of fx__swiglu_*_scalar in
    layers.c, within a few ulp of them (a polynomial exp instead of expf), for the path's
    fx__swiglu_ops. Include only from files built for that width. */
-#ifndef FX_GPT_SWIGLU_SIMD_H
-#define FX_GPT_SWIGLU_SIMD_H
+#ifndef FX_MODEL_SWIGLU_SIMD_H
+#define FX_MODEL_SWIGLU_SIMD_H
 
-#include "gpt.h"
+#include "model.h"
 
 /* 1 / (1 + e^-a) from e = e^-|a| (the exp's domain is x <= 0): 1 / (1 + e) for a >= 0,
    e / (1 + e) below. */

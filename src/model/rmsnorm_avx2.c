@@ -1,9 +1,9 @@
-/* AVX2 twins of RMSNorm's row loops (gpt.h, fx__rms_ops); called only when fx_get_isa()
+/* AVX2 twins of RMSNorm's row loops (model.h, fx__rms_ops); called only when fx_get_isa()
    allows. Each gives the plain C loop's bits: the 8 float64 lanes are two vectors of 4
    doubles, and the file is built without contraction (CMakeLists.txt), so a product and a sum
    stay two roundings where the C code has two. Tails are masked: a lane past C is left as it
    was. */
-#include "gpt.h"
+#include "model.h"
 
 #include <immintrin.h>
 

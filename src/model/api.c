@@ -15,19 +15,19 @@ int fx_model_preset(fx_model_config *c, const char *name)
 {
     if (!c)
         return fx__error(FX_EINVAL, "fx_model_preset: config is NULL");
-    return fx__gpt_preset(c, name);
+    return fx__model_preset(c, name);
 }
 
 int fx_model_config_validate(fx_model_config *c)
 {
-    return fx__gpt_config_check(c);
+    return fx__model_config_check(c);
 }
 
 int fx_model_create(fx_model **out, const fx_model_config *c, uint64_t seed)
 {
     if (!out || !c)
         return fx__error(FX_EINVAL, "fx_model_create: %s is NULL", !out ? "out" : "config");
-    return fx__gpt_create(out, c, seed);
+    return fx__model_create(out, c, seed);
 }
 
 static bool fx__is_file(const char *path)
@@ -39,18 +39,18 @@ static bool fx__is_file(const char *path)
 /* A flexc model or checkpoint file: its config, its mask, its parameters. */
 static int fx__load_flexc(fx_model **out, const char *file)
 {
-    fx__gpt_config cfg;
-    fx__gpt_train_state ts;
-    int rc = fx__gpt_read_config(file, &cfg, &ts, NULL);
+    fx__model_config cfg;
+    fx__model_train_state ts;
+    int rc = fx__model_read_config(file, &cfg, &ts, NULL);
     if (rc)
         return rc;
-    fx__gpt *m = NULL;
-    if ((rc = fx__gpt_new(&m, &cfg)) != FX_OK) /* fx__gpt_load fills every tensor */
+    fx__model *m = NULL;
+    if ((rc = fx__model_new(&m, &cfg)) != FX_OK) /* fx__model_load fills every tensor */
         return rc;
     /* The mask the model was trained with (read_config checked that it parses). */
-    fx__gpt_mask_parse(ts.attn, &m->mask, &m->window);
-    if ((rc = fx__gpt_load(m, file, false)) != FX_OK) {
-        fx__gpt_free(m);
+    fx__model_mask_parse(ts.attn, &m->mask, &m->window);
+    if ((rc = fx__model_load(m, file, false)) != FX_OK) {
+        fx__model_free(m);
         return rc;
     }
     *out = m;
@@ -111,7 +111,7 @@ int fx_model_load_inference(fx_model **out, const char *path)
 
 void fx_model_free(fx_model *m)
 {
-    fx__gpt_free(m);
+    fx__model_free(m);
 }
 
 const fx_model_config *fx_model_get_config(const fx_model *m)
@@ -128,12 +128,12 @@ int fx_model_save(const fx_model *m, const char *path, bool bf16)
 {
     if (!m || !path)
         return fx__error(FX_EINVAL, "fx_model_save: %s is NULL", !m ? "model" : "path");
-    int rc = fx__gpt_own_params((fx_model *)m);
+    int rc = fx__model_own_params((fx_model *)m);
     if (rc)
         return rc;
     if (!m->params || m->hooks.layer_params)
         return fx__error(FX_EINVAL, "fx_model_save: the model's parameters are sharded");
-    return fx__gpt_save_model(m, path, bf16);
+    return fx__model_save_model(m, path, bf16);
 }
 
 /* ---- tensors --------------------------------------------------------------------------------------- */
@@ -145,7 +145,7 @@ size_t fx_model_tensor_count(const fx_model *m)
 
 static void fx__tensor_view(const fx_model *m, size_t i, fx_model_tensor *out)
 {
-    const fx__gpt_tensor *t = &m->lay.t[i];
+    const fx__model_tensor *t = &m->lay.t[i];
     *out = (fx_model_tensor){.name = t->name, .ndim = t->ndim, .shape = {t->shape[0], t->shape[1]},
                              .numel = t->numel, .data = m->params + t->offset,
                              .grad = m->grads ? m->grads + t->offset : NULL};
@@ -157,7 +157,7 @@ int fx_model_tensor_at(const fx_model *m, size_t i, fx_model_tensor *out)
         return fx__error(FX_EINVAL, "fx_model_tensor_at: %s is NULL", !m ? "model" : "out");
     if (i >= m->lay.n)
         return fx__error(FX_ERANGE, "tensor %zu is outside [0, %zu)", i, m->lay.n);
-    int rc = fx__gpt_own_params((fx_model *)m);
+    int rc = fx__model_own_params((fx_model *)m);
     if (rc)
         return rc;
     fx__tensor_view(m, i, out);
@@ -168,10 +168,10 @@ int fx_model_tensor_find(const fx_model *m, const char *name, fx_model_tensor *o
 {
     if (!m || !name || !out)
         return fx__error(FX_EINVAL, "fx_model_tensor_find: %s is NULL", !m ? "model" : !name ? "name" : "out");
-    const fx__gpt_tensor *t = fx__gpt_find(m, name);
+    const fx__model_tensor *t = fx__model_find(m, name);
     if (!t)
         return fx__error(FX_EINVAL, "the model has no tensor '%s'", name);
-    int rc = fx__gpt_own_params((fx_model *)m);
+    int rc = fx__model_own_params((fx_model *)m);
     if (rc)
         return rc;
     fx__tensor_view(m, (size_t)(t - m->lay.t), out);
@@ -205,22 +205,22 @@ int fx_model_forward(fx_model *m, float *loss, float *logits, const int32_t *tok
         return fx__error(FX_EINVAL, "T = %lld is outside [1, %lld] (the model's context)", (long long)T,
                          (long long)m->c.ctx);
     int rc;
-    if (m->mapped && (rc = fx__gpt_own_params(m)) != FX_OK)
+    if (m->mapped && (rc = fx__model_own_params(m)) != FX_OK)
         return rc;
     if (m->hooks.layer_params || !m->params)
         return fx__error(FX_EINVAL, "fx_model_forward: the model's parameters are sharded");
     if ((rc = fx__check_ids("token", tokens, B * T, m->c.vocab, false)) != FX_OK ||
         (targets && (rc = fx__check_ids("target", targets, B * T, m->c.vocab, true)) != FX_OK))
         return rc;
-    if (grad && (rc = fx__gpt_alloc_grads(m)) != FX_OK)
+    if (grad && (rc = fx__model_alloc_grads(m)) != FX_OK)
         return rc;
-    if ((rc = fx__gpt_set_batch(m, B, T)) != FX_OK)
+    if ((rc = fx__model_set_batch(m, B, T)) != FX_OK)
         return rc;
     float l = 0.0f;
-    if ((rc = fx__gpt_forward(m, tokens, targets, &l, grad)) != FX_OK)
+    if ((rc = fx__model_forward(m, tokens, targets, &l, grad)) != FX_OK)
         return rc;
     if (logits)
-        fx__gpt_logits(m, logits, flags & FX_MODEL_LOGITS_LAST);
+        fx__model_logits(m, logits, flags & FX_MODEL_LOGITS_LAST);
     if (loss)
         *loss = l;
     return FX_OK;
@@ -230,13 +230,13 @@ int fx_model_backward(fx_model *m)
 {
     if (!m)
         return fx__error(FX_EINVAL, "fx_model_backward: model is NULL");
-    return fx__gpt_backward(m);
+    return fx__model_backward(m);
 }
 
 void fx_model_zero_grad(fx_model *m)
 {
     if (m)
-        fx__gpt_zero_grad(m);
+        fx__model_zero_grad(m);
 }
 
 /* ---- the KV cache ------------------------------------------------------------------------------------ */
@@ -248,12 +248,12 @@ int fx_model_cache_create(fx_model_cache **out, fx_model *m, int64_t max_len)
     if (max_len < 1 || max_len > m->c.ctx)
         return fx__error(FX_EINVAL, "max_len = %lld is outside [1, %lld] (the model's context)", (long long)max_len,
                          (long long)m->c.ctx);
-    return fx__gpt_cache_create(out, m, max_len);
+    return fx__model_cache_create(out, m, max_len);
 }
 
 void fx_model_cache_free(fx_model_cache *c)
 {
-    fx__gpt_cache_free(c);
+    fx__model_cache_free(c);
 }
 
 int64_t fx_model_cache_len(const fx_model_cache *c)
@@ -294,7 +294,7 @@ int fx_model_prefill(fx_model *m, fx_model_cache *c, float *logits, const int32_
     if ((rc = fx__check_ids("token", tokens, n, m->c.vocab, false)) != FX_OK)
         return rc;
     c->len = 0;
-    return fx__gpt_decode(m, c, tokens, n, logits);
+    return fx__model_decode(m, c, tokens, n, logits);
 }
 
 int fx_model_decode_step(fx_model *m, fx_model_cache *c, float *logits, int32_t token)
@@ -308,7 +308,7 @@ int fx_model_decode_step(fx_model *m, fx_model_cache *c, float *logits, int32_t 
         return fx__error(FX_ERANGE, "the cache is full (%lld positions)", (long long)c->cap);
     if ((rc = fx__check_ids("token", &token, 1, m->c.vocab, false)) != FX_OK)
         return rc;
-    return fx__gpt_decode(m, c, &token, 1, logits);
+    return fx__model_decode(m, c, &token, 1, logits);
 }
 
 /* ---- sampling ---------------------------------------------------------------------------------------- */
@@ -429,7 +429,7 @@ fx_generate_opts fx_generate_defaults(void)
                               .seed = 1, .stop_at_eos = true};
 }
 
-static bool fx__is_eos(const fx__gpt_config *c, int32_t t)
+static bool fx__is_eos(const fx__model_config *c, int32_t t)
 {
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos[i] == t)

@@ -17,7 +17,7 @@ double fx__sumsq_scalar(const float *g, int64_t n)
     return fx__sumsq_finish(lane, g + i, n - i);
 }
 
-double fx__gpt_grad_norm(const fx__gpt *m)
+double fx__model_grad_norm(const fx__model *m)
 {
     size_t P = m->lay.total, nchunk = (P + FX__NORM_CHUNK - 1) / FX__NORM_CHUNK;
     const float *g = m->grads;
@@ -34,7 +34,7 @@ double fx__gpt_grad_norm(const fx__gpt *m)
     return sqrt(total);
 }
 
-void fx__gpt_grad_scale(fx__gpt *m, float s)
+void fx__model_grad_scale(fx__model *m, float s)
 {
     size_t P = m->lay.total;
     float *g = m->grads;
@@ -95,7 +95,7 @@ const fx__optim_ops *fx__optim_ops_for(fx_isa isa)
 enum { FX__ADAM_BLOCK = 1 << 14 };
 
 /* The tensor holding float i of the flat buffer. */
-static size_t fx__tensor_at(const fx__gpt_layout *lay, size_t i)
+static size_t fx__tensor_at(const fx__model_layout *lay, size_t i)
 {
     size_t lo = 0, hi = lay->n - 1;
     while (lo < hi) {
@@ -108,9 +108,9 @@ static size_t fx__tensor_at(const fx__gpt_layout *lay, size_t i)
     return lo;
 }
 
-void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
+void fx__model_adamw(fx__model *m, const fx__adamw *o, int64_t t)
 {
-    const fx__gpt_layout *lay = &m->lay;
+    const fx__model_layout *lay = &m->lay;
     size_t P = lay->total, nblk = (P + FX__ADAM_BLOCK - 1) / FX__ADAM_BLOCK;
     const fx__adamw_k kd = fx__adamw_consts(o, o->weight_decay, t), k0 = fx__adamw_consts(o, 0.0f, t);
     const fx__optim_ops *op = fx__optim_ops_for(fx__isa());
@@ -120,7 +120,7 @@ void fx__gpt_adamw(fx__gpt *m, const fx__adamw *o, int64_t t)
     for (size_t b = 0; b < nblk; b++) {
         size_t i = b * FX__ADAM_BLOCK, end = i + FX__ADAM_BLOCK < P ? i + FX__ADAM_BLOCK : P;
         for (size_t ti = fx__tensor_at(lay, i); i < end; ti++) {
-            const fx__gpt_tensor *tt = &lay->t[ti];
+            const fx__model_tensor *tt = &lay->t[ti];
             size_t e = tt->offset + tt->numel < end ? tt->offset + tt->numel : end;
             const fx__adamw_k *k = tt->decay ? &kd : &k0;
             if (adam16)

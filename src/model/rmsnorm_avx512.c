@@ -1,8 +1,8 @@
-/* AVX-512 twins of RMSNorm's row loops (gpt.h, fx__rms_ops); called only when fx_get_isa()
+/* AVX-512 twins of RMSNorm's row loops (model.h, fx__rms_ops); called only when fx_get_isa()
    allows. Each gives the plain C loop's bits: a vector of 8 doubles is its 8 lanes, and the
    file is built without contraction (CMakeLists.txt), so a product and a sum stay two
    roundings where the C code has two. Tails are masked: a lane past C is left as it was. */
-#include "gpt.h"
+#include "model.h"
 
 #include <immintrin.h>
 

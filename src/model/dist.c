@@ -9,7 +9,7 @@
 enum { FX__SLOTS = 3 };
 
 struct fx__dist {
-    fx__gpt *m;
+    fx__model *m;
     fx_comm *world, *rs; /* rs: FSDP's reduce-scatter communicator */
     fx__par mode;
     bool det, serial;
@@ -307,7 +307,7 @@ static int fx__slot_none(fx__dist *d, int layer)
 static int fx__fsdp_layer_hook(int layer, bool backward, void *user)
 {
     fx__dist *d = user;
-    fx__gpt *m = d->m;
+    fx__model *m = d->m;
     int64_t L = m->c.layers;
     if (d->err)
         return d->err;
@@ -420,7 +420,7 @@ static int fx__fsdp_begin(fx__dist *d)
 
 static int fx__fsdp_create(fx__dist *d)
 {
-    fx__gpt *m = d->m;
+    fx__model *m = d->m;
     int64_t L = m->c.layers, N = d->size;
     d->units = L + 2;
     size_t U = (size_t)d->units;
@@ -430,7 +430,7 @@ static int fx__fsdp_create(fx__dist *d)
     if (!d->uoff || !d->lp || !d->lg)
         return FX_ENOMEM;
     d->unum = d->uoff + U, d->ush = d->uoff + 2 * U, d->soff = d->uoff + 3 * U;
-    const fx__gpt_layout *lay = &m->lay;
+    const fx__model_layout *lay = &m->lay;
     for (int64_t u = 0; u < d->units; u++) {
         size_t first = u == 0 ? 0 : 1 + (size_t)(u - 1) * lay->per_layer;
         size_t end = u == 0 ? 1 : u == L + 1 ? lay->n : first + lay->per_layer;
@@ -487,10 +487,10 @@ static int fx__fsdp_create(fx__dist *d)
 /* AdamW on this rank's shard: each tensor's part of it, with the tensor's decay. */
 static void fx__fsdp_adamw(fx__dist *d, const fx__adamw *o, int64_t t)
 {
-    const fx__gpt_layout *lay = &d->m->lay;
+    const fx__model_layout *lay = &d->m->lay;
     int64_t L = d->m->c.layers;
     for (size_t ti = 0; ti < lay->n; ti++) {
-        const fx__gpt_tensor *tt = &lay->t[ti];
+        const fx__model_tensor *tt = &lay->t[ti];
         int64_t u = ti == 0 ? 0 : ti >= 1 + (size_t)L * lay->per_layer ? L + 1 : 1 + (int64_t)(ti - 1) / (int64_t)lay->per_layer;
         size_t a = tt->offset - d->uoff[u], b = a + tt->numel; /* within the unit */
         size_t lo = (size_t)d->rank * d->ush[u], hi = lo + d->ush[u];
@@ -517,14 +517,14 @@ static void fx__rows_add(float *a, const float *b, size_t n)
 static int fx__slices(fx__dist *d, const int32_t *tokens, const int32_t *targets, int64_t first, int64_t count,
                       int64_t T)
 {
-    fx__gpt *m = d->m;
+    fx__model *m = d->m;
     size_t P = m->lay.total, R = d->row;
     int depth = 0, rc;
     for (int64_t k = 0; k < count; k++) {
-        fx__gpt_zero_grad(m);
+        fx__model_zero_grad(m);
         float l;
         const int32_t *tk = tokens + (first + k) * T, *tg = targets + (first + k) * T;
-        if ((rc = fx__gpt_forward(m, tk, tg, &l, true)) != FX_OK || (rc = fx__gpt_backward(m)) != FX_OK)
+        if ((rc = fx__model_forward(m, tk, tg, &l, true)) != FX_OK || (rc = fx__model_backward(m)) != FX_OK)
             return rc;
         float *r = d->stack + (size_t)depth * R;
         memcpy(r, m->grads, P * sizeof(float));
@@ -544,7 +544,7 @@ static int fx__slices(fx__dist *d, const int32_t *tokens, const int32_t *targets
 
 /* ---- create / free --------------------------------------------------------------------------------- */
 
-int fx__dist_create(fx__dist **out, fx__gpt *m, fx_comm *world, fx__par mode, bool deterministic, int64_t batch)
+int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, bool deterministic, int64_t batch)
 {
     if (!out || !m || !m->grads || (mode != FX__PAR_NONE && !world) || (mode == FX__PAR_NONE && !deterministic))
         return fx__error(FX_EINVAL, "fx__dist_create: needs a model with gradients, and a communicator for ddp/fsdp");
@@ -614,7 +614,7 @@ void fx__dist_free(fx__dist *d)
     /* After a failure MPI may still write the buffers of collectives in flight: leave them. */
     if (d->err)
         return;
-    fx__gpt *m = d->m;
+    fx__model *m = d->m;
     for (int i = 0; i < d->nworks; i++)
         fx_comm_work_free(d->works[i]);
     for (int b = 0; b < FX__SLOTS; b++) {
@@ -625,7 +625,7 @@ void fx__dist_free(fx__dist *d)
     fx_comm_work_free(d->w_rs_wte), fx_comm_work_free(d->w_rs_norm);
     fx_comm_free(d->rs);
     if (m->hooks.user == d) {
-        m->hooks = (fx__gpt_hooks){0};
+        m->hooks = (fx__model_hooks){0};
     }
     fx__free(d->works), fx__free(d->stack), fx__free(d->acc), fx__free(d->stack_n);
     fx__free(d->uoff), fx__free(d->lp), fx__free(d->lg), fx__free(d->sp);
@@ -650,7 +650,7 @@ fx__dist_stats fx__dist_last_stats(const fx__dist *d)
 
 size_t fx__dist_state_bytes(const fx__dist *d)
 {
-    const fx__gpt *m = d->m;
+    const fx__model *m = d->m;
     if (d->mode != FX__PAR_FSDP)
         return 4 * m->lay.total * sizeof(float);
     int64_t L = m->c.layers;
@@ -672,9 +672,9 @@ size_t fx__dist_layer_bytes(const fx__dist *d)
 
 /* ---- the step ------------------------------------------------------------------------------------------ */
 
-/* The clip-and-average scale of fx__gpt_train_step for a gradient sum over `parts` means. */
-static void fx__finish(fx__dist *d, fx__gpt_train_state *s, double sumsq, double parts, float loss,
-                       fx__gpt_step_info *info)
+/* The clip-and-average scale of fx__model_train_step for a gradient sum over `parts` means. */
+static void fx__finish(fx__dist *d, fx__model_train_state *s, double sumsq, double parts, float loss,
+                       fx__model_step_info *info)
 {
     double norm = sqrt(sumsq) / parts, scale = 1.0 / parts;
     if (s->clip > 0.0f && norm > s->clip)
@@ -683,22 +683,22 @@ static void fx__finish(fx__dist *d, fx__gpt_train_state *s, double sumsq, double
     fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f, .weight_decay = s->weight_decay,
                    .grad_scale = (float)scale};
     /* Every rank sees the same reduced loss and norm, so all skip a non-finite step alike
-       (fx__gpt_train_step's rule). */
+       (fx__model_train_step's rule). */
     if (isfinite(loss) && isfinite(norm)) {
         if (d->mode == FX__PAR_FSDP)
             fx__fsdp_adamw(d, &o, s->step + 1);
         else
-            fx__gpt_adamw(d->m, &o, s->step + 1);
+            fx__model_adamw(d->m, &o, s->step + 1);
         s->step++;
     }
     if (info)
-        *info = (fx__gpt_step_info){.loss = loss, .lr = lr, .grad_norm = (float)norm};
+        *info = (fx__model_step_info){.loss = loss, .lr = lr, .grad_norm = (float)norm};
 }
 
-int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s, int32_t *tokens,
-                  int32_t *targets, fx__gpt_step_info *info, bool *stop)
+int fx__dist_step(fx__dist *d, const fx__model_data *data, fx__model_train_state *s, int32_t *tokens,
+                  int32_t *targets, fx__model_step_info *info, bool *stop)
 {
-    fx__gpt *m = d->m;
+    fx__model *m = d->m;
     if (s->batch != d->batch)
         return fx__error(FX_EINVAL, "fx__dist_step: batch %lld, but set up for %lld", (long long)s->batch,
                          (long long)d->batch);
@@ -707,7 +707,7 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
     d->cur = (fx__dist_stats){0};
     d->phase = 0;
     int64_t T = s->seq, first = (int64_t)d->rank * d->local;
-    int rc = fx__gpt_set_batch(m, d->det && d->mode != FX__PAR_FSDP ? 1 : d->local, T);
+    int rc = fx__model_set_batch(m, d->det && d->mode != FX__PAR_FSDP ? 1 : d->local, T);
     if (rc)
         return rc;
     double loss = 0.0, sumsq = 0.0, parts;
@@ -718,7 +718,7 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
         size_t R = d->row, P = m->lay.total;
         memset(d->acc, 0, R * sizeof(float));
         for (int64_t a = 0; a < s->accum; a++) {
-            fx__gpt_data_batch(data, &s->rng, s->batch, T, tokens, targets);
+            fx__model_data_batch(data, &s->rng, s->batch, T, tokens, targets);
             s->data_pos += s->batch;
             if ((rc = fx__slices(d, tokens, targets, first, d->local, T)) != FX_OK)
                 return rc;
@@ -735,10 +735,10 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
             if ((rc = fx__fsdp_begin(d)) != FX_OK)
                 return rc;
         } else {
-            fx__gpt_zero_grad(m);
+            fx__model_zero_grad(m);
         }
         for (int64_t a = 0; a < s->accum; a++) {
-            fx__gpt_data_batch(data, &s->rng, s->batch, T, tokens, targets);
+            fx__model_data_batch(data, &s->rng, s->batch, T, tokens, targets);
             s->data_pos += s->batch;
             if (d->mode == FX__PAR_FSDP) {
                 memset(m->grads, 0, d->ush[0] * (size_t)d->size * sizeof(float));
@@ -747,9 +747,9 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
             d->reducing = a == s->accum - 1;
             d->phase = d->mode == FX__PAR_FSDP && a == 0 ? 0 : 1; /* FSDP: until layer 0 is in */
             float l;
-            if ((rc = fx__gpt_forward(m, tokens + first * T, targets + first * T, &l, true)) != FX_OK)
+            if ((rc = fx__model_forward(m, tokens + first * T, targets + first * T, &l, true)) != FX_OK)
                 return d->err ? d->err : rc;
-            if ((rc = fx__gpt_backward(m)) != FX_OK || d->err)
+            if ((rc = fx__model_backward(m)) != FX_OK || d->err)
                 return d->err ? d->err : rc;
             if (d->reducing)
                 d->phase = 2;
@@ -789,7 +789,7 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
         if (d->err)
             return d->err;
     } else {
-        double n = fx__gpt_grad_norm(m);
+        double n = fx__model_grad_norm(m);
         sumsq = n * n;
     }
     /* The loss for printing, and whether any rank was asked to stop. */
@@ -804,11 +804,11 @@ int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s,
     return FX_OK;
 }
 
-int fx__dist_eval(fx__dist *d, const fx__gpt_data *data, int64_t batches, int64_t seq, int32_t *tokens,
+int fx__dist_eval(fx__dist *d, const fx__model_data *data, int64_t batches, int64_t seq, int32_t *tokens,
                   int32_t *targets, float *loss)
 {
-    fx__gpt *m = d->m;
-    int rc = fx__gpt_set_batch(m, d->local, seq);
+    fx__model *m = d->m;
+    int rc = fx__model_set_batch(m, d->local, seq);
     if (rc)
         return rc;
     if (d->mode == FX__PAR_FSDP && (rc = fx__fsdp_begin(d)) != FX_OK)
@@ -816,9 +816,9 @@ int fx__dist_eval(fx__dist *d, const fx__gpt_data *data, int64_t batches, int64_
     int64_t first = (int64_t)d->rank * d->local;
     double sum = 0.0;
     for (int64_t i = 0; i < batches; i++) {
-        fx__gpt_data_val_batch(data, i, d->batch, seq, tokens, targets);
+        fx__model_data_val_batch(data, i, d->batch, seq, tokens, targets);
         float l;
-        if ((rc = fx__gpt_forward(m, tokens + first * seq, targets + first * seq, &l, false)) != FX_OK)
+        if ((rc = fx__model_forward(m, tokens + first * seq, targets + first * seq, &l, false)) != FX_OK)
             return d->err ? d->err : rc;
         sum += l;
     }
@@ -831,18 +831,18 @@ int fx__dist_eval(fx__dist *d, const fx__gpt_data *data, int64_t batches, int64_
 
 /* ---- checkpoints ------------------------------------------------------------------------------------- */
 
-int fx__dist_full(fx__dist *d, fx__gpt **full)
+int fx__dist_full(fx__dist *d, fx__model **full)
 {
     *full = NULL;
     if (d->mode != FX__PAR_FSDP) {
         *full = d->rank == 0 ? d->m : NULL; /* every rank holds it; rank 0 writes */
         return FX_OK;
     }
-    fx__gpt *m = d->m, *f = NULL;
+    fx__model *m = d->m, *f = NULL;
     int rc = FX_OK;
     if (d->rank == 0) {
-        if ((rc = fx__gpt_create(&f, &m->c, 0)) != FX_OK || (rc = fx__gpt_alloc_train(f)) != FX_OK) {
-            fx__gpt_free(f);
+        if ((rc = fx__model_create(&f, &m->c, 0)) != FX_OK || (rc = fx__model_alloc_train(f)) != FX_OK) {
+            fx__model_free(f);
             return rc;
         }
         f->mask = m->mask, f->window = m->window;
@@ -850,7 +850,7 @@ int fx__dist_full(fx__dist *d, fx__gpt **full)
     size_t N = (size_t)d->size, P = m->lay.total, bigsh = d->ush[0] > d->maxsh ? d->ush[0] : d->maxsh;
     float *tmp = fx__alloc(bigsh * N * sizeof(float));
     if (!tmp) {
-        fx__gpt_free(f);
+        fx__model_free(f);
         return FX_ENOMEM;
     }
     const float *src[3] = {d->sp, d->sm, d->sv};
@@ -865,15 +865,15 @@ int fx__dist_full(fx__dist *d, fx__gpt **full)
         }
     fx__free(tmp);
     if (rc) {
-        fx__gpt_free(f);
+        fx__model_free(f);
         return rc;
     }
     *full = f;
     return FX_OK;
 }
 
-void fx__dist_full_release(fx__dist *d, fx__gpt *full)
+void fx__dist_full_release(fx__dist *d, fx__model *full)
 {
     if (full && full != d->m)
-        fx__gpt_free(full);
+        fx__model_free(full);
 }

@@ -1,6 +1,6 @@
 /* Checkpoints and model files: safetensors with the config (and training state) in the
    metadata. Everything read is checked against the config before a byte is copied. */
-#include "gpt.h"
+#include "model.h"
 
 #include "core/finite.h"
 
@@ -34,11 +34,11 @@ static void fx__meta_add(fx__meta *m, const char *key, const char *fmt, ...)
     m->kv[2 * m->n] = NULL;
 }
 
-static void fx__meta_config(fx__meta *md, const fx__gpt *m, const char *kind)
+static void fx__meta_config(fx__meta *md, const fx__model *m, const char *kind)
 {
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     char attn[32];
-    fx__gpt_mask_name(m->mask, m->window, attn, sizeof attn);
+    fx__model_mask_name(m->mask, m->window, attn, sizeof attn);
     fx__meta_add(md, "format", FX__FORMAT);
     fx__meta_add(md, "format_version", FX__FORMAT_VERSION);
     fx__meta_add(md, "kind", "%s", kind);
@@ -68,11 +68,11 @@ static void fx__meta_config(fx__meta *md, const fx__gpt *m, const char *kind)
     for (int i = 0; i < c->n_eos; i++)
         snprintf(eos + strlen(eos), sizeof eos - strlen(eos), "%s%d", i ? "," : "", c->eos[i]);
     fx__meta_add(md, "eos", "%s", eos);
-    bool bytes = !strcmp(c->arch, "flexc-gpt") && c->vocab == FX__GPT_VOCAB;
+    bool bytes = !strcmp(c->arch, "flexc-gpt") && c->vocab == FX__MODEL_VOCAB;
     fx__meta_add(md, "tokenizer", "%s", bytes ? "bytes+eot" : "external");
 }
 
-static fx_tensor_view fx__view(const fx__gpt_tensor *t, const void *data, fx_dtype dt, size_t esize)
+static fx_tensor_view fx__view(const fx__model_tensor *t, const void *data, fx_dtype dt, size_t esize)
 {
     fx_tensor_view v = {.name = t->name, .dtype = dt, .ndim = t->ndim, .data = data, .nbytes = t->numel * esize};
     v.shape[0] = t->shape[0];
@@ -80,7 +80,7 @@ static fx_tensor_view fx__view(const fx__gpt_tensor *t, const void *data, fx_dty
     return v;
 }
 
-int fx__gpt_save_checkpoint(const fx__gpt *m, const fx__gpt_train_state *s, const char *path)
+int fx__model_save_checkpoint(const fx__model *m, const fx__model_train_state *s, const char *path)
 {
     if (!m->adam && !m->adam16)
         return fx__error(FX_EINVAL, "checkpoint '%s': the model has no optimizer state", path);
@@ -127,7 +127,7 @@ int fx__gpt_save_checkpoint(const fx__gpt *m, const fx__gpt_train_state *s, cons
     return rc;
 }
 
-int fx__gpt_save_model(const fx__gpt *m, const char *path, bool bf16)
+int fx__model_save_model(const fx__model *m, const char *path, bool bf16)
 {
     size_t n = m->lay.n, P = m->lay.total;
     fx_tensor_view *v = fx__calloc(n, sizeof *v);
@@ -140,7 +140,7 @@ int fx__gpt_save_model(const fx__gpt *m, const char *path, bool bf16)
         for (size_t i = 0; i < P; i++)
             h[i] = fx_f32_to_bf16(m->params[i]);
     for (size_t i = 0; i < n; i++) {
-        const fx__gpt_tensor *t = &m->lay.t[i];
+        const fx__model_tensor *t = &m->lay.t[i];
         v[i] = bf16 ? fx__view(t, h + t->offset, FX_DT_BF16, 2) : fx__view(t, m->params + t->offset, FX_DT_F32, 4);
     }
     fx__meta md = {0};
@@ -182,7 +182,7 @@ static int fx__meta_f32(const fx_safetensors *f, const char *path, const char *k
 
 /* The fields added with the model API; absent (files written before it): the byte-level
    GPT's values (head_dim dim/heads, no biases, tied head, no window, no scaling, eos 256). */
-static int fx__read_config_ext(const fx_safetensors *f, const char *path, fx__gpt_config *cc)
+static int fx__read_config_ext(const fx_safetensors *f, const char *path, fx__model_config *cc)
 {
     const char *arch = fx_safetensors_metadata(f, "arch");
     snprintf(cc->arch, sizeof cc->arch, "%s", arch ? arch : "flexc-gpt");
@@ -224,7 +224,7 @@ static int fx__read_config_ext(const fx_safetensors *f, const char *path, fx__gp
     const char *eos = fx_safetensors_metadata(f, "eos");
     cc->n_eos = 0;
     if (!eos) {
-        cc->eos[cc->n_eos++] = FX__GPT_EOT;
+        cc->eos[cc->n_eos++] = FX__MODEL_EOT;
     } else {
         for (const char *p = eos; *p;) {
             char *end = NULL;
@@ -240,8 +240,8 @@ static int fx__read_config_ext(const fx_safetensors *f, const char *path, fx__gp
     return FX_OK;
 }
 
-static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__gpt_config *c,
-                                fx__gpt_train_state *s, bool *has_adam)
+static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__model_config *c,
+                                fx__model_train_state *s, bool *has_adam)
 {
     const char *fmt = fx_safetensors_metadata(f, "format");
     if (!fmt || strcmp(fmt, FX__FORMAT) != 0)
@@ -251,7 +251,7 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
     if (!ver || strcmp(ver, FX__FORMAT_VERSION) != 0)
         return fx__error(FX_EFORMAT, "'%s': format version '%s' is not supported (this flexc reads %s)", path,
                          ver ? ver : "(none)", FX__FORMAT_VERSION);
-    fx__gpt_config cc = {0};
+    fx__model_config cc = {0};
     int rc;
     if ((rc = fx__meta_i64(f, path, "vocab", &cc.vocab)) || (rc = fx__meta_i64(f, path, "ctx", &cc.ctx)) ||
         (rc = fx__meta_i64(f, path, "layers", &cc.layers)) || (rc = fx__meta_i64(f, path, "dim", &cc.dim)) ||
@@ -263,18 +263,18 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__g
         return fx__error(FX_EFORMAT, "'%s': metadata ffn = 0", path);
     if ((rc = fx__read_config_ext(f, path, &cc)) != FX_OK)
         return rc;
-    if ((rc = fx__gpt_config_check(&cc)) != FX_OK)
+    if ((rc = fx__model_config_check(&cc)) != FX_OK)
         return fx__error_context(FX_EFORMAT, "'%s': config", path);
     const char *tok = fx_safetensors_metadata(f, "tokenizer");
-    if ((!tok || !strcmp(tok, "bytes+eot")) && cc.vocab != FX__GPT_VOCAB)
+    if ((!tok || !strcmp(tok, "bytes+eot")) && cc.vocab != FX__MODEL_VOCAB)
         return fx__error(FX_EFORMAT, "'%s': vocab = %lld, but flexc's byte tokenizer has %d tokens", path,
-                         (long long)cc.vocab, FX__GPT_VOCAB);
+                         (long long)cc.vocab, FX__MODEL_VOCAB);
     bool adam = fx_safetensors_find(f, "optim.m") != NULL;
     if (s) {
         const char *attn = fx_safetensors_metadata(f, "attn");
-        fx__gpt_mask mk;
+        fx__model_mask mk;
         int64_t w;
-        if (!attn || fx__gpt_mask_parse(attn, &mk, &w) != FX_OK)
+        if (!attn || fx__model_mask_parse(attn, &mk, &w) != FX_OK)
             return fx__error(FX_EFORMAT, "'%s': metadata attn = '%s' is not a known mask", path, attn ? attn : "(none)");
         memset(s, 0, sizeof *s);
         snprintf(s->attn, sizeof s->attn, "%s", attn);
@@ -360,7 +360,7 @@ static int fx__check_format(const char *path)
     return FX_OK;
 }
 
-int fx__gpt_read_config(const char *path, fx__gpt_config *c, fx__gpt_train_state *s, bool *has_adam)
+int fx__model_read_config(const char *path, fx__model_config *c, fx__model_train_state *s, bool *has_adam)
 {
     fx_safetensors *f = NULL;
     int rc = fx__check_format(path);
@@ -424,7 +424,7 @@ static int fx__check_moments(const char *path, const fx_tensor_view *mv, const f
     return FX_OK;
 }
 
-int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
+int fx__model_load(fx__model *m, const char *path, bool load_adam)
 {
     fx_safetensors *f = NULL;
     int rc = fx__check_format(path);
@@ -433,7 +433,7 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
     rc = fx_safetensors_open(&f, path);
     if (rc)
         return rc;
-    fx__gpt_config c;
+    fx__model_config c;
     bool adam = false;
     if ((rc = fx__read_config_open(f, path, &c, NULL, &adam)) != FX_OK)
         goto done;
@@ -463,7 +463,7 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
         goto done;
     }
     for (size_t i = 0; i < m->lay.n && !rc; i++) {
-        const fx__gpt_tensor *t = &m->lay.t[i];
+        const fx__model_tensor *t = &m->lay.t[i];
         rc = fx__check_view(path, fx_safetensors_find(f, t->name), t->name, t->ndim, t->shape, true);
     }
     int64_t P = (int64_t)m->lay.total;
@@ -492,7 +492,7 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
     if (rc)
         goto done;
     for (size_t i = 0; i < m->lay.n; i++) {
-        const fx__gpt_tensor *t = &m->lay.t[i];
+        const fx__model_tensor *t = &m->lay.t[i];
         const fx_tensor_view *v = fx_safetensors_find(f, t->name);
         if ((rc = fx_tensor_to_f32(m->params + t->offset, t->numel, v)) != FX_OK)
             goto done; /* not reached: dtype and size were checked above */
@@ -503,7 +503,7 @@ int fx__gpt_load(fx__gpt *m, const char *path, bool load_adam)
         memcpy(dst, fx_safetensors_find(f, "optim.m")->data, (size_t)P * es);
         memcpy(dst + (size_t)P * es, fx_safetensors_find(f, "optim.v")->data, (size_t)P * es);
     }
-    fx__gpt_bf16_sync(m); /* bf16 training: the weights' copy follows what was loaded */
+    fx__model_bf16_sync(m); /* bf16 training: the weights' copy follows what was loaded */
 done:
     fx_safetensors_close(f);
     return rc;

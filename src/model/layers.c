@@ -1,7 +1,7 @@
 /* The GPT's layers: RMSNorm, RoPE, SwiGLU, embedding, the reference attention and the
    unfused loss. Plain C, parallel over rows; every reduction over tokens runs in a fixed
    order so results do not depend on the thread count. */
-#include "gpt.h"
+#include "model.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -139,7 +139,7 @@ void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta)
         }
 }
 
-void fx__rope_freqs(double *freq, const fx__gpt_config *c)
+void fx__rope_freqs(double *freq, const fx__model_config *c)
 {
     int64_t hd = c->head_dim, half = hd / 2;
     for (int64_t i = 0; i < half; i++)
@@ -393,17 +393,17 @@ void fx__bias_backward(float *db, const float *dy, int64_t N, int64_t O)
 
 /* ---- masks ------------------------------------------------------------------------------------ */
 
-fx_mask_fn fx__gpt_mask_fn(fx__gpt_mask mask, const fx__gpt_mask_ctx *mc, const void **ctx)
+fx_mask_fn fx__model_mask_fn(fx__model_mask mask, const fx__model_mask_ctx *mc, const void **ctx)
 {
     switch (mask) {
-    case FX__GPT_MASK_SLIDING:
+    case FX__MODEL_MASK_SLIDING:
         *ctx = &mc->sliding;
         return fx_mask_sliding_window;
-    case FX__GPT_MASK_DOCUMENT:
+    case FX__MODEL_MASK_DOCUMENT:
         *ctx = &mc->document;
         return fx_mask_document;
-    case FX__GPT_MASK_CAUSAL:
-    case FX__GPT_MASK_CAUSAL_DENSE:
+    case FX__MODEL_MASK_CAUSAL:
+    case FX__MODEL_MASK_CAUSAL_DENSE:
         break;
     }
     *ctx = NULL;

@@ -1,13 +1,13 @@
 /* bfloat16 training (--dtype bf16): the weights' bfloat16 copy and the scratch of the bf16
    matrix products. The products themselves go through fx__mm (model_internal.h); the copy
-   is refreshed by fx__gpt_adamw in its pass over the parameters. */
+   is refreshed by fx__model_adamw in its pass over the parameters. */
 #include "model_internal.h"
 
-/* Floats per conversion task of fx__gpt_bf16_sync: fixed, so the work is shared the same
+/* Floats per conversion task of fx__model_bf16_sync: fixed, so the work is shared the same
    way at any thread count (each element's value depends on nothing else anyway). */
 enum { FX__BF16_SYNC_BLOCK = 1 << 14 };
 
-void fx__gpt_bf16_sync(fx__gpt *m)
+void fx__model_bf16_sync(fx__model *m)
 {
     if (!m->params16)
         return;
@@ -35,9 +35,9 @@ static size_t fx__bf16_proj_ws(size_t N, size_t I, size_t O)
 /* The largest scratch any product of a step needs: the four projections (q, k and v as one,
    the attention's output, gate and up as one, down), or the loss's rounded input [N, C] and
    widened head [V, C]. */
-size_t fx__gpt_bf16_ws_floats(const fx__gpt *m, int64_t B, int64_t T)
+size_t fx__model_bf16_ws_floats(const fx__model *m, int64_t B, int64_t T)
 {
-    const fx__gpt_config *c = &m->c;
+    const fx__model_config *c = &m->c;
     size_t N = (size_t)(B * T), C = (size_t)c->dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
     size_t QD = (size_t)(c->heads * c->head_dim), KD = (size_t)(c->kv_heads * c->head_dim);
     const size_t proj[][2] = {{C, QD + 2 * KD}, {QD, C}, {C, 2 * F}, {F, C}};
@@ -49,11 +49,11 @@ size_t fx__gpt_bf16_ws_floats(const fx__gpt *m, int64_t B, int64_t T)
     return need;
 }
 
-int fx__gpt_bf16_ws_ensure(fx__gpt *m)
+int fx__model_bf16_ws_ensure(fx__model *m)
 {
     if (!m->params16)
         return FX_OK;
-    size_t need = fx__gpt_bf16_ws_floats(m, m->B, m->T);
+    size_t need = fx__model_bf16_ws_floats(m, m->B, m->T);
     if (m->bf16_ws && m->bf16_ws_floats >= need)
         return FX_OK;
     fx__free(m->bf16_ws);
@@ -64,7 +64,7 @@ int fx__gpt_bf16_ws_ensure(fx__gpt *m)
     return FX_OK;
 }
 
-int fx__gpt_set_bf16(fx__gpt *m, bool on)
+int fx__model_set_bf16(fx__model *m, bool on)
 {
     if (!on) {
         fx__free(m->params16);
@@ -78,6 +78,6 @@ int fx__gpt_set_bf16(fx__gpt *m, bool on)
         return fx__error(FX_EUNSUPPORTED, "bf16 matrix products need the flat parameter buffer (not sharded training)");
     if (!m->params16 && !(m->params16 = fx__alloc_huge(m->lay.total * sizeof(uint16_t))))
         return fx__error(FX_ENOMEM, "bf16 training: cannot allocate the weights' bfloat16 copy");
-    fx__gpt_bf16_sync(m);
-    return m->acts ? fx__gpt_bf16_ws_ensure(m) : FX_OK;
+    fx__model_bf16_sync(m);
+    return m->acts ? fx__model_bf16_ws_ensure(m) : FX_OK;
 }

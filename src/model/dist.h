@@ -22,10 +22,10 @@
  * tree. FSDP reduces each layer as its backward ends, so it takes one slice per rank per
  * micro-batch (batch == N; --accum for more). See docs/distributed.md.
  */
-#ifndef FX_GPT_DIST_H
-#define FX_GPT_DIST_H
+#ifndef FX_MODEL_DIST_H
+#define FX_MODEL_DIST_H
 
-#include "gpt.h"
+#include "model.h"
 #include "flexc/comm.h"
 
 typedef enum fx__par {
@@ -59,22 +59,22 @@ typedef struct fx__dist fx__dist;
    every rank) for training at global `batch` sequences per micro-batch. world: NULL for one
    process (mode NONE). FSDP shards m here: its flat buffers are freed (m->params keeps the
    gathered embedding only), so m must then be used through fx__dist_* only. Collective. */
-int fx__dist_create(fx__dist **out, fx__gpt *m, fx_comm *world, fx__par mode, bool deterministic, int64_t batch);
+int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, bool deterministic, int64_t batch);
 /* Releases what fx__dist_create added (not m, not world); m stays unusable after FSDP. */
 void fx__dist_free(fx__dist *d);
-/* fx__gpt_train_step over the ranks: the same contract; tokens/targets hold the global batch.
+/* fx__model_train_step over the ranks: the same contract; tokens/targets hold the global batch.
    *stop in: this rank wants to stop (a signal); out: some rank does (so all stop together). */
-int fx__dist_step(fx__dist *d, const fx__gpt_data *data, fx__gpt_train_state *s, int32_t *tokens,
-                  int32_t *targets, fx__gpt_step_info *info, bool *stop);
+int fx__dist_step(fx__dist *d, const fx__model_data *data, fx__model_train_state *s, int32_t *tokens,
+                  int32_t *targets, fx__model_step_info *info, bool *stop);
 /* The mean validation loss over `batches` global batches, the ranks splitting each batch. */
-int fx__dist_eval(fx__dist *d, const fx__gpt_data *data, int64_t batches, int64_t seq, int32_t *tokens,
+int fx__dist_eval(fx__dist *d, const fx__model_data *data, int64_t batches, int64_t seq, int32_t *tokens,
                   int32_t *targets, float *loss);
 /* The whole model (parameters and Adam moments) for a checkpoint. Collective under FSDP: the
    shards are gathered into a temporary model that only rank 0 receives; otherwise *full is
    the model itself on rank 0. NULL on the other ranks: only rank 0 writes checkpoints.
    Release with fx__dist_full_release. */
-int fx__dist_full(fx__dist *d, fx__gpt **full);
-void fx__dist_full_release(fx__dist *d, fx__gpt *full);
+int fx__dist_full(fx__dist *d, fx__model **full);
+void fx__dist_full_release(fx__dist *d, fx__model *full);
 /* FX_OK, or the status of the communication failure (on any of its communicators) that
    makes further training impossible: the process should report fx_last_error() and exit. */
 int fx__dist_status(const fx__dist *d);
