@@ -3,7 +3,9 @@
 #include "cli.h"
 
 #include "hf/hf.h"
+#include "outdir_lock.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,84 @@ static bool origin_dir(char *buf, size_t n, const char *ckpt)
         return true;
     }
     return false;
+}
+
+static bool same_dir(const struct stat *a, const char *path)
+{
+    struct stat b;
+    return stat(path, &b) == 0 && S_ISDIR(b.st_mode) && a->st_dev == b.st_dev && a->st_ino == b.st_ino;
+}
+
+/* --to must not be where the model is read from: --ckpt itself, the directory holding the
+   --ckpt file, or its origin (a run's hf/); the same directory by device and inode, whatever
+   the spelling. Checked before anything is read or written. Prints its error. */
+static bool export_check_source(const char *to, const char *ckpt, const char *origin)
+{
+    struct stat t, c;
+    if (stat(to, &t) != 0)
+        return true; /* made by the export */
+    if (!S_ISDIR(t.st_mode)) {
+        cli_error("export: --to %s is not a directory", to);
+        return false;
+    }
+    char why[4400] = "";
+    if (stat(ckpt, &c) == 0 && S_ISDIR(c.st_mode)) {
+        if (c.st_dev == t.st_dev && c.st_ino == t.st_ino)
+            snprintf(why, sizeof why, "is --ckpt %s itself", ckpt);
+    } else {
+        char parent[4096];
+        snprintf(parent, sizeof parent, "%s", ckpt);
+        char *slash = strrchr(parent, '/');
+        if (!slash)
+            snprintf(parent, sizeof parent, ".");
+        else if (slash == parent)
+            parent[1] = '\0'; /* "/file": the root */
+        else
+            *slash = '\0';
+        if (same_dir(&t, parent))
+            snprintf(why, sizeof why, "is the directory of --ckpt %s", ckpt);
+    }
+    if (!why[0] && origin && same_dir(&t, origin))
+        snprintf(why, sizeof why, "is %s, where --ckpt %s takes its Hugging Face configuration and tokenizer from",
+                 origin, ckpt);
+    if (!why[0])
+        return true;
+    cli_error("export: --to %s %s: the export would write over the model it reads; pass a new directory", to, why);
+    return false;
+}
+
+/* --to, created when missing and locked for the export (a train or another export writing
+   there is refused), and not a training run's: a Hugging Face config.json in a run makes
+   generate, export and train --resume read it as a Hugging Face model from the next save on.
+   Then the temporary files of interrupted saves go. A refusal leaves the directory as it was;
+   *made says whether it was created here. Prints its error. */
+static bool export_take_dir(const char *to, bool *made)
+{
+    *made = mkdir(to, 0755) == 0;
+    if (!*made && errno != EEXIST) {
+        cli_error("export: --to %s: cannot create the directory: %s", to, strerror(errno));
+        return false;
+    }
+    struct stat st;
+    if (stat(to, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        cli_error("export: --to %s is not a directory", to);
+        return false;
+    }
+    if (outdir_lock_opt(to, "--to") != CLI_EXIT_OK) {
+        if (*made)
+            rmdir(to);
+        return false;
+    }
+    const char *marker = outdir_run_marker(to);
+    if (marker) {
+        cli_error("export: --to %s is a flexc training directory (it holds %s): a Hugging Face config.json "
+                  "there would stop generate, export and train --resume from reading the run; pass a new "
+                  "directory", to, marker);
+        outdir_unlock();
+        return false;
+    }
+    outdir_sweep(to);
+    return true;
 }
 
 /* The configuration of a model that came from the Hugging Face directory `origin`: its own
@@ -103,7 +183,8 @@ int cmd_export(int argc, char **argv)
     const char *ckpt = NULL, *to = NULL, *dtype_s = NULL;
     const cli_opt opts[] = {
         {"--ckpt", CLI_STRING, &ckpt, "a training --out DIR, a .safetensors file, or a Hugging Face DIR"},
-        {"--to", CLI_STRING, &to, "the directory to write (created; its files of the same names are replaced)"},
+        {"--to", CLI_STRING, &to,
+         "the directory to write (created; its files of the same names are replaced; not a training run)"},
         {"--dtype", CLI_STRING, &dtype_s, "f32 | bf16 | f16 (default: the dtype of the model's origin, else f32)"},
     };
     int rc = cli_parse("export", "--ckpt DIR|FILE --to HFDIR [options]", argc, argv, opts,
@@ -130,15 +211,22 @@ int cmd_export(int argc, char **argv)
         }
     }
 
+    char origin[4096];
+    const bool has_origin = origin_dir(origin, sizeof origin, ckpt);
+    if (!export_check_source(to, ckpt, has_origin ? origin : NULL))
+        return CLI_EXIT_FAIL;
     fx_model *m = NULL;
     if ((rc = fx_model_load(&m, ckpt)) != FX_OK)
         return cli_fail(rc, "--ckpt");
+    bool made = false;
+    if (!export_take_dir(to, &made)) {
+        fx_model_free(m);
+        return CLI_EXIT_FAIL;
+    }
     const fx_model_config *mc = fx_model_get_config(m);
 
     /* The configuration: the origin's own when the model came from a Hugging Face directory,
        else one generated from the model. */
-    char origin[4096];
-    const bool has_origin = origin_dir(origin, sizeof origin, ckpt);
     fx__hf_config hc;
     char *config_text = NULL, *gen_text = NULL;
     bool ok;
@@ -159,5 +247,8 @@ int cmd_export(int argc, char **argv)
     fx__free(config_text);
     fx__free(gen_text);
     fx_model_free(m);
+    outdir_unlock();
+    if (!ok && made)
+        rmdir(to); /* only if nothing was written */
     return ok ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }
