@@ -62,6 +62,10 @@ bool fx__cpu_vendor_amd(void);
 /* The CPU has AMX tiles with bfloat16 (tdpbf16ps), the kernel lets this process use them, and
    the AVX-512 path is allowed. */
 bool fx__cpu_amx_bf16(void);
+/* The two above as the CPU (and the OS) offer them, whatever fx_get_isa() allows now: what
+   a kernel table's fx__*_kernels_for(isa) weighs for the AVX-512 path (docs/dispatch.md). */
+bool fx__cpu_has_avx512bf16(void);
+bool fx__cpu_has_amx_bf16(void);
 
 /* Row-major C[M,N] = alpha * op(A)[M,K] op(B)[K,N] + beta * C; op transposes when ta/tb.
    lda/ldb/ldc are the row strides of A, B and C as stored. Goes to flexc's own tiled

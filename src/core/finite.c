@@ -18,16 +18,25 @@ static int64_t first_nonfinite_f32_ref(const float *x, size_t n)
     return -1;
 }
 
+const fx__finite_kernels fx__finite_kernels_scalar = {"scalar", first_nonfinite_f32_ref};
+const fx__finite_kernels fx__finite_kernels_avx2 = {"avx2", fx__first_nonfinite_f32_avx2};
+const fx__finite_kernels fx__finite_kernels_avx512 = {"avx512", fx__first_nonfinite_f32_avx512};
+
+const fx__finite_kernels *fx__finite_kernels_for(fx_isa isa)
+{
+#ifdef FLEXC_REFERENCE_KERNELS
+    (void)isa;
+    return &fx__finite_kernels_scalar;
+#else
+    return FX__PER_ISA(isa, &fx__finite_kernels_scalar, &fx__finite_kernels_avx2, &fx__finite_kernels_avx512);
+#endif
+}
+
+const fx__finite_kernels *fx__finite_kernels_now(void) { return fx__finite_kernels_for(fx__isa()); }
+
 int64_t fx__first_nonfinite_f32(const float *x, size_t n)
 {
-#ifndef FLEXC_REFERENCE_KERNELS
-    switch (fx__isa()) {
-    case FX_ISA_AVX512: return fx__first_nonfinite_f32_avx512(x, n);
-    case FX_ISA_AVX2: return fx__first_nonfinite_f32_avx2(x, n);
-    default: break;
-    }
-#endif
-    return first_nonfinite_f32_ref(x, n);
+    return fx__finite_kernels_now()->first_nonfinite_f32(x, n);
 }
 
 /* Element i of a little-endian array of `size`-byte words (any alignment). */

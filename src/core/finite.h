@@ -17,4 +17,14 @@ const char *fx__nonfinite_name(const void *data, fx_dtype dt, size_t i);
 int64_t fx__first_nonfinite_f32_avx2(const float *x, size_t n);
 int64_t fx__first_nonfinite_f32_avx512(const float *x, size_t n);
 
+/* The kernel table of a CPU path (docs/dispatch.md): the reference on the scalar path and in a
+   build with FLEXC_REFERENCE_KERNELS, a twin on the others. */
+typedef struct fx__finite_kernels {
+    const char *name; /* what `flexc --version` prints */
+    int64_t (*first_nonfinite_f32)(const float *x, size_t n);
+} fx__finite_kernels;
+extern const fx__finite_kernels fx__finite_kernels_scalar, fx__finite_kernels_avx2, fx__finite_kernels_avx512;
+const fx__finite_kernels *fx__finite_kernels_for(fx_isa isa);
+const fx__finite_kernels *fx__finite_kernels_now(void); /* fx_get_isa()'s */
+
 #endif

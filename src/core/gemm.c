@@ -1,5 +1,5 @@
-/* The one GEMM entry point of the library, row-major: flexc's own tiled path on the AVX-512
-   path (sgemm.h), BLIS elsewhere. */
+/* The one GEMM entry point of the library, row-major, and its kernel table (sgemm.h): flexc's
+   own tiled path on the AVX-512 path, BLIS elsewhere. */
 #include "sgemm.h"
 #include "gemm_bf16.h"
 
@@ -48,26 +48,10 @@ void fx__sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
         fx__gemm_trace_end(&(fx__gemm_shape){.ta = ta, .tb = tb, .M = M, .N = N, .K = K}, t0);
 }
 
-void fx__sgemm_untraced(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
-                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+/* BLIS, C cut into one block per thread. */
+static void fx__sgemm_blis(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                           const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
-    if (M == 0 || N == 0)
-        return;
-#ifdef FLEXC_REFERENCE_KERNELS
-    fx__sgemm_ref(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-#else
-    if (fx__isa() == FX_ISA_AVX512) {
-        /* The scratch is two blocks of k of both operands ((M + N) x 4 KiB at most); where it
-           cannot be had, BLIS, which needs none of ours (its sums in another order: a process
-           out of memory may see other bits). */
-        float *ws = fx__alloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
-        if (ws) {
-            fx__sgemm_tiled(&fx__sgemm_path_avx512, FX__SG_AUTO, ta, tb, M, N, K, alpha, fx__sgemm_f32(A), lda,
-                            fx__sgemm_f32(B), ldb, beta, C, ldc, ws);
-            fx__free(ws);
-            return;
-        }
-    }
     const double flops = 2.0 * (double)M * (double)N * (double)K;
     const int nt = fx__in_parallel() || flops < FX__GEMM_MIN_FLOPS ? 1 : fx__max_threads();
     if (nt == 1) {
@@ -86,7 +70,47 @@ void fx__sgemm_untraced(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float
         else if (len > 0)
             fx__blis(ta, tb, M, len, K, alpha, A, lda, tb ? B + lo * ldb : B + lo, ldb, beta, C + lo, ldc);
     }
+}
+
+/* The own tiled path on AVX-512. */
+static void fx__sgemm_own_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                                 int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    /* The scratch is two blocks of k of both operands ((M + N) x 4 KiB at most); where it
+       cannot be had, BLIS, which needs none of ours (its sums in another order: a process
+       out of memory may see other bits). */
+    float *ws = fx__alloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
+    if (!ws) {
+        fx__sgemm_blis(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    fx__sgemm_tiled(&fx__sgemm_path_avx512, FX__SG_AUTO, ta, tb, M, N, K, alpha, fx__sgemm_f32(A), lda,
+                    fx__sgemm_f32(B), ldb, beta, C, ldc, ws);
+    fx__free(ws);
+}
+
+const fx__gemm_kernels fx__gemm_kernels_avx512 = {"own avx512", fx__sgemm_own_avx512, &fx__sgemm_path_avx512};
+const fx__gemm_kernels fx__gemm_kernels_blis = {"blis", fx__sgemm_blis, NULL};
+const fx__gemm_kernels fx__gemm_kernels_ref = {"reference", fx__sgemm_ref, NULL};
+
+const fx__gemm_kernels *fx__gemm_kernels_for(fx_isa isa)
+{
+#ifdef FLEXC_REFERENCE_KERNELS
+    (void)isa;
+    return &fx__gemm_kernels_ref;
+#else
+    return FX__PER_ISA(isa, &fx__gemm_kernels_blis, &fx__gemm_kernels_blis, &fx__gemm_kernels_avx512);
 #endif
+}
+
+const fx__gemm_kernels *fx__gemm_kernels_now(void) { return fx__gemm_kernels_for(fx__isa()); }
+
+void fx__sgemm_untraced(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+    if (M == 0 || N == 0)
+        return;
+    fx__gemm_kernels_now()->sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void fx__sgemm_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,

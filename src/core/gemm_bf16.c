@@ -1,5 +1,6 @@
-/* The bfloat16 GEMM (bf16 inputs, float32 accumulation): dispatch, the plain-C packing and
-   conversion loops, and the fixed-order reference. See gemm_bf16.h. */
+/* The bfloat16 GEMM (bf16 inputs, float32 accumulation): the kernel tables of the GEMM and of
+   the conversions, the plain-C packing and conversion loops, and the fixed-order reference.
+   See gemm_bf16.h. */
 #include "gemm_bf16.h"
 #include "sgemm.h"
 
@@ -13,15 +14,24 @@ void fx__f32_to_bf16_n_scalar(uint16_t *dst, const float *src, int64_t n)
         dst[i] = fx__f32_to_bf16(src[i]);
 }
 
-void fx__f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n)
-{
-    if (fx__isa() != FX_ISA_SCALAR)
-        fx__f32_to_bf16_n_avx2(dst, src, n);
-    else
-        fx__f32_to_bf16_n_scalar(dst, src, n);
-}
+void fx__f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) { fx__bf16_kernels_now()->to_bf16_n(dst, src, n); }
 
 /* ---- packing --------------------------------------------------------------------------------- */
+
+/* The conversions' kernel tables (gemm_bf16.h): the loops of one path each. */
+const fx__bf16_kernels fx__bf16_kernels_scalar = {"scalar", fx__f32_to_bf16_n_scalar, fx__bf16_pack_scalar,
+                                                  fx__bf16_pack_pairs_scalar, NULL};
+const fx__bf16_kernels fx__bf16_kernels_avx2 = {"avx2", fx__f32_to_bf16_n_avx2, fx__bf16_pack_avx2,
+                                                fx__bf16_pack_pairs_scalar, NULL};
+const fx__bf16_kernels fx__bf16_kernels_avx512 = {"avx512", fx__f32_to_bf16_n_avx2, fx__bf16_pack_avx2,
+                                                  fx__bf16_pack_pairs_avx512, fx__bf16_pack_pairs_sweep_avx512};
+
+const fx__bf16_kernels *fx__bf16_kernels_for(fx_isa isa)
+{
+    return FX__PER_ISA(isa, &fx__bf16_kernels_scalar, &fx__bf16_kernels_avx2, &fx__bf16_kernels_avx512);
+}
+
+const fx__bf16_kernels *fx__bf16_kernels_now(void) { return fx__bf16_kernels_for(fx__isa()); }
 
 void fx__bf16_pack_scalar(float *dst, fx__bf16_mat src, int64_t rows, int64_t cols, int64_t ld)
 {
@@ -39,25 +49,13 @@ void fx__bf16_pack_scalar(float *dst, fx__bf16_mat src, int64_t rows, int64_t co
     }
 }
 
-typedef void (*fx__bf16_pack_fn)(float *, fx__bf16_mat, int64_t, int64_t, int64_t);
-
 /* Rows per packing task: the split depends on the shape only, and each element's value on
    nothing else, so the packed operand is the same at any thread count. */
 enum { FX__PACK_ROWS = 32 };
 
-static fx__bf16_pack_fn fx__bf16_pack_kernel(void)
-{
-    switch (fx__isa()) {
-    case FX_ISA_AVX512:
-    case FX_ISA_AVX2: return fx__bf16_pack_avx2;
-    case FX_ISA_SCALAR: break;
-    }
-    return fx__bf16_pack_scalar;
-}
-
 void fx__bf16_pack(float *dst, fx__bf16_mat src, int64_t rows, int64_t cols, int64_t ld)
 {
-    const fx__bf16_pack_fn pack = fx__bf16_pack_kernel();
+    void (*pack)(float *, fx__bf16_mat, int64_t, int64_t, int64_t) = fx__bf16_kernels_now()->pack;
     const int64_t ntask = (rows + FX__PACK_ROWS - 1) / FX__PACK_ROWS;
     const bool nested = fx__in_parallel();
     (void)nested; /* read only by the pragma, which is gone without OpenMP */
@@ -90,22 +88,26 @@ void fx__gemm_bf16_force_tiled(const fx__bf16_tiled *t) { atomic_store(&fx__bf16
    Rapids) issues it at a quarter of the rate of float32 fused multiply-adds, for half their
    FLOPs (85 against 173 GFLOP/s on one core), so there, as on any CPU not measured, the
    float32 route, which reads the same bfloat16 values, is the one taken (docs/train.md). */
-const fx__bf16_tiled *fx__gemm_bf16_cpu_path(void)
+const fx__gemm_bf16_kernels *fx__gemm_bf16_kernels_for(fx_isa isa)
 {
-    if (fx__cpu_amx_bf16())
+#ifdef FLEXC_REFERENCE_KERNELS
+    (void)isa;
+#else
+    if (isa == FX_ISA_AVX512 && fx__cpu_has_amx_bf16())
         return &fx__bf16_tiled_amx;
-    if (fx__cpu_avx512bf16() && fx__cpu_vendor_amd())
+    if (isa == FX_ISA_AVX512 && fx__cpu_has_avx512bf16() && fx__cpu_vendor_amd())
         return &fx__bf16_tiled_dp;
+#endif
     return &fx__bf16_tiled_f32;
 }
 
-const fx__bf16_tiled *fx__gemm_bf16_path(void)
+const fx__gemm_bf16_kernels *fx__gemm_bf16_kernels_now(void)
 {
 #ifdef FLEXC_REFERENCE_KERNELS
     return &fx__bf16_tiled_f32;
 #else
     const fx__bf16_tiled *t = atomic_load(&fx__bf16_forced);
-    return t ? t : fx__gemm_bf16_cpu_path();
+    return t ? t : fx__gemm_bf16_kernels_for(fx__isa());
 #endif
 }
 
@@ -132,7 +134,7 @@ static void fx__gemm_bf16_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 #else
     if (M == 0 || N == 0)
         return;
-    const fx__bf16_tiled *t = fx__gemm_bf16_path();
+    const fx__gemm_bf16_kernels *t = fx__gemm_bf16_kernels_now();
     /* AMX or vdpbf16ps multiply the bfloat16 pairs directly where their packed operands fit
        (about half the widened ones' room, plus the panels' padding). */
     if (t->kernel && fx__bf16_tiled_words(t, M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
@@ -145,9 +147,10 @@ static void fx__gemm_bf16_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
        multiplied by fx__sgemm, keeping their stored orientation. Both give the same bits:
        the same values through the same tiled GEMM on AVX-512, BLIS on the other paths. */
     const fx__sgemm_elem ea = A.bf16 ? FX__SG_BF16 : FX__SG_F32_AS_BF16, eb = B.bf16 ? FX__SG_BF16 : FX__SG_F32_AS_BF16;
-    if (fx__isa() == FX_ISA_AVX512) {
-        fx__sgemm_tiled(&fx__sgemm_path_avx512, FX__SG_AUTO, ta, tb, M, N, K, 1.0f, (fx__sgemm_mat){A.p, ea}, lda,
-                        (fx__sgemm_mat){B.p, eb}, ldb, beta, C, ldc, ws);
+    const fx__sgemm_path *own = fx__gemm_kernels_now()->tiled;
+    if (own) {
+        fx__sgemm_tiled(own, FX__SG_AUTO, ta, tb, M, N, K, 1.0f, (fx__sgemm_mat){A.p, ea}, lda, (fx__sgemm_mat){B.p, eb},
+                        ldb, beta, C, ldc, ws);
         return;
     }
     const int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
@@ -160,9 +163,9 @@ static void fx__gemm_bf16_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 
 /* ---- the tiled paths ------------------------------------------------------------------------- */
 
-const fx__bf16_tiled fx__bf16_tiled_dp = {FX__DP_MR, FX__DP_NR, 1, false, fx__bf16_dp_kernel_avx512bf16};
-const fx__bf16_tiled fx__bf16_tiled_amx = {FX__AMX_MR, FX__AMX_NR, FX__AMX_PAIRS, true, fx__bf16_amx_kernel};
-const fx__bf16_tiled fx__bf16_tiled_f32 = {0, 0, 1, false, NULL};
+const fx__bf16_tiled fx__bf16_tiled_dp = {"vdpbf16ps", FX__DP_MR, FX__DP_NR, 1, false, fx__bf16_dp_kernel_avx512bf16};
+const fx__bf16_tiled fx__bf16_tiled_amx = {"amx", FX__AMX_MR, FX__AMX_NR, FX__AMX_PAIRS, true, fx__bf16_amx_kernel};
+const fx__bf16_tiled fx__bf16_tiled_f32 = {"float32", 0, 0, 1, false, NULL};
 
 /* dst [n] = the bfloat16 values of x's n elements from flat index i on. */
 static void fx__bf16_bits_n(uint16_t *dst, fx__bf16_mat x, int64_t i, int64_t n)
@@ -230,10 +233,7 @@ void fx__bf16_pack_pairs_scalar(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool 
 void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
                          int64_t width, int64_t q)
 {
-    if (fx__isa() == FX_ISA_AVX512)
-        fx__bf16_pack_pairs_avx512(dst, x, ld, lk, lines, K, pairs, width, q);
-    else
-        fx__bf16_pack_pairs_scalar(dst, x, ld, lk, lines, K, pairs, width, q);
+    fx__bf16_kernels_now()->pack_pairs(dst, x, ld, lk, lines, K, pairs, width, q);
 }
 
 void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
@@ -266,12 +266,13 @@ static void fx__bf16_pack_panels(const fx__bf16_tiled *t, bool a, uint32_t *dst,
                                  int64_t lines, int64_t K, int64_t pairs)
 {
     const int64_t width = a ? t->mr : t->nr, panels = (lines + width - 1) / width;
-    if (!(a && t->a_rows) && !lk && fx__isa() == FX_ISA_AVX512) {
+    const fx__bf16_kernels *kc = fx__bf16_kernels_now();
+    if (!(a && t->a_rows) && !lk && kc->pack_pairs_sweep) {
         const int64_t ntask = (pairs + FX__SWEEP_PAIRS - 1) / FX__SWEEP_PAIRS;
 #pragma omp for schedule(static) nowait
         for (int64_t k = 0; k < ntask; k++) {
             const int64_t p0 = k * FX__SWEEP_PAIRS, p1 = pairs - p0 < FX__SWEEP_PAIRS ? pairs : p0 + FX__SWEEP_PAIRS;
-            fx__bf16_pack_pairs_sweep_avx512(dst, x, ld, lines, K, pairs, width, p0, p1);
+            kc->pack_pairs_sweep(dst, x, ld, lines, K, pairs, width, p0, p1);
         }
         return;
     }
@@ -280,7 +281,7 @@ static void fx__bf16_pack_panels(const fx__bf16_tiled *t, bool a, uint32_t *dst,
         if (a && t->a_rows)
             fx__bf16_pack_rows(dst + q * width * pairs, x, ld, lk, lines, K, pairs, width, q);
         else
-            fx__bf16_pack_pairs(dst + q * width * pairs, x, ld, lk, lines, K, pairs, width, q);
+            kc->pack_pairs(dst + q * width * pairs, x, ld, lk, lines, K, pairs, width, q);
     }
 }
 

@@ -1,5 +1,6 @@
 /* bfloat16 matrix products with float32 accumulation: the GEMM of `--dtype bf16` training, the
-   bfloat16 <-> float32 conversions it needs, and their reference twins. Internal (fx__). */
+   bfloat16 <-> float32 conversions it needs, and their reference twins; a kernel table for
+   each (docs/dispatch.md). Internal (fx__). */
 #ifndef FX_CORE_GEMM_BF16_H
 #define FX_CORE_GEMM_BF16_H
 
@@ -31,7 +32,8 @@ static inline uint16_t fx__f32_to_bf16(float f)
 /* x rounded to the nearest bfloat16, as a float32. */
 static inline float fx__bf16_round(float x) { return fx__bf16_to_f32(fx__f32_to_bf16(x)); }
 
-/* dst [n] = bfloat16 of src [n] (no threads; the element loops of the paths, bitwise equal). */
+/* dst [n] = bfloat16 of src [n] (no threads; the element loops of the paths, bitwise equal;
+   fx__f32_to_bf16_n takes fx__bf16_kernels_now()'s, below). */
 void fx__f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n);
 void fx__f32_to_bf16_n_scalar(uint16_t *dst, const float *src, int64_t n);
 void fx__f32_to_bf16_n_avx2(uint16_t *dst, const float *src, int64_t n);
@@ -60,7 +62,7 @@ size_t fx__gemm_bf16_ws(int64_t M, int64_t N, int64_t K);
 /* Row-major C[M,N] = op(A)[M,K] op(B)[K,N] + beta * C (beta 0 overwrites C, NaN included), A and
    B in bfloat16 (rounded as read when given in float32), every product exact in float32 and
    the sums in float32. lda/ldb/ldc as in fx__sgemm. ws: fx__gemm_bf16_ws(M, N, K) floats.
-   Bitwise identical for any thread count. The paths (fx_get_isa()):
+   Bitwise identical for any thread count. The paths (fx__gemm_bf16_kernels_now()):
      AMX-BF16:      on CPUs with AMX tiles (fx__cpu_amx_bf16) and the AVX-512 path, the
                     operands packed in bfloat16 pairs and multiplied by tdpbf16ps, 32 x 32
                     tiles of C (fx__bf16_tiled_amx);
@@ -91,12 +93,16 @@ void fx__gemm_bf16_ref(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf
 typedef void (*fx__bf16_tile_kernel)(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C,
                                      int64_t ldc, int64_t mr, int64_t nr);
 
-typedef struct fx__bf16_tiled {
+/* A path of fx__gemm_bf16: the GEMM's kernel table (docs/dispatch.md). */
+typedef struct fx__gemm_bf16_kernels {
+    const char *name;   /* what `flexc --version` prints: "amx", "vdpbf16ps", "float32" */
     int64_t mr, nr;     /* the kernel's tile of C: lines per A and per B panel */
     int64_t align;      /* pairs padded with zeros to a multiple of this */
     bool a_rows;        /* A's panels row by row (fx__bf16_pack_rows), else pair by pair */
-    fx__bf16_tile_kernel kernel;
-} fx__bf16_tiled;
+    fx__bf16_tile_kernel kernel; /* NULL: the float32 route (fx__gemm_kernels_now()'s GEMM) */
+} fx__gemm_bf16_kernels;
+/* The same table by the name of its tiled paths, which the tests and benchmarks use. */
+typedef fx__gemm_bf16_kernels fx__bf16_tiled;
 
 /* The paths: vdpbf16ps, 12 x 32 tiles, both operands pair by pair (gemm_bf16_dp.h); AMX,
    32 x 32 tiles from 16 x 16 ones, pairs in blocks of 16 (a tile's k is 32), A row by row
@@ -108,16 +114,24 @@ void fx__bf16_amx_kernel(int64_t pairs, const uint32_t *a, const uint32_t *b, fl
 enum { FX__DP_MR = 12, FX__DP_NR = 32, FX__AMX_MR = 32, FX__AMX_NR = 32, FX__AMX_PAIRS = 16 };
 extern const fx__bf16_tiled fx__bf16_tiled_dp, fx__bf16_tiled_amx, fx__bf16_tiled_f32;
 
-/* The path fx__gemm_bf16 takes on this CPU when none is forced. */
-const fx__bf16_tiled *fx__gemm_bf16_cpu_path(void);
+/* The path fx__gemm_bf16 takes on this CPU on path isa when none is forced: AMX or vdpbf16ps
+   (gemm_bf16.c says where) on AVX-512, else the float32 route, which a build with
+   FLEXC_REFERENCE_KERNELS always takes. */
+const fx__gemm_bf16_kernels *fx__gemm_bf16_kernels_for(fx_isa isa);
+/* The path fx__gemm_bf16 takes now: the forced one, else fx_get_isa()'s. */
+const fx__gemm_bf16_kernels *fx__gemm_bf16_kernels_now(void);
+/* fx__gemm_bf16_kernels_for(fx_get_isa()) under the benchmarks' name. */
+static inline const fx__gemm_bf16_kernels *fx__gemm_bf16_cpu_path(void)
+{
+    return fx__gemm_bf16_kernels_for(fx_get_isa());
+}
 
-/* The path fx__gemm_bf16 takes now: the forced one, else the CPU's (the float32 route in a
-   build with FLEXC_REFERENCE_KERNELS). */
-const fx__bf16_tiled *fx__gemm_bf16_path(void);
+/* fx__gemm_bf16_kernels_now() under its former name. */
+static inline const fx__gemm_bf16_kernels *fx__gemm_bf16_path(void) { return fx__gemm_bf16_kernels_now(); }
 
-/* Tests and benchmarks: every later fx__gemm_bf16 takes path t (the tiled ones where their
-   packed operands fit ws), whatever the CPU has; NULL restores the CPU's choice. Not for use
-   inside a parallel region. */
+/* The force hook of the tests and benchmarks: every later fx__gemm_bf16 takes path t (the
+   tiled ones where their packed operands fit ws), whatever the CPU has; NULL restores the
+   CPU's choice. Not for use inside a parallel region. */
 void fx__gemm_bf16_force_tiled(const fx__bf16_tiled *t);
 
 /* Pairs per line of a (K) product on path t: (K + 1) / 2 rounded up to t->align. */
@@ -137,8 +151,8 @@ static inline size_t fx__bf16_tiled_words(const fx__bf16_tiled *t, int64_t M, in
    `lines` and past K): pair by pair (word p * width + l) or row by row (word l * pairs + p),
    each word the bfloat16 values of (line, k = 2p) in its low half and (line, 2p + 1) in its
    high half. Element (l, k) of x is at l * ld + k when lk (A not transposed, B transposed),
-   else at k * ld + l. width <= 32. fx__bf16_pack_pairs picks the loop for fx_get_isa(): the
-   AVX-512 one (sixteen lines or pairs a step) or the plain C one, the same words. */
+   else at k * ld + l. width <= 32. fx__bf16_pack_pairs takes the loop of fx__bf16_kernels_now():
+   the AVX-512 one (sixteen lines or pairs a step) or the plain C one, the same words. */
 void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
                          int64_t width, int64_t q);
 void fx__bf16_pack_pairs_scalar(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
@@ -192,9 +206,27 @@ void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, i
 
 /* dst [rows, cols] (contiguous) = src [rows, cols] (rows ld apart) as float32 bfloat16 values:
    the packing step of the paths above: the loops of each path (no threads), and the
-   threaded one that picks the path. */
+   threaded one that takes fx__bf16_kernels_now()'s. */
 void fx__bf16_pack(float *dst, fx__bf16_mat src, int64_t rows, int64_t cols, int64_t ld);
 void fx__bf16_pack_scalar(float *dst, fx__bf16_mat src, int64_t rows, int64_t cols, int64_t ld);
 void fx__bf16_pack_avx2(float *dst, fx__bf16_mat src, int64_t rows, int64_t cols, int64_t ld);
+
+/* ---- the conversions' kernel table (docs/dispatch.md) ------------------------------------- */
+
+typedef struct fx__bf16_kernels {
+    const char *name; /* what `flexc --version` prints */
+    void (*to_bf16_n)(uint16_t *dst, const float *src, int64_t n);                    /* fx__f32_to_bf16_n */
+    void (*pack)(float *dst, fx__bf16_mat src, int64_t rows, int64_t cols, int64_t ld); /* fx__bf16_pack's rows */
+    void (*pack_pairs)(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
+                       int64_t width, int64_t q); /* fx__bf16_pack_pairs */
+    /* fx__bf16_pack_pairs_sweep_avx512's contract; NULL: the path has none (panel by panel). */
+    void (*pack_pairs_sweep)(uint32_t *dst, fx__bf16_mat x, int64_t ld, int64_t lines, int64_t K, int64_t pairs,
+                             int64_t width, int64_t p0, int64_t p1);
+} fx__bf16_kernels;
+/* The plain C loops on the scalar path, the AVX2 ones on AVX2, and the AVX-512 pair packing
+   with them on AVX-512. */
+extern const fx__bf16_kernels fx__bf16_kernels_scalar, fx__bf16_kernels_avx2, fx__bf16_kernels_avx512;
+const fx__bf16_kernels *fx__bf16_kernels_for(fx_isa isa);
+const fx__bf16_kernels *fx__bf16_kernels_now(void); /* fx_get_isa()'s */
 
 #endif

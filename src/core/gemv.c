@@ -1,5 +1,5 @@
 /* Matrix-vector products over float32 / bfloat16 / float16 weights (see gemv.h): the
-   scalar reference, the thread split and the ISA dispatch. */
+   scalar reference, the kernel tables and the thread split. */
 #include "core/gemv.h"
 
 #include <string.h>
@@ -25,30 +25,39 @@ void fx__gemv_rows_scalar(float *y, const void *w, fx_dtype dt, const float *x, 
     }
 }
 
-static bool fx__use_avx2(void)
+static void fx__widen_scalar(float *dst, const void *src, fx_dtype dt, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = fx__elem(src, dt, (size_t)i);
+}
+
+const fx__gemv_kernels fx__gemv_kernels_scalar = {"scalar", fx__gemv_rows_scalar, fx__widen_scalar};
+const fx__gemv_kernels fx__gemv_kernels_avx2 = {"avx2", fx__gemv_rows_avx2, fx__widen_avx2};
+
+const fx__gemv_kernels *fx__gemv_kernels_for(fx_isa isa)
 {
 #ifdef FLEXC_REFERENCE_KERNELS
-    return false;
+    (void)isa;
+    return &fx__gemv_kernels_scalar;
 #else
-    return fx__isa() >= FX_ISA_AVX2;
+    return FX__PER_ISA(isa, &fx__gemv_kernels_scalar, &fx__gemv_kernels_avx2, &fx__gemv_kernels_avx2);
 #endif
 }
+
+const fx__gemv_kernels *fx__gemv_kernels_now(void) { return fx__gemv_kernels_for(fx__isa()); }
 
 /* Rows per block of the thread split. */
 enum { FX__GEMV_BLOCK = 32 };
 
 void fx__gemv(float *y, const void *w, fx_dtype dt, const float *x, int64_t O, int64_t I, bool acc)
 {
-    const bool avx2 = fx__use_avx2();
+    const fx__gemv_kernels *k = fx__gemv_kernels_now();
     const int64_t nb = (O + FX__GEMV_BLOCK - 1) / FX__GEMV_BLOCK;
     /* Threads only when the matrix is worth waking them for (about 64 KB of float32). */
 #pragma omp parallel for schedule(static) if (O * I >= (1 << 14) && nb > 1)
     for (int64_t b = 0; b < nb; b++) {
         int64_t r0 = b * FX__GEMV_BLOCK, r1 = r0 + FX__GEMV_BLOCK < O ? r0 + FX__GEMV_BLOCK : O;
-        if (avx2)
-            fx__gemv_rows_avx2(y, w, dt, x, r0, r1, I, acc);
-        else
-            fx__gemv_rows_scalar(y, w, dt, x, r0, r1, I, acc);
+        k->rows(y, w, dt, x, r0, r1, I, acc);
     }
 }
 
@@ -61,18 +70,13 @@ void fx__widen_rows(float *dst, const void *w, fx_dtype dt, int64_t r0, int64_t 
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
     }
-    const bool avx2 = fx__use_avx2();
+    const fx__gemv_kernels *k = fx__gemv_kernels_now();
     enum { CHUNK = 1 << 14 };
     const int64_t nc = (n + CHUNK - 1) / CHUNK;
 #pragma omp parallel for schedule(static) if (nc > 1)
     for (int64_t c = 0; c < nc; c++) {
         int64_t a = c * CHUNK, e = a + CHUNK < n ? a + CHUNK : n;
-        if (avx2) {
-            fx__widen_avx2(dst + a, src + (size_t)a * esz, dt, e - a);
-        } else {
-            for (int64_t i = a; i < e; i++)
-                dst[i] = fx__elem(src, dt, (size_t)i);
-        }
+        k->widen(dst + a, src + (size_t)a * esz, dt, e - a);
     }
 }
 

@@ -46,4 +46,15 @@ void fx__gemv_rows_avx2(float *y, const void *w, fx_dtype dt, const float *x, in
 /* dst [n] = src [n] widened (BF16 or F16). */
 void fx__widen_avx2(float *dst, const void *src, fx_dtype dt, int64_t n);
 
+/* The kernel table of a CPU path (docs/dispatch.md): the AVX2 twins on AVX2 and AVX-512, the
+   reference on the scalar path and in a build with FLEXC_REFERENCE_KERNELS. */
+typedef struct fx__gemv_kernels {
+    const char *name; /* what `flexc --version` prints */
+    void (*rows)(float *y, const void *w, fx_dtype dt, const float *x, int64_t r0, int64_t r1, int64_t I, bool acc);
+    void (*widen)(float *dst, const void *src, fx_dtype dt, int64_t n);
+} fx__gemv_kernels;
+extern const fx__gemv_kernels fx__gemv_kernels_scalar, fx__gemv_kernels_avx2;
+const fx__gemv_kernels *fx__gemv_kernels_for(fx_isa isa);
+const fx__gemv_kernels *fx__gemv_kernels_now(void); /* fx_get_isa()'s */
+
 #endif

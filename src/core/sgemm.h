@@ -1,6 +1,7 @@
-/* The float32 GEMM's own tiled path (fx__sgemm on the AVX-512 path; gemm.c): both operands
-   packed block of k by block of k into panels, and a 12 x 32 register-blocked micro-kernel
-   over C's tiles. Internal (fx__).
+/* The float32 GEMM's kernel table (which product fx__sgemm runs on each CPU path), and its
+   own tiled path (fx__sgemm on the AVX-512 path; gemm.c): both operands packed block of k by
+   block of k into panels, and a 12 x 32 register-blocked micro-kernel over C's tiles.
+   Internal (fx__).
 
    Why not BLIS there: BLIS's run-time detection knows only the CPUs of its release, and on a
    newer one (Debian 12's BLIS 0.9 on AMD Zen 5, say) falls back to its generic C kernels at a
@@ -83,5 +84,25 @@ size_t fx__sgemm_tiled_ws(int64_t M, int64_t N, int64_t K);
 void fx__sgemm_tiled(const fx__sgemm_path *p, fx__sgemm_scheme scheme, bool ta, bool tb, int64_t M, int64_t N,
                      int64_t K, float alpha, fx__sgemm_mat A, int64_t lda, fx__sgemm_mat B, int64_t ldb, float beta,
                      float *C, int64_t ldc, float *ws);
+
+/* ---- the kernel table (docs/dispatch.md) ------------------------------------------------ */
+
+typedef struct fx__gemm_kernels {
+    const char *name; /* what `flexc --version` prints: "own avx512", "blis", "reference" */
+    /* fx__sgemm's contract (untraced): threads, blocks and all. */
+    void (*sgemm)(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                  const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+    /* The tiled path behind sgemm, whose packing also reads bfloat16 operands (the float32
+       route of fx__gemm_bf16); NULL: none, the operands are widened for sgemm. */
+    const fx__sgemm_path *tiled;
+} fx__gemm_kernels;
+
+/* The own tiled path on AVX-512 (BLIS where its scratch cannot be had); BLIS, which computes
+   each element the same way whatever the call's shape (gemm.c), on the other paths; the
+   float64 reference (fx__sgemm_ref) in a build with FLEXC_REFERENCE_KERNELS. */
+extern const fx__gemm_kernels fx__gemm_kernels_avx512, fx__gemm_kernels_blis, fx__gemm_kernels_ref;
+/* The table of a CPU path, and of the path taken now (fx_get_isa()). */
+const fx__gemm_kernels *fx__gemm_kernels_for(fx_isa isa);
+const fx__gemm_kernels *fx__gemm_kernels_now(void);
 
 #endif

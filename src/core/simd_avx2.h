@@ -10,6 +10,7 @@ typedef __m256 vf;
 typedef __m256 vm;
 #define VL 8
 #define SIMD_FN(name) name##_avx2
+#define SIMD_NAME "avx2" /* the kernel tables' name (docs/dispatch.md) */
 
 static inline float hmax_avx2(__m256 x)
 {

@@ -10,6 +10,7 @@ typedef __m512 vf;
 typedef __mmask16 vm;
 #define VL 16
 #define SIMD_FN(name) name##_avx512
+#define SIMD_NAME "avx512" /* the kernel tables' name (docs/dispatch.md) */
 #define V_ZERO() _mm512_setzero_ps()
 #define V_SET1(x) _mm512_set1_ps(x)
 #define V_LOAD(p) _mm512_loadu_ps(p)

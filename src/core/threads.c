@@ -169,7 +169,7 @@ int fx_set_isa(fx_isa isa)
     return FX_OK;
 }
 
-bool fx__cpu_avx512bf16(void)
+bool fx__cpu_has_avx512bf16(void)
 {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(FLEXC_REFERENCE_KERNELS)
     static atomic_int has = -1;
@@ -179,11 +179,13 @@ bool fx__cpu_avx512bf16(void)
         h = __builtin_cpu_supports("avx512bf16") && fx__isa_supported() == FX_ISA_AVX512;
         atomic_store(&has, h);
     }
-    return h && fx_get_isa() == FX_ISA_AVX512;
+    return h;
 #else
     return false;
 #endif
 }
+
+bool fx__cpu_avx512bf16(void) { return fx__cpu_has_avx512bf16() && fx_get_isa() == FX_ISA_AVX512; }
 
 bool fx__cpu_vendor_amd(void)
 {
@@ -209,7 +211,7 @@ bool fx__cpu_vendor_amd(void)
 #if defined(__linux__) && defined(__x86_64__) && defined(__GNUC__) && !defined(FLEXC_REFERENCE_KERNELS)
 enum { FX__ARCH_REQ_XCOMP_PERM = 0x1023, FX__XFEATURE_XTILEDATA = 18 };
 
-bool fx__cpu_amx_bf16(void)
+bool fx__cpu_has_amx_bf16(void)
 {
     static atomic_int has = -1;
     int h = atomic_load(&has);
@@ -223,11 +225,13 @@ bool fx__cpu_amx_bf16(void)
             syscall(SYS_arch_prctl, FX__ARCH_REQ_XCOMP_PERM, FX__XFEATURE_XTILEDATA) == 0;
         atomic_store(&has, h);
     }
-    return h && fx_get_isa() == FX_ISA_AVX512;
+    return h;
 }
 #else
-bool fx__cpu_amx_bf16(void) { return false; }
+bool fx__cpu_has_amx_bf16(void) { return false; }
 #endif
+
+bool fx__cpu_amx_bf16(void) { return fx__cpu_has_amx_bf16() && fx_get_isa() == FX_ISA_AVX512; }
 
 const char *fx_isa_name(fx_isa isa)
 {
