@@ -1,8 +1,9 @@
-/* fx_flex_attention: argument checks, work plan, and the choice of path. */
+/* fx_flex_attention: argument checks, work plan, the forward's kernel tables, and the choice
+   between the CPU and a device backend. */
 #include "attention/internal.h"
 #include "attention/backward.h"
 #include "attention/bf16.h"
-#include "cuda/cuda.h"
+#include "core/backend.h"
 
 #ifdef __SSE2__
 #include <emmintrin.h>
@@ -185,26 +186,33 @@ void fx__fwd_item_store(const fx__fwd_plan *p, const fx_attention *a, const fx__
 #endif
 }
 
+const fx__attn_fwd_kernels fx__attn_fwd_kernels_scalar = {"scalar", fx__flex_forward_scalar, NULL};
+const fx__attn_fwd_kernels fx__attn_fwd_kernels_avx2 = {"avx2", fx__flex_forward_avx2, NULL};
+const fx__attn_fwd_kernels fx__attn_fwd_kernels_avx512 = {"avx512", fx__flex_forward_avx512,
+                                                          fx__flex_forward_avx512bf16};
+
+const fx__attn_fwd_kernels *fx__attn_fwd_kernels_for(fx_isa isa)
+{
+#ifdef FLEXC_REFERENCE_KERNELS
+    (void)isa;
+    return &fx__attn_fwd_kernels_scalar;
+#else
+    return FX__PER_ISA(isa, &fx__attn_fwd_kernels_scalar, &fx__attn_fwd_kernels_avx2, &fx__attn_fwd_kernels_avx512);
+#endif
+}
+
+const fx__attn_fwd_kernels *fx__attn_fwd_kernels_now(void) { return fx__attn_fwd_kernels_for(fx__isa()); }
+
 static int fx__flex_forward_flags(const fx_attention *a, unsigned flags, const float *q, const float *k,
                                   const float *v, float *out, float *lse)
 {
     /* A sparse forward is fast enough that first writes of a fresh output (one page fault
        per 4 KiB) were a tenth of its time at L = 32768, window 256. */
     fx__advise_huge_pages(out, (size_t)(a->B * a->Hq * a->Lq) * (size_t)a->Dv * sizeof(float));
-#ifndef FLEXC_REFERENCE_KERNELS
-    if ((flags & FX__ATTN_BF16) && fx__attn16_cpu())
-        return fx__flex_forward_avx512bf16(a, q, k, v, out, lse);
-    switch (fx__isa()) {
-    case FX_ISA_AVX512:
-        return fx__flex_forward_avx512(a, q, k, v, out, lse);
-    case FX_ISA_AVX2:
-        return fx__flex_forward_avx2(a, q, k, v, out, lse);
-    default:
-        break;
-    }
-#endif
-    (void)flags;
-    return fx__flex_forward_scalar(a, q, k, v, out, lse);
+    const fx__attn_fwd_kernels *kf = fx__attn_fwd_kernels_now();
+    if ((flags & FX__ATTN_BF16) && kf->forward_bf16 && fx__attn16_cpu())
+        return kf->forward_bf16(a, q, k, v, out, lse);
+    return kf->forward(a, q, k, v, out, lse);
 }
 
 int fx__flex_forward(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
@@ -216,8 +224,9 @@ int fx__flex_forward(const fx_attention *a, const float *q, const float *k, cons
 int fx_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
                       float *lse)
 {
-    if (a && fx__cuda_wanted(a->device, a->dtype)) /* a device or bf16 call: src/cuda */
-        return fx__cuda_flex_attention(a, q, k, v, out, lse);
+    const fx__backend *dev = a ? fx__backend_of(a->device, a->dtype) : NULL;
+    if (dev) /* device memory or bfloat16 tensors: that backend's call */
+        return dev->flex_attention(a, q, k, v, out, lse);
     return fx__flex_attention_with(a, 0, q, k, v, out, lse);
 }
 

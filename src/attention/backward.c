@@ -18,7 +18,7 @@
    bit and the choice between them may depend on the thread count. */
 #include "attention/backward.h"
 #include "attention/bf16.h"
-#include "cuda/cuda.h"
+#include "core/backend.h"
 
 #include <string.h>
 
@@ -41,7 +41,7 @@ typedef struct bw_ctx {
     const fx_attention *a;
     const float *q, *k, *v, *lse, *dout, *Di;
     float *dq, *dk, *dv;
-    const fx__attn_kernels *kr;
+    const fx__attn_bwd_kernels *kr;
     const fx__attn16_kernels *k16; /* the products in bfloat16 (FX__ATTN_BF16), NULL: float32 */
     float scale;
     int64_t G, bq, bk, ldk;
@@ -59,16 +59,17 @@ static int bw_mode = FX__BWD_AUTO;
 
 void fx__attention_backward_set_mode(int mode) { bw_mode = mode; }
 
-const fx__attn_kernels *fx__attn_kernels_now(void)
+const fx__attn_bwd_kernels *fx__attn_bwd_kernels_for(fx_isa isa)
 {
 #if !defined(FLEXC_REFERENCE_KERNELS) && defined(__x86_64__)
-    if (fx__isa() >= FX_ISA_AVX512)
-        return &fx__attn_kernels_avx512;
-    if (fx__isa() == FX_ISA_AVX2)
-        return &fx__attn_kernels_avx2;
+    return FX__PER_ISA(isa, &fx__attn_bwd_kernels_scalar, &fx__attn_bwd_kernels_avx2, &fx__attn_bwd_kernels_avx512);
+#else
+    (void)isa;
+    return &fx__attn_bwd_kernels_scalar;
 #endif
-    return &fx__attn_kernels_scalar;
 }
+
+const fx__attn_bwd_kernels *fx__attn_bwd_kernels_now(void) { return fx__attn_bwd_kernels_for(fx__isa()); }
 
 /* ---- scalar kernels (the reference twin) --------------------------------------------------- */
 
@@ -169,7 +170,8 @@ static void transpose_scalar(float *dst, int64_t ldd, const float *src, int64_t 
             dst[c * ldd + r] = src[r * lds + c];
 }
 
-const fx__attn_kernels fx__attn_kernels_scalar = {
+const fx__attn_bwd_kernels fx__attn_bwd_kernels_scalar = {
+    .name = "scalar",
     .nn = nn_scalar,
     .tn = tn_scalar,
     .probs = probs_scalar,
@@ -234,7 +236,7 @@ static void bw_tile(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_
                     int64_t kb, const uint64_t *bits, int64_t i0, int want, double *tab)
 {
     const fx_attention *a = c->a;
-    const fx__attn_kernels *kr = c->kr;
+    const fx__attn_bwd_kernels *kr = c->kr;
     int64_t ld = c->ldk, D = a->D, Dv = a->Dv;
     int64_t c0 = kb * c->bk, nk = a->Lkv - c0 < c->bk ? a->Lkv - c0 : c->bk;
     /* A partial block: only the keys these rows can see (the others have P = dS = 0). */
@@ -439,8 +441,9 @@ int fx_flex_attention_backward(const fx_attention *a, const float *q, const floa
                                const float *out, const float *lse, const float *dout, float *dq,
                                float *dk, float *dv)
 {
-    if (a && fx__cuda_wanted(a->device, a->dtype)) /* a device or bf16 call: src/cuda */
-        return fx__cuda_flex_attention_backward(a, q, k, v, out, lse, dout, dq, dk, dv);
+    const fx__backend *dev = a ? fx__backend_of(a->device, a->dtype) : NULL;
+    if (dev) /* device memory or bfloat16 tensors: that backend's call */
+        return dev->flex_attention_backward(a, q, k, v, out, lse, dout, dq, dk, dv);
     return fx__flex_attention_backward_with(a, 0, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
@@ -473,7 +476,7 @@ int fx__flex_attention_backward_with(const fx_attention *a, unsigned flags, cons
         return rc;
 
     bw_ctx c = {.a = a, .q = q, .k = k, .v = v, .lse = lse, .dout = dout, .dq = dq, .dk = dk, .dv = dv};
-    c.kr = fx__attn_kernels_now();
+    c.kr = fx__attn_bwd_kernels_now();
     c.k16 = flags & FX__ATTN_BF16 ? fx__attn16_kernels_now() : NULL;
     c.scale = fx__attention_scale(a);
     c.G = a->Hq / a->Hkv;

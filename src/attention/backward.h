@@ -5,8 +5,11 @@
 
 #include "attention/internal.h"
 
-/* Tile kernels of one CPU path. Matrices are row-major float32 with explicit row strides. */
-typedef struct fx__attn_kernels {
+/* The backward's kernel table (docs/dispatch.md): the tile kernels of one CPU path, which
+   decoding shares (dots, softmax_chunk, mask_bits, nn). Matrices are row-major float32 with
+   explicit row strides. */
+typedef struct fx__attn_bwd_kernels {
+    const char *name; /* what `flexc --version` prints */
     /* C[M,N] = alpha * A[M,K] B[K,N]  (acc false), or C += A B (acc true; alpha ignored).
        Each C element sums k = 0..K-1 in order (per vector lane), so the result does not
        depend on how C is cut into calls. */
@@ -35,13 +38,15 @@ typedef struct fx__attn_kernels {
                           float *alpha);
     /* dst[c, r] = src[r, c] for r < rows, c < cols. */
     void (*transpose)(float *dst, int64_t ldd, const float *src, int64_t lds, int64_t rows, int64_t cols);
-} fx__attn_kernels;
+} fx__attn_bwd_kernels;
 
-extern const fx__attn_kernels fx__attn_kernels_scalar;
-extern const fx__attn_kernels fx__attn_kernels_avx2;
-extern const fx__attn_kernels fx__attn_kernels_avx512;
-/* The kernels of the current CPU path (fx_get_isa()). */
-const fx__attn_kernels *fx__attn_kernels_now(void);
+extern const fx__attn_bwd_kernels fx__attn_bwd_kernels_scalar;
+extern const fx__attn_bwd_kernels fx__attn_bwd_kernels_avx2;
+extern const fx__attn_bwd_kernels fx__attn_bwd_kernels_avx512;
+/* The kernels of a CPU path (the scalar ones in a build with FLEXC_REFERENCE_KERNELS), and of
+   the current one (fx_get_isa()). */
+const fx__attn_bwd_kernels *fx__attn_bwd_kernels_for(fx_isa isa);
+const fx__attn_bwd_kernels *fx__attn_bwd_kernels_now(void);
 
 /* How the backward walks the blocks. Both orders give bitwise identical results; AUTO takes
    the single pass over kv-blocks when there are enough (batch, kv-head) pairs to share out. */

@@ -232,7 +232,8 @@ static void SIMD_FN(softmax_chunk)(float *P, const float *S, int64_t ld, int64_t
     }
 }
 
-const fx__attn_kernels SIMD_FN(fx__attn_kernels) = {
+const fx__attn_bwd_kernels SIMD_FN(fx__attn_bwd_kernels) = {
+    .name = SIMD_NAME,
     .nn = SIMD_FN(nn),
     .tn = SIMD_FN(tn),
     .probs = SIMD_FN(probs),

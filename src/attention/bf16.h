@@ -14,7 +14,9 @@
 
 #include "core/core.h"
 
+/* The kernel table of the bfloat16 products (docs/dispatch.md). */
 typedef struct fx__attn16_kernels {
+    const char *name; /* what `flexc --version` prints */
     /* dst in the rows layout of src [rows, cols] (rows lds floats apart): ceil(cols / 2)
        words a row, rows ldw words apart. */
     void (*rows)(uint32_t *dst, int64_t ldw, const float *src, int64_t lds, int64_t rows, int64_t cols);
@@ -31,18 +33,22 @@ typedef struct fx__attn16_kernels {
 
 extern const fx__attn16_kernels fx__attn16_kernels_avx512bf16;
 
-/* Whether this CPU runs the attention's products in bfloat16: where the bfloat16 GEMM takes
-   vdpbf16ps too (fx__gemm_bf16_cpu_path: AMD's cores with AVX512-BF16); elsewhere a call
-   with FX__ATTN_BF16 stays float32 (docs/train.md). The forward's bfloat16 strips
-   (forward_avx512bf16.c) run only here. */
+/* The kernels of CPU path isa: the vdpbf16ps ones where the bfloat16 GEMM takes vdpbf16ps
+   there too (fx__gemm_bf16_kernels_for: AMD's cores with AVX512-BF16, on the AVX-512 path),
+   else NULL: a call with FX__ATTN_BF16 stays float32 (docs/train.md). */
+const fx__attn16_kernels *fx__attn16_kernels_for(fx_isa isa);
+
+/* Whether this CPU runs the attention's products in bfloat16 now (fx__attn16_kernels_for
+   the current path). The forward's bfloat16 strips (forward_avx512bf16.c) run only here. */
 bool fx__attn16_cpu(void);
 
-/* The kernels the backward of a call with FX__ATTN_BF16 takes: the forced ones, else the
-   vdpbf16ps ones where fx__attn16_cpu(), else NULL (float32). */
+/* The kernels the backward of a call with FX__ATTN_BF16 takes: the forced ones, else
+   fx__attn16_kernels_for(fx_get_isa()) (NULL: float32). */
 const fx__attn16_kernels *fx__attn16_kernels_now(void);
 
-/* Tests: later backward passes take kernels k (such as SIMDe's build of bf16_dp.h, on any
-   CPU), whatever the CPU has; NULL restores the CPU's choice. Not inside a parallel region. */
+/* The force hook of the tests: later backward passes take kernels k (such as SIMDe's build of
+   bf16_dp.h, on any CPU), whatever the CPU has; NULL restores the CPU's choice. Not inside a
+   parallel region. */
 void fx__attn16_force(const fx__attn16_kernels *k);
 
 #endif

@@ -132,6 +132,7 @@ static void a16_mm(float *C, int64_t ldc, const uint32_t *A, int64_t sa_m, int64
 }
 
 const fx__attn16_kernels FX__ATTN16_TABLE = {
+    .name = "vdpbf16ps",
     .rows = a16_rows,
     .pairs = a16_pairs,
     .mm = a16_mm,

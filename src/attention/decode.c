@@ -27,7 +27,7 @@ bool fx__attention_use_decode(const fx_attention *a)
 typedef struct dec_plan {
     const fx_attention *a;
     const float *q, *k, *v;
-    const fx__attn_kernels *kr;
+    const fx__attn_bwd_kernels *kr;
     const fx_block_mask *m;
     float scale;
     int64_t G, R;        /* query heads per kv-head; rows per unit = G * Lq */
@@ -71,7 +71,7 @@ static int dec_status(const dec_plan *p, dec_scratch *s, int64_t b, int64_t hk, 
 static void dec_unit(const dec_plan *p, dec_scratch *s, int64_t b, int64_t hk, int64_t split)
 {
     const fx_attention *a = p->a;
-    const fx__attn_kernels *kr = p->kr;
+    const fx__attn_bwd_kernels *kr = p->kr;
     int64_t R = p->R, Lq = a->Lq, D = a->D, Dv = a->Dv, ld = p->ld;
     const float *kh = p->k + (b * a->Hkv + hk) * a->Lkv * D;
     const float *vh = p->v + (b * a->Hkv + hk) * a->Lkv * Dv;
@@ -182,7 +182,7 @@ int fx__attention_decode(const fx_attention *a, const float *q, const float *k, 
                          float *lse)
 {
     dec_plan p = {.a = a, .q = q, .k = k, .v = v, .m = a->mask};
-    p.kr = fx__attn_kernels_now();
+    p.kr = fx__attn_bwd_kernels_now();
     p.scale = fx__attention_scale(a);
     p.G = a->Hq / a->Hkv;
     p.R = p.G * a->Lq;

@@ -133,7 +133,7 @@ int fx__attention_check(const fx_attention *a, const float *q, const float *k, c
 /* The scale the kernels use: a->scale, or 1/sqrt(D) when it is 0. */
 float fx__attention_scale(const fx_attention *a);
 
-/* The forward after fx__attention_check passed: picks the path (fx_get_isa()) and runs.
+/* The forward after fx__attention_check passed: runs the path of fx__attn_fwd_kernels_now().
    out [B,Hq,Lq,Dv] and lse [B,Hq,Lq] (may be NULL) are overwritten. FX_OK or FX_ENOMEM. */
 int fx__flex_forward(const fx_attention *a, const float *q, const float *k, const float *v,
                      float *out, float *lse);
@@ -144,12 +144,29 @@ int fx__flex_forward_avx2(const fx_attention *a, const float *q, const float *k,
                           float *out, float *lse);
 int fx__flex_forward_avx512(const fx_attention *a, const float *q, const float *k, const float *v,
                             float *out, float *lse);
-/* The AVX-512 path with its products in bfloat16 (bf16.h), where fx__attn16_kernels_now(). */
+/* The AVX-512 path with its products in bfloat16 (bf16.h), where fx__attn16_cpu(). */
 int fx__flex_forward_avx512bf16(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
                                 float *lse);
 
+/* The forward's kernel table (docs/dispatch.md): one path each. */
+typedef struct fx__attn_fwd_kernels {
+    const char *name; /* what `flexc --version` prints */
+    int (*forward)(const fx_attention *a, const float *q, const float *k, const float *v, float *out, float *lse);
+    /* The same with the products in bfloat16 (FX__ATTN_BF16), taken where fx__attn16_cpu();
+       NULL: the path has none (the call runs forward, in float32). */
+    int (*forward_bf16)(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
+                        float *lse);
+} fx__attn_fwd_kernels;
+extern const fx__attn_fwd_kernels fx__attn_fwd_kernels_scalar, fx__attn_fwd_kernels_avx2,
+    fx__attn_fwd_kernels_avx512;
+/* The table of a CPU path (the scalar one in a build with FLEXC_REFERENCE_KERNELS), and of
+   the current one (fx_get_isa()). */
+const fx__attn_fwd_kernels *fx__attn_fwd_kernels_for(fx_isa isa);
+const fx__attn_fwd_kernels *fx__attn_fwd_kernels_now(void);
+
 /* Options of the internal entry points. FX__ATTN_BF16: the products take bfloat16 operands
-   (bf16.h; the trainer's --dtype bf16) where fx__attn16_kernels_now() has kernels, float32
+   (bf16.h; the trainer's --dtype bf16) where the CPU has the kernels (the forward's
+   forward_bf16 where fx__attn16_cpu(), the backward's fx__attn16_kernels_now()), float32
    elsewhere; the split-KV decoding path stays float32. */
 enum { FX__ATTN_BF16 = 1u };
 /* fx_flex_attention and fx_flex_attention_backward on the CPU, with options. */

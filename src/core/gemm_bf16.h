@@ -126,9 +126,6 @@ static inline const fx__gemm_bf16_kernels *fx__gemm_bf16_cpu_path(void)
     return fx__gemm_bf16_kernels_for(fx_get_isa());
 }
 
-/* fx__gemm_bf16_kernels_now() under its former name. */
-static inline const fx__gemm_bf16_kernels *fx__gemm_bf16_path(void) { return fx__gemm_bf16_kernels_now(); }
-
 /* The force hook of the tests and benchmarks: every later fx__gemm_bf16 takes path t (the
    tiled ones where their packed operands fit ws), whatever the CPU has; NULL restores the
    CPU's choice. Not for use inside a parallel region. */

@@ -1,12 +1,14 @@
-/* The CUDA backend (docs/cuda.md): the entry points the public calls route to when they name
-   a device (device > 0) or a dtype other than float32, and the launch descriptions shared by
-   the host side (device.c, plain C, built in every configuration) and the kernels
-   (attention.cu, lce.cu, built only with CUDA).
+/* The CUDA backend (docs/cuda.md): the launch descriptions shared by the host side (device.c,
+   plain C, built in every configuration) and the kernels (attention.cu, lce.cu, built only
+   with CUDA).
 
-   device.c does every check a call needs (arguments, device, pointers' memory, the mask's
-   copy) and fills an fx__cu_* description; the kernels' launchers only launch. Without CUDA
-   in the build, the entry points still check their arguments and then return
-   FX_EUNSUPPORTED, so the host-side logic is tested everywhere. */
+   device.c fills the backend's table (fx__cuda_backend, core/backend.h), which the public
+   calls reach when they name a device (device > 0) or a dtype other than float32; it does
+   every check a call needs (arguments, device, pointers' memory, the mask's copy) and fills
+   an fx__cu_* description; the kernels' launchers only launch. Without CUDA in the build,
+   the calls still check their arguments and then return FX_EUNSUPPORTED, so the host-side
+   logic is tested everywhere. The modules never include this header: the backend depends on
+   them (attention/internal.h, lce/lce_internal.h), not the reverse. */
 #ifndef FX_CUDA_H
 #define FX_CUDA_H
 
@@ -16,25 +18,10 @@ extern "C" {
 
 #include "core/core.h" /* C declarations: inside the extern "C" block for the .cu files */
 
-/* ---- entry points (device.c) ------------------------------------------------------------- */
+/* ---- host side (device.c) ---------------------------------------------------------------- */
 
-/* True when a call with these fields leaves the CPU path. */
-static inline bool fx__cuda_wanted(int device, int dtype)
-{
-    return device != 0 || (dtype != 0 && dtype != FX_DT_F32);
-}
-
-/* The public calls' contracts, on device memory (docs/cuda.md). */
-int fx__cuda_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v,
-                            float *out, float *lse);
-int fx__cuda_flex_attention_backward(const fx_attention *a, const float *q, const float *k, const float *v,
-                                     const float *out, const float *lse, const float *dout, float *dq,
-                                     float *dk, float *dv);
-/* lse_in == NULL: the forward call (fx_linear_cross_entropy); else the backward one. */
-int fx__cuda_lce(const fx_lce *p, const float *h, const float *w, const float *bias, const int64_t *target,
-                 float *loss, float *lse, const float *lse_in, const float *grad_loss, float *dh, float *dw,
-                 float *dbias);
-/* Frees the device copy of a block mask, if it has one (called by fx_block_mask_free). */
+/* fx__cuda_backend.block_mask_release: frees the device copy of a block mask, if it has one
+   (fx_block_mask_free calls it by this name). */
 void fx__cuda_block_mask_release(fx_block_mask *m);
 
 /* A CUDA runtime error as a status: FX_ENOMEM for an allocation failure, else FX_EDEVICE,

@@ -1,12 +1,14 @@
-/* The CUDA backend's host side: every check of a device call (arguments, dtype, device,
-   where each pointer lives, the mask's device copy), the block mask's copy, the work plan,
-   and the routing to the launchers in attention.cu and lce.cu. Built in every
-   configuration: without CUDA (FLEXC_HAVE_CUDA undefined) the calls check their arguments
-   and return FX_EUNSUPPORTED. */
+/* The CUDA backend's host side: its table (fx__cuda_backend, core/backend.h), every check of a
+   device call (arguments, dtype, device, where each pointer lives, the mask's device copy),
+   the block mask's copy, the work plan, and the routing to the launchers in attention.cu and
+   lce.cu. Built in every configuration: without CUDA (FLEXC_HAVE_CUDA undefined) the calls
+   check their arguments and return FX_EUNSUPPORTED. */
 #include "cuda/cuda.h"
+#include "core/backend.h"
 #include "attention/internal.h"
 #include "lce/lce_internal.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #if defined(FX_CUDA_EMU)
@@ -28,6 +30,23 @@ int fx_cuda_device_count(void)
     return n;
 #else
     return 0;
+#endif
+}
+
+/* The first device's name (what calls with device = 1 run on). */
+static const char *cuda_device_name(char *buf, size_t cap)
+{
+#if defined(FLEXC_HAVE_CUDA) && !defined(FX_CUDA_EMU)
+    struct cudaDeviceProp prop;
+    if (fx_cuda_device_count() < 1 || cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    snprintf(buf, cap, "%s", prop.name);
+    return buf;
+#else
+    (void)buf, (void)cap;
+    return NULL;
 #endif
 }
 
@@ -375,8 +394,8 @@ static int attn_open(const char *who, const fx_attention *a, const fx__span *in,
     return rc;
 }
 
-int fx__cuda_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
-                            float *lse)
+static int cuda_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
+                               float *lse)
 {
     static const char who[] = "fx_flex_attention";
     int rc = fx__attention_check(a, q, k, v);
@@ -405,9 +424,9 @@ int fx__cuda_flex_attention(const fx_attention *a, const float *q, const float *
     return rc;
 }
 
-int fx__cuda_flex_attention_backward(const fx_attention *a, const float *q, const float *k, const float *v,
-                                     const float *out, const float *lse, const float *dout, float *dq, float *dk,
-                                     float *dv)
+static int cuda_flex_attention_backward(const fx_attention *a, const float *q, const float *k, const float *v,
+                                        const float *out, const float *lse, const float *dout, float *dq, float *dk,
+                                        float *dv)
 {
     static const char who[] = "fx_flex_attention_backward";
     int rc = fx__attention_check(a, q, k, v);
@@ -456,9 +475,9 @@ int64_t fx__cu_lce_chunk(int64_t N, int64_t V, int64_t chunk)
     return c < N ? c : N;
 }
 
-int fx__cuda_lce(const fx_lce *p, const float *h, const float *w, const float *bias, const int64_t *target,
-                 float *loss, float *lse, const float *lse_in, const float *grad_loss, float *dh, float *dw,
-                 float *dbias)
+static int cuda_lce(const fx_lce *p, const float *h, const float *w, const float *bias, const int64_t *target,
+                    float *loss, float *lse, const float *lse_in, const float *grad_loss, float *dh, float *dw,
+                    float *dbias)
 {
     const bool backward = lse_in != NULL || grad_loss != NULL;
     const char *who = backward ? "fx_linear_cross_entropy_backward" : "fx_linear_cross_entropy";
@@ -530,3 +549,14 @@ int fx__cuda_lce(const fx_lce *p, const float *h, const float *w, const float *b
     close_device(prev);
     return rc;
 }
+
+/* ---- the backend's table ------------------------------------------------------------------ */
+
+const fx__backend fx__cuda_backend = {
+    .name = "cuda",
+    .device_name = cuda_device_name,
+    .flex_attention = cuda_flex_attention,
+    .flex_attention_backward = cuda_flex_attention_backward,
+    .lce = cuda_lce,
+    .block_mask_release = fx__cuda_block_mask_release,
+};

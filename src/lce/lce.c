@@ -4,7 +4,7 @@
    vocabulary-major, and the GEMMs are this module's own kernels (lce_internal.h), or
    BLIS's on the AVX2 path. */
 #include "lce_internal.h"
-#include "cuda/cuda.h"
+#include "core/backend.h"
 
 #include <limits.h>
 #include <math.h>
@@ -74,16 +74,6 @@ static void lce_grad_scalar(float *z, int64_t n, float lse, float a, float b, fl
 }
 
 const fx__lce_row_kernels fx__lce_row_kernels_scalar = {lce_stats_scalar, lce_prep_scalar, lce_grad_scalar};
-
-const fx__lce_row_kernels *fx__lce_row_kernels_now(void)
-{
-    switch (fx__isa()) {
-    case FX_ISA_AVX512: return &fx__lce_row_kernels_avx512;
-    case FX_ISA_AVX2: return &fx__lce_row_kernels_avx2;
-    case FX_ISA_SCALAR: break;
-    }
-    return &fx__lce_row_kernels_scalar;
-}
 
 /* ---- scalar reference of the fused-pass kernels (lce_internal.h) -------------------------- */
 
@@ -175,15 +165,25 @@ static void lce_dh_scalar(int64_t nj, int64_t c, int64_t D, int64_t d0, int64_t 
 const fx__lce_tile_kernels fx__lce_tile_kernels_scalar = {lce_stats_t_scalar, lce_prep_t_scalar, lce_grad_t_scalar};
 const fx__lce_tile_gemms fx__lce_tile_gemms_scalar = {lce_logits_scalar, lce_dw_scalar, lce_dh_scalar};
 
-const fx__lce_tile_kernels *fx__lce_tile_kernels_now(void)
+/* ---- the kernel tables (lce_internal.h) --------------------------------------------------- */
+
+const fx__lce_kernels fx__lce_kernels_scalar = {"scalar", &fx__lce_row_kernels_scalar, &fx__lce_tile_kernels_scalar,
+                                                &fx__lce_tile_gemms_scalar};
+const fx__lce_kernels fx__lce_kernels_avx2 = {"avx2", &fx__lce_row_kernels_avx2, &fx__lce_tile_kernels_avx2, NULL};
+const fx__lce_kernels fx__lce_kernels_avx512 = {"avx512", &fx__lce_row_kernels_avx512, &fx__lce_tile_kernels_avx512,
+                                                &fx__lce_tile_gemms_avx512};
+
+const fx__lce_kernels *fx__lce_kernels_for(fx_isa isa)
 {
-    switch (fx__isa()) {
-    case FX_ISA_AVX512: return &fx__lce_tile_kernels_avx512;
-    case FX_ISA_AVX2: return &fx__lce_tile_kernels_avx2;
-    case FX_ISA_SCALAR: break;
-    }
-    return &fx__lce_tile_kernels_scalar;
+#ifdef FLEXC_REFERENCE_KERNELS
+    (void)isa;
+    return &fx__lce_kernels_scalar;
+#else
+    return FX__PER_ISA(isa, &fx__lce_kernels_scalar, &fx__lce_kernels_avx2, &fx__lce_kernels_avx512);
+#endif
 }
+
+const fx__lce_kernels *fx__lce_kernels_now(void) { return fx__lce_kernels_for(fx__isa()); }
 
 /* ---- the chunk plan ----------------------------------------------------------------------- */
 
@@ -412,7 +412,7 @@ typedef struct lce_call {
     int64_t cs;                /* row stride of hT and of the statistics */
     const fx__lce_tile_kernels *kern;
     const struct lce_products *prod; /* the route of the products (lce_route) */
-    const fx__lce_tile_gemms *gemm;  /* the own kernels' route: the CPU path's GEMMs */
+    const fx__lce_tile_gemms *gemm;  /* the own kernels' route: the CPU path's GEMMs (NULL: none) */
     bool round_g;              /* bf16 training: the logits' gradient rounded to bfloat16 before
                                   the dw and dh products (fx__linear_cross_entropy_bf16) */
     fx__lce_dp dp;             /* bf16 training on a pair-by-pair path: the products (dp.t set) */
@@ -550,15 +550,15 @@ static const lce_products lce_products_pairs = {"bfloat16 pairs", lce_pack_h_pai
                                                 lce_dh_pairs, lce_width_per_thread};
 
 /* The route of k's products (k->dp.t set: the bf16 call's pair route), and the elementwise
-   kernels, for the current CPU path. */
+   kernels, from the current CPU path's table. */
 static void lce_route(lce_call *k)
 {
-    const fx_isa isa = fx__isa();
-    k->kern = fx__lce_tile_kernels_now();
-    k->gemm = isa == FX_ISA_AVX512 ? &fx__lce_tile_gemms_avx512 : &fx__lce_tile_gemms_scalar;
+    const fx__lce_kernels *t = fx__lce_kernels_now();
+    k->kern = t->tile;
+    k->gemm = t->gemm;
     if (k->dp.t)
         k->prod = &lce_products_pairs;
-    else if (isa == FX_ISA_AVX2)
+    else if (!t->gemm)
         k->prod = &lce_products_blas;
     else
         k->prod = &lce_products_own;
@@ -983,7 +983,7 @@ int fx__lce_check_inputs(const fx_lce *p, const float *h, const float *w, const 
    (vdpbf16ps), else float32 products of the bfloat16 values by the float32 call's kernels. */
 static const fx__bf16_tiled *lce_dp_path(void)
 {
-    const fx__bf16_tiled *t = fx__gemm_bf16_path();
+    const fx__bf16_tiled *t = fx__gemm_bf16_kernels_now();
     return t->kernel && !t->a_rows ? t : NULL;
 }
 
@@ -1014,8 +1014,9 @@ static int lce_forward(const fx_lce *p, fx__bf16_mat h, fx__bf16_mat w, const fx
 int fx_linear_cross_entropy(const fx_lce *p, const float *h, const float *w, const float *bias,
                             const int64_t *target, float *loss, float *lse, float *dh, float *dw, float *dbias)
 {
-    if (p && fx__cuda_wanted(p->device, p->dtype)) /* a device or bf16 call: src/cuda */
-        return fx__cuda_lce(p, h, w, bias, target, loss, lse, NULL, NULL, dh, dw, dbias);
+    const fx__backend *dev = p ? fx__backend_of(p->device, p->dtype) : NULL;
+    if (dev) /* device memory or bfloat16 tensors: that backend's call */
+        return dev->lce(p, h, w, bias, target, loss, lse, NULL, NULL, dh, dw, dbias);
     return lce_forward(p, fx__bf16_of_f32(h), fx__bf16_of_f32(w), NULL, bias, target, loss, lse, dh, dw, dbias, false);
 }
 
@@ -1024,7 +1025,7 @@ bool fx__lce_bf16_pairs(void) { return lce_dp_path() != NULL; }
 int fx__linear_cross_entropy_bf16(const fx_lce *p, fx__bf16_mat h, fx__bf16_mat w, const float *bias,
                                   const int64_t *target, float *loss, float *lse, float *dh, float *dw, float *dbias)
 {
-    if (p && fx__cuda_wanted(p->device, p->dtype))
+    if (p && fx__backend_of(p->device, p->dtype))
         return fx__error(FX_EINVAL, "fx__linear_cross_entropy_bf16: the CPU's float32 call only");
     const fx__bf16_tiled *dp = lce_dp_path();
     if (!dp && (h.bf16 || w.bf16))
@@ -1037,8 +1038,9 @@ int fx_linear_cross_entropy_backward(const fx_lce *p, const float *h, const floa
                                      const int64_t *target, const float *lse, const float *grad_loss,
                                      float *dh, float *dw, float *dbias)
 {
-    if (p && fx__cuda_wanted(p->device, p->dtype))
-        return fx__cuda_lce(p, h, w, bias, target, NULL, NULL, lse, grad_loss, dh, dw, dbias);
+    const fx__backend *dev = p ? fx__backend_of(p->device, p->dtype) : NULL;
+    if (dev) /* device memory or bfloat16 tensors: that backend's call */
+        return dev->lce(p, h, w, bias, target, NULL, NULL, lse, grad_loss, dh, dw, dbias);
     int rc = fx__lce_check_inputs(p, h, w, target);
     if (rc != FX_OK)
         return rc;

@@ -1,5 +1,5 @@
-/* Internal pieces of the fused linear + cross-entropy. Tables of kernels chosen per call by
-   the CPU path, each with a scalar reference:
+/* Internal pieces of the fused linear + cross-entropy. The module's kernel table,
+   fx__lce_kernels (at the end), holds one CPU path's parts, each with a scalar reference:
      fx__lce_row_kernels   one token's row of logits at a time (the benchmark's unfused peer);
      fx__lce_tile_kernels  the elementwise steps over a vocabulary-major tile of a chunk's
                            tokens (the fused pass), with AVX2 and AVX-512 twins as the above;
@@ -50,8 +50,6 @@ extern const fx__lce_row_kernels fx__lce_row_kernels_scalar;
 extern const fx__lce_row_kernels fx__lce_row_kernels_avx2;
 extern const fx__lce_row_kernels fx__lce_row_kernels_avx512;
 
-/* The kernels for the current CPU path (fx_get_isa()). */
-const fx__lce_row_kernels *fx__lce_row_kernels_now(void);
 
 /* Kernels of the fused pass over one chunk of c tokens. A tile's logits, then gradients,
    are held vocabulary-major, zt [nj, ldz] (row j: entry j of every token), so that
@@ -79,8 +77,6 @@ extern const fx__lce_tile_kernels fx__lce_tile_kernels_scalar;
 extern const fx__lce_tile_kernels fx__lce_tile_kernels_avx2;
 extern const fx__lce_tile_kernels fx__lce_tile_kernels_avx512;
 
-/* The fused pass's elementwise kernels for the current CPU path. */
-const fx__lce_tile_kernels *fx__lce_tile_kernels_now(void);
 
 /* The fused pass's products, in the layout above:
    logits: zt[j, i] = sum_d w[j, d] hT[d, i], j < nj, i < c.
@@ -99,6 +95,23 @@ typedef struct fx__lce_tile_gemms {
 
 extern const fx__lce_tile_gemms fx__lce_tile_gemms_scalar;
 extern const fx__lce_tile_gemms fx__lce_tile_gemms_avx512;
+
+/* The module's kernel table (docs/dispatch.md): the parts of one CPU path. */
+typedef struct fx__lce_kernels {
+    const char *name; /* what `flexc --version` prints */
+    const fx__lce_row_kernels *row;
+    const fx__lce_tile_kernels *tile;
+    /* The fused pass's float32 products; NULL: BLIS's (the AVX2 path, which has none of its
+       own). A bf16 call on a vdpbf16ps path takes the bfloat16 pairs (lce_dp.c) instead. */
+    const fx__lce_tile_gemms *gemm;
+} fx__lce_kernels;
+extern const fx__lce_kernels fx__lce_kernels_scalar, fx__lce_kernels_avx2, fx__lce_kernels_avx512;
+/* The table of a CPU path (the scalar one in a build with FLEXC_REFERENCE_KERNELS), and of the
+   current one (fx_get_isa()). */
+const fx__lce_kernels *fx__lce_kernels_for(fx_isa isa);
+const fx__lce_kernels *fx__lce_kernels_now(void);
+/* The row kernels of the current path, under the benchmark's name. */
+static inline const fx__lce_row_kernels *fx__lce_row_kernels_now(void) { return fx__lce_kernels_now()->row; }
 
 /* Which products a float32 call takes on the current CPU path: "lce kernels" (this module's
    own, fx__lce_tile_gemms) or "blas" (BLIS's, on the AVX2 path). */
