@@ -31,9 +31,9 @@ typedef struct variant {
                     Hugging Face model may have */
 } variant;
 
-static fx__model_config tiny(const variant *v)
+static fx_model_config tiny(const variant *v)
 {
-    fx__model_config c;
+    fx_model_config c;
     FXT_OK(fx__model_preset(&c, "tiny"));
     c.ctx = T;
     c.qkv_bias = v->qkv_bias;
@@ -52,7 +52,7 @@ static fx__model_config tiny(const variant *v)
 /* The model on the CPU or the device, same seed, training buffers and batch shape. */
 static fx__model *make(const variant *v, bool gpu, bool bf16)
 {
-    fx__model_config c = tiny(v);
+    fx_model_config c = tiny(v);
     fx__model *m = NULL;
     FXT_OK(fx__model_create(&m, &c, 7));
     FXT_OK(fx__model_alloc_train(m));
@@ -134,7 +134,7 @@ static void check_pass(const variant *v, bool bf16)
    and the bias's weight gradients add two chunks). */
 static void test_odd_shape(void)
 {
-    fx__model_config c;
+    fx_model_config c;
     FXT_OK(fx__model_preset(&c, "tiny"));
     c.ctx = 96, c.layers = 1, c.dim = 48, c.heads = 3, c.kv_heads = 1, c.ffn = 0, c.qkv_bias = true;
     c.tied_embeddings = false;
@@ -269,7 +269,7 @@ static void test_checkpoints(void)
 
         fx__model *b = make(&variants[1], false, false);
         fx__model_train_state s2;
-        fx__model_config c2;
+        fx_model_config c2;
         bool adam = false;
         FXT_OK(fx__model_read_config(path, &c2, &s2, &adam));
         FXT_CHECK(adam);
@@ -296,7 +296,7 @@ static void test_decode(void)
 {
     for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
         const variant *v = &variants[vi];
-        fx__model_config c = tiny(v);
+        fx_model_config c = tiny(v);
         fx__model *cpu = NULL, *gpu = NULL;
         FXT_OK(fx__model_create(&cpu, &c, 9));
         FXT_OK(fx__model_create(&gpu, &c, 9));

@@ -14,9 +14,9 @@
 #include <unistd.h>
 
 /* A small model that still has every feature: GQA (4 query heads on 2 KV heads), 2 layers. */
-static fx__model_config small_cfg(void)
+static fx_model_config small_cfg(void)
 {
-    fx__model_config c;
+    fx_model_config c;
     fx__model_preset(&c, "tiny");
     c.layers = 2, c.dim = 16, c.heads = 4, c.kv_heads = 2, c.ffn = 24, c.ctx = 16;
     return c;
@@ -25,9 +25,9 @@ static fx__model_config small_cfg(void)
 /* Every feature of the Llama family at once: head_dim 6 (Hq * hd = 24 != dim 16), q/k/v
    biases, an untied LM head, llama3 RoPE scaling (with original_max_position_embeddings 8,
    the three frequencies fall in the three bands), a sliding window of 5. */
-static fx__model_config llama_cfg(void)
+static fx_model_config llama_cfg(void)
 {
-    fx__model_config c = small_cfg();
+    fx_model_config c = small_cfg();
     snprintf(c.arch, sizeof c.arch, "LlamaForCausalLM");
     c.head_dim = 6;
     c.qkv_bias = true;
@@ -462,10 +462,10 @@ static void make_batch(int64_t B, int64_t T, int64_t V, uint64_t seed, int32_t *
 
 /* Whole-model gradient against central differences: every tensor's largest-gradient
    entries plus a random direction over the whole buffer. */
-static void gradcheck_cfg(const fx__model_config *cfg, fx__model_attn_impl ai, fx__model_loss_impl li, fx__model_mask mask,
+static void gradcheck_cfg(const fx_model_config *cfg, fx__model_attn_impl ai, fx__model_loss_impl li, fx__model_mask mask,
                           int64_t window)
 {
-    fx__model_config c = *cfg;
+    fx_model_config c = *cfg;
     fx__model *m = NULL;
     FXT_OK(fx__model_create(&m, &c, 42));
     if (!m)
@@ -533,7 +533,7 @@ static void gradcheck_cfg(const fx__model_config *cfg, fx__model_attn_impl ai, f
 
 static void gradcheck(fx__model_attn_impl ai, fx__model_loss_impl li, fx__model_mask mask, int64_t window)
 {
-    fx__model_config c = small_cfg();
+    fx_model_config c = small_cfg();
     gradcheck_cfg(&c, ai, li, mask, window);
 }
 
@@ -542,7 +542,7 @@ static void test_gradcheck_ref(void)
     gradcheck(FX__MODEL_ATTN_REF, FX__MODEL_LOSS_UNFUSED, FX__MODEL_MASK_CAUSAL, 0);
     gradcheck(FX__MODEL_ATTN_REF, FX__MODEL_LOSS_UNFUSED, FX__MODEL_MASK_SLIDING, 3);
     gradcheck(FX__MODEL_ATTN_REF, FX__MODEL_LOSS_UNFUSED, FX__MODEL_MASK_DOCUMENT, 0);
-    fx__model_config c = llama_cfg();
+    fx_model_config c = llama_cfg();
     gradcheck_cfg(&c, FX__MODEL_ATTN_REF, FX__MODEL_LOSS_UNFUSED, FX__MODEL_MASK_SLIDING, c.sliding_window);
 }
 
@@ -552,7 +552,7 @@ static void test_gradcheck_flex(void)
     gradcheck(FX__MODEL_ATTN_FLEX, FX__MODEL_LOSS_FUSED, FX__MODEL_MASK_SLIDING, 3);
     gradcheck(FX__MODEL_ATTN_FLEX, FX__MODEL_LOSS_FUSED, FX__MODEL_MASK_DOCUMENT, 0);
     gradcheck(FX__MODEL_ATTN_FLEX, FX__MODEL_LOSS_FUSED, FX__MODEL_MASK_CAUSAL_DENSE, 0);
-    fx__model_config c = llama_cfg();
+    fx_model_config c = llama_cfg();
     gradcheck_cfg(&c, FX__MODEL_ATTN_FLEX, FX__MODEL_LOSS_FUSED, FX__MODEL_MASK_SLIDING, c.sliding_window);
 }
 
@@ -561,7 +561,7 @@ static void test_flex_matches_reference(void)
 {
     const char *masks[] = {"causal", "sliding:4", "document", "dense", "sliding:5", "causal"};
     for (int mi = 0; mi < 6; mi++) {
-        fx__model_config c = mi < 4 ? small_cfg() : llama_cfg();
+        fx_model_config c = mi < 4 ? small_cfg() : llama_cfg();
         if (mi == 5)
             c.sliding_window = 0;
         fx__model *a = NULL, *b = NULL;
@@ -601,7 +601,7 @@ static void test_recompute_bitwise(void)
 {
     const char *masks[] = {"causal", "document", "sliding:5", "dense", "sliding:5"};
     for (int mi = 0; mi < 5; mi++) {
-        fx__model_config c = mi < 4 ? small_cfg() : llama_cfg();
+        fx_model_config c = mi < 4 ? small_cfg() : llama_cfg();
         fx__model *a = NULL, *b = NULL;
         FXT_OK(fx__model_create(&a, &c, 4));
         FXT_OK(fx__model_create(&b, &c, 4));
@@ -651,7 +651,7 @@ static void record_hook(int layer, float *grad, size_t numel, void *user)
 
 static void test_grad_hook(void)
 {
-    fx__model_config c = small_cfg();
+    fx_model_config c = small_cfg();
     fx__model *m = NULL;
     FXT_OK(fx__model_create(&m, &c, 3));
     if (!m)
@@ -685,9 +685,9 @@ static void test_grad_hook(void)
 }
 
 /* Decoding token by token (KV cache, q_offset, Lq = 1) gives the forward pass's loss. */
-static void decode_check_cfg(const fx__model_config *cfg, fx__model_attn_impl ai, const char *mask)
+static void decode_check_cfg(const fx_model_config *cfg, fx__model_attn_impl ai, const char *mask)
 {
-    fx__model_config c = *cfg;
+    fx_model_config c = *cfg;
     fx__model *m = NULL;
     FXT_OK(fx__model_create(&m, &c, 5));
     if (!m)
@@ -737,13 +737,13 @@ static void decode_check_cfg(const fx__model_config *cfg, fx__model_attn_impl ai
 
 static void decode_check(fx__model_attn_impl ai, const char *mask)
 {
-    fx__model_config c = small_cfg();
+    fx_model_config c = small_cfg();
     decode_check_cfg(&c, ai, mask);
 }
 
 static void test_decode_ref(void)
 {
-    fx__model_config c = llama_cfg();
+    fx_model_config c = llama_cfg();
     decode_check_cfg(&c, FX__MODEL_ATTN_REF, "sliding:5");
     decode_check(FX__MODEL_ATTN_REF, "causal");
     decode_check(FX__MODEL_ATTN_REF, "sliding:5");
@@ -756,7 +756,7 @@ static void test_decode_flex(void)
     decode_check(FX__MODEL_ATTN_FLEX, "sliding:5");
     decode_check(FX__MODEL_ATTN_FLEX, "document");
     decode_check(FX__MODEL_ATTN_FLEX, "dense");
-    fx__model_config c = llama_cfg();
+    fx_model_config c = llama_cfg();
     decode_check_cfg(&c, FX__MODEL_ATTN_FLEX, "sliding:5");
     c.sliding_window = 0;
     decode_check_cfg(&c, FX__MODEL_ATTN_FLEX, "causal");
@@ -791,7 +791,7 @@ static const fx__adamw adamw_opts = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f,
    Returns the model after them for further checks, or NULL. */
 static fx__model *adamw_against_reference(bool moments16)
 {
-    fx__model_config c = small_cfg();
+    fx_model_config c = small_cfg();
     fx__model *m = NULL;
     FXT_OK(fx__model_create(&m, &c, 1));
     if (!m)
@@ -871,7 +871,7 @@ static void test_adamw_bf16(void)
    the weights' bfloat16 copy refreshed by AdamW, and the unfused loss refused. Tolerance:
    each tensor's gradient within 2.5% of float32's in L2 norm (bfloat16 keeps 8 bits; seen:
    at most 0.75% on these models), the loss within 1%. */
-static void bf16_grads(const fx__model_config *c, bool bf16, bool recompute, int threads, float *grads, float *loss)
+static void bf16_grads(const fx_model_config *c, bool bf16, bool recompute, int threads, float *grads, float *loss)
 {
     fx__model *m = NULL;
     FXT_OK(fx__model_create(&m, c, 4));
@@ -902,7 +902,7 @@ void fxt_bf16_dp_kernel_simde(int64_t pairs, const uint32_t *a, const uint32_t *
 static void test_bf16_step(void)
 {
     for (int ci = 0; ci < 2; ci++) {
-        fx__model_config c = ci ? llama_cfg() : small_cfg();
+        fx_model_config c = ci ? llama_cfg() : small_cfg();
         fx__model *m = NULL;
         FXT_OK(fx__model_create(&m, &c, 4));
         if (!m)
@@ -1192,7 +1192,7 @@ static void run_steps(fx__model *m, const fx__model_data *d, fx__model_train_sta
 static void test_step_nonfinite_not_applied(void)
 {
     fx__model_data d = corpus();
-    fx__model_config c = small_cfg();
+    fx_model_config c = small_cfg();
     fx__model *m = NULL;
     FXT_OK(fx__model_create(&m, &c, 9));
     if (!m)
@@ -1221,7 +1221,7 @@ static void test_step_nonfinite_not_applied(void)
 static void test_resume_bitwise(void)
 {
     fx__model_data d = corpus();
-    fx__model_config c = small_cfg();
+    fx_model_config c = small_cfg();
     fx__model *a = NULL, *b = NULL, *r = NULL;
     FXT_OK(fx__model_create(&a, &c, 9));
     FXT_OK(fx__model_create(&b, &c, 9));
@@ -1238,7 +1238,7 @@ static void test_resume_bitwise(void)
     char path[512];
     snprintf(path, sizeof path, "%s/ck.safetensors", tmpdir);
     FXT_OK(fx__model_save_checkpoint(b, &sb, path));
-    fx__model_config c2;
+    fx_model_config c2;
     fx__model_train_state sr;
     bool adam = false;
     FXT_OK(fx__model_read_config(path, &c2, &sr, &adam));
@@ -1273,7 +1273,7 @@ static void test_resume_bitwise(void)
     FXT_STATUS(fx__model_load(r, path, true), FX_EFORMAT, "no optimizer state");
 
     /* A mismatched config is refused, and the model is untouched. */
-    fx__model_config c3 = c;
+    fx_model_config c3 = c;
     c3.dim = 32;
     fx__model *x = NULL;
     FXT_OK(fx__model_create(&x, &c3, 1));
@@ -1310,7 +1310,7 @@ static void test_recompute_parked(void)
         fx__model *m[2] = {NULL, NULL};
         float l[2][4];
         for (int v = 0; v < 2; v++) {
-            fx__model_config c = small_cfg();
+            fx_model_config c = small_cfg();
             c.layers = 3, c.dim = 64, c.heads = 4, c.kv_heads = 2, c.ffn = 160;
             FXT_OK(fx__model_create(&m[v], &c, 6));
             if (!m[v])
@@ -1348,7 +1348,7 @@ static void test_step_zeroing(void)
     fx__model_data d = corpus();
     float *p[2] = {NULL, NULL}, l[2][2];
     for (int v = 0; v < 2; v++) {
-        fx__model_config c = small_cfg();
+        fx_model_config c = small_cfg();
         fx__model *m = NULL;
         FXT_OK(fx__model_create(&m, &c, 5));
         if (!m)
@@ -1388,7 +1388,7 @@ static void test_threads_bitwise(void)
         float *p[2], l[2][3];
         for (int th = 0; th < 2; th++) {
             FXT_OK(fx_set_num_threads(th + 1));
-            fx__model_config c = small_cfg();
+            fx_model_config c = small_cfg();
             c.dim = 128, c.heads = 4, c.kv_heads = 2, c.ffn = 160; /* wide enough to split */
             fx__model *m = NULL;
             FXT_OK(fx__model_create(&m, &c, 9));
@@ -1414,7 +1414,7 @@ static void test_threads_bitwise(void)
 
 static void test_config_errors(void)
 {
-    fx__model_config c;
+    fx_model_config c;
     FXT_STATUS(fx__model_preset(&c, "huge"), FX_EINVAL, "'huge'");
     FXT_OK(fx__model_preset(&c, "small"));
     FXT_OK(fx__model_config_check(&c));
@@ -1459,7 +1459,7 @@ static void test_rope_llama3(void)
 {
     for (size_t k = 0; k < sizeof fxt_rope_cases / sizeof fxt_rope_cases[0]; k++) {
         const fxt_rope_case *rc = &fxt_rope_cases[k];
-        fx__model_config c = small_cfg();
+        fx_model_config c = small_cfg();
         c.head_dim = rc->head_dim, c.rope_theta = rc->theta;
         c.rope_scaling.type = FX_ROPE_SCALING_LLAMA3;
         c.rope_scaling.factor = rc->factor, c.rope_scaling.low_freq_factor = rc->low;
@@ -1480,7 +1480,7 @@ static void test_rope_llama3(void)
         free(freq), free(ref), free(got);
     }
     /* The table rows: cos, sin of position * frequency, for any range of positions. */
-    fx__model_config c = llama_cfg();
+    fx_model_config c = llama_cfg();
     FXT_OK(fx__model_config_check(&c));
     double freq[3];
     fx__rope_freqs(freq, &c);
@@ -1496,7 +1496,7 @@ static void test_rope_llama3(void)
    covers the positions in use. */
 static void test_rope_lazy(void)
 {
-    fx__model_config c = small_cfg();
+    fx_model_config c = small_cfg();
     c.ctx = 131072;
     fx__model *m = NULL;
     FXT_OK(fx__model_create(&m, &c, 1));
@@ -1524,7 +1524,7 @@ static void test_rope_lazy(void)
    with i - W < j <= i. */
 static void test_sliding_window_convention(void)
 {
-    fx__model_config c = llama_cfg();
+    fx_model_config c = llama_cfg();
     fx__model *m = NULL;
     FXT_OK(fx__model_create(&m, &c, 1));
     if (!m)
@@ -1547,7 +1547,7 @@ static void test_sliding_window_convention(void)
    closes it; it holds a 256) those of a causal run over it. */
 static void test_document_eos(void)
 {
-    fx__model_config c = small_cfg();
+    fx_model_config c = small_cfg();
     c.vocab = 300, c.eos[0] = 1, c.n_eos = 1;
     const int32_t full[12] = {5, 6, 7, 256, 8, 1, 9, 10, 11, 12, 13, 14};
     const int64_t V = c.vocab, split = 6;
@@ -1679,7 +1679,7 @@ static void test_hf_reference(void)
    unfused path's, ids at the top of the range included. */
 static void test_large_vocab(void)
 {
-    fx__model_config c = small_cfg();
+    fx_model_config c = small_cfg();
     c.vocab = 128256, c.dim = 8, c.heads = 2, c.kv_heads = 1, c.ffn = 16, c.layers = 1, c.ctx = 8;
     c.tied_embeddings = false;
     fx__model *a = NULL, *b = NULL;
@@ -1722,7 +1722,7 @@ static void test_features_threads_bitwise(void)
     int64_t B = 2, T = 16, V = 257;
     for (int th = 0; th < 2; th++) {
         FXT_OK(fx_set_num_threads(th + 1));
-        fx__model_config c = llama_cfg();
+        fx_model_config c = llama_cfg();
         c.dim = 128, c.heads = 4, c.kv_heads = 2, c.head_dim = 40, c.ffn = 160; /* wide enough to split */
         fx__model *m = NULL;
         FXT_OK(fx__model_create(&m, &c, 9));

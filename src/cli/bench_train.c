@@ -68,7 +68,7 @@ typedef struct train_args {
     const char *model, *attn, *dtype, *device;
     int64_t batch, seq, steps;
     bool json, adam_bf16, recompute, gemm, ops, bf16, cuda;
-    fx__model_config cfg;
+    fx_model_config cfg;
     fx__model_mask mask;
     int64_t window;
     int first, last; /* the variants built and timed: 0 flex, 1 baseline */
@@ -294,7 +294,7 @@ static void report_pair(const train_args *a, const variant v[2], double ta, doub
     const double mem_a = (double)(v[0].own_bytes + v[0].step_peak), mem_b = (double)(v[1].own_bytes + v[1].step_peak);
     char an[32];
     fx__model_mask_name(a->mask, a->window, an, sizeof an);
-    const fx__model_config *c = &a->cfg;
+    const fx_model_config *c = &a->cfg;
     if (a->json) {
         printf("{\"case\":\"train\",\"dtype\":\"%s\",\"baseline\":\"%s\",\"recompute\":%s,\"adam\":\"%s\",\"model\":\"%s\","
                "\"params\":%.0f,\"layers\":%lld,\"dim\":%lld,\"heads\":%lld,"

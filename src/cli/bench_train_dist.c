@@ -38,7 +38,7 @@ typedef struct dist_args {
     double timeout;
     bool json;
     fx__par par;
-    fx__model_config cfg;
+    fx_model_config cfg;
 } dist_args;
 
 static _Noreturn void bench_comm_failed(void)

@@ -423,7 +423,7 @@ typedef struct train_job {
     fx_comm *world;
     int rank, nproc;
     char ckpt[4200], mpath[4200];
-    fx__model_config cfg;
+    fx_model_config cfg;
     fx__model_train_state st;
     int64_t until, eval_every, log_every;
     fx__model_data data;
@@ -445,8 +445,8 @@ typedef struct train_job {
 static int resume_model(const train_job *j)
 {
     const train_opts *o = &j->o;
-    const fx__model_config *cfg = &j->cfg;
-    fx__model_config p;
+    const fx_model_config *cfg = &j->cfg;
+    fx_model_config p;
     if (fx__model_preset(&p, o->model) != FX_OK) {
         cli_error("--resume: the checkpoint holds the model; --model %s is not a preset (drop --model)", o->model);
         return CLI_EXIT_USAGE;
@@ -470,7 +470,7 @@ static int resume_model(const train_job *j)
 static int resume_shape(const train_job *j)
 {
     const train_opts *o = &j->o;
-    const fx__model_config *cfg = &j->cfg;
+    const fx_model_config *cfg = &j->cfg;
     const fx__model_train_state *st = &j->st;
     const struct { const char *name; int64_t given, saved; } chk[] = {
         {"--layers", o->layers, cfg->layers}, {"--dim", o->dim, cfg->dim}, {"--heads", o->heads, cfg->heads},
@@ -609,7 +609,7 @@ static int config_new_optimizer(const train_opts *o, fx__model_train_state *st)
 static int config_new(train_job *j)
 {
     const train_opts *o = &j->o;
-    fx__model_config *cfg = &j->cfg;
+    fx_model_config *cfg = &j->cfg;
     fx__model_train_state *st = &j->st;
     int rc;
     if (file_exists(j->ckpt) && !o->force) {
@@ -836,7 +836,7 @@ static int setup_model(train_job *j)
 
 static void print_header(const train_job *j)
 {
-    const fx__model_config *cfg = &j->cfg;
+    const fx_model_config *cfg = &j->cfg;
     const fx__model_train_state *st = &j->st;
     const fx__model_data *data = &j->data;
     printf("flexc train: %.2fM parameters (%lld layer%s, dim %lld, %lld/%lld heads, ffn %lld, context %lld), "

@@ -309,7 +309,7 @@ int fx__model_gpu_sync(const fx__model *m)
 /* Carves (base NULL: counts) the activation buffer; returns its bytes. */
 static size_t acts_carve(gpu_acts *a, char *base, const fx__model *m, bool bf16, int64_t B, int64_t T)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const size_t N = (size_t)(B * T), C = (size_t)c->dim, F = (size_t)c->ffn, L = (size_t)c->layers;
     const size_t hd = (size_t)c->head_dim, QD = (size_t)c->heads * hd, KD = (size_t)c->kv_heads * hd;
     const size_t QKV = QD + 2 * KD, V = (size_t)c->vocab, e = bf16 ? 2 : 4, f = sizeof(float);
@@ -501,7 +501,7 @@ static int layer_forward(fx__model *m, int64_t l, float *out)
     const fx__model_gpu *g = m->gpu;
     const gpu_acts *a = &g->a;
     const gpu_layer *x = &a->layer[l];
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t B = g->B, T = g->T, N = B * T, C = c->dim, F = c->ffn, Hq = c->heads, Hkv = c->kv_heads;
     const int64_t hd = c->head_dim, QD = Hq * hd, QKV = QD + 2 * Hkv * hd;
     const float eps = c->norm_eps;
@@ -592,7 +592,7 @@ int fx__model_gpu_forward(fx__model *m, const int32_t *tokens, const int32_t *ta
         rc = forward_inputs(m, tokens, targets, grad);
     if (rc == FX_OK)
         rc = forward_mask(m);
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t N = g->B * g->T, C = c->dim, L = c->layers;
     const gpu_acts *a = &g->a;
     if (rc == FX_OK)
@@ -622,7 +622,7 @@ static int layer_backward(fx__model *m, int64_t l)
     const fx__model_gpu *g = m->gpu;
     const gpu_acts *a = &g->a;
     const gpu_layer *x = &a->layer[l];
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t B = g->B, T = g->T, N = B * T, C = c->dim, F = c->ffn, Hq = c->heads, Hkv = c->kv_heads;
     const int64_t hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd, QKV = QD + 2 * KD;
     float *gr = g->grads;
@@ -682,7 +682,7 @@ int fx__model_gpu_backward(fx__model *m)
         return fx__error(FX_EINVAL, "fx__model_backward: no forward with gradients before it");
     g->grad_ready = false;
     m->grads_zero = false;
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t N = g->B * g->T, C = c->dim, L = c->layers;
     const gpu_acts *a = &g->a;
     int rc = current(g);
@@ -764,7 +764,7 @@ static int decode_buffers(fx__model *m, const fx__model_cache *kc)
     if (g->dec_mem)
         (void)cudaFree(g->dec_mem);
     g->dec_mem = NULL;
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const size_t cap = (size_t)kc->cap, C = (size_t)c->dim, F = (size_t)c->ffn, hd = (size_t)c->head_dim;
     const size_t QD = (size_t)c->heads * hd, KD = (size_t)c->kv_heads * hd, QKV = QD + 2 * KD;
     const size_t wide = F > QD ? F : QD, f = sizeof(float);
@@ -808,7 +808,7 @@ static int decode_buffers(fx__model *m, const fx__model_cache *kc)
 static int decode_layer(fx__model *m, const fx__model_cache *kc, int64_t l, int64_t n)
 {
     const fx__model_gpu *g = m->gpu;
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t C = c->dim, F = c->ffn, Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim;
     const int64_t QD = Hq * hd, KD = Hkv * hd, QKV = QD + 2 * KD, cap = kc->cap, p0 = kc->len;
     float *kl = g->dk + l * KD * cap, *vl = g->dv + l * KD * cap;
@@ -857,7 +857,7 @@ int fx__model_gpu_decode(fx__model *m, fx__model_cache *kc, const int32_t *token
         return fx__error(FX_EUNSUPPORTED, "decoding on the GPU takes float32 weights (attach with bf16 off)");
     if (!kc->bmask) /* fx__model_decode builds it unless the reference attention is chosen */
         return fx__error(FX_EUNSUPPORTED, "decoding on the GPU uses the flex attention (not the reference)");
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t C = c->dim, V = c->vocab, L = c->layers;
     int rc = current(g);
     if (rc == FX_OK)

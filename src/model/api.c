@@ -39,7 +39,7 @@ static bool fx__is_file(const char *path)
 /* A flexc model or checkpoint file: its config, its mask, its parameters. */
 static int fx__load_flexc(fx_model **out, const char *file)
 {
-    fx__model_config cfg;
+    fx_model_config cfg;
     fx__model_train_state ts;
     int rc = fx__model_read_config(file, &cfg, &ts, NULL);
     if (rc)
@@ -429,7 +429,7 @@ fx_generate_opts fx_generate_defaults(void)
                               .seed = 1, .stop_at_eos = true};
 }
 
-static bool fx__is_eos(const fx__model_config *c, int32_t t)
+static bool fx__is_eos(const fx_model_config *c, int32_t t)
 {
     for (int i = 0; i < c->n_eos; i++)
         if (c->eos[i] == t)

@@ -15,7 +15,7 @@ int fx__model_backward(fx__model *m)
         return fx__error(FX_EINVAL, "fx__model_backward: no forward with gradients before it");
     m->grad_ready = false;
     m->grads_zero = false;
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
     int64_t Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd;
     fx__acts a;

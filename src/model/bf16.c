@@ -37,7 +37,7 @@ static size_t fx__bf16_proj_ws(size_t N, size_t I, size_t O)
    widened head [V, C]. */
 size_t fx__model_bf16_ws_floats(const fx__model *m, int64_t B, int64_t T)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     size_t N = (size_t)(B * T), C = (size_t)c->dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
     size_t QD = (size_t)(c->heads * c->head_dim), KD = (size_t)(c->kv_heads * c->head_dim);
     const size_t proj[][2] = {{C, QD + 2 * KD}, {QD, C}, {C, 2 * F}, {F, C}};

@@ -36,38 +36,25 @@ static void fx__meta_add(fx__meta *m, const char *key, const char *fmt, ...)
 
 static void fx__meta_config(fx__meta *md, const fx__model *m, const char *kind)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     char attn[32];
     fx__model_mask_name(m->mask, m->window, attn, sizeof attn);
     fx__meta_add(md, "format", FX__FORMAT);
     fx__meta_add(md, "format_version", FX__FORMAT_VERSION);
     fx__meta_add(md, "kind", "%s", kind);
-    fx__meta_add(md, "vocab", "%lld", (long long)c->vocab);
-    fx__meta_add(md, "ctx", "%lld", (long long)c->ctx);
-    fx__meta_add(md, "layers", "%lld", (long long)c->layers);
-    fx__meta_add(md, "dim", "%lld", (long long)c->dim);
-    fx__meta_add(md, "heads", "%lld", (long long)c->heads);
-    fx__meta_add(md, "kv_heads", "%lld", (long long)c->kv_heads);
-    fx__meta_add(md, "ffn", "%lld", (long long)c->ffn);
-    fx__meta_add(md, "rope_theta", "%.9g", (double)c->rope_theta);
-    fx__meta_add(md, "norm_eps", "%.9g", (double)c->norm_eps);
-    fx__meta_add(md, "attn", "%s", attn);
-    /* Written since the model API (absent in older files: the byte-level GPT's values). */
-    fx__meta_add(md, "arch", "%s", c->arch);
-    fx__meta_add(md, "head_dim", "%lld", (long long)c->head_dim);
-    fx__meta_add(md, "qkv_bias", "%d", c->qkv_bias ? 1 : 0);
-    fx__meta_add(md, "tied_embeddings", "%d", c->tied_embeddings ? 1 : 0);
-    fx__meta_add(md, "sliding_window", "%lld", (long long)c->sliding_window);
-    if (c->rope_scaling.type == FX_ROPE_SCALING_LLAMA3)
-        fx__meta_add(md, "rope_scaling", "llama3:%.9g:%.9g:%.9g:%lld", (double)c->rope_scaling.factor,
-                     (double)c->rope_scaling.low_freq_factor, (double)c->rope_scaling.high_freq_factor,
-                     (long long)c->rope_scaling.original_max_position_embeddings);
-    else
-        fx__meta_add(md, "rope_scaling", "none");
-    char eos[FX__META_LEN] = "";
-    for (int i = 0; i < c->n_eos; i++)
-        snprintf(eos + strlen(eos), sizeof eos - strlen(eos), "%s%d", i ? "," : "", c->eos[i]);
-    fx__meta_add(md, "eos", "%s", eos);
+    /* The fields every file has, the mask, then those added with the model API. */
+    char val[FX__META_LEN];
+    for (int always = 1; always >= 0; always--) {
+        for (size_t i = 0; i < fx__config_nfields; i++) {
+            const fx__config_field *f = &fx__config_fields[i];
+            if (f->always != (bool)always)
+                continue;
+            fx__config_field_format(f, c, val, sizeof val);
+            fx__meta_add(md, f->key, "%s", val);
+        }
+        if (always)
+            fx__meta_add(md, "attn", "%s", attn);
+    }
     bool bytes = !strcmp(c->arch, "flexc-gpt") && c->vocab == FX__MODEL_VOCAB;
     fx__meta_add(md, "tokenizer", "%s", bytes ? "bytes+eot" : "external");
 }
@@ -180,67 +167,25 @@ static int fx__meta_f32(const fx_safetensors *f, const char *path, const char *k
     return FX_OK;
 }
 
-/* The fields added with the model API; absent (files written before it): the byte-level
-   GPT's values (head_dim dim/heads, no biases, tied head, no window, no scaling, eos 256). */
-static int fx__read_config_ext(const fx_safetensors *f, const char *path, fx__model_config *cc)
+/* The configuration from the metadata, field by field (config.h): a field every file has
+   must be there; one added with the model API and absent (files written before it) takes
+   the byte-level GPT's value. */
+static int fx__read_config_fields(const fx_safetensors *f, const char *path, fx_model_config *cc)
 {
-    const char *arch = fx_safetensors_metadata(f, "arch");
-    snprintf(cc->arch, sizeof cc->arch, "%s", arch ? arch : "flexc-gpt");
-    if (arch && strlen(arch) >= sizeof cc->arch)
-        return fx__error(FX_EFORMAT, "'%s': metadata arch is longer than %zu bytes", path, sizeof cc->arch - 1);
-    int rc;
-    int64_t b;
-    cc->head_dim = 0;
-    if (fx_safetensors_metadata(f, "head_dim") && (rc = fx__meta_i64(f, path, "head_dim", &cc->head_dim)) != FX_OK)
-        return rc;
-    cc->qkv_bias = false;
-    if (fx_safetensors_metadata(f, "qkv_bias")) {
-        if ((rc = fx__meta_i64(f, path, "qkv_bias", &b)) != FX_OK)
-            return rc;
-        cc->qkv_bias = b != 0;
-    }
-    cc->tied_embeddings = true;
-    if (fx_safetensors_metadata(f, "tied_embeddings")) {
-        if ((rc = fx__meta_i64(f, path, "tied_embeddings", &b)) != FX_OK)
-            return rc;
-        cc->tied_embeddings = b != 0;
-    }
-    cc->sliding_window = 0;
-    if (fx_safetensors_metadata(f, "sliding_window") &&
-        (rc = fx__meta_i64(f, path, "sliding_window", &cc->sliding_window)) != FX_OK)
-        return rc;
-    const char *rs = fx_safetensors_metadata(f, "rope_scaling");
-    if (rs && strcmp(rs, "none") != 0) {
-        float fa, lo, hi;
-        long long old;
-        char tail;
-        if (sscanf(rs, "llama3:%g:%g:%g:%lld%c", &fa, &lo, &hi, &old, &tail) != 4)
-            return fx__error(FX_EFORMAT, "'%s': metadata rope_scaling = '%s' is not none or llama3:F:LO:HI:N", path,
-                             rs);
-        cc->rope_scaling.type = FX_ROPE_SCALING_LLAMA3;
-        cc->rope_scaling.factor = fa, cc->rope_scaling.low_freq_factor = lo, cc->rope_scaling.high_freq_factor = hi;
-        cc->rope_scaling.original_max_position_embeddings = old;
-    }
-    const char *eos = fx_safetensors_metadata(f, "eos");
-    cc->n_eos = 0;
-    if (!eos) {
-        cc->eos[cc->n_eos++] = FX__MODEL_EOT;
-    } else {
-        for (const char *p = eos; *p;) {
-            char *end = NULL;
-            errno = 0;
-            long v = strtol(p, &end, 10);
-            if (end == p || errno || v < 0 || v > INT32_MAX || cc->n_eos == FX_MODEL_MAX_EOS || (*end && *end != ','))
-                return fx__error(FX_EFORMAT, "'%s': metadata eos = '%s' is not a list of at most %d ids", path, eos,
-                                 FX_MODEL_MAX_EOS);
-            cc->eos[cc->n_eos++] = (int32_t)v;
-            p = *end ? end + 1 : end;
-        }
+    for (size_t i = 0; i < fx__config_nfields; i++) {
+        const fx__config_field *fl = &fx__config_fields[i];
+        const char *text = fx_safetensors_metadata(f, fl->key);
+        if (!text && fl->always)
+            return fx__error(FX_EFORMAT, "'%s': metadata has no '%s'", path, fl->key);
+        if (!text)
+            fx__config_field_default(fl, cc);
+        else if (fx__config_field_parse(fl, cc, text, path) != FX_OK)
+            return FX_EFORMAT;
     }
     return FX_OK;
 }
 
-static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__model_config *c,
+static int fx__read_config_open(const fx_safetensors *f, const char *path, fx_model_config *c,
                                 fx__model_train_state *s, bool *has_adam)
 {
     const char *fmt = fx_safetensors_metadata(f, "format");
@@ -251,18 +196,12 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx__m
     if (!ver || strcmp(ver, FX__FORMAT_VERSION) != 0)
         return fx__error(FX_EFORMAT, "'%s': format version '%s' is not supported (this flexc reads %s)", path,
                          ver ? ver : "(none)", FX__FORMAT_VERSION);
-    fx__model_config cc = {0};
+    fx_model_config cc = {0};
     int rc;
-    if ((rc = fx__meta_i64(f, path, "vocab", &cc.vocab)) || (rc = fx__meta_i64(f, path, "ctx", &cc.ctx)) ||
-        (rc = fx__meta_i64(f, path, "layers", &cc.layers)) || (rc = fx__meta_i64(f, path, "dim", &cc.dim)) ||
-        (rc = fx__meta_i64(f, path, "heads", &cc.heads)) || (rc = fx__meta_i64(f, path, "kv_heads", &cc.kv_heads)) ||
-        (rc = fx__meta_i64(f, path, "ffn", &cc.ffn)) || (rc = fx__meta_f32(f, path, "rope_theta", &cc.rope_theta)) ||
-        (rc = fx__meta_f32(f, path, "norm_eps", &cc.norm_eps)))
+    if ((rc = fx__read_config_fields(f, path, &cc)) != FX_OK)
         return rc;
     if (cc.ffn == 0)
         return fx__error(FX_EFORMAT, "'%s': metadata ffn = 0", path);
-    if ((rc = fx__read_config_ext(f, path, &cc)) != FX_OK)
-        return rc;
     if ((rc = fx__model_config_check(&cc)) != FX_OK)
         return fx__error_context(FX_EFORMAT, "'%s': config", path);
     const char *tok = fx_safetensors_metadata(f, "tokenizer");
@@ -360,7 +299,7 @@ static int fx__check_format(const char *path)
     return FX_OK;
 }
 
-int fx__model_read_config(const char *path, fx__model_config *c, fx__model_train_state *s, bool *has_adam)
+int fx__model_read_config(const char *path, fx_model_config *c, fx__model_train_state *s, bool *has_adam)
 {
     fx_safetensors *f = NULL;
     int rc = fx__check_format(path);
@@ -433,7 +372,7 @@ int fx__model_load(fx__model *m, const char *path, bool load_adam)
     rc = fx_safetensors_open(&f, path);
     if (rc)
         return rc;
-    fx__model_config c;
+    fx_model_config c;
     bool adam = false;
     if ((rc = fx__read_config_open(f, path, &c, NULL, &adam)) != FX_OK)
         goto done;

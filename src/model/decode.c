@@ -31,7 +31,7 @@ static fx__model_weight fx__head(const fx__model *m)
 }
 
 /* The longest row a projection reads (C, Hq*hd or F): the widening tile's width. */
-static int64_t fx__widest_input(const fx__model_config *c)
+static int64_t fx__widest_input(const fx_model_config *c)
 {
     int64_t QD = c->heads * c->head_dim, w = c->dim > QD ? c->dim : QD;
     return w > c->ffn ? w : c->ffn;
@@ -64,7 +64,7 @@ int fx__model_cache_create(fx__model_cache **out, fx__model *m, int64_t max_len)
 {
     if (!out || !m)
         return fx__error(FX_EINVAL, "fx__model_cache_create: NULL argument");
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     int64_t cap = max_len ? max_len : c->ctx;
     if (cap < 1 || cap > c->ctx)
         return fx__error(FX_EINVAL, "cache length %lld is outside [1, %lld] (the model's context)", (long long)cap,
@@ -138,7 +138,7 @@ typedef struct decode_ws {
     float *rstd, *tile; /* the norm's per-row scale; the widening tile of bfloat16 weights */
 } decode_ws;
 
-static decode_ws decode_scratch(const fx__model_config *c, float *at, int64_t ctx)
+static decode_ws decode_scratch(const fx_model_config *c, float *at, int64_t ctx)
 {
     const int64_t C = c->dim, F = c->ffn, QD = c->heads * c->head_dim, KD = c->kv_heads * c->head_dim;
     const int64_t wide = F > QD ? F : QD;
@@ -153,7 +153,7 @@ static decode_ws decode_scratch(const fx__model_config *c, float *at, int64_t ct
    keys and values into positions p0.. of each head's [cap, hd] cache. */
 static void decode_qkv(const fx__model *m, fx__model_cache *kc, int64_t l, const decode_ws *w, int64_t n)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t C = c->dim, ctx = kc->cap, p0 = kc->len, Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim;
     const int64_t QD = Hq * hd, KD = Hkv * hd;
     fx__model_weight wq = fx__weight(m, l, FX__MODEL_WQ), wk = fx__weight(m, l, FX__MODEL_WK);
@@ -191,7 +191,7 @@ static void decode_qkv(const fx__model *m, fx__model_cache *kc, int64_t l, const
    one call. One causal query sees every cached key. */
 static int decode_attention(fx__model *m, fx__model_cache *kc, int64_t l, const decode_ws *w, int64_t n)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t ctx = kc->cap, p0 = kc->len, Hkv = c->kv_heads, hd = c->head_dim, G = c->heads / Hkv;
     const float *kl = kc->k + l * Hkv * hd * ctx, *vl = kc->v + l * Hkv * hd * ctx;
     const bool need_mask = n > 1 || m->mask == FX__MODEL_MASK_SLIDING || m->mask == FX__MODEL_MASK_DOCUMENT;
@@ -212,7 +212,7 @@ static int decode_attention(fx__model *m, fx__model_cache *kc, int64_t l, const 
 /* Layer l's output projection of w->att and its MLP, each added into w->x. */
 static void decode_out_mlp(const fx__model *m, int64_t l, const decode_ws *w, int64_t n)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t C = c->dim, F = c->ffn, Hq = c->heads, hd = c->head_dim, QD = Hq * hd;
     fx__model_weight wo = fx__weight(m, l, FX__MODEL_WO), w1 = fx__weight(m, l, FX__MODEL_W1);
     fx__model_weight w3 = fx__weight(m, l, FX__MODEL_W3), w2 = fx__weight(m, l, FX__MODEL_W2);
@@ -231,7 +231,7 @@ static void decode_out_mlp(const fx__model *m, int64_t l, const decode_ws *w, in
 
 int fx__model_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, int64_t n, float *logits)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t C = c->dim, V = c->vocab, ctx = kc->cap, p0 = kc->len; /* ctx: the cache's positions */
     if (!tokens || !logits || n < 1 || p0 + n > ctx)
         return fx__error(FX_EINVAL, "decoding %lld tokens at position %lld: outside the cache's %lld positions",

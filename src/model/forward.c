@@ -118,7 +118,7 @@ int fx__train_attn(fx__model *m, fx__attn_call *c, bool build)
    returns the floats used. */
 static size_t fx__slot_carve(fx__layer_acts *x, float *base, const fx__model *m)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     size_t N = (size_t)(m->B * m->T), C = (size_t)c->dim, F = (size_t)c->ffn, Hq = (size_t)c->heads;
     size_t hd = (size_t)c->head_dim, QD = Hq * hd, KD = (size_t)c->kv_heads * hd, off = 0;
 #define FX__SLOT(field, n) (x->field = base ? base + off : NULL, off += ((n) + 15) / 16 * 16)
@@ -181,7 +181,7 @@ void fx__park_clear(const fx__model *m, const fx__acts *a, int64_t l)
 
 fx__layer_acts fx__layer_acts_at(const fx__model *m, const fx__acts *a, int64_t l)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     int64_t N = m->B * m->T, C = c->dim, F = c->ffn, Hq = c->heads, hd = c->head_dim, QD = Hq * hd;
     int64_t KD = c->kv_heads * hd, s = m->recompute ? 0 : l;
     if (m->park.acts_parked && l >= 1) {
@@ -200,7 +200,7 @@ fx__layer_acts fx__layer_acts_at(const fx__model *m, const fx__acts *a, int64_t 
    backward pass does not: the stream is already there, bit for bit). */
 int fx__layer_forward(fx__model *m, const fx__acts *a, const fx__attn_call *call, int64_t l, bool write_out)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
     int64_t Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd;
     fx__layer_params p = fx__layer(m, false, l);
@@ -257,7 +257,7 @@ static int64_t fx__loss_chunk(int64_t N, int64_t V)
    data loader puts between documents, closes its document). */
 static int forward_inputs(fx__model *m, const int32_t *tokens, const int32_t *targets)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t B = m->B, T = m->T, N = B * T, V = c->vocab;
     for (int64_t i = 0; i < N; i++) {
         if (tokens[i] < 0 || tokens[i] >= V)
@@ -335,7 +335,7 @@ int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *target
     int rc = forward_inputs(m, tokens, targets);
     if (rc)
         return rc;
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     const int64_t N = m->B * m->T, C = c->dim;
     fx__acts a;
     fx__acts_carve(&a, m->acts, c, m->B, m->T, m->loss_impl == FX__MODEL_LOSS_UNFUSED, m->recompute);
@@ -375,7 +375,7 @@ int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *target
 
 void fx__model_logits(const fx__model *m, float *logits, bool last_only)
 {
-    const fx__model_config *c = &m->c;
+    const fx_model_config *c = &m->c;
     int64_t B = m->B, T = m->T, C = c->dim, V = c->vocab;
     fx__acts a;
     fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__MODEL_LOSS_UNFUSED, m->recompute);

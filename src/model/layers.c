@@ -139,7 +139,7 @@ void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta)
         }
 }
 
-void fx__rope_freqs(double *freq, const fx__model_config *c)
+void fx__rope_freqs(double *freq, const fx_model_config *c)
 {
     int64_t hd = c->head_dim, half = hd / 2;
     for (int64_t i = 0; i < half; i++)

@@ -9,98 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- configuration ------------------------------------------------------------------------- */
-
-int fx__model_preset(fx__model_config *c, const char *name)
-{
-    fx__model_config base = {.arch = "flexc-gpt", .vocab = FX__MODEL_VOCAB, .rope_theta = 10000.0f, .norm_eps = 1e-5f,
-                           .tied_embeddings = true, .eos = {FX__MODEL_EOT}, .n_eos = 1};
-    if (!name)
-        return fx__error(FX_EINVAL, "model preset is NULL");
-    if (!strcmp(name, "tiny")) {
-        base.layers = 2, base.dim = 64, base.heads = 4, base.kv_heads = 2, base.ctx = 64;
-    } else if (!strcmp(name, "small")) {
-        base.layers = 6, base.dim = 384, base.heads = 6, base.kv_heads = 2, base.ctx = 256;
-    } else if (!strcmp(name, "gpt2")) {
-        base.layers = 12, base.dim = 768, base.heads = 12, base.kv_heads = 12, base.ctx = 1024;
-    } else {
-        return fx__error(FX_EINVAL, "model '%s' is not a preset (tiny, small, gpt2)", name);
-    }
-    *c = base;
-    return FX_OK;
-}
-
-int fx__model_config_check(fx__model_config *c)
-{
-    if (!c)
-        return fx__error(FX_EINVAL, "model config is NULL");
-#define FX__RANGE(field, lo, hi)                                                              \
-    if (c->field < (lo) || c->field > (hi))                                                   \
-        return fx__error(FX_EINVAL, #field " = %lld is outside [%lld, %lld]", (long long)c->field, \
-                         (long long)(lo), (long long)(hi));
-    FX__RANGE(vocab, 2, INT32_MAX)
-    FX__RANGE(ctx, 1, 1 << 24)
-    FX__RANGE(layers, 1, 1024)
-    FX__RANGE(dim, 2, 65536)
-    FX__RANGE(heads, 1, 4096)
-    FX__RANGE(kv_heads, 1, 4096)
-    FX__RANGE(head_dim, 0, 512)
-    FX__RANGE(ffn, 0, 1 << 20)
-    FX__RANGE(sliding_window, 0, INT64_MAX)
-    FX__RANGE(n_eos, 0, FX_MODEL_MAX_EOS)
-#undef FX__RANGE
-    if (c->head_dim == 0) {
-        if (c->dim % c->heads)
-            return fx__error(FX_EINVAL, "dim = %lld is not a multiple of heads = %lld (or set head_dim)",
-                             (long long)c->dim, (long long)c->heads);
-        if (c->dim / c->heads > 512)
-            return fx__error(FX_EINVAL, "head_dim = dim/heads = %lld is outside [2, 512]",
-                             (long long)(c->dim / c->heads));
-        c->head_dim = c->dim / c->heads;
-    }
-    if (c->head_dim % 2 || c->head_dim < 2)
-        return fx__error(FX_EINVAL, "head_dim = %lld must be even and >= 2 (RoPE rotates pairs)",
-                         (long long)c->head_dim);
-    if (c->heads % c->kv_heads)
-        return fx__error(FX_EINVAL, "heads = %lld is not a multiple of kv_heads = %lld", (long long)c->heads,
-                         (long long)c->kv_heads);
-    if (c->heads * c->head_dim > (1 << 20))
-        return fx__error(FX_EINVAL, "heads * head_dim = %lld is above 1048576", (long long)(c->heads * c->head_dim));
-    if (c->ffn == 0)
-        c->ffn = (8 * c->dim / 3 + 31) / 32 * 32;
-    if (!(c->rope_theta > 1.0f) || !isfinite(c->rope_theta))
-        return fx__error(FX_EINVAL, "rope_theta = %g must be finite and > 1", (double)c->rope_theta);
-    if (!(c->norm_eps > 0.0f) || !isfinite(c->norm_eps))
-        return fx__error(FX_EINVAL, "norm_eps = %g must be finite and > 0", (double)c->norm_eps);
-    switch (c->rope_scaling.type) {
-    case FX_ROPE_SCALING_NONE: break;
-    case FX_ROPE_SCALING_LLAMA3:
-        if (!(c->rope_scaling.factor >= 1.0f) || !isfinite(c->rope_scaling.factor))
-            return fx__error(FX_EINVAL, "rope_scaling.factor = %g must be finite and >= 1",
-                             (double)c->rope_scaling.factor);
-        if (!(c->rope_scaling.low_freq_factor > 0.0f) ||
-            !(c->rope_scaling.high_freq_factor > c->rope_scaling.low_freq_factor) ||
-            !isfinite(c->rope_scaling.high_freq_factor))
-            return fx__error(FX_EINVAL, "rope_scaling.low_freq_factor = %g and high_freq_factor = %g must satisfy "
-                             "0 < low < high",
-                             (double)c->rope_scaling.low_freq_factor, (double)c->rope_scaling.high_freq_factor);
-        if (c->rope_scaling.original_max_position_embeddings < 1)
-            return fx__error(FX_EINVAL, "rope_scaling.original_max_position_embeddings = %lld must be >= 1",
-                             (long long)c->rope_scaling.original_max_position_embeddings);
-        break;
-    default:
-        return fx__error(FX_EINVAL, "rope_scaling.type = %d is not none (0) or llama3 (1)", (int)c->rope_scaling.type);
-    }
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos[i] < 0 || c->eos[i] >= c->vocab)
-            return fx__error(FX_EINVAL, "eos[%d] = %d is outside [0, %lld)", i, c->eos[i], (long long)c->vocab);
-    if (!memchr(c->arch, 0, sizeof c->arch))
-        return fx__error(FX_EINVAL, "arch is not a string of at most %zu bytes", sizeof c->arch - 1);
-    if (!c->arch[0])
-        snprintf(c->arch, sizeof c->arch, "flexc-gpt");
-    return FX_OK;
-}
-
 int fx__model_mask_parse(const char *s, fx__model_mask *mask, int64_t *window)
 {
     *window = 0;
@@ -138,55 +46,32 @@ void fx__model_mask_name(fx__model_mask mask, int64_t window, char *buf, size_t 
 
 /* ---- the parameter table ------------------------------------------------------------------------ */
 
-static void fx__add_tensor(fx__model_layout *lay, const char *name, int64_t d0, int64_t d1)
+static int fx__add_tensor(void *ctx, const fx__arch_entry *e)
 {
+    fx__model_layout *lay = ctx;
     fx__model_tensor *t = &lay->t[lay->n++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->ndim = d1 ? 2 : 1;
-    t->shape[0] = d0;
-    t->shape[1] = d1;
-    t->numel = (size_t)d0 * (size_t)(d1 ? d1 : 1);
+    snprintf(t->name, sizeof t->name, "%s", e->name);
+    t->ndim = e->ndim;
+    t->shape[0] = e->shape[0];
+    t->shape[1] = e->shape[1];
+    t->numel = (size_t)e->shape[0] * (size_t)(e->ndim == 2 ? e->shape[1] : 1);
     t->offset = lay->total;
-    t->decay = d1 != 0;
+    t->decay = e->t->decay;
+    t->arch = e->t;
+    t->layer = e->layer;
     lay->total += t->numel;
+    return FX_OK;
 }
 
-static int fx__layout_build(fx__model_layout *lay, const fx__model_config *c)
+static int fx__layout_build(fx__model_layout *lay, const fx_model_config *c)
 {
     lay->per_layer = c->qkv_bias ? FX__MODEL_PER_LAYER_BIAS : FX__MODEL_PER_LAYER;
-    size_t n = 3 + (size_t)c->layers * lay->per_layer;
-    lay->t = fx__calloc(n, sizeof *lay->t);
+    lay->t = fx__calloc(fx__arch_count(c), sizeof *lay->t);
     if (!lay->t)
         return FX_ENOMEM;
     lay->n = 0;
     lay->total = 0;
-    int64_t C = c->dim, hd = c->head_dim, QD = c->heads * hd, KD = c->kv_heads * hd, F = c->ffn;
-    fx__add_tensor(lay, "wte", c->vocab, C);
-    char name[48];
-    for (int64_t l = 0; l < c->layers; l++) {
-#define FX__T(suffix, d0, d1) (snprintf(name, sizeof name, "layers.%lld." suffix, (long long)l), \
-                               fx__add_tensor(lay, name, d0, d1))
-        FX__T("norm1", C, 0);
-        FX__T("attn.wq", QD, C);
-        FX__T("attn.wk", KD, C);
-        FX__T("attn.wv", KD, C);
-        FX__T("attn.wo", C, QD);
-        FX__T("norm2", C, 0);
-        FX__T("mlp.w1", F, C);
-        FX__T("mlp.w3", F, C);
-        FX__T("mlp.w2", C, F);
-        if (c->qkv_bias) {
-            FX__T("attn.bq", QD, 0);
-            FX__T("attn.bk", KD, 0);
-            FX__T("attn.bv", KD, 0);
-        }
-#undef FX__T
-    }
-    fx__add_tensor(lay, "norm", C, 0);
-    if (!c->tied_embeddings)
-        fx__add_tensor(lay, "lm_head", c->vocab, C);
-    /* Biases are vectors like the norms but take no decay either way. */
-    return FX_OK;
+    return fx__arch_each(c, fx__add_tensor, lay);
 }
 
 const fx__model_tensor *fx__model_find(const fx__model *m, const char *name)
@@ -200,11 +85,11 @@ const fx__model_tensor *fx__model_find(const fx__model *m, const char *name)
 /* ---- the model ------------------------------------------------------------------------------------ */
 
 /* The model's struct and layout, no buffers. */
-static int fx__model_shell(fx__model **out, const fx__model_config *cfg)
+static int fx__model_shell(fx__model **out, const fx_model_config *cfg)
 {
     if (!out || !cfg)
         return fx__error(FX_EINVAL, "fx__model_new: NULL argument");
-    fx__model_config c = *cfg;
+    fx_model_config c = *cfg;
     int rc = fx__model_config_check(&c);
     if (rc)
         return rc;
@@ -233,7 +118,7 @@ void fx__model_mapped_free(fx__model_mapped *mp)
     fx__free(mp);
 }
 
-int fx__model_new_mapped(fx__model **out, const fx__model_config *cfg, fx__model_mapped *mp)
+int fx__model_new_mapped(fx__model **out, const fx_model_config *cfg, fx__model_mapped *mp)
 {
     fx__model *m = NULL;
     int rc = fx__model_shell(&m, cfg);
@@ -266,7 +151,7 @@ int fx__model_own_params(fx__model *m)
     return FX_OK;
 }
 
-int fx__model_new(fx__model **out, const fx__model_config *cfg)
+int fx__model_new(fx__model **out, const fx_model_config *cfg)
 {
     fx__model *m = NULL;
     int rc = fx__model_shell(&m, cfg);
@@ -280,7 +165,7 @@ int fx__model_new(fx__model **out, const fx__model_config *cfg)
     return FX_OK;
 }
 
-int fx__model_create(fx__model **out, const fx__model_config *cfg, uint64_t seed)
+int fx__model_create(fx__model **out, const fx_model_config *cfg, uint64_t seed)
 {
     fx__model *m = NULL;
     int rc = fx__model_new(&m, cfg);
@@ -293,14 +178,18 @@ int fx__model_create(fx__model **out, const fx__model_config *cfg, uint64_t seed
     for (size_t i = 0; i < m->lay.n; i++) {
         const fx__model_tensor *t = &m->lay.t[i];
         float *p = m->params + t->offset;
-        if (t->ndim == 1) {
-            float one = strstr(t->name, "attn.b") ? 0.0f : 1.0f;
+        switch (t->arch->init) {
+        case FX__INIT_ONES:
+        case FX__INIT_ZEROS:
             for (size_t j = 0; j < t->numel; j++)
-                p[j] = one;
-            continue;
+                p[j] = t->arch->init == FX__INIT_ONES ? 1.0f : 0.0f;
+            break;
+        case FX__INIT_NORMAL:
+        case FX__INIT_RESIDUAL:
+            fx_rng_fill_normal(p, (int64_t)t->numel, t->arch->init == FX__INIT_RESIDUAL ? resid_std : 0.02f, seed,
+                               (uint64_t)i);
+            break;
         }
-        bool resid = strstr(t->name, "attn.wo") || strstr(t->name, "mlp.w2");
-        fx_rng_fill_normal(p, (int64_t)t->numel, resid ? resid_std : 0.02f, seed, (uint64_t)i);
     }
     *out = m;
     return FX_OK;
@@ -404,7 +293,7 @@ float *fx__model_head(const fx__model *m, bool grads)
    counts. */
 /* With recompute, the per-layer activations have one slot (the layer being worked on) and
    only the residual stream is kept for every layer. */
-void fx__acts_carve(fx__acts *a, float *base, const fx__model_config *c, int64_t B, int64_t T, bool unfused,
+void fx__acts_carve(fx__acts *a, float *base, const fx_model_config *c, int64_t B, int64_t T, bool unfused,
                            bool recompute)
 {
     size_t N = (size_t)(B * T), L = recompute ? 1 : (size_t)c->layers, C = (size_t)c->dim, F = (size_t)c->ffn;

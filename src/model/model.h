@@ -24,6 +24,8 @@
 
 #include "core/core.h"
 #include "flexc/model.h"
+#include "arch.h"
+#include "config.h"
 #include "hooks.h"
 
 /* ---- tokens ---------------------------------------------------------------------------- */
@@ -31,17 +33,9 @@
 /* Byte-level vocabulary: ids 0..255 are bytes, then the special tokens. */
 enum { FX__MODEL_EOT = 256, FX__MODEL_VOCAB = 257 };
 
-/* ---- configuration --------------------------------------------------------------------- */
-
-/* The public configuration (include/flexc/model.h): vocab, ctx, layers, dim (C), heads (Hq),
-   kv_heads (Hkv), head_dim (hd), ffn (F), RoPE, norm_eps, biases, tied head, window, eos. */
-typedef fx_model_config fx__model_config;
-
-/* "tiny", "small", "gpt2": FX_EINVAL for another name. */
-int fx__model_preset(fx__model_config *c, const char *name);
-/* Checks every field (the message names it); fills head_dim (dim / heads) and ffn (8/3 C
-   rounded up to 32) when 0, and arch when empty. */
-int fx__model_config_check(fx__model_config *c);
+/* The configuration is the public fx_model_config (include/flexc/model.h; its fields are
+   declared once in config.h): vocab, ctx, layers, dim (C), heads (Hq), kv_heads (Hkv),
+   head_dim (hd), ffn (F), RoPE, norm_eps, biases, tied head, window, eos. */
 
 /* ---- attention mask and loss paths ----------------------------------------------------- */
 
@@ -78,14 +72,6 @@ fx_mask_fn fx__model_mask_fn(fx__model_mask mask, const fx__model_mask_ctx *mc, 
 
 /* ---- parameters ------------------------------------------------------------------------ */
 
-/* Per-layer tensors, in buffer order: the nine of every layer, then the three biases
-   with qkv_bias (lay.per_layer says which). */
-enum {
-    FX__MODEL_LN1, FX__MODEL_WQ, FX__MODEL_WK, FX__MODEL_WV, FX__MODEL_WO,
-    FX__MODEL_LN2, FX__MODEL_W1, FX__MODEL_W3, FX__MODEL_W2, FX__MODEL_PER_LAYER,
-    FX__MODEL_BQ = FX__MODEL_PER_LAYER, FX__MODEL_BK, FX__MODEL_BV, FX__MODEL_PER_LAYER_BIAS
-};
-
 typedef struct fx__model_tensor {
     char name[48];     /* "wte", "layers.3.attn.wq", "norm" */
     int ndim;
@@ -93,10 +79,12 @@ typedef struct fx__model_tensor {
     size_t offset;     /* in floats, from the start of the buffer */
     size_t numel;
     bool decay;        /* weight decay applies (matrices only) */
+    const fx__arch_tensor *arch; /* its row of the architecture table (arch.h) */
+    int64_t layer;     /* -1: one of the model's own tensors */
 } fx__model_tensor;
 
-/* The view table of a configuration: wte, L * per_layer tensors, norm, then lm_head when
-   the head is not tied. */
+/* The view table of a configuration, in the architecture table's order (arch.h): wte,
+   L * per_layer tensors, norm, then lm_head when the head is not tied. */
 typedef struct fx__model_layout {
     fx__model_tensor *t;
     size_t n;
@@ -135,7 +123,7 @@ typedef struct fx__model_gpu fx__model_gpu;
 /* The public fx_model is this struct. */
 typedef struct fx_model fx__model;
 struct fx_model {
-    fx__model_config c;
+    fx_model_config c;
     fx__model_layout lay;
     float *params;    /* [P] */
     float *grads;     /* [P], NULL until fx__model_alloc_train */
@@ -199,14 +187,14 @@ float *fx__model_head(const fx__model *m, bool grads);
 void fx__model_logits(const fx__model *m, float *logits, bool last_only);
 /* Allocates and initialises parameters (N(0, 0.02), output projections scaled by
    1/sqrt(2L), norms = 1) from seed. */
-int fx__model_create(fx__model **out, const fx__model_config *c, uint64_t seed);
+int fx__model_create(fx__model **out, const fx_model_config *c, uint64_t seed);
 /* The model without initialising its parameters (their values are undefined): for a loader
    that fills every tensor, so a large model is not drawn at random first. */
-int fx__model_new(fx__model **out, const fx__model_config *c);
+int fx__model_new(fx__model **out, const fx_model_config *c);
 void fx__model_free(fx__model *m);
 /* The model without a parameter buffer, its weights in `mp` (taken over, also on failure:
    closed and freed). */
-int fx__model_new_mapped(fx__model **out, const fx__model_config *c, fx__model_mapped *mp);
+int fx__model_new_mapped(fx__model **out, const fx_model_config *c, fx__model_mapped *mp);
 /* Float32 parameters for a mapped model: reads every tensor into a new buffer, then closes
    the file. FX_OK at once for a model that is not mapped. */
 int fx__model_own_params(fx__model *m);
@@ -358,7 +346,7 @@ void fx__qkv_from_heads(float *dqkv, const float *dq, const float *dk, const flo
                         int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta);
 /* The hd/2 frequencies of the config (plain theta, or llama3-scaled as transformers does). */
-void fx__rope_freqs(double *freq, const fx__model_config *c);
+void fx__rope_freqs(double *freq, const fx_model_config *c);
 /* Rows t0 .. t1-1 of the table: rope [t, i] = cos, sin of t * freq[i] (computed in double). */
 void fx__rope_rows(float *rope, int64_t t0, int64_t t1, const double *freq, int64_t hd);
 /* y [N,O] += b [O] on every row */
@@ -479,7 +467,7 @@ int fx__model_save_checkpoint(const fx__model *m, const fx__model_train_state *s
 /* The weights alone, float32 or bfloat16, with the config in metadata. Atomic. */
 int fx__model_save_model(const fx__model *m, const char *path, bool bf16);
 /* Reads the config (and state, when s != NULL) of a checkpoint or model file. */
-int fx__model_read_config(const char *path, fx__model_config *c, fx__model_train_state *s, bool *has_adam);
+int fx__model_read_config(const char *path, fx_model_config *c, fx__model_train_state *s, bool *has_adam);
 /* Loads a file's parameters (and Adam moments when the model has them and load_adam) into a
    model of the same config; every tensor is checked before anything is copied. */
 int fx__model_load(fx__model *m, const char *path, bool load_adam);

@@ -49,7 +49,7 @@ typedef struct fx__acts {
 
 /* Carves a (base NULL: only counts). With recompute, the per-layer activations have one
    slot (the layer being worked on) and only the residual stream is kept for every layer. */
-void fx__acts_carve(fx__acts *a, float *base, const fx__model_config *c, int64_t B, int64_t T, bool unfused,
+void fx__acts_carve(fx__acts *a, float *base, const fx_model_config *c, int64_t B, int64_t T, bool unfused,
                     bool recompute);
 
 /* ---- attention ---------------------------------------------------------------------------- */
