@@ -2,6 +2,7 @@
    unfused loss. Plain C, parallel over rows; every reduction over tokens runs in a fixed
    order so results do not depend on the thread count. */
 #include "model.h"
+#include "model/kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -70,16 +71,30 @@ static void rms_dw_scalar(float *acc, const float *dy, const float *x, float r, 
 static const fx__rms_ops fx__rms_ops_scalar = {rms_sumsq_scalar, rms_dot3_scalar, rms_scale_scalar, rms_dx_scalar,
                                                rms_dw_scalar};
 
-const fx__rms_ops *fx__rms_ops_for(fx_isa isa)
+const fx__rmsnorm_kernels fx__rmsnorm_kernels_scalar = {"scalar", &fx__rms_ops_scalar};
+const fx__rmsnorm_kernels fx__rmsnorm_kernels_avx2 = {"avx2", &fx__rms_ops_avx2};
+const fx__rmsnorm_kernels fx__rmsnorm_kernels_avx512 = {"avx512", &fx__rms_ops_avx512};
+
+const fx__rmsnorm_kernels *fx__rmsnorm_kernels_for(fx_isa isa)
 {
-    return FX__PER_ISA(isa, &fx__rms_ops_scalar, &fx__rms_ops_avx2, &fx__rms_ops_avx512);
+#ifdef FLEXC_REFERENCE_KERNELS
+    (void)isa;
+    return &fx__rmsnorm_kernels_scalar;
+#else
+    return FX__PER_ISA(isa, &fx__rmsnorm_kernels_scalar, &fx__rmsnorm_kernels_avx2, &fx__rmsnorm_kernels_avx512);
+#endif
 }
+
+const fx__rmsnorm_kernels *fx__rmsnorm_kernels_now(void) { return fx__rmsnorm_kernels_for(fx__isa()); }
+
+/* The loops of a path, under the name model.h gives them. */
+const fx__rms_ops *fx__rms_ops_for(fx_isa isa) { return fx__rmsnorm_kernels_for(isa)->ops; }
 
 void fx__rmsnorm_forward_copy(float *out, float *rstd, float *copy, const float *inp, const float *w, int64_t N,
                               int64_t C, float eps)
 {
     const double t0 = fx__op_begin();
-    const fx__rms_ops *op = fx__rms_ops_for(fx__isa());
+    const fx__rms_ops *op = fx__rmsnorm_kernels_now()->ops;
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const float r = (float)(1.0 / sqrt(op->sumsq(inp + n * C, C) / (double)C + (double)eps));
@@ -102,7 +117,7 @@ void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float
     const double t0 = fx__op_begin();
     /* y = x r w with r = (mean x^2 + eps)^-1/2:
        dx = r (dy w) - x r^3 mean(dy w x),  dw = sum_n dy x r (in token order, per channel). */
-    const fx__rms_ops *op = fx__rms_ops_for(fx__isa());
+    const fx__rms_ops *op = fx__rmsnorm_kernels_now()->ops;
     const int64_t nblk = (C + FX__CBLOCK - 1) / FX__CBLOCK;
 #pragma omp parallel
     {
@@ -298,10 +313,24 @@ void fx__swiglu_backward_scalar(float *da, float *db, const float *dout, const f
 
 static const fx__swiglu_ops fx__swiglu_ops_scalar = {fx__swiglu_forward_scalar, fx__swiglu_backward_scalar};
 
-const fx__swiglu_ops *fx__swiglu_ops_for(fx_isa isa)
+const fx__swiglu_kernels fx__swiglu_kernels_scalar = {"scalar", &fx__swiglu_ops_scalar};
+const fx__swiglu_kernels fx__swiglu_kernels_avx2 = {"avx2", &fx__swiglu_ops_avx2};
+const fx__swiglu_kernels fx__swiglu_kernels_avx512 = {"avx512", &fx__swiglu_ops_avx512};
+
+const fx__swiglu_kernels *fx__swiglu_kernels_for(fx_isa isa)
 {
-    return FX__PER_ISA(isa, &fx__swiglu_ops_scalar, &fx__swiglu_ops_avx2, &fx__swiglu_ops_avx512);
+#ifdef FLEXC_REFERENCE_KERNELS
+    (void)isa;
+    return &fx__swiglu_kernels_scalar;
+#else
+    return FX__PER_ISA(isa, &fx__swiglu_kernels_scalar, &fx__swiglu_kernels_avx2, &fx__swiglu_kernels_avx512);
+#endif
 }
+
+const fx__swiglu_kernels *fx__swiglu_kernels_now(void) { return fx__swiglu_kernels_for(fx__isa()); }
+
+/* The loops of a path, under the name model.h gives them (the tests'). */
+const fx__swiglu_ops *fx__swiglu_ops_for(fx_isa isa) { return fx__swiglu_kernels_for(isa)->ops; }
 
 /* Elements per task: fixed blocks of a row (multiples of every vector width), so which
    elements a vector loop's scalar tail handles does not depend on the thread count. */
@@ -311,7 +340,7 @@ void fx__swiglu_forward(float *out, int64_t ldo, const float *a, const float *b,
                         int64_t cols)
 {
     const double t0 = fx__op_begin();
-    const fx__swiglu_ops *op = fx__swiglu_ops_for(fx__isa());
+    const fx__swiglu_ops *op = fx__swiglu_kernels_now()->ops;
     const int64_t nb = (cols + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < rows * nb; t++) {
@@ -325,7 +354,7 @@ void fx__swiglu_backward(float *da, float *db, int64_t ld, const float *dout, in
                          const float *b, int64_t rows, int64_t cols)
 {
     const double t0 = fx__op_begin();
-    const fx__swiglu_ops *op = fx__swiglu_ops_for(fx__isa());
+    const fx__swiglu_ops *op = fx__swiglu_kernels_now()->ops;
     const int64_t nb = (cols + FX__EW_BLOCK - 1) / FX__EW_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < rows * nb; t++) {

@@ -1,6 +1,8 @@
 /* The optimizer: gradient norm and scaling, AdamW over the flat buffers (the element loops of
-   the path's fx__optim_ops, picked per call), and the learning-rate schedule. */
+   the path's kernel table, fx__optim_kernels_now(), taken per call), and the learning-rate
+   schedule. */
 #include "model_internal.h"
+#include "model/kernels.h"
 
 #include <math.h>
 #include <string.h>
@@ -22,7 +24,7 @@ double fx__model_grad_norm(const fx__model *m)
     size_t P = m->lay.total, nchunk = (P + FX__NORM_CHUNK - 1) / FX__NORM_CHUNK;
     const float *g = m->grads;
     double *parts = m->norm_parts;
-    double (*sumsq)(const float *, int64_t) = fx__optim_ops_for(fx__isa())->sumsq;
+    double (*sumsq)(const float *, int64_t) = fx__optim_kernels_now()->ops->sumsq;
 #pragma omp parallel for schedule(static)
     for (size_t ch = 0; ch < nchunk; ch++) {
         size_t i0 = ch * FX__NORM_CHUNK, i1 = i0 + FX__NORM_CHUNK < P ? i0 + FX__NORM_CHUNK : P;
@@ -85,10 +87,24 @@ static const fx__optim_ops fx__optim_ops_scalar = {fx__sumsq_scalar, fx__adamw_f
 static const fx__optim_ops fx__optim_ops_avx2 = {fx__sumsq_avx2, fx__adamw_f32_avx2, fx__adamw_bf16_avx2};
 static const fx__optim_ops fx__optim_ops_avx512 = {fx__sumsq_avx512, fx__adamw_f32_avx512, fx__adamw_bf16_avx512};
 
-const fx__optim_ops *fx__optim_ops_for(fx_isa isa)
+const fx__optim_kernels fx__optim_kernels_scalar = {"scalar", &fx__optim_ops_scalar};
+const fx__optim_kernels fx__optim_kernels_avx2 = {"avx2", &fx__optim_ops_avx2};
+const fx__optim_kernels fx__optim_kernels_avx512 = {"avx512", &fx__optim_ops_avx512};
+
+const fx__optim_kernels *fx__optim_kernels_for(fx_isa isa)
 {
-    return FX__PER_ISA(isa, &fx__optim_ops_scalar, &fx__optim_ops_avx2, &fx__optim_ops_avx512);
+#ifdef FLEXC_REFERENCE_KERNELS
+    (void)isa;
+    return &fx__optim_kernels_scalar;
+#else
+    return FX__PER_ISA(isa, &fx__optim_kernels_scalar, &fx__optim_kernels_avx2, &fx__optim_kernels_avx512);
+#endif
 }
+
+const fx__optim_kernels *fx__optim_kernels_now(void) { return fx__optim_kernels_for(fx__isa()); }
+
+/* The loops of a path, under the name model.h gives them (the tests'). */
+const fx__optim_ops *fx__optim_ops_for(fx_isa isa) { return fx__optim_kernels_for(isa)->ops; }
 
 /* The optimizer walks the flat buffers in fixed blocks shared out statically: one parallel
    pass over parameters, gradients and moments (it is memory-bound), whatever the tensors. */
@@ -113,7 +129,7 @@ void fx__model_adamw(fx__model *m, const fx__adamw *o, int64_t t)
     const fx__model_layout *lay = &m->lay;
     size_t P = lay->total, nblk = (P + FX__ADAM_BLOCK - 1) / FX__ADAM_BLOCK;
     const fx__adamw_k kd = fx__adamw_consts(o, o->weight_decay, t), k0 = fx__adamw_consts(o, 0.0f, t);
-    const fx__optim_ops *op = fx__optim_ops_for(fx__isa());
+    const fx__optim_ops *op = fx__optim_kernels_now()->ops;
     float *params = m->params, *grads = m->grads, *adam = m->adam;
     uint16_t *adam16 = m->adam16, *params16 = m->params16;
 #pragma omp parallel for schedule(static)
@@ -142,7 +158,7 @@ void fx__model_adamw(fx__model *m, const fx__adamw *o, int64_t t)
 void fx__adamw_f32(float *p, float *g, float *mm, float *vv, int64_t n, const fx__adamw *o, float wd, int64_t t)
 {
     const fx__adamw_k k = fx__adamw_consts(o, wd, t);
-    const fx__optim_ops *op = fx__optim_ops_for(fx__isa());
+    const fx__optim_ops *op = fx__optim_kernels_now()->ops;
     int64_t nblk = (n + FX__ADAM_BLOCK - 1) / FX__ADAM_BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < nblk; b++) {
