@@ -58,49 +58,49 @@ static void test_config_fixtures(void)
     fixture_path(dir, sizeof dir, "llama3_tied", "");
     FXT_OK(fx__hf_config_read(&c, dir));
     FXT_EQ_INT(c.arch, FX__HF_LLAMA);
-    FXT_EQ_INT(c.vocab, 512);
-    FXT_EQ_INT(c.dim, 64);
-    FXT_EQ_INT(c.heads, 4);
-    FXT_EQ_INT(c.kv_heads, 2);
-    FXT_EQ_INT(c.head_dim, 16);
-    FXT_EQ_INT(c.ffn, 128);
-    FXT_EQ_INT(c.layers, 2);
-    FXT_CHECK(c.tied);
-    FXT_CHECK(!c.qkv_bias);
-    FXT_EQ_INT(c.window, 0);
-    FXT_EQ_INT(c.rope_type, FX__HF_ROPE_LLAMA3); /* the rope_theta + rope_scaling spelling */
-    FXT_NEAR(c.rope_theta, 10000.0, 0, 0);
-    FXT_NEAR(c.rope_factor, 4.0, 0, 0);
-    FXT_EQ_INT(c.rope_original_max_pos, 16);
-    FXT_NEAR(c.norm_eps, 1e-5, 0, 0);
-    FXT_EQ_INT(c.n_eos, 1);
-    FXT_EQ_INT(c.eos[0], 1);
+    FXT_EQ_INT(c.m.vocab, 512);
+    FXT_EQ_INT(c.m.dim, 64);
+    FXT_EQ_INT(c.m.heads, 4);
+    FXT_EQ_INT(c.m.kv_heads, 2);
+    FXT_EQ_INT(c.m.head_dim, 16);
+    FXT_EQ_INT(c.m.ffn, 128);
+    FXT_EQ_INT(c.m.layers, 2);
+    FXT_CHECK(c.m.tied_embeddings);
+    FXT_CHECK(!c.m.qkv_bias);
+    FXT_EQ_INT(c.m.sliding_window, 0);
+    FXT_EQ_INT(c.m.rope_scaling.type, FX_ROPE_SCALING_LLAMA3); /* the rope_theta + rope_scaling spelling */
+    FXT_NEAR(c.m.rope_theta, 10000.0, 0, 0);
+    FXT_NEAR(c.m.rope_scaling.factor, 4.0, 0, 0);
+    FXT_EQ_INT(c.m.rope_scaling.original_max_position_embeddings, 16);
+    FXT_NEAR(c.m.norm_eps, 1e-5f, 0, 0); /* as the model holds it: a float */
+    FXT_EQ_INT(c.m.n_eos, 1);
+    FXT_EQ_INT(c.m.eos[0], 1);
     FXT_EQ_INT(c.bos, 0);
     FXT_EQ_INT(c.dtype, FX_DT_F32);
 
     fixture_path(dir, sizeof dir, "llama_bf16", "");
     FXT_OK(fx__hf_config_read(&c, dir));
-    FXT_EQ_INT(c.head_dim, 32); /* != hidden / heads */
+    FXT_EQ_INT(c.m.head_dim, 32); /* != hidden / heads */
     FXT_EQ_INT(c.dtype, FX_DT_BF16);
-    FXT_CHECK(!c.tied);
-    FXT_EQ_INT(c.rope_type, FX__HF_ROPE_DEFAULT); /* rope_parameters */
-    FXT_NEAR(c.rope_theta, 500000.0, 0, 0);
-    FXT_EQ_INT(c.n_eos, 2);
-    FXT_EQ_INT(c.eos[0], 1);
-    FXT_EQ_INT(c.eos[1], 2);
+    FXT_CHECK(!c.m.tied_embeddings);
+    FXT_EQ_INT(c.m.rope_scaling.type, FX_ROPE_SCALING_NONE); /* rope_parameters */
+    FXT_NEAR(c.m.rope_theta, 500000.0, 0, 0);
+    FXT_EQ_INT(c.m.n_eos, 2);
+    FXT_EQ_INT(c.m.eos[0], 1);
+    FXT_EQ_INT(c.m.eos[1], 2);
 
     fixture_path(dir, sizeof dir, "mistral_f16", "");
     FXT_OK(fx__hf_config_read(&c, dir));
     FXT_EQ_INT(c.arch, FX__HF_MISTRAL);
-    FXT_EQ_INT(c.window, 8);
-    FXT_EQ_INT(c.kv_heads, 1);
+    FXT_EQ_INT(c.m.sliding_window, 8);
+    FXT_EQ_INT(c.m.kv_heads, 1);
 
     fixture_path(dir, sizeof dir, "qwen2_bias", "");
     FXT_OK(fx__hf_config_read(&c, dir));
     FXT_EQ_INT(c.arch, FX__HF_QWEN2);
-    FXT_CHECK(c.qkv_bias);
-    FXT_EQ_INT(c.window, 0); /* sliding_window null, use_sliding_window false */
-    FXT_NEAR(c.rope_theta, 1e6, 0, 0);
+    FXT_CHECK(c.m.qkv_bias);
+    FXT_EQ_INT(c.m.sliding_window, 0); /* sliding_window null, use_sliding_window false */
+    FXT_NEAR(c.m.rope_theta, 1e6, 0, 0);
 }
 
 /* The llama3_tied config.json with `patch` (a JSON object) merged in: a key set to null in the
@@ -215,16 +215,16 @@ static void config_accepts_spellings(void)
     FXT_OK(parse_patched("{\"architectures\": null, \"model_type\": \"mistral\"}", NULL, &c));
     FXT_EQ_INT(c.arch, FX__HF_MISTRAL);
     FXT_OK(parse_patched("{\"rope_scaling\": {\"type\": \"default\"}}", NULL, &c));
-    FXT_EQ_INT(c.rope_type, FX__HF_ROPE_DEFAULT);
+    FXT_EQ_INT(c.m.rope_scaling.type, FX_ROPE_SCALING_NONE);
     FXT_OK(parse_patched("{\"rope_scaling\": null, \"rope_theta\": null}", NULL, &c));
-    FXT_NEAR(c.rope_theta, 10000.0, 0, 0); /* the default */
+    FXT_NEAR(c.m.rope_theta, 10000.0, 0, 0); /* the default */
     FXT_OK(parse_patched("{\"rope_scaling\": {\"type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
                          "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}}", NULL, &c));
-    FXT_EQ_INT(c.rope_type, FX__HF_ROPE_LLAMA3);
-    FXT_EQ_INT(c.rope_original_max_pos, 8192);
+    FXT_EQ_INT(c.m.rope_scaling.type, FX_ROPE_SCALING_LLAMA3);
+    FXT_EQ_INT(c.m.rope_scaling.original_max_position_embeddings, 8192);
     FXT_OK(parse_patched("{\"head_dim\": null, \"num_key_value_heads\": null}", NULL, &c));
-    FXT_EQ_INT(c.head_dim, 16);
-    FXT_EQ_INT(c.kv_heads, 4);
+    FXT_EQ_INT(c.m.head_dim, 16);
+    FXT_EQ_INT(c.m.kv_heads, 4);
 }
 
 /* generation_config.json's ids win over config.json's; either dtype key is read. */
@@ -232,18 +232,18 @@ static void config_accepts_ids_dtype(void)
 {
     fx__hf_config c;
     FXT_OK(parse_patched("{\"eos_token_id\": 7}", "{\"eos_token_id\": [3, 4, 5]}", &c));
-    FXT_EQ_INT(c.n_eos, 3);
-    FXT_EQ_INT(c.eos[2], 5);
+    FXT_EQ_INT(c.m.n_eos, 3);
+    FXT_EQ_INT(c.m.eos[2], 5);
     FXT_OK(parse_patched("{\"eos_token_id\": 7}", "{\"bos_token_id\": 9}", &c));
-    FXT_EQ_INT(c.n_eos, 1);
-    FXT_EQ_INT(c.eos[0], 7);
+    FXT_EQ_INT(c.m.n_eos, 1);
+    FXT_EQ_INT(c.m.eos[0], 7);
     FXT_EQ_INT(c.bos, 9);
     FXT_OK(parse_patched("{\"dtype\": null, \"torch_dtype\": \"bfloat16\"}", NULL, &c));
     FXT_EQ_INT(c.dtype, FX_DT_BF16);
     FXT_OK(parse_patched("{\"dtype\": \"float16\"}", NULL, &c));
     FXT_EQ_INT(c.dtype, FX_DT_F16);
     FXT_OK(parse_patched("{\"eos_token_id\": null, \"bos_token_id\": null}", NULL, &c));
-    FXT_EQ_INT(c.n_eos, 0);
+    FXT_EQ_INT(c.m.n_eos, 0);
     FXT_EQ_INT(c.bos, -1);
 }
 
@@ -256,15 +256,15 @@ static void config_windows(void)
     fx__hf_config c;
     FXT_OK(parse_patched("{\"architectures\": [\"MistralForCausalLM\"], \"model_type\": \"mistral\", "
                          "\"sliding_window\": 4096}", NULL, &c));
-    FXT_EQ_INT(c.window, 4096);
+    FXT_EQ_INT(c.m.sliding_window, 4096);
     FXT_OK(parse_patched("{\"sliding_window\": 16}", NULL, &c));
-    FXT_EQ_INT(c.window, 0); /* Llama has none */
+    FXT_EQ_INT(c.m.sliding_window, 0); /* Llama has none */
     FXT_OK(parse_patched(QWEN2_PATCH "\"use_sliding_window\": true, \"sliding_window\": 32, \"max_window_layers\": 0}",
                          NULL, &c));
-    FXT_EQ_INT(c.window, 32);
-    FXT_CHECK(c.qkv_bias);
+    FXT_EQ_INT(c.m.sliding_window, 32);
+    FXT_CHECK(c.m.qkv_bias);
     FXT_OK(parse_patched(QWEN2_PATCH "\"use_sliding_window\": false, \"sliding_window\": 32}", NULL, &c));
-    FXT_EQ_INT(c.window, 0);
+    FXT_EQ_INT(c.m.sliding_window, 0);
     static const config_case cases[] = {
         {QWEN2_PATCH "\"use_sliding_window\": true, \"sliding_window\": 32, \"max_window_layers\": 1}", NULL,
          FX_EUNSUPPORTED, "sliding window on 1 of 2 layers"},
@@ -319,44 +319,69 @@ static void test_config_json_roundtrip(void)
         FXT_OK(fx__hf_generation_json(&gen, &a));
         FXT_OK(fx__hf_config_parse(&b, text, strlen(text), gen, strlen(gen)));
         FXT_EQ_INT(b.arch, a.arch);
-        FXT_EQ_INT(b.vocab, a.vocab);
-        FXT_EQ_INT(b.dim, a.dim);
-        FXT_EQ_INT(b.layers, a.layers);
-        FXT_EQ_INT(b.heads, a.heads);
-        FXT_EQ_INT(b.kv_heads, a.kv_heads);
-        FXT_EQ_INT(b.head_dim, a.head_dim);
-        FXT_EQ_INT(b.ffn, a.ffn);
-        FXT_EQ_INT(b.max_pos, a.max_pos);
-        FXT_CHECK(b.norm_eps == a.norm_eps);
-        FXT_EQ_INT(b.tied, a.tied);
-        FXT_EQ_INT(b.qkv_bias, a.qkv_bias);
-        FXT_EQ_INT(b.window, a.window);
-        FXT_CHECK(b.rope_theta == a.rope_theta);
-        FXT_EQ_INT(b.rope_type, a.rope_type);
-        FXT_CHECK(b.rope_factor == a.rope_factor && b.rope_low_freq_factor == a.rope_low_freq_factor &&
-                  b.rope_high_freq_factor == a.rope_high_freq_factor);
-        FXT_EQ_INT(b.rope_original_max_pos, a.rope_original_max_pos);
-        FXT_EQ_INT(b.n_eos, a.n_eos);
-        for (int i = 0; i < a.n_eos; i++)
-            FXT_EQ_INT(b.eos[i], a.eos[i]);
+        FXT_EQ_INT(b.m.vocab, a.m.vocab);
+        FXT_EQ_INT(b.m.dim, a.m.dim);
+        FXT_EQ_INT(b.m.layers, a.m.layers);
+        FXT_EQ_INT(b.m.heads, a.m.heads);
+        FXT_EQ_INT(b.m.kv_heads, a.m.kv_heads);
+        FXT_EQ_INT(b.m.head_dim, a.m.head_dim);
+        FXT_EQ_INT(b.m.ffn, a.m.ffn);
+        FXT_EQ_INT(b.m.ctx, a.m.ctx);
+        FXT_CHECK(b.m.norm_eps == a.m.norm_eps);
+        FXT_EQ_INT(b.m.tied_embeddings, a.m.tied_embeddings);
+        FXT_EQ_INT(b.m.qkv_bias, a.m.qkv_bias);
+        FXT_EQ_INT(b.m.sliding_window, a.m.sliding_window);
+        FXT_CHECK(b.m.rope_theta == a.m.rope_theta);
+        FXT_EQ_INT(b.m.rope_scaling.type, a.m.rope_scaling.type);
+        FXT_CHECK(b.m.rope_scaling.factor == a.m.rope_scaling.factor && b.m.rope_scaling.low_freq_factor == a.m.rope_scaling.low_freq_factor &&
+                  b.m.rope_scaling.high_freq_factor == a.m.rope_scaling.high_freq_factor);
+        FXT_EQ_INT(b.m.rope_scaling.original_max_position_embeddings, a.m.rope_scaling.original_max_position_embeddings);
+        FXT_EQ_INT(b.m.n_eos, a.m.n_eos);
+        for (int i = 0; i < a.m.n_eos; i++)
+            FXT_EQ_INT(b.m.eos[i], a.m.eos[i]);
         FXT_EQ_INT(b.bos, a.bos);
         fx__free(text);
         fx__free(gen);
     }
 }
 
-/* llama3 scaling against the rule written out: long wavelengths divided by factor, short kept. */
+/* The reference's RoPE frequencies, written after transformers (float64): rope_theta^(-2i/hd),
+   with llama3 scaling when configured. */
+static void ref_inv_freq(double *inv_freq, const fx_model_config *c)
+{
+    const int64_t half = c->head_dim / 2;
+    for (int64_t i = 0; i < half; i++) {
+        double f = pow(c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
+        if (c->rope_scaling.type == FX_ROPE_SCALING_LLAMA3) {
+            /* Long wavelengths slowed by `factor`, short ones kept, a linear blend between. */
+            const double old = (double)c->rope_scaling.original_max_position_embeddings;
+            const double lo = c->rope_scaling.low_freq_factor, hi = c->rope_scaling.high_freq_factor;
+            const double wavelen = 2.0 * M_PI / f;
+            if (wavelen > old / lo) {
+                f = f / c->rope_scaling.factor;
+            } else if (!(wavelen < old / hi)) {
+                double s = (old / wavelen - lo) / (hi - lo);
+                f = (1.0 - s) * f / c->rope_scaling.factor + s * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+/* llama3 scaling, the library's (fx__rope_freqs) against the rule written out (long
+   wavelengths divided by factor, short kept) and against the reference. */
 static void test_rope_llama3(void)
 {
-    fx__hf_config c = {.head_dim = 128, .rope_theta = 500000.0, .rope_type = FX__HF_ROPE_LLAMA3,
-                       .rope_factor = 8.0, .rope_low_freq_factor = 1.0, .rope_high_freq_factor = 4.0,
-                       .rope_original_max_pos = 8192};
-    double f[64], plain[64];
-    fx__hf_rope_inv_freq(f, &c);
-    c.rope_type = FX__HF_ROPE_DEFAULT;
-    fx__hf_rope_inv_freq(plain, &c);
+    fx_model_config c = {.head_dim = 128, .rope_theta = 500000.0f,
+                         .rope_scaling = {FX_ROPE_SCALING_LLAMA3, 8.0f, 1.0f, 4.0f, 8192}};
+    double f[64], plain[64], ref[64];
+    fx__rope_freqs(f, &c);
+    ref_inv_freq(ref, &c);
+    c.rope_scaling.type = FX_ROPE_SCALING_NONE;
+    fx__rope_freqs(plain, &c);
     int kept = 0, scaled = 0, blended = 0;
     for (int i = 0; i < 64; i++) {
+        FXT_NEAR(f[i], ref[i], 0, 1e-15);
         double wl = 2 * M_PI / plain[i];
         if (wl < 8192.0 / 4) {
             FXT_CHECK(f[i] == plain[i]);
@@ -415,8 +440,8 @@ static void test_open_fixtures(void)
         for (size_t j = 0; j < m->n; j++)
             params += m->t[j].shape[0] * (m->t[j].ndim == 2 ? m->t[j].shape[1] : 1);
         FXT_EQ_INT(params, m->params);
-        FXT_CHECK((fx__hf_find(m->t, m->n, "lm_head") >= 0) == !m->c.tied);
-        FXT_CHECK((fx__hf_find(m->t, m->n, "layers.1.attn.bq") >= 0) == m->c.qkv_bias);
+        FXT_CHECK((fx__hf_find(m->t, m->n, "lm_head") >= 0) == !m->c.m.tied_embeddings);
+        FXT_CHECK((fx__hf_find(m->t, m->n, "layers.1.attn.bq") >= 0) == m->c.m.qkv_bias);
         json_decref(ref);
         fx__hf_close(m);
     }
@@ -524,20 +549,20 @@ static void rope(double *x, int64_t T, int64_t H, int64_t hd, const double *inv_
 static double *forward(const model_f32 *r, const int64_t *ids, int64_t T)
 {
     const fx__hf_config *c = &r->m->c;
-    const int64_t C = c->dim, hd = c->head_dim, Hq = c->heads, Hkv = c->kv_heads, F = c->ffn, V = c->vocab;
+    const int64_t C = c->m.dim, hd = c->m.head_dim, Hq = c->m.heads, Hkv = c->m.kv_heads, F = c->m.ffn, V = c->m.vocab;
     double *x = fxt_alloc_f64((size_t)(T * C)), *h = fxt_alloc_f64((size_t)(T * C));
     double *q = fxt_alloc_f64((size_t)(T * Hq * hd)), *k = fxt_alloc_f64((size_t)(T * Hkv * hd));
     double *v = fxt_alloc_f64((size_t)(T * Hkv * hd)), *att = fxt_alloc_f64((size_t)(T * Hq * hd));
     double *o = fxt_alloc_f64((size_t)(T * C)), *g = fxt_alloc_f64((size_t)(T * F)), *u = fxt_alloc_f64((size_t)(T * F));
     double *p = fxt_alloc_f64((size_t)T), *logits = fxt_alloc_f64((size_t)(T * V));
     double inv_freq[512];
-    fx__hf_rope_inv_freq(inv_freq, c);
+    ref_inv_freq(inv_freq, &c->m);
     const float *wte = W(r, -1, "wte");
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < C; i++)
             x[t * C + i] = wte[ids[t] * C + i];
-    for (int64_t l = 0; l < c->layers; l++) {
-        rmsnorm(h, x, W(r, l, "norm1"), T, C, c->norm_eps);
+    for (int64_t l = 0; l < c->m.layers; l++) {
+        rmsnorm(h, x, W(r, l, "norm1"), T, C, c->m.norm_eps);
         linear(q, h, W(r, l, "attn.wq"), W(r, l, "attn.bq"), T, C, Hq * hd);
         linear(k, h, W(r, l, "attn.wk"), W(r, l, "attn.bk"), T, C, Hkv * hd);
         linear(v, h, W(r, l, "attn.wv"), W(r, l, "attn.bv"), T, C, Hkv * hd);
@@ -546,7 +571,7 @@ static double *forward(const model_f32 *r, const int64_t *ids, int64_t T)
         for (int64_t t = 0; t < T; t++)
             for (int64_t hh = 0; hh < Hq; hh++) {
                 const int64_t kh = hh / (Hq / Hkv);
-                const int64_t j0 = c->window && t - c->window + 1 > 0 ? t - c->window + 1 : 0;
+                const int64_t j0 = c->m.sliding_window && t - c->m.sliding_window + 1 > 0 ? t - c->m.sliding_window + 1 : 0;
                 double mx = -INFINITY, sum = 0;
                 for (int64_t j = j0; j <= t; j++) {
                     double s = 0;
@@ -567,7 +592,7 @@ static double *forward(const model_f32 *r, const int64_t *ids, int64_t T)
         linear(o, att, W(r, l, "attn.wo"), NULL, T, Hq * hd, C);
         for (int64_t i = 0; i < T * C; i++)
             x[i] += o[i];
-        rmsnorm(h, x, W(r, l, "norm2"), T, C, c->norm_eps);
+        rmsnorm(h, x, W(r, l, "norm2"), T, C, c->m.norm_eps);
         linear(g, h, W(r, l, "mlp.w1"), NULL, T, C, F);
         linear(u, h, W(r, l, "mlp.w3"), NULL, T, C, F);
         for (int64_t i = 0; i < T * F; i++)
@@ -576,8 +601,8 @@ static double *forward(const model_f32 *r, const int64_t *ids, int64_t T)
         for (int64_t i = 0; i < T * C; i++)
             x[i] += o[i];
     }
-    rmsnorm(h, x, W(r, -1, "norm"), T, C, c->norm_eps);
-    linear(logits, h, c->tied ? wte : W(r, -1, "lm_head"), NULL, T, C, V);
+    rmsnorm(h, x, W(r, -1, "norm"), T, C, c->m.norm_eps);
+    linear(logits, h, c->m.tied_embeddings ? wte : W(r, -1, "lm_head"), NULL, T, C, V);
     free(x), free(h), free(q), free(k), free(v), free(att), free(o), free(g), free(u), free(p);
     return logits;
 }
@@ -638,7 +663,7 @@ static void test_reference_forward(void)
         fixture_path(path, sizeof path, fixtures[f], ".ref.safetensors");
         fx_safetensors *ref = NULL;
         FXT_OK(fx_safetensors_open(&ref, path));
-        const int64_t V = r.m->c.vocab;
+        const int64_t V = r.m->c.m.vocab;
         for (int pi = 0; pi < 2; pi++) {
             int64_t T, nl;
             int64_t *ids;
@@ -772,9 +797,9 @@ static void test_export_roundtrip(void)
         FXT_OK(fx__hf_open(&e, out));
         if (e) {
             FXT_EQ_INT(e->dtype, FX_DT_BF16);
-            FXT_EQ_INT(e->c.window, r.m->c.window);
-            FXT_EQ_INT(e->c.rope_type, r.m->c.rope_type);
-            FXT_EQ_INT(e->c.n_eos, r.m->c.n_eos);
+            FXT_EQ_INT(e->c.m.sliding_window, r.m->c.m.sliding_window);
+            FXT_EQ_INT(e->c.m.rope_scaling.type, r.m->c.m.rope_scaling.type);
+            FXT_EQ_INT(e->c.m.n_eos, r.m->c.m.n_eos);
             for (size_t i = 0; i < e->n; i++) {
                 size_t n = (size_t)fx_tensor_numel(e->views[i]);
                 float *back = malloc(n * sizeof *back);
@@ -1128,7 +1153,7 @@ static void grad_norms_parity(int f, fx_model *m, const char *dir, const float *
     size_t nlay = 0;
     fx__hf_config hc;
     FXT_OK(fx__hf_config_read(&hc, dir));
-    FXT_OK(fx__hf_layout(&lay, &nlay, &hc));
+    FXT_OK(fx__hf_layout(&lay, &nlay, &hc.m));
     double total = 0;
     for (size_t i = 0; i < json_array_size(names); i++) {
         const char *hn = json_string_value(json_array_get(names, i));

@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include "hf/hf.h"
+#include "model/config.h"
 #include "outdir_lock.h"
 
 #include <errno.h>
@@ -134,12 +135,10 @@ static bool export_origin_config(fx__hf_config *hc, char **config_text, char **g
         cli_fail(rc, "generation_config.json");
         return false;
     }
-    fx_model_config check;
-    if ((rc = fx__hf_model_config(&check, hc)) != FX_OK || check.vocab != mc->vocab || check.dim != mc->dim ||
-        check.layers != mc->layers || check.heads != mc->heads || check.kv_heads != mc->kv_heads ||
-        check.head_dim != mc->head_dim || check.ffn != mc->ffn || check.qkv_bias != mc->qkv_bias ||
-        check.tied_embeddings != mc->tied_embeddings) {
-        cli_error("export: %s/config.json does not describe the model in --ckpt %s", origin, ckpt);
+    const fx__config_field *differs = fx__config_diff_shape(&hc->m, mc);
+    if (differs) {
+        cli_error("export: %s/config.json does not describe the model in --ckpt %s (its %s differs)", origin, ckpt,
+                  differs->key);
         return false;
     }
     return true;
@@ -151,7 +150,7 @@ static bool export_tensors(const char *to, const fx_model *m, fx__hf_export_spec
 {
     fx__hf_tensor *t = NULL;
     size_t n = 0;
-    int rc = fx__hf_layout(&t, &n, s->c);
+    int rc = fx__hf_layout(&t, &n, &s->c->m);
     if (rc != FX_OK) {
         cli_fail(rc, "export");
         return false;

@@ -88,7 +88,7 @@ static int get_bool(bool *out, const json_t *o, const char *where, const char *k
 }
 
 /* eos_token_id: an int or a list of ints (each a valid token id). found: the key was there. */
-static int get_ids(int64_t *ids, int *n, bool *found, const json_t *o, const char *where, const char *key,
+static int get_ids(int32_t *ids, int *n, bool *found, const json_t *o, const char *where, const char *key,
                    int64_t vocab)
 {
     const json_t *v = field(o, key);
@@ -98,9 +98,9 @@ static int get_ids(int64_t *ids, int *n, bool *found, const json_t *o, const cha
     size_t count = json_is_array(v) ? json_array_size(v) : 1;
     if (!json_is_array(v) && !json_is_integer(v))
         return fx__error(FX_EFORMAT, "%s: \"%s\" must be an integer or a list of integers", where, key);
-    if (count > FX__HF_MAX_EOS)
+    if (count > FX_MODEL_MAX_EOS)
         return fx__error(FX_EFORMAT, "%s: \"%s\" lists %zu ids, more than %d", where, key, count,
-                         (int)FX__HF_MAX_EOS);
+                         (int)FX_MODEL_MAX_EOS);
     for (size_t i = 0; i < count; i++) {
         const json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
         if (!json_is_integer(e))
@@ -109,7 +109,7 @@ static int get_ids(int64_t *ids, int *n, bool *found, const json_t *o, const cha
         if (x < 0 || x >= vocab)
             return fx__error(FX_EFORMAT, "%s: \"%s\" = %lld is outside the vocabulary [0, %lld)", where, key,
                              (long long)x, (long long)vocab);
-        ids[i] = (int64_t)x;
+        ids[i] = (int32_t)x; /* < vocab <= 2^31 */
     }
     *n = (int)count;
     return FX_OK;
@@ -134,14 +134,16 @@ static int parse_rope(fx__hf_config *c, const json_t *root)
 
     /* rope_theta: inside rope_parameters when it is there, else at the top level. */
     int rc;
+    double theta;
     if (params && field(params, "rope_theta"))
-        rc = get_pos(&c->rope_theta, params, "config.json: rope_parameters", "rope_theta", true, 0);
+        rc = get_pos(&theta, params, "config.json: rope_parameters", "rope_theta", true, 0);
     else
-        rc = get_pos(&c->rope_theta, root, where, "rope_theta", false, 10000.0);
+        rc = get_pos(&theta, root, where, "rope_theta", false, 10000.0);
     if (rc != FX_OK)
         return rc;
+    c->m.rope_theta = (float)theta;
 
-    c->rope_type = FX__HF_ROPE_DEFAULT;
+    memset(&c->m.rope_scaling, 0, sizeof c->m.rope_scaling);
     double partial = 1.0;
     if ((rc = get_pos(&partial, root, where, "partial_rotary_factor", false, 1.0)) != FX_OK)
         return rc;
@@ -167,42 +169,23 @@ static int parse_rope(fx__hf_config *c, const json_t *root)
     if (strcmp(type, "llama3") != 0)
         return fx__error(FX_EUNSUPPORTED, "%s: %s type \"%s\" is not supported (supported: default, llama3)",
                          where, rp_name, type);
-    c->rope_type = FX__HF_ROPE_LLAMA3;
     char w[64];
     snprintf(w, sizeof w, "config.json: %s", rp_name);
-    if ((rc = get_pos(&c->rope_factor, rp, w, "factor", true, 0)) != FX_OK ||
-        (rc = get_pos(&c->rope_low_freq_factor, rp, w, "low_freq_factor", true, 0)) != FX_OK ||
-        (rc = get_pos(&c->rope_high_freq_factor, rp, w, "high_freq_factor", true, 0)) != FX_OK ||
-        (rc = get_int(&c->rope_original_max_pos, rp, w, "original_max_position_embeddings", true, 0, 1,
-                      INT64_C(1) << 40)) != FX_OK)
+    double factor, low, high;
+    int64_t original;
+    if ((rc = get_pos(&factor, rp, w, "factor", true, 0)) != FX_OK ||
+        (rc = get_pos(&low, rp, w, "low_freq_factor", true, 0)) != FX_OK ||
+        (rc = get_pos(&high, rp, w, "high_freq_factor", true, 0)) != FX_OK ||
+        (rc = get_int(&original, rp, w, "original_max_position_embeddings", true, 0, 1, INT64_C(1) << 40)) != FX_OK)
         return rc;
-    if (!(c->rope_high_freq_factor > c->rope_low_freq_factor))
-        return fx__error(FX_EFORMAT, "%s: high_freq_factor = %g must be > low_freq_factor = %g", w,
-                         c->rope_high_freq_factor, c->rope_low_freq_factor);
+    if (!(high > low))
+        return fx__error(FX_EFORMAT, "%s: high_freq_factor = %g must be > low_freq_factor = %g", w, high, low);
+    c->m.rope_scaling.type = FX_ROPE_SCALING_LLAMA3;
+    c->m.rope_scaling.factor = (float)factor;
+    c->m.rope_scaling.low_freq_factor = (float)low;
+    c->m.rope_scaling.high_freq_factor = (float)high;
+    c->m.rope_scaling.original_max_position_embeddings = original;
     return FX_OK;
-}
-
-void fx__hf_rope_inv_freq(double *inv_freq, const fx__hf_config *c)
-{
-    const int64_t half = c->head_dim / 2;
-    for (int64_t i = 0; i < half; i++) {
-        double f = pow(c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
-        if (c->rope_type == FX__HF_ROPE_LLAMA3) {
-            /* Long wavelengths slowed by `factor`, short ones kept, a linear blend between. */
-            const double old = (double)c->rope_original_max_pos;
-            const double low_wavelen = old / c->rope_low_freq_factor;
-            const double high_wavelen = old / c->rope_high_freq_factor;
-            const double wavelen = 2.0 * M_PI / f;
-            if (wavelen > low_wavelen) {
-                f = f / c->rope_factor;
-            } else if (!(wavelen < high_wavelen)) {
-                double s = (old / wavelen - c->rope_low_freq_factor) /
-                           (c->rope_high_freq_factor - c->rope_low_freq_factor);
-                f = (1.0 - s) * f / c->rope_factor + s * f;
-            }
-        }
-        inv_freq[i] = f;
-    }
 }
 
 /* ---- the whole configuration --------------------------------------------------------------- */
@@ -249,11 +232,11 @@ static int parse_window(fx__hf_config *c, const json_t *root)
     int rc = get_int(&w, root, where, "sliding_window", false, 0, 1, INT64_C(1) << 40);
     if (rc != FX_OK)
         return rc;
-    c->window = 0;
+    c->m.sliding_window = 0;
     if (c->arch == FX__HF_LLAMA)
         return FX_OK; /* LlamaForCausalLM has no sliding window (the key is not read) */
     if (c->arch == FX__HF_MISTRAL) {
-        c->window = w;
+        c->m.sliding_window = w;
         return FX_OK;
     }
     bool use = false;
@@ -262,9 +245,9 @@ static int parse_window(fx__hf_config *c, const json_t *root)
     const json_t *lt = field(root, "layer_types");
     int64_t sliding = 0;
     if (lt) {
-        if (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->layers)
+        if (!json_is_array(lt) || (int64_t)json_array_size(lt) != c->m.layers)
             return fx__error(FX_EFORMAT, "%s: \"layer_types\" must list one type per layer (%lld)", where,
-                             (long long)c->layers);
+                             (long long)c->m.layers);
         for (size_t i = 0; i < json_array_size(lt); i++) {
             const json_t *e = json_array_get(lt, i);
             const char *s = json_is_string(e) ? json_string_value(e) : "";
@@ -276,17 +259,17 @@ static int parse_window(fx__hf_config *c, const json_t *root)
         }
     } else if (use) {
         int64_t mwl = 0;
-        if ((rc = get_int(&mwl, root, where, "max_window_layers", false, c->layers, 0, INT64_C(1) << 40)) != FX_OK)
+        if ((rc = get_int(&mwl, root, where, "max_window_layers", false, c->m.layers, 0, INT64_C(1) << 40)) != FX_OK)
             return rc;
-        sliding = mwl >= c->layers ? 0 : c->layers - mwl;
+        sliding = mwl >= c->m.layers ? 0 : c->m.layers - mwl;
     }
-    if (sliding > 0 && sliding < c->layers)
+    if (sliding > 0 && sliding < c->m.layers)
         return fx__error(FX_EUNSUPPORTED, "%s: a sliding window on %lld of %lld layers is not supported (one "
-                         "window for every layer or none)", where, (long long)sliding, (long long)c->layers);
-    if (sliding == c->layers) {
+                         "window for every layer or none)", where, (long long)sliding, (long long)c->m.layers);
+    if (sliding == c->m.layers) {
         if (w == 0)
             return fx__error(FX_EFORMAT, "%s: sliding attention without \"sliding_window\"", where);
-        c->window = w;
+        c->m.sliding_window = w;
     }
     return FX_OK;
 }
@@ -299,29 +282,31 @@ static int parse_sizes(fx__hf_config *c, const json_t *root)
     const char *where = "config.json";
     const int64_t big = INT64_C(1) << 31; /* sizes: anything larger is a corrupt file */
     int rc;
-    if ((rc = get_int(&c->vocab, root, where, "vocab_size", true, 0, 1, big)) != FX_OK ||
-        (rc = get_int(&c->dim, root, where, "hidden_size", true, 0, 1, big)) != FX_OK ||
-        (rc = get_int(&c->ffn, root, where, "intermediate_size", true, 0, 1, big)) != FX_OK ||
-        (rc = get_int(&c->layers, root, where, "num_hidden_layers", true, 0, 1, 1 << 16)) != FX_OK ||
-        (rc = get_int(&c->heads, root, where, "num_attention_heads", true, 0, 1, 1 << 16)) != FX_OK ||
-        (rc = get_int(&c->kv_heads, root, where, "num_key_value_heads", false, c->heads, 1, 1 << 16)) != FX_OK ||
-        (rc = get_int(&c->head_dim, root, where, "head_dim", false, 0, 1, 1 << 16)) != FX_OK ||
-        (rc = get_int(&c->max_pos, root, where, "max_position_embeddings", true, 0, 1, big)) != FX_OK ||
-        (rc = get_pos(&c->norm_eps, root, where, "rms_norm_eps", false, 1e-6)) != FX_OK ||
-        (rc = get_bool(&c->tied, root, where, "tie_word_embeddings", false)) != FX_OK)
+    double eps;
+    if ((rc = get_int(&c->m.vocab, root, where, "vocab_size", true, 0, 1, big)) != FX_OK ||
+        (rc = get_int(&c->m.dim, root, where, "hidden_size", true, 0, 1, big)) != FX_OK ||
+        (rc = get_int(&c->m.ffn, root, where, "intermediate_size", true, 0, 1, big)) != FX_OK ||
+        (rc = get_int(&c->m.layers, root, where, "num_hidden_layers", true, 0, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c->m.heads, root, where, "num_attention_heads", true, 0, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c->m.kv_heads, root, where, "num_key_value_heads", false, c->m.heads, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c->m.head_dim, root, where, "head_dim", false, 0, 1, 1 << 16)) != FX_OK ||
+        (rc = get_int(&c->m.ctx, root, where, "max_position_embeddings", true, 0, 1, big)) != FX_OK ||
+        (rc = get_pos(&eps, root, where, "rms_norm_eps", false, 1e-6)) != FX_OK ||
+        (rc = get_bool(&c->m.tied_embeddings, root, where, "tie_word_embeddings", false)) != FX_OK)
         return rc;
-    if (c->head_dim == 0) {
-        if (c->dim % c->heads != 0)
+    c->m.norm_eps = (float)eps;
+    if (c->m.head_dim == 0) {
+        if (c->m.dim % c->m.heads != 0)
             return fx__error(FX_EFORMAT, "config.json: hidden_size = %lld is not a multiple of num_attention_heads = "
-                             "%lld and head_dim is not given", (long long)c->dim, (long long)c->heads);
-        c->head_dim = c->dim / c->heads;
+                             "%lld and head_dim is not given", (long long)c->m.dim, (long long)c->m.heads);
+        c->m.head_dim = c->m.dim / c->m.heads;
     }
-    if (c->heads % c->kv_heads != 0)
+    if (c->m.heads % c->m.kv_heads != 0)
         return fx__error(FX_EFORMAT, "config.json: num_attention_heads = %lld is not a multiple of "
-                         "num_key_value_heads = %lld", (long long)c->heads, (long long)c->kv_heads);
-    if (c->head_dim % 2 != 0)
+                         "num_key_value_heads = %lld", (long long)c->m.heads, (long long)c->m.kv_heads);
+    if (c->m.head_dim % 2 != 0)
         return fx__error(FX_EFORMAT, "config.json: head_dim = %lld must be even (RoPE rotates pairs)",
-                         (long long)c->head_dim);
+                         (long long)c->m.head_dim);
     return FX_OK;
 }
 
@@ -340,7 +325,7 @@ static int parse_bias(fx__hf_config *c, const json_t *root)
                          "bias; only Qwen2's q/k/v biases are)");
     if (mlp_bias)
         return fx__error(FX_EUNSUPPORTED, "config.json: mlp_bias = true is not supported");
-    c->qkv_bias = c->arch == FX__HF_QWEN2;
+    c->m.qkv_bias = c->arch == FX__HF_QWEN2;
     return FX_OK;
 }
 
@@ -361,18 +346,18 @@ static int parse_special_ids(fx__hf_config *c, const json_t *root, const char *g
                                    jerr.text, jerr.line, jerr.column);
             goto done;
         }
-        rc = get_ids(c->eos, &c->n_eos, &found, groot, "generation_config.json", "eos_token_id", c->vocab);
+        rc = get_ids(c->m.eos, &c->m.n_eos, &found, groot, "generation_config.json", "eos_token_id", c->m.vocab);
         if (rc != FX_OK)
             goto done;
     }
-    if (!found && (rc = get_ids(c->eos, &c->n_eos, &found, root, where, "eos_token_id", c->vocab)) != FX_OK)
+    if (!found && (rc = get_ids(c->m.eos, &c->m.n_eos, &found, root, where, "eos_token_id", c->m.vocab)) != FX_OK)
         goto done;
-    int64_t bos[FX__HF_MAX_EOS];
+    int32_t bos[FX_MODEL_MAX_EOS];
     int nbos = 0;
     found = false;
-    if (groot && (rc = get_ids(bos, &nbos, &found, groot, "generation_config.json", "bos_token_id", c->vocab)) != FX_OK)
+    if (groot && (rc = get_ids(bos, &nbos, &found, groot, "generation_config.json", "bos_token_id", c->m.vocab)) != FX_OK)
         goto done;
-    if (!found && (rc = get_ids(bos, &nbos, &found, root, where, "bos_token_id", c->vocab)) != FX_OK)
+    if (!found && (rc = get_ids(bos, &nbos, &found, root, where, "bos_token_id", c->m.vocab)) != FX_OK)
         goto done;
     if (nbos > 1) {
         rc = fx__error(FX_EFORMAT, "bos_token_id must be one id");
@@ -429,6 +414,11 @@ int fx__hf_config_parse(fx__hf_config *out, const char *text, size_t len, const 
 
     if ((rc = parse_special_ids(&c, root, gen, gen_len)) != FX_OK)
         goto done;
+    snprintf(c.m.arch, sizeof c.m.arch, "%s", archs[c.arch].arch);
+    if (fx_model_config_validate(&c.m) != FX_OK) {
+        rc = fx__error_context(FX_EFORMAT, "config.json");
+        goto done;
+    }
     *out = c;
 done:
     json_decref(root);
@@ -487,7 +477,21 @@ static int dump(char **out, json_t *root)
     return buf ? FX_OK : FX_ENOMEM;
 }
 
-static json_t *ids_json(const int64_t *ids, int n)
+/* The shortest decimal that reads back as the same float: 1e-05f is written 1e-05, not
+   9.9999997e-06, so a generated config.json reads as a person would write it. */
+static double short_double(float x)
+{
+    char buf[32];
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, (double)x);
+        double d = strtod(buf, NULL);
+        if ((float)d == x)
+            return d;
+    }
+    return (double)x;
+}
+
+static json_t *ids_json(const int32_t *ids, int n)
 {
     if (n == 1)
         return json_integer(ids[0]);
@@ -506,43 +510,45 @@ int fx__hf_config_json(char **out, const fx__hf_config *c, const char *dtype)
     json_array_append_new(arch, json_string(archs[c->arch].arch));
     json_object_set_new(o, "architectures", arch);
     json_object_set_new(o, "model_type", json_string(archs[c->arch].model_type));
-    json_object_set_new(o, "vocab_size", json_integer(c->vocab));
-    json_object_set_new(o, "hidden_size", json_integer(c->dim));
-    json_object_set_new(o, "intermediate_size", json_integer(c->ffn));
-    json_object_set_new(o, "num_hidden_layers", json_integer(c->layers));
-    json_object_set_new(o, "num_attention_heads", json_integer(c->heads));
-    json_object_set_new(o, "num_key_value_heads", json_integer(c->kv_heads));
-    json_object_set_new(o, "head_dim", json_integer(c->head_dim));
-    json_object_set_new(o, "max_position_embeddings", json_integer(c->max_pos));
-    json_object_set_new(o, "rms_norm_eps", json_real(c->norm_eps));
+    json_object_set_new(o, "vocab_size", json_integer(c->m.vocab));
+    json_object_set_new(o, "hidden_size", json_integer(c->m.dim));
+    json_object_set_new(o, "intermediate_size", json_integer(c->m.ffn));
+    json_object_set_new(o, "num_hidden_layers", json_integer(c->m.layers));
+    json_object_set_new(o, "num_attention_heads", json_integer(c->m.heads));
+    json_object_set_new(o, "num_key_value_heads", json_integer(c->m.kv_heads));
+    json_object_set_new(o, "head_dim", json_integer(c->m.head_dim));
+    json_object_set_new(o, "max_position_embeddings", json_integer(c->m.ctx));
+    json_object_set_new(o, "rms_norm_eps", json_real(short_double(c->m.norm_eps)));
     json_object_set_new(o, "hidden_act", json_string("silu"));
-    json_object_set_new(o, "tie_word_embeddings", json_boolean(c->tied));
+    json_object_set_new(o, "tie_word_embeddings", json_boolean(c->m.tied_embeddings));
     json_object_set_new(o, "dtype", json_string(dtype ? dtype : "float32"));
     if (c->arch == FX__HF_LLAMA) {
         json_object_set_new(o, "attention_bias", json_false());
         json_object_set_new(o, "mlp_bias", json_false());
     }
     if (c->arch == FX__HF_MISTRAL)
-        json_object_set_new(o, "sliding_window", c->window ? json_integer(c->window) : json_null());
+        json_object_set_new(o, "sliding_window", c->m.sliding_window ? json_integer(c->m.sliding_window) : json_null());
     if (c->arch == FX__HF_QWEN2) {
-        json_object_set_new(o, "use_sliding_window", json_boolean(c->window > 0));
-        json_object_set_new(o, "sliding_window", c->window ? json_integer(c->window) : json_null());
-        json_object_set_new(o, "max_window_layers", json_integer(c->window ? 0 : c->layers));
+        json_object_set_new(o, "use_sliding_window", json_boolean(c->m.sliding_window > 0));
+        json_object_set_new(o, "sliding_window", c->m.sliding_window ? json_integer(c->m.sliding_window) : json_null());
+        json_object_set_new(o, "max_window_layers", json_integer(c->m.sliding_window ? 0 : c->m.layers));
     }
     json_t *rp = json_object();
-    json_object_set_new(rp, "rope_theta", json_real(c->rope_theta));
-    if (c->rope_type == FX__HF_ROPE_LLAMA3) {
+    const fx_model_config *m = &c->m;
+    json_object_set_new(rp, "rope_theta", json_real(short_double(m->rope_theta)));
+    if (m->rope_scaling.type == FX_ROPE_SCALING_LLAMA3) {
         json_object_set_new(rp, "rope_type", json_string("llama3"));
-        json_object_set_new(rp, "factor", json_real(c->rope_factor));
-        json_object_set_new(rp, "low_freq_factor", json_real(c->rope_low_freq_factor));
-        json_object_set_new(rp, "high_freq_factor", json_real(c->rope_high_freq_factor));
-        json_object_set_new(rp, "original_max_position_embeddings", json_integer(c->rope_original_max_pos));
+        json_object_set_new(rp, "factor", json_real(short_double(m->rope_scaling.factor)));
+        json_object_set_new(rp, "low_freq_factor", json_real(short_double(m->rope_scaling.low_freq_factor)));
+        json_object_set_new(rp, "high_freq_factor", json_real(short_double(m->rope_scaling.high_freq_factor)));
+        json_object_set_new(rp, "original_max_position_embeddings",
+                            json_integer(m->rope_scaling.original_max_position_embeddings));
     } else {
         json_object_set_new(rp, "rope_type", json_string("default"));
     }
     json_object_set_new(o, "rope_parameters", rp);
-    if (c->n_eos)
-        json_object_set_new(o, "eos_token_id", ids_json(c->eos, c->n_eos));
+    if (c->m.n_eos)
+        json_object_set_new(o, "eos_token_id", ids_json(c->m.eos, c->m.n_eos));
     if (c->bos >= 0)
         json_object_set_new(o, "bos_token_id", json_integer(c->bos));
     return dump(out, o);
@@ -553,8 +559,8 @@ int fx__hf_generation_json(char **out, const fx__hf_config *c)
     json_t *o = json_object();
     if (!o)
         return fx__error(FX_ENOMEM, "out of memory building JSON");
-    if (c->n_eos)
-        json_object_set_new(o, "eos_token_id", ids_json(c->eos, c->n_eos));
+    if (c->m.n_eos)
+        json_object_set_new(o, "eos_token_id", ids_json(c->m.eos, c->m.n_eos));
     if (c->bos >= 0)
         json_object_set_new(o, "bos_token_id", json_integer(c->bos));
     return dump(out, o);

@@ -132,7 +132,7 @@ static int make_views(const fx__hf_export_spec *s, const fx__hf_tensor *t, size_
                     break;
                 }
             }
-            fx__hf_rows_to_hf(tmp, src, t[i].rope_heads, s->c->head_dim, t[i].ndim == 2 ? t[i].shape[1] : 1);
+            fx__hf_rows_to_hf(tmp, src, t[i].rope_heads, s->c->m.head_dim, t[i].ndim == 2 ? t[i].shape[1] : 1);
             src = tmp;
         }
         const void *data = src;
@@ -212,7 +212,7 @@ int fx__hf_export(const char *dir, const fx__hf_export_spec *s)
         return rc;
     fx__hf_tensor *t = NULL;
     size_t n = 0;
-    if ((rc = fx__hf_layout(&t, &n, s->c)) != FX_OK)
+    if ((rc = fx__hf_layout(&t, &n, &s->c->m)) != FX_OK)
         return rc;
     if ((rc = check_data(s, t, n)) == FX_OK && (rc = make_dir(dir)) == FX_OK)
         rc = write_model(dir, s, t, n);

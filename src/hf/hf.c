@@ -8,36 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int fx__hf_model_config(fx_model_config *mc, const fx__hf_config *c)
-{
-    memset(mc, 0, sizeof *mc);
-    snprintf(mc->arch, sizeof mc->arch, "%s", fx__hf_arch_name(c->arch));
-    mc->vocab = c->vocab;
-    mc->ctx = c->max_pos;
-    mc->layers = c->layers;
-    mc->dim = c->dim;
-    mc->heads = c->heads;
-    mc->kv_heads = c->kv_heads;
-    mc->head_dim = c->head_dim;
-    mc->ffn = c->ffn;
-    mc->rope_theta = (float)c->rope_theta;
-    if (c->rope_type == FX__HF_ROPE_LLAMA3) {
-        mc->rope_scaling.type = FX_ROPE_SCALING_LLAMA3;
-        mc->rope_scaling.factor = (float)c->rope_factor;
-        mc->rope_scaling.low_freq_factor = (float)c->rope_low_freq_factor;
-        mc->rope_scaling.high_freq_factor = (float)c->rope_high_freq_factor;
-        mc->rope_scaling.original_max_position_embeddings = c->rope_original_max_pos;
-    }
-    mc->norm_eps = (float)c->norm_eps;
-    mc->qkv_bias = c->qkv_bias;
-    mc->tied_embeddings = c->tied;
-    mc->sliding_window = c->window;
-    for (int i = 0; i < c->n_eos; i++)
-        mc->eos[i] = (int32_t)c->eos[i];
-    mc->n_eos = c->n_eos;
-    return fx_model_config_validate(mc);
-}
-
 /* The open directory behind a mapped model, and where each of the model's tensors is in it. */
 typedef struct fx__hf_source {
     fx__hf_model *h;
@@ -103,13 +73,8 @@ int fx__hf_load_mapped(fx_model **out, const char *dir)
     mp->close = fx__hf_source_close;
     mp->rope_half = true;
     const fx__hf_model *h = src->h;
-    fx_model_config mc;
     fx_model *m = NULL;
-    if ((rc = fx__hf_model_config(&mc, &h->c)) != FX_OK) {
-        fx__model_mapped_free(mp);
-        return fx__error_context(rc, "%s: config.json", dir);
-    }
-    if ((rc = fx__model_new_mapped(&m, &mc, mp)) != FX_OK)
+    if ((rc = fx__model_new_mapped(&m, &h->c.m, mp)) != FX_OK)
         return rc;
     const size_t n = m->lay.n;
     if (n != h->n) {
@@ -173,20 +138,6 @@ int fx__hf_load(fx_model **out, const char *dir)
     return FX_OK;
 }
 
-/* The shortest decimal that reads back as the same float: 1e-05f is written 1e-05, not
-   9.9999997e-06, so a generated config.json reads as a person would write it. */
-static double short_double(float x)
-{
-    char buf[32];
-    for (int p = 1; p <= 9; p++) {
-        snprintf(buf, sizeof buf, "%.*g", p, (double)x);
-        double d = strtod(buf, NULL);
-        if ((float)d == x)
-            return d;
-    }
-    return (double)x;
-}
-
 int fx__hf_config_from_model(fx__hf_config *c, const fx_model_config *mc)
 {
     memset(c, 0, sizeof *c);
@@ -200,29 +151,10 @@ int fx__hf_config_from_model(fx__hf_config *c, const fx_model_config *mc)
     if (mc->sliding_window && c->arch == FX__HF_LLAMA)
         return fx__error(FX_EUNSUPPORTED, "a %s model with a sliding window has no Hugging Face architecture "
                          "here (MistralForCausalLM carries one)", mc->arch);
-    c->vocab = mc->vocab;
-    c->dim = mc->dim;
-    c->layers = mc->layers;
-    c->heads = mc->heads;
-    c->kv_heads = mc->kv_heads;
-    c->head_dim = mc->head_dim ? mc->head_dim : mc->dim / mc->heads;
-    c->ffn = mc->ffn;
-    c->max_pos = mc->ctx;
-    c->norm_eps = short_double(mc->norm_eps);
-    c->tied = mc->tied_embeddings;
-    c->qkv_bias = mc->qkv_bias;
-    c->window = mc->sliding_window;
-    c->rope_theta = short_double(mc->rope_theta);
-    if (mc->rope_scaling.type == FX_ROPE_SCALING_LLAMA3) {
-        c->rope_type = FX__HF_ROPE_LLAMA3;
-        c->rope_factor = short_double(mc->rope_scaling.factor);
-        c->rope_low_freq_factor = short_double(mc->rope_scaling.low_freq_factor);
-        c->rope_high_freq_factor = short_double(mc->rope_scaling.high_freq_factor);
-        c->rope_original_max_pos = mc->rope_scaling.original_max_position_embeddings;
-    }
-    for (int i = 0; i < mc->n_eos && i < FX__HF_MAX_EOS; i++)
-        c->eos[i] = mc->eos[i];
-    c->n_eos = mc->n_eos < FX__HF_MAX_EOS ? mc->n_eos : FX__HF_MAX_EOS;
+    c->m = *mc;
+    snprintf(c->m.arch, sizeof c->m.arch, "%s", fx__hf_arch_name(c->arch));
+    if (!c->m.head_dim)
+        c->m.head_dim = mc->dim / mc->heads;
     c->bos = -1;
     c->dtype = FX_DT_F32;
     return FX_OK;

@@ -38,33 +38,13 @@
 
 typedef enum fx__hf_arch { FX__HF_LLAMA = 0, FX__HF_MISTRAL = 1, FX__HF_QWEN2 = 2 } fx__hf_arch;
 
-typedef enum fx__hf_rope { FX__HF_ROPE_DEFAULT = 0, FX__HF_ROPE_LLAMA3 = 1 } fx__hf_rope;
-
-enum { FX__HF_MAX_EOS = 8 };
-
+/* The model's configuration is flexc's own (fx_model_config: arch the class name, ctx
+   max_position_embeddings, floats as the model runs them); a config.json adds only the start
+   id and the dtype the weights were saved in. */
 typedef struct fx__hf_config {
-    fx__hf_arch arch;
-    int64_t vocab;      /* V */
-    int64_t dim;        /* C: hidden_size */
-    int64_t layers;     /* L */
-    int64_t heads;      /* Hq */
-    int64_t kv_heads;   /* Hkv */
-    int64_t head_dim;   /* hd: may differ from C / Hq */
-    int64_t ffn;        /* F: intermediate_size */
-    int64_t max_pos;    /* max_position_embeddings */
-    double norm_eps;    /* rms_norm_eps */
-    bool tied;          /* tie_word_embeddings: no lm_head, logits use the embedding */
-    bool qkv_bias;      /* q_proj, k_proj, v_proj carry biases (Qwen2) */
-    int64_t window;     /* 0: full causal attention; else query i sees key j when 0 <= i-j < window */
-
-    double rope_theta;
-    fx__hf_rope rope_type;
-    double rope_factor, rope_low_freq_factor, rope_high_freq_factor; /* llama3 only */
-    int64_t rope_original_max_pos;                                   /* llama3 only */
-
-    int64_t eos[FX__HF_MAX_EOS]; /* generation_config.json first, then config.json */
-    int n_eos;
-    int64_t bos;                 /* -1: none */
+    fx_model_config m;
+    fx__hf_arch arch;            /* m.arch's class */
+    int64_t bos;                 /* -1: none (generation_config.json first, then config.json) */
     fx_dtype dtype;              /* "dtype" (or "torch_dtype"): float32, bfloat16, float16; F32
                                     when absent. What export writes by default. */
 } fx__hf_config;
@@ -77,7 +57,8 @@ const char *fx__hf_arch_name(fx__hf_arch a);
    rope_parameters type other than default or llama3, quantization_config, a hidden_act other
    than silu, attention_bias or mlp_bias (biases other than Qwen2's q/k/v), partial rotary
    embeddings, a Qwen2 sliding window on some layers only; a missing or malformed field, sizes
-   that disagree (FX_EFORMAT). c is written only on success. */
+   that disagree or that the model cannot be built with (fx_model_config_validate)
+   (FX_EFORMAT). c is written only on success. */
 int fx__hf_config_parse(fx__hf_config *c, const char *config, size_t config_len, const char *gen,
                         size_t gen_len);
 /* The same from dir/config.json and dir/generation_config.json (optional). */
@@ -86,10 +67,6 @@ int fx__hf_config_read(fx__hf_config *c, const char *dir);
 /* Reads a small text file (at most 64 MiB) whole, NUL-terminated, *out fx__alloc'd: fx__read_regular
    with the path in the message. */
 int fx__hf_read_text(char **out, size_t *len, const char *path);
-
-/* inv_freq [head_dim/2]: RoPE frequency of pair i, rope_theta^(-2i/hd), with llama3 scaling
-   applied when configured (as transformers computes it, in float64). */
-void fx__hf_rope_inv_freq(double *inv_freq, const fx__hf_config *c);
 
 /* config.json text for c in transformers' current spelling (rope_parameters), float32 dtype
    named by `dtype` ("float32", "bfloat16", "float16"). *out is fx__alloc'd, NUL-terminated. */
@@ -107,9 +84,9 @@ typedef struct fx__hf_tensor {
     int64_t rope_heads;/* > 0: rows are RoPE'd heads of head_dim rows, permuted between layouts */
 } fx__hf_tensor;
 
-/* The tensors of c in flexc's order: wte; per layer norm1, wq, [bq], wk, [bk], wv, [bv], wo, norm2,
-   mlp.w1 (gate), mlp.w3 (up), mlp.w2 (down); norm; [lm_head] (untied only). *out is fx__alloc'd. */
-int fx__hf_layout(fx__hf_tensor **out, size_t *n, const fx__hf_config *c);
+/* The tensors of c in the architecture table's order (src/model/arch.h), with their Hugging
+   Face names. *out is fx__alloc'd. */
+int fx__hf_layout(fx__hf_tensor **out, size_t *n, const fx_model_config *c);
 
 /* Row permutations of a RoPE'd tensor (rows = heads * head_dim, each row `cols` wide; cols = 1
    for a bias): HF's rotate-half order <-> flexc's interleaved order. Plain copies, dst != src. */
@@ -176,11 +153,8 @@ int fx__hf_load(fx_model **out, const char *dir);
    reads its matrices there, in the file's dtype and row order (mapped weights, see
    src/model/model.h); norms and biases are widened to float32. No parameter buffer. */
 int fx__hf_load_mapped(fx_model **out, const char *dir);
-/* The model configuration of c (arch is the HF class name, ctx max_position_embeddings). */
-int fx__hf_model_config(fx_model_config *mc, const fx__hf_config *c);
-/* The inverse, for export: the HF configuration of a model (arch as its label says; flexc's
-   own GPT becomes LlamaForCausalLM). Floats are written as the shortest decimal that reads back
-   the same. bos is -1, dtype F32. FX_EUNSUPPORTED when no architecture here carries the model
+/* For export: the HF configuration of a model (arch as its label says; flexc's own GPT
+   becomes LlamaForCausalLM). bos is -1, dtype F32. FX_EUNSUPPORTED when no architecture here carries the model
    (q/k/v biases outside Qwen2, a window on a Llama). */
 int fx__hf_config_from_model(fx__hf_config *c, const fx_model_config *mc);
 

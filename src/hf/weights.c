@@ -3,6 +3,7 @@
 #include "hf/hf.h"
 
 #include "core/finite.h"
+#include "model/arch.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,57 +13,32 @@
 
 /* ---- the name table ------------------------------------------------------------------------ */
 
-static void add(fx__hf_tensor *t, size_t *n, const char *name, const char *hf, int64_t d0, int64_t d1,
-                int64_t rope_heads)
+typedef struct layout_fill {
+    fx__hf_tensor *t;
+    size_t n;
+} layout_fill;
+
+static int add(void *ctx, const fx__arch_entry *e)
 {
-    fx__hf_tensor *e = &t[(*n)++];
-    memset(e, 0, sizeof *e);
-    snprintf(e->name, sizeof e->name, "%s", name);
-    snprintf(e->hf_name, sizeof e->hf_name, "%s", hf);
-    e->ndim = d1 ? 2 : 1;
-    e->shape[0] = d0;
-    e->shape[1] = d1;
-    e->rope_heads = rope_heads;
+    layout_fill *f = ctx;
+    fx__hf_tensor *t = &f->t[f->n++];
+    snprintf(t->name, sizeof t->name, "%s", e->name);
+    snprintf(t->hf_name, sizeof t->hf_name, "%s", e->hf);
+    t->ndim = e->ndim;
+    t->shape[0] = e->shape[0];
+    t->shape[1] = e->shape[1];
+    t->rope_heads = e->rope_heads;
+    return FX_OK;
 }
 
-int fx__hf_layout(fx__hf_tensor **out, size_t *n_out, const fx__hf_config *c)
+int fx__hf_layout(fx__hf_tensor **out, size_t *n_out, const fx_model_config *c)
 {
-    const size_t per = 9 + (c->qkv_bias ? 3 : 0);
-    const size_t cap = 3 + (size_t)c->layers * per;
-    fx__hf_tensor *t = fx__calloc(cap, sizeof *t);
-    if (!t)
+    layout_fill f = {fx__calloc(fx__arch_count(c), sizeof *f.t), 0};
+    if (!f.t)
         return FX_ENOMEM;
-    const int64_t C = c->dim, F = c->ffn, hd = c->head_dim;
-    const int64_t q = c->heads * hd, kv = c->kv_heads * hd;
-    size_t n = 0;
-    char a[64], b[96];
-    add(t, &n, "wte", "model.embed_tokens.weight", c->vocab, C, 0);
-    for (int64_t l = 0; l < c->layers; l++) {
-#define T(flex, hfn, d0, d1, rh)                                                                 \
-    (snprintf(a, sizeof a, "layers.%lld.%s", (long long)l, flex),                                \
-     snprintf(b, sizeof b, "model.layers.%lld.%s", (long long)l, hfn), add(t, &n, a, b, d0, d1, rh))
-        T("norm1", "input_layernorm.weight", C, 0, 0);
-        T("attn.wq", "self_attn.q_proj.weight", q, C, c->heads);
-        if (c->qkv_bias)
-            T("attn.bq", "self_attn.q_proj.bias", q, 0, c->heads);
-        T("attn.wk", "self_attn.k_proj.weight", kv, C, c->kv_heads);
-        if (c->qkv_bias)
-            T("attn.bk", "self_attn.k_proj.bias", kv, 0, c->kv_heads);
-        T("attn.wv", "self_attn.v_proj.weight", kv, C, 0);
-        if (c->qkv_bias)
-            T("attn.bv", "self_attn.v_proj.bias", kv, 0, 0);
-        T("attn.wo", "self_attn.o_proj.weight", C, q, 0);
-        T("norm2", "post_attention_layernorm.weight", C, 0, 0);
-        T("mlp.w1", "mlp.gate_proj.weight", F, C, 0);
-        T("mlp.w3", "mlp.up_proj.weight", F, C, 0);
-        T("mlp.w2", "mlp.down_proj.weight", C, F, 0);
-#undef T
-    }
-    add(t, &n, "norm", "model.norm.weight", C, 0, 0);
-    if (!c->tied)
-        add(t, &n, "lm_head", "lm_head.weight", c->vocab, C, 0);
-    *out = t;
-    *n_out = n;
+    fx__arch_each(c, add, &f);
+    *out = f.t;
+    *n_out = f.n;
     return FX_OK;
 }
 
@@ -155,7 +131,7 @@ static int check_tensors(fx__hf_model *m)
             m->views[*hit - m->t] = v;
         } else if (ends_with(v->name, ".rotary_emb.inv_freq")) {
             continue; /* derived from rope_theta; recomputed */
-        } else if (m->c.tied && strcmp(v->name, "lm_head.weight") == 0) {
+        } else if (m->c.m.tied_embeddings && strcmp(v->name, "lm_head.weight") == 0) {
             tied_head = v;
         } else {
             rc = fx__error(FX_EFORMAT, "unexpected tensor %s (not part of a %s with this config.json)", v->name,
@@ -230,7 +206,7 @@ int fx__hf_open(fx__hf_model **out, const char *dir)
     if (rc == FX_OK && (rc = fx__hf_config_parse(&m->c, m->config_text, len, m->gen_text, glen)) != FX_OK)
         fx__error_context(rc, "%s", dir);
     if (rc == FX_OK)
-        rc = fx__hf_layout(&m->t, &m->n, &m->c);
+        rc = fx__hf_layout(&m->t, &m->n, &m->c.m);
     if (rc == FX_OK && !(m->views = fx__calloc(m->n, sizeof *m->views)))
         rc = FX_ENOMEM;
     if (rc == FX_OK) {
@@ -283,7 +259,7 @@ int fx__hf_tensor_read(const fx__hf_model *m, size_t i, float *dst)
         return FX_ENOMEM;
     int rc = fx_tensor_to_f32(tmp, numel, v);
     if (rc == FX_OK)
-        fx__hf_rows_to_flexc(dst, tmp, t->rope_heads, m->c.head_dim, t->ndim == 2 ? t->shape[1] : 1);
+        fx__hf_rows_to_flexc(dst, tmp, t->rope_heads, m->c.m.head_dim, t->ndim == 2 ? t->shape[1] : 1);
     fx__free(tmp);
     return rc;
 }

@@ -5,6 +5,7 @@
    parses again to the same fields, and the writer's generation_config.json gives the same
    special ids. */
 #include "hf/hf.h"
+#include "model/config.h"
 #include "core/fuzz_check.h"
 
 #include <stdio.h>
@@ -18,21 +19,10 @@ static const char *dtype_name(fx_dtype d)
     return d == FX_DT_BF16 ? "bfloat16" : d == FX_DT_F16 ? "float16" : "float32";
 }
 
-/* Every field but the padding. */
+/* Every field: the model's by its field table, then the file's own. */
 static bool same(const fx__hf_config *a, const fx__hf_config *b)
 {
-    bool eq = a->arch == b->arch && a->vocab == b->vocab && a->dim == b->dim && a->layers == b->layers &&
-              a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim && a->ffn == b->ffn &&
-              a->max_pos == b->max_pos && a->norm_eps == b->norm_eps && a->tied == b->tied &&
-              a->qkv_bias == b->qkv_bias && a->window == b->window && a->rope_theta == b->rope_theta &&
-              a->rope_type == b->rope_type && a->n_eos == b->n_eos && a->bos == b->bos && a->dtype == b->dtype;
-    if (eq && a->rope_type == FX__HF_ROPE_LLAMA3)
-        eq = a->rope_factor == b->rope_factor && a->rope_low_freq_factor == b->rope_low_freq_factor &&
-             a->rope_high_freq_factor == b->rope_high_freq_factor &&
-             a->rope_original_max_pos == b->rope_original_max_pos;
-    for (int i = 0; eq && i < a->n_eos; i++)
-        eq = a->eos[i] == b->eos[i];
-    return eq;
+    return !fx__config_diff(&a->m, &b->m) && a->arch == b->arch && a->bos == b->bos && a->dtype == b->dtype;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
