@@ -4,6 +4,8 @@
 
 #include "attention/internal.h"
 
+#include <sys/resource.h>
+
 /* ---- float64 reference ------------------------------------------------------------------- */
 
 typedef struct ref_case {
@@ -723,6 +725,123 @@ static void test_determinism_large(void)
     run_masked("deterministic", fx_mask_sliding_window, &sw, 1, 1, shape(1, 4, 2, 520, 520, 48, 48), 128, 128, 120);
 }
 
+/* Lowers the address-space limit to what the process maps now plus `extra`, so that a mask
+   that ever got past the size check fails to allocate instead of reaching the OOM killer.
+   Not under AddressSanitizer, whose shadow memory needs the address space. false: left. */
+static bool limit_address_space(struct rlimit *saved, size_t extra)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    (void)saved, (void)extra;
+    return false;
+#else
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long vm_kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmSize: %llu kB", &vm_kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    if (!vm_kb || getrlimit(RLIMIT_AS, saved) != 0)
+        return false;
+    struct rlimit lower = *saved;
+    rlim_t want = (rlim_t)(vm_kb * 1024 + extra);
+    if (lower.rlim_cur != RLIM_INFINITY && lower.rlim_cur < want)
+        return false;
+    lower.rlim_cur = want;
+    return setrlimit(RLIMIT_AS, &lower) == 0;
+#endif
+}
+
+/* A row callback that makes every block partial (a checkerboard) and counts its calls. */
+static int fill_checkerboard(uint64_t *bits, int64_t words, int64_t b, int64_t h, int64_t q0, int64_t nq, void *ctx)
+{
+    (void)b, (void)h;
+    ++*(int64_t *)ctx;
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t w = 0; w < words; w++)
+            bits[i * words + w] = (q0 + i) % 2 ? 0xaaaaaaaaaaaaaaaau : 0x5555555555555555u;
+    return FX_OK;
+}
+
+/* A mask's bytes are bounded (fx_block_mask_max_bytes) in every dimension before anything is
+   allocated: B = 2^31 at 64 x 64 positions (the batch of Python's create_block_mask(causal_mask,
+   2**31, None, 64, 64)), H, the q-blocks and the kv-blocks are each refused with FX_EINVAL
+   naming the dimensions, the bytes and the bound, with no allocation; the visit lists and
+   the partial blocks' bitmaps are checked once their counts are known, before they are
+   allocated; a mask within the bound is built, and the build never holds more. */
+static void test_mask_size_limit(void)
+{
+    FXT_CHECK(fx_block_mask_max_bytes() == FX_BLOCK_MASK_DEFAULT_MAX_BYTES);
+    FXT_CHECK(FX_BLOCK_MASK_DEFAULT_MAX_BYTES == (size_t)4 << 30);
+    fx_block_mask *m = NULL;
+    int64_t calls = 0;
+    size_t before, peak;
+    struct rlimit saved;
+    bool limited = limit_address_space(&saved, (size_t)1 << 30);
+    fx_mem_stats(&before, &peak);
+    fx_mem_reset_peak();
+    const int64_t big = (int64_t)1 << 31;
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, big, 1, 64, 64, 0, 0), FX_EINVAL,
+               "block mask of B = 2147483648, H = 1, 1 x 1 blocks of 128 x 128 (q_len = 64, kv_len = 64): its "
+               "block tables need ");
+    FXT_HAS_STR(fx_last_error(), "above the limit of 4294967296 bytes (4096.0 MiB) (fx_block_mask_set_max_bytes)");
+    FXT_STATUS(fx_block_mask_create_rows(&m, fill_checkerboard, &calls, big, 1, 64, 64, 0, 0), FX_EINVAL,
+               "block mask of B = 2147483648, H = 1, 1 x 1 blocks");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, big, 64, 64, 0, 0), FX_EINVAL,
+               "B = 1, H = 2147483648, 1 x 1 blocks");
+    /* 2^30 q-blocks, or kv-blocks, of 128 positions: 17 GiB of tables */
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, (int64_t)1 << 37, 64, 0, 0), FX_EINVAL,
+               "B = 1, H = 1, 1073741824 x 1 blocks of 128 x 128 (q_len = 137438953472, kv_len = 64)");
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 64, (int64_t)1 << 37, 0, 0), FX_EINVAL,
+               "1 x 1073741824 blocks");
+    FXT_STATUS(fx_block_mask_create_rows(&m, fill_checkerboard, &calls, 1, 1, 64, (int64_t)1 << 37, 0, 0),
+               FX_EINVAL, "1 x 1073741824 blocks");
+    /* 2^61 slots of one block: a block count that fits a size_t, offsets whose bytes do not */
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, big, (int64_t)1 << 30, 64, 64, 0, 0), FX_EINVAL,
+               "need more than 18446744073709551614 bytes");
+    fx_mem_stats(&peak, &peak);
+    FXT_EQ_INT(peak, before); /* nothing was allocated */
+    FXT_CHECK(m == NULL && calls == 0);
+    if (limited)
+        setrlimit(RLIMIT_AS, &saved);
+
+    /* Causal at 4096 positions in blocks of 16: 256 x 256 blocks, 32896 visited, 256 partial.
+       Its tables (about 82 KB) fit 200 KB, its lists (790 KB) and bitmaps (33 KB) do not. */
+    fx_block_mask_set_max_bytes(200 << 10);
+    FXT_CHECK(fx_block_mask_max_bytes() == 200 << 10);
+    fx_mem_reset_peak();
+    FXT_STATUS(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 4096, 4096, 16, 16), FX_EINVAL,
+               "256 x 256 blocks of 16 x 16 (q_len = 4096, kv_len = 4096): its tables with the lists of 32896 "
+               "visited blocks and the bitmaps of 256 partial ones need ");
+    FXT_HAS_STR(fx_last_error(), "above the limit of 204800 bytes (0.2 MiB)");
+    fx_mem_stats(&before, &peak);
+    FXT_CHECK(peak - before <= 200 << 10);
+    /* From rows, every block partial: refused as the bitmaps grow past the bound. */
+    FXT_STATUS(fx_block_mask_create_rows(&m, fill_checkerboard, &calls, 1, 1, 4096, 4096, 16, 16), FX_EINVAL,
+               "its tables, a block row and the bitmaps of ");
+    FXT_CHECK(calls > 0 && calls < 256);
+    FXT_CHECK(m == NULL);
+
+    /* Within the bound: built, and the build's peak stays within it too. */
+    fx_block_mask_set_max_bytes(1 << 20);
+    fx_mem_stats(&before, &peak);
+    fx_mem_reset_peak();
+    FXT_OK(fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, 4096, 4096, 16, 16));
+    fx_mem_stats(NULL, &peak);
+    FXT_CHECK(peak - before <= 1 << 20);
+    FXT_CHECK(fx_block_mask_bytes(m) <= 1 << 20);
+    FXT_EQ_INT(m ? m->n_visited : 0, 32896);
+    fx_block_mask_free(m);
+    m = NULL;
+    calls = 0;
+    FXT_OK(fx_block_mask_create_rows(&m, fill_checkerboard, &calls, 1, 1, 512, 512, 16, 16));
+    FXT_EQ_INT(m ? m->n_partial : 0, 32 * 32);
+    fx_block_mask_free(m);
+    fx_block_mask_set_max_bytes(0); /* the default again */
+    FXT_CHECK(fx_block_mask_max_bytes() == FX_BLOCK_MASK_DEFAULT_MAX_BYTES);
+}
+
 static void test_errors(void)
 {
     fx_block_mask *m = NULL;
@@ -1045,6 +1164,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_window_runs);
     FXT_RUN(test_large_output);
     FXT_RUN(test_errors);
+    FXT_RUN(test_mask_size_limit);
     FXT_RUN(test_random_sweep);
     FXT_RUN(test_mask_evaluation);
     FXT_RUN(test_no_leak);

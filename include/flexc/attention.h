@@ -47,6 +47,17 @@ FX_API void fx_block_mask_free(fx_block_mask *m);
 FX_API double fx_block_mask_density(const fx_block_mask *m); /* visited blocks / all blocks */
 /* Bytes the mask holds (visit lists, transposed lists, bitmaps of partial blocks). */
 FX_API size_t fx_block_mask_bytes(const fx_block_mask *m);
+/* The most bytes one block mask may take while it is built: its block tables (a class byte
+   per block of all B * H slots, the offsets of every block row and column), the visit lists
+   in both directions (24 bytes a visited block) and the partial blocks' bitmaps (block_q x
+   block_kv bits each). Every creator checks its dimensions against it before allocating
+   (then the lists and bitmaps once their sizes are known) and refuses a larger mask with
+   FX_EINVAL, naming the dimensions, the bytes needed and the bound. The default, 4 GiB, holds
+   a causal mask over 1M positions in 128 x 128 blocks (about 0.9 GB) with room to spare;
+   0 restores it. Process-wide. */
+#define FX_BLOCK_MASK_DEFAULT_MAX_BYTES ((size_t)4 << 30)
+FX_API void fx_block_mask_set_max_bytes(size_t bytes);
+FX_API size_t fx_block_mask_max_bytes(void);
 /* Copies the mask's lists and bitmaps to CUDA device device - 1 (device >= 1), where calls
    with that fx_attention.device use them; the host copy stays. Any mask can be copied,
    custom ones included (their bits were evaluated here). A later copy to another device

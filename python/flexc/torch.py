@@ -24,7 +24,7 @@ from . import _lib
 __all__ = [
     "flex_attention", "create_block_mask", "BlockMask", "from_torch_block_mask", "and_masks", "or_masks",
     "noop_mask", "causal_mask", "sliding_window_mask", "prefix_lm_mask", "document_mask", "alibi", "softcap",
-    "rel_bias", "linear_cross_entropy", "LinearCrossEntropyLoss",
+    "rel_bias", "linear_cross_entropy", "LinearCrossEntropyLoss", "block_mask_max_bytes", "set_block_mask_max_bytes",
 ]
 
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
@@ -248,6 +248,47 @@ def _block_size(BLOCK_SIZE):
     return tuple(bs)
 
 
+# ---- the size bound -----------------------------------------------------------------------------
+
+_max_bytes = _lib._decl("fx_block_mask_max_bytes", ctypes.c_size_t)
+_set_max_bytes = _lib._decl("fx_block_mask_set_max_bytes", None, ctypes.c_size_t)
+
+
+def block_mask_max_bytes():
+    """The most bytes one block mask may take (4 GiB unless set): its block tables, visit lists
+    and bitmaps, and the block row a Python mask_mod is evaluated on (8 bytes a position)."""
+    return _max_bytes()
+
+
+def set_block_mask_max_bytes(nbytes):
+    """Sets the bound of block_mask_max_bytes for the process (the C library's too); 0 or None
+    restores the default. A larger mask is refused with a ValueError before anything is
+    allocated."""
+    nbytes = 0 if nbytes is None else nbytes
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 <= nbytes < 2 ** 64:
+        raise ValueError(f"set_block_mask_max_bytes: nbytes must be an int in [0, 2**64), got {nbytes!r}")
+    _set_max_bytes(nbytes)
+
+
+def _check_mask(rc):
+    """_lib.check for the mask builders: a mask over the bound names this module's setter."""
+    try:
+        _lib.check(rc, "create_block_mask")
+    except ValueError as e:
+        raise ValueError(str(e).replace("(fx_block_mask_set_max_bytes)", "(flexc.torch.set_block_mask_max_bytes)")) \
+            from None
+
+
+def _check_row_bytes(bq, KV_LEN):
+    """A Python mask_mod sees a block row, [BLOCK_SIZE, KV_LEN] positions (int64 indices, a bool
+    result): refused, before it is evaluated, when that alone passes the bound."""
+    need, limit = 8 * bq * KV_LEN, block_mask_max_bytes()
+    if need > limit:
+        raise ValueError(f"create_block_mask: mask_mod would be evaluated on block rows of {bq} x {KV_LEN} positions, "
+                         f"about {need} bytes each, above the limit of {limit} bytes "
+                         "(flexc.torch.set_block_mask_max_bytes)")
+
+
 _BIT_WEIGHTS = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
 
 
@@ -279,14 +320,17 @@ def _rows_builder(fill_rows, B, H, Q_LEN, KV_LEN, bq, bk):
     rc = _lib.fx_block_mask_create_rows(ctypes.byref(out), cb, None, B, H, Q_LEN, KV_LEN, bq, bk)
     if failure:
         raise failure[0]
-    _lib.check(rc, "create_block_mask")
+    _check_mask(rc)
     return out.value
 
 
 def _eval_mask_mod(mask_mod, B, H, KV_LEN):
-    kv = torch.arange(KV_LEN, dtype=torch.int64).unsqueeze(0)
+    kv_cache = []  # made at the first row: the C library checks the sizes before it asks for one
 
     def rows(b, h, q0, nq):
+        if not kv_cache:
+            kv_cache.append(torch.arange(KV_LEN, dtype=torch.int64).unsqueeze(0))
+        kv = kv_cache[0]
         q = torch.arange(q0, q0 + nq, dtype=torch.int64).unsqueeze(1)
         with torch.no_grad():
             r = mask_mod(torch.tensor(b, dtype=torch.int64), torch.tensor(h, dtype=torch.int64), q, kv)
@@ -307,8 +351,9 @@ def _dims(B, H, Q_LEN, KV_LEN):
     def pos(x, name, none_ok):
         if x is None and none_ok:
             return 1
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"create_block_mask: {name} must be an int >= 1{' or None' if none_ok else ''}, got {x!r}")
+        if isinstance(x, bool) or not isinstance(x, int) or not 1 <= x < 2 ** 63:
+            raise ValueError(f"create_block_mask: {name} must be an int in [1, 2**63){' or None' if none_ok else ''}, "
+                             f"got {x!r}")
         return x
     return pos(B, "B", True), pos(H, "H", True), pos(Q_LEN, "Q_LEN", False), pos(KV_LEN, "KV_LEN", False)
 
@@ -346,9 +391,10 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128
         _check_batch_rows(mask_mod, B)
         out = ctypes.c_void_p()
         rc = _lib.fx_block_mask_create(ctypes.byref(out), mask_mod._fn, mask_mod._ctx_ptr, B, H, Q_LEN, KV_LEN, bq, bk)
-        _lib.check(rc, "create_block_mask")
+        _check_mask(rc)
         ptr = out.value
     else:
+        _check_row_bytes(bq, KV_LEN)
         ptr = _rows_builder(_eval_mask_mod(mask_mod, B, H, KV_LEN), B, H, Q_LEN, KV_LEN, bq, bk)
     return BlockMask(ptr, (B, H, Q_LEN, KV_LEN), (bq, bk), mask_mod)
 
@@ -367,6 +413,7 @@ def from_torch_block_mask(block_mask):
     full_num, full_idx = block_mask.full_kv_num_blocks, block_mask.full_kv_indices
     B, H = kv_num.shape[0], kv_num.shape[1]
     mask_mod = block_mask.mask_mod
+    _check_row_bytes(bq, KV_LEN)
     kv = torch.arange(KV_LEN, dtype=torch.int64).unsqueeze(0)
 
     def rows(b, h, q0, nq):

@@ -3,9 +3,48 @@
 #include "attention/internal.h"
 #include "cuda/cuda.h"
 
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 enum { MAX_BLOCK = 4096, MAX_MASK_DEPTH = 32 };
+
+/* ---- the size bound ----------------------------------------------------------------------- */
+
+static _Atomic size_t max_bytes = FX_BLOCK_MASK_DEFAULT_MAX_BYTES;
+
+void fx_block_mask_set_max_bytes(size_t bytes)
+{
+    atomic_store_explicit(&max_bytes, bytes ? bytes : FX_BLOCK_MASK_DEFAULT_MAX_BYTES, memory_order_relaxed);
+}
+
+size_t fx_block_mask_max_bytes(void)
+{
+    return atomic_load_explicit(&max_bytes, memory_order_relaxed);
+}
+
+/* a * b and a + b, SIZE_MAX when they overflow (then above any bound). */
+static size_t sat_mul(size_t a, size_t b)
+{
+    size_t r;
+    return fx__mul_size(a, b, &r) ? r : SIZE_MAX;
+}
+
+static size_t sat_add(size_t a, size_t b)
+{
+    size_t r;
+    return fx__add_size(a, b, &r) ? r : SIZE_MAX;
+}
+
+/* "123456 bytes (0.1 MiB)" */
+static const char *fmt_bytes(char *buf, size_t n, size_t bytes)
+{
+    if (bytes == SIZE_MAX)
+        snprintf(buf, n, "more than %zu bytes", SIZE_MAX - 1);
+    else
+        snprintf(buf, n, "%zu bytes (%.1f MiB)", bytes, (double)bytes / (1 << 20));
+    return buf;
+}
 
 /* Checks a built-in mask's ctx (recursively through and/or). */
 static int check_mask(fx_mask_fn fn, const void *ctx, int64_t q_len, int64_t kv_len, int depth, const char *what)
@@ -62,8 +101,25 @@ typedef struct build {
     fx_mask_fn fn;
     const void *ctx;
     int kind;
-    int64_t H, q_len, kv_len, bq, bk, nqb, nkb, words;
+    int64_t B, H, q_len, kv_len, bq, bk, nqb, nkb, words;
+    size_t tables; /* bytes held whatever the mask: block classes, row and column offsets, ... */
 } build;
+
+/* Refuses a build whose bytes pass fx_block_mask_max_bytes(), before they are allocated:
+   what (the part that passes it) and its bytes, besides the tables counted so far. */
+static int over_limit(const build *s, const char *what, size_t bytes)
+{
+    size_t total = sat_add(s->tables, bytes), limit = fx_block_mask_max_bytes();
+    if (total <= limit)
+        return FX_OK;
+    char need[64], lim[64];
+    return fx__error(FX_EINVAL,
+                     "block mask of B = %lld, H = %lld, %lld x %lld blocks of %lld x %lld (q_len = %lld, "
+                     "kv_len = %lld): %s need %s, above the limit of %s (fx_block_mask_set_max_bytes)",
+                     (long long)s->B, (long long)s->H, (long long)s->nqb, (long long)s->nkb, (long long)s->bq,
+                     (long long)s->bk, (long long)s->q_len, (long long)s->kv_len, what,
+                     fmt_bytes(need, sizeof need, total), fmt_bytes(lim, sizeof lim, limit));
+}
 
 /* Evaluates a block element by element until it has seen both a visible and a masked
    position (then it is partial). */
@@ -165,6 +221,18 @@ static int assemble(fx_block_mask **out, fx_block_mask *m, const build *s, uint8
     size_t bm_floats = (size_t)s->bq * (size_t)s->words, nbits;
     if (!fx__mul_size((size_t)np, bm_floats, &nbits))
         goto nomem;
+    size_t lists = sat_add(sat_mul((size_t)nv, 2 * (sizeof(int32_t) + sizeof(int64_t))),
+                           sat_mul(nbits, sizeof(uint64_t)));
+    char what[160];
+    snprintf(what, sizeof what, "its tables with the lists of %lld visited blocks and the bitmaps of %lld partial ones",
+             (long long)nv, (long long)np);
+    int rc = over_limit(s, what, lists);
+    if (rc != FX_OK) {
+        fx__free(part_ptr);
+        fx__free(cls);
+        mask_free(m);
+        return rc;
+    }
     size_t nvs = nv ? (size_t)nv : 1;
     m->kv_idx = fx__alloc(nvs * sizeof(int32_t));
     m->kv_bits = fx__alloc(nvs * sizeof(int64_t));
@@ -255,7 +323,13 @@ static int setup(build *s, fx_block_mask **out, int64_t B, int64_t H, int64_t q_
         !fx__mul_size(nslots, (size_t)s->nkb, &ncols) || !fx__mul_size(nrows, (size_t)s->nkb, nblocks))
         return fx__error(FX_EINVAL, "mask of %lld x %lld x %lld x %lld blocks is too large", (long long)B,
                          (long long)H, (long long)s->nqb, (long long)s->nkb);
-    return FX_OK;
+    /* The mask, a class byte per block, the rows' offsets (kv_ptr and the partial blocks'),
+       the columns' (q_ptr and the transposition's cursors). */
+    s->B = B;
+    s->tables = sat_add(sat_add(sizeof(fx_block_mask), *nblocks),
+                        sat_add(sat_mul(sat_add(nrows, 1), 2 * sizeof(int64_t)),
+                                sat_mul(sat_add(ncols, 1), 2 * sizeof(int64_t))));
+    return over_limit(s, "its block tables", 0);
 }
 
 int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx, int64_t B, int64_t H,
@@ -284,6 +358,12 @@ int fx_block_mask_create(fx_block_mask **out, fx_mask_fn mask, const void *ctx, 
     if (s.kind == FX__MASK_DOCUMENT) {
         const fx_mask_document_ctx *dc = ctx;
         doc_rows = B > 1 && dc->batch_stride ? B : 1;
+        size_t ranges = sat_mul(sat_mul((size_t)doc_rows, (size_t)(s.nqb + s.nkb)), 2 * sizeof(int64_t));
+        if ((rc = over_limit(&s, "its tables with the documents' id ranges", ranges)) != FX_OK) {
+            fx__free(cls);
+            fx__free(m);
+            return rc;
+        }
         doc = fx__alloc((size_t)doc_rows * (size_t)(s.nqb + s.nkb) * 2 * sizeof(int64_t));
         if (!doc) {
             fx__free(cls);
@@ -374,6 +454,9 @@ int fx_block_mask_create_rows(fx_block_mask **out, fx_mask_rows_fn fill, void *c
     if (!fx__mul_size((size_t)s.bq, (size_t)rwords, &row_words))
         return fx__error(FX_EINVAL, "a block row of %lld x %lld positions is too large", (long long)s.bq,
                          (long long)kv_len);
+    const size_t row_bytes = sat_mul(row_words, sizeof(uint64_t)), blk_bytes = blk_words * sizeof(uint64_t);
+    if ((rc = over_limit(&s, "its tables and a block row of bits", row_bytes)) != FX_OK)
+        return rc;
     uint8_t *cls = fx__alloc(nblocks);
     uint64_t *row = fx__alloc(row_words * sizeof(uint64_t));
     fx_block_mask *m = fx__calloc(1, sizeof *m);
@@ -407,8 +490,15 @@ int fx_block_mask_create_rows(fx_block_mask **out, fx_mask_rows_fn fill, void *c
             cls[r * s.nkb + kb] = (uint8_t)c;
             if (c != FX__BLOCK_PARTIAL)
                 continue;
-            if (np == cap) { /* grow the bitmaps by half (at least 16 blocks) */
+            if (np == cap) { /* grow the bitmaps by half (at least 16 blocks), within the bound */
+                char what[96];
+                snprintf(what, sizeof what, "its tables, a block row and the bitmaps of %zu partial blocks", np + 1);
+                if ((rc = over_limit(&s, what, sat_add(row_bytes, sat_mul(np + 1, blk_bytes)))) != FX_OK)
+                    goto fail;
+                size_t used = sat_add(s.tables, row_bytes), limit = fx_block_mask_max_bytes();
+                size_t fit = limit > used ? (limit - used) / blk_bytes : 0;
                 size_t ncap = cap + cap / 2 + 16, nbytes;
+                ncap = ncap < fit ? ncap : fit > np ? fit : np + 1;
                 uint64_t *nb = NULL;
                 if (fx__mul_size(ncap, blk_words * sizeof(uint64_t), &nbytes))
                     nb = fx__calloc(nbytes, 1);

@@ -1,4 +1,9 @@
 """Bad input raises a Python exception that names the argument; nothing crashes."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
@@ -93,6 +98,89 @@ def test_create_block_mask_errors():
     # A document mask shorter than the sequence: the C library's check, as a ValueError.
     with pytest.raises(ValueError, match="len = 10"):
         ft.create_block_mask(ft.document_mask(torch.zeros(10, dtype=torch.long)), None, None, 32, 32)
+
+
+# The call that grew to 21 GB: run in a child under an address-space limit of 1 GiB above what it
+# maps after importing torch, so that a mask allocated after all fails there instead of bringing
+# the OOM killer to this machine.
+HUGE_BATCH = textwrap.dedent("""
+    import resource, time
+    import flexc.torch as ft
+
+    with open("/proc/self/status") as f:
+        vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    want = vm + (1 << 30)
+    if hard == resource.RLIM_INFINITY or hard >= want:
+        resource.setrlimit(resource.RLIMIT_AS, (want, hard))
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.monotonic()
+    try:
+        ft.create_block_mask(ft.causal_mask, 2**31, None, 64, 64)
+        print("built")
+    except ValueError as e:
+        print("ValueError:", e)
+    print("seconds", time.monotonic() - t0)
+    print("rss_growth_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0)
+""")
+
+
+def test_huge_batch_mask_refused_without_allocating():
+    env = dict(os.environ)
+    if not env.get("FLEXC_TEST_INSTALLED"):
+        pkg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg, env.get("PYTHONPATH")) if p)
+    r = subprocess.run([sys.executable, "-c", HUGE_BATCH], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"exit {r.returncode}; stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    out = {k: v for k, _, v in (line.partition(" ") for line in r.stdout.splitlines())}
+    assert "ValueError:" in out, r.stdout
+    msg = out["ValueError:"]
+    assert "create_block_mask: block mask of B = 2147483648, H = 1, 1 x 1 blocks of 128 x 128" in msg, msg
+    assert "above the limit of 4294967296 bytes" in msg and "flexc.torch.set_block_mask_max_bytes" in msg, msg
+    assert float(out["seconds"]) < 2.0, r.stdout
+    assert int(out["rss_growth_kb"]) < 64 << 10, r.stdout
+
+
+def test_block_mask_size_bound():
+    assert ft.block_mask_max_bytes() == 4 << 30
+    calls = []
+
+    def counted(b, h, q, kv):
+        calls.append(q.shape)
+        return q >= kv
+
+    # Every dimension, for a built-in mask and for a Python mask_mod (never called).
+    for args, dims in [((2**31, None, 64, 64), "B = 2147483648, H = 1, 1 x 1 blocks"),
+                       ((None, 2**31, 64, 64), "B = 1, H = 2147483648, 1 x 1 blocks"),
+                       ((None, None, 2**37, 64), "B = 1, H = 1, 1073741824 x 1 blocks"),
+                       ((None, None, 64, 2**37), "B = 1, H = 1, 1 x 1073741824 blocks")]:
+        with pytest.raises(ValueError, match=rf"{dims} of 128 x 128 .*: its block tables need \d+ bytes"):
+            ft.create_block_mask(ft.causal_mask, *args)
+        with pytest.raises(ValueError, match="set_block_mask_max_bytes"):
+            ft.create_block_mask(counted, *args)
+    # The block row a Python mask_mod would be evaluated on.
+    with pytest.raises(ValueError, match=r"block rows of 128 x 8589934592 positions, about 8796093022208 bytes each"):
+        ft.create_block_mask(counted, None, None, 64, 2**33)
+    assert not calls
+    with pytest.raises(ValueError, match=r"2\*\*63"):
+        ft.create_block_mask(ft.causal_mask, 2**63, None, 64, 64)
+    with pytest.raises(ValueError, match="nbytes"):
+        ft.set_block_mask_max_bytes(-1)
+    # Visit lists and bitmaps, once counted: over a lowered bound, then within it.
+    try:
+        ft.set_block_mask_max_bytes(200 << 10)
+        assert ft.block_mask_max_bytes() == 200 << 10
+        with pytest.raises(ValueError, match=r"lists of 32896 visited blocks and the bitmaps of 256 partial ones need "
+                                             r"\d+ bytes .*above the limit of 204800 bytes"):
+            ft.create_block_mask(ft.causal_mask, None, None, 4096, 4096, BLOCK_SIZE=16)
+        ft.set_block_mask_max_bytes(1 << 20)
+        with pytest.raises(ValueError, match="a block row and the bitmaps of"):  # every block partial
+            ft.create_block_mask(lambda b, h, q, kv: (q + kv) % 2 == 0, None, None, 4096, 4096, BLOCK_SIZE=16)
+        m = ft.create_block_mask(ft.causal_mask, None, None, 4096, 4096, BLOCK_SIZE=16)
+        assert 0 < m.nbytes() <= 1 << 20
+    finally:
+        ft.set_block_mask_max_bytes(None)
+    assert ft.block_mask_max_bytes() == 4 << 30
 
 
 def test_lce_errors():
