@@ -8,7 +8,7 @@ if(NOT FLEXC_HAVE_MPI)
   return()
 endif()
 
-foreach(case ddp fsdp resume kill interrupt errors memory)
+foreach(case ddp fsdp resume kill interrupt errors memory consistency)
   add_test(NAME mpi_train_${case}
            COMMAND bash ${PROJECT_SOURCE_DIR}/tests/mpi_train.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:flexc> ${case})
   set_tests_properties(mpi_train_${case} PROPERTIES TIMEOUT 90 LABELS mpi ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")

@@ -17,6 +17,11 @@
 #   nompi      (a build without MPI) --parallel refuses with a clear error
 #   errors     --batch not a multiple of the processes, fsdp --deterministic with more than one
 #              sequence per rank, mpirun without --parallel: clear errors, nothing written
+#   consistency  ranks launched with different --lr or --batch, with different files at the
+#              same --data path, or fine-tuning different weights at the same --model path:
+#              every rank exits 2 naming the option (or the data, or the weights) and both ranks'
+#              values, nothing trained or written; the same options and tokens (at different
+#              paths too) train
 set -u
 mpirun=$1
 flexc=$2
@@ -156,6 +161,68 @@ errors)
     # However the job ended, its lock went with it.
     "$flexc" train "${common[@]}" --batch 2 --steps 1 --quiet --force --out "$tmp/lk" 2>"$tmp/err" && ok ||
         bad "after the job: $(cat "$tmp/err")"
+    ;;
+consistency)
+    # Each rank's stderr goes to $tmp/err.RANK (mpirun interleaves the ranks' lines).
+    # per_rank OPT V0 V1 CMD...: CMD on 2 ranks, with "OPT V0" on rank 0 and "OPT V1" on rank 1.
+    per_rank() {
+        run2 bash -c 'e=$1 o=$2 v=$3; [[ $OMPI_COMM_WORLD_RANK == 1 ]] && v=$4; shift 4
+            exec "$@" "$o" "$v" 2>"$e.$OMPI_COMM_WORLD_RANK"' _ "$tmp/err" "$@"
+    }
+    # on_nodes DIR CMD...: CMD on 2 ranks, rank r in DIR/node.r, so that one relative path names
+    # a different file on each rank, as on two machines.
+    on_nodes() {
+        run2 bash -c 'e=$1; cd "$2/node.$OMPI_COMM_WORLD_RANK" && shift 2 && exec "$@" 2>"$e.$OMPI_COMM_WORLD_RANK"' \
+            _ "$tmp/err" "$@"
+    }
+    # refused NAME STATUS MESSAGE OUT: the job exited STATUS, each rank with MESSAGE, before
+    # training (nothing in OUT)
+    refused() {
+        local rc=$? r
+        [[ $rc == "$2" ]] && ok || bad "$1: exit $rc, expected $2: $(cat "$tmp/err.0")"
+        for r in 0 1; do
+            [[ $(cat "$tmp/err.$r") == *"$3"* ]] && ok || bad "$1: rank $r did not print '$3': $(cat "$tmp/err.$r")"
+        done
+        [[ ! -e $4/checkpoint.safetensors && ! -e $4/metrics.jsonl ]] && ok || bad "$1: $4 was written"
+    }
+    run=(train "${common[@]}" --batch 4 --steps 2 --parallel ddp --quiet)
+    per_rank --lr 0.001 0.002 "$flexc" "${run[@]}" --out "$tmp/c1" 2>/dev/null
+    refused lr 2 "flexc: error: ranks disagree on --lr: rank 0 has 0.001, rank 1 has 0.002" "$tmp/c1"
+    per_rank --batch 2 4 "$flexc" train --model tiny --data "$tmp/corpus.txt" --seq 32 --threads 1 --comm-timeout 30 \
+        --steps 2 --parallel fsdp --quiet --out "$tmp/c2" 2>/dev/null
+    refused batch 2 "flexc: error: ranks disagree on --batch: rank 0 has 2, rank 1 has 4" "$tmp/c2"
+    per_rank --seed 1 2 "$flexc" "${run[@]}" --out "$tmp/c3" 2>/dev/null
+    refused seed 2 "flexc: error: ranks disagree on --seed: rank 0 has 1, rank 1 has 2" "$tmp/c3"
+    # The same path, other text on rank 1 (one line changed).
+    mkdir -p "$tmp/n/node.0" "$tmp/n/node.1"
+    cp "$tmp/corpus.txt" "$tmp/n/node.0/corpus.txt"
+    sed '5s/fox/cat/' "$tmp/corpus.txt" >"$tmp/n/node.1/corpus.txt"
+    data=(--model tiny --seq 32 --lr 3e-3 --threads 1 --comm-timeout 30 --batch 4 --steps 2 --parallel ddp --quiet)
+    on_nodes "$tmp/n" "$flexc" train "${data[@]}" --data corpus.txt --out "$tmp/c4" 2>/dev/null
+    refused data 2 "flexc: error: ranks disagree on the data: rank 1's --data corpus.txt differs from rank 0's (hash " "$tmp/c4"
+    # The same tokens at the same path, and at different paths: trained.
+    cp "$tmp/corpus.txt" "$tmp/n/node.1/corpus.txt"
+    on_nodes "$tmp/n" "$flexc" train "${data[@]}" --data corpus.txt --out "$tmp/c5" 2>/dev/null && ok ||
+        bad "the same data: $(cat "$tmp/err.0" "$tmp/err.1")"
+    [[ $(wc -l <"$tmp/c5/metrics.jsonl" 2>/dev/null) == 2 ]] && ok || bad "the same data: not 2 steps trained"
+    cp "$tmp/corpus.txt" "$tmp/corpus-copy.txt"
+    per_rank --data "$tmp/corpus.txt" "$tmp/corpus-copy.txt" "$flexc" train "${data[@]}" --out "$tmp/c6" 2>/dev/null &&
+        ok || bad "the same tokens at two paths: $(cat "$tmp/err.0" "$tmp/err.1")"
+    [[ -s $tmp/c6/checkpoint.safetensors ]] && ok || bad "the same tokens at two paths: no checkpoint"
+    # Fine-tuning: the same --model path holding other weights on rank 1 (one float's lowest
+    # mantissa byte), its configuration the same.
+    fix="$(dirname "$0")/fixtures/models/llama3_tied"
+    cp -r "$fix" "$tmp/n/node.0/m"
+    cp -r "$fix" "$tmp/n/node.1/m"
+    f="$tmp/n/node.1/m/model.safetensors"
+    size=$(stat -c %s "$f")
+    printf "\\x$(printf %02x $((0x$(od -An -tx1 -j $((size - 4)) -N1 "$f" | tr -d ' ') ^ 1)))" |
+        dd of="$f" bs=1 seek=$((size - 4)) conv=notrunc status=none
+    cmp -s "$fix/model.safetensors" "$f" && bad "rank 1's weights did not change" || ok
+    on_nodes "$tmp/n" "$flexc" train --model m --data corpus.txt --seq 32 --threads 1 --comm-timeout 30 --batch 4 \
+        --steps 2 --parallel ddp --quiet --out "$tmp/c7" 2>/dev/null
+    refused weights 1 "flexc: error: ddp: ranks disagree on the weights they start from (--model or the --resume \
+checkpoint): rank 1's differ from rank 0's (hash " "$tmp/c7"
     ;;
 interrupt)
     for par in ddp fsdp; do

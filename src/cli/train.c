@@ -781,6 +781,20 @@ static int setup_data(train_job *j)
     return CLI_EXIT_OK;
 }
 
+/* Every rank runs the same options on the same tokens (fx__dist_agree), before the model. */
+static int ranks_agree(const train_job *j)
+{
+    const fx__dist_run run = {.cfg = &j->cfg, .st = &j->st, .data = &j->data, .mode = j->par, .until = j->until,
+                              .eval_every = j->eval_every, .eval_batches = j->o.eval_batches,
+                              .save_every = j->o.save_every};
+    int rc = fx__dist_agree(j->world, &run);
+    if (rc && fx_comm_status(j->world) != FX_OK)
+        comm_failed();
+    if (rc)
+        cli_error("%s", fx_last_error());
+    return rc ? CLI_EXIT_USAGE : CLI_EXIT_OK;
+}
+
 /* The model (created, or read from --model or the checkpoint), its training buffers, the
    batch's tokens, the room a save needs and the metrics file. */
 static int setup_model(train_job *j)
@@ -1028,6 +1042,8 @@ static int train_run(const train_opts *op, fx__par par, fx_comm *world, int rank
         rc = out_prepare(&j);
     if (rc == CLI_EXIT_OK)
         rc = setup_data(&j);
+    if (rc == CLI_EXIT_OK && j.world)
+        rc = ranks_agree(&j);
     if (rc == CLI_EXIT_OK)
         rc = setup_model(&j);
     if (rc == CLI_EXIT_OK) {

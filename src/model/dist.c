@@ -1,7 +1,11 @@
 /* Training over several processes: DDP, FSDP and the deterministic sliced step (dist.h). */
 #include "dist.h"
 
+#include <assert.h>
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* FSDP's whole-layer buffers: the fewest that let a gather and a reduce-scatter overlap the
@@ -542,6 +546,241 @@ static int fx__slices(fx__dist *d, const int32_t *tokens, const int32_t *targets
     return FX_OK;
 }
 
+/* ---- the ranks agree on the run ----------------------------------------------------------------- */
+
+/* A hash of n bytes for telling replicas apart (not against an adversary): four lanes of
+   64-bit multiply-xorshift over 8-byte words, so that a model's weights hash at memory speed. */
+static uint64_t fx__hash_bytes(const void *p, size_t n, uint64_t seed)
+{
+    const unsigned char *b = p;
+    uint64_t h[4] = {seed ^ 0x9e3779b97f4a7c15u, seed ^ 0xc2b2ae3d27d4eb4fu, seed ^ 0x165667b19e3779f9u,
+                     seed ^ 0x27d4eb2f165667c5u};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++) {
+            uint64_t w;
+            memcpy(&w, b + i + 8 * k, 8);
+            h[k] = (h[k] ^ w) * 0x9fb21c651e98df25u;
+            h[k] ^= h[k] >> 29;
+        }
+    uint64_t x = (uint64_t)n;
+    for (int k = 0; k < 4; k++)
+        x = (x ^ h[k]) * 0x9fb21c651e98df25u, x ^= x >> 32;
+    for (; i < n; i++)
+        x = (x ^ b[i]) * 0x100000001b3u;
+    return x ^ (x >> 31);
+}
+
+enum { FX__AGREE_TEXT = 120, FX__AGREE_MAX = 32 };
+
+/* One option in the record the ranks exchange: a hash of its whole value and the value as
+   text for messages. The names stay local: every rank builds the same list in the same order. */
+typedef struct fx__agree_item {
+    uint64_t hash;
+    char text[FX__AGREE_TEXT];
+} fx__agree_item;
+
+/* The data's item: its message has a form of its own. */
+static const char fx__agree_data[] = "the data";
+
+typedef struct fx__agree {
+    fx__agree_item it[FX__AGREE_MAX];
+    const char *name[FX__AGREE_MAX];
+    int n;
+} fx__agree;
+
+/* An item whose hash is given (a value larger than its text). */
+static void FX__PRINTF(4, 5) fx__agree_put_hash(fx__agree *a, const char *name, uint64_t hash, const char *fmt, ...)
+{
+    assert(a->n < FX__AGREE_MAX);
+    fx__agree_item *it = &a->it[a->n];
+    a->name[a->n++] = name;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(it->text, sizeof it->text, fmt, ap);
+    va_end(ap);
+    it->hash = hash;
+}
+
+/* An item whose text is its whole value. */
+static void FX__PRINTF(3, 4) fx__agree_put(fx__agree *a, const char *name, const char *fmt, ...)
+{
+    assert(a->n < FX__AGREE_MAX);
+    fx__agree_item *it = &a->it[a->n];
+    a->name[a->n++] = name;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(it->text, sizeof it->text, fmt, ap);
+    va_end(ap);
+    it->hash = fx__hash_bytes(it->text, strlen(it->text), 0);
+}
+
+/* A float32 by its bits, shown in the fewest digits that read back as it (0.001, not
+   0.00100000005). */
+static void fx__agree_float(fx__agree *a, const char *name, float v)
+{
+    char buf[32];
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)v);
+        if (strtof(buf, NULL) == v)
+            break;
+    }
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    fx__agree_put_hash(a, name, fx__hash_bytes(&bits, sizeof bits, 0), "%s", buf);
+}
+
+/* The model's configuration, field by field (the struct has padding). */
+static uint64_t fx__config_hash(const fx_model_config *c)
+{
+    const int64_t ints[] = {c->vocab, c->ctx, c->layers, c->dim, c->heads, c->kv_heads, c->head_dim, c->ffn,
+                            (int64_t)c->rope_scaling.type, c->rope_scaling.original_max_position_embeddings,
+                            c->qkv_bias, c->tied_embeddings, c->sliding_window, c->n_eos};
+    const float floats[] = {c->rope_theta, c->rope_scaling.factor, c->rope_scaling.low_freq_factor,
+                            c->rope_scaling.high_freq_factor, c->norm_eps};
+    uint64_t h = fx__hash_bytes(c->arch, strnlen(c->arch, sizeof c->arch), 1);
+    h = fx__hash_bytes(ints, sizeof ints, h);
+    h = fx__hash_bytes(floats, sizeof floats, h);
+    return fx__hash_bytes(c->eos, sizeof c->eos, h);
+}
+
+/* Where the run starts: the step, and the sampler's state (a resumed checkpoint's). */
+static uint64_t fx__start_hash(const fx__model_train_state *st)
+{
+    const uint64_t v[] = {(uint64_t)st->step, (uint64_t)st->data_pos, st->rng.seed, st->rng.stream,
+                          st->rng.counter, st->rng.buf[0], st->rng.buf[1], st->rng.buf[2], st->rng.buf[3],
+                          st->rng.used};
+    return fx__hash_bytes(v, sizeof v, 2);
+}
+
+/* The record of this rank's run, in the order options are named in when several differ. */
+static void fx__agree_build(fx__agree *a, const fx__dist_run *run)
+{
+    const fx_model_config *c = run->cfg;
+    const fx__model_train_state *st = run->st;
+    const fx__model_data *d = run->data;
+    static const char *const par[] = {"none", "ddp", "fsdp"};
+    fx__agree_put(a, "--parallel", "%s", par[run->mode]);
+    fx__agree_put_hash(a, "the model (--model, --layers, --dim, --heads, --kv-heads)", fx__config_hash(c),
+                       "%s (%lld layers, dim %lld, %lld/%lld heads, vocab %lld, context %lld)", c->arch,
+                       (long long)c->layers, (long long)c->dim, (long long)c->heads, (long long)c->kv_heads,
+                       (long long)c->vocab, (long long)c->ctx);
+    fx__agree_put(a, "--seq", "%lld", (long long)st->seq);
+    fx__agree_put(a, "--batch", "%lld", (long long)st->batch);
+    fx__agree_put(a, "--accum", "%lld", (long long)st->accum);
+    fx__agree_put(a, "--steps", "%lld", (long long)st->steps);
+    fx__agree_put(a, "--warmup", "%lld", (long long)st->warmup);
+    fx__agree_put(a, "--until", "%lld", (long long)run->until);
+    fx__agree_float(a, "--lr", st->lr);
+    fx__agree_float(a, "--min-lr", st->min_lr);
+    fx__agree_float(a, "--weight-decay", st->weight_decay);
+    fx__agree_float(a, "--clip", st->clip);
+    fx__agree_float(a, "Adam's beta1", st->beta1);
+    fx__agree_float(a, "Adam's beta2", st->beta2);
+    fx__agree_put(a, "--seed", "%llu", (unsigned long long)st->seed);
+    fx__agree_put(a, "--attn", "%s", st->attn);
+    fx__agree_put(a, "--dtype", "%s", st->bf16 ? "bf16" : "f32");
+    fx__agree_put(a, "--adam-bf16", "%s", st->adam_bf16 ? "on" : "off");
+    fx__agree_put(a, "--deterministic", "%s", st->deterministic ? "on" : "off");
+    fx__agree_put(a, "--eval-every", "%lld", (long long)run->eval_every);
+    fx__agree_put(a, "--eval-batches", "%lld", (long long)run->eval_batches);
+    fx__agree_put(a, "--save-every", "%lld", (long long)run->save_every);
+    fx__agree_put_hash(a, "the step to start from (--resume)", fx__start_hash(st), "step %lld", (long long)st->step);
+    /* The tokens actually trained on (whatever the file is called on each node), and their
+       split into training and validation. */
+    const int64_t split[] = {d->n, d->n_train, d->docs};
+    size_t len = strlen(d->source);
+    fx__agree_put_hash(a, fx__agree_data, fx__hash_bytes(split, sizeof split, d->hash), "%s",
+                       len < FX__AGREE_TEXT ? d->source : d->source + len - (FX__AGREE_TEXT - 1));
+}
+
+int fx__dist_agree(fx_comm *world, const fx__dist_run *run)
+{
+    if (!world || !run || !run->cfg || !run->st || !run->data)
+        return fx__error(FX_EINVAL, "fx__dist_agree: needs a communicator, a configuration, a state and data");
+    int size = fx_comm_size(world);
+    if (size < 2)
+        return FX_OK;
+    /* float-aligned storage: the record travels as floats (an all-gather only copies them) */
+    _Static_assert(sizeof(fx__agree_item) % sizeof(float) == 0, "the record is whole floats");
+    fx__agree *mine = fx__calloc(1, sizeof *mine);
+    fx__agree_item *all = fx__calloc((size_t)size * FX__AGREE_MAX, sizeof *all);
+    if (!mine || !all) {
+        fx__free(mine), fx__free(all);
+        return FX_ENOMEM;
+    }
+    fx__agree_build(mine, run);
+    const int64_t n = (int64_t)FX__AGREE_MAX * (int64_t)(sizeof(fx__agree_item) / sizeof(float));
+    int rc = fx_comm_all_gather_single(world, (float *)(void *)all, (const float *)(const void *)mine->it, n, NULL);
+    /* The first option (in the record's order) on which some rank differs from rank 0. */
+    for (int i = 0; rc == FX_OK && i < mine->n; i++) {
+        const fx__agree_item *r0 = &all[i];
+        int first = -1, others = 0;
+        for (int r = 1; r < size; r++) {
+            if (all[(size_t)r * FX__AGREE_MAX + i].hash == r0->hash)
+                continue;
+            if (first < 0)
+                first = r;
+            else
+                others++;
+        }
+        if (first < 0)
+            continue;
+        const fx__agree_item *rf = &all[(size_t)first * FX__AGREE_MAX + i];
+        char more[64] = "";
+        if (others)
+            snprintf(more, sizeof more, " (and %d other rank%s)", others, others == 1 ? "" : "s");
+        if (mine->name[i] == fx__agree_data) {
+            char from[FX__AGREE_TEXT + 8] = "";
+            if (strcmp(rf->text, r0->text))
+                snprintf(from, sizeof from, " %s", r0->text);
+            rc = fx__error(FX_EINVAL,
+                           "ranks disagree on the data: rank %d's --data %s differs from rank 0's%s%s (hash "
+                           "%016llx, rank 0's %016llx); every rank must train on the same tokens",
+                           first, rf->text, from, more, (unsigned long long)rf->hash,
+                           (unsigned long long)r0->hash);
+        } else if (!strcmp(rf->text, r0->text)) { /* the same summary, another value */
+            rc = fx__error(FX_EINVAL, "ranks disagree on %s: rank 0 has %s (hash %016llx), rank %d has %s (hash "
+                                      "%016llx)%s",
+                           mine->name[i], r0->text, (unsigned long long)r0->hash, first, rf->text,
+                           (unsigned long long)rf->hash, more);
+        } else {
+            rc = fx__error(FX_EINVAL, "ranks disagree on %s: rank 0 has %s, rank %d has %s%s", mine->name[i],
+                           r0->text, first, rf->text, more);
+        }
+    }
+    fx__free(mine), fx__free(all);
+    return rc;
+}
+
+/* The weights (and Adam moments: a resumed checkpoint's) every replica starts from: the same
+   options and data with another --model directory or checkpoint at the same path would train
+   replicas that no longer match, every step applying one averaged gradient to each. */
+static int fx__dist_same_weights(fx__dist *d)
+{
+    const fx__model *m = d->m;
+    if (d->size < 2 || m->gpu || !m->params)
+        return FX_OK;
+    size_t P = m->lay.total;
+    uint64_t h = fx__hash_bytes(m->params, P * sizeof(float), 3);
+    if (m->adam)
+        h = fx__hash_bytes(m->adam, 2 * P * sizeof(float), h);
+    else if (m->adam16)
+        h = fx__hash_bytes(m->adam16, 2 * P * sizeof(uint16_t), h);
+    uint64_t *all = fx__calloc((size_t)d->size, sizeof *all);
+    if (!all)
+        return FX_ENOMEM;
+    int rc = fx_comm_all_gather_single(d->world, (float *)(void *)all, (const float *)(const void *)&h, 2, NULL);
+    for (int r = 1; rc == FX_OK && r < d->size; r++)
+        if (all[r] != all[0])
+            rc = fx__error(FX_EINVAL,
+                           "ranks disagree on the weights they start from (--model or the --resume checkpoint): "
+                           "rank %d's differ from rank 0's (hash %016llx, rank 0's %016llx)",
+                           r, (unsigned long long)all[r], (unsigned long long)all[0]);
+    fx__free(all);
+    return rc;
+}
+
 /* ---- create / free --------------------------------------------------------------------------------- */
 
 int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, bool deterministic, int64_t batch)
@@ -571,6 +810,8 @@ int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, 
     *d = (fx__dist){.m = m, .world = world, .mode = mode, .det = deterministic, .rank = rank, .size = size,
                     .batch = batch, .local = local};
     int rc = FX_OK;
+    if (world && (rc = fx__dist_same_weights(d)) != FX_OK)
+        goto fail;
     if (world && deterministic && (rc = fx_comm_set_deterministic(world, true)) != FX_OK)
         goto fail;
     if (deterministic && mode != FX__PAR_FSDP) {

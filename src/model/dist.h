@@ -55,10 +55,30 @@ typedef struct fx__dist_stats {
 
 typedef struct fx__dist fx__dist;
 
+/* What the ranks of one run must hold alike (fx__dist_agree). */
+typedef struct fx__dist_run {
+    const fx_model_config *cfg;
+    const fx__model_train_state *st; /* the schedule, optimizer, seed, mask, arithmetic, start */
+    const fx__model_data *data;      /* its tokens, hashed (data->hash), and their split */
+    fx__par mode;
+    int64_t until, eval_every, eval_batches, save_every; /* when the collectives happen */
+} fx__dist_run;
+
+/* Collective, at start-up: every rank's run against every other's, by one all-gather of a
+   fixed-size record (a hash and a short text per option). FX_EINVAL on every rank when they
+   differ, naming the first option that does (in the order of fx__dist_run's fields, the data
+   last), rank 0's value and the first rank with another ("ranks disagree on --lr: rank 0
+   has 0.001, rank 1 has 0.002"). Per-rank settings are not compared (the CLI's --threads,
+   --quiet, --log-every, --out, --bf16, --force, --recompute, --comm-timeout, --comm-log, and
+   the --data path itself: its tokens are). docs/distributed.md. */
+int fx__dist_agree(fx_comm *world, const fx__dist_run *run);
+
 /* Takes over m (a whole model with gradient and Adam buffers, initialised or loaded: the same on
    every rank) for training at global `batch` sequences per micro-batch. world: NULL for one
    process (mode NONE). FSDP shards m here: its flat buffers are freed (m->params keeps the
-   gathered embedding only), so m must then be used through fx__dist_* only. Collective. */
+   gathered embedding only), so m must then be used through fx__dist_* only. Collective: the
+   ranks' weights and Adam moments are compared first (hashed), FX_EINVAL on every rank naming
+   the first rank whose differ from rank 0's (another --model directory or checkpoint). */
 int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, bool deterministic, int64_t batch);
 /* Releases what fx__dist_create added (not m, not world); m stays unusable after FSDP. */
 void fx__dist_free(fx__dist *d);
