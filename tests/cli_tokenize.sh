@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # flexc tokenize: --text ids equal to Hugging Face `tokenizers` (expected ids below were made by
 # it, encode(text, add_special_tokens=False), on the fixture tokenizers), token files equal to
-# --text, stdin, progress on a large file, errors (exit 1) and usage errors (exit 2).
+# --text, stdin, progress on a large file, errors (exit 1) and usage errors (exit 2), 1 MB with
+# every family quickly, and a catastrophic split regex refused quickly.
 set -u
 flexc=${1:?path to flexc}
 tmp=$(mktemp -d)
@@ -79,5 +80,40 @@ check help 0 "$flexc" tokenize --help
 has help-synopsis "$tmp/out" "--model DIR (FILE -o tokens.bin | --text S)"
 check main-help 0 "$flexc" --help
 has main-help-tokenize "$tmp/out" "tokenize"
+
+# Long inputs: 1 MB of mixed text (the fixtures' files) encodes quickly with every family.
+head -c 1048576 "$tmp/big.txt" >"$tmp/mb.txt"
+for m in gpt2 llama3 qwen2 llama2 mistral smollm metaspace; do
+    t0=$(date +%s%N)
+    check "long-$m" 0 "$flexc" tokenize --model "$fix/$m" "$tmp/mb.txt" -o "$tmp/mb-$m.bin"
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    ((ms < 10000)) && ok || bad "long-$m: ${ms} ms for 1 MB"
+done
+
+# A tokenizer.json whose split regex backtracks catastrophically: the error names the file and
+# the pattern, in well under 10 s on 100 KB (before: "match limit exceeded", or minutes for a
+# pattern that scans to the end of the text at every position).
+mkdir "$tmp/hostile"
+hostile() {
+    printf '{"pre_tokenizer":{"type":"Split","pattern":{"Regex":"%s"},"behavior":"Isolated","invert":false},
+"model":{"type":"BPE","vocab":{"a":0,"!":1," ":2},"merges":[]}}' "$1" >"$tmp/hostile/tokenizer.json"
+}
+a100k=$(printf 'a%.0s' $(seq 100000))
+budget="flexc: error: tokenize: $tmp/hostile/tokenizer.json: pre_tokenizer.pattern: the regex exceeded its work budget"
+k=0
+for re in '(a+)+$' '\\w(?=\\w*$)|\\s'; do # exponential; a scan to the end at every position
+    k=$((k + 1))
+    hostile "$re"
+    t0=$(date +%s%N)
+    check "hostile-$k" 1 "$flexc" tokenize --model "$tmp/hostile" --text "$a100k!"
+    ms=$((($(date +%s%N) - t0) / 1000000))
+    ((ms < 10000)) && ok || bad "hostile-$k: ${ms} ms to fail"
+    has "hostile-$k-msg" "$tmp/err" "$budget on 100001 bytes of text (25604352 steps: 4096 + 256 a byte)"
+done
+printf '%s!' "$a100k" >"$tmp/a.txt"
+check hostile-file 1 "$flexc" tokenize --model "$tmp/hostile" "$tmp/a.txt" -o "$tmp/h.bin"
+has hostile-file-msg "$tmp/err" "$budget on 100001 bytes of text"
+[[ ! -e "$tmp/h.bin" ]] && ok || bad "hostile-file left $tmp/h.bin"
+check hostile-short 0 "$flexc" tokenize --model "$tmp/hostile" --text "a a!"
 
 finish cli_tokenize

@@ -1,12 +1,15 @@
 /* Tokenizer tests: ids and decodes against Hugging Face `tokenizers` for the fixture tokenizers
    (tests/fixtures/tokenizers, made by scripts/fixtures_tokenizers.py), invalid UTF-8, refused
-   configurations, safe cuts, thread safety, and the token file format. */
+   configurations, safe cuts, thread safety, the regexes' work budget, and the token file
+   format. */
 #include "harness.h"
 #include "tmpdir.h"
+#include "tokenizer/tok_internal.h"
 
 #include <flexc/tokenizer.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *const NAMES[] = {"gpt2", "llama3", "qwen2", "llama2", "mistral", "smollm", "metaspace"};
@@ -566,6 +569,330 @@ static void test_token_file(void)
     FXT_EQ_INT(fx_token_writer_open(&w, path, 0), FX_EINVAL);
 }
 
+/* ---- the regexes' work budget ------------------------------------------------------------------ */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The fixture texts joined and repeated to n bytes (cut at a character boundary). */
+static char *mixed_text(size_t n)
+{
+    char path[4200];
+    fixture_path(path, sizeof path, NULL, "texts.json");
+    json_t *texts = load_json(path);
+    const json_t *tx = json_object_get(texts, "texts");
+    char *out = malloc(n + 1);
+    size_t k = 0;
+    while (k < n) {
+        for (size_t i = 0; i < json_array_size(tx) && k < n; i++) {
+            const json_t *t = json_array_get(tx, i);
+            size_t len = json_string_length(t);
+            size_t take = len < n - k ? len : n - k;
+            memcpy(out + k, json_string_value(t), take);
+            k += take;
+        }
+    }
+    while (k > 0 && ((unsigned char)out[k - 1] & 0xc0) == 0x80)
+        k--; /* a cut character: drop its start too */
+    if (k > 0 && (unsigned char)out[k - 1] >= 0xc0)
+        k--;
+    memset(out + k, ' ', n - k);
+    out[n] = '\0';
+    json_decref(texts);
+    return out;
+}
+
+/* Texts the family patterns backtrack on most: long runs of one class, whitespace before a
+   letter or line feeds, punctuation before line feeds, apostrophes, digits, random characters. */
+static const char *const EDGE_UNITS[] = {
+    " ", "\n", " \n", "\t \r\n", "  \n \n a", "!!", "!\n", "'s", "'", "1", "12345 ", "a", "a ", " !",
+    "\xc3\xa9", "e\xcc\x81", "\xe6\x95\xb0", " \xe2\x80\x83", "\r",
+};
+
+static char *edge_text(size_t unit, size_t n, unsigned seed)
+{
+    char *out = malloc(n + 1);
+    size_t k = 0;
+    if (unit < sizeof EDGE_UNITS / sizeof *EDGE_UNITS) {
+        const char *u = EDGE_UNITS[unit];
+        size_t ul = strlen(u);
+        while (k + ul <= n) {
+            memcpy(out + k, u, ul);
+            k += ul;
+        }
+    } else { /* random units, runs of random length */
+        while (k < n) {
+            seed = seed * 1103515245u + 12345u;
+            const char *u = EDGE_UNITS[(seed >> 16) % (sizeof EDGE_UNITS / sizeof *EDGE_UNITS)];
+            size_t ul = strlen(u), reps = 1 + ((seed >> 8) & 0xff) * ((seed & 1) ? 64 : 1);
+            for (size_t r = 0; r < reps && k + ul <= n; r++, k += ul)
+                memcpy(out + k, u, ul);
+            if (k + ul > n)
+                break;
+        }
+    }
+    memset(out + k, 'x', n - k);
+    out[n] = '\0';
+    return out;
+}
+
+/* One pass of a pattern over s[0 .. n), as the pre-tokenizer splits: its status and work. */
+static int regex_pass(const fx__regex *re, fx__matcher *m, const char *s, size_t n, uint64_t *work)
+{
+    fx__matcher_reset(m);
+    fx__matcher_add(m, n);
+    size_t pos = 0, ms, me;
+    int rc;
+    while ((rc = fx__regex_next(re, m, s, n, pos, &ms, &me)) == FX_OK) {
+        if (me > ms)
+            pos = me;
+        else if (me < n)
+            pos = me + fx__utf8_len((unsigned char)s[me]);
+        else
+            break;
+    }
+    *work = m->work;
+    return rc == 1 ? FX_OK : rc;
+}
+
+/* The family patterns (fx__family_patterns, which run uncounted), counted: their work stays
+   within 32 steps a byte on long texts of every kind (20 at most today), far below the budget
+   of 256 a byte, so that the budget would never refuse a real text. Llama 3's and Qwen2's are
+   those of the fixtures. */
+static void test_regex_cost(void)
+{
+    for (int k = 0; k < 2; k++) {
+        char path[4200];
+        fixture_path(path, sizeof path, k ? "qwen2" : "llama3", "tokenizer.json");
+        json_t *doc = load_json(path);
+        const json_t *pres = json_object_get(json_object_get(doc, "pre_tokenizer"), "pretokenizers");
+        const json_t *rx = json_object_get(json_object_get(json_array_get(pres, 0), "pattern"), "Regex");
+        FXT_CHECK(rx && !strcmp(json_string_value(rx), fx__family_patterns[1 + k]));
+        json_decref(doc);
+    }
+    fx__matcher m;
+    FXT_OK(fx__matcher_init(&m));
+    const size_t n = (size_t)1 << 18, nunits = sizeof EDGE_UNITS / sizeof *EDGE_UNITS;
+    for (int p = 0; p < FX__FAMILY_PATTERNS; p++) {
+        const char *pat = fx__family_patterns[p];
+        fx__regex re;
+        FXT_OK(fx__regex_init(&re, pat, strlen(pat), false, true, "test"));
+        double mixed = 0, worst = 0;
+        size_t worst_u = 0;
+        for (size_t u = 0; u <= nunits + 3; u++) {
+            size_t len = u == 0 ? (size_t)1 << 20 : n; /* (the fixture texts hold NUL bytes) */
+            char *s = u == 0 ? mixed_text(len) : edge_text(u - 1, n, (unsigned)u);
+            uint64_t work = 0;
+            FXT_OK(regex_pass(&re, &m, s, len, &work));
+            double per_byte = (double)work / (double)len;
+            if (u == 0)
+                mixed = per_byte;
+            else if (per_byte > worst)
+                worst = per_byte, worst_u = u - 1;
+            if (per_byte > 32)
+                FXT_FAIL("pattern %d on text %zu: %.2f steps a byte", p, u, per_byte);
+            free(s);
+        }
+        fprintf(stderr, "    family pattern %d: %.2f steps a byte on mixed text, at most %.2f (edge text %zu)\n", p,
+                mixed, worst, worst_u);
+        fx__regex_free(&re);
+    }
+    fx__matcher_free(&m);
+}
+
+/* A copy of fixture `name` whose first Split pattern (or ByteLevel's built-in one, made a
+   Split) starts with "(?:)": the same matches, but not a known pattern, so its work is counted. */
+static fx_tokenizer *counted_variant(const char *name)
+{
+    char path[4200];
+    fixture_path(path, sizeof path, name, "tokenizer.json");
+    json_t *doc = load_json(path);
+    json_t *pre = json_object_get(doc, "pre_tokenizer");
+    json_t *list = json_object_get(pre, "pretokenizers");
+    json_t *first = list ? json_array_get(list, 0) : pre;
+    json_t *bl = !strcmp(json_string_value(json_object_get(first, "type")), "ByteLevel") ? first : NULL;
+    if (list && !bl)
+        bl = json_array_get(list, 1);
+    char pat[512];
+    if (json_is_true(json_object_get(bl, "use_regex"))) { /* GPT-2, SmolLM */
+        snprintf(pat, sizeof pat, "(?:)%s", fx__family_patterns[0]);
+        json_t *split = json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex", pat, "behavior",
+                                  "Isolated", "invert", 0);
+        json_object_set_new(bl, "use_regex", json_false());
+        if (list) {
+            json_array_insert_new(list, 1, split);
+        } else {
+            json_t *seq = json_pack("{s:s, s:[o, O]}", "type", "Sequence", "pretokenizers", split, bl);
+            json_object_set_new(doc, "pre_tokenizer", seq);
+        }
+    } else {
+        json_t *rx = json_object_get(json_object_get(first, "pattern"), "Regex");
+        snprintf(pat, sizeof pat, "(?:)%s", json_string_value(rx));
+        json_string_set(rx, pat);
+    }
+    char *text = json_dumps(doc, JSON_COMPACT);
+    fx_tokenizer *t = NULL;
+    if (fx_tokenizer_load_json(&t, text, strlen(text)) != FX_OK)
+        FXT_FAIL("%s variant: %s", name, fx_last_error());
+    free(text);
+    json_decref(doc);
+    return t;
+}
+
+/* 1 MB of mixed text and 256 KB of each edge text encode quickly with every fixture; with the
+   family patterns counted, the ids are the same (counting changes no match) and no budget is
+   exceeded. */
+static void test_long_inputs(void)
+{
+    const size_t nunits = sizeof EDGE_UNITS / sizeof *EDGE_UNITS;
+    char *texts[32];
+    size_t lens[32], ntexts = nunits + 2;
+    lens[0] = (size_t)1 << 20;
+    texts[0] = mixed_text(lens[0]);
+    for (size_t u = 0; u <= nunits; u++) {
+        lens[1 + u] = (size_t)1 << 18;
+        texts[1 + u] = edge_text(u, lens[1 + u], 7);
+    }
+    for (int k = 0; k < NTOK; k++) {
+        fx_tokenizer *t = load_tok(NAMES[k]);
+        bool variant = k == 0 || k == 1 || k == 2 || k == 5; /* the Split and ByteLevel patterns */
+        fx_tokenizer *v = variant ? counted_variant(NAMES[k]) : NULL;
+        double t0 = now_s();
+        for (size_t i = 0; i < ntexts; i++) {
+            fx_ids a = {0}, b = {0};
+            size_t len = lens[i];
+            int rc = fx_tokenizer_encode(t, &a, texts[i], len);
+            if (rc != FX_OK)
+                FXT_FAIL("%s: long text %zu: %s", NAMES[k], i, fx_last_error());
+            if (v && (rc = fx_tokenizer_encode(v, &b, texts[i], len)) != FX_OK)
+                FXT_FAIL("%s counted: long text %zu: %s", NAMES[k], i, fx_last_error());
+            if (v && rc == FX_OK && (a.n != b.n || memcmp(a.ids, b.ids, (size_t)a.n * sizeof *a.ids)))
+                FXT_FAIL("%s: long text %zu: %lld ids, %lld counted, or different", NAMES[k], i, (long long)a.n,
+                         (long long)b.n);
+            fx_ids_free(&a);
+            fx_ids_free(&b);
+        }
+        double dt = now_s() - t0;
+        if (dt > 10)
+            FXT_FAIL("%s: the long texts took %.1f s", NAMES[k], dt);
+        fx_tokenizer_free(v);
+        fx_tokenizer_free(t);
+    }
+    for (size_t i = 0; i < ntexts; i++)
+        free(texts[i]);
+}
+
+/* A tokenizer.json whose `where` ("pre_tokenizer": a Split, "normalizer": a Replace) has the
+   given regex (JSON-escaped), over a small vocabulary. */
+static void hostile_json(char *out, size_t cap, const char *where, const char *regex)
+{
+    char comp[512];
+    snprintf(comp, sizeof comp, "{\"type\":\"%s\",\"pattern\":{\"Regex\":\"%s\"}%s}",
+             !strcmp(where, "pre_tokenizer") ? "Split" : "Replace", regex,
+             !strcmp(where, "pre_tokenizer") ? ",\"behavior\":\"Isolated\",\"invert\":false" : ",\"content\":\"b\"");
+    snprintf(out, cap,
+             "{\"%s\":%s,\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":1,\"!\":2,\" \":3,\"w\":4,\"o\":5,"
+             "\"r\":6,\"d\":7},\"merges\":[]}}",
+             where, comp);
+}
+
+/* Catastrophic patterns (exponential backtracking, a scan to the end at every position, each
+   start position just under PCRE2's own match limit) fail with FX_EFORMAT naming the file and
+   the pattern, in well under a second, instead of running for seconds to hours; the output is
+   unchanged. Their outcome on each text: 0 encodes, 1 over the work budget, 2 over the
+   backtracking depth limit. */
+static void test_regex_budget(void)
+{
+    static const struct {
+        const char *regex; /* as JSON */
+        int want[2];       /* on the a's, on the runs */
+    } cases[] = {
+        {"(a+)+$", {1, 1}},                      /* runs: 7 s before */
+        {"(\\\\w+\\\\s?)*$", {1, 2}},
+        {"\\\\w(?=\\\\w*$)|\\\\s", {1, 0}},      /* a's: more than a minute before */
+        {"(a|aa)*\\\\d|.", {2, 1}},
+    };
+    const size_t n = 100000;
+    char *as = malloc(n + 2), *runs = malloc(n + 1);
+    memset(as, 'a', n);
+    memcpy(as + n, "!", 2);
+    for (size_t i = 0; i < n; i++)
+        runs[i] = i % 19 == 18 ? ' ' : 'a'; /* runs of 18 a's */
+    runs[n] = '\0';
+    char dir[512], path[600], json[1024], want[800];
+    fxt_make_tmpdir(dir, sizeof dir, "flexc-tok");
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    for (size_t r = 0; r < sizeof cases / sizeof *cases; r++) {
+        hostile_json(json, sizeof json, "pre_tokenizer", cases[r].regex);
+        write_raw(path, json, strlen(json));
+        fx_tokenizer *t = NULL;
+        FXT_OK(fx_tokenizer_load(&t, path));
+        if (!t)
+            continue;
+        fx_ids ids = {0};
+        FXT_OK(fx_tokenizer_encode(t, &ids, "a a!", 4)); /* a short text is fine */
+        int64_t n0 = ids.n;
+        for (int which = 0; which < 2; which++) {
+            const char *text = which ? runs : as;
+            size_t len = strlen(text);
+            int w = cases[r].want[which];
+            snprintf(want, sizeof want, "%s: pre_tokenizer.pattern: the regex exceeded its %s on %zu bytes of text",
+                     path, w == 1 ? "work budget" : "backtracking limit", len);
+            double t0 = now_s();
+            if (w == 0)
+                FXT_OK(fx_tokenizer_encode(t, &ids, text, len));
+            else
+                FXT_STATUS(fx_tokenizer_encode(t, &ids, text, len), FX_EFORMAT, want);
+            double dt = now_s() - t0;
+            if (w)
+                FXT_EQ_INT(ids.n, n0);
+            if (dt > 5)
+                FXT_FAIL("regex %zu on text %d: %.2f s", r, which, dt);
+            ids.n = n0;
+        }
+        fx_ids_free(&ids);
+        fx_tokenizer_free(t);
+    }
+    /* A normalizer's and a decoder's pattern too; loaded from memory, named by its field. */
+    fx_tokenizer *t = NULL;
+    hostile_json(json, sizeof json, "normalizer", "(a+)+$");
+    FXT_OK(fx_tokenizer_load_json(&t, json, strlen(json)));
+    fx_ids ids = {0};
+    FXT_STATUS(fx_tokenizer_encode(t, &ids, as, n + 1), FX_EFORMAT,
+               "normalizer.pattern: the regex exceeded its work budget on 100001 bytes of text");
+    FXT_EQ_INT(ids.n, 0);
+    fx_tokenizer_free(t);
+    hostile_json(json, sizeof json, "pre_tokenizer", "(a+)+$");
+    FXT_OK(fx_tokenizer_load_json(&t, json, strlen(json)));
+    FXT_STATUS(fx_tokenizer_encode(t, &ids, as, n + 1), FX_EFORMAT,
+               "pre_tokenizer.pattern: the regex exceeded its work budget on 100001 bytes of text (25604352 steps: "
+               "4096 + 256 a byte");
+    fx_tokenizer_free(t);
+    snprintf(json, sizeof json,
+             "{\"decoder\":{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Fuse\"},{\"type\":\"Replace\","
+             "\"pattern\":{\"Regex\":\"(a+)+$\"},\"content\":\"b\"}]},\"model\":{\"type\":\"BPE\","
+             "\"vocab\":{\"a\":0,\"!\":1},\"merges\":[]}}");
+    FXT_OK(fx_tokenizer_load_json(&t, json, strlen(json)));
+    int32_t *many = malloc(20001 * sizeof *many);
+    for (int i = 0; i < 20001; i++)
+        many[i] = i < 20000 ? 0 : 1;
+    fx_text out = {0};
+    double t0 = now_s();
+    FXT_STATUS(fx_tokenizer_decode(t, &out, many, 20001), FX_EFORMAT,
+               "decoder.decoders[1].pattern: the regex exceeded its work budget on 20001 bytes of text");
+    FXT_CHECK(now_s() - t0 < 2);
+    fx_text_free(&out);
+    free(many);
+    fx_tokenizer_free(t);
+    free(as);
+    free(runs);
+    fxt_rm_tree(dir);
+}
+
 int main(int argc, char **argv)
 {
     const char *src = getenv("FLEXC_SOURCE_DIR");
@@ -579,6 +906,9 @@ int main(int argc, char **argv)
     FXT_RUN(test_small);
     FXT_RUN(test_safe_cut);
     FXT_RUN(test_threads);
+    FXT_RUN(test_regex_cost);
+    FXT_RUN(test_long_inputs);
+    FXT_RUN(test_regex_budget);
     FXT_RUN(test_token_file);
     return fxt_finish();
 }

@@ -82,9 +82,14 @@ FX_API void fx_tokenizer_free(fx_tokenizer *tok);
 FX_API int64_t fx_tokenizer_vocab_size(const fx_tokenizer *tok);
 
 /* Appends the ids of text[0 .. len) to out (no special tokens added). On failure out->n is
-   unchanged. */
+   unchanged. FX_EFORMAT when a regex of the tokenizer.json (a normalizer's, pre-tokenizer's
+   or decoder's pattern) exceeds its work budget on this text, 4096 + 256 steps a byte, or its
+   backtracking depth: fx_last_error() names the file and the pattern. A pattern that
+   backtracks catastrophically fails in time proportional to the text's length instead of
+   running for hours; the patterns of the supported families never come near the budget. */
 FX_API int fx_tokenizer_encode(const fx_tokenizer *tok, fx_ids *out, const char *text, size_t len);
-/* Appends the decoded text of ids[0 .. n) to out (special tokens kept). */
+/* Appends the decoded text of ids[0 .. n) to out (special tokens kept); the same FX_EFORMAT
+   for a decoder's pattern over its work budget. */
 FX_API int fx_tokenizer_decode(const fx_tokenizer *tok, fx_text *out, const int32_t *ids, int64_t n);
 
 /* The id of a token given by its string (added tokens first, then the model's vocabulary);

@@ -121,9 +121,10 @@ static int dec_replace(const fx__dec *d, fx__scratch *sc, const dlist *in, dlist
     for (size_t i = 0; i < in->p->n && rc == FX_OK; i++) {
         const char *s = in->buf->p + in->p->p[i].off;
         size_t n = in->p->p[i].len, start = out->buf->n, pos = 0, copied = 0;
+        fx__matcher_add(&sc->m, n);
         while (rc == FX_OK && pos <= n) {
             size_t ms, me;
-            int r = fx__regex_next(&d->pattern, sc->md, s, n, pos, &ms, &me);
+            int r = fx__regex_next(&d->pattern, &sc->m, s, n, pos, &ms, &me);
             if (r < 0)
                 return r;
             if (r == 1)

@@ -18,9 +18,9 @@ enum {
 int fx__scratch_init(fx__scratch *s, fx__cache *cache)
 {
     *s = (fx__scratch){0};
-    s->md = pcre2_match_data_create(16, NULL);
-    if (!s->md)
-        return fx__error(FX_ENOMEM, "cannot allocate regex match data");
+    int rc = fx__matcher_init(&s->m);
+    if (rc != FX_OK)
+        return rc;
     s->cache = cache;
     return FX_OK;
 }
@@ -43,8 +43,7 @@ void fx__scratch_free(fx__scratch *s)
     fx__pieces_free(&s->dpieces[1]);
     fx__free(s->syms);
     fx__free(s->heap);
-    if (s->md)
-        pcre2_match_data_free(s->md);
+    fx__matcher_free(&s->m);
     *s = (fx__scratch){0};
 }
 
@@ -53,10 +52,14 @@ int fx__scratch_acquire(const fx_tokenizer *t, fx__scratch *own, fx__scratch **s
     fx_tokenizer *mt = (fx_tokenizer *)t; /* the lock and the shared scratch are not the tokenizer's state */
     if (pthread_mutex_trylock(&mt->lock) == 0) {
         *s = &mt->scratch;
+        (*s)->m.source = t->path;
+        fx__matcher_reset(&(*s)->m);
         return FX_OK;
     }
     *s = own;
-    return fx__scratch_init(own, NULL);
+    int rc = fx__scratch_init(own, NULL);
+    own->m.source = t->path;
+    return rc;
 }
 
 void fx__scratch_release(const fx_tokenizer *t, fx__scratch *own, fx__scratch *s)
@@ -129,13 +132,14 @@ static bool all_ascii(const char *s, size_t n)
 
 /* Replaces every match of re in in[0 .. n) with rep; empty matches insert rep and step over
    one character. */
-static int replace_all(fx__buf *out, const fx__regex *re, pcre2_match_data *md, const char *in, size_t n,
+static int replace_all(fx__buf *out, const fx__regex *re, fx__matcher *m, const char *in, size_t n,
                        const char *rep, size_t rep_len)
 {
     size_t pos = 0, copied = 0;
+    fx__matcher_add(m, n);
     while (pos <= n) {
         size_t ms, me;
-        int rc = fx__regex_next(re, md, in, n, pos, &ms, &me);
+        int rc = fx__regex_next(re, m, in, n, pos, &ms, &me);
         if (rc < 0)
             return rc;
         if (rc == 1)
@@ -226,7 +230,7 @@ static int normalize_one(const fx__norm *nm, fx__scratch *s, fx__buf *out, const
         return fx__buf_put(out, in + a, b - a);
     }
     case FX__NORM_REPLACE:
-        return replace_all(out, &nm->pattern, s->md, in, n, nm->content, nm->content_len);
+        return replace_all(out, &nm->pattern, &s->m, in, n, nm->content, nm->content_len);
     case FX__NORM_PREPEND: {
         int rc = FX_OK;
         if (n)
@@ -366,9 +370,10 @@ static int split_regex(fx__scratch *s, const fx__regex *re, fx__split_behavior b
     const char *str = s->arena.p + piece.off;
     size_t n = piece.len, prev = 0, pos = 0;
     int rc;
+    fx__matcher_add(&s->m, n);
     while (pos <= n) {
         size_t ms, me;
-        rc = fx__regex_next(re, s->md, str, n, pos, &ms, &me);
+        rc = fx__regex_next(re, &s->m, str, n, pos, &ms, &me);
         if (rc < 0)
             return rc;
         if (rc == 1)

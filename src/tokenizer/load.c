@@ -12,13 +12,13 @@
 /* The pattern ByteLevel splits with when use_regex is set (GPT-2's). */
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-/* Split patterns that never match across "\n" followed by an ASCII letter (safe cuts). */
-static const char *const SAFE_PATTERNS[] = {
+const char *const fx__family_patterns[FX__FAMILY_PATTERNS] = {
     GPT2_PATTERN,
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+",
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+",
+    "\\p{N}",
 };
 
 /* ---- json helpers --------------------------------------------------------------------------- */
@@ -90,6 +90,14 @@ static int name_index(const char *const *names, int n, const char *s)
     return -1;
 }
 
+static bool known_pattern(const char *s, size_t n)
+{
+    for (size_t i = 0; i < FX__FAMILY_PATTERNS; i++)
+        if (n == strlen(fx__family_patterns[i]) && !memcmp(s, fx__family_patterns[i], n))
+            return true;
+    return false;
+}
+
 /* {"String": s} or {"Regex": r} */
 static int get_pattern(fx__regex *re, const json_t *o, const char *where)
 {
@@ -100,9 +108,10 @@ static int get_pattern(fx__regex *re, const json_t *o, const char *where)
         return fx__error(FX_EFORMAT, "%s must be {\"String\": ...} or {\"Regex\": ...}", field);
     const json_t *str = json_object_get(p, "String"), *rx = json_object_get(p, "Regex");
     if (json_is_string(str))
-        return fx__regex_init(re, json_string_value(str), json_string_length(str), true, field);
+        return fx__regex_init(re, json_string_value(str), json_string_length(str), true, false, field);
     if (json_is_string(rx))
-        return fx__regex_init(re, json_string_value(rx), json_string_length(rx), false, field);
+        return fx__regex_init(re, json_string_value(rx), json_string_length(rx), false,
+                              !known_pattern(json_string_value(rx), json_string_length(rx)), field);
     return fx__error(FX_EFORMAT, "%s must be {\"String\": ...} or {\"Regex\": ...}", field);
 }
 
@@ -263,8 +272,7 @@ static int add_pre(fx_tokenizer *t, const json_t *o, const char *where, size_t *
         if (rc != FX_OK)
             return rc;
         const json_t *rx = json_object_get(json_object_get(o, "pattern"), "Regex");
-        for (size_t i = 0; json_is_string(rx) && i < sizeof SAFE_PATTERNS / sizeof *SAFE_PATTERNS; i++)
-            p->known_pattern |= !strcmp(json_string_value(rx), SAFE_PATTERNS[i]);
+        p->known_pattern = json_is_string(rx) && known_pattern(json_string_value(rx), json_string_length(rx));
         const json_t *b = json_object_get(o, "behavior");
         const char *bs = json_is_string(b) ? json_string_value(b) : "";
         static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
@@ -281,8 +289,10 @@ static int add_pre(fx_tokenizer *t, const json_t *o, const char *where, size_t *
         p->kind = FX__PRE_SPLIT;
         bool individual = false;
         rc = get_bool(&individual, o, "individual_digits", false, where);
+        char field[128];
+        snprintf(field, sizeof field, "%s (Digits)", where);
         if (rc == FX_OK)
-            rc = fx__regex_init(&p->pattern, "\\p{N}", 5, false, where);
+            rc = fx__regex_init(&p->pattern, fx__family_patterns[3], 5, false, false, field);
         p->behavior = individual ? FX__SPLIT_ISOLATED : FX__SPLIT_CONTIGUOUS;
         p->known_pattern = true; /* never spans a line feed */
         return rc;
@@ -292,8 +302,10 @@ static int add_pre(fx_tokenizer *t, const json_t *o, const char *where, size_t *
         rc = get_bool(&p->add_prefix_space, o, "add_prefix_space", true, where);
         if (rc == FX_OK)
             rc = get_bool(&p->use_regex, o, "use_regex", true, where);
+        char field[128];
+        snprintf(field, sizeof field, "%s (ByteLevel's pattern)", where);
         if (rc == FX_OK && p->use_regex)
-            rc = fx__regex_init(&p->pattern, GPT2_PATTERN, strlen(GPT2_PATTERN), false, where);
+            rc = fx__regex_init(&p->pattern, GPT2_PATTERN, strlen(GPT2_PATTERN), false, false, field);
         return rc;
     }
     p->kind = FX__PRE_METASPACE;
@@ -741,6 +753,7 @@ void fx_tokenizer_free(fx_tokenizer *t)
     fx__free(t->merges);
     fx__free(t->prefix);
     fx__free(t->suffix);
+    fx__free(t->path);
     fx__buf_free(&t->strings);
     if (t->lock_ready)
         pthread_mutex_destroy(&t->lock);
@@ -795,6 +808,7 @@ static int load_root(fx_tokenizer *t, const json_t *root)
             continue;
         const char *nout;
         size_t nn;
+        fx__matcher_reset(&t->scratch.m);
         if ((rc = fx__normalize(t, &t->scratch, a->content, a->len, &nout, &nn)) != FX_OK)
             return rc;
         if (!(a->norm = dup_bytes(nout, nn)))
@@ -889,6 +903,14 @@ int fx_tokenizer_load(fx_tokenizer **out, const char *path)
     fx__buf_free(&b);
     if (rc != FX_OK)
         return fx__error_context(rc, "%s", path);
+    /* Named in the messages of encoding and decoding (a pattern over its work budget). */
+    size_t pl = strlen(path);
+    if (!((*out)->path = fx__alloc(pl + 1))) {
+        fx_tokenizer_free(*out);
+        *out = NULL;
+        return FX_ENOMEM;
+    }
+    memcpy((*out)->path, path, pl + 1);
     return FX_OK;
 }
 

@@ -317,9 +317,66 @@ int32_t fx__strmap_get(const fx__strmap *m, char *const *str, const uint32_t *le
 
 /* ---- regular expressions ---------------------------------------------------------------- */
 
-int fx__regex_init(fx__regex *re, const char *pattern, size_t len, bool literal, const char *field)
+/* The work counter: PCRE2 calls it before each item of the pattern (PCRE2_AUTO_CALLOUT), in
+   JIT and interpreted matching alike. A step is the call plus the characters moved over since
+   the last one, so that a repeat scanning far (a lookahead to the end of the text, tried at
+   every position) is counted by its length, which PCRE2's own match limit does not do; nor
+   does that limit add up over start positions and calls. A negative return abandons the
+   match with that status. */
+static int count_work(pcre2_callout_block *b, void *data)
+{
+    fx__matcher *m = data;
+    size_t at = b->current_position;
+    m->work += 1 + (at > m->at ? at - m->at : m->at - at);
+    m->at = at;
+    return m->work > m->budget ? PCRE2_ERROR_CALLOUT : 0;
+}
+
+int fx__matcher_init(fx__matcher *m)
+{
+    *m = (fx__matcher){0};
+    m->md = pcre2_match_data_create(16, NULL);
+    m->mc = pcre2_match_context_create(NULL);
+    if (!m->md || !m->mc) {
+        fx__matcher_free(m);
+        return fx__error(FX_ENOMEM, "cannot allocate regex match data");
+    }
+    pcre2_set_callout(m->mc, count_work, m);
+    pcre2_set_depth_limit(m->mc, FX__RE_DEPTH_LIMIT);
+    pcre2_set_heap_limit(m->mc, FX__RE_HEAP_LIMIT_KIB);
+    fx__matcher_reset(m);
+    return FX_OK;
+}
+
+void fx__matcher_free(fx__matcher *m)
+{
+    if (m->md)
+        pcre2_match_data_free(m->md);
+    if (m->mc)
+        pcre2_match_context_free(m->mc);
+    *m = (fx__matcher){0};
+}
+
+void fx__matcher_reset(fx__matcher *m)
+{
+    m->work = 0;
+    m->len = 0;
+    m->budget = FX__RE_WORK_BASE;
+}
+
+void fx__matcher_add(fx__matcher *m, size_t n)
+{
+    m->len += n;
+    m->budget += (uint64_t)FX__RE_WORK_PER_BYTE * n;
+}
+
+int fx__regex_init(fx__regex *re, const char *pattern, size_t len, bool literal, bool counted, const char *field)
 {
     *re = (fx__regex){0};
+    size_t fl = strlen(field);
+    if (!(re->field = fx__alloc(fl + 1)))
+        return FX_ENOMEM;
+    memcpy(re->field, field, fl + 1);
     if (literal) {
         re->lit = fx__alloc(len + 1);
         if (!re->lit)
@@ -331,7 +388,8 @@ int fx__regex_init(fx__regex *re, const char *pattern, size_t len, bool literal,
     }
     int err;
     PCRE2_SIZE erroff;
-    re->code = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP, &err, &erroff, NULL);
+    re->code = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | PCRE2_UCP | (counted ? PCRE2_AUTO_CALLOUT : 0),
+                             &err, &erroff, NULL);
     if (!re->code) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(err, msg, sizeof msg);
@@ -348,11 +406,21 @@ void fx__regex_free(fx__regex *re)
     if (re->code)
         pcre2_code_free(re->code);
     fx__free(re->lit);
+    fx__free(re->field);
     *re = (fx__regex){0};
 }
 
-int fx__regex_next(const fx__regex *re, pcre2_match_data *md, const char *s, size_t n, size_t from, size_t *ms,
-                   size_t *me)
+/* One pcre2_match from `from`, its work counted into m's pass. */
+static int match_counted(const fx__regex *re, fx__matcher *m, const char *s, size_t n, size_t from, uint32_t opts)
+{
+    uint64_t left = m->budget > m->work ? m->budget - m->work : 0;
+    /* PCRE2's own count, a second bound: it counts less than count_work. */
+    pcre2_set_match_limit(m->mc, left < UINT32_MAX ? (uint32_t)left + 1 : UINT32_MAX);
+    m->at = from;
+    return pcre2_match(re->code, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK | opts, m->md, m->mc);
+}
+
+int fx__regex_next(const fx__regex *re, fx__matcher *m, const char *s, size_t n, size_t from, size_t *ms, size_t *me)
 {
     if (!re->code) {
         if (re->lit_len == 0 || from >= n || n - from < re->lit_len)
@@ -366,17 +434,29 @@ int fx__regex_next(const fx__regex *re, pcre2_match_data *md, const char *s, siz
     }
     if (from > n)
         return 1;
-    int rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK, md, NULL);
+    int rc = match_counted(re, m, s, n, from, 0);
     if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-        rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, from, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, NULL);
+        rc = match_counted(re, m, s, n, from, PCRE2_NO_JIT);
     if (rc == PCRE2_ERROR_NOMATCH)
         return 1;
+    const char *src = m->source ? m->source : "", *sep = m->source ? ": " : "";
+    if (rc == PCRE2_ERROR_CALLOUT || rc == PCRE2_ERROR_MATCHLIMIT)
+        return fx__error(FX_EFORMAT,
+                         "%s%s%s: the regex exceeded its work budget on %zu bytes of text (%llu steps: %d + %d a "
+                         "byte): the pattern backtracks catastrophically",
+                         src, sep, re->field, m->len, (unsigned long long)m->budget, FX__RE_WORK_BASE,
+                         FX__RE_WORK_PER_BYTE);
+    if (rc == PCRE2_ERROR_DEPTHLIMIT || rc == PCRE2_ERROR_HEAPLIMIT)
+        return fx__error(FX_EFORMAT,
+                         "%s%s%s: the regex exceeded its backtracking limit on %zu bytes of text (depth %d, %d "
+                         "KiB): the pattern nests its backtracking too deep",
+                         src, sep, re->field, m->len, FX__RE_DEPTH_LIMIT, FX__RE_HEAP_LIMIT_KIB);
     if (rc < 0) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(rc, msg, sizeof msg);
-        return fx__error(FX_EINVAL, "regex match failed: %s", (char *)msg);
+        return fx__error(FX_EINVAL, "%s%s%s: regex match failed: %s", src, sep, re->field, (char *)msg);
     }
-    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+    PCRE2_SIZE *ov = pcre2_get_ovector_pointer(m->md);
     *ms = ov[0];
     *me = ov[1];
     return FX_OK;

@@ -80,14 +80,58 @@ typedef struct fx__regex {
     pcre2_code *code; /* NULL: a literal string pattern */
     char *lit;        /* the literal (for String patterns) */
     size_t lit_len;
+    char *field;      /* where the pattern is in the tokenizer.json, for messages */
 } fx__regex;
-/* Compiles a Regex pattern (UTF, UCP, JIT) or keeps a literal String pattern. */
-int fx__regex_init(fx__regex *re, const char *pattern, size_t len, bool literal, const char *field);
+
+/* The regexes' work budget of one encoding or decoding: FX__RE_WORK_BASE steps, plus
+   FX__RE_WORK_PER_BYTE for each byte of text a pattern is run over (each stage's pieces; a
+   text that two stages split counts twice). A step is one automatic callout (a pattern item
+   tried, forward or after backtracking) plus each character the matcher moved over since the
+   last one, so a step is a bounded amount of time (about 10 ns): the budget bounds the time
+   by a multiple of the text's length however the pattern backtracks. The patterns of the
+   supported families take 4 to 6 steps a byte on mixed text and at most 20 on texts made to
+   slow them (tests/test_tokenizer.c); they run uncounted (counting costs them up to 70% more
+   time) but under PCRE2's match limit at the budget left and the depth limit. */
+#define FX__RE_WORK_BASE 4096
+#define FX__RE_WORK_PER_BYTE 256
+/* The split patterns of the supported families: GPT-2's (ByteLevel's), Llama 3's, Qwen2's, and
+   Digits' \p{N}. None matches across "\n" followed by an ASCII letter (safe cuts), and
+   their cost is linear in the text's length (no nested repeats; tests/test_tokenizer.c and
+   the fuzz target measure it), so that they run uncounted (fx__regex_init). */
+enum { FX__FAMILY_PATTERNS = 4 };
+extern const char *const fx__family_patterns[FX__FAMILY_PATTERNS];
+/* The interpreter's backtracking depth (JIT ignores it, and has its own stack instead: a match
+   that exhausts it is run again by the interpreter); real patterns need under 10. */
+#define FX__RE_DEPTH_LIMIT 10000
+/* The interpreter's backtracking memory, KiB. */
+#define FX__RE_HEAP_LIMIT_KIB 65536
+
+/* Matching state of one scratch: PCRE2's match data and match context (its limits and the
+   callout that counts work), and the current call's work against its budget. */
+typedef struct fx__matcher {
+    pcre2_match_data *md;
+    pcre2_match_context *mc;
+    const char *source; /* the tokenizer.json's path for messages; NULL: none known */
+    uint64_t work, budget;
+    size_t len;         /* bytes of text run over so far */
+    size_t at;          /* the subject offset the last callout saw */
+} fx__matcher;
+int fx__matcher_init(fx__matcher *m);
+void fx__matcher_free(fx__matcher *m);
+/* Starts a call (an encoding, a decoding): no work done, a budget of FX__RE_WORK_BASE. */
+void fx__matcher_reset(fx__matcher *m);
+/* A pattern is about to run over n bytes: the budget grows by FX__RE_WORK_PER_BYTE * n. */
+void fx__matcher_add(fx__matcher *m, size_t n);
+
+/* Compiles a Regex pattern (UTF, UCP, JIT; counted: with the automatic callouts that count its
+   work) or keeps a literal String pattern; field names it in messages. */
+int fx__regex_init(fx__regex *re, const char *pattern, size_t len, bool literal, bool counted, const char *field);
 void fx__regex_free(fx__regex *re);
 /* Finds the next match in s[0 .. n) starting at byte `from`: FX_OK with [*ms, *me), or 1 when
-   there is none, or an error. md: match data of the calling scratch. */
-int fx__regex_next(const fx__regex *re, pcre2_match_data *md, const char *s, size_t n, size_t from, size_t *ms,
-                   size_t *me);
+   there is none, or an error: FX_EFORMAT naming the tokenizer file and the pattern when the
+   call exceeds its work budget, or a match its depth or memory limit. m: the calling
+   scratch's matcher, fx__matcher_add(m, n) done before the first match in s. */
+int fx__regex_next(const fx__regex *re, fx__matcher *m, const char *s, size_t n, size_t from, size_t *ms, size_t *me);
 
 /* ---- the pipeline --------------------------------------------------------------------------- */
 
@@ -190,7 +234,7 @@ typedef struct fx__scratch {
     size_t syms_cap;
     fx__heap_item *heap;
     size_t heap_cap;
-    pcre2_match_data *md;
+    fx__matcher m;
     fx__cache *cache; /* NULL: no caching */
     fx__buf dec[2];   /* decoder ping-pong */
     fx__pieces dpieces[2];
@@ -228,6 +272,7 @@ struct fx_tokenizer {
     int32_t *nadded_by_byte[256]; /* the same for normalized contents */
     bool safe_cut;
     bool has_nadded; /* some added token is matched on normalized text */
+    char *path;      /* the file it was loaded from (NULL: from memory), for messages */
     /* the shared scratch and cache */
     pthread_mutex_t lock;
     bool lock_ready;
@@ -250,8 +295,9 @@ int fx__bytelevel_byte(int32_t c);
 int fx__scratch_init(fx__scratch *s, fx__cache *cache);
 void fx__scratch_free(fx__scratch *s);
 /* The scratch one encode or decode call works in: the tokenizer's own when no other thread
-   holds it (*s = &t->scratch, locked), else `own`, made here (*s = own). Whatever it returns,
-   fx__scratch_release(t, own, *s) ends the call's use of it. */
+   holds it (*s = &t->scratch, locked), else `own`, made here (*s = own); either way with the
+   regexes' work budget of a new call. Whatever it returns, fx__scratch_release(t, own, *s)
+   ends the call's use of it. */
 int fx__scratch_acquire(const fx_tokenizer *t, fx__scratch *own, fx__scratch **s);
 void fx__scratch_release(const fx_tokenizer *t, fx__scratch *own, fx__scratch *s);
 void fx__cache_free(fx__cache *c);
