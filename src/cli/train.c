@@ -33,6 +33,7 @@ typedef struct train_opts {
     int64_t layers, dim, heads, kv_heads;
     double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac, comm_timeout;
     bool resume, quiet, bf16, force, adam_bf16, recompute, deterministic;
+    bool lossy_text;
 } train_opts;
 
 /* Marks an option the user did not give: a value no option accepts, so that "--steps -1"
@@ -354,6 +355,7 @@ int cmd_train(int argc, char **argv)
                     .parallel = "none", .comm_timeout = FX_COMM_DEFAULT_TIMEOUT};
     const cli_opt opts[] = {
         {"--data", CLI_STRING, &o.data, "UTF-8 text to train on (default: the fortunes corpus)"},
+        {"--lossy-text", CLI_FLAG, &o.lossy_text, "a Hugging Face model's --data may hold invalid UTF-8 (as U+FFFD)"},
         {"--model", CLI_STRING, &o.model, "tiny | small | gpt2, or a directory to fine-tune (default small)"},
         {"--layers", CLI_INT, &o.layers, "override the preset's layer count"},
         {"--dim", CLI_INT, &o.dim, "override the model width"},
@@ -758,7 +760,8 @@ static int setup_data(train_job *j)
         data_path = st->data;
     char tokpath[4200];
     bool has_tok = train_tokenizer_path(tokpath, sizeof tokpath, o->resume ? o->out : o->model);
-    int rc = train_data_load(&j->data, data_path, has_tok ? tokpath : NULL, &j->cfg, o->val_frac, st->seq + 1);
+    int rc = train_data_load(&j->data, data_path, has_tok ? tokpath : NULL, &j->cfg, o->val_frac, st->seq + 1,
+                             o->lossy_text);
     if (rc != CLI_EXIT_OK)
         return rc;
     j->have_data = true;

@@ -68,7 +68,7 @@ static int encode_doc(const fx_tokenizer *tok, fx_ids *ids, const char *s, size_
 }
 
 int train_data_load(fx__model_data *d, const char *path, const char *tokenizer, const fx_model_config *cfg,
-                    double val_frac, int64_t min_tokens)
+                    double val_frac, int64_t min_tokens, bool lossy_text)
 {
     const int32_t eot = cfg->n_eos ? cfg->eos[0] : -1;
     if (train_is_token_file(path)) {
@@ -80,6 +80,11 @@ int train_data_load(fx__model_data *d, const char *path, const char *tokenizer, 
         return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, "--data");
     }
     if (!tokenizer) {
+        if (lossy_text) {
+            cli_error("--lossy-text: only a Hugging Face model's text may hold invalid UTF-8 (flexc's byte-level "
+                      "models train on UTF-8 text)");
+            return CLI_EXIT_USAGE;
+        }
         if (cfg->vocab != FX__MODEL_VOCAB) {
             cli_error("--data: the model has %lld tokens and no tokenizer.json beside it: pass --data as an llm.c "
                       "token file (flexc tokenize) or fine-tune from a Hugging Face directory", (long long)cfg->vocab);
@@ -110,6 +115,17 @@ int train_data_load(fx__model_data *d, const char *path, const char *tokenizer, 
         fx__error_context(rc, "%s", path);
         fx_tokenizer_free(tok);
         return cli_fail(rc, "--data");
+    }
+    /* Checked as the byte-level models' text is: random bytes, a binary or a compressed file
+       would otherwise train as U+FFFD noise (the tokenizer's reading of invalid UTF-8). */
+    int64_t bad = lossy_text ? -1 : fx__utf8_invalid_at((const unsigned char *)text, len);
+    if (bad >= 0) {
+        cli_error("--data: data file '%s' is neither UTF-8 text nor an llm.c token file: invalid byte 0x%02x at "
+                  "offset %lld (--lossy-text trains on it with invalid bytes as U+FFFD)",
+                  path, (unsigned)(unsigned char)text[bad], (long long)bad);
+        fx__free(text);
+        fx_tokenizer_free(tok);
+        return CLI_EXIT_FAIL;
     }
     /* Documents end at a line holding only "%" (the fortune format) and at the end of the
        text; each is followed by the model's first eos id. */

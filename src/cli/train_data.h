@@ -14,9 +14,11 @@ bool train_is_token_file(const char *path);
 bool train_tokenizer_path(char *buf, size_t n, const char *dir);
 /* The run's data: a token file as is; else text through `tokenizer` (a tokenizer.json; NULL:
    flexc's bytes, for byte-vocabulary models only), documents ending at "%" lines with the
-   model's first eos id. Returns CLI_EXIT_OK or an exit status with the error printed. */
+   model's first eos id. Text that is not UTF-8 is refused with the offset of its first invalid
+   byte, unless lossy_text (with a tokenizer: each invalid sequence becomes U+FFFD). Returns
+   CLI_EXIT_OK or an exit status with the error printed. */
 int train_data_load(fx__model_data *d, const char *path, const char *tokenizer, const fx_model_config *cfg,
-                    double val_frac, int64_t min_tokens);
+                    double val_frac, int64_t min_tokens, bool lossy_text);
 /* Copies the Hugging Face files of src (config, generation config, tokenizer) to out/hf, so
    that flexc export writes the fine-tuned model back as the model it came from. */
 int train_keep_hf(const char *out, const char *src);
