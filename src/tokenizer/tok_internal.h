@@ -87,7 +87,7 @@ typedef struct fx__regex {
    FX__RE_WORK_PER_BYTE for each byte of text a pattern is run over (each stage's pieces; a
    text that two stages split counts twice). A step is one automatic callout (a pattern item
    tried, forward or after backtracking) plus each character the matcher moved over since the
-   last one, so a step is a bounded amount of time (about 10 ns): the budget bounds the time
+   last one, so a step is a bounded amount of time (about 5 ns): the budget bounds the time
    by a multiple of the text's length however the pattern backtracks. The patterns of the
    supported families take 4 to 6 steps a byte on mixed text and at most 20 on texts made to
    slow them (tests/test_tokenizer.c); they run uncounted (counting costs them up to 70% more
