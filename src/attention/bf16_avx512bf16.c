@@ -1,5 +1,5 @@
-/* The attention's bfloat16 kernels (bf16_dp.h) built for CPUs with vdpbf16ps; called only
-   where fx__attn16_kernels_now() says the CPU has it. */
+/* The attention's bfloat16 kernels (bf16_dp.h) built for CPUs with vdpbf16ps: the table
+   fx__attn16_kernels_for returns only where the CPU has it. */
 #include <immintrin.h>
 
 #define FX__ATTN16_TABLE fx__attn16_kernels_avx512bf16
