@@ -1,7 +1,7 @@
 /* Block masks: classification of every (q-block, kv-block) pair, visit lists in both
    directions, and bitmaps of the partial blocks. Layout: internal.h. */
 #include "attention/internal.h"
-#include "cuda/cuda.h"
+#include "core/backend.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -531,7 +531,7 @@ fail:
 void fx_block_mask_free(fx_block_mask *m)
 {
     if (m)
-        fx__cuda_block_mask_release(m);
+        fx__backend_block_mask_release(m);
     mask_free(m);
 }
 
