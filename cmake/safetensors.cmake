@@ -20,7 +20,7 @@ endif()
 set_tests_properties(safetensors_python_interop PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 120)
 
 if(FLEXC_FUZZ)
-  # The parser and what it calls.
+  # The parser and what it calls (no device backend).
   flexc_add_fuzzer(fuzz_safetensors ${PROJECT_SOURCE_DIR}/src/safetensors/fuzz/fuzz_safetensors.c
-                   "/src/(core|safetensors)/")
+                   "/src/(core|safetensors)/" "/src/core/backend")
 endif()

@@ -18,7 +18,7 @@ set_tests_properties(tokenizer_python_parity PROPERTIES SKIP_RETURN_CODE 77 TIME
 if(FLEXC_FUZZ)
   # The tokenizer and what it calls; fixtures are read from the working directory, as
   # scripts/fuzz.sh runs it. No matrix products or tensor checks in a tokenizer (they need
-  # the safetensors dtypes).
+  # the safetensors dtypes), and no device backend.
   flexc_add_fuzzer(fuzz_tokenizer ${PROJECT_SOURCE_DIR}/src/tokenizer/fuzz/fuzz_tokenizer.c "/src/(core|tokenizer)/"
-                   "/src/core/(gemm|gemv|finite)")
+                   "/src/core/(gemm|gemv|finite|backend)")
 endif()

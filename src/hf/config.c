@@ -3,6 +3,7 @@
 #include "hf/hf.h"
 
 #include "core/file.h"
+#include "model/config.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -415,7 +416,7 @@ int fx__hf_config_parse(fx__hf_config *out, const char *text, size_t len, const 
     if ((rc = parse_special_ids(&c, root, gen, gen_len)) != FX_OK)
         goto done;
     snprintf(c.m.arch, sizeof c.m.arch, "%s", archs[c.arch].arch);
-    if (fx_model_config_validate(&c.m) != FX_OK) {
+    if (fx__model_config_check(&c.m) != FX_OK) {
         rc = fx__error_context(FX_EFORMAT, "config.json");
         goto done;
     }
