@@ -173,11 +173,25 @@ static void test_rmsnorm_twins(void)
 
 /* ---- RoPE, SwiGLU, embedding -------------------------------------------------------------- */
 
+/* The reference RoPE table [ctx, hd/2, 2] (cos, sin), plain theta, computed position by
+   position in float64. */
+static void rope_table(float *rope, int64_t ctx, int64_t hd, float theta)
+{
+    int64_t half = hd / 2;
+    for (int64_t t = 0; t < ctx; t++)
+        for (int64_t i = 0; i < half; i++) {
+            double freq = pow((double)theta, -2.0 * (double)i / (double)hd);
+            double ang = (double)t * freq;
+            rope[(t * half + i) * 2 + 0] = (float)cos(ang);
+            rope[(t * half + i) * 2 + 1] = (float)sin(ang);
+        }
+}
+
 static void test_rope(void)
 {
     int64_t B = 2, T = 6, H = 3, hd = 8, n = B * T * H * hd;
     float *rope = malloc((size_t)(16 * hd) * sizeof(float));
-    fx__rope_table(rope, 16, hd, 10000.0f);
+    rope_table(rope, 16, hd, 10000.0f);
     float *x = fxt_random((size_t)n, -1, 1, 3), *y = fxt_guarded((size_t)n);
     fx__rope_forward(y, x, H * hd, rope, B, T, H, hd, 0);
     double *ref = fxt_alloc_f64((size_t)n);
@@ -230,7 +244,7 @@ static void test_qkv_heads(void)
 {
     enum { B = 2, T = 9, HQ = 4, HKV = 2, HD = 6, LD = (HQ + 2 * HKV) * HD };
     float *rope = malloc((size_t)(T * HD) * sizeof(float));
-    fx__rope_table(rope, T, HD, 10000.0f);
+    rope_table(rope, T, HD, 10000.0f);
     float *qkv = fxt_random((size_t)(B * T * LD), -1, 1, 21);
     float *dq = fxt_random((size_t)(B * T * HQ * HD), -1, 1, 22), *dk = fxt_random((size_t)(B * T * HKV * HD), -1, 1, 23);
     float *dv = fxt_random((size_t)(B * T * HKV * HD), -1, 1, 24);

@@ -14,12 +14,6 @@
 
 #include <flexc/safetensors.h>
 
-/* True for the dtypes the kernels read: F32, BF16, F16. */
-static inline bool fx__gemv_dtype_ok(fx_dtype dt)
-{
-    return dt == FX_DT_F32 || dt == FX_DT_BF16 || dt == FX_DT_F16;
-}
-
 /* y [O] = W [O, I] x [I] (+ y when acc). W row-major in dt (F32: 4-byte aligned; BF16, F16:
    2-byte aligned). Threads split O in static blocks. */
 void fx__gemv(float *y, const void *w, fx_dtype dt, const float *x, int64_t O, int64_t I, bool acc);

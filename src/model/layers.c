@@ -142,18 +142,6 @@ void fx__rmsnorm_backward(float *dinp, float *dw, const float *dout, const float
 
 /* ---- RoPE ---------------------------------------------------------------------------------- */
 
-void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta)
-{
-    int64_t half = hd / 2;
-    for (int64_t t = 0; t < ctx; t++)
-        for (int64_t i = 0; i < half; i++) {
-            double freq = pow((double)theta, -2.0 * (double)i / (double)hd);
-            double ang = (double)t * freq;
-            rope[(t * half + i) * 2 + 0] = (float)cos(ang);
-            rope[(t * half + i) * 2 + 1] = (float)sin(ang);
-        }
-}
-
 void fx__rope_freqs(double *freq, const fx_model_config *c)
 {
     int64_t hd = c->head_dim, half = hd / 2;

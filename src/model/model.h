@@ -344,7 +344,6 @@ void fx__qkv_to_heads(float *q, float *k, float *v, const float *qkv, const floa
                       int64_t Hq, int64_t Hkv, int64_t hd);
 void fx__qkv_from_heads(float *dqkv, const float *dq, const float *dk, const float *dv, const float *rope, int64_t B,
                         int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
-void fx__rope_table(float *rope, int64_t ctx, int64_t hd, float theta);
 /* The hd/2 frequencies of the config (plain theta, or llama3-scaled as transformers does). */
 void fx__rope_freqs(double *freq, const fx_model_config *c);
 /* Rows t0 .. t1-1 of the table: rope [t, i] = cos, sin of t * freq[i] (computed in double). */
