@@ -613,6 +613,157 @@ static void test_read_regular(void)
     fxt_rm_tree(dir);
 }
 
+/* Writes text to dir/name. */
+static void write_text(const char *dir, const char *name, const char *text)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    FXT_CHECK(f && fputs(text, f) >= 0);
+    if (f)
+        fclose(f);
+}
+
+static void test_mem_parse(void)
+{
+    uint64_t v = 7;
+    FXT_CHECK(fx__mem_parse_meminfo("MemTotal:       24567890 kB\nMemFree:        19000000 kB\n"
+                                    "MemAvailable:   24020008 kB\nBuffers:  1 kB\n", &v));
+    FXT_EQ_INT(v, 24020008ull * 1024);
+    v = 7;
+    FXT_CHECK(!fx__mem_parse_meminfo("MemTotal: 1 kB\nMemFree: 1 kB\n", &v)); /* kernels before 3.14 */
+    FXT_CHECK(!fx__mem_parse_meminfo("MemAvailable: lots\n", &v));
+    FXT_EQ_INT(v, 7);
+    /* v2: memory.max, memory.current, memory.stat; inactive file cache is given back on demand. */
+    FXT_CHECK(!fx__mem_parse_cgroup("max\n", "536870912\n", NULL, &v));
+    FXT_CHECK(fx__mem_parse_cgroup("1073741824\n", "536870912\n", NULL, &v));
+    FXT_EQ_INT(v, 536870912);
+    FXT_CHECK(fx__mem_parse_cgroup("1073741824\n", "536870912\n", "anon 400000000\nfile 130000000\n"
+                                   "active_file 20000000\ninactive_file 104857600\n", &v));
+    FXT_EQ_INT(v, 1073741824 - (536870912 - 104857600));
+    /* v1: no limit is 2^63 - 1 rounded down to a page; the hierarchical counter comes first. */
+    FXT_CHECK(!fx__mem_parse_cgroup("9223372036854771712\n", "30826496\n", NULL, &v));
+    FXT_CHECK(fx__mem_parse_cgroup("4294967296\n", "1000000000\n", "inactive_file 1\ntotal_inactive_file 200000000\n",
+                                   &v));
+    FXT_EQ_INT(v, 4294967296 - 800000000);
+    /* Over the limit: no room. Text that is not a number: no limit read. */
+    FXT_CHECK(fx__mem_parse_cgroup("1000\n", "5000\n", NULL, &v));
+    FXT_EQ_INT(v, 0);
+    FXT_CHECK(!fx__mem_parse_cgroup("12k\n", "5000\n", NULL, &v));
+    FXT_CHECK(!fx__mem_parse_cgroup("1000\n", "-5\n", NULL, &v));
+    FXT_CHECK(!fx__mem_parse_cgroup("", "", NULL, &v));
+}
+
+static void test_mem_probe(void)
+{
+    char dir[512], root[600], d[700], mi[600], self[600];
+    fxt_make_tmpdir(dir, sizeof dir, "flexc_mem");
+    snprintf(root, sizeof root, "%s/cg", dir);
+    snprintf(mi, sizeof mi, "%s/meminfo", dir);
+    snprintf(self, sizeof self, "%s/self", dir);
+    fx__mem_files f = {mi, self, root};
+    fx__mem_avail a;
+    /* Nothing readable: unknown, and no check. */
+    fx__mem_probe(&a, &f);
+    FXT_EQ_INT(a.bytes == UINT64_MAX, 1);
+    FXT_EQ_STR(a.source, "unknown");
+    write_text(dir, "meminfo", "MemTotal: 16000000 kB\nMemAvailable:    8000000 kB\n");
+    fx__mem_probe(&a, &f);
+    FXT_EQ_INT(a.bytes, 8000000ull * 1024);
+    FXT_EQ_STR(a.source, "MemAvailable");
+    /* v2: the process in /job/task, whose limit is "max"; its parent's limit binds. */
+    write_text(dir, "self", "0::/job/task\n");
+    FXT_CHECK(mkdir(root, 0700) == 0);
+    write_text(root, "cgroup.controllers", "cpu memory pids\n");
+    snprintf(d, sizeof d, "%s/job", root);
+    FXT_CHECK(mkdir(d, 0700) == 0);
+    write_text(d, "memory.max", "2000000000\n");
+    write_text(d, "memory.current", "600000000\n");
+    write_text(d, "memory.stat", "anon 500000000\ninactive_file 100000000\n");
+    snprintf(d, sizeof d, "%s/job/task", root);
+    FXT_CHECK(mkdir(d, 0700) == 0);
+    write_text(d, "memory.max", "max\n");
+    write_text(d, "memory.current", "400000000\n");
+    fx__mem_probe(&a, &f);
+    FXT_EQ_INT(a.bytes, 1500000000);
+    FXT_EQ_STR(a.source, "cgroup v2 memory.max - memory.current");
+    /* A tighter limit on the process's own cgroup wins. */
+    write_text(d, "memory.max", "1000000000\n");
+    fx__mem_probe(&a, &f);
+    FXT_EQ_INT(a.bytes, 600000000);
+    /* MemAvailable below the cgroup's room: MemAvailable. */
+    write_text(dir, "meminfo", "MemAvailable:  500000 kB\n");
+    fx__mem_probe(&a, &f);
+    FXT_EQ_INT(a.bytes, 512000000);
+    FXT_EQ_STR(a.source, "MemAvailable");
+    /* Under a cgroup namespace the path is not below the mount: the mount's root is the process's
+       cgroup (here without a limit of its own). */
+    write_text(dir, "meminfo", "MemAvailable:  8000000 kB\n");
+    write_text(dir, "self", "0::/elsewhere/job\n");
+    write_text(root, "memory.max", "3000000000\n");
+    write_text(root, "memory.current", "1000000000\n");
+    fx__mem_probe(&a, &f);
+    FXT_EQ_INT(a.bytes, 2000000000);
+    FXT_EQ_STR(a.source, "cgroup v2 memory.max - memory.current");
+    fxt_rm_tree(root);
+    /* v1 (beside an empty v2 hierarchy): the memory controller's line, with others on it. */
+    write_text(dir, "self", "9:name=systemd:/\n4:cpuacct,memory:/grp\n0::/\n");
+    FXT_CHECK(mkdir(root, 0700) == 0);
+    snprintf(d, sizeof d, "%s/memory", root);
+    FXT_CHECK(mkdir(d, 0700) == 0);
+    write_text(d, "memory.limit_in_bytes", "9223372036854771712\n");
+    write_text(d, "memory.usage_in_bytes", "9000000000\n");
+    snprintf(d, sizeof d, "%s/memory/grp", root);
+    FXT_CHECK(mkdir(d, 0700) == 0);
+    write_text(d, "memory.limit_in_bytes", "3000000000\n");
+    write_text(d, "memory.usage_in_bytes", "1000000000\n");
+    write_text(d, "memory.stat", "cache 10\ntotal_inactive_file 250000000\n");
+    fx__mem_probe(&a, &f);
+    FXT_EQ_INT(a.bytes, 2250000000);
+    FXT_EQ_STR(a.source, "cgroup v1 memory.limit_in_bytes - memory.usage_in_bytes");
+    /* A FIFO where a file should be is skipped, not waited on. */
+    unlink(mi);
+    FXT_CHECK(mkfifo(mi, 0600) == 0);
+    alarm(20);
+    fx__mem_probe(&a, &f);
+    alarm(0);
+    FXT_EQ_INT(a.bytes, 2250000000);
+    fxt_rm_tree(dir);
+}
+
+static void test_mem_check(void)
+{
+    fx__mem_avail a;
+    FXT_CHECK(fx__mem_resident() > 0);
+    setenv("FLEXC_MEM_AVAILABLE", "1000000", 1);
+    FXT_OK(fx__mem_available(&a));
+    FXT_EQ_INT(a.bytes, 1000000);
+    FXT_EQ_STR(a.source, "FLEXC_MEM_AVAILABLE");
+    FXT_EQ_INT(fx__mem_room(&a, 50), 900050);
+    /* 90% of it, and what the caller holds already. */
+    FXT_OK(fx__mem_check(900000, 0, "a run", NULL, NULL));
+    FXT_STATUS(fx__mem_check(900001, 0, "a run", "all of it", &a), FX_ENOMEM,
+               "a run needs 0.90 MB of memory (all of it), and 0.90 MB is available (90% of FLEXC_MEM_AVAILABLE)");
+    FXT_EQ_INT(a.bytes, 1000000);
+    FXT_OK(fx__mem_check(1400000, 500000, "a run", NULL, NULL));
+    FXT_STATUS(fx__mem_check(3000000000, 0, "training", NULL, NULL), FX_ENOMEM,
+               "training needs 3.00 GB of memory, and 0.90 MB is available");
+    /* Turned off: by the process, or by FLEXC_NO_MEMORY_CHECK. */
+    fx__mem_set_check(false);
+    FXT_OK(fx__mem_check(3000000000, 0, "training", NULL, NULL));
+    fx__mem_set_check(true);
+    setenv("FLEXC_NO_MEMORY_CHECK", "1", 1);
+    FXT_OK(fx__mem_check(3000000000, 0, "training", NULL, NULL));
+    setenv("FLEXC_NO_MEMORY_CHECK", "0", 1);
+    FXT_CHECK(fx__mem_check(3000000000, 0, "training", NULL, NULL) == FX_ENOMEM);
+    unsetenv("FLEXC_NO_MEMORY_CHECK");
+    setenv("FLEXC_MEM_AVAILABLE", "12x", 1);
+    FXT_STATUS(fx__mem_available(&a), FX_EINVAL, "FLEXC_MEM_AVAILABLE='12x' is not a number of bytes");
+    unsetenv("FLEXC_MEM_AVAILABLE");
+    FXT_OK(fx__mem_available(&a));
+    FXT_CHECK(strcmp(a.source, "FLEXC_MEM_AVAILABLE") != 0);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
@@ -635,6 +786,9 @@ int main(int argc, char **argv)
     FXT_RUN(test_rng_fill_thread_independent);
     FXT_RUN(test_first_nonfinite);
     FXT_RUN(test_read_regular);
+    FXT_RUN(test_mem_parse);
+    FXT_RUN(test_mem_probe);
+    FXT_RUN(test_mem_check);
     FXT_RUN(test_harness_catches_guard_overwrite);
     return fxt_finish();
 }

@@ -24,7 +24,7 @@ int cmd_generate(int argc, char **argv)
     const char *ckpt = NULL, *model = NULL, *prompt_arg = NULL, *prompt_file = NULL, *device = NULL;
     int64_t ntok = 256, top_k = 40, seed = 1, threads = 0;
     double temp = 0.8, top_p = 1.0;
-    bool json = false;
+    bool json = false, no_memory_check = false;
     const cli_opt opts[] = {
         {"--ckpt", CLI_STRING, &ckpt, "a training --out DIR, a .safetensors file, or a Hugging Face DIR"},
         {"--model", CLI_STRING, &model, "a preset (random weights) or a directory, as --ckpt"},
@@ -38,6 +38,7 @@ int cmd_generate(int argc, char **argv)
         {"--threads", CLI_INT, &threads, "threads (default: all cores)"},
         {"--device", CLI_STRING, &device, "cpu | cuda: where the model runs (default cpu; docs/cuda.md)"},
         {"--json", CLI_FLAG, &json, "print one line {\"prompt_ids\", \"ids\", \"text\"} instead of streaming"},
+        {"--no-memory-check", CLI_FLAG, &no_memory_check, "generate even when the KV cache does not fit in memory"},
     };
     int rc = cli_parse("generate", "--ckpt DIR|FILE [options]", argc, argv, opts, sizeof opts / sizeof opts[0],
                        NULL, 0, NULL);
@@ -71,6 +72,8 @@ int cmd_generate(int argc, char **argv)
     }
     if ((rc = cli_threads("generate", threads)) != CLI_EXIT_OK)
         return rc;
+    if (no_memory_check)
+        fx__mem_set_check(false);
     bool cuda;
     if ((rc = cli_device(device, &cuda)) != CLI_EXIT_OK)
         return rc;
@@ -132,7 +135,12 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
     int64_t V = cfg->vocab, ctx = cfg->ctx;
     int64_t want = pids.n + 1 + ntok, cap = want < ctx ? want : ctx;
     if ((rc = fx_model_cache_create(&kc, m, cap)) != FX_OK) {
-        cli_fail(rc, "KV cache");
+        if (rc == FX_ENOMEM)
+            cli_error("KV cache: %s: lower --tokens (%lld) or shorten the prompt (%lld tokens); --no-memory-check "
+                      "generates anyway",
+                      fx_last_error(), (long long)ntok, (long long)pids.n);
+        else
+            cli_fail(rc, "KV cache");
         goto done;
     }
     logits = malloc((size_t)V * sizeof *logits);

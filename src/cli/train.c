@@ -32,7 +32,7 @@ typedef struct train_opts {
     int64_t steps, batch, seq, seed, threads, accum, warmup, save_every, eval_every, eval_batches, log_every, until;
     int64_t layers, dim, heads, kv_heads;
     double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac, comm_timeout;
-    bool resume, quiet, bf16, force, adam_bf16, recompute, deterministic;
+    bool resume, quiet, bf16, force, adam_bf16, recompute, deterministic, no_memory_check;
     bool lossy_text;
 } train_opts;
 
@@ -387,6 +387,7 @@ int cmd_train(int argc, char **argv)
         {"--device", CLI_STRING, &o.device, "cpu | cuda: where the training step runs (default cpu; docs/cuda.md)"},
         {"--threads", CLI_INT, &o.threads, "threads (default: all cores)"},
         {"--quiet", CLI_FLAG, &o.quiet, "no progress output"},
+        {"--no-memory-check", CLI_FLAG, &o.no_memory_check, "train even when the run does not fit in memory"},
         {"--parallel", CLI_STRING, &o.parallel, "none | ddp | fsdp: training over the processes of mpirun"},
         {"--deterministic", CLI_FLAG, &o.deterministic, "bitwise the same results at any process count"},
         {"--comm-timeout", CLI_FLOAT, &o.comm_timeout, "seconds before a collective fails (default 600)"},
@@ -399,6 +400,8 @@ int cmd_train(int argc, char **argv)
         return rc;
     if ((rc = cli_threads("train", o.threads)) != CLI_EXIT_OK)
         return rc;
+    if (o.no_memory_check)
+        fx__mem_set_check(false);
     fx__par par;
     if ((rc = train_opts_check(&o, &par)) != CLI_EXIT_OK)
         return rc;
@@ -438,6 +441,8 @@ typedef struct train_job {
     FILE *metrics;
     bool tty, metrics_failed;
     float first_loss, last_loss;
+    fx__model_mem mem;   /* the planned peak (train_memory) */
+    fx__mem_avail avail; /* and what was available then */
 } train_job;
 
 /* ---- configuration: the checkpoint's on resume, which the options may repeat, not change ---- */
@@ -798,6 +803,33 @@ static int ranks_agree(const train_job *j)
     return rc ? CLI_EXIT_USAGE : CLI_EXIT_OK;
 }
 
+/* The run's peak memory, planned before anything is allocated for the model, and refused when
+   it does not fit in what is available (docs/train.md, "Memory"). */
+static int train_memory(train_job *j)
+{
+    const train_opts *o = &j->o;
+    const fx__model_train_state *st = &j->st;
+    /* A process's micro-batch (the deterministic sum steps one sequence at a time, but
+       evaluates them together); its sum keeps a stack of partial gradients. */
+    const int64_t local = st->batch / j->nproc;
+    const fx__model_mem_opts mo = {.B = local, .T = st->seq, .adam_bf16 = st->adam_bf16, .bf16 = st->bf16,
+                                   .recompute = o->recompute, .device = o->device && !strcmp(o->device, "cuda"),
+                                   .params_held = j->init != NULL,
+                                   .sum_slices = o->deterministic && j->par != FX__PAR_FSDP ? local : 0,
+                                   .data = (uint64_t)j->data.n * sizeof *j->data.tok};
+    int rc = fx__model_mem_train(&j->mem, &j->cfg, &mo);
+    if (rc == FX_OK)
+        rc = fx__model_mem_check(&j->mem, &j->avail);
+    if (rc == FX_ENOMEM)
+        cli_error("%s: lower --batch (%lld) or --seq (%lld)%s%s, or train a smaller model; --no-memory-check trains "
+                  "anyway",
+                  fx_last_error(), (long long)st->batch, (long long)st->seq, o->recompute ? "" : ", add --recompute",
+                  st->adam_bf16 ? "" : ", add --adam-bf16");
+    else if (rc)
+        cli_fail(rc, "memory");
+    return all_ok(j->world, rc == FX_OK) ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+}
+
 /* The model (created, or read from --model or the checkpoint), its training buffers, the
    batch's tokens, the room a save needs and the metrics file. */
 static int setup_model(train_job *j)
@@ -805,6 +837,8 @@ static int setup_model(train_job *j)
     const train_opts *o = &j->o;
     const fx__model_train_state *st = &j->st;
     int rc;
+    if ((rc = train_memory(j)) != CLI_EXIT_OK)
+        return rc;
     if (j->init)
         j->m = j->init, j->init = NULL; /* fine-tuning: the weights read from --model */
     else if ((rc = fx_model_create(&j->m, &j->cfg, st->seed)) != FX_OK)
@@ -851,6 +885,25 @@ static int setup_model(train_job *j)
     return CLI_EXIT_OK;
 }
 
+/* "memory: 1.23 GB planned (params 0.10 + ...), 20.10 GB available (90% of MemAvailable)": available
+   as the check counts it, with what the process holds already. */
+static void print_memory(const train_job *j)
+{
+    char parts[256];
+    fx__model_mem_parts(parts, sizeof parts, &j->mem);
+    double s, sa;
+    const char *u = fx__mem_unit(j->mem.total, &s);
+    printf("memory: %.2f %s planned (%s), ", (double)j->mem.total / s, u, parts);
+    if (j->avail.bytes == UINT64_MAX) {
+        printf("available unknown\n");
+        return;
+    }
+    uint64_t room = fx__mem_room(&j->avail, j->mem.held);
+    const char *ua = fx__mem_unit(room, &sa);
+    printf("%.2f %s available (%d%% of %s)%s\n", (double)room / sa, ua, FX__MEM_USABLE_PERCENT, j->avail.source,
+           fx__mem_check_on() ? "" : ", not checked");
+}
+
 static void print_header(const train_job *j)
 {
     const fx_model_config *cfg = &j->cfg;
@@ -876,6 +929,7 @@ static void print_header(const train_job *j)
         printf("parallel %s over %d processes (%lld sequences each)%s, communication timeout %g s\n", j->o.parallel,
                j->nproc, (long long)(st->batch / j->nproc), j->o.deterministic ? ", deterministic" : "",
                fx_comm_timeout(j->world));
+    print_memory(j);
     fflush(stdout);
 }
 

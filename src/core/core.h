@@ -158,4 +158,50 @@ int fx__check_overlaps(const fx__span *in, size_t nin, const fx__span *out, size
 static inline bool fx__mul_size(size_t a, size_t b, size_t *out) { return !__builtin_mul_overflow(a, b, out); }
 static inline bool fx__add_size(size_t a, size_t b, size_t *out) { return !__builtin_add_overflow(a, b, out); }
 
+/* ---- memory available (memory.c) ----------------------------------------------------------- */
+
+/* What this process may still take, and which limit said so. */
+typedef struct fx__mem_avail {
+    uint64_t bytes;     /* UINT64_MAX when nothing could be read (no check then) */
+    const char *source; /* "MemAvailable", "cgroup v2 memory.max - memory.current", "cgroup v1
+                           memory.limit_in_bytes - memory.usage_in_bytes", "FLEXC_MEM_AVAILABLE" */
+} fx__mem_avail;
+/* The files the probe reads; the tests point it at their own. */
+typedef struct fx__mem_files {
+    const char *meminfo;     /* /proc/meminfo */
+    const char *self_cgroup; /* /proc/self/cgroup */
+    const char *cgroup_root; /* /sys/fs/cgroup: v2 there (or in unified/), v1 in memory/ */
+} fx__mem_files;
+/* MemAvailable of /proc/meminfo's text, in bytes; false when it has none. */
+bool fx__mem_parse_meminfo(const char *text, uint64_t *bytes);
+/* The room under a cgroup's limit: limit - (usage - inactive file cache, from memory.stat's
+   text when stat is not NULL), 0 when over; false for no limit ("max", or v1's 2^63 - 1 page
+   rounded) or text that is not a number. */
+bool fx__mem_parse_cgroup(const char *limit, const char *usage, const char *stat, uint64_t *room);
+/* The smaller of MemAvailable and the room under every cgroup limit from this process's
+   cgroup up to the root (v2 memory.max, v1 memory.limit_in_bytes), read from f's files (NULL:
+   the system's). Never fails: what cannot be read is left out. */
+void fx__mem_probe(fx__mem_avail *out, const fx__mem_files *f);
+/* fx__mem_probe, or the bytes FLEXC_MEM_AVAILABLE gives (an override for tests and for users
+   who know better); FX_EINVAL when that is not a number. */
+int fx__mem_available(fx__mem_avail *out);
+/* This process's resident bytes now (/proc/self/statm), 0 when unknown. */
+uint64_t fx__mem_resident(void);
+/* The checks below are on unless FLEXC_NO_MEMORY_CHECK is set (not "0") or this process
+   turned them off. */
+void fx__mem_set_check(bool on);
+bool fx__mem_check_on(void);
+/* The share of what is available that a run may plan to take. */
+enum { FX__MEM_USABLE_PERCENT = 90 };
+/* What a caller holding `held` bytes may reach: held + FX__MEM_USABLE_PERCENT % of a's bytes
+   (UINT64_MAX when a is unknown). */
+uint64_t fx__mem_room(const fx__mem_avail *a, uint64_t held);
+/* Before allocating: FX_OK when a peak of `need` bytes, of which the caller holds `held`
+   already, fits in fx__mem_room; else FX_ENOMEM: "WHAT needs 3.20 GB of memory (DETAIL), and
+   2.10 GB is available (90% of MemAvailable)" (detail may be NULL). *avail (may be NULL) gets
+   the probe's answer, also with checks off. */
+int fx__mem_check(uint64_t need, uint64_t held, const char *what, const char *detail, fx__mem_avail *avail);
+/* The unit a figure of `bytes` is printed in: "GB" (*scale 1e9) from a gigabyte up, else "MB". */
+const char *fx__mem_unit(uint64_t bytes, double *scale);
+
 #endif

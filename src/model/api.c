@@ -2,12 +2,88 @@
    front, then the internal passes. */
 #include "model_internal.h"
 
+#include "dist.h"
 #include "hf/hf.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+
+/* ---- memory: what a model, a training run or a KV cache will take, checked before it is taken ---- */
+
+/* The bytes of config c's float32 parameters, by the layout a model of it carves. */
+static int fx__param_bytes(const fx_model_config *c, uint64_t *bytes)
+{
+    fx__model *shell = NULL;
+    int rc = fx__model_new_mapped(&shell, c, NULL); /* the layout alone, no buffers */
+    if (rc)
+        return rc;
+    *bytes = (uint64_t)shell->lay.total * sizeof(float);
+    fx__model_free(shell);
+    return FX_OK;
+}
+
+int fx__model_mem_train(fx__model_mem *mem, const fx_model_config *c, const fx__model_mem_opts *o)
+{
+    if (o->B < 1 || o->T < 1 || o->T > c->ctx)
+        return fx__error(FX_EINVAL, "a batch of %lld x %lld tokens does not fit the model's context %lld",
+                         (long long)o->B, (long long)o->T, (long long)c->ctx);
+    fx__model *s = NULL;
+    int rc = fx__model_new_mapped(&s, c, NULL);
+    if (rc)
+        return rc;
+    s->recompute = o->recompute;
+    const fx_model_config *k = &s->c; /* checked: head_dim and ffn filled in */
+    const uint64_t P = s->lay.total, N = (uint64_t)(o->B * o->T);
+    *mem = (fx__model_mem){0};
+    mem->params = P * sizeof(float) + (o->bf16 ? P * sizeof(uint16_t) : 0);
+    mem->grads = P * sizeof(float) + (P + FX__NORM_CHUNK - 1) / FX__NORM_CHUNK * sizeof(double);
+    if (o->sum_slices > 0) /* fx__dist_create's stack and sum, rows of P + 1 */
+        mem->grads += (uint64_t)(fx__dist_sum_levels(o->sum_slices) + 1) * (P + 1) * sizeof(float);
+    mem->adam = 2 * P * (o->adam_bf16 ? sizeof(uint16_t) : sizeof(float));
+    if (!o->device) { /* on a GPU the activations and the step's scratch are the device's */
+        /* fx__model_set_batch's buffers: the activations, then the batch's targets, tokens and
+           document ids. */
+        mem->acts = fx__model_acts_floats(s, o->B, o->T) * sizeof(float) +
+                    N * (sizeof(int64_t) + sizeof(int32_t) + sizeof(int64_t));
+        if (o->bf16)
+            mem->acts += fx__model_bf16_ws_floats(s, o->B, o->T) * sizeof(float);
+        /* The fused loss's chunk, the attention backward's per-row sums (D_i), the RoPE table. */
+        fx_lce p = {.N = (int64_t)N, .D = k->dim, .V = k->vocab, .ignore_index = -100,
+                    .reduction = FX_REDUCTION_MEAN, .chunk = fx__loss_chunk((int64_t)N, k->vocab)};
+        size_t loss = 0;
+        if (fx_linear_cross_entropy_plan(&p, NULL, NULL, &loss) != FX_OK)
+            loss = 0;
+        mem->scratch = loss + N * (uint64_t)k->heads * sizeof(float) + (uint64_t)(o->T * k->head_dim) * sizeof(float);
+    }
+    fx__model_free(s);
+    mem->data = o->data;
+    /* The rest of the process as it is now: code, libraries, a tokenizer, the held data and
+       weights taken out (they have their own parts). */
+    uint64_t own = o->data + (o->params_held ? P * sizeof(float) : 0), rss = fx__mem_resident();
+    mem->process = rss > own ? rss - own : 0;
+    mem->held = mem->process + own;
+    mem->total = mem->params + mem->grads + mem->adam + mem->acts + mem->scratch + mem->data + mem->process;
+    return FX_OK;
+}
+
+void fx__model_mem_parts(char *buf, size_t n, const fx__model_mem *mem)
+{
+    double s;
+    fx__mem_unit(mem->total, &s);
+    snprintf(buf, n,
+             "params %.2f + grads %.2f + adam %.2f + activations %.2f + scratch %.2f + data %.2f + process %.2f",
+             (double)mem->params / s, (double)mem->grads / s, (double)mem->adam / s, (double)mem->acts / s,
+             (double)mem->scratch / s, (double)mem->data / s, (double)mem->process / s);
+}
+
+int fx__model_mem_check(const fx__model_mem *mem, fx__mem_avail *avail)
+{
+    char parts[256];
+    fx__model_mem_parts(parts, sizeof parts, mem);
+    return fx__mem_check(mem->total, mem->held, "training", parts, avail);
+}
 
 /* ---- configuration and lifetime --------------------------------------------------------------- */
 
@@ -27,7 +103,11 @@ int fx_model_create(fx_model **out, const fx_model_config *c, uint64_t seed)
 {
     if (!out || !c)
         return fx__error(FX_EINVAL, "fx_model_create: %s is NULL", !out ? "out" : "config");
-    return fx__model_create(out, c, seed);
+    uint64_t bytes;
+    int rc = fx__param_bytes(c, &bytes);
+    if (!rc)
+        rc = fx__mem_check(bytes, 0, "the model", "its float32 parameters", NULL);
+    return rc ? rc : fx__model_create(out, c, seed);
 }
 
 static bool fx__is_file(const char *path)
@@ -44,6 +124,10 @@ static int fx__load_flexc(fx_model **out, const char *file)
     int rc = fx__model_read_config(file, &cfg, &ts, NULL);
     if (rc)
         return rc;
+    uint64_t bytes;
+    if ((rc = fx__param_bytes(&cfg, &bytes)) != FX_OK ||
+        (rc = fx__mem_check(bytes, 0, "the model", "its float32 parameters", NULL)) != FX_OK)
+        return fx__error_context(rc, "%s", file);
     fx__model *m = NULL;
     if ((rc = fx__model_new(&m, &cfg)) != FX_OK) /* fx__model_load fills every tensor */
         return rc;
@@ -73,6 +157,15 @@ int fx_model_load(fx_model **out, const char *path)
     int rc;
     snprintf(file, n, "%s/config.json", path);
     if (fx__is_file(file)) {
+        /* The weights are read into float32 (fx_model_load_inference maps them instead): checked
+           first when the config reads (else the loader says what is wrong with it). */
+        fx__hf_config hc;
+        uint64_t bytes;
+        if (fx__hf_config_read(&hc, path) == FX_OK && fx__param_bytes(&hc.m, &bytes) == FX_OK &&
+            (rc = fx__mem_check(bytes, 0, "the model", "its float32 parameters", NULL)) != FX_OK) {
+            fx__error_context(rc, "%s", path);
+            goto done;
+        }
         rc = fx__hf_load(out, path);
         goto done;
     }
@@ -189,6 +282,22 @@ static int fx__check_ids(const char *what, const int32_t *ids, int64_t n, int64_
     return FX_OK;
 }
 
+/* What a forward pass is about to allocate (the gradients, the activations of a new shape, which
+   replace the old ones), checked against what is available before it does. */
+static int fx__forward_mem_check(const fx__model *m, int64_t B, int64_t T, bool grad)
+{
+    uint64_t need = grad && !m->grads ? (uint64_t)m->lay.total * sizeof(float) : 0, held = 0;
+    const uint64_t ids = sizeof(int64_t) + sizeof(int32_t) + sizeof(int64_t); /* target, token, doc id */
+    size_t acts = m->gpu ? 0 : fx__model_acts_floats(m, B, T);
+    if (!m->gpu && !(m->acts && m->B == B && m->T == T && m->acts_floats == acts)) {
+        need += acts * sizeof(float) + (uint64_t)(B * T) * ids;
+        held = m->acts ? m->acts_floats * sizeof(float) + (uint64_t)(m->B * m->T) * ids : 0;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "a forward pass of %lld x %lld tokens", (long long)B, (long long)T);
+    return need ? fx__mem_check(need + held, held, what, NULL, NULL) : FX_OK;
+}
+
 int fx_model_forward(fx_model *m, float *loss, float *logits, const int32_t *tokens, const int32_t *targets,
                      int64_t B, int64_t T, unsigned flags)
 {
@@ -211,6 +320,8 @@ int fx_model_forward(fx_model *m, float *loss, float *logits, const int32_t *tok
         return fx__error(FX_EINVAL, "fx_model_forward: the model's parameters are sharded");
     if ((rc = fx__check_ids("token", tokens, B * T, m->c.vocab, false)) != FX_OK ||
         (targets && (rc = fx__check_ids("target", targets, B * T, m->c.vocab, true)) != FX_OK))
+        return rc;
+    if ((rc = fx__forward_mem_check(m, B, T, grad)) != FX_OK)
         return rc;
     if (grad && (rc = fx__model_alloc_grads(m)) != FX_OK)
         return rc;
@@ -248,7 +359,13 @@ int fx_model_cache_create(fx_model_cache **out, fx_model *m, int64_t max_len)
     if (max_len < 1 || max_len > m->c.ctx)
         return fx__error(FX_EINVAL, "max_len = %lld is outside [1, %lld] (the model's context)", (long long)max_len,
                          (long long)m->c.ctx);
-    return fx__model_cache_create(out, m, max_len);
+    /* The cache, and the RoPE table grown to its length. */
+    fx__model_cache_bytes b = fx__model_cache_size(m, max_len);
+    uint64_t rope = max_len > m->rope_len ? (uint64_t)(max_len * m->c.head_dim) * sizeof(float) : 0;
+    char what[96];
+    snprintf(what, sizeof what, "a KV cache of %lld positions", (long long)max_len);
+    int rc = fx__mem_check(2 * (uint64_t)b.kv + b.doc + b.scratch + rope, 0, what, NULL, NULL);
+    return rc ? rc : fx__model_cache_create(out, m, max_len);
 }
 
 void fx_model_cache_free(fx_model_cache *c)

@@ -60,6 +60,22 @@ static void fx__rope_half_forward(float *out, const float *x, const float *rope,
 
 /* ---- decoding ------------------------------------------------------------------------------------------ */
 
+fx__model_cache_bytes fx__model_cache_size(const fx__model *m, int64_t cap)
+{
+    const fx_model_config *c = &m->c;
+    int64_t hd = c->head_dim, QD = c->heads * hd, KD = c->kv_heads * hd, F = c->ffn;
+    int64_t wide = F > QD ? F : QD;
+    /* A mapped model in BF16 or F16 widens a tile of weight rows per prompt product. */
+    bool widen = false;
+    for (size_t i = 0; m->mapped && i < m->lay.n; i++)
+        widen = widen || m->mapped->t[i].dtype != FX_DT_F32;
+    size_t tile = widen ? (size_t)(FX__WIDEN_TILE * fx__widest_input(c)) : 0;
+    return (fx__model_cache_bytes){
+        .kv = (size_t)(c->layers * KD * cap) * sizeof(float), .doc = (size_t)cap * sizeof(int64_t),
+        .scratch = (size_t)(cap * (2 * c->dim + 3 * QD + 2 * KD + wide + 2 * F + 1)) * sizeof(float) +
+                   tile * sizeof(float)};
+}
+
 int fx__model_cache_create(fx__model_cache **out, fx__model *m, int64_t max_len)
 {
     if (!out || !m)
@@ -72,24 +88,16 @@ int fx__model_cache_create(fx__model_cache **out, fx__model *m, int64_t max_len)
     int rc = fx__model_rope_ensure(m, cap);
     if (rc)
         return rc;
-    int64_t hd = c->head_dim, QD = c->heads * hd, KD = c->kv_heads * hd, F = c->ffn;
-    int64_t wide = F > QD ? F : QD;
     fx__model_cache *k = fx__calloc(1, sizeof *k);
     if (!k)
         return FX_ENOMEM;
     k->cap = cap;
     k->m = m;
-    size_t kv = (size_t)(c->layers * KD * cap);
-    k->k = fx__alloc(kv * sizeof(float));
-    k->v = fx__alloc(kv * sizeof(float));
-    k->doc = fx__alloc((size_t)cap * sizeof(int64_t));
-    /* A mapped model in BF16 or F16 widens a tile of weight rows per prompt product. */
-    bool widen = false;
-    for (size_t i = 0; m->mapped && i < m->lay.n; i++)
-        widen = widen || m->mapped->t[i].dtype != FX_DT_F32;
-    size_t tile = widen ? (size_t)(FX__WIDEN_TILE * fx__widest_input(c)) : 0;
-    k->scratch = fx__alloc((size_t)(cap * (2 * c->dim + 3 * QD + 2 * KD + wide + 2 * F + 1)) * sizeof(float) +
-                           tile * sizeof(float));
+    fx__model_cache_bytes b = fx__model_cache_size(m, cap);
+    k->k = fx__alloc(b.kv);
+    k->v = fx__alloc(b.kv);
+    k->doc = fx__alloc(b.doc);
+    k->scratch = fx__alloc(b.scratch);
     if (!k->k || !k->v || !k->doc || !k->scratch) {
         fx__model_cache_free(k);
         return FX_ENOMEM;

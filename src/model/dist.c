@@ -783,6 +783,14 @@ static int fx__dist_same_weights(fx__dist *d)
 
 /* ---- create / free --------------------------------------------------------------------------------- */
 
+int fx__dist_sum_levels(int64_t slices)
+{
+    int levels = 0;
+    while ((int64_t)1 << levels < slices)
+        levels++;
+    return levels + 1;
+}
+
 int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, bool deterministic, int64_t batch)
 {
     if (!out || !m || !m->grads || (mode != FX__PAR_NONE && !world) || (mode == FX__PAR_NONE && !deterministic))
@@ -816,10 +824,7 @@ int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, 
         goto fail;
     if (deterministic && mode != FX__PAR_FSDP) {
         d->row = m->lay.total + 1;
-        int64_t slices = mode == FX__PAR_NONE ? batch : local;
-        while ((int64_t)1 << d->levels < slices)
-            d->levels++;
-        d->levels += 1;
+        d->levels = fx__dist_sum_levels(mode == FX__PAR_NONE ? batch : local);
         d->stack = fx__alloc((size_t)d->levels * d->row * sizeof(float));
         d->acc = fx__alloc(d->row * sizeof(float));
         d->stack_n = fx__calloc((size_t)d->levels, sizeof(int64_t));

@@ -80,6 +80,9 @@ int fx__dist_agree(fx_comm *world, const fx__dist_run *run);
    ranks' weights and Adam moments are compared first (hashed), FX_EINVAL on every rank naming
    the first rank whose differ from rank 0's (another --model directory or checkpoint). */
 int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, bool deterministic, int64_t batch);
+/* The deterministic sum's stack of partial gradients for `slices` sequences summed in fixed
+   order: this many rows of P + 1 floats (and one more row for the sum). */
+int fx__dist_sum_levels(int64_t slices);
 /* Releases what fx__dist_create added (not m, not world); m stays unusable after FSDP. */
 void fx__dist_free(fx__dist *d);
 /* fx__model_train_step over the ranks: the same contract; tokens/targets hold the global batch.

@@ -244,7 +244,7 @@ int fx__layer_forward(fx__model *m, const fx__acts *a, const fx__attn_call *call
    would take 16 rows at a time. A tile of at most 26 MB lets the 256 tokens of a B=4,
    T=64 step go in two chunks (a third of the time of sixteen); the chunks are made equal,
    so none is a sliver of a few rows. */
-static int64_t fx__loss_chunk(int64_t N, int64_t V)
+int64_t fx__loss_chunk(int64_t N, int64_t V)
 {
     int64_t rows = (int64_t)(26u << 20) / (4 * V);
     rows = rows < 16 ? 16 : rows;

@@ -410,6 +410,13 @@ struct fx_model_cache {
 /* A cache for max_len positions (0: the model's context); the model's RoPE table grows to
    max_len here. */
 int fx__model_cache_create(fx__model_cache **out, fx__model *m, int64_t max_len);
+/* The bytes fx__model_cache_create allocates for cap positions (the RoPE table aside). */
+typedef struct fx__model_cache_bytes {
+    size_t kv;      /* each of k and v */
+    size_t doc;     /* the document ids */
+    size_t scratch; /* a decoding call's rows, and the widening tile of bfloat16 weights */
+} fx__model_cache_bytes;
+fx__model_cache_bytes fx__model_cache_size(const fx__model *m, int64_t cap);
 void fx__model_cache_free(fx__model_cache *c);
 /* Feeds n tokens at positions len..len+n-1 (len+n <= cap) and writes the logits of the
    last one to logits [V]. Set len = 0 to start over. */
@@ -491,5 +498,39 @@ int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_
 /* Mean loss over `batches` validation batches (no gradients). */
 int fx__model_eval(fx__model *m, const fx__model_data *d, int64_t batches, int32_t *tokens, int32_t *targets,
                  float *loss);
+
+/* ---- memory plans (api.c) ------------------------------------------------------------------ */
+
+/* The bytes a training run takes at its peak, by part, sized by the functions that size the
+   buffers (the layout, fx__model_acts_floats, fx__model_bf16_ws_floats, the loss's plan). */
+typedef struct fx__model_mem {
+    uint64_t params;  /* float32 weights, and their bfloat16 copy with bf16 */
+    uint64_t grads;   /* gradients, the norm's partial sums, the deterministic sum's stack */
+    uint64_t adam;    /* the two moments */
+    uint64_t acts;    /* activations for (B, T), the batch's ids, the bf16 products' scratch */
+    uint64_t scratch; /* the fused loss's chunk, the attention backward's row sums, RoPE */
+    uint64_t data;    /* the training tokens (held) */
+    uint64_t process; /* the rest of the process now: code, libraries, a tokenizer (held) */
+    uint64_t held;    /* of the total, what the process holds already */
+    uint64_t total;
+} fx__model_mem;
+
+typedef struct fx__model_mem_opts {
+    int64_t B, T;     /* one process's micro-batch */
+    bool adam_bf16, bf16, recompute;
+    bool device;      /* the step runs on a GPU: activations and scratch are the device's */
+    bool params_held; /* the weights are in memory already (a model read to fine-tune) */
+    int64_t sum_slices; /* --deterministic: the sequences summed in a fixed order (0: none) */
+    uint64_t data;    /* bytes of training tokens held */
+} fx__model_mem_opts;
+
+/* The plan of training a model of config c as o says; process is what this process holds
+   now (/proc/self/statm) less the data and held weights. */
+int fx__model_mem_train(fx__model_mem *mem, const fx_model_config *c, const fx__model_mem_opts *o);
+/* "params 0.04 + grads 0.04 + ... + process 0.01", in the unit of the total (fx__mem_unit). */
+void fx__model_mem_parts(char *buf, size_t n, const fx__model_mem *mem);
+/* fx__mem_check of the plan: FX_ENOMEM, "training needs 22.61 GB of memory (params ... +
+   process 0.01), and 21.30 GB is available (MemAvailable)", when it does not fit. */
+int fx__model_mem_check(const fx__model_mem *mem, fx__mem_avail *avail);
 
 #endif

@@ -51,6 +51,9 @@ typedef struct fx__acts {
    slot (the layer being worked on) and only the residual stream is kept for every layer. */
 void fx__acts_carve(fx__acts *a, float *base, const fx_model_config *c, int64_t B, int64_t T, bool unfused,
                     bool recompute);
+/* Tokens per chunk of the fused loss over N rows and a vocabulary of V (forward.c): what its
+   scratch is sized for. */
+int64_t fx__loss_chunk(int64_t N, int64_t V);
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
