@@ -1,11 +1,15 @@
 /*
- * The GPT of `flexc train` / `flexc generate`: a decoder-only transformer written by hand,
- * forward and backward, over flat buffers (internal to the library; the CLI and tests use it).
+ * The Llama family of `flexc train` / `flexc generate` (flexc's byte-level GPT is one of its
+ * configurations): a decoder-only transformer written by hand, forward and backward, over
+ * flat buffers (internal to the library; the CLI and tests use it).
  *
- *   tokens -> wte (tied with the LM head)
- *          -> L x [ x += Wo . attn(rope(Wq . rms1(x)), rope(Wk . rms1(x)), Wv . rms1(x))
+ *   tokens -> wte
+ *          -> L x [ x += Wo . attn(rope(Wq . rms1(x) + bq), rope(Wk . rms1(x) + bk), Wv . rms1(x) + bv)
  *                   x += W2 . (silu(W1 . rms2(x)) * (W3 . rms2(x))) ]
- *          -> rmsf -> fused linear + cross-entropy against wte
+ *          -> rmsf -> fused linear + cross-entropy against lm_head (wte when tied)
+ *
+ * The biases exist with qkv_bias (Qwen2), attention may be causal, sliding or per document,
+ * and every tensor is declared once in the architecture table (arch.h).
  *
  * Memory (llm.c style): every parameter lives in one contiguous buffer, carved into named
  * views by a size table (fx__model_tensor); gradients and the two Adam moments are buffers of
