@@ -144,13 +144,7 @@ static int fx__meta_i64(const fx_safetensors *f, const char *path, const char *k
     const char *s = fx_safetensors_metadata(f, key);
     if (!s)
         return fx__error(FX_EFORMAT, "'%s': metadata has no '%s'", path, key);
-    char *end = NULL;
-    errno = 0;
-    long long x = strtoll(s, &end, 10);
-    if (errno || end == s || *end)
-        return fx__error(FX_EFORMAT, "'%s': metadata '%s' = '%s' is not an integer", path, key, s);
-    *out = x;
-    return FX_OK;
+    return fx__meta_parse_i64(s, path, key, out);
 }
 
 static int fx__meta_f32(const fx_safetensors *f, const char *path, const char *key, float *out)
@@ -158,13 +152,7 @@ static int fx__meta_f32(const fx_safetensors *f, const char *path, const char *k
     const char *s = fx_safetensors_metadata(f, key);
     if (!s)
         return fx__error(FX_EFORMAT, "'%s': metadata has no '%s'", path, key);
-    char *end = NULL;
-    errno = 0;
-    float x = strtof(s, &end);
-    if (errno || end == s || *end || !isfinite(x))
-        return fx__error(FX_EFORMAT, "'%s': metadata '%s' = '%s' is not a finite number", path, key, s);
-    *out = x;
-    return FX_OK;
+    return fx__meta_parse_f32(s, path, key, out);
 }
 
 /* The configuration from the metadata, field by field (config.h): a field every file has

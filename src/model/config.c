@@ -61,29 +61,40 @@ void fx__config_field_format(const fx__config_field *f, const fx_model_config *c
     }
 }
 
-int fx__config_field_parse(const fx__config_field *f, fx_model_config *c, const char *s, const char *where)
+int fx__meta_parse_i64(const char *s, const char *where, const char *key, int64_t *out)
 {
     char *end = NULL;
     errno = 0;
+    long long x = strtoll(s, &end, 10);
+    if (errno || end == s || *end)
+        return fx__error(FX_EFORMAT, "'%s': metadata '%s' = '%s' is not an integer", where, key, s);
+    *out = x;
+    return FX_OK;
+}
+
+int fx__meta_parse_f32(const char *s, const char *where, const char *key, float *out)
+{
+    char *end = NULL;
+    errno = 0;
+    float x = strtof(s, &end);
+    if (errno || end == s || *end || !isfinite(x))
+        return fx__error(FX_EFORMAT, "'%s': metadata '%s' = '%s' is not a finite number", where, key, s);
+    *out = x;
+    return FX_OK;
+}
+
+int fx__config_field_parse(const fx__config_field *f, fx_model_config *c, const char *s, const char *where)
+{
+    char *end = NULL;
     switch (f->kind) {
-    case FX__FIELD_I64:
+    case FX__FIELD_I64: return fx__meta_parse_i64(s, where, f->key, AT(int64_t, c, f));
     case FX__FIELD_BOOL: {
-        long long x = strtoll(s, &end, 10);
-        if (errno || end == s || *end)
-            return fx__error(FX_EFORMAT, "'%s': metadata '%s' = '%s' is not an integer", where, f->key, s);
-        if (f->kind == FX__FIELD_I64)
-            *AT(int64_t, c, f) = x;
-        else
-            *AT(bool, c, f) = x != 0;
-        return FX_OK;
+        int64_t x;
+        int rc = fx__meta_parse_i64(s, where, f->key, &x);
+        *AT(bool, c, f) = rc == FX_OK ? x != 0 : *AT(bool, c, f);
+        return rc;
     }
-    case FX__FIELD_F32: {
-        float x = strtof(s, &end);
-        if (errno || end == s || *end || !isfinite(x))
-            return fx__error(FX_EFORMAT, "'%s': metadata '%s' = '%s' is not a finite number", where, f->key, s);
-        *AT(float, c, f) = x;
-        return FX_OK;
-    }
+    case FX__FIELD_F32: return fx__meta_parse_f32(s, where, f->key, AT(float, c, f));
     case FX__FIELD_STR:
         if (strlen(s) >= sizeof c->arch)
             return fx__error(FX_EFORMAT, "'%s': metadata %s is longer than %zu bytes", where, f->key,

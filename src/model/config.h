@@ -40,6 +40,10 @@ extern const size_t fx__config_nfields;
 
 /* Field f of c as text, as files store it: "384", "9.99999975e-06", "none", "256,257". */
 void fx__config_field_format(const fx__config_field *f, const fx_model_config *c, char *buf, size_t n);
+/* A metadata value as an integer / a finite float32: FX_EFORMAT "'<where>': metadata '<key>'
+   = '<text>' is not an integer" (" ... is not a finite number") otherwise. */
+int fx__meta_parse_i64(const char *text, const char *where, const char *key, int64_t *out);
+int fx__meta_parse_f32(const char *text, const char *where, const char *key, float *out);
 /* Text into field f of c. FX_EFORMAT, its message "'<where>': metadata '<key>' = '<text>' is
    not ...", when the text is not a value of the field's kind (ranges are checked by
    fx__model_config_check). */
