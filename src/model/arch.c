@@ -8,24 +8,24 @@
 
 /* clang-format off */
 const fx__arch_tensor fx__arch_layer[FX__MODEL_PER_LAYER_BIAS] = {
-    /*                 flexc       Hugging Face                        rows          cols          RoPE'd rows  decay  init */
-    [FX__MODEL_LN1] = {"norm1",    "input_layernorm.weight",          FX__LEN_DIM,  FX__LEN_NONE, FX__LEN_NONE, false, FX__INIT_ONES},
-    [FX__MODEL_WQ]  = {"attn.wq",  "self_attn.q_proj.weight",         FX__LEN_Q,    FX__LEN_DIM,  FX__LEN_Q,    true,  FX__INIT_NORMAL},
-    [FX__MODEL_WK]  = {"attn.wk",  "self_attn.k_proj.weight",         FX__LEN_KV,   FX__LEN_DIM,  FX__LEN_KV,   true,  FX__INIT_NORMAL},
-    [FX__MODEL_WV]  = {"attn.wv",  "self_attn.v_proj.weight",         FX__LEN_KV,   FX__LEN_DIM,  FX__LEN_NONE, true,  FX__INIT_NORMAL},
-    [FX__MODEL_WO]  = {"attn.wo",  "self_attn.o_proj.weight",         FX__LEN_DIM,  FX__LEN_Q,    FX__LEN_NONE, true,  FX__INIT_RESIDUAL},
-    [FX__MODEL_LN2] = {"norm2",    "post_attention_layernorm.weight", FX__LEN_DIM,  FX__LEN_NONE, FX__LEN_NONE, false, FX__INIT_ONES},
-    [FX__MODEL_W1]  = {"mlp.w1",   "mlp.gate_proj.weight",            FX__LEN_FFN,  FX__LEN_DIM,  FX__LEN_NONE, true,  FX__INIT_NORMAL},
-    [FX__MODEL_W3]  = {"mlp.w3",   "mlp.up_proj.weight",              FX__LEN_FFN,  FX__LEN_DIM,  FX__LEN_NONE, true,  FX__INIT_NORMAL},
-    [FX__MODEL_W2]  = {"mlp.w2",   "mlp.down_proj.weight",            FX__LEN_DIM,  FX__LEN_FFN,  FX__LEN_NONE, true,  FX__INIT_RESIDUAL},
+    /*                 flexc       Hugging Face                        rows          cols          RoPE'd rows  decay  init  present */
+    [FX__MODEL_LN1] = {"norm1",    "input_layernorm.weight",          FX__LEN_DIM,  FX__LEN_NONE, FX__LEN_NONE, false, FX__INIT_ONES, FX__WHEN_ALWAYS},
+    [FX__MODEL_WQ]  = {"attn.wq",  "self_attn.q_proj.weight",         FX__LEN_Q,    FX__LEN_DIM,  FX__LEN_Q,    true,  FX__INIT_NORMAL, FX__WHEN_ALWAYS},
+    [FX__MODEL_WK]  = {"attn.wk",  "self_attn.k_proj.weight",         FX__LEN_KV,   FX__LEN_DIM,  FX__LEN_KV,   true,  FX__INIT_NORMAL, FX__WHEN_ALWAYS},
+    [FX__MODEL_WV]  = {"attn.wv",  "self_attn.v_proj.weight",         FX__LEN_KV,   FX__LEN_DIM,  FX__LEN_NONE, true,  FX__INIT_NORMAL, FX__WHEN_ALWAYS},
+    [FX__MODEL_WO]  = {"attn.wo",  "self_attn.o_proj.weight",         FX__LEN_DIM,  FX__LEN_Q,    FX__LEN_NONE, true,  FX__INIT_RESIDUAL, FX__WHEN_ALWAYS},
+    [FX__MODEL_LN2] = {"norm2",    "post_attention_layernorm.weight", FX__LEN_DIM,  FX__LEN_NONE, FX__LEN_NONE, false, FX__INIT_ONES, FX__WHEN_ALWAYS},
+    [FX__MODEL_W1]  = {"mlp.w1",   "mlp.gate_proj.weight",            FX__LEN_FFN,  FX__LEN_DIM,  FX__LEN_NONE, true,  FX__INIT_NORMAL, FX__WHEN_ALWAYS},
+    [FX__MODEL_W3]  = {"mlp.w3",   "mlp.up_proj.weight",              FX__LEN_FFN,  FX__LEN_DIM,  FX__LEN_NONE, true,  FX__INIT_NORMAL, FX__WHEN_ALWAYS},
+    [FX__MODEL_W2]  = {"mlp.w2",   "mlp.down_proj.weight",            FX__LEN_DIM,  FX__LEN_FFN,  FX__LEN_NONE, true,  FX__INIT_RESIDUAL, FX__WHEN_ALWAYS},
     [FX__MODEL_BQ]  = {"attn.bq",  "self_attn.q_proj.bias",           FX__LEN_Q,    FX__LEN_NONE, FX__LEN_Q,    false, FX__INIT_ZEROS, FX__WHEN_QKV_BIAS},
     [FX__MODEL_BK]  = {"attn.bk",  "self_attn.k_proj.bias",           FX__LEN_KV,   FX__LEN_NONE, FX__LEN_KV,   false, FX__INIT_ZEROS, FX__WHEN_QKV_BIAS},
     [FX__MODEL_BV]  = {"attn.bv",  "self_attn.v_proj.bias",           FX__LEN_KV,   FX__LEN_NONE, FX__LEN_NONE, false, FX__INIT_ZEROS, FX__WHEN_QKV_BIAS},
 };
 
 const fx__arch_tensor fx__arch_model[FX__ARCH_MODEL] = {
-    [FX__ARCH_WTE]     = {"wte",       "model.embed_tokens.weight",   FX__LEN_VOCAB, FX__LEN_DIM, FX__LEN_NONE, true,  FX__INIT_NORMAL},
-    [FX__ARCH_NORM]    = {"norm",      "model.norm.weight",           FX__LEN_DIM,  FX__LEN_NONE, FX__LEN_NONE, false, FX__INIT_ONES},
+    [FX__ARCH_WTE]     = {"wte",       "model.embed_tokens.weight",   FX__LEN_VOCAB, FX__LEN_DIM, FX__LEN_NONE, true,  FX__INIT_NORMAL, FX__WHEN_ALWAYS},
+    [FX__ARCH_NORM]    = {"norm",      "model.norm.weight",           FX__LEN_DIM,  FX__LEN_NONE, FX__LEN_NONE, false, FX__INIT_ONES, FX__WHEN_ALWAYS},
     [FX__ARCH_LM_HEAD] = {"lm_head",   "lm_head.weight",              FX__LEN_VOCAB, FX__LEN_DIM, FX__LEN_NONE, true,  FX__INIT_NORMAL, FX__WHEN_UNTIED},
 };
 /* clang-format on */
