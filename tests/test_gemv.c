@@ -165,7 +165,7 @@ static void test_linear_dt(void)
                         s += (double)x[n * I + i] * wd[o * I + i];
                     ref[n * O + o] = s;
                 }
-            fx__linear_dt(y, x, w, dtypes[d], N, I, O, true, scratch);
+            fx__linear_dt(y, O, x, w, dtypes[d], N, I, O, true, scratch);
             char what[64];
             snprintf(what, sizeof what, "linear_dt %s N=%lld", dtype_names[d], (long long)N);
             fxt_close_f32(what, y, ref, (size_t)(N * O), 1e-5, 1e-5);

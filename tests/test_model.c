@@ -8,6 +8,7 @@
 
 #include "core/gemm_bf16.h"
 #include "model/model.h"
+#include "model/model_internal.h"
 #include "model_fixtures.h"
 
 #include <sys/stat.h>
@@ -251,7 +252,9 @@ static void test_qkv_heads(void)
     const size_t nq = (size_t)(B * T * HQ * HD), nk = (size_t)(B * T * HKV * HD), nr = (size_t)(B * T * LD);
     float *q = fxt_guarded(nq), *k = fxt_guarded(nk), *v = fxt_guarded(nk);
     float *q1 = fxt_guarded(nq), *k1 = fxt_guarded(nk), *v1 = fxt_guarded(nk);
-    fx__qkv_to_heads(q, k, v, qkv, rope, B, T, HQ, HKV, HD);
+    const int64_t hs = T * HD; /* [B, H, T, HD] */
+    fx__qkv_to_heads((fx__heads){q, hs, HQ * hs}, (fx__heads){k, hs, HKV * hs}, (fx__heads){v, hs, HKV * hs}, qkv, LD,
+                     rope, false, B, T, 0, HQ, HKV, HD);
     fx__rope_forward(q1, qkv, LD, rope, B, T, HQ, HD, 0);
     fx__rope_forward(k1, qkv + HQ * HD, LD, rope, B, T, HKV, HD, 0);
     fx__to_heads(v1, qkv + (HQ + HKV) * HD, LD, B, T, HKV, HD);
@@ -268,6 +271,141 @@ static void test_qkv_heads(void)
     fxt_guarded_free("q1", q1), fxt_guarded_free("k1", k1), fxt_guarded_free("v1", v1);
     fxt_guarded_free("d", d), fxt_guarded_free("d1", d1);
     free(rope), free(qkv), free(dq), free(dk), free(dv);
+}
+
+/* The rows a mapped Hugging Face file gives (each head's rotated pairs as halves: x[i] with
+   x[i + hd/2]) rotate to the bits of flexc's pairs (x[2i] with x[2i+1]) of the same numbers,
+   one position after another from pos0 and straight into a cache's heads (cap positions a
+   head): what decoding a mapped file and decoding flexc's own parameters each do. */
+static void test_qkv_heads_halves(void)
+{
+    enum { T = 5, HQ = 4, HKV = 2, HD = 8, LD = (HQ + 2 * HKV) * HD, CAP = 16, P0 = 7 };
+    float *rope = malloc((size_t)(CAP * HD) * sizeof(float));
+    rope_table(rope, CAP, HD, 10000.0f);
+    float *pairs = fxt_random((size_t)(T * LD), -1, 1, 31), *halves = malloc((size_t)(T * LD) * sizeof(float));
+    /* halves: q and k heads permuted to rotate-half order, v as it is */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < LD; j += HD)
+            for (int64_t i = 0; i < HD; i++) {
+                const bool rotated = j < (HQ + HKV) * HD;
+                const int64_t src = rotated ? (i < HD / 2 ? 2 * i : 2 * (i - HD / 2) + 1) : i;
+                halves[t * LD + j + i] = pairs[t * LD + j + src];
+            }
+    const size_t nq = (size_t)(HQ * T * HD), nc = (size_t)(HKV * CAP * HD);
+    float *q = fxt_guarded(nq), *q1 = fxt_guarded(nq), *kc = fxt_guarded(nc), *kc1 = fxt_guarded(nc);
+    float *vc = fxt_guarded(nc), *vc1 = fxt_guarded(nc);
+    const fx__heads kh = {kc + P0 * HD, CAP * HD, 0}, vh = {vc + P0 * HD, CAP * HD, 0};
+    fx__qkv_to_heads((fx__heads){q, T * HD, 0}, kh, vh, halves, LD, rope, true, 1, T, P0, HQ, HKV, HD);
+    fx__qkv_to_heads((fx__heads){q1, T * HD, 0}, (fx__heads){kc1 + P0 * HD, CAP * HD, 0},
+                     (fx__heads){vc1 + P0 * HD, CAP * HD, 0}, pairs, LD, rope, false, 1, T, P0, HQ, HKV, HD);
+    /* Back to pairs order, head by head, then bitwise against the pairs path. */
+    float *qp = malloc(nq * sizeof(float)), *kp = malloc(nc * sizeof(float));
+    memcpy(kp, kc, nc * sizeof(float));
+    for (size_t r = 0; r < nq; r += HD)
+        for (int64_t i = 0; i < HD / 2; i++)
+            qp[r + 2 * i] = q[r + i], qp[r + 2 * i + 1] = q[r + i + HD / 2];
+    for (int64_t h = 0; h < HKV; h++)
+        for (int64_t t = P0; t < P0 + T; t++)
+            for (int64_t i = 0; i < HD / 2; i++) {
+                const float *row = kc + (h * CAP + t) * HD;
+                kp[(h * CAP + t) * HD + 2 * i] = row[i], kp[(h * CAP + t) * HD + 2 * i + 1] = row[i + HD / 2];
+            }
+    fxt_bitwise_f32("halves: q", qp, q1, nq);
+    fxt_bitwise_f32("halves: k in the cache", kp, kc1, nc);
+    fxt_bitwise_f32("halves: v in the cache", vc, vc1, nc);
+    fxt_guarded_free("q", q), fxt_guarded_free("q1", q1), fxt_guarded_free("kc", kc), fxt_guarded_free("kc1", kc1);
+    fxt_guarded_free("vc", vc), fxt_guarded_free("vc1", vc1);
+    free(rope), free(pairs), free(halves), free(qp), free(kp);
+}
+
+/* The attention of fx__layer_run in test_layer_weights_apart: att = q (same shape). */
+static int attn_copy_q(void *ctx, const fx__layer_io *io)
+{
+    memcpy(io->att, io->q.p, (size_t)*(const int64_t *)ctx * sizeof(float));
+    return FX_OK;
+}
+
+static void close_to(const char *what, const float *got, const float *want, size_t n)
+{
+    double *ref = fxt_alloc_f64(n);
+    for (size_t i = 0; i < n; i++)
+        ref[i] = want[i];
+    fxt_close_f32(what, got, ref, n, 1e-5, 1e-5);
+    free(ref);
+}
+
+/* A layer whose weights do not lie one after another (each where a mapped file puts it): q,
+   k, v and gate, up are then one product each instead of one for the group, and the biases
+   one add each. The layer's output, d(x) and every weight's gradient agree with the training
+   layout's single products (the same sums, in another grouping), and the biases' gradients
+   bitwise (the same column sums). */
+static void test_layer_weights_apart(void)
+{
+    fx_model_config c = llama_cfg(); /* biases, Hq * hd != dim, GQA */
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 5));
+    if (!m)
+        return;
+    randomize_biases(m, 6);
+    FXT_OK(fx__model_alloc_train(m));
+    FXT_OK(fx__model_set_batch(m, 2, 8));
+    const int64_t B = 2, T = 8, N = B * T, C = c.dim, F = c.ffn, hd = c.head_dim, QD = c.heads * hd;
+    const int64_t KD = c.kv_heads * hd, QKV = QD + 2 * KD, wide = F > QD ? F : QD;
+    const fx__layer_w W = fx__layer_w_train(m, 0);
+    fx__layer_w Wa = W;
+    static const int moved[] = {FX__MODEL_WK, FX__MODEL_WV, FX__MODEL_W3, FX__MODEL_BK, FX__MODEL_BV};
+    float *own[5];
+    for (int i = 0; i < 5; i++) {
+        const fx__model_tensor *t = &fx__layer_first(m, 0)[moved[i]];
+        own[i] = malloc(t->numel * sizeof(float));
+        memcpy(own[i], W.t[moved[i]].data, t->numel * sizeof(float));
+        Wa.t[moved[i]].data = own[i];
+    }
+    float *in = fxt_random((size_t)(N * C), -1, 1, 41);
+    float *res[2];
+    for (int run = 0; run < 2; run++) {
+        float *f = calloc((size_t)(N * (3 * C + 2 + QKV + 2 * QD + 2 * KD + 2 * F + wide) + N * C), sizeof(float));
+        res[run] = f;
+        fx__layer_io io = {.in = in, .mid = f, .out = f + N * C, .xn1 = f + 2 * N * C, .xn2 = f + 3 * N * C};
+        float *p = f + 4 * N * C;
+        io.rstd1 = p, io.rstd2 = p + N, p += 2 * N;
+        io.qkv = p, p += N * QKV;
+        io.q = (fx__heads){p, T * hd, c.heads * T * hd}, p += N * QD;
+        io.k = (fx__heads){p, T * hd, c.kv_heads * T * hd}, p += N * KD;
+        io.v = (fx__heads){p, T * hd, c.kv_heads * T * hd}, p += N * KD;
+        io.att = p, p += N * QD;
+        io.h13 = p, p += 2 * N * F;
+        io.work = p;
+        int64_t nq = N * QD;
+        const fx__layer_rows r = {.B = B, .T = T};
+        FXT_OK(fx__layer_run(run ? &Wa : &W, &r, &io, attn_copy_q, &nq));
+    }
+    close_to("layer apart: out", res[1] + N * C, res[0] + N * C, (size_t)(N * C));
+    close_to("layer apart: gate, up", res[1] + 4 * N * C + 2 * N + N * (QKV + 2 * QD + 2 * KD),
+             res[0] + 4 * N * C + 2 * N + N * (QKV + 2 * QD + 2 * KD), (size_t)(2 * N * F));
+
+    /* The backward of the q, k, v product and of the biases. */
+    float *dy = fxt_random((size_t)(N * QKV), -1, 1, 42), *x = fxt_random((size_t)(N * C), -1, 1, 43);
+    float *dx[2], *g[2];
+    const size_t span = fx__layer_first(m, 1)->offset - fx__layer_first(m, 0)->offset;
+    for (int run = 0; run < 2; run++) {
+        memset(m->grads, 0, m->lay.total * sizeof(float));
+        dx[run] = malloc((size_t)(N * C) * sizeof(float));
+        fx__layer_group_backward(run ? &Wa : &W, 0, FX__GROUP_QKV, dx[run], dy, QKV, x, N, C);
+        fx__layer_qkv_bias_backward(run ? &Wa : &W, 0, dy, QKV, N);
+        g[run] = malloc(span * sizeof(float));
+        memcpy(g[run], fx__layer_grad(m, 0, FX__MODEL_LN1), span * sizeof(float));
+    }
+    close_to("layer apart: d(x)", dx[1], dx[0], (size_t)(N * C));
+    close_to("layer apart: d(wq, wk, wv)", g[1], g[0], span);
+    const size_t bq = fx__layer_first(m, 0)[FX__MODEL_BQ].offset - fx__layer_first(m, 0)->offset;
+    fxt_bitwise_f32("layer apart: d(bq, bk, bv)", g[1] + bq, g[0] + bq, (size_t)QKV);
+    for (int i = 0; i < 5; i++)
+        free(own[i]);
+    for (int run = 0; run < 2; run++)
+        free(res[run]), free(dx[run]), free(g[run]);
+    free(in), free(dy), free(x);
+    fx__model_free(m);
 }
 
 static void test_swiglu(void)
@@ -2177,6 +2315,8 @@ int main(int argc, char **argv)
     FXT_RUN(test_rmsnorm_twins);
     FXT_RUN(test_rope);
     FXT_RUN(test_qkv_heads);
+    FXT_RUN(test_qkv_heads_halves);
+    FXT_RUN(test_layer_weights_apart);
     FXT_RUN(test_swiglu);
     FXT_RUN(test_embedding);
     FXT_RUN(test_attn_ref_grad);

@@ -80,20 +80,20 @@ void fx__widen_rows(float *dst, const void *w, fx_dtype dt, int64_t r0, int64_t 
     }
 }
 
-void fx__linear_dt(float *y, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I, int64_t O, bool acc,
-                   float *scratch)
+void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I,
+                   int64_t O, bool acc, float *scratch)
 {
     if (N == 1) {
         fx__gemv(y, w, dt, x, O, I, acc);
         return;
     }
     if (dt == FX_DT_F32) {
-        fx__sgemm(false, true, N, O, I, 1.0f, x, I, w, I, acc ? 1.0f : 0.0f, y, O);
+        fx__sgemm(false, true, N, O, I, 1.0f, x, I, w, I, acc ? 1.0f : 0.0f, y, ldy);
         return;
     }
     for (int64_t r0 = 0; r0 < O; r0 += FX__WIDEN_TILE) {
         int64_t r1 = r0 + FX__WIDEN_TILE < O ? r0 + FX__WIDEN_TILE : O;
         fx__widen_rows(scratch, w, dt, r0, r1, I);
-        fx__sgemm(false, true, N, r1 - r0, I, 1.0f, x, I, scratch, I, acc ? 1.0f : 0.0f, y + r0, O);
+        fx__sgemm(false, true, N, r1 - r0, I, 1.0f, x, I, scratch, I, acc ? 1.0f : 0.0f, y + r0, ldy);
     }
 }

@@ -25,11 +25,11 @@ void fx__widen_rows(float *dst, const void *w, fx_dtype dt, int64_t r0, int64_t 
 /* Rows per tile of fx__linear_dt's widening: scratch of FX__WIDEN_TILE * I floats. */
 enum { FX__WIDEN_TILE = 128 };
 
-/* y [N, O] = x [N, I] W [O, I]^T (+ y when acc) for W in dt: N == 1 is fx__gemv; F32 goes
-   to fx__sgemm in place; BF16 / F16 are widened FX__WIDEN_TILE rows at a time into
-   scratch [FX__WIDEN_TILE * I] and multiplied by fx__sgemm. */
-void fx__linear_dt(float *y, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I, int64_t O, bool acc,
-                   float *scratch);
+/* y [N, O] = x [N, I] W [O, I]^T (+ y when acc) for W in dt, y's rows ldy apart (>= O): N == 1
+   is fx__gemv; F32 goes to fx__sgemm in place; BF16 / F16 are widened FX__WIDEN_TILE rows at
+   a time into scratch [FX__WIDEN_TILE * I] and multiplied by fx__sgemm. */
+void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I,
+                   int64_t O, bool acc, float *scratch);
 
 /* The row kernels (rows r0 .. r1-1 of y), without threads: the reference and its AVX2 twin
    (called only when fx_get_isa() allows). */

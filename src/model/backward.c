@@ -38,7 +38,7 @@ int fx__model_backward(fx__model *m)
     for (int64_t l = c->layers - 1; l >= 0; l--) {
         if ((rc = fx__layer_hook(m, l, true)) != FX_OK)
             return rc;
-        fx__layer_params p = fx__layer(m, false, l), g = fx__layer(m, true, l);
+        const fx__layer_w W = fx__layer_w_train(m, l);
         /* The forward pass leaves the last layer's activations in the recompute slot (and
            layer 0's when the others are parked). */
         if (m->recompute && !m->park.acts_parked && l < c->layers - 1 &&
@@ -54,37 +54,39 @@ int fx__model_backward(fx__model *m)
            and up replace them in h13 (their last use), the A operand of the one product
            of d(xn2) over all 2F, and of d(w1, w3) as one [2F, C] matrix. */
         fx__swiglu_forward(a.work, F, h13, h13 + F, 2 * F, N, F);
-        fx__mm(m, true, false, C, F, N, a.dres, false, C, a.work, false, F, 1.0f, g.w2, F);
-        fx__mm(m, false, false, N, F, C, a.dres, false, C, p.w2, true, F, 0.0f, a.work, F);
+        fx__mm(m, true, false, C, F, N, a.dres, false, C, a.work, false, F, 1.0f, fx__layer_grad(m, l, FX__MODEL_W2), F);
+        fx__mm(m, false, false, N, F, C, a.dres, false, C, W.t[FX__MODEL_W2].data, true, F, 0.0f, a.work, F);
         fx__progress_point(m);
         float *dh13 = h13;
         fx__swiglu_backward(dh13, dh13 + F, 2 * F, a.work, F, h13, h13 + F, N, F);
-        fx__mm_linear_backward(m, a.dxn, g.w1, dh13, xn2, p.w1, N, C, 2 * F, false);
-        fx__rmsnorm_backward(a.dres, g.ln2, a.dxn, resm, p.ln2, rstd2, N, C);
+        fx__layer_group_backward(&W, l, FX__GROUP_GATE_UP, a.dxn, dh13, 2 * F, xn2, N, C);
+        fx__rmsnorm_backward(a.dres, fx__layer_grad(m, l, FX__MODEL_LN2), a.dxn, resm, W.t[FX__MODEL_LN2].data, rstd2, N,
+                             C);
         fx__progress_point(m);
 
         /* Attention: resm = res + from_heads(att) Wo^T, dres holds d(resm). */
         /* d(att) goes to xn2's slot ([N, max(C, QD)], dead now). */
         float *datt = xn2;
         fx__from_heads(a.work, QD, att, B, T, Hq, hd);
-        fx__mm(m, true, false, C, QD, N, a.dres, false, C, a.work, false, QD, 1.0f, g.wo, QD);
-        fx__mm(m, false, false, N, QD, C, a.dres, false, C, p.wo, true, QD, 0.0f, a.work, QD);
+        fx__mm(m, true, false, C, QD, N, a.dres, false, C, a.work, false, QD, 1.0f, fx__layer_grad(m, l, FX__MODEL_WO), QD);
+        fx__mm(m, false, false, N, QD, C, a.dres, false, C, W.t[FX__MODEL_WO].data, true, QD, 0.0f, a.work, QD);
         fx__progress_point(m);
         fx__to_heads(datt, a.work, QD, B, T, Hq, hd);
         float *dq = a.work, *dk = a.work + N * QD, *dv = a.work + N * (QD + KD);
         if ((rc = fx__attn_bwd(m, &call, q, k, v, att, lse, datt, dq, dk, dv)) != FX_OK)
             return fx__error_context(rc, "layer %lld attention backward", (long long)l);
         fx__progress_point(m);
-        /* The gradient of the forward pass's one q, k, v product ([N, QKV] rows, after the
-           attention's gradients in work), and its two products: d(xn1) over all of QKV,
-           and d(wq, wk, wv) as one [QKV, C] matrix (and d(bq, bk, bv)). */
+        /* The gradient of the forward pass's q, k, v rows ([N, QKV], after the attention's
+           gradients in work), and of its product: d(xn1) over all of QKV, and d(wq, wk, wv)
+           (one [QKV, C] matrix in the training layout), and d(bq, bk, bv). */
         const int64_t QKV = QD + 2 * KD;
         float *dqkv = a.work + N * QKV;
         fx__qkv_from_heads(dqkv, dq, dk, dv, m->rope, B, T, Hq, Hkv, hd);
-        if (p.bq)
-            fx__bias_backward(g.bq, dqkv, N, QKV);
-        fx__mm_linear_backward(m, a.dxn, g.wq, dqkv, xn1, p.wq, N, C, QKV, false);
-        fx__rmsnorm_backward(a.dres, g.ln1, a.dxn, res, p.ln1, rstd1, N, C);
+        if (c->qkv_bias)
+            fx__layer_qkv_bias_backward(&W, l, dqkv, QKV, N);
+        fx__layer_group_backward(&W, l, FX__GROUP_QKV, a.dxn, dqkv, QKV, xn1, N, C);
+        fx__rmsnorm_backward(a.dres, fx__layer_grad(m, l, FX__MODEL_LN1), a.dxn, res, W.t[FX__MODEL_LN1].data, rstd1,
+                             N, C);
 
         const fx__model_tensor *t0 = fx__layer_first(m, l);
         size_t numel = fx__layer_first(m, l + 1)->offset - t0->offset;

@@ -11,13 +11,13 @@
 
 /* ---- where the weights are ----------------------------------------------------------------------------- */
 
-/* Tensor `which` of layer l (l == layers: the final norm, then lm_head). */
-static fx__model_weight fx__weight(const fx__model *m, int64_t l, int which)
+/* Tensor `which` after the layers: 0 the final norm, 1 lm_head. */
+static fx__model_weight fx__final(const fx__model *m, int which)
 {
-    const fx__model_tensor *t = fx__layer_first(m, l);
+    const fx__model_tensor *t = fx__layer_first(m, m->c.layers);
     if (m->mapped)
         return m->mapped->t[(size_t)(t - m->lay.t) + (size_t)which];
-    return (fx__model_weight){fx__layer_base(m, false, l) + (t[which].offset - t->offset), FX_DT_F32};
+    return (fx__model_weight){fx__layer_base(m, false, m->c.layers) + (t[which].offset - t->offset), FX_DT_F32};
 }
 
 static fx__model_weight fx__embedding(const fx__model *m)
@@ -27,7 +27,7 @@ static fx__model_weight fx__embedding(const fx__model *m)
 
 static fx__model_weight fx__head(const fx__model *m)
 {
-    return m->c.tied_embeddings ? fx__embedding(m) : fx__weight(m, m->c.layers, 1);
+    return m->c.tied_embeddings ? fx__embedding(m) : fx__final(m, 1);
 }
 
 /* The longest row a projection reads (C, Hq*hd or F): the widening tile's width. */
@@ -35,27 +35,6 @@ static int64_t fx__widest_input(const fx_model_config *c)
 {
     int64_t QD = c->heads * c->head_dim, w = c->dim > QD ? c->dim : QD;
     return w > c->ffn ? w : c->ffn;
-}
-
-/* As fx__rope_forward, for q and k whose heads hold the rotated pairs as halves (x[i] with
-   x[i + hd/2], frequency i: Hugging Face's order): the same products, other places. */
-static void fx__rope_half_forward(float *out, const float *x, const float *rope, int64_t T, int64_t H, int64_t hd,
-                                  int64_t pos0)
-{
-    int64_t half = hd / 2;
-    for (int64_t t = 0; t < T; t++) {
-        const float *cs = rope + (pos0 + t) * half * 2;
-        for (int64_t h = 0; h < H; h++) {
-            const float *src = x + (t * H + h) * hd;
-            float *dst = out + (h * T + t) * hd;
-            for (int64_t i = 0; i < half; i++) {
-                float c = cs[2 * i], s = cs[2 * i + 1];
-                float x0 = src[i], x1 = src[i + half];
-                dst[i] = x0 * c - x1 * s;
-                dst[i + half] = x0 * s + x1 * c;
-            }
-        }
-    }
 }
 
 /* ---- decoding ------------------------------------------------------------------------------------------ */
@@ -139,10 +118,10 @@ static int fx__cache_mask(fx__model *m, fx__model_cache *kc, int32_t first)
 /* The scratch of one decoding call, carved from the cache's: rows of n tokens (at most cap). */
 typedef struct decode_ws {
     float *x, *xn;      /* the residual stream and its norm [n, C] */
-    float *qt, *q, *att; /* q as projected, rotated head-major, attention's output [n, QD] */
-    float *t1, *t2;     /* k and v as projected [n, KD] */
-    float *sx;          /* rotated k, v or attention head-major, token-major attention, SwiGLU [n, max(F, QD)] */
-    float *h1, *h3;     /* gate and up [n, F] */
+    float *qkv;         /* the projections [n, QD + 2 KD] */
+    float *q, *att;     /* q rotated, head-major, and the attention's output [Hq, n, hd] */
+    float *work;        /* token-major attention, SwiGLU [n, max(F, QD)] */
+    float *h13;         /* gate and up [n, 2F] */
     float *rstd, *tile; /* the norm's per-row scale; the widening tile of bfloat16 weights */
 } decode_ws;
 
@@ -151,57 +130,30 @@ static decode_ws decode_scratch(const fx_model_config *c, float *at, int64_t ctx
     const int64_t C = c->dim, F = c->ffn, QD = c->heads * c->head_dim, KD = c->kv_heads * c->head_dim;
     const int64_t wide = F > QD ? F : QD;
     decode_ws w;
-    w.x = at, w.xn = w.x + ctx * C, w.qt = w.xn + ctx * C, w.q = w.qt + ctx * QD, w.att = w.q + ctx * QD;
-    w.t1 = w.att + ctx * QD, w.t2 = w.t1 + ctx * KD, w.sx = w.t2 + ctx * KD, w.h1 = w.sx + ctx * wide;
-    w.h3 = w.h1 + ctx * F, w.rstd = w.h3 + ctx * F, w.tile = w.rstd + ctx;
+    w.x = at, w.xn = w.x + ctx * C, w.qkv = w.xn + ctx * C, w.q = w.qkv + ctx * (QD + 2 * KD);
+    w.att = w.q + ctx * QD, w.work = w.att + ctx * QD, w.h13 = w.work + ctx * wide, w.rstd = w.h13 + ctx * 2 * F;
+    w.tile = w.rstd + ctx;
     return w;
 }
 
-/* Layer l's norm and projections of w->x into q (rotated, head-major, w->q), and the n new
-   keys and values into positions p0.. of each head's [cap, hd] cache. */
-static void decode_qkv(const fx__model *m, fx__model_cache *kc, int64_t l, const decode_ws *w, int64_t n)
-{
-    const fx_model_config *c = &m->c;
-    const int64_t C = c->dim, ctx = kc->cap, p0 = kc->len, Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim;
-    const int64_t QD = Hq * hd, KD = Hkv * hd;
-    fx__model_weight wq = fx__weight(m, l, FX__MODEL_WQ), wk = fx__weight(m, l, FX__MODEL_WK);
-    fx__model_weight wv = fx__weight(m, l, FX__MODEL_WV);
-    float *kl = kc->k + l * KD * ctx, *vl = kc->v + l * KD * ctx;
-    fx__rmsnorm_forward(w->xn, w->rstd, w->x, fx__weight(m, l, FX__MODEL_LN1).data, n, C, c->norm_eps);
-    fx__linear_dt(w->qt, w->xn, wq.data, wq.dtype, n, C, QD, false, w->tile);
-    fx__linear_dt(w->t1, w->xn, wk.data, wk.dtype, n, C, KD, false, w->tile);
-    fx__linear_dt(w->t2, w->xn, wv.data, wv.dtype, n, C, KD, false, w->tile);
-    if (c->qkv_bias) {
-        fx__bias_forward(w->qt, fx__weight(m, l, FX__MODEL_BQ).data, n, QD);
-        fx__bias_forward(w->t1, fx__weight(m, l, FX__MODEL_BK).data, n, KD);
-        fx__bias_forward(w->t2, fx__weight(m, l, FX__MODEL_BV).data, n, KD);
-    }
-    if (m->mapped && m->mapped->rope_half) {
-        fx__rope_half_forward(w->q, w->qt, m->rope, n, Hq, hd, p0);
-        fx__rope_half_forward(w->sx, w->t1, m->rope, n, Hkv, hd, p0);
-    } else {
-        fx__rope_forward(w->q, w->qt, QD, m->rope, 1, n, Hq, hd, p0);
-        fx__rope_forward(w->sx, w->t1, KD, m->rope, 1, n, Hkv, hd, p0);
-    }
-    for (int64_t h = 0; h < Hkv; h++)
-        memcpy(kl + (h * ctx + p0) * hd, w->sx + h * n * hd, (size_t)(n * hd) * sizeof(float));
-    const float *v = w->t2; /* one token: [1, Hkv, hd] is already head-major */
-    if (n > 1) {
-        fx__to_heads(w->sx, w->t2, KD, 1, n, Hkv, hd);
-        v = w->sx;
-    }
-    for (int64_t h = 0; h < Hkv; h++)
-        memcpy(vl + (h * ctx + p0) * hd, v + h * n * hd, (size_t)(n * hd) * sizeof(float));
-}
+/* Layer l's attention of the n queries in io->q over the cache (which the layer has just
+   written the n new keys and values into) into io->att. The cache holds each KV head's keys
+   with a stride of cap, so each KV head and its group of query heads is one call. One causal
+   query sees every cached key. */
+typedef struct decode_attn {
+    const fx__model *m;
+    const fx__model_cache *kc;
+    int64_t l, n;
+} decode_attn;
 
-/* Layer l's attention of the n queries in w->q over the cache into w->att. The cache holds
-   each KV head's keys with a stride of cap, so each KV head and its group of query heads is
-   one call. One causal query sees every cached key. */
-static int decode_attention(fx__model *m, fx__model_cache *kc, int64_t l, const decode_ws *w, int64_t n)
+static int decode_attn_run(void *ctx, const fx__layer_io *io)
 {
+    const decode_attn *d = ctx;
+    const fx__model *m = d->m;
+    const fx__model_cache *kc = d->kc;
     const fx_model_config *c = &m->c;
-    const int64_t ctx = kc->cap, p0 = kc->len, Hkv = c->kv_heads, hd = c->head_dim, G = c->heads / Hkv;
-    const float *kl = kc->k + l * Hkv * hd * ctx, *vl = kc->v + l * Hkv * hd * ctx;
+    const int64_t n = d->n, cap = kc->cap, p0 = kc->len, Hkv = c->kv_heads, hd = c->head_dim, G = c->heads / Hkv;
+    const float *kl = kc->k + d->l * Hkv * hd * cap, *vl = kc->v + d->l * Hkv * hd * cap;
     const bool need_mask = n > 1 || m->mask == FX__MODEL_MASK_SLIDING || m->mask == FX__MODEL_MASK_DOCUMENT;
     for (int64_t h = 0; h < Hkv; h++) {
         fx__attn_call call = {.B = 1, .Hq = G, .Hkv = 1, .Lq = n, .Lkv = p0 + n, .D = hd, .q_offset = p0};
@@ -209,32 +161,12 @@ static int decode_attention(fx__model *m, fx__model_cache *kc, int64_t l, const 
         if (!need_mask)
             call.fn = NULL;
         call.bm = need_mask ? kc->bmask : NULL;
-        const int rc = fx__attn_fwd(m, &call, w->q + h * G * n * hd, kl + h * ctx * hd, vl + h * ctx * hd,
-                                    w->att + h * G * n * hd, NULL);
+        const int rc = fx__attn_fwd(m, &call, io->q.p + h * G * n * hd, kl + h * cap * hd, vl + h * cap * hd,
+                                    io->att + h * G * n * hd, NULL);
         if (rc)
-            return fx__error_context(rc, "layer %lld attention", (long long)l);
+            return fx__error_context(rc, "layer %lld attention", (long long)d->l);
     }
     return FX_OK;
-}
-
-/* Layer l's output projection of w->att and its MLP, each added into w->x. */
-static void decode_out_mlp(const fx__model *m, int64_t l, const decode_ws *w, int64_t n)
-{
-    const fx_model_config *c = &m->c;
-    const int64_t C = c->dim, F = c->ffn, Hq = c->heads, hd = c->head_dim, QD = Hq * hd;
-    fx__model_weight wo = fx__weight(m, l, FX__MODEL_WO), w1 = fx__weight(m, l, FX__MODEL_W1);
-    fx__model_weight w3 = fx__weight(m, l, FX__MODEL_W3), w2 = fx__weight(m, l, FX__MODEL_W2);
-    const float *ao = w->att; /* one token: [Hq, 1, hd] is already token-major */
-    if (n > 1) {
-        fx__from_heads(w->sx, QD, w->att, 1, n, Hq, hd);
-        ao = w->sx;
-    }
-    fx__linear_dt(w->x, ao, wo.data, wo.dtype, n, QD, C, true, w->tile);
-    fx__rmsnorm_forward(w->xn, w->rstd, w->x, fx__weight(m, l, FX__MODEL_LN2).data, n, C, c->norm_eps);
-    fx__linear_dt(w->h1, w->xn, w1.data, w1.dtype, n, C, F, false, w->tile);
-    fx__linear_dt(w->h3, w->xn, w3.data, w3.dtype, n, C, F, false, w->tile);
-    fx__swiglu_forward(w->sx, F, w->h1, w->h3, F, n, F);
-    fx__linear_dt(w->x, w->sx, w2.data, w2.dtype, n, F, C, true, w->tile);
 }
 
 int fx__model_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, int64_t n, float *logits)
@@ -256,13 +188,20 @@ int fx__model_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, i
     fx__model_weight wte = fx__embedding(m);
     for (int64_t i = 0; i < n; i++)
         fx__widen_rows(w.x + i * C, wte.data, wte.dtype, tokens[i], tokens[i] + 1, C);
+    /* The layers in place on the stream w.x; k and v go straight into the cache's heads. */
+    const int64_t hd = c->head_dim, KD = c->kv_heads * hd;
+    const fx__layer_rows r = {.B = 1, .T = n, .pos0 = p0};
     for (int64_t l = 0; l < c->layers; l++) {
-        decode_qkv(m, kc, l, &w, n);
-        if ((rc = decode_attention(m, kc, l, &w, n)) != FX_OK)
+        const fx__layer_w W = fx__layer_w_decode(m, l, w.tile);
+        const fx__layer_io io = {
+            .in = w.x, .mid = w.x, .out = w.x, .xn1 = w.xn, .rstd1 = w.rstd, .xn2 = w.xn, .rstd2 = w.rstd,
+            .qkv = w.qkv, .q = {w.q, n * hd, 0}, .k = {kc->k + l * KD * ctx + p0 * hd, ctx * hd, 0},
+            .v = {kc->v + l * KD * ctx + p0 * hd, ctx * hd, 0}, .att = w.att, .h13 = w.h13, .work = w.work};
+        decode_attn d = {m, kc, l, n};
+        if ((rc = fx__layer_run(&W, &r, &io, decode_attn_run, &d)) != FX_OK)
             return rc;
-        decode_out_mlp(m, l, &w, n);
     }
-    fx__rmsnorm_forward(w.xn, w.rstd, w.x + (n - 1) * C, fx__weight(m, c->layers, 0).data, 1, C, c->norm_eps);
+    fx__rmsnorm_forward(w.xn, w.rstd, w.x + (n - 1) * C, fx__final(m, 0).data, 1, C, c->norm_eps);
     fx__model_weight head = fx__head(m);
     fx__gemv(logits, head.data, head.dtype, w.xn, V, C, false);
     kc->len = p0 + n;

@@ -196,46 +196,39 @@ fx__layer_acts fx__layer_acts_at(const fx__model *m, const fx__acts *a, int64_t 
                             .h13 = a->h13 + s * N * 2 * F, .out = fx__res_at(m, a, l + 1)};
 }
 
+/* The training batch's attention, as fx__layer_run calls it. */
+typedef struct train_attn {
+    const fx__model *m;
+    const fx__attn_call *call;
+    int64_t l;
+} train_attn;
+
+static int train_attn_run(void *ctx, const fx__layer_io *io)
+{
+    const train_attn *t = ctx;
+    const int rc = fx__attn_fwd(t->m, t->call, io->q.p, io->k.p, io->v.p, io->att, io->lse);
+    return rc ? fx__error_context(rc, "layer %lld attention", (long long)t->l) : FX_OK;
+}
+
 /* Layer l from its input res[l]; writes res[l+1] when write_out (a recomputation for the
-   backward pass does not: the stream is already there, bit for bit). */
+   backward pass does not: the stream is already there, bit for bit). The activations the
+   backward pass reads are kept in x; q, k, v come out of one product where wq, wk, wv lie
+   one after another (the training layout), and a token's q, k and v side by side in a row
+   of work. */
 int fx__layer_forward(fx__model *m, const fx__acts *a, const fx__attn_call *call, int64_t l, bool write_out)
 {
     const fx_model_config *c = &m->c;
-    int64_t B = m->B, T = m->T, N = B * T, C = c->dim, F = c->ffn;
-    int64_t Hq = c->heads, Hkv = c->kv_heads, hd = c->head_dim, QD = Hq * hd, KD = Hkv * hd;
-    fx__layer_params p = fx__layer(m, false, l);
-    fx__layer_acts x = fx__layer_acts_at(m, a, l);
-
-    /* resm starts as a copy of res (the attention's output projection adds onto it), made as
-       the norm reads each row; out likewise from resm below. */
-    fx__rmsnorm_forward_copy(x.xn1, x.rstd1, x.resm, x.res, p.ln1, N, C, c->norm_eps);
-    /* q, k and v in one product: wq, wk and wv (and bq, bk, bv) follow each other in the
-       layer's parameters, one [QD + 2 KD, C] matrix, and a token's q, k and v come out side
-       by side in a row of work. Each element is the same sum over C as in three products. */
-    const int64_t QKV = QD + 2 * KD;
-    float *qkv = a->work;
-    fx__mm_linear(m, qkv, x.xn1, p.wq, N, C, QKV, false);
-    if (p.bq)
-        fx__bias_forward(qkv, p.bq, N, QKV);
-    fx__progress_point(m);
-    fx__qkv_to_heads(x.q, x.k, x.v, qkv, m->rope, B, T, Hq, Hkv, hd);
-    int rc = fx__attn_fwd(m, call, x.q, x.k, x.v, x.att, x.lse);
-    if (rc)
-        return fx__error_context(rc, "layer %lld attention", (long long)l);
-    fx__progress_point(m);
-    fx__from_heads(a->work, QD, x.att, B, T, Hq, hd);
-    fx__mm_linear(m, x.resm, a->work, p.wo, N, QD, C, true);
-    fx__progress_point(m);
-
-    fx__rmsnorm_forward_copy(x.xn2, x.rstd2, write_out ? x.out : NULL, x.resm, p.ln2, N, C, c->norm_eps);
-    /* gate and up in one product, as q, k and v: w1 and w3 are one [2F, C] matrix. */
-    fx__mm_linear(m, x.h13, x.xn2, p.w1, N, C, 2 * F, false);
-    fx__progress_point(m);
-    if (write_out) {
-        fx__swiglu_forward(a->work, F, x.h13, x.h13 + F, 2 * F, N, F);
-        fx__mm_linear(m, x.out, a->work, p.w2, N, F, C, true);
-    }
-    return FX_OK;
+    const int64_t T = m->T, hd = c->head_dim;
+    const fx__layer_acts x = fx__layer_acts_at(m, a, l);
+    const fx__layer_w W = fx__layer_w_train(m, l);
+    const fx__layer_rows r = {.B = m->B, .T = T};
+    const fx__layer_io io = {
+        .in = x.res, .mid = x.resm, .out = write_out ? x.out : NULL, .xn1 = x.xn1, .rstd1 = x.rstd1,
+        .xn2 = x.xn2, .rstd2 = x.rstd2, .qkv = a->work,
+        .q = {x.q, T * hd, c->heads * T * hd}, .k = {x.k, T * hd, c->kv_heads * T * hd},
+        .v = {x.v, T * hd, c->kv_heads * T * hd}, .att = x.att, .lse = x.lse, .h13 = x.h13, .work = a->work};
+    train_attn t = {m, call, l};
+    return fx__layer_run(&W, &r, &io, train_attn_run, &t);
 }
 
 /* Tokens per chunk of the fused loss. Each chunk reads the embedding twice (logits, then

@@ -199,6 +199,24 @@ static void rope_heads(float *dst, int64_t dst_step, const float *src, int64_t s
     }
 }
 
+/* As rope_heads forward, for heads whose rotated pairs are halves (x[i] with x[i + hd/2],
+   frequency i: Hugging Face's row order, as a mapped file holds wq and wk): the same products,
+   other places. */
+static void rope_heads_half(float *dst, int64_t dst_step, const float *src, const float *cs, int64_t H, int64_t hd)
+{
+    const int64_t half = hd / 2;
+    for (int64_t h = 0; h < H; h++) {
+        const float *x = src + h * hd;
+        float *y = dst + h * dst_step;
+        for (int64_t i = 0; i < half; i++) {
+            float c = cs[2 * i], s = cs[2 * i + 1];
+            float x0 = x[i], x1 = x[i + half];
+            y[i] = x0 * c - x1 * s;
+            y[i + half] = x0 * s + x1 * c;
+        }
+    }
+}
+
 void fx__rope_forward(float *out, const float *x, int64_t ldx, const float *rope, int64_t B, int64_t T, int64_t H,
                       int64_t hd, int64_t pos0)
 {
@@ -245,18 +263,23 @@ void fx__from_heads(float *out, int64_t ldo, const float *x, int64_t B, int64_t 
     fx__op_end(FX__OP_HEADS, t0);
 }
 
-void fx__qkv_to_heads(float *q, float *k, float *v, const float *qkv, const float *rope, int64_t B, int64_t T,
-                      int64_t Hq, int64_t Hkv, int64_t hd)
+void fx__qkv_to_heads(fx__heads q, fx__heads k, fx__heads v, const float *qkv, int64_t ld, const float *rope,
+                      bool halves, int64_t B, int64_t T, int64_t pos0, int64_t Hq, int64_t Hkv, int64_t hd)
 {
     const double t0 = fx__op_begin();
-    const int64_t ld = (Hq + 2 * Hkv) * hd;
 #pragma omp parallel for schedule(static)
     for (int64_t bt = 0; bt < B * T; bt++) {
         const int64_t b = bt / T, t = bt % T;
-        const float *row = qkv + bt * ld, *cs = rope + t * hd;
-        rope_heads(q + (b * Hq * T + t) * hd, T * hd, row, hd, cs, 1.0f, Hq, hd);
-        rope_heads(k + (b * Hkv * T + t) * hd, T * hd, row + Hq * hd, hd, cs, 1.0f, Hkv, hd);
-        rope_heads(v + (b * Hkv * T + t) * hd, T * hd, row + (Hq + Hkv) * hd, hd, NULL, 1.0f, Hkv, hd);
+        const float *row = qkv + bt * ld, *cs = rope + (pos0 + t) * hd;
+        float *qd = q.p + b * q.seq + t * hd, *kd = k.p + b * k.seq + t * hd, *vd = v.p + b * v.seq + t * hd;
+        if (halves) {
+            rope_heads_half(qd, q.head, row, cs, Hq, hd);
+            rope_heads_half(kd, k.head, row + Hq * hd, cs, Hkv, hd);
+        } else {
+            rope_heads(qd, q.head, row, hd, cs, 1.0f, Hq, hd);
+            rope_heads(kd, k.head, row + Hq * hd, hd, cs, 1.0f, Hkv, hd);
+        }
+        rope_heads(vd, v.head, row + (Hq + Hkv) * hd, hd, NULL, 1.0f, Hkv, hd);
     }
     fx__op_end(FX__OP_HEADS, t0);
 }
@@ -387,15 +410,15 @@ void fx__embed_backward(float *dwte, const float *dout, const int32_t *tokens, i
 /* Threads only for sizes worth a parallel region; each element's result is the same either way. */
 enum { FX__BIAS_PAR = 1 << 15 };
 
-void fx__bias_forward(float *y, const float *b, int64_t N, int64_t O)
+void fx__bias_forward(float *y, int64_t ldy, const float *b, int64_t N, int64_t O)
 {
 #pragma omp parallel for schedule(static) if (N * O >= FX__BIAS_PAR)
     for (int64_t n = 0; n < N; n++)
         for (int64_t o = 0; o < O; o++)
-            y[n * O + o] += b[o];
+            y[n * ldy + o] += b[o];
 }
 
-void fx__bias_backward(float *db, const float *dy, int64_t N, int64_t O)
+void fx__bias_backward(float *db, const float *dy, int64_t ldy, int64_t N, int64_t O)
 {
     /* Each task owns a slice of outputs and adds the rows in order. */
     int64_t nblk = (O + FX__CBLOCK - 1) / FX__CBLOCK;
@@ -404,7 +427,7 @@ void fx__bias_backward(float *db, const float *dy, int64_t N, int64_t O)
         int64_t o0 = blk * FX__CBLOCK, o1 = o0 + FX__CBLOCK < O ? o0 + FX__CBLOCK : O;
         for (int64_t n = 0; n < N; n++)
             for (int64_t o = o0; o < o1; o++)
-                db[o] += dy[n * O + o];
+                db[o] += dy[n * ldy + o];
     }
 }
 

@@ -340,22 +340,31 @@ void fx__rope_backward(float *dx, int64_t ldx, const float *dout, const float *r
    token-major side's rows ld apart. */
 void fx__to_heads(float *out, const float *x, int64_t ldx, int64_t B, int64_t T, int64_t H, int64_t hd);
 void fx__from_heads(float *out, int64_t ldo, const float *x, int64_t B, int64_t T, int64_t H, int64_t hd);
-/* The three of one q, k, v product at once (one pass, one parallel region): its [B,T,QKV]
-   rows (QKV = (Hq + 2 Hkv) hd; q, k, v side by side) to q [B,Hq,T,hd] and k [B,Hkv,T,hd]
-   rotated from position 0 and v [B,Hkv,T,hd] as is; and the gradients back into dqkv's rows
-   (overwritten). The same bits as fx__rope_forward / fx__to_heads and their transposes. */
-void fx__qkv_to_heads(float *q, float *k, float *v, const float *qkv, const float *rope, int64_t B, int64_t T,
-                      int64_t Hq, int64_t Hkv, int64_t hd);
+/* Where a tensor's heads go: head h of sequence b starts at p + b * seq + h * head, its
+   positions hd floats apart ([B,H,T,hd]: head = T hd, seq = H T hd; a KV cache of cap
+   positions: head = cap hd, p at the first new position). */
+typedef struct fx__heads {
+    float *p;
+    int64_t head, seq;
+} fx__heads;
+/* The three of one layer's q, k, v rows at once (one pass, one parallel region): the [B,T]
+   rows of qkv (ld floats apart; q, k, v side by side, QD + 2 KD floats) to q's and k's heads
+   rotated by position pos0 + t (pairs x[2i], x[2i+1]; with halves, x[i] and x[i + hd/2]) and
+   v's heads as they are; and the gradients back into dqkv's rows (overwritten; pairs, from
+   position 0, [B,H,T,hd]). The same bits as fx__rope_forward / fx__to_heads and their
+   transposes. */
+void fx__qkv_to_heads(fx__heads q, fx__heads k, fx__heads v, const float *qkv, int64_t ld, const float *rope,
+                      bool halves, int64_t B, int64_t T, int64_t pos0, int64_t Hq, int64_t Hkv, int64_t hd);
 void fx__qkv_from_heads(float *dqkv, const float *dq, const float *dk, const float *dv, const float *rope, int64_t B,
                         int64_t T, int64_t Hq, int64_t Hkv, int64_t hd);
 /* The hd/2 frequencies of the config (plain theta, or llama3-scaled as transformers does). */
 void fx__rope_freqs(double *freq, const fx_model_config *c);
 /* Rows t0 .. t1-1 of the table: rope [t, i] = cos, sin of t * freq[i] (computed in double). */
 void fx__rope_rows(float *rope, int64_t t0, int64_t t1, const double *freq, int64_t hd);
-/* y [N,O] += b [O] on every row */
-void fx__bias_forward(float *y, const float *b, int64_t N, int64_t O);
-/* db [O] (+=) <- dy [N,O]: the sum over rows, in row order. */
-void fx__bias_backward(float *db, const float *dy, int64_t N, int64_t O);
+/* y [N,O] += b [O] on every row (rows ldy apart) */
+void fx__bias_forward(float *y, int64_t ldy, const float *b, int64_t N, int64_t O);
+/* db [O] (+=) <- dy [N,O] (rows ldy apart): the sum over rows, in row order. */
+void fx__bias_backward(float *db, const float *dy, int64_t ldy, int64_t N, int64_t O);
 /* out [rows, cols] (rows ldo apart) = silu(a) * b, a and b [rows, cols] with rows ld apart
    (the gate and up halves of one [N, 2F] product: b = a + F, ld = 2F). */
 void fx__swiglu_forward(float *out, int64_t ldo, const float *a, const float *b, int64_t ld, int64_t rows,

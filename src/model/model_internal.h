@@ -108,26 +108,7 @@ static inline void fx__mm(const fx__model *m, bool ta, bool tb, int64_t M, int64
     fx__gemm_bf16(ta, tb, M, N, K, a, lda, b, ldb, beta, C, ldc, m->bf16_ws);
 }
 
-/* fx__linear and fx__linear_backward through fx__mm (w a parameter). */
-static inline void fx__mm_linear(const fx__model *m, float *y, const float *x, const float *w, int64_t N, int64_t I,
-                                 int64_t O, bool acc)
-{
-    fx__mm(m, false, true, N, O, I, x, false, I, w, true, I, acc ? 1.0f : 0.0f, y, O);
-}
-
-static inline void fx__mm_linear_backward(const fx__model *m, float *dx, float *dw, const float *dy, const float *x,
-                                          const float *w, int64_t N, int64_t I, int64_t O, bool acc_dx)
-{
-    fx__mm(m, false, false, N, I, O, dy, false, O, w, true, I, acc_dx ? 1.0f : 0.0f, dx, I);
-    fx__mm(m, true, false, O, I, N, dy, false, O, x, false, I, 1.0f, dw, I);
-}
-
 /* ---- a layer's parameters, and the hook points ------------------------------------------------ */
-
-typedef struct fx__layer_params {
-    float *ln1, *wq, *wk, *wv, *wo, *ln2, *w1, *w3, *w2;
-    float *bq, *bk, *bv; /* NULL without qkv_bias */
-} fx__layer_params;
 
 /* Layer l's first float (l == layers: the final norm) in the parameters or the gradients:
    in the flat buffer, or in the layer's own buffer when sharded training set one. */
@@ -139,21 +120,6 @@ static inline float *fx__layer_base(const fx__model *m, bool grads, int64_t l)
     return (grads ? m->grads : m->params) + fx__layer_first(m, l)->offset;
 }
 
-static inline fx__layer_params fx__layer(const fx__model *m, bool grads, int64_t l)
-{
-    const fx__model_tensor *t = fx__layer_first(m, l);
-    float *buf = fx__layer_base(m, grads, l);
-    size_t o = t->offset;
-    return (fx__layer_params){buf + (t[FX__MODEL_LN1].offset - o), buf + (t[FX__MODEL_WQ].offset - o),
-                              buf + (t[FX__MODEL_WK].offset - o), buf + (t[FX__MODEL_WV].offset - o),
-                              buf + (t[FX__MODEL_WO].offset - o), buf + (t[FX__MODEL_LN2].offset - o),
-                              buf + (t[FX__MODEL_W1].offset - o), buf + (t[FX__MODEL_W3].offset - o),
-                              buf + (t[FX__MODEL_W2].offset - o),
-                              m->c.qkv_bias ? buf + (t[FX__MODEL_BQ].offset - o) : NULL,
-                              m->c.qkv_bias ? buf + (t[FX__MODEL_BK].offset - o) : NULL,
-                              m->c.qkv_bias ? buf + (t[FX__MODEL_BV].offset - o) : NULL};
-}
-
 static inline int fx__layer_hook(fx__model *m, int64_t l, bool backward)
 {
     return m->hooks.layer ? m->hooks.layer((int)l, backward, m->hooks.user) : FX_OK;
@@ -161,7 +127,7 @@ static inline int fx__layer_hook(fx__model *m, int64_t l, bool backward)
 
 /* Between the sub-operations of a layer: lets a multi-process trainer drive its collectives
    in flight (MPI moves them only inside its calls; each stage of a transfer waits for one). */
-static inline void fx__progress_point(fx__model *m)
+static inline void fx__progress_point(const fx__model *m)
 {
     if (m->hooks.progress)
         m->hooks.progress(m->hooks.user);
@@ -190,5 +156,62 @@ void fx__park_clear(const fx__model *m, const fx__acts *a, int64_t l);
 /* Layer l from its input res[l]; writes res[l+1] when write_out (a recomputation for the
    backward pass does not: the stream is already there, bit for bit). */
 int fx__layer_forward(fx__model *m, const fx__acts *a, const fx__attn_call *call, int64_t l, bool write_out);
+
+/* ---- one layer, for training and decoding (layer.c) ------------------------------------------ */
+
+/* Where one layer's weights are and how they are multiplied: each tensor of the architecture
+   table (arch.h) as its bytes and dtype, in the table's order (data NULL where the config has
+   no such tensor). */
+typedef struct fx__layer_w {
+    const fx__model *m;
+    fx__model_weight t[FX__MODEL_PER_LAYER_BIAS];
+    bool train;   /* the model's products (fx__mm: float32, or the weights' bfloat16 copy when
+                     training in bf16); else fx__linear_dt (one row: fx__gemv; BF16, F16 widened) */
+    bool halves;  /* q and k rotate halves (x[i] with x[i + hd/2]: a Hugging Face file as mapped) */
+    float *tile;  /* fx__linear_dt's widening scratch (FX__WIDEN_TILE rows of the widest input) */
+} fx__layer_w;
+
+/* Layer l's weights in the float32 parameters (flat, or the layer's own buffer), for training. */
+fx__layer_w fx__layer_w_train(const fx__model *m, int64_t l);
+/* Layer l's weights for decoding: where the mapped file holds them, or the parameters. */
+fx__layer_w fx__layer_w_decode(const fx__model *m, int64_t l, float *tile);
+/* The gradient of layer l's tensor `which` (an FX__MODEL_* index). */
+float *fx__layer_grad(const fx__model *m, int64_t l, int which);
+
+/* The rows a layer runs on: B sequences of T tokens at positions pos0 .. pos0 + T - 1. */
+typedef struct fx__layer_rows {
+    int64_t B, T, pos0;
+} fx__layer_rows;
+
+/* Where each step of a layer reads and writes; N = B T rows. */
+typedef struct fx__layer_io {
+    const float *in;      /* [N, C] the residual stream entering */
+    float *mid;           /* in + the attention's output: a buffer of its own (in is copied), or in */
+    float *out;           /* mid + the MLP's: a buffer of its own, or mid; NULL: stop after gate and up */
+    float *xn1, *rstd1;   /* the attention's norm [N, C], [N] */
+    float *xn2, *rstd2;   /* the MLP's */
+    float *qkv;           /* [N, QD + 2 KD] the projections, side by side */
+    fx__heads q, k, v;    /* where the rotated q, k and v go */
+    float *att, *lse;     /* the attention's output [B, Hq, T, hd] and lse [B, Hq, T] (the callback's) */
+    float *h13;           /* [N, 2F] gate and up */
+    float *work;          /* [N, max(QD, F)] */
+} fx__layer_io;
+
+/* The attention of io's q, k, v into io->att (and io->lse): over the batch with its block
+   mask (training), or over a KV cache the step has just written k and v into (decoding). */
+typedef int (*fx__layer_attn_fn)(void *ctx, const fx__layer_io *io);
+
+/* One layer forward; the attention by attn(ctx, io). */
+int fx__layer_run(const fx__layer_w *W, const fx__layer_rows *r, const fx__layer_io *io, fx__layer_attn_fn attn,
+                  void *ctx);
+
+/* The tensors one product reads when they are one matrix (fx__layer_run's q, k, v; gate, up). */
+typedef enum fx__group { FX__GROUP_QKV, FX__GROUP_GATE_UP } fx__group;
+/* The backward of a group's product y = x W^T (dy's rows ldy apart): dx [N, I] = dy W
+   (overwritten) and each tensor's gradient += dy^T x, as one product or one per tensor. */
+void fx__layer_group_backward(const fx__layer_w *W, int64_t l, fx__group g, float *dx, const float *dy, int64_t ldy,
+                              const float *x, int64_t N, int64_t I);
+/* d(bq, bk, bv) += the column sums of dqkv [N, ld]. */
+void fx__layer_qkv_bias_backward(const fx__layer_w *W, int64_t l, const float *dqkv, int64_t ld, int64_t N);
 
 #endif

@@ -1,0 +1,185 @@
+/* One layer of the model, run the same way by training and by decoding: the attention's norm,
+   the q, k, v products, RoPE into heads, the attention, the output product, the MLP's norm,
+   gate and up, SwiGLU and the down product. What differs between the two is said by the
+   arguments: where the weights are and how they are multiplied (fx__layer_w), how many rows
+   there are (fx__layer_rows), where each step writes (fx__layer_io) and how the attention is
+   called (a callback: over the batch with its block mask, or over a KV cache). */
+#include "model_internal.h"
+
+#include "core/gemv.h"
+
+/* ---- where the weights are ---------------------------------------------------------------------- */
+
+fx__layer_w fx__layer_w_train(const fx__model *m, int64_t l)
+{
+    fx__layer_w W = {.m = m, .train = true};
+    const fx__model_tensor *t = fx__layer_first(m, l);
+    const float *base = fx__layer_base(m, false, l);
+    for (size_t i = 0; i < m->lay.per_layer; i++)
+        W.t[i] = (fx__model_weight){base + (t[i].offset - t->offset), FX_DT_F32};
+    return W;
+}
+
+fx__layer_w fx__layer_w_decode(const fx__model *m, int64_t l, float *tile)
+{
+    if (!m->mapped) {
+        fx__layer_w W = fx__layer_w_train(m, l);
+        W.train = false;
+        W.tile = tile;
+        return W;
+    }
+    fx__layer_w W = {.m = m, .halves = m->mapped->rope_half, .tile = tile};
+    const size_t first = (size_t)(fx__layer_first(m, l) - m->lay.t);
+    for (size_t i = 0; i < m->lay.per_layer; i++)
+        W.t[i] = m->mapped->t[first + i];
+    return W;
+}
+
+float *fx__layer_grad(const fx__model *m, int64_t l, int which)
+{
+    const fx__model_tensor *t = fx__layer_first(m, l);
+    return fx__layer_base(m, true, l) + (t[which].offset - t->offset);
+}
+
+/* ---- products ----------------------------------------------------------------------------------- */
+
+/* Tensors multiplied by the same input, their outputs side by side in one row: q, k, v (and
+   their biases); gate and up. */
+static const int qkv_weights[] = {FX__MODEL_WQ, FX__MODEL_WK, FX__MODEL_WV};
+static const int qkv_biases[] = {FX__MODEL_BQ, FX__MODEL_BK, FX__MODEL_BV};
+static const int gate_up[] = {FX__MODEL_W1, FX__MODEL_W3};
+static const struct {
+    const int *t;
+    int n;
+} groups[] = {[FX__GROUP_QKV] = {qkv_weights, 3}, [FX__GROUP_GATE_UP] = {gate_up, 2}};
+
+static int64_t rows_of(const fx__layer_w *W, int which)
+{
+    return fx__arch_len_of(fx__arch_layer[which].rows, &W->m->c);
+}
+
+/* Whether the n tensors of t lie one after another in one dtype, rows of `cols` each: then
+   they are one matrix (or one vector), read in one product. */
+static bool group_whole(const fx__layer_w *W, const int *t, int n, int64_t cols)
+{
+    for (int i = 1; i < n; i++) {
+        const fx__model_weight a = W->t[t[i - 1]], b = W->t[t[i]];
+        const size_t bytes = (size_t)(rows_of(W, t[i - 1]) * cols) * fx_dtype_size(a.dtype);
+        if (b.dtype != a.dtype || (const char *)b.data != (const char *)a.data + bytes)
+            return false;
+    }
+    return true;
+}
+
+/* y [N, O] (rows ldy apart; + y when acc) = x [N, I] w [O, I]^T. */
+static void product(const fx__layer_w *W, float *y, int64_t ldy, const float *x, fx__model_weight w, int64_t N,
+                    int64_t I, int64_t O, bool acc)
+{
+    if (W->train)
+        fx__mm(W->m, false, true, N, O, I, x, false, I, w.data, true, I, acc ? 1.0f : 0.0f, y, ldy);
+    else
+        fx__linear_dt(y, ldy, x, w.data, w.dtype, N, I, O, acc, W->tile);
+}
+
+/* y [N, sum of the group's rows] = x [N, I] times the group's tensors transposed, each one's
+   outputs in its columns: one product when they are one matrix, else one each. Each element
+   is the same sum over I either way. */
+static void group_forward(const fx__layer_w *W, fx__group g, float *y, int64_t ldy, const float *x, int64_t N,
+                          int64_t I)
+{
+    const int *t = groups[g].t, n = groups[g].n;
+    if (group_whole(W, t, n, I)) {
+        int64_t O = 0;
+        for (int i = 0; i < n; i++)
+            O += rows_of(W, t[i]);
+        product(W, y, ldy, x, W->t[t[0]], N, I, O, false);
+        return;
+    }
+    for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++)
+        product(W, y + col, ldy, x, W->t[t[i]], N, I, rows_of(W, t[i]), false);
+}
+
+void fx__layer_group_backward(const fx__layer_w *W, int64_t l, fx__group g, float *dx, const float *dy, int64_t ldy,
+                              const float *x, int64_t N, int64_t I)
+{
+    const fx__model *m = W->m;
+    const int *t = groups[g].t, n = groups[g].n;
+    /* The gradients follow the parameters' layout: one matrix where the weights are one. */
+    if (group_whole(W, t, n, I)) {
+        int64_t O = 0;
+        for (int i = 0; i < n; i++)
+            O += rows_of(W, t[i]);
+        fx__mm(m, false, false, N, I, O, dy, false, ldy, W->t[t[0]].data, true, I, 0.0f, dx, I);
+        fx__mm(m, true, false, O, I, N, dy, false, ldy, x, false, I, 1.0f, fx__layer_grad(m, l, t[0]), I);
+        return;
+    }
+    for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++) {
+        const int64_t O = rows_of(W, t[i]);
+        fx__mm(m, false, false, N, I, O, dy + col, false, ldy, W->t[t[i]].data, true, I, i ? 1.0f : 0.0f, dx, I);
+        fx__mm(m, true, false, O, I, N, dy + col, false, ldy, x, false, I, 1.0f, fx__layer_grad(m, l, t[i]), I);
+    }
+}
+
+/* The q, k, v biases added to their columns of qkv [N, ld]: one vector when they are one. */
+static void qkv_bias(const fx__layer_w *W, float *qkv, int64_t ld, int64_t N)
+{
+    if (group_whole(W, qkv_biases, 3, 1)) {
+        fx__bias_forward(qkv, ld, W->t[FX__MODEL_BQ].data, N, ld);
+        return;
+    }
+    for (int i = 0, col = 0; i < 3; col += (int)rows_of(W, qkv_biases[i]), i++)
+        fx__bias_forward(qkv + col, ld, W->t[qkv_biases[i]].data, N, rows_of(W, qkv_biases[i]));
+}
+
+void fx__layer_qkv_bias_backward(const fx__layer_w *W, int64_t l, const float *dqkv, int64_t ld, int64_t N)
+{
+    if (group_whole(W, qkv_biases, 3, 1)) {
+        fx__bias_backward(fx__layer_grad(W->m, l, FX__MODEL_BQ), dqkv, ld, N, ld);
+        return;
+    }
+    for (int i = 0, col = 0; i < 3; col += (int)rows_of(W, qkv_biases[i]), i++)
+        fx__bias_backward(fx__layer_grad(W->m, l, qkv_biases[i]), dqkv + col, ld, N, rows_of(W, qkv_biases[i]));
+}
+
+/* ---- the layer ------------------------------------------------------------------------------------ */
+
+int fx__layer_run(const fx__layer_w *W, const fx__layer_rows *r, const fx__layer_io *io, fx__layer_attn_fn attn,
+                  void *ctx)
+{
+    const fx__model *m = W->m;
+    const fx_model_config *c = &m->c;
+    const int64_t B = r->B, T = r->T, N = B * T, C = c->dim, F = c->ffn, Hq = c->heads, Hkv = c->kv_heads;
+    const int64_t hd = c->head_dim, QD = Hq * hd, QKV = QD + 2 * Hkv * hd;
+
+    /* Attention: mid = in + from_heads(attention(rope(q), rope(k), v)) Wo^T. The norm copies
+       the stream into mid as it reads each row when mid is a buffer of its own. */
+    fx__rmsnorm_forward_copy(io->xn1, io->rstd1, io->mid != io->in ? io->mid : NULL, io->in,
+                             W->t[FX__MODEL_LN1].data, N, C, c->norm_eps);
+    group_forward(W, FX__GROUP_QKV, io->qkv, QKV, io->xn1, N, C);
+    if (c->qkv_bias)
+        qkv_bias(W, io->qkv, QKV, N);
+    fx__progress_point(m);
+    fx__qkv_to_heads(io->q, io->k, io->v, io->qkv, QKV, m->rope, W->halves, B, T, r->pos0, Hq, Hkv, hd);
+    int rc = attn(ctx, io);
+    if (rc)
+        return rc;
+    fx__progress_point(m);
+    const float *ao = io->att; /* one row: [Hq, 1, hd] is already token-major */
+    if (N > 1) {
+        fx__from_heads(io->work, QD, io->att, B, T, Hq, hd);
+        ao = io->work;
+    }
+    product(W, io->mid, C, ao, W->t[FX__MODEL_WO], N, QD, C, true);
+    fx__progress_point(m);
+
+    /* MLP: out = mid + swiglu(gate, up) W2^T, gate and up side by side in h13. */
+    fx__rmsnorm_forward_copy(io->xn2, io->rstd2, io->out && io->out != io->mid ? io->out : NULL, io->mid,
+                             W->t[FX__MODEL_LN2].data, N, C, c->norm_eps);
+    group_forward(W, FX__GROUP_GATE_UP, io->h13, 2 * F, io->xn2, N, C);
+    fx__progress_point(m);
+    if (io->out) {
+        fx__swiglu_forward(io->work, F, io->h13, io->h13 + F, 2 * F, N, F);
+        product(W, io->out, C, io->work, W->t[FX__MODEL_W2], N, F, C, true);
+    }
+    return FX_OK;
+}
