@@ -19,6 +19,25 @@
 
 #ifdef FLEXC_HAVE_CUDA
 
+/* The model's calls on the device (fx__model_device, model.h: the routes of their CPU twins). */
+static void gpu_free(fx__model_gpu *g);
+static int gpu_set_batch(fx__model *m, int64_t B, int64_t T);
+static int gpu_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad);
+static int gpu_backward(fx__model *m);
+static int gpu_zero_grad(fx__model *m);
+static int gpu_grad_norm(fx__model *m, double *norm);
+static int gpu_adamw(fx__model *m, const fx__adamw *o, int64_t t);
+static int gpu_sync(const fx__model *m);
+/* fx__model_decode on the device (generation): the cache's keys and values live there, the
+   block mask is the host cache's (built by fx__model_decode when len == 0) copied over, and
+   the logits of the last token come back to logits [V]. Float32 throughout. */
+static int gpu_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, int64_t n, float *logits);
+
+static const fx__model_device cuda_model = {
+    .name = "cuda", .release = gpu_free, .set_batch = gpu_set_batch, .forward = gpu_forward,
+    .backward = gpu_backward, .zero_grad = gpu_zero_grad, .grad_norm = gpu_grad_norm, .adamw = gpu_adamw,
+    .sync = gpu_sync, .decode = gpu_decode};
+
 /* ---- the device copy ------------------------------------------------------------------------ */
 
 /* Consecutive tensors with the same weight decay: AdamW's launches. */
@@ -157,7 +176,7 @@ static void buffers_free(fx__model_gpu *g)
     g->grad_ready = false;
 }
 
-void fx__model_gpu_free(fx__model_gpu *g)
+static void gpu_free(fx__model_gpu *g)
 {
     if (!g)
         return;
@@ -248,16 +267,18 @@ int fx__model_gpu_attach(fx__model *m, int device, bool bf16)
                   (rc = cu(cudaMemset(g->grads, 0, P * sizeof(float)), "clearing the gradients")) != FX_OK ||
                   (rc = cu(cudaMemset(g->mom, 0, 2 * P * sizeof(float)), "clearing the moments")) != FX_OK))
         goto fail;
-    fx__model_gpu_free(m->gpu);
+    gpu_free(m->gpu);
     m->gpu = g;
+    m->device = &cuda_model;
     if ((rc = fx__model_gpu_upload(m)) != FX_OK) {
         m->gpu = NULL;
+        m->device = NULL;
         goto fail;
     }
     m->grads_zero = train;
     return FX_OK;
 fail:
-    fx__model_gpu_free(g);
+    gpu_free(g);
     return rc;
 }
 
@@ -272,7 +293,7 @@ int fx__model_gpu_upload(fx__model *m)
         rc = cu(cudaMemcpy(g->mom, m->adam, 2 * P * sizeof(float), cudaMemcpyHostToDevice), "uploading the moments");
     if (rc == FX_OK && g->params16)
         rc = fx__cu_round_bf16(g->params16, 1, g->params, (int64_t)P);
-    return rc == FX_OK ? fx__model_gpu_sync(m) : rc;
+    return rc == FX_OK ? gpu_sync(m) : rc;
 }
 
 int fx__model_gpu_download(fx__model *m)
@@ -298,7 +319,7 @@ int fx__model_gpu_grads(const fx__model *m, float *grads)
     return rc ? rc : cu(cudaMemcpy(grads, g->grads, g->P * sizeof(float), cudaMemcpyDeviceToHost), "reading the gradients");
 }
 
-int fx__model_gpu_sync(const fx__model *m)
+static int gpu_sync(const fx__model *m)
 {
     int rc = current(m->gpu);
     return rc ? rc : cu(cudaStreamSynchronize(NULL), "the training step");
@@ -364,7 +385,7 @@ static size_t acts_carve(gpu_acts *a, char *base, const fx__model *m, bool bf16,
     return off;
 }
 
-int fx__model_gpu_set_batch(fx__model *m, int64_t B, int64_t T)
+static int gpu_set_batch(fx__model *m, int64_t B, int64_t T)
 {
     fx__model_gpu *g = m->gpu;
     if (B < 1 || B > (1 << 20))
@@ -577,7 +598,7 @@ static int forward_loss(fx__model *m, bool grad, float *loss)
     return cu(cudaMemcpy(loss, a->loss, sizeof(float), cudaMemcpyDeviceToHost), "reading the loss");
 }
 
-int fx__model_gpu_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
+static int gpu_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
 {
     fx__model_gpu *g = m->gpu;
     if (!g->acts_mem || !tokens)
@@ -675,7 +696,7 @@ static int layer_backward(fx__model *m, int64_t l)
     return rc;
 }
 
-int fx__model_gpu_backward(fx__model *m)
+static int gpu_backward(fx__model *m)
 {
     fx__model_gpu *g = m->gpu;
     if (!g->grads || !g->acts_mem || !g->grad_ready)
@@ -700,7 +721,7 @@ int fx__model_gpu_backward(fx__model *m)
 
 /* ---- optimizer ------------------------------------------------------------------------------ */
 
-int fx__model_gpu_zero_grad(fx__model *m)
+static int gpu_zero_grad(fx__model *m)
 {
     fx__model_gpu *g = m->gpu;
     int rc = current(g);
@@ -710,7 +731,7 @@ int fx__model_gpu_zero_grad(fx__model *m)
     return rc;
 }
 
-int fx__model_gpu_grad_norm(fx__model *m, double *norm)
+static int gpu_grad_norm(fx__model *m, double *norm)
 {
     fx__model_gpu *g = m->gpu;
     int rc = current(g);
@@ -734,7 +755,7 @@ static fx__cu_adamw_k adamw_k(const fx__adamw *o, float wd, int64_t t)
     return (fx__cu_adamw_k){k.gs, k.b1, k.nb1, k.b2, k.nb2, k.lr, k.bc1, k.bc2, k.eps, k.wd, k.zero_grad};
 }
 
-int fx__model_gpu_adamw(fx__model *m, const fx__adamw *o, int64_t t)
+static int gpu_adamw(fx__model *m, const fx__adamw *o, int64_t t)
 {
     fx__model_gpu *g = m->gpu;
     if (!g->mom)
@@ -850,7 +871,7 @@ static int decode_layer(fx__model *m, const fx__model_cache *kc, int64_t l, int6
     return rc;
 }
 
-int fx__model_gpu_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, int64_t n, float *logits)
+static int gpu_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, int64_t n, float *logits)
 {
     fx__model_gpu *g = m->gpu;
     if (g->bf16)
@@ -896,25 +917,8 @@ int fx__model_gpu_attach(fx__model *m, int device, bool bf16)
     (void)m, (void)device, (void)bf16;
     return no_cuda();
 }
-void fx__model_gpu_free(fx__model_gpu *g) { (void)g; }
 int fx__model_gpu_download(fx__model *m) { return (void)m, no_cuda(); }
 int fx__model_gpu_upload(fx__model *m) { return (void)m, no_cuda(); }
 int fx__model_gpu_grads(const fx__model *m, float *grads) { return (void)m, (void)grads, no_cuda(); }
-int fx__model_gpu_set_batch(fx__model *m, int64_t B, int64_t T) { return (void)m, (void)B, (void)T, no_cuda(); }
-int fx__model_gpu_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
-{
-    (void)m, (void)tokens, (void)targets, (void)loss, (void)grad;
-    return no_cuda();
-}
-int fx__model_gpu_backward(fx__model *m) { return (void)m, no_cuda(); }
-int fx__model_gpu_zero_grad(fx__model *m) { return (void)m, no_cuda(); }
-int fx__model_gpu_grad_norm(fx__model *m, double *norm) { return (void)m, (void)norm, no_cuda(); }
-int fx__model_gpu_adamw(fx__model *m, const fx__adamw *o, int64_t t) { return (void)m, (void)o, (void)t, no_cuda(); }
-int fx__model_gpu_sync(const fx__model *m) { return (void)m, no_cuda(); }
-int fx__model_gpu_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, int64_t n, float *logits)
-{
-    (void)m, (void)kc, (void)tokens, (void)n, (void)logits;
-    return no_cuda();
-}
 
 #endif

@@ -3,9 +3,10 @@
    fx__model_gpu_attach gives a host model (src/model/model.h) a device copy: the float32 weights
    in the host's flat layout, their bfloat16 copy under bf16, the gradients, the two Adam
    moments and the activations of a (B, T) batch. From then on the model's own calls run
-   there: fx__model_set_batch, fx__model_forward, fx__model_backward, fx__model_zero_grad and the
-   training step's norm and optimizer (src/model/step.c) route to the functions below when
-   m->gpu is set, with the CPU path's semantics (the same loss, masks, clipping and AdamW).
+   there: fx__model_set_batch, fx__model_forward, fx__model_backward, fx__model_zero_grad, the
+   training step's norm and optimizer (src/model/step.c) and fx__model_decode route to this
+   file's table (m->device, fx__model_device in model.h), with the CPU path's semantics (the
+   same loss, masks, clipping and AdamW).
 
    The host buffers are not kept in step: fx__model_gpu_download copies the weights and moments
    back (before a checkpoint is written by the usual writer), fx__model_gpu_upload sends them
@@ -28,8 +29,6 @@
    in the build, no device) or what the device path does not do (recompute, bfloat16 moments,
    the dense-causal baseline mask, head sizes above 256, sharded training). */
 int fx__model_gpu_attach(fx__model *m, int device, bool bf16);
-/* Frees the device copy (fx__model_free calls it). */
-void fx__model_gpu_free(struct fx__model_gpu *g);
 /* The device's weights and Adam moments into m->params and m->adam. */
 int fx__model_gpu_download(fx__model *m);
 /* m->params (and m->adam when the model has it) to the device, and the bfloat16 copy. */
@@ -37,18 +36,6 @@ int fx__model_gpu_upload(fx__model *m);
 /* The device's gradients into grads [P] (tests). */
 int fx__model_gpu_grads(const fx__model *m, float *grads);
 
-/* The model's calls on the device (the routes of their CPU twins in model.h). */
-int fx__model_gpu_set_batch(fx__model *m, int64_t B, int64_t T);
-int fx__model_gpu_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad);
-int fx__model_gpu_backward(fx__model *m);
-int fx__model_gpu_zero_grad(fx__model *m);
-int fx__model_gpu_grad_norm(fx__model *m, double *norm);
-int fx__model_gpu_adamw(fx__model *m, const fx__adamw *o, int64_t t);
-/* fx__model_decode on the device (generation): the cache's keys and values live there, the
-   block mask is the host cache's (built by fx__model_decode when len == 0) copied over, and
-   the logits of the last token come back to logits [V]. Float32 throughout. */
-int fx__model_gpu_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, int64_t n, float *logits);
-/* Waits for the device's queued work (the step's timings). */
-int fx__model_gpu_sync(const fx__model *m);
+/* The model's own calls then run on the device through m->device (fx__model_device, model.h). */
 
 #endif

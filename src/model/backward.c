@@ -1,7 +1,6 @@
 /* The backward pass: gradients of the last forward's mean loss, accumulated into the
    gradient buffer layer by layer, with the distributed hooks called as they become final. */
 #include "model_internal.h"
-#include "cuda/model_gpu.h"
 
 #include <string.h>
 
@@ -9,8 +8,8 @@
 
 int fx__model_backward(fx__model *m)
 {
-    if (m && m->gpu)
-        return fx__model_gpu_backward(m);
+    if (m && m->device)
+        return m->device->backward(m);
     if (!m || !m->grads || !m->acts || !m->grad_ready)
         return fx__error(FX_EINVAL, "fx__model_backward: no forward with gradients before it");
     m->grad_ready = false;
@@ -99,8 +98,8 @@ int fx__model_backward(fx__model *m)
 
 void fx__model_zero_grad(fx__model *m)
 {
-    if (m->gpu) {
-        (void)fx__model_gpu_zero_grad(m); /* a failure shows in the next device call */
+    if (m->device) {
+        (void)m->device->zero_grad(m); /* a failure shows in the next device call */
         return;
     }
     if (m->grads)

@@ -5,7 +5,6 @@
 #include "model_internal.h"
 
 #include "core/gemv.h"
-#include "cuda/model_gpu.h"
 
 #include <string.h>
 
@@ -182,8 +181,8 @@ int fx__model_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, i
     int rc;
     if (p0 == 0 && (rc = fx__cache_mask(m, kc, tokens[0])) != FX_OK)
         return rc;
-    if (m->gpu)
-        return fx__model_gpu_decode(m, kc, tokens, n, logits);
+    if (m->device)
+        return m->device->decode(m, kc, tokens, n, logits);
     const decode_ws w = decode_scratch(c, kc->scratch, ctx);
     fx__model_weight wte = fx__embedding(m);
     for (int64_t i = 0; i < n; i++)

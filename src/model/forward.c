@@ -3,7 +3,6 @@
 #include "model_internal.h"
 #include "attention/internal.h"
 #include "lce/lce_internal.h"
-#include "cuda/model_gpu.h"
 
 #include <math.h>
 #include <string.h>
@@ -317,8 +316,8 @@ static int forward_loss(fx__model *m, const fx__acts *a, bool grad, float *out)
 
 int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
 {
-    if (m && m->gpu)
-        return fx__model_gpu_forward(m, tokens, targets, loss, grad);
+    if (m && m->device)
+        return m->device->forward(m, tokens, targets, loss, grad);
     if (!m || !tokens || !m->acts)
         return fx__error(FX_EINVAL, "fx__model_forward: no model, tokens or batch shape (fx__model_set_batch)");
     if (grad && (!m->grads || !targets))

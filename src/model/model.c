@@ -1,7 +1,6 @@
 /* The model: configuration and presets, the parameter table, creation and initialisation,
    and the buffers of training (gradients, Adam moments, activations). */
 #include "model_internal.h"
-#include "cuda/model_gpu.h"
 
 #include <errno.h>
 #include <math.h>
@@ -199,7 +198,8 @@ void fx__model_free(fx__model *m)
 {
     if (!m)
         return;
-    fx__model_gpu_free(m->gpu);
+    if (m->device)
+        m->device->release(m->gpu);
     fx_block_mask_free(m->bmask);
     fx__model_mapped_free(m->mapped);
     fx__free(m->lay.t);
@@ -339,8 +339,8 @@ int fx__model_set_batch(fx__model *m, int64_t B, int64_t T)
     if (T < 1 || T > m->c.ctx)
         return fx__error(FX_EINVAL, "sequence length %lld is outside [1, %lld] (the model's context)",
                          (long long)T, (long long)m->c.ctx);
-    if (m->gpu) /* the activations live on the device */
-        return fx__model_gpu_set_batch(m, B, T);
+    if (m->device) /* the activations live on the device */
+        return m->device->set_batch(m, B, T);
     int rc = fx__model_rope_ensure(m, T);
     if (rc)
         return rc;

@@ -124,6 +124,25 @@ typedef struct fx__model_mapped {
 /* The device copy of a model trained on a CUDA device (src/cuda/model_gpu.h). */
 typedef struct fx__model_gpu fx__model_gpu;
 
+/* A device that runs a model's calls: when a model has one (m->device, set with m->gpu by the
+   device's attach call, e.g. src/cuda's fx__model_gpu_attach), fx__model_set_batch,
+   fx__model_forward, fx__model_backward, fx__model_zero_grad, the training step's norm and
+   optimizer, and fx__model_decode route to it, with the CPU path's semantics. The model
+   reaches a device through this table only, so src/model includes no backend. */
+struct fx__adamw;
+typedef struct fx__model_device {
+    const char *name;                          /* "cuda" */
+    void (*release)(fx__model_gpu *g);         /* frees the device copy */
+    int (*set_batch)(struct fx_model *m, int64_t B, int64_t T);
+    int (*forward)(struct fx_model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad);
+    int (*backward)(struct fx_model *m);
+    int (*zero_grad)(struct fx_model *m);
+    int (*grad_norm)(struct fx_model *m, double *norm);
+    int (*adamw)(struct fx_model *m, const struct fx__adamw *o, int64_t t);
+    int (*sync)(const struct fx_model *m);     /* waits for the device's queued work */
+    int (*decode)(struct fx_model *m, struct fx_model_cache *kc, const int32_t *tokens, int64_t n, float *logits);
+} fx__model_device;
+
 /* The public fx_model is this struct. */
 typedef struct fx_model fx__model;
 struct fx_model {
@@ -180,6 +199,7 @@ struct fx_model {
     fx__model_gpu *gpu;       /* training on a CUDA device (fx__model_gpu_attach): set_batch, forward,
                                backward and the step's optimizer run there; params and adam are
                                current only after fx__model_gpu_download */
+    const fx__model_device *device; /* the calls of that device (set with gpu), or NULL */
 };
 
 /* Grows the RoPE table to positions [0, len) (len <= ctx). */

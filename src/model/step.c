@@ -1,6 +1,5 @@
 /* The training step and evaluation, shared by `flexc train`, the benchmark and the tests. */
 #include "model.h"
-#include "cuda/model_gpu.h"
 
 #include <math.h>
 
@@ -25,7 +24,7 @@ int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_
         /* (On a device the forward returns once the loss is read back; the backward is timed
            to the end of its queued work.) */
         double t1 = fx__seconds();
-        if ((rc = fx__model_backward(m)) != FX_OK || (m->gpu && (rc = fx__model_gpu_sync(m)) != FX_OK))
+        if ((rc = fx__model_backward(m)) != FX_OK || (m->device && (rc = m->device->sync(m)) != FX_OK))
             return rc;
         t_fwd += t1 - t0, t_bwd += fx__seconds() - t1;
         loss += l;
@@ -34,9 +33,9 @@ int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_
     /* The gradient of the mean over micro-batches, clipped to the global norm: one scale
        that AdamW applies as it reads the gradients. */
     double norm;
-    if (!m->gpu)
+    if (!m->device)
         norm = fx__model_grad_norm(m);
-    else if ((rc = fx__model_gpu_grad_norm(m, &norm)) != FX_OK)
+    else if ((rc = m->device->grad_norm(m, &norm)) != FX_OK)
         return rc;
     norm /= (double)s->accum;
     double scale = 1.0 / (double)s->accum;
@@ -49,9 +48,9 @@ int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_
     if (isfinite(lossf) && isfinite(norm)) {
         fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f,
                        .weight_decay = s->weight_decay, .grad_scale = (float)scale, .zero_grad = true};
-        if (!m->gpu)
+        if (!m->device)
             fx__model_adamw(m, &o, s->step + 1);
-        else if ((rc = fx__model_gpu_adamw(m, &o, s->step + 1)) != FX_OK || (rc = fx__model_gpu_sync(m)) != FX_OK)
+        else if ((rc = m->device->adamw(m, &o, s->step + 1)) != FX_OK || (rc = m->device->sync(m)) != FX_OK)
             return rc;
         s->step++;
     }
