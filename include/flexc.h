@@ -110,6 +110,28 @@ FX_API fx_isa fx_get_isa(void);
 FX_API int fx_set_isa(fx_isa isa);
 FX_API const char *fx_isa_name(fx_isa isa);
 
+/* ---- element types ----------------------------------------------------------------------- */
+
+/* The element types of tensors: those of the safetensors format (docs/safetensors.md), and the
+   dtype of an attention or loss call (fx_attention.dtype, fx_lce.dtype). FX_DT_BOOL is 0, so a
+   zero-initialised call struct reads 0 there; those calls take 0 as float32 (see their
+   headers). */
+typedef enum fx_dtype {
+    FX_DT_BOOL, FX_DT_U8, FX_DT_I8, FX_DT_I16, FX_DT_U16, FX_DT_F16, FX_DT_BF16,
+    FX_DT_I32, FX_DT_U32, FX_DT_F32, FX_DT_F64, FX_DT_I64, FX_DT_U64,
+    FX_DT_F8_E4M3, FX_DT_F8_E5M2 /* more may follow */
+} fx_dtype;
+/* The number of dtypes above: valid values are 0 .. FX_DT_COUNT-1. */
+#define FX_DT_COUNT 15
+
+/* Bytes per element (1, 2, 4 or 8); 0 when dt is not a dtype. */
+FX_API size_t fx_dtype_size(fx_dtype dt);
+/* The name the safetensors format uses ("F32", "BF16", "F8_E4M3", ...); NULL when dt is not a
+   dtype. */
+FX_API const char *fx_dtype_name(fx_dtype dt);
+/* The dtype spelled `name` exactly (upper case, as in files); FX_EINVAL otherwise. */
+FX_API int fx_dtype_from_name(fx_dtype *out, const char *name);
+
 /* ---- CUDA devices ------------------------------------------------------------------------ */
 
 /* CUDA devices this process can use (docs/cuda.md): 0 when the library was built without

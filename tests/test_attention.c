@@ -117,7 +117,8 @@ static int check_case(const char *what, ref_case *c, float lo, float hi, uint64_
 
 static fx_attention shape(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lkv, int64_t D, int64_t Dv)
 {
-    fx_attention a = {.B = B, .Hq = Hq, .Hkv = Hkv, .Lq = Lq, .Lkv = Lkv, .D = D, .Dv = Dv};
+    fx_attention a = fx_attention_defaults(B, Hq, Hkv, Lq, Lkv, D);
+    a.Dv = Dv;
     return a;
 }
 
@@ -842,6 +843,52 @@ static void test_mask_size_limit(void)
     FXT_CHECK(fx_block_mask_max_bytes() == FX_BLOCK_MASK_DEFAULT_MAX_BYTES);
 }
 
+/* fx_attention_defaults: the sizes, Dv = D and every option off, dtype FX_DT_F32 written out;
+   a zero-initialised struct (dtype 0, FX_DT_BOOL's value) is the same float32 CPU call,
+   bit for bit; a dtype that is neither is refused. */
+static void test_attention_defaults(void)
+{
+    fx_attention a = fx_attention_defaults(2, 4, 2, 33, 40, 16);
+    FXT_EQ_INT(a.B, 2);
+    FXT_EQ_INT(a.Hq, 4);
+    FXT_EQ_INT(a.Hkv, 2);
+    FXT_EQ_INT(a.Lq, 33);
+    FXT_EQ_INT(a.Lkv, 40);
+    FXT_EQ_INT(a.D, 16);
+    FXT_EQ_INT(a.Dv, 16);
+    FXT_CHECK(a.scale == 0.0f);
+    FXT_EQ_INT(a.q_offset, 0);
+    FXT_CHECK(a.mask == NULL && a.score_mod == NULL && a.score_mod_grad == NULL && a.score_ctx == NULL);
+    FXT_EQ_INT(a.device, 0);
+    FXT_CHECK(a.stream == NULL);
+    FXT_EQ_INT(a.dtype, FX_DT_F32);
+
+    const int64_t nq = 2 * 4 * 33, nkv = 2 * 2 * 40;
+    float *q = fxt_random(nq * 16, -1, 1, 11), *k = fxt_random(nkv * 16, -1, 1, 12), *v = fxt_random(nkv * 16, -1, 1, 13);
+    float *o1 = fxt_guarded(nq * 16), *o2 = fxt_guarded(nq * 16), *l1 = fxt_guarded(nq), *l2 = fxt_guarded(nq);
+    FXT_OK(fx_flex_attention(&a, q, k, v, o1, l1));
+    fx_attention zero = {.B = 2, .Hq = 4, .Hkv = 2, .Lq = 33, .Lkv = 40, .D = 16, .Dv = 16};
+    FXT_EQ_INT(zero.dtype, 0);
+    FXT_OK(fx_flex_attention(&zero, q, k, v, o2, l2));
+    fxt_bitwise_f32("defaults vs zero-initialised", o1, o2, nq * 16);
+    fxt_bitwise_f32("defaults vs zero-initialised lse", l1, l2, nq);
+    /* and both are attention: the reference's answer */
+    ref_case c = {.a = a};
+    double *ro = fxt_alloc_f64(nq * 16), *rl = fxt_alloc_f64(nq);
+    reference(&c, q, k, v, ro, rl);
+    fxt_close_f32("defaults vs reference", o1, ro, nq * 16, 1e-5, 1e-4);
+    fxt_close_f32("defaults vs reference lse", l1, rl, nq, 1e-5, 1e-4);
+
+    fx_attention f16 = a;
+    f16.dtype = FX_DT_F16;
+    FXT_STATUS(fx_flex_attention(&f16, q, k, v, o2, l2), FX_EINVAL, "dtype");
+    fxt_guarded_free("o1", o1);
+    fxt_guarded_free("o2", o2);
+    fxt_guarded_free("l1", l1);
+    fxt_guarded_free("l2", l2);
+    free(q), free(k), free(v), free(ro), free(rl);
+}
+
 static void test_errors(void)
 {
     fx_block_mask *m = NULL;
@@ -1163,6 +1210,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_determinism_large);
     FXT_RUN(test_window_runs);
     FXT_RUN(test_large_output);
+    FXT_RUN(test_attention_defaults);
     FXT_RUN(test_errors);
     FXT_RUN(test_mask_size_limit);
     FXT_RUN(test_random_sweep);

@@ -5,7 +5,8 @@
  *     fx_block_mask *m;                                  // once per shape, reused
  *     fx_mask_sliding_window_ctx w = {.window = 256};
  *     int rc = fx_block_mask_create(&m, fx_mask_sliding_window, &w, 1, 1, L, L, 0, 0);
- *     fx_attention a = {.B = 1, .Hq = 8, .Hkv = 2, .Lq = L, .Lkv = L, .D = 64, .Dv = 64, .mask = m};
+ *     fx_attention a = fx_attention_defaults(1, 8, 2, L, L, 64); // Dv = D, CPU, float32
+ *     a.mask = m;
  *     rc = fx_flex_attention(&a, q, k, v, out, lse);     // lse may be NULL
  *     fx_block_mask_free(m);
  *
@@ -20,7 +21,6 @@
 #define FLEXC_ATTENTION_H
 
 #include "../flexc.h"
-#include "safetensors.h" /* fx_dtype */
 
 #ifdef __cplusplus
 extern "C" {
@@ -163,9 +163,19 @@ typedef struct fx_attention {
     int device;   /* 0: the CPU, host pointers; k > 0: CUDA device k - 1, every tensor (and the
                      mask's copy, the score mods' slopes or tables) in that device's memory */
     void *stream; /* device calls: the cudaStream_t they are queued on, NULL: the default stream */
-    int dtype;    /* 0 or FX_DT_F32: float32; FX_DT_BF16 (device only): q, k, v, out, dout, dq, dk,
-                     dv are bfloat16 (lse stays float32; accumulation is float32) */
+    fx_dtype dtype; /* FX_DT_F32: float32; FX_DT_BF16 (device only): q, k, v, out, dout, dq, dk,
+                       dv are bfloat16 (lse stays float32; accumulation is float32). 0 (which is
+                       FX_DT_BOOL) is also taken as float32, so that a zero-initialised struct is
+                       a float32 CPU call, as it always was; fx_attention_defaults sets FX_DT_F32 */
 } fx_attention;
+
+/* The call of those sizes with every option off: Dv = D, scale 0 (1/sqrt(D)), no mask, no
+   score mod, q_offset 0, the CPU, float32. Set the fields that differ afterwards.
+
+       fx_attention a = fx_attention_defaults(B, Hq, Hkv, L, L, 64);
+       a.mask = m;                                   // a block mask, or leave NULL
+       rc = fx_flex_attention(&a, q, k, v, out, lse); */
+FX_API fx_attention fx_attention_defaults(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lkv, int64_t D);
 
 /* q [B,Hq,Lq,D], k [B,Hkv,Lkv,D], v [B,Hkv,Lkv,Dv] -> out [B,Hq,Lq,Dv], lse [B,Hq,Lq] (may be NULL).
    A fully masked row gives out = 0 and lse = -inf; a row that meets a NaN score gives NaN in

@@ -29,7 +29,6 @@
 #define FLEXC_LCE_H
 
 #include "../flexc.h"
-#include "safetensors.h" /* fx_dtype */
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,12 +51,14 @@ typedef struct fx_lce {
     /* Where the call runs (docs/cuda.md); all zero keeps the CPU path and float32. */
     int device;            /* 0: the CPU; k > 0: CUDA device k - 1, every pointer in its memory */
     void *stream;          /* device calls: the cudaStream_t they are queued on, NULL: default */
-    int dtype;             /* 0 or FX_DT_F32: float32; FX_DT_BF16 (device only): h, w, bias, dh,
-                              dw, dbias are bfloat16 (loss, lse, grad_loss stay float32) */
+    fx_dtype dtype;        /* FX_DT_F32: float32; FX_DT_BF16 (device only): h, w, bias, dh,
+                              dw, dbias are bfloat16 (loss, lse, grad_loss stay float32). 0
+                              (FX_DT_BOOL) is also taken as float32, so that a zero-initialised
+                              struct is a float32 CPU call; fx_lce_defaults sets FX_DT_F32 */
 } fx_lce;
 
 /* N, D, V with PyTorch's defaults: MEAN, ignore_index -100, no smoothing, z-loss or cap,
-   automatic chunking. */
+   automatic chunking; the CPU, float32 (FX_DT_F32). */
 FX_API fx_lce fx_lce_defaults(int64_t N, int64_t D, int64_t V);
 
 /* h [N,D], w [V,D], bias [V] or NULL, target [N] -> loss [1] (MEAN, SUM) or [N] (NONE), lse [N] or NULL.

@@ -49,14 +49,6 @@
 extern "C" {
 #endif
 
-typedef enum fx_dtype {
-    FX_DT_BOOL, FX_DT_U8, FX_DT_I8, FX_DT_I16, FX_DT_U16, FX_DT_F16, FX_DT_BF16,
-    FX_DT_I32, FX_DT_U32, FX_DT_F32, FX_DT_F64, FX_DT_I64, FX_DT_U64,
-    FX_DT_F8_E4M3, FX_DT_F8_E5M2 /* more may follow */
-} fx_dtype;
-/* The number of dtypes above: valid values are 0 .. FX_DT_COUNT-1. */
-#define FX_DT_COUNT 15
-
 #define FX_MAX_DIMS 8
 typedef struct fx_tensor_view {
     const char *name;
@@ -69,12 +61,8 @@ typedef struct fx_tensor_view {
 
 /* ---- dtypes -------------------------------------------------------------------------------- */
 
-/* Bytes per element (1, 2, 4 or 8); 0 when dt is not a dtype. */
-FX_API size_t fx_dtype_size(fx_dtype dt);
-/* The name the format uses ("F32", "BF16", "F8_E4M3", ...); NULL when dt is not a dtype. */
-FX_API const char *fx_dtype_name(fx_dtype dt);
-/* The dtype spelled `name` exactly (upper case, as in files); FX_EINVAL otherwise. */
-FX_API int fx_dtype_from_name(fx_dtype *out, const char *name);
+/* fx_dtype, fx_dtype_size, fx_dtype_name and fx_dtype_from_name are declared in flexc.h (the
+   element types are shared with attention and lce). */
 /* Product of shape[0..ndim) (1 for a scalar); -1 when ndim or a dimension is out of range or
    the product overflows int64_t. */
 FX_API int64_t fx_tensor_numel(const fx_tensor_view *t);

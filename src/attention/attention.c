@@ -221,6 +221,11 @@ int fx__flex_forward(const fx_attention *a, const float *q, const float *k, cons
     return fx__flex_forward_flags(a, 0, q, k, v, out, lse);
 }
 
+fx_attention fx_attention_defaults(int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t Lkv, int64_t D)
+{
+    return (fx_attention){.B = B, .Hq = Hq, .Hkv = Hkv, .Lq = Lq, .Lkv = Lkv, .D = D, .Dv = D, .dtype = FX_DT_F32};
+}
+
 int fx_flex_attention(const fx_attention *a, const float *q, const float *k, const float *v, float *out,
                       float *lse)
 {

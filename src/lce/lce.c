@@ -945,7 +945,8 @@ static int lce_run(lce_call *k)
 
 fx_lce fx_lce_defaults(int64_t N, int64_t D, int64_t V)
 {
-    return (fx_lce){.N = N, .D = D, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN};
+    return (fx_lce){.N = N, .D = D, .V = V, .ignore_index = -100, .reduction = FX_REDUCTION_MEAN,
+                    .dtype = FX_DT_F32};
 }
 
 int fx_linear_cross_entropy_plan(const fx_lce *p, int64_t *chunk, int64_t *vocab_chunk, size_t *workspace_bytes)
