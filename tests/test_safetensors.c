@@ -92,7 +92,7 @@ static fx_safetensors *const SENTINEL = (fx_safetensors *)(uintptr_t)0x5a5a;
         if ((status) != FX_OK)                                                               \
             FXT_CHECK(f_ == SENTINEL);                                                       \
         else if (f_ != SENTINEL)                                                             \
-            fx_safetensors_close(f_);                                                        \
+            fx_safetensors_free(f_);                                                        \
     } while (0)
 
 /* A header and the data bytes after it, and what opening the file must give. */
@@ -123,7 +123,7 @@ static void expect_headers(const header_case *cases, size_t n)
         if ((status) != FX_OK)                                                               \
             FXT_CHECK(f_ == SENTINEL);                                                       \
         else if (f_ != SENTINEL)                                                             \
-            fx_safetensors_close(f_);                                                        \
+            fx_safetensors_free(f_);                                                        \
     } while (0)
 
 #define EXPECT_LIT(s, status, msg) EXPECT_BYTES(s, sizeof(s) - 1, status, msg)
@@ -156,7 +156,7 @@ static void test_reference_deserialization(void)
     FXT_CHECK(fx_safetensors_find(f, "nope") == NULL);
     FXT_CHECK(fx_safetensors_metadata(f, "format") == NULL);
     FXT_EQ_INT(fx_safetensors_header_size(f), 60);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 }
 
 static void test_reference_scalar_and_zero_size(void)
@@ -169,7 +169,7 @@ static void test_reference_scalar_and_zero_size(void)
     FXT_OK(fx_safetensors_open(&f, p));
     const fx_tensor_view *t = fx_safetensors_find(f, "test");
     FXT_CHECK(t && t->ndim == 0 && t->nbytes == 4 && fx_tensor_numel(t) == 1);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 
     /* test_zero_sized_tensor (note the space inside data_offsets: white space is JSON's). */
     static const char z[] = "<\0\0\0\0\0\0\0{\"test\":{\"dtype\":\"I32\",\"shape\":[2,0],\"data_offsets\":[0, 0]}}";
@@ -182,7 +182,7 @@ static void test_reference_scalar_and_zero_size(void)
     const void *buf = fx_safetensors_buffer(f, &blen);
     FXT_EQ_INT(blen, 0);
     FXT_CHECK(t && t->data == buf); /* in bounds (one past the end of an empty buffer) */
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 }
 
 static void test_reference_errors(void)
@@ -282,7 +282,7 @@ static void test_reference_serialization_bytes(void)
     fx_safetensors *f;
     FXT_OK(fx_safetensors_open(&f, p));
     FXT_CHECK((uintptr_t)fx_safetensors_find(f, "attn0")->data % 4 == 0);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 
     FXT_OK(fx_safetensors_save(p, NULL, 0, NULL));
     got = read_bytes(p, &n);
@@ -509,7 +509,7 @@ static void test_rule_metadata(void)
     FXT_EQ_STR(fx_safetensors_metadata_key(f, 2), "note");
     FXT_CHECK(fx_safetensors_metadata_key(f, 3) == NULL);
     FXT_CHECK(fx_safetensors_find(f, "__metadata__") == NULL);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 }
 
 static void test_open_io_errors(void)
@@ -540,7 +540,7 @@ static void test_open_io_errors(void)
     const char *p = file_with("named.safetensors", "{\"w\":5}", 7, 0);
     FXT_STATUS(fx_safetensors_open(&f, p), FX_EFORMAT, "named.safetensors: tensor 'w'");
     /* NULL handles are harmless. */
-    fx_safetensors_close(NULL);
+    fx_safetensors_free(NULL);
     FXT_EQ_INT(fx_safetensors_count(NULL), 0);
     FXT_CHECK(fx_safetensors_find(NULL, "a") == NULL);
 }
@@ -575,7 +575,7 @@ static void test_order_and_alignment(void)
     FXT_EQ_INT(blen, 9);
     FXT_EQ_INT((const unsigned char *)b->data - buf, 1);
     FXT_EQ_INT(buf[0], 7);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 }
 
 /* Many tensors: lookup by name is exact for each. */
@@ -604,7 +604,7 @@ static void test_find_many(void)
     }
     FXT_EQ_INT(bad, 0);
     FXT_CHECK(fx_safetensors_find(f, "t") == NULL && fx_safetensors_find(f, "t5000") == NULL);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 }
 
 /* ---- round trips ------------------------------------------------------------------------------ */
@@ -675,7 +675,7 @@ static void test_roundtrip_every_dtype(void)
     FXT_CHECK(before && after && n1 == n2 && !memcmp(before, after, n1));
     free(before);
     free(after);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
     for (int i = 0; i < NT; i++)
         free(bufs[i]);
 }
@@ -754,8 +754,8 @@ static void test_save_replaces_atomically(void)
     FXT_OK(fx_safetensors_open(&neu, p));
     FXT_EQ_INT(*(const uint8_t *)fx_safetensors_find(old, "x")->data, 1); /* old mapping intact */
     FXT_EQ_INT(*(const uint8_t *)fx_safetensors_find(neu, "x")->data, 2);
-    fx_safetensors_close(old);
-    fx_safetensors_close(neu);
+    fx_safetensors_free(old);
+    fx_safetensors_free(neu);
     /* Default permissions: 0666 minus the umask, as for any new file. */
     mode_t saved = umask(022);
     FXT_OK(fx_safetensors_save(p, &t, 1, NULL));
@@ -825,7 +825,7 @@ static void test_index(void)
     FXT_CHECK(fx_safetensors_index_find(x, "extra") == NULL); /* not in weight_map */
     FXT_CHECK(fx_safetensors_index_find(x, "zz") == NULL);
     FXT_EQ_STR(fx_safetensors_metadata(fx_safetensors_index_shard(x, 1), "format"), "pt");
-    fx_safetensors_index_close(x);
+    fx_safetensors_index_free(x);
 
     /* A shard in a subdirectory is inside the directory. */
     snprintf(sub, sizeof sub, "%s/sub", dir);
@@ -837,7 +837,7 @@ static void test_index(void)
     x = NULL;
     FXT_OK(fx_safetensors_index_open(&x, pi));
     FXT_CHECK(x && fx_safetensors_index_find(x, "q"));
-    fx_safetensors_index_close(x);
+    fx_safetensors_index_free(x);
 
     /* An outside file that exists, reachable by "..": refused before it is opened. */
     char outside[700];
@@ -882,9 +882,41 @@ static void test_index(void)
     x = NULL;
     FXT_OK(fx_safetensors_index_open(&x, pi));
     FXT_EQ_INT(fx_safetensors_index_count(x), 0);
-    fx_safetensors_index_close(x);
+    fx_safetensors_index_free(x);
     FXT_STATUS(fx_safetensors_index_open(&x, tpath("none.json")), FX_EIO, "cannot open");
     FXT_STATUS(fx_safetensors_index_open(NULL, pi), FX_EINVAL, "out is NULL");
+    fx_safetensors_index_free(NULL);
+}
+
+/* The former destructor names, fx_safetensors_close and fx_safetensors_index_close, are kept
+   exported for callers linked against them: they release what the _free names release. */
+static void test_close_aliases(void)
+{
+    char dir[600], p1[700], pi[700];
+    snprintf(dir, sizeof dir, "%s/alias", tmpdir);
+    mkdir(dir, 0755);
+    snprintf(p1, sizeof p1, "%s/one.safetensors", dir);
+    snprintf(pi, sizeof pi, "%s/model.safetensors.index.json", dir);
+    save_u8(p1, (const char *const[]){"a", "b"}, 2, 0);
+    write_text(pi, "{\"weight_map\":{\"a\":\"one.safetensors\",\"b\":\"one.safetensors\"}}");
+    size_t before, now, peak;
+    fx_mem_stats(&before, &peak);
+    fx_safetensors *f = NULL;
+    FXT_OK(fx_safetensors_open(&f, p1));
+    fx_mem_stats(&now, &peak);
+    FXT_CHECK(now > before);
+    fx_safetensors_close(f);
+    fx_mem_stats(&now, &peak);
+    FXT_EQ_INT(now, before);
+    fx_safetensors_index *x = NULL;
+    FXT_OK(fx_safetensors_index_open(&x, pi));
+    FXT_CHECK(x && fx_safetensors_index_find(x, "b"));
+    fx_mem_stats(&now, &peak);
+    FXT_CHECK(now > before);
+    fx_safetensors_index_close(x);
+    fx_mem_stats(&now, &peak);
+    FXT_EQ_INT(now, before);
+    fx_safetensors_close(NULL);
     fx_safetensors_index_close(NULL);
 }
 
@@ -941,7 +973,7 @@ static void test_header_cost(void)
         name[short_name(name, 5)] = '\0';
         FXT_EQ_STR(fx_safetensors_tensor(f, 5)->name, name);
         FXT_EQ_STR(fx_safetensors_metadata(f, "format"), "pt");
-        fx_safetensors_close(f);
+        fx_safetensors_free(f);
     }
     /* The peek: the format key without the tensor table, and nothing of the header's size. */
     char fmt[8];
@@ -988,7 +1020,7 @@ static void test_header_cost(void)
         key[short_name(key, NM - 1)] = '\0';
         FXT_EQ_STR(fx_safetensors_metadata(f, key), "");
         FXT_EQ_STR(fx_safetensors_metadata_key(f, NM - 1), key);
-        fx_safetensors_close(f);
+        fx_safetensors_free(f);
     }
     free(h);
     /* The peek checks the syntax and the kind of __metadata__. */
@@ -1008,7 +1040,7 @@ static void test_no_leaks(void)
     for (int i = 0; i < 3; i++) {
         fx_safetensors *f;
         FXT_OK(fx_safetensors_open(&f, p));
-        fx_safetensors_close(f);
+        fx_safetensors_free(f);
         p = file_with("leak2.safetensors", "{\"w\":5}", 7, 0);
         FXT_STATUS(fx_safetensors_open(&f, p), FX_EFORMAT, "");
         p = file_with("leak.safetensors", h, strlen(h), 4);
@@ -1041,6 +1073,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_save_invalid);
     FXT_RUN(test_save_replaces_atomically);
     FXT_RUN(test_index);
+    FXT_RUN(test_close_aliases);
     FXT_RUN(test_header_cost);
     FXT_RUN(test_no_leaks);
     fxt_rm_tree(tmpdir);

@@ -4,7 +4,7 @@
  *
  * Reading. The file is memory-mapped read-only and validated completely before any pointer is
  * handed out; a file that breaks a rule is FX_EFORMAT and fx_last_error() names the rule and
- * the tensor. Views point straight into the mapping and live until fx_safetensors_close().
+ * the tensor. Views point straight into the mapping and live until fx_safetensors_free().
  *
  *     fx_safetensors *f;
  *     int rc = fx_safetensors_open(&f, "model.safetensors");
@@ -13,7 +13,7 @@
  *     float *buf = malloc(fx_tensor_numel(w) * sizeof(float));
  *     rc = fx_tensor_to_f32(buf, fx_tensor_numel(w), w);           // F32/F16/BF16/F64/F8 -> f32
  *     const char *step = fx_safetensors_metadata(f, "step");        // NULL if absent
- *     fx_safetensors_close(f);
+ *     fx_safetensors_free(f);
  *
  * Data pointers need not be aligned for their dtype (a file written by another tool may have a
  * header of any length); fx_tensor_to_f32() copies whatever the alignment. Files written by
@@ -117,6 +117,10 @@ FX_API const char *fx_safetensors_metadata_key(const fx_safetensors *f, size_t i
 FX_API const void *fx_safetensors_buffer(const fx_safetensors *f, size_t *nbytes);
 /* The header length N stored in the first 8 bytes (the buffer starts at 8 + N). */
 FX_API size_t fx_safetensors_header_size(const fx_safetensors *f);
+/* Unmaps the file and frees f (NULL: nothing); its views die with it. */
+FX_API void fx_safetensors_free(fx_safetensors *f);
+/* Deprecated: the former name of fx_safetensors_free, the same function, exported so that
+   callers linked against it keep working. New code calls fx_safetensors_free. */
 FX_API void fx_safetensors_close(fx_safetensors *f);
 
 /* Writes atomically (temporary file, fsync, rename). metadata: key, value, ..., NULL; may be NULL. */
@@ -142,6 +146,9 @@ FX_API const fx_tensor_view *fx_safetensors_index_find(const fx_safetensors_inde
 FX_API size_t fx_safetensors_index_shard_count(const fx_safetensors_index *x);
 FX_API const fx_safetensors *fx_safetensors_index_shard(const fx_safetensors_index *x, size_t i);
 FX_API const char *fx_safetensors_index_shard_name(const fx_safetensors_index *x, size_t i);
+/* Frees x and every shard it opened (NULL: nothing). */
+FX_API void fx_safetensors_index_free(fx_safetensors_index *x);
+/* Deprecated: the former name of fx_safetensors_index_free, kept exported for compatibility. */
 FX_API void fx_safetensors_index_close(fx_safetensors_index *x);
 
 #ifdef __cplusplus

@@ -40,7 +40,7 @@ static void run_open(void *p)
         return;
     }
     c->sink += fx_safetensors_count(f);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 }
 
 static void run_open_touch(void *p)
@@ -57,7 +57,7 @@ static void run_open_touch(void *p)
     for (size_t i = 0; i < len; i += 4096)
         s += b[i];
     c->sink += s;
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 }
 
 static void run_read(void *p)
@@ -218,7 +218,7 @@ static int st_read_setup(ctx *c)
     fx_safetensors_buffer(f, &blen);
     c->size += blen;
     c->tensors = fx_safetensors_count(f);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
     c->buf = malloc(c->size);
     if (!c->buf) {
         unlink(c->path);

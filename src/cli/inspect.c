@@ -224,7 +224,7 @@ static int inspect_file(const char *path, bool as_json)
     size_t n = fx_safetensors_count(f);
     row *rows = calloc(n ? n : 1, sizeof *rows);
     if (!rows) {
-        fx_safetensors_close(f);
+        fx_safetensors_free(f);
         cli_error("out of memory");
         return CLI_EXIT_FAIL;
     }
@@ -254,7 +254,7 @@ static int inspect_file(const char *path, bool as_json)
         rc = CLI_EXIT_OK;
     }
     free(rows);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
     return rc;
 }
 
@@ -269,7 +269,7 @@ static int inspect_index(const char *path, bool as_json)
     size_t n = fx_safetensors_index_count(x), ns = fx_safetensors_index_shard_count(x);
     row *rows = calloc(n ? n : 1, sizeof *rows);
     if (!rows) {
-        fx_safetensors_index_close(x);
+        fx_safetensors_index_free(x);
         cli_error("out of memory");
         return CLI_EXIT_FAIL;
     }
@@ -312,7 +312,7 @@ static int inspect_index(const char *path, bool as_json)
         rc = CLI_EXIT_OK;
     }
     free(rows);
-    fx_safetensors_index_close(x);
+    fx_safetensors_index_free(x);
     return rc;
 }
 

@@ -236,8 +236,8 @@ void fx__hf_close(fx__hf_model *m)
 {
     if (!m)
         return;
-    fx_safetensors_close(m->file);
-    fx_safetensors_index_close(m->index);
+    fx_safetensors_free(m->file);
+    fx_safetensors_index_free(m->index);
     fx__free(m->views);
     fx__free(m->t);
     fx__free(m->config_text);

@@ -105,13 +105,13 @@ static int cmp_entry_name(const void *a, const void *b)
     return strcmp((*(const ix_entry *const *)a)->name, (*(const ix_entry *const *)b)->name);
 }
 
-void fx_safetensors_index_close(fx_safetensors_index *x)
+void fx_safetensors_index_free(fx_safetensors_index *x)
 {
     if (!x)
         return;
     for (size_t i = 0; i < x->nshards; i++) {
         if (x->shards)
-            fx_safetensors_close(x->shards[i]);
+            fx_safetensors_free(x->shards[i]);
         if (x->shard_names)
             fx__free(x->shard_names[i]);
     }
@@ -121,6 +121,9 @@ void fx_safetensors_index_close(fx_safetensors_index *x)
     fx__free(x->by_name);
     fx__free(x);
 }
+
+/* The former name, exported for the callers linked against it (deprecated). */
+void fx_safetensors_index_close(fx_safetensors_index *x) { fx_safetensors_index_free(x); }
 
 static char *str_dup(const char *s)
 {
@@ -222,7 +225,7 @@ int fx_safetensors_index_open(fx_safetensors_index **out, const char *path)
     rc = index_build(x, path, root);
     json_decref(root);
     if (rc != FX_OK) {
-        fx_safetensors_index_close(x);
+        fx_safetensors_index_free(x);
         /* Shard failures already name the shard; say which index pulled it in. */
         return fx__error_context(rc, "%s", path);
     }

@@ -1157,7 +1157,7 @@ const void *fx_safetensors_buffer(const fx_safetensors *f, size_t *nbytes)
 
 size_t fx_safetensors_header_size(const fx_safetensors *f) { return f ? f->header_len : 0; }
 
-void fx_safetensors_close(fx_safetensors *f)
+void fx_safetensors_free(fx_safetensors *f)
 {
     if (!f)
         return;
@@ -1166,3 +1166,6 @@ void fx_safetensors_close(fx_safetensors *f)
         munmap(f->map, f->file_len);
     fx__free(f);
 }
+
+/* The former name, exported for the callers linked against it (deprecated). */
+void fx_safetensors_close(fx_safetensors *f) { fx_safetensors_free(f); }
