@@ -2,7 +2,8 @@
  * flexc — training kernels of modern language models in plain C.
  *
  * This umbrella header declares what every module shares: status codes, the error
- * message of the last failure, the version, the logging hook, threads and the CPU path.
+ * message of the last failure, the version, the logging hook, threads and the CPU path, the
+ * element types (fx_dtype) and the layouts of the public structs bindings mirror.
  * It then includes every module header, so `#include <flexc.h>` is all a program needs.
  *
  *     #include <flexc.h>
@@ -18,7 +19,11 @@
  *     exits or aborts on bad input; fx_last_error() then says what was wrong;
  *   - arguments are checked before any work, so outputs stay untouched on such errors;
  *   - tensors are contiguous row-major float32 with int64_t sizes;
- *   - results are bitwise identical for any thread count.
+ *   - results are bitwise identical for any thread count;
+ *   - a destructor, which only releases an object, is named _free (fx_safetensors_close and
+ *     fx_safetensors_index_close are its deprecated aliases); fx_token_writer_close (commits
+ *     a file, returns a status) and fx_comm_log_close (ends a process-wide log) are no
+ *     destructors and keep _close.
  */
 #ifndef FLEXC_H
 #define FLEXC_H
@@ -145,6 +150,24 @@ FX_API int fx_cuda_device_count(void);
    library's own scratch and objects, not the caller's tensors). */
 FX_API void fx_mem_stats(size_t *current, size_t *peak);
 FX_API void fx_mem_reset_peak(void);
+
+/* ---- struct layouts ---------------------------------------------------------------------- */
+
+/* The layout this library was compiled with of a public struct that callers allocate and that
+   bindings in other languages mirror (the Python package's ctypes structures): the call
+   structs fx_attention and fx_lce and the built-in mods' contexts (fx_mask_*_ctx,
+   fx_score_*_ctx). With field NULL, *size is sizeof(struct_name) and *offset 0; else the
+   field's offsetof and sizeof. Either output may be NULL. FX_EINVAL for a struct or field the
+   table does not hold (fx_last_error() names it).
+
+       size_t off, size;
+       fx_abi_layout("fx_attention", "dtype", &off, &size);    // offsetof, sizeof the field */
+FX_API int fx_abi_layout(const char *struct_name, const char *field, size_t *offset, size_t *size);
+/* The i-th field of struct_name in declaration order; NULL past the last or for an unknown
+   struct. */
+FX_API const char *fx_abi_field(const char *struct_name, size_t i);
+/* The i-th struct the table holds ("fx_attention", ...); NULL past the last. */
+FX_API const char *fx_abi_struct(size_t i);
 
 #ifdef __cplusplus
 }

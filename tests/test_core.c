@@ -764,6 +764,65 @@ static void test_mem_check(void)
     FXT_CHECK(strcmp(a.source, "FLEXC_MEM_AVAILABLE") != 0);
 }
 
+/* fx_abi_layout: the table's answers are the compiler's sizeof and offsetof, for the structs
+   and a few fields, including the last field of each call struct (a field added without its
+   line would leave it, or the size, wrong); the field list is in declaration order and ends;
+   unknown names are refused with a message. tests/python/test_abi.py checks every ctypes
+   mirror against the same table. */
+static void test_abi_layout(void)
+{
+    size_t off = 99, size = 0;
+    FXT_OK(fx_abi_layout("fx_attention", NULL, &off, &size));
+    FXT_EQ_INT(off, 0);
+    FXT_EQ_INT(size, sizeof(fx_attention));
+    FXT_OK(fx_abi_layout("fx_attention", "dtype", &off, &size));
+    FXT_EQ_INT(off, offsetof(fx_attention, dtype));
+    FXT_EQ_INT(size, sizeof(fx_dtype));
+    FXT_OK(fx_abi_layout("fx_attention", "scale", &off, &size));
+    FXT_EQ_INT(off, offsetof(fx_attention, scale));
+    FXT_EQ_INT(size, sizeof(float));
+    FXT_OK(fx_abi_layout("fx_lce", NULL, NULL, &size));
+    FXT_EQ_INT(size, sizeof(fx_lce));
+    FXT_OK(fx_abi_layout("fx_lce", "stream", &off, NULL));
+    FXT_EQ_INT(off, offsetof(fx_lce, stream));
+    FXT_OK(fx_abi_layout("fx_score_rel_bias_ctx", "heads", &off, &size));
+    FXT_EQ_INT(off, offsetof(fx_score_rel_bias_ctx, heads));
+    FXT_EQ_INT(size, sizeof(int64_t));
+    FXT_OK(fx_abi_layout("fx_mask_pair_ctx", NULL, NULL, &size));
+    FXT_EQ_INT(size, sizeof(fx_mask_pair_ctx));
+    /* Every struct: its fields lie inside it, in ascending order, without overlapping. */
+    int nstructs = 0;
+    for (size_t i = 0; fx_abi_struct(i); i++, nstructs++) {
+        const char *s = fx_abi_struct(i);
+        size_t total, end = 0;
+        FXT_OK(fx_abi_layout(s, NULL, NULL, &total));
+        int nfields = 0;
+        for (size_t j = 0; fx_abi_field(s, j); j++, nfields++) {
+            FXT_OK(fx_abi_layout(s, fx_abi_field(s, j), &off, &size));
+            if (off < end || off + size > total || size == 0)
+                FXT_FAIL("%s.%s: offset %zu size %zu (previous field ends at %zu, struct is %zu)", s,
+                         fx_abi_field(s, j), off, size, end, total);
+            end = off + size;
+        }
+        FXT_CHECK(nfields > 0);
+    }
+    FXT_EQ_INT(nstructs, 9);
+    FXT_EQ_STR(fx_abi_field("fx_attention", 0), "B");
+    FXT_EQ_STR(fx_abi_field("fx_attention", 15), "dtype");
+    FXT_CHECK(fx_abi_field("fx_attention", 16) == NULL);
+    FXT_EQ_STR(fx_abi_field("fx_lce", 12), "dtype");
+    FXT_CHECK(fx_abi_field("fx_lce", 13) == NULL);
+    FXT_CHECK(fx_abi_field("fx_nothing", 0) == NULL);
+    FXT_CHECK(fx_abi_struct(1000) == NULL);
+
+    off = 7;
+    FXT_STATUS(fx_abi_layout("fx_nothing", NULL, &off, &size), FX_EINVAL, "fx_nothing");
+    FXT_STATUS(fx_abi_layout(NULL, NULL, &off, &size), FX_EINVAL, "(NULL)");
+    FXT_STATUS(fx_abi_layout("fx_attention", "nope", &off, &size), FX_EINVAL, "fx_attention has no field named nope");
+    FXT_STATUS(fx_abi_layout("fx_tensor_view", NULL, &off, &size), FX_EINVAL, "fx_tensor_view");
+    FXT_EQ_INT(off, 7);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
@@ -789,6 +848,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_mem_parse);
     FXT_RUN(test_mem_probe);
     FXT_RUN(test_mem_check);
+    FXT_RUN(test_abi_layout);
     FXT_RUN(test_harness_catches_guard_overwrite);
     return fxt_finish();
 }

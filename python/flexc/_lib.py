@@ -30,6 +30,11 @@ lib = ctypes.CDLL(_find())
 
 # ---- declarations ---------------------------------------------------------------------------
 
+# The structures below mirror the C structs named by their _c_name_; tests/python/test_abi.py
+# checks each one's size and field offsets against the library's own table (fx_abi_layout).
+# A field's ctypes type must have the C field's size: the dtype fields (fx_dtype, an enum) are
+# c_int, and 0 there means float32 (FX_DT_F32) as it does in C.
+
 MASK_FN = ctypes.CFUNCTYPE(ctypes.c_bool, c_i64, c_i64, c_i64, c_i64, ctypes.c_void_p)
 SCORE_FN = ctypes.CFUNCTYPE(None, c_f32p, c_i64, c_i64, c_i64, c_i64, c_i64, c_i64, c_i64, ctypes.c_void_p)
 SCORE_GRAD_FN = ctypes.CFUNCTYPE(None, c_f32p, c_f32p, c_i64, c_i64, c_i64, c_i64, c_i64, c_i64, c_i64,
@@ -39,34 +44,42 @@ MASK_ROWS_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), c
 
 
 class SlidingWindowCtx(ctypes.Structure):
+    _c_name_ = "fx_mask_sliding_window_ctx"
     _fields_ = [("window", c_i64)]
 
 
 class PrefixLmCtx(ctypes.Structure):
+    _c_name_ = "fx_mask_prefix_lm_ctx"
     _fields_ = [("prefix_len", c_i64p), ("n", c_i64)]
 
 
 class DocumentCtx(ctypes.Structure):
+    _c_name_ = "fx_mask_document_ctx"
     _fields_ = [("doc_ids", c_i64p), ("len", c_i64), ("batch_stride", c_i64)]
 
 
 class PairCtx(ctypes.Structure):
+    _c_name_ = "fx_mask_pair_ctx"
     _fields_ = [("a", ctypes.c_void_p), ("a_ctx", ctypes.c_void_p), ("b", ctypes.c_void_p), ("b_ctx", ctypes.c_void_p)]
 
 
 class AlibiCtx(ctypes.Structure):
+    _c_name_ = "fx_score_alibi_ctx"
     _fields_ = [("slopes", c_f32p)]
 
 
 class SoftcapCtx(ctypes.Structure):
+    _c_name_ = "fx_score_softcap_ctx"
     _fields_ = [("cap", ctypes.c_float)]
 
 
 class RelBiasCtx(ctypes.Structure):
+    _c_name_ = "fx_score_rel_bias_ctx"
     _fields_ = [("table", c_f32p), ("grad_table", c_f32p), ("size", c_i64), ("zero", c_i64), ("heads", c_i64)]
 
 
 class Attention(ctypes.Structure):
+    _c_name_ = "fx_attention"
     _fields_ = [("B", c_i64), ("Hq", c_i64), ("Hkv", c_i64), ("Lq", c_i64), ("Lkv", c_i64), ("D", c_i64),
                 ("Dv", c_i64), ("scale", ctypes.c_float), ("q_offset", c_i64), ("mask", ctypes.c_void_p),
                 ("score_mod", ctypes.c_void_p), ("score_mod_grad", ctypes.c_void_p), ("score_ctx", ctypes.c_void_p),
@@ -75,6 +88,7 @@ class Attention(ctypes.Structure):
 
 
 class Lce(ctypes.Structure):
+    _c_name_ = "fx_lce"
     _fields_ = [("N", c_i64), ("D", c_i64), ("V", c_i64), ("ignore_index", c_i64), ("reduction", ctypes.c_int),
                 ("label_smoothing", ctypes.c_float), ("z_loss", ctypes.c_float), ("softcap", ctypes.c_float),
                 ("chunk", c_i64), ("vocab_chunk", c_i64),
@@ -106,6 +120,10 @@ fx_flex_attention_backward = _decl("fx_flex_attention_backward", ctypes.c_int, c
                                    vp, vp, vp, vp, vp, vp)
 fx_linear_cross_entropy = _decl("fx_linear_cross_entropy", ctypes.c_int, ctypes.POINTER(Lce), vp, vp, vp, vp, vp,
                                 vp, vp, vp, vp)
+fx_abi_layout = _decl("fx_abi_layout", ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                      ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t))
+fx_abi_field = _decl("fx_abi_field", ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t)
+fx_abi_struct = _decl("fx_abi_struct", ctypes.c_char_p, ctypes.c_size_t)
 fx_linear_cross_entropy_backward = _decl("fx_linear_cross_entropy_backward", ctypes.c_int, ctypes.POINTER(Lce), vp,
                                          vp, vp, vp, vp, vp, vp, vp, vp)
 
