@@ -18,6 +18,7 @@
    bit and the choice between them may depend on the thread count. */
 #include "attention/backward.h"
 #include "attention/bf16.h"
+#include "attention/mod_internal.h"
 #include "core/backend.h"
 
 #include <string.h>
@@ -52,6 +53,7 @@ typedef struct bw_ctx {
     fx_score_grad_fn mod_grad; /* NULL when the derivative is the identity */
     const fx_score_rel_bias_ctx *bias; /* set when its table's gradient is wanted */
     double *tab;                      /* [B*Hkv, Gt, size] partial table gradients */
+    const fx_mod *emod;               /* an expression mod whose captured tensors want gradients */
     int64_t tab_heads;                /* Gt: tables one unit touches */
 } bw_ctx;
 
@@ -276,7 +278,9 @@ static void bw_tile(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t h, int64_
         kr->nn(s->dS, ld, dor, Dv, s->Vt + j0, ld, nq, nk, Dv, 1.0f, false);
     bool separate_scale = c->mod_grad || tab;
     kr->dscores(s->dS, s->P, ld, nq, nk, c->Di + row, separate_scale ? 1.0f : c->scale);
-    if (tab)
+    if (tab && c->emod)
+        fx__mod_grad_accum(c->emod, tab, s->raw, s->dS, ld, nq, nk, b, h, r0, kv0);
+    else if (tab)
         bw_table_grad(c, tab, s->dS, ld, nq, nk, r0, kv0);
     if (c->mod_grad)
         c->mod_grad(s->raw, s->dS, ld, nq, nk, b, h, r0, kv0, a->score_ctx);
@@ -333,7 +337,8 @@ static void bw_kv_block(const bw_ctx *c, bw_scratch *s, int64_t b, int64_t hk, i
     bw_load_kv(c, s, b, hk, kb);
     for (int64_t g = 0; g < c->G; g++) {
         int64_t h = hk * c->G + g;
-        double *tg = tab ? tab + (c->tab_heads == 1 ? 0 : g) * c->bias->size : NULL;
+        /* an expression mod's partial covers its tensors whole (it is indexed by the mod) */
+        double *tg = !tab ? NULL : c->emod ? tab : tab + (c->tab_heads == 1 ? 0 : g) * c->bias->size;
         if (c->m) {
             const fx_block_mask *m = c->m;
             int64_t col = fx__bm_col(m, fx__bm_slot(m, b, h), kb);
@@ -496,11 +501,16 @@ int fx__flex_attention_backward_with(const fx_attention *a, unsigned flags, cons
             c.tab_heads = t->heads == 1 ? 1 : c.G;
         }
     }
+    /* An expression mod (mod.c) with captured tensors that want gradients: its partials are
+       per unit too, all the tensors' elements one after another. */
+    int64_t mod_elems = a->score_mod == fx_mod_score ? fx__mod_grad_elems(a->score_ctx) : 0;
+    if (mod_elems)
+        c.emod = a->score_ctx;
 
     int nt = fx__max_threads();
     int64_t units = a->B * a->Hkv;
     /* The table gradient's partials are per (batch, kv-head) unit: one pass only. */
-    bool one_pass = c.bias || (bw_mode == FX__BWD_AUTO ? units >= nt : bw_mode == FX__BWD_ONE_PASS);
+    bool one_pass = c.bias || c.emod || (bw_mode == FX__BWD_AUTO ? units >= nt : bw_mode == FX__BWD_ONE_PASS);
 
     /* Scratch: D_i, per-thread tiles, and the units' table gradients. */
     size_t nrows = (size_t)(a->B * a->Hq * a->Lq);
@@ -509,6 +519,8 @@ int fx__flex_attention_backward_with(const fx_attention *a, unsigned flags, cons
     float *Di = fx__alloc(nrows * sizeof(float));
     float *scr = fx__alloc((size_t)nt * per_thread * sizeof(float));
     size_t tab_n = c.bias ? (size_t)units * (size_t)(c.tab_heads * c.bias->size) : 0;
+    if (c.emod)
+        tab_n = (size_t)units * (size_t)mod_elems;
     double *tab = tab_n ? fx__calloc(tab_n, sizeof(double)) : NULL;
     if (!Di || !scr || (tab_n && !tab)) {
         fx__free(Di);
@@ -553,7 +565,9 @@ int fx__flex_attention_backward_with(const fx_attention *a, unsigned flags, cons
                 for (int64_t g = 0; g < c.G; g++)
                     memset(dq + (b * a->Hq + hk * c.G + g) * a->Lq * a->D, 0,
                            (size_t)(a->Lq * a->D) * sizeof(float));
-                double *ut = tab ? tab + (size_t)u * (size_t)(c.tab_heads * c.bias->size) : NULL;
+                double *ut = !tab ? NULL
+                             : c.emod ? tab + (size_t)u * (size_t)mod_elems
+                                      : tab + (size_t)u * (size_t)(c.tab_heads * c.bias->size);
                 for (int64_t kb = 0; kb < c.nkb; kb++)
                     bw_kv_block(&c, &s, b, hk, kb, BW_DKV | BW_DQ, ut);
             }
@@ -576,7 +590,9 @@ int fx__flex_attention_backward_with(const fx_attention *a, unsigned flags, cons
         }
     }
 
-    if (tab) {
+    if (tab && c.emod) {
+        fx__mod_grad_reduce(c.emod, tab, units); /* fixed order over units, as below */
+    } else if (tab) {
         /* Fixed order over units: batch, then kv-head. */
         const fx_score_rel_bias_ctx *t = c.bias;
         int64_t per_unit = c.tab_heads * t->size, total = t->heads * t->size;

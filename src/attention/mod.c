@@ -1,0 +1,1449 @@
+/* Mods as expressions (docs/attention.md, "Mods as expressions"): a parser into a typed tree,
+   constant folding, symbolic derivatives, and a register program run a tile row (up to CH
+   positions) at a time: every instruction is a loop over the row, not a call per element. */
+#include "attention/mod_internal.h"
+#include "attention/internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <float.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum { CH = 64, MAX_REGS = 64, MAX_NODES = 4096, MAX_DEPTH = 200, MAX_OUT = 66, MAX_TENSORS = 16 };
+enum { TY_INT, TY_FLOAT, TY_BOOL };
+
+enum {
+    O_SCORE, O_B, O_H, O_Q, O_KV, O_ICONST, O_FCONST, O_READ, O_IDX,
+    O_ADD, O_SUB, O_MUL, O_DIV, O_FLOORDIV, O_MOD, O_NEG, O_ABS, O_MIN, O_MAX, O_CLAMP,
+    O_EXP, O_LOG, O_LOG1P, O_SQRT, O_TANH, O_SIGMOID, O_POW, O_FLOOR,
+    O_LT, O_LE, O_GT, O_GE, O_EQ, O_NE, O_WHERE, O_AND, O_OR, O_NOT, O_TOF, O_TOI,
+    O_GATHER /* instructions only: dst = tensor t at the flat index in a */
+};
+
+typedef struct node {
+    uint8_t op, ty;
+    int pos;     /* 1-based column */
+    int nk;
+    int k[4];
+    int t;       /* tensor of O_READ / O_IDX */
+    int64_t i;   /* O_ICONST */
+    float f;     /* O_FCONST */
+} node;
+
+typedef struct ins {
+    uint8_t op, fl; /* fl: the operands are float */
+    int16_t dst, a, b, c, d;
+    int t;
+    int64_t i;
+    float f;
+} ins;
+
+typedef struct prog {
+    ins *code;
+    int n, nregs, nout;
+    int out[MAX_OUT];
+} prog;
+
+typedef struct mtensor {
+    char name[64];
+    int dtype, ndim;
+    int64_t shape[4], stride[4], numel;
+    const void *data;
+    float *grad;
+    int64_t goff; /* offset of its gradient in a partial buffer */
+} mtensor;
+
+struct fx_mod {
+    bool mask;
+    bool dscore_one;   /* d result / d score is the constant 1 */
+    bool uses_score;
+    prog fwd, grad;    /* grad: [dscore], then (index, d read) per read of a tensor with a grad */
+    int ngr;           /* those reads */
+    int gr_tensor[32];
+    int64_t grad_elems;
+    int nt;
+    mtensor t[MAX_TENSORS];
+    bool iv_exact; /* no float in the mask: interval arithmetic decides blocks exactly */
+    node *nodes; /* kept for interval arithmetic (block masks) */
+    int nn, root;
+};
+
+typedef union slot {
+    float f[CH];
+    int64_t i[CH];
+} slot;
+
+typedef struct env {
+    const float *s;
+    int64_t b, h, q, kv0;
+    const fx_mod *m;
+} env;
+
+/* ---- the operations, over n elements: the one place their semantics live ---------------- */
+
+static int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+static int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
+static int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
+static int64_t ifloordiv(int64_t a, int64_t b)
+{
+    if (b == 0)
+        return 0;
+    if (b == -1)
+        return wrap_sub(0, a);
+    int64_t q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static int64_t imod(int64_t a, int64_t b)
+{
+    if (b == 0 || b == -1)
+        return 0;
+    int64_t r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static float fmodpy(float a, float b)
+{
+    float r = fmodf(a, b);
+    return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+}
+static int64_t f2i(float x)
+{
+    if (x != x)
+        return 0;
+    if (x >= 9.2233720368547758e18f)
+        return INT64_MAX;
+    if (x <= -9.2233720368547758e18f)
+        return INT64_MIN;
+    return (int64_t)x;
+}
+static float fmaxt(float a, float b) { return (a != a || b != b) ? NAN : a > b ? a : b; }
+static float fmint(float a, float b) { return (a != a || b != b) ? NAN : a < b ? a : b; }
+
+static void run_op(const ins *I, slot *R, int64_t n, const env *e)
+{
+    float *restrict df = R[I->dst].f;
+    int64_t *restrict di = R[I->dst].i;
+    const slot *A = &R[I->a < 0 ? 0 : I->a], *B = &R[I->b < 0 ? 0 : I->b], *C = &R[I->c < 0 ? 0 : I->c];
+    const float *af = A->f, *bf = B->f, *cf = C->f;
+    const int64_t *ai = A->i, *bi = B->i, *ci = C->i;
+    const bool fl = I->fl;
+#define L(x)                                                                                                           \
+    do {                                                                                                               \
+        for (int64_t j = 0; j < n; j++) {                                                                              \
+            x;                                                                                                         \
+        }                                                                                                              \
+    } while (0)
+    switch (I->op) {
+    case O_SCORE: L(df[j] = e->s[j]); break;
+    case O_B: L(di[j] = e->b); break;
+    case O_H: L(di[j] = e->h); break;
+    case O_Q: L(di[j] = e->q); break;
+    case O_KV: L(di[j] = e->kv0 + j); break;
+    case O_ICONST: L(di[j] = I->i); break;
+    case O_FCONST: L(df[j] = I->f); break;
+    case O_IDX: {
+        const mtensor *t = &e->m->t[I->t];
+        const int16_t r[4] = {I->a, I->b, I->c, I->d};
+        L(di[j] = 0);
+        for (int d = 0; d < t->ndim; d++) {
+            const int64_t *x = R[r[d]].i, hi = t->shape[d] - 1, st = t->stride[d];
+            L(int64_t v = x[j]; v = v < 0 ? 0 : v > hi ? hi : v; di[j] += v * st);
+        }
+        break;
+    }
+    case O_GATHER: {
+        const mtensor *t = &e->m->t[I->t];
+        switch (t->dtype) {
+        case FX_DT_F32: { const float *p = t->data; L(df[j] = p[ai[j]]); break; }
+        case FX_DT_I64: { const int64_t *p = t->data; L(di[j] = p[ai[j]]); break; }
+        case FX_DT_I32: { const int32_t *p = t->data; L(di[j] = p[ai[j]]); break; }
+        default: { const uint8_t *p = t->data; L(di[j] = p[ai[j]] != 0); break; }
+        }
+        break;
+    }
+    case O_ADD: if (fl) L(df[j] = af[j] + bf[j]); else L(di[j] = wrap_add(ai[j], bi[j])); break;
+    case O_SUB: if (fl) L(df[j] = af[j] - bf[j]); else L(di[j] = wrap_sub(ai[j], bi[j])); break;
+    case O_MUL: if (fl) L(df[j] = af[j] * bf[j]); else L(di[j] = wrap_mul(ai[j], bi[j])); break;
+    case O_DIV: L(df[j] = af[j] / bf[j]); break;
+    case O_FLOORDIV: if (fl) L(df[j] = floorf(af[j] / bf[j])); else L(di[j] = ifloordiv(ai[j], bi[j])); break;
+    case O_MOD: if (fl) L(df[j] = fmodpy(af[j], bf[j])); else L(di[j] = imod(ai[j], bi[j])); break;
+    case O_NEG: if (fl) L(df[j] = -af[j]); else L(di[j] = wrap_sub(0, ai[j])); break;
+    case O_ABS: if (fl) L(df[j] = fabsf(af[j])); else L(di[j] = ai[j] < 0 ? wrap_sub(0, ai[j]) : ai[j]); break;
+    case O_MIN: if (fl) L(df[j] = fmint(af[j], bf[j])); else L(di[j] = ai[j] < bi[j] ? ai[j] : bi[j]); break;
+    case O_MAX: if (fl) L(df[j] = fmaxt(af[j], bf[j])); else L(di[j] = ai[j] > bi[j] ? ai[j] : bi[j]); break;
+    case O_CLAMP: /* torch.clamp: min(max(x, lo), hi) */
+        if (fl)
+            L(df[j] = fmint(fmaxt(af[j], bf[j]), cf[j]));
+        else
+            L(int64_t v = ai[j] > bi[j] ? ai[j] : bi[j]; di[j] = v < ci[j] ? v : ci[j]);
+        break;
+    case O_EXP: L(df[j] = expf(af[j])); break;
+    case O_LOG: L(df[j] = logf(af[j])); break;
+    case O_LOG1P: L(df[j] = log1pf(af[j])); break;
+    case O_SQRT: L(df[j] = sqrtf(af[j])); break;
+    case O_TANH: L(df[j] = tanhf(af[j])); break;
+    case O_SIGMOID: L(df[j] = 1.0f / (1.0f + expf(-af[j]))); break;
+    case O_POW: L(df[j] = powf(af[j], bf[j])); break;
+    case O_FLOOR: if (fl) L(df[j] = floorf(af[j])); else L(di[j] = ai[j]); break;
+    case O_LT: if (fl) L(di[j] = af[j] < bf[j]); else L(di[j] = ai[j] < bi[j]); break;
+    case O_LE: if (fl) L(di[j] = af[j] <= bf[j]); else L(di[j] = ai[j] <= bi[j]); break;
+    case O_GT: if (fl) L(di[j] = af[j] > bf[j]); else L(di[j] = ai[j] > bi[j]); break;
+    case O_GE: if (fl) L(di[j] = af[j] >= bf[j]); else L(di[j] = ai[j] >= bi[j]); break;
+    case O_EQ: if (fl) L(di[j] = af[j] == bf[j]); else L(di[j] = ai[j] == bi[j]); break;
+    case O_NE: if (fl) L(di[j] = af[j] != bf[j]); else L(di[j] = ai[j] != bi[j]); break;
+    case O_WHERE: if (fl) L(df[j] = ai[j] ? bf[j] : cf[j]); else L(di[j] = ai[j] ? bi[j] : ci[j]); break;
+    case O_AND: L(di[j] = ai[j] & bi[j]); break;
+    case O_OR: L(di[j] = ai[j] | bi[j]); break;
+    case O_NOT: L(di[j] = !ai[j]); break;
+    case O_TOF: L(df[j] = (float)ai[j]); break;
+    case O_TOI: L(di[j] = f2i(af[j])); break;
+    default: break;
+    }
+#undef L
+}
+
+static void run(const prog *p, slot *R, int64_t n, const env *e)
+{
+    for (int i = 0; i < p->n; i++)
+        run_op(&p->code[i], R, n, e);
+}
+
+/* ---- the parser ------------------------------------------------------------------------- */
+
+typedef struct cc {
+    const char *src;
+    int p; /* byte offset */
+    node *nodes;
+    int nn;
+    fx_mod *m;
+    int err; /* set once */
+    int depth;
+} cc;
+
+static int fail(cc *c, int pos, const char *fmt, ...) FX__PRINTF(3, 4);
+static int fail(cc *c, int pos, const char *fmt, ...)
+{
+    if (!c->err) {
+        char msg[256];
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, sizeof msg, fmt, ap);
+        va_end(ap);
+        fx__error(FX_EINVAL, "expr:%d: %s", pos, msg);
+        c->err = 1;
+    }
+    return -1;
+}
+
+static bool is_const(const node *n) { return n->op == O_ICONST || n->op == O_FCONST; }
+
+static int fold(cc *c, int id);
+
+static int mk(cc *c, int op, int ty, int pos, int nk, const int *k)
+{
+    if (c->err)
+        return -1;
+    for (int i = 0; i < nk; i++)
+        if (k[i] < 0)
+            return -1;
+    if (c->nn >= MAX_NODES)
+        return fail(c, pos, "expression too large (more than %d nodes)", MAX_NODES);
+    node *n = &c->nodes[c->nn];
+    memset(n, 0, sizeof *n);
+    n->op = (uint8_t)op, n->ty = (uint8_t)ty, n->pos = pos, n->nk = nk;
+    for (int i = 0; i < nk; i++)
+        n->k[i] = k[i];
+    return fold(c, c->nn++);
+}
+
+static int iconst(cc *c, int64_t v, int pos)
+{
+    int id = mk(c, O_ICONST, TY_INT, pos, 0, NULL);
+    if (id >= 0)
+        c->nodes[id].i = v;
+    return id;
+}
+static int fconst(cc *c, float v, int pos)
+{
+    int id = mk(c, O_FCONST, TY_FLOAT, pos, 0, NULL);
+    if (id >= 0)
+        c->nodes[id].f = v;
+    return id;
+}
+
+/* Folds node id when its operands are constants, evaluating it with run_op itself. */
+static int fold(cc *c, int id)
+{
+    node *n = &c->nodes[id];
+    if (n->op <= O_IDX || n->nk == 0)
+        return id;
+    for (int i = 0; i < n->nk; i++)
+        if (!is_const(&c->nodes[n->k[i]]))
+            return id;
+    slot R[4];
+    ins I = {.op = n->op, .dst = 0, .a = 1, .b = n->nk > 1 ? 2 : -1, .c = n->nk > 2 ? 3 : -1, .d = -1};
+    I.fl = c->nodes[n->k[0]].ty == TY_FLOAT;
+    if (n->op == O_WHERE)
+        I.fl = n->ty == TY_FLOAT;
+    for (int i = 0; i < n->nk; i++) {
+        const node *k = &c->nodes[n->k[i]];
+        if (k->op == O_ICONST)
+            R[i + 1].i[0] = k->i;
+        else
+            R[i + 1].f[0] = k->f;
+    }
+    env e = {0};
+    run_op(&I, R, 1, &e);
+    if (n->ty == TY_FLOAT) {
+        n->op = O_FCONST, n->f = R[0].f[0];
+    } else {
+        n->op = O_ICONST, n->i = R[0].i[0];
+    }
+    n->nk = 0;
+    return id;
+}
+
+static int to_float(cc *c, int x)
+{
+    if (x < 0 || c->nodes[x].ty == TY_FLOAT)
+        return x;
+    return mk(c, O_TOF, TY_FLOAT, c->nodes[x].pos, 1, &x);
+}
+
+static int promote(const cc *c, int a, int b)
+{
+    return (c->nodes[a].ty == TY_FLOAT || c->nodes[b].ty == TY_FLOAT) ? TY_FLOAT : TY_INT;
+}
+
+static const char *op_name(int op)
+{
+    static const char *names[] = {[O_ADD] = "+", [O_SUB] = "-", [O_MUL] = "*", [O_DIV] = "/", [O_FLOORDIV] = "//",
+                                  [O_MOD] = "%", [O_LT] = "<", [O_LE] = "<=", [O_GT] = ">", [O_GE] = ">=",
+                                  [O_EQ] = "==", [O_NE] = "!=", [O_AND] = "&&", [O_OR] = "||", [O_NOT] = "!"};
+    return op < (int)(sizeof names / sizeof names[0]) && names[op] ? names[op] : "?";
+}
+
+/* A binary operation with PyTorch's promotion: int (bool counts as int) op float -> float;
+   / always float; comparisons -> bool. */
+static int binop(cc *c, int op, int a, int b, int pos)
+{
+    if (a < 0 || b < 0)
+        return -1;
+    if (op == O_AND || op == O_OR) {
+        if (c->nodes[a].ty != TY_BOOL || c->nodes[b].ty != TY_BOOL)
+            return fail(c, pos, "'%s' needs bool operands (comparisons), got %s", op_name(op),
+                        c->nodes[a].ty != TY_BOOL ? "a number on the left" : "a number on the right");
+        int k[2] = {a, b};
+        return mk(c, op, TY_BOOL, pos, 2, k);
+    }
+    int ty = (op == O_DIV || op == O_POW) ? TY_FLOAT : promote(c, a, b);
+    if (op >= O_LT && op <= O_NE && c->nodes[a].ty == TY_BOOL && c->nodes[b].ty == TY_BOOL)
+        ty = TY_INT;
+    if (ty == TY_FLOAT)
+        a = to_float(c, a), b = to_float(c, b);
+    int k[2] = {a, b};
+    int rty = (op >= O_LT && op <= O_NE) ? TY_BOOL : ty;
+    return mk(c, op, rty, pos, 2, k);
+}
+
+static void skip_ws(cc *c)
+{
+    while (c->src[c->p] == ' ' || c->src[c->p] == '\t' || c->src[c->p] == '\n' || c->src[c->p] == '\r')
+        c->p++;
+}
+
+static bool accept(cc *c, const char *tok)
+{
+    skip_ws(c);
+    size_t n = strlen(tok);
+    if (strncmp(c->src + c->p, tok, n) != 0)
+        return false;
+    if (isalpha((unsigned char)tok[0]) && (isalnum((unsigned char)c->src[c->p + n]) || c->src[c->p + n] == '_'))
+        return false;
+    /* '<' is not the start of '<=', '/' not of '//', '*' not of '**', '=' must be '==' */
+    char nx = c->src[c->p + n];
+    if (n == 1 && ((tok[0] == '<' || tok[0] == '>') && nx == '='))
+        return false;
+    if (n == 1 && ((tok[0] == '/' && nx == '/') || (tok[0] == '*' && nx == '*')))
+        return false;
+    c->p += (int)n;
+    return true;
+}
+
+static int pos(cc *c)
+{
+    skip_ws(c);
+    return c->p + 1;
+}
+
+static int expect(cc *c, const char *tok, const char *what)
+{
+    if (accept(c, tok))
+        return 0;
+    int at = pos(c);
+    if (!c->src[c->p])
+        return fail(c, at, "expected '%s' %s, got the end", tok, what);
+    return fail(c, at, "expected '%s' %s, got '%c'", tok, what, c->src[c->p]);
+}
+
+static int parse_or(cc *c);
+
+static int call1(cc *c, int op, int x, int pos_, bool float_only)
+{
+    if (x < 0)
+        return -1;
+    if (float_only)
+        x = to_float(c, x);
+    int ty = float_only ? TY_FLOAT : (c->nodes[x].ty == TY_FLOAT ? TY_FLOAT : TY_INT);
+    return mk(c, op, ty, pos_, 1, &x);
+}
+
+static int parse_call(cc *c, const char *name, int at)
+{
+    static const struct { const char *n; int op, nargs; } fns[] = {
+        {"abs", O_ABS, 1},     {"min", O_MIN, 2},     {"max", O_MAX, 2},         {"clamp", O_CLAMP, 3},
+        {"exp", O_EXP, 1},     {"log", O_LOG, 1},     {"log1p", O_LOG1P, 1},     {"sqrt", O_SQRT, 1},
+        {"tanh", O_TANH, 1},   {"sigmoid", O_SIGMOID, 1}, {"pow", O_POW, 2},     {"floor", O_FLOOR, 1},
+        {"where", O_WHERE, 3}, {"float", O_TOF, 1},   {"int", O_TOI, 1},
+    };
+    int f = -1;
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
+        if (!strcmp(fns[i].n, name))
+            f = (int)i;
+    if (f < 0)
+        return fail(c, at, "unknown function '%s'", name);
+    int args[3], na = 0;
+    if (!accept(c, ")")) {
+        do {
+            if (na == 3)
+                return fail(c, pos(c), "too many arguments to '%s' (it takes %d)", name, fns[f].nargs);
+            args[na++] = parse_or(c);
+            if (c->err)
+                return -1;
+        } while (accept(c, ","));
+        if (expect(c, ")", "after the arguments") < 0)
+            return -1;
+    }
+    if (na != fns[f].nargs)
+        return fail(c, at, "'%s' takes %d argument%s, got %d", name, fns[f].nargs, fns[f].nargs == 1 ? "" : "s",
+                    na);
+    int op = fns[f].op;
+    switch (op) {
+    case O_ABS:
+    case O_FLOOR:
+        return call1(c, op, args[0], at, false);
+    case O_EXP:
+    case O_LOG:
+    case O_LOG1P:
+    case O_SQRT:
+    case O_TANH:
+    case O_SIGMOID:
+        return call1(c, op, args[0], at, true);
+    case O_TOF:
+        return to_float(c, args[0]);
+    case O_TOI:
+        if (c->nodes[args[0]].ty == TY_INT)
+            return args[0];
+        if (c->nodes[args[0]].ty == TY_BOOL) /* a bool is stored as 0 / 1 already: retype it */
+            return binop(c, O_ADD, args[0], iconst(c, 0, at), at);
+        return mk(c, O_TOI, TY_INT, at, 1, args);
+    case O_MIN:
+    case O_MAX:
+    case O_POW:
+        return binop(c, op, args[0], args[1], at);
+    case O_CLAMP: {
+        int ty = promote(c, args[0], args[1]) == TY_FLOAT || c->nodes[args[2]].ty == TY_FLOAT ? TY_FLOAT : TY_INT;
+        if (ty == TY_FLOAT)
+            for (int i = 0; i < 3; i++)
+                args[i] = to_float(c, args[i]);
+        return mk(c, O_CLAMP, ty, at, 3, args);
+    }
+    case O_WHERE: {
+        if (c->nodes[args[0]].ty != TY_BOOL)
+            return fail(c, c->nodes[args[0]].pos, "where's condition must be bool (a comparison)");
+        int ty = promote(c, args[1], args[2]);
+        if (c->nodes[args[1]].ty == TY_BOOL && c->nodes[args[2]].ty == TY_BOOL)
+            ty = TY_BOOL;
+        if (ty == TY_FLOAT)
+            args[1] = to_float(c, args[1]), args[2] = to_float(c, args[2]);
+        if (is_const(&c->nodes[args[0]]))
+            return c->nodes[args[0]].i ? args[1] : args[2];
+        return mk(c, O_WHERE, ty, at, 3, args);
+    }
+    default:
+        return fail(c, at, "internal: function '%s'", name);
+    }
+}
+
+static int parse_primary(cc *c)
+{
+    if (++c->depth > MAX_DEPTH) {
+        c->depth--;
+        return fail(c, pos(c), "expression nested deeper than %d", MAX_DEPTH);
+    }
+    int at = pos(c), r = -1;
+    const char *s = c->src + c->p;
+    if (accept(c, "(")) {
+        r = parse_or(c);
+        if (r >= 0 && expect(c, ")", "to close '('") < 0)
+            r = -1;
+    } else if (isdigit((unsigned char)*s) || (*s == '.' && isdigit((unsigned char)s[1]))) {
+        char *end;
+        size_t n = strspn(s, "0123456789");
+        bool isf = s[n] == '.' || s[n] == 'e' || s[n] == 'E';
+        if (isf) {
+            double v = strtod(s, &end);
+            if (end == s)
+                r = fail(c, at, "bad number");
+            else if (isalpha((unsigned char)*end) || *end == '_')
+                r = fail(c, at, "bad number '%.*s'", (int)(end - s + 1), s);
+            else {
+                c->p += (int)(end - s);
+                r = fconst(c, (float)v, at);
+            }
+        } else {
+            errno = 0;
+            long long v = strtoll(s, &end, 10);
+            if (errno == ERANGE)
+                r = fail(c, at, "integer constant '%.*s' does not fit in int64", (int)(end - s), s);
+            else if (isalpha((unsigned char)*end) || *end == '_')
+                r = fail(c, at, "bad number '%.*s'", (int)(end - s + 1), s);
+            else {
+                c->p += (int)(end - s);
+                r = iconst(c, v, at);
+            }
+        }
+    } else if (isalpha((unsigned char)*s) || *s == '_') {
+        size_t n = 0;
+        while (isalnum((unsigned char)s[n]) || s[n] == '_')
+            n++;
+        char name[64];
+        if (n >= sizeof name) {
+            r = fail(c, at, "name longer than %zu characters", sizeof name - 1);
+        } else {
+            memcpy(name, s, n);
+            name[n] = 0;
+            c->p += (int)n;
+            static const struct { const char *n; int op; } leaves[] = {
+                {"score", O_SCORE}, {"b", O_B}, {"h", O_H}, {"q_idx", O_Q}, {"kv_idx", O_KV}};
+            int leaf = -1, t = -1;
+            for (int i = 0; i < 5; i++)
+                if (!strcmp(name, leaves[i].n))
+                    leaf = leaves[i].op;
+            for (int i = 0; i < c->m->nt; i++)
+                if (!strcmp(name, c->m->t[i].name))
+                    t = i;
+            if (!strcmp(name, "True") || !strcmp(name, "true") || !strcmp(name, "False") ||
+                !strcmp(name, "false")) {
+                r = iconst(c, name[0] == 'T' || name[0] == 't', at);
+                if (r >= 0)
+                    c->nodes[r].ty = TY_BOOL;
+            } else if (leaf >= 0) {
+                r = mk(c, leaf, leaf == O_SCORE ? TY_FLOAT : TY_INT, at, 0, NULL);
+                if (leaf == O_SCORE)
+                    c->m->uses_score = true;
+            } else if (t >= 0) {
+                const mtensor *T = &c->m->t[t];
+                if (expect(c, "[", "after a tensor's name") < 0) {
+                    r = -1;
+                } else {
+                    int idx[4], ni = 0;
+                    do {
+                        if (ni == T->ndim) {
+                            r = fail(c, pos(c), "'%s' has %d dimension%s, got more indices", name, T->ndim,
+                                     T->ndim == 1 ? "" : "s");
+                            break;
+                        }
+                        int ipos = pos(c);
+                        idx[ni] = parse_or(c);
+                        if (c->err)
+                            break;
+                        if (c->nodes[idx[ni]].ty == TY_FLOAT) {
+                            r = fail(c, ipos, "index %d of '%s' is a float (use int(...))", ni + 1, name);
+                            break;
+                        }
+                        ni++;
+                    } while (accept(c, ","));
+                    if (!c->err && expect(c, "]", "after the indices") == 0) {
+                        if (ni != T->ndim)
+                            r = fail(c, at, "'%s' has %d dimension%s, got %d ind%s", name, T->ndim,
+                                     T->ndim == 1 ? "" : "s", ni, ni == 1 ? "ex" : "ices");
+                        else {
+                            r = mk(c, O_READ, T->dtype == FX_DT_F32 ? TY_FLOAT : T->dtype == FX_DT_BOOL ? TY_BOOL
+                                                                                                          : TY_INT,
+                                   at, ni, idx);
+                            if (r >= 0)
+                                c->nodes[r].t = t;
+                        }
+                    }
+                }
+            } else if (accept(c, "(")) {
+                r = parse_call(c, name, at);
+            } else {
+                r = fail(c, at, "unknown name '%s'", name);
+            }
+        }
+    } else if (!*s) {
+        r = fail(c, at, "expected a value, got the end");
+    } else {
+        r = fail(c, at, "unexpected '%c'", *s);
+    }
+    c->depth--;
+    return c->err ? -1 : r;
+}
+
+static int parse_unary(cc *c);
+
+static int parse_power(cc *c)
+{
+    int a = parse_primary(c);
+    int at = pos(c);
+    if (a >= 0 && accept(c, "**"))
+        return binop(c, O_POW, a, parse_unary(c), at);
+    return a;
+}
+
+static int parse_unary(cc *c)
+{
+    int at = pos(c);
+    if (accept(c, "-")) {
+        if (++c->depth > MAX_DEPTH)
+            return fail(c, at, "expression nested deeper than %d", MAX_DEPTH);
+        int x = parse_unary(c);
+        c->depth--;
+        if (x < 0)
+            return -1;
+        if (c->nodes[x].ty == TY_BOOL)
+            return fail(c, at, "unary '-' of a bool");
+        return mk(c, O_NEG, c->nodes[x].ty, at, 1, &x);
+    }
+    if (accept(c, "+"))
+        return parse_unary(c);
+    return parse_power(c);
+}
+
+static int parse_mul(cc *c)
+{
+    int a = parse_unary(c);
+    for (;;) {
+        int at = pos(c), op;
+        if (accept(c, "*"))
+            op = O_MUL;
+        else if (accept(c, "//"))
+            op = O_FLOORDIV;
+        else if (accept(c, "/"))
+            op = O_DIV;
+        else if (accept(c, "%"))
+            op = O_MOD;
+        else
+            return a;
+        a = binop(c, op, a, parse_unary(c), at);
+    }
+}
+
+static int parse_add(cc *c)
+{
+    int a = parse_mul(c);
+    for (;;) {
+        int at = pos(c), op;
+        if (accept(c, "+"))
+            op = O_ADD;
+        else if (accept(c, "-"))
+            op = O_SUB;
+        else
+            return a;
+        a = binop(c, op, a, parse_mul(c), at);
+    }
+}
+
+static int cmp_op(cc *c)
+{
+    static const struct { const char *t; int op; } ops[] = {{"<=", O_LE}, {">=", O_GE}, {"==", O_EQ},
+                                                            {"!=", O_NE}, {"<", O_LT},  {">", O_GT}};
+    for (int i = 0; i < 6; i++)
+        if (accept(c, ops[i].t))
+            return ops[i].op;
+    return -1;
+}
+
+static int parse_cmp(cc *c)
+{
+    int a = parse_add(c);
+    int at = pos(c), op = cmp_op(c);
+    if (op < 0)
+        return a;
+    a = binop(c, op, a, parse_add(c), at);
+    at = pos(c);
+    if (a >= 0 && cmp_op(c) >= 0)
+        return fail(c, at, "chained comparison (write (a < b) && (b < c))");
+    return a;
+}
+
+static int parse_not(cc *c)
+{
+    int at = pos(c);
+    if (accept(c, "!") || accept(c, "not")) {
+        if (++c->depth > MAX_DEPTH)
+            return fail(c, at, "expression nested deeper than %d", MAX_DEPTH);
+        int x = parse_not(c);
+        c->depth--;
+        if (x < 0)
+            return -1;
+        if (c->nodes[x].ty != TY_BOOL)
+            return fail(c, at, "'!' needs a bool operand");
+        return mk(c, O_NOT, TY_BOOL, at, 1, &x);
+    }
+    return parse_cmp(c);
+}
+
+static int parse_and(cc *c)
+{
+    int a = parse_not(c);
+    for (;;) {
+        int at = pos(c);
+        if (!accept(c, "&&") && !accept(c, "and"))
+            return a;
+        a = binop(c, O_AND, a, parse_not(c), at);
+    }
+}
+
+static int parse_or(cc *c)
+{
+    if (++c->depth > MAX_DEPTH) {
+        c->depth--;
+        return fail(c, pos(c), "expression nested deeper than %d", MAX_DEPTH);
+    }
+    int a = parse_and(c);
+    for (;;) {
+        int at = pos(c);
+        if (!accept(c, "||") && !accept(c, "or"))
+            break;
+        a = binop(c, O_OR, a, parse_and(c), at);
+    }
+    c->depth--;
+    return a;
+}
+
+/* ---- interval arithmetic (compile-time index checks, block classification) --------------- */
+
+typedef struct iv {
+    double lo, hi;
+} iv;
+
+typedef struct ivenv {
+    iv b, h, q, kv;
+    const fx_mod *m;
+} ivenv;
+
+static const iv IV_ALL = {-INFINITY, INFINITY};
+
+static iv ivp(double a, double b) { return (iv){a < b ? a : b, a < b ? b : a}; }
+
+static iv iv_eval(const node *N, int id, const ivenv *e, int depth)
+{
+    const node *n = &N[id];
+    if (depth > MAX_DEPTH * 2)
+        return IV_ALL;
+    iv a = {0, 0}, b = {0, 0}, c = {0, 0};
+    if (n->op != O_WHERE && n->op != O_READ && n->op != O_IDX) {
+        if (n->nk > 0)
+            a = iv_eval(N, n->k[0], e, depth + 1);
+        if (n->nk > 1)
+            b = iv_eval(N, n->k[1], e, depth + 1);
+        if (n->nk > 2)
+            c = iv_eval(N, n->k[2], e, depth + 1);
+    }
+    const double BIG = 4503599627370496.0; /* 2^52: beyond it int64 arithmetic may not be exact here */
+    iv r = IV_ALL;
+    switch (n->op) {
+    case O_SCORE: return IV_ALL;
+    case O_B: return e->b;
+    case O_H: return e->h;
+    case O_Q: return e->q;
+    case O_KV: return e->kv;
+    case O_ICONST: return (iv){(double)n->i, (double)n->i};
+    case O_FCONST: return n->f != n->f ? IV_ALL : (iv){n->f, n->f};
+    case O_ADD: r = (iv){a.lo + b.lo, a.hi + b.hi}; break;
+    case O_SUB: r = (iv){a.lo - b.hi, a.hi - b.lo}; break;
+    case O_NEG: r = (iv){-a.hi, -a.lo}; break;
+    case O_MUL: {
+        if (!isfinite(a.lo) || !isfinite(a.hi) || !isfinite(b.lo) || !isfinite(b.hi))
+            return IV_ALL;
+        double p[4] = {a.lo * b.lo, a.lo * b.hi, a.hi * b.lo, a.hi * b.hi};
+        r = (iv){p[0], p[0]};
+        for (int i = 1; i < 4; i++)
+            r.lo = p[i] < r.lo ? p[i] : r.lo, r.hi = p[i] > r.hi ? p[i] : r.hi;
+        break;
+    }
+    case O_MIN: r = (iv){fmin(a.lo, b.lo), fmin(a.hi, b.hi)}; break;
+    case O_MAX: r = (iv){fmax(a.lo, b.lo), fmax(a.hi, b.hi)}; break;
+    case O_CLAMP: r = (iv){fmin(fmax(a.lo, b.lo), c.lo), fmin(fmax(a.hi, b.hi), c.hi)};
+        r = ivp(r.lo, r.hi);
+        break;
+    case O_ABS:
+        if (a.lo >= 0)
+            r = a;
+        else if (a.hi <= 0)
+            r = (iv){-a.hi, -a.lo};
+        else
+            r = (iv){0, fmax(-a.lo, a.hi)};
+        break;
+    case O_FLOOR: r = (iv){floor(a.lo), floor(a.hi)}; break;
+    case O_TOF: r = a; break;
+    case O_TOI: r = (iv){a.lo < 0 ? ceil(a.lo) : floor(a.lo), a.hi < 0 ? ceil(a.hi) : floor(a.hi)}; break;
+    case O_FLOORDIV:
+        if (n->ty == TY_INT && b.lo == b.hi && b.lo > 0 && isfinite(a.lo) && isfinite(a.hi))
+            r = (iv){floor(a.lo / b.lo), floor(a.hi / b.lo)};
+        else
+            return IV_ALL;
+        break;
+    case O_MOD:
+        if (n->ty == TY_INT && b.lo == b.hi && b.lo > 0) {
+            if (isfinite(a.lo) && isfinite(a.hi) && floor(a.lo / b.lo) == floor(a.hi / b.lo))
+                r = (iv){a.lo - b.lo * floor(a.lo / b.lo), a.hi - b.lo * floor(a.hi / b.lo)};
+            else
+                r = (iv){0, b.lo - 1};
+        } else {
+            return IV_ALL;
+        }
+        break;
+    case O_EXP: r = (iv){exp(a.lo), exp(a.hi)}; break;
+    case O_TANH: r = (iv){tanh(a.lo), tanh(a.hi)}; break;
+    case O_SIGMOID: r = (iv){1 / (1 + exp(-a.lo)), 1 / (1 + exp(-a.hi))}; break;
+    case O_LT: case O_LE: case O_GT: case O_GE: case O_EQ: case O_NE: {
+        bool t = false, f = false; /* provably true / false */
+        switch (n->op) {
+        case O_LT: t = a.hi < b.lo, f = a.lo >= b.hi; break;
+        case O_LE: t = a.hi <= b.lo, f = a.lo > b.hi; break;
+        case O_GT: t = a.lo > b.hi, f = a.hi <= b.lo; break;
+        case O_GE: t = a.lo >= b.hi, f = a.hi < b.lo; break;
+        case O_EQ: t = a.lo == a.hi && b.lo == b.hi && a.lo == b.lo, f = a.hi < b.lo || b.hi < a.lo; break;
+        default: f = a.lo == a.hi && b.lo == b.hi && a.lo == b.lo, t = a.hi < b.lo || b.hi < a.lo; break;
+        }
+        return t ? (iv){1, 1} : f ? (iv){0, 0} : (iv){0, 1};
+    }
+    case O_AND: return (iv){a.lo * b.lo, a.hi * b.hi};
+    case O_OR: return (iv){fmax(a.lo, b.lo), fmax(a.hi, b.hi)};
+    case O_NOT: return (iv){1 - a.hi, 1 - a.lo};
+    case O_WHERE: {
+        iv cc_ = iv_eval(N, n->k[0], e, depth + 1);
+        if (cc_.lo == 1)
+            return iv_eval(N, n->k[1], e, depth + 1);
+        if (cc_.hi == 0)
+            return iv_eval(N, n->k[2], e, depth + 1);
+        b = iv_eval(N, n->k[1], e, depth + 1), c = iv_eval(N, n->k[2], e, depth + 1);
+        return (iv){fmin(b.lo, c.lo), fmax(b.hi, c.hi)};
+    }
+    case O_READ: {
+        if (!e->m)
+            return IV_ALL;
+        const mtensor *T = &e->m->t[n->t];
+        int64_t lo[4] = {0}, hi[4] = {0};
+        double count = 1;
+        for (int d = 0; d < T->ndim; d++) {
+            iv x = iv_eval(N, n->k[d], e, depth + 1);
+            double l = fmax(0, fmin(x.lo, (double)T->shape[d] - 1)), h = fmax(0, fmin(x.hi, (double)T->shape[d] - 1));
+            if (x.lo != x.lo || x.hi != x.hi)
+                l = 0, h = (double)T->shape[d] - 1;
+            lo[d] = (int64_t)l, hi[d] = (int64_t)h;
+            count *= h - l + 1;
+        }
+        if (count > 4096)
+            return IV_ALL;
+        double mn = INFINITY, mx = -INFINITY;
+        int64_t ix[4] = {lo[0], lo[1], lo[2], lo[3]};
+        for (;;) {
+            int64_t off = 0;
+            for (int d = 0; d < T->ndim; d++)
+                off += ix[d] * T->stride[d];
+            double v;
+            switch (T->dtype) {
+            case FX_DT_F32: v = ((const float *)T->data)[off]; break;
+            case FX_DT_I64: v = (double)((const int64_t *)T->data)[off]; break;
+            case FX_DT_I32: v = ((const int32_t *)T->data)[off]; break;
+            default: v = ((const uint8_t *)T->data)[off] != 0; break;
+            }
+            if (v != v)
+                return IV_ALL;
+            mn = fmin(mn, v), mx = fmax(mx, v);
+            int d = T->ndim - 1;
+            while (d >= 0 && ++ix[d] > hi[d])
+                ix[d] = lo[d], d--;
+            if (d < 0)
+                break;
+        }
+        return (iv){mn, mx};
+    }
+    default:
+        return IV_ALL;
+    }
+    if (r.lo != r.lo || r.hi != r.hi)
+        return IV_ALL;
+    if (n->ty == TY_INT && ((isfinite(r.lo) && r.lo < -BIG) || (isfinite(r.hi) && r.hi > BIG)))
+        return IV_ALL;
+    return r;
+}
+
+/* ---- derivatives -------------------------------------------------------------------------- */
+
+/* -1 stands for the constant 0. */
+static int d_add(cc *c, int a, int b)
+{
+    if (a < 0)
+        return b;
+    if (b < 0)
+        return a;
+    return binop(c, O_ADD, a, b, c->nodes[a].pos);
+}
+static int d_mul(cc *c, int a, int b) /* a may be -1 (zero) */
+{
+    if (a < 0 || b < 0)
+        return -1;
+    const node *na = &c->nodes[a], *nb = &c->nodes[b];
+    if (na->op == O_FCONST && na->f == 1.0f)
+        return to_float(c, b);
+    if (nb->op == O_FCONST && nb->f == 1.0f)
+        return to_float(c, a);
+    return binop(c, O_MUL, a, b, na->pos);
+}
+static int d_where(cc *c, int cond, int a, int b, int at)
+{
+    if (a < 0 && b < 0)
+        return -1;
+    int z = fconst(c, 0.0f, at);
+    int k[3] = {cond, a < 0 ? z : to_float(c, a), b < 0 ? z : to_float(c, b)};
+    return mk(c, O_WHERE, TY_FLOAT, at, 3, k);
+}
+static int cmp(cc *c, int op, int a, int b) { return binop(c, op, a, b, c->nodes[a].pos); }
+
+/* d node / d wrt, where wrt is -2 for the score, else the id of an O_READ node. */
+static int diff(cc *c, int id, int wrt, int depth)
+{
+    if (c->err || depth > MAX_DEPTH * 2)
+        return c->err ? -1 : fail(c, 1, "expression too deep to differentiate");
+    node n = c->nodes[id];
+    if (n.ty != TY_FLOAT)
+        return -1;
+    int at = n.pos;
+    int a = n.nk > 0 ? n.k[0] : -1, b = n.nk > 1 ? n.k[1] : -1, k2 = n.nk > 2 ? n.k[2] : -1;
+#define D(x) diff(c, (x), wrt, depth + 1)
+    switch (n.op) {
+    case O_SCORE: return wrt == -2 ? fconst(c, 1.0f, at) : -1;
+    case O_READ: return wrt == id ? fconst(c, 1.0f, at) : -1;
+    case O_FCONST: case O_TOF: case O_FLOOR: case O_FLOORDIV: return -1;
+    case O_ADD: return d_add(c, D(a), D(b));
+    case O_SUB: {
+        int db = D(b);
+        return d_add(c, D(a), db < 0 ? -1 : mk(c, O_NEG, TY_FLOAT, at, 1, &db));
+    }
+    case O_NEG: {
+        int da = D(a);
+        return da < 0 ? -1 : mk(c, O_NEG, TY_FLOAT, at, 1, &da);
+    }
+    case O_MUL: return d_add(c, d_mul(c, D(a), b), d_mul(c, a, D(b)));
+    case O_DIV: { /* (da - (a / b) db) / b */
+        int da = D(a), db = D(b);
+        int t = d_add(c, da, db < 0 ? -1 : mk(c, O_NEG, TY_FLOAT, at, 1, (int[]){d_mul(c, id, db)}));
+        return t < 0 ? -1 : binop(c, O_DIV, t, b, at);
+    }
+    case O_MOD: { /* torch.remainder: self: grad, other: -grad * floor_divide(self, other) */
+        int da = D(a), db = D(b);
+        int fd = db < 0 ? -1 : binop(c, O_FLOORDIV, a, b, at);
+        return d_add(c, da, db < 0 ? -1 : mk(c, O_NEG, TY_FLOAT, at, 1, (int[]){d_mul(c, db, fd)}));
+    }
+    case O_ABS: { /* sign(a), sign(0) = 0 */
+        int da = D(a);
+        if (da < 0)
+            return -1;
+        int z = fconst(c, 0.0f, at);
+        int s = d_where(c, cmp(c, O_GT, a, z), fconst(c, 1.0f, at),
+                        d_where(c, cmp(c, O_LT, a, z), fconst(c, -1.0f, at), -1, at), at);
+        return d_mul(c, da, s);
+    }
+    case O_MIN: case O_MAX: { /* torch.minimum / maximum: the selected input; ties split 0.5 / 0.5 */
+        int da = D(a), db = D(b);
+        if (da < 0 && db < 0)
+            return -1;
+        int half = d_mul(c, d_add(c, da, db), fconst(c, 0.5f, at));
+        return d_where(c, cmp(c, n.op == O_MAX ? O_GT : O_LT, a, b), da,
+                       d_where(c, cmp(c, O_EQ, a, b), half, db, at), at);
+    }
+    case O_CLAMP: { /* torch.clamp: x inside [lo, hi] inclusive; lo where x < lo, hi where x > hi */
+        int dx = D(a), dl = D(b), dh = D(k2);
+        int in = binop(c, O_AND, cmp(c, O_GE, a, b), cmp(c, O_LE, a, k2), at);
+        return d_add(c, d_add(c, d_where(c, in, dx, -1, at), d_where(c, cmp(c, O_LT, a, b), dl, -1, at)),
+                     d_where(c, cmp(c, O_GT, a, k2), dh, -1, at));
+    }
+    case O_EXP: return d_mul(c, D(a), id);
+    case O_LOG: { int da = D(a); return da < 0 ? -1 : binop(c, O_DIV, da, a, at); }
+    case O_LOG1P: {
+        int da = D(a);
+        return da < 0 ? -1 : binop(c, O_DIV, da, binop(c, O_ADD, a, fconst(c, 1.0f, at), at), at);
+    }
+    case O_SQRT: {
+        int da = D(a);
+        return da < 0 ? -1 : binop(c, O_DIV, da, binop(c, O_MUL, fconst(c, 2.0f, at), id, at), at);
+    }
+    case O_TANH: {
+        int one = fconst(c, 1.0f, at);
+        return d_mul(c, D(a), binop(c, O_SUB, one, binop(c, O_MUL, id, id, at), at));
+    }
+    case O_SIGMOID: {
+        int one = fconst(c, 1.0f, at);
+        return d_mul(c, D(a), binop(c, O_MUL, id, binop(c, O_SUB, one, id, at), at));
+    }
+    case O_POW: { /* torch: self: where(e == 0, 0, e * x^(e-1)); exponent: where(x == 0 & e >= 0, 0, r log x) */
+        int da = D(a), db = D(b), z = fconst(c, 0.0f, at), one = fconst(c, 1.0f, at), r = -1;
+        if (da >= 0) {
+            int t = binop(c, O_MUL, b, binop(c, O_POW, a, binop(c, O_SUB, b, one, at), at), at);
+            r = d_mul(c, da, d_where(c, cmp(c, O_EQ, b, z), -1, t, at));
+        }
+        if (db >= 0) {
+            int t = binop(c, O_MUL, id, mk(c, O_LOG, TY_FLOAT, at, 1, &a), at);
+            int cond = binop(c, O_AND, cmp(c, O_EQ, a, z), cmp(c, O_GE, b, z), at);
+            r = d_add(c, r, d_mul(c, db, d_where(c, cond, -1, t, at)));
+        }
+        return r;
+    }
+    case O_WHERE: return d_where(c, a, D(b), D(k2), at);
+    default: return -1;
+    }
+#undef D
+}
+
+/* ---- lowering to a register program ------------------------------------------------------ */
+
+typedef struct lw {
+    cc *c;
+    prog *p;
+    int cap;
+    int *uses, *reg;
+    bool busy[MAX_REGS];
+    int nregs;
+} lw;
+
+static void count_uses(lw *L, int id, bool *seen)
+{
+    const node *n = &L->c->nodes[id];
+    L->uses[id]++;
+    if (seen[id])
+        return;
+    seen[id] = true;
+    for (int i = 0; i < n->nk; i++)
+        count_uses(L, n->k[i], seen);
+}
+
+static int alloc_reg(lw *L)
+{
+    for (int r = 0; r < MAX_REGS; r++)
+        if (!L->busy[r]) {
+            L->busy[r] = true;
+            L->nregs = r + 1 > L->nregs ? r + 1 : L->nregs;
+            return r;
+        }
+    return fail(L->c, 1, "expression needs more than %d registers", MAX_REGS);
+}
+
+static int emit(lw *L, ins I)
+{
+    if (L->p->n == L->cap) {
+        int cap = L->cap ? 2 * L->cap : 64;
+        ins *x = realloc(L->p->code, (size_t)cap * sizeof *x);
+        if (!x)
+            return fail(L->c, 1, "out of memory");
+        L->p->code = x, L->cap = cap;
+    }
+    L->p->code[L->p->n++] = I;
+    return 0;
+}
+
+static void release(lw *L, int id)
+{
+    if (--L->uses[id] == 0 && L->reg[id] >= 0)
+        L->busy[L->reg[id]] = false;
+}
+
+static int lower(lw *L, int id)
+{
+    if (L->c->err)
+        return -1;
+    if (L->reg[id] >= 0)
+        return L->reg[id];
+    const node *n = &L->c->nodes[id];
+    int16_t r[4] = {-1, -1, -1, -1};
+    for (int i = 0; i < n->nk; i++)
+        if ((r[i] = (int16_t)lower(L, n->k[i])) < 0)
+            return -1;
+    int dst = alloc_reg(L);
+    if (dst < 0)
+        return -1;
+    bool fl = n->nk > 0 && L->c->nodes[n->k[0]].ty == TY_FLOAT;
+    if (n->op == O_WHERE)
+        fl = n->ty == TY_FLOAT;
+    ins I = {.op = n->op, .fl = fl, .dst = (int16_t)dst, .a = r[0], .b = r[1], .c = r[2], .d = r[3],
+             .t = n->t, .i = n->i, .f = n->f};
+    if (n->op == O_READ) {
+        I.op = O_IDX;
+        int g = alloc_reg(L);
+        if (g < 0)
+            return -1;
+        I.dst = (int16_t)g;
+        emit(L, I);
+        ins G = {.op = O_GATHER, .dst = (int16_t)dst, .a = (int16_t)g, .b = -1, .c = -1, .d = -1, .t = n->t};
+        emit(L, G);
+        L->busy[g] = false;
+    } else {
+        emit(L, I);
+    }
+    for (int i = 0; i < n->nk; i++)
+        release(L, n->k[i]);
+    L->reg[id] = dst;
+    return dst;
+}
+
+/* Lowers roots (some may be -1: no output, out = -1) into p. */
+static int lower_prog(cc *c, prog *p, const int *roots, int nroots)
+{
+    lw L = {.c = c, .p = p};
+    L.uses = calloc((size_t)c->nn, sizeof(int));
+    L.reg = malloc((size_t)c->nn * sizeof(int));
+    bool *seen = calloc((size_t)c->nn, 1);
+    if (!L.uses || !L.reg || !seen) {
+        free(L.uses), free(L.reg), free(seen);
+        return fail(c, 1, "out of memory");
+    }
+    for (int i = 0; i < c->nn; i++)
+        L.reg[i] = -1;
+    for (int i = 0; i < nroots; i++)
+        if (roots[i] >= 0) {
+            count_uses(&L, roots[i], seen);
+            L.uses[roots[i]] += 1; /* outputs stay live */
+        }
+    for (int i = 0; i < nroots && !c->err; i++)
+        p->out[i] = roots[i] >= 0 ? lower(&L, roots[i]) : -1;
+    p->nout = nroots;
+    p->nregs = L.nregs;
+    free(L.uses), free(L.reg), free(seen);
+    return c->err ? -1 : 0;
+}
+
+/* ---- compiling ------------------------------------------------------------------------------ */
+
+static int check_tensor(const fx_mod_tensor *t, int i)
+{
+    if (!t->name || !t->name[0])
+        return fx__error(FX_EINVAL, "tensors[%d]: name is empty", i);
+    size_t n = strlen(t->name);
+    if (n >= 64)
+        return fx__error(FX_EINVAL, "tensors[%d]: name longer than 63 characters", i);
+    for (size_t j = 0; j < n; j++)
+        if (!(isalnum((unsigned char)t->name[j]) || t->name[j] == '_') || (j == 0 && isdigit((unsigned char)t->name[0])))
+            return fx__error(FX_EINVAL, "tensors[%d]: name '%s' is not an identifier", i, t->name);
+    static const char *reserved[] = {"score", "b", "h", "q_idx", "kv_idx", "and", "or", "not",
+                                     "True", "False", "true", "false"};
+    for (size_t j = 0; j < sizeof reserved / sizeof reserved[0]; j++)
+        if (!strcmp(t->name, reserved[j]))
+            return fx__error(FX_EINVAL, "tensors[%d]: name '%s' is reserved", i, t->name);
+    if (t->dtype != FX_DT_F32 && t->dtype != FX_DT_I64 && t->dtype != FX_DT_I32 && t->dtype != FX_DT_BOOL)
+        return fx__error(FX_EINVAL, "tensor '%s': dtype %d is not F32, I64, I32 or BOOL", t->name, t->dtype);
+    if (t->ndim < 1 || t->ndim > 4)
+        return fx__error(FX_EINVAL, "tensor '%s': ndim = %d must be 1 to 4", t->name, t->ndim);
+    double numel = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] < 1)
+            return fx__error(FX_EINVAL, "tensor '%s': shape[%d] = %lld must be >= 1", t->name, d,
+                             (long long)t->shape[d]);
+        numel *= (double)t->shape[d];
+    }
+    if (numel > 4e18)
+        return fx__error(FX_EINVAL, "tensor '%s': too many elements", t->name);
+    if (!t->data)
+        return fx__error(FX_EINVAL, "tensor '%s': data is NULL", t->name);
+    if (t->grad && t->dtype != FX_DT_F32)
+        return fx__error(FX_EINVAL, "tensor '%s': only float32 tensors have a grad", t->name);
+    return FX_OK;
+}
+
+/* Refuses reads whose index is provably out of range for any b, h, q_idx, kv_idx >= 0. */
+static void check_reads(cc *c)
+{
+    ivenv e = {.b = {0, INFINITY}, .h = {0, INFINITY}, .q = {0, INFINITY}, .kv = {0, INFINITY}, .m = NULL};
+    for (int id = 0; id < c->nn && !c->err; id++) {
+        const node *n = &c->nodes[id];
+        if (n->op != O_READ)
+            continue;
+        const mtensor *T = &c->m->t[n->t];
+        for (int d = 0; d < n->nk; d++) {
+            iv x = iv_eval(c->nodes, n->k[d], &e, 0);
+            if (x.hi < 0 || x.lo > (double)T->shape[d] - 1) {
+                fail(c, c->nodes[n->k[d]].pos, "index %d of '%s' is always out of range [0, %lld) (it lies in [%.0f, %.0f])",
+                     d + 1, T->name, (long long)T->shape[d], x.lo, x.hi);
+                return;
+            }
+        }
+    }
+}
+
+int fx_mod_compile(fx_mod **out, const char *expr, const fx_mod_tensor *tensors, int ntensors)
+{
+    if (!out)
+        return fx__error(FX_EINVAL, "out is NULL");
+    if (!expr)
+        return fx__error(FX_EINVAL, "expr is NULL");
+    if (ntensors < 0 || ntensors > MAX_TENSORS || (ntensors > 0 && !tensors))
+        return fx__error(FX_EINVAL, "ntensors = %d must be 0 to %d (with tensors != NULL)", ntensors, MAX_TENSORS);
+    for (int i = 0; i < ntensors; i++) {
+        int rc = check_tensor(&tensors[i], i);
+        if (rc != FX_OK)
+            return rc;
+        for (int j = 0; j < i; j++)
+            if (!strcmp(tensors[i].name, tensors[j].name))
+                return fx__error(FX_EINVAL, "tensors %d and %d are both named '%s'", j, i, tensors[i].name);
+    }
+    fx_mod *m = calloc(1, sizeof *m);
+    node *nodes = malloc(MAX_NODES * sizeof *nodes);
+    if (!m || !nodes) {
+        free(m), free(nodes);
+        return fx__error(FX_ENOMEM, "fx_mod_compile: out of memory");
+    }
+    m->nt = ntensors;
+    for (int i = 0; i < ntensors; i++) {
+        mtensor *T = &m->t[i];
+        snprintf(T->name, sizeof T->name, "%s", tensors[i].name);
+        T->dtype = tensors[i].dtype, T->ndim = tensors[i].ndim;
+        T->data = tensors[i].data, T->grad = tensors[i].grad;
+        T->numel = 1;
+        for (int d = T->ndim - 1; d >= 0; d--) {
+            T->shape[d] = tensors[i].shape[d];
+            T->stride[d] = T->numel;
+            T->numel *= T->shape[d];
+        }
+    }
+    cc c = {.src = expr, .nodes = nodes, .m = m};
+    int root = parse_or(&c);
+    if (!c.err) {
+        skip_ws(&c);
+        if (c.src[c.p])
+            fail(&c, c.p + 1, "unexpected '%c' after the expression", c.src[c.p]);
+    }
+    if (!c.err)
+        check_reads(&c);
+    if (!c.err) {
+        m->mask = c.nodes[root].ty == TY_BOOL;
+        if (!m->mask)
+            root = to_float(&c, root);
+    }
+    if (!c.err)
+        lower_prog(&c, &m->fwd, &root, 1);
+    if (!c.err && !m->mask) {
+        /* The derivative program: d/d score, then (flat index, d/d read) of each float read
+           of a tensor with a grad. */
+        int roots[MAX_OUT], nr = 0;
+        int ds = diff(&c, root, -2, 0);
+        const node *dn = ds >= 0 ? &c.nodes[ds] : NULL;
+        m->dscore_one = dn && dn->op == O_FCONST && dn->f == 1.0f;
+        roots[nr++] = ds < 0 ? fconst(&c, 0.0f, 1) : ds;
+        int nn0 = c.nn;
+        for (int id = 0; id < nn0 && !c.err; id++) {
+            const node *n = &c.nodes[id];
+            if (n->op != O_READ || !m->t[n->t].grad)
+                continue;
+            int d = diff(&c, root, id, 0);
+            if (d < 0)
+                continue;
+            if (m->ngr == 32) {
+                fail(&c, n->pos, "more than 32 reads of tensors with a grad");
+                break;
+            }
+            int k[4] = {n->k[0], n->k[1], n->k[2], n->k[3]};
+            int ix = mk(&c, O_IDX, TY_INT, n->pos, n->nk, k);
+            if (ix >= 0)
+                c.nodes[ix].t = n->t;
+            m->gr_tensor[m->ngr++] = n->t;
+            roots[nr++] = ix, roots[nr++] = d;
+        }
+        if (!c.err)
+            lower_prog(&c, &m->grad, roots, nr);
+        int64_t off = 0;
+        for (int i = 0; i < m->nt; i++)
+            if (m->t[i].grad) {
+                m->t[i].goff = off;
+                off += m->t[i].numel;
+            }
+        m->grad_elems = m->ngr ? off : 0;
+    }
+    if (c.err) {
+        fx_mod_free(m);
+        free(nodes);
+        return FX_EINVAL;
+    }
+    m->nodes = nodes, m->nn = c.nn, m->root = root;
+    /* Float arithmetic rounds in float32 where the intervals are doubles: only an all-integer
+       mask is classified by them. */
+    m->iv_exact = m->mask;
+    for (int i = 0; i < m->fwd.n; i++)
+        if (m->fwd.code[i].fl || m->fwd.code[i].op == O_TOF)
+            m->iv_exact = false;
+    *out = m;
+    return FX_OK;
+}
+
+void fx_mod_free(fx_mod *m)
+{
+    if (!m)
+        return;
+    free(m->fwd.code);
+    free(m->grad.code);
+    free(m->nodes);
+    free(m);
+}
+
+bool fx_mod_is_mask(const fx_mod *m) { return m && m->mask; }
+int fx_mod_nregs(const fx_mod *m) { return m ? m->fwd.nregs : 0; }
+
+/* ---- running ------------------------------------------------------------------------------- */
+
+void fx_mod_score(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h, int64_t q0, int64_t kv0,
+                  const void *ctx)
+{
+    const fx_mod *m = ctx;
+    slot R[MAX_REGS];
+    const float *o = R[m->fwd.out[0]].f;
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t j0 = 0; j0 < nkv; j0 += CH) {
+            int64_t n = nkv - j0 < CH ? nkv - j0 : CH;
+            float *row = s + i * ld + j0;
+            env e = {.s = row, .b = b, .h = h, .q = q0 + i, .kv0 = kv0 + j0, .m = m};
+            run(&m->fwd, R, n, &e);
+            for (int64_t j = 0; j < n; j++)
+                row[j] = o[j];
+        }
+}
+
+void fx_mod_score_grad(const float *s, float *g, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h,
+                       int64_t q0, int64_t kv0, const void *ctx)
+{
+    const fx_mod *m = ctx;
+    if (m->dscore_one)
+        return;
+    slot R[MAX_REGS];
+    /* only the first output is needed: run the program up to it (its instructions come first) */
+    const float *d = R[m->grad.out[0]].f;
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t j0 = 0; j0 < nkv; j0 += CH) {
+            int64_t n = nkv - j0 < CH ? nkv - j0 : CH;
+            float *gr = g + i * ld + j0;
+            env e = {.s = s + i * ld + j0, .b = b, .h = h, .q = q0 + i, .kv0 = kv0 + j0, .m = m};
+            run(&m->grad, R, n, &e);
+            /* a zero gradient (a masked position) stays exactly 0, whatever the derivative there */
+            for (int64_t j = 0; j < n; j++)
+                gr[j] = gr[j] != 0.0f ? gr[j] * d[j] : 0.0f;
+        }
+}
+
+bool fx_mod_mask(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx)
+{
+    const fx_mod *m = ctx;
+    slot R[MAX_REGS];
+    env e = {.s = NULL, .b = b, .h = h, .q = q_idx, .kv0 = kv_idx, .m = m};
+    run(&m->fwd, R, 1, &e);
+    return R[m->fwd.out[0]].i[0] != 0;
+}
+
+int64_t fx__mod_grad_elems(const fx_mod *m) { return m && !m->mask ? m->grad_elems : 0; }
+
+void fx__mod_grad_accum(const fx_mod *m, double *part, const float *s, const float *g, int64_t ld, int64_t nq,
+                        int64_t nkv, int64_t b, int64_t h, int64_t q0, int64_t kv0)
+{
+    if (!m->ngr)
+        return;
+    slot R[MAX_REGS];
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t j0 = 0; j0 < nkv; j0 += CH) {
+            int64_t n = nkv - j0 < CH ? nkv - j0 : CH;
+            const float *gr = g + i * ld + j0;
+            env e = {.s = s + i * ld + j0, .b = b, .h = h, .q = q0 + i, .kv0 = kv0 + j0, .m = m};
+            run(&m->grad, R, n, &e);
+            for (int r = 0; r < m->ngr; r++) {
+                const int64_t *ix = R[m->grad.out[1 + 2 * r]].i;
+                const float *d = R[m->grad.out[2 + 2 * r]].f;
+                double *p = part + m->t[m->gr_tensor[r]].goff;
+                for (int64_t j = 0; j < n; j++)
+                    if (gr[j] != 0.0f)
+                        p[ix[j]] += (double)gr[j] * (double)d[j];
+            }
+        }
+}
+
+void fx__mod_grad_reduce(const fx_mod *m, const double *parts, int64_t nparts)
+{
+    for (int i = 0; i < m->nt; i++) {
+        const mtensor *T = &m->t[i];
+        if (!T->grad)
+            continue;
+        int64_t n = T->numel;
+#pragma omp parallel for schedule(static)
+        for (int64_t e = 0; e < n; e++) {
+            double acc = 0.0;
+            for (int64_t u = 0; u < nparts; u++)
+                acc += parts[u * m->grad_elems + T->goff + e];
+            T->grad[e] += (float)acc;
+        }
+    }
+}
+
+/* ---- block masks ---------------------------------------------------------------------------- */
+
+typedef struct fill_ctx {
+    const fx_mod *m;
+    int64_t kv_len, bk;
+} fill_ctx;
+
+static void set_bits(uint64_t *row, int64_t k0, int64_t k1)
+{
+    for (int64_t j = k0; j < k1; j++)
+        row[j >> 6] |= (uint64_t)1 << (j & 63);
+}
+
+static int fill_rows(uint64_t *bits, int64_t words, int64_t b, int64_t h, int64_t q0, int64_t nq, void *ctx)
+{
+    const fill_ctx *f = ctx;
+    const fx_mod *m = f->m;
+    slot R[MAX_REGS];
+    const int64_t *o = R[m->fwd.out[0]].i;
+    for (int64_t k0 = 0; k0 < f->kv_len; k0 += f->bk) {
+        int64_t k1 = k0 + f->bk < f->kv_len ? k0 + f->bk : f->kv_len;
+        ivenv e = {.b = {(double)b, (double)b}, .h = {(double)h, (double)h}, .q = {(double)q0, (double)(q0 + nq - 1)},
+                   .kv = {(double)k0, (double)(k1 - 1)}, .m = m};
+        iv r = m->iv_exact ? iv_eval(m->nodes, m->root, &e, 0) : (iv){0, 1};
+        if (r.hi == 0 && r.lo == 0)
+            continue; /* empty */
+        if (r.lo == 1) {
+            for (int64_t i = 0; i < nq; i++)
+                set_bits(bits + i * words, k0, k1);
+            continue;
+        }
+        for (int64_t i = 0; i < nq; i++)
+            for (int64_t j0 = k0; j0 < k1; j0 += CH) {
+                int64_t n = k1 - j0 < CH ? k1 - j0 : CH;
+                env ev = {.s = NULL, .b = b, .h = h, .q = q0 + i, .kv0 = j0, .m = m};
+                run(&m->fwd, R, n, &ev);
+                uint64_t *row = bits + i * words;
+                for (int64_t j = 0; j < n; j++)
+                    row[(j0 + j) >> 6] |= (uint64_t)(o[j] != 0) << ((j0 + j) & 63);
+            }
+    }
+    return FX_OK;
+}
+
+int fx_block_mask_create_mod(fx_block_mask **out, const fx_mod *mask, int64_t B, int64_t H, int64_t q_len,
+                             int64_t kv_len, int64_t block_q, int64_t block_kv)
+{
+    if (!mask)
+        return fx__error(FX_EINVAL, "mask is NULL");
+    if (!mask->mask)
+        return fx__error(FX_EINVAL, "the mod is a score mod (its expression is not bool)");
+    fill_ctx f = {.m = mask, .kv_len = kv_len, .bk = block_kv > 0 ? block_kv : 128};
+    return fx_block_mask_create_rows(out, fill_rows, &f, B, H, q_len, kv_len, block_q, block_kv);
+}
