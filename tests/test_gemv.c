@@ -175,6 +175,44 @@ static void test_linear_dt(void)
         }
 }
 
+/* dx [N, I] = dy W (+ dx) through fx__linear_dt_t against float64: O over several tiles and
+   not a multiple of one, dy's rows wider than O; bitwise the same at 1 and 3 threads. */
+static void test_linear_dt_t(void)
+{
+    const int64_t N = 7, I = 45, O = FX__WIDEN_TILE * 2 + 17, ldy = O + 3;
+    int before = fx_get_num_threads();
+    for (int d = 0; d < 3; d++)
+        for (int acc = 0; acc < 2; acc++) {
+            double *wd = fxt_alloc_f64((size_t)(O * I));
+            void *w = make_weights(dtypes[d], (size_t)(O * I), 31, wd);
+            float *dy = fxt_random((size_t)(N * ldy), -1.0f, 1.0f, 32);
+            float *dx0 = fxt_random((size_t)(N * I), -1.0f, 1.0f, 33);
+            float *dx = fxt_guarded_copy(dx0, (size_t)(N * I)), *dx3 = fxt_guarded_copy(dx0, (size_t)(N * I));
+            float *scratch = fxt_guarded((size_t)(FX__WIDEN_TILE * I));
+            double *ref = fxt_alloc_f64((size_t)(N * I));
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t i = 0; i < I; i++) {
+                    double s = acc ? dx0[n * I + i] : 0.0;
+                    for (int64_t o = 0; o < O; o++)
+                        s += (double)dy[n * ldy + o] * wd[o * I + i];
+                    ref[n * I + i] = s;
+                }
+            FXT_OK(fx_set_num_threads(1));
+            fx__linear_dt_t(dx, dy, ldy, w, dtypes[d], N, I, O, acc, scratch);
+            FXT_OK(fx_set_num_threads(3));
+            fx__linear_dt_t(dx3, dy, ldy, w, dtypes[d], N, I, O, acc, scratch);
+            char what[64];
+            snprintf(what, sizeof what, "linear_dt_t %s acc=%d", dtype_names[d], acc);
+            fxt_close_f32(what, dx, ref, (size_t)(N * I), 1e-5, 1e-5);
+            fxt_bitwise_f32(what, dx, dx3, (size_t)(N * I));
+            fxt_guarded_free(what, dx);
+            fxt_guarded_free(what, dx3);
+            fxt_guarded_free("scratch", scratch);
+            free(wd), free(w), free(dy), free(dx0), free(ref);
+        }
+    FXT_OK(fx_set_num_threads(before));
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
@@ -182,5 +220,6 @@ int main(int argc, char **argv)
     FXT_RUN(test_gemv_threads);
     FXT_RUN(test_widen_rows);
     FXT_RUN(test_linear_dt);
+    FXT_RUN(test_linear_dt_t);
     return fxt_finish();
 }

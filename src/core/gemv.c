@@ -97,3 +97,19 @@ void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtyp
         fx__sgemm(false, true, N, r1 - r0, I, 1.0f, x, I, scratch, I, acc ? 1.0f : 0.0f, y + r0, ldy);
     }
 }
+
+void fx__linear_dt_t(float *dx, const float *dy, int64_t ldy, const void *w, fx_dtype dt, int64_t N, int64_t I,
+                     int64_t O, bool acc, float *scratch)
+{
+    if (dt == FX_DT_F32) {
+        fx__sgemm(false, false, N, I, O, 1.0f, dy, ldy, w, I, acc ? 1.0f : 0.0f, dx, I);
+        return;
+    }
+    if (O == 0 && !acc)
+        memset(dx, 0, (size_t)(N * I) * sizeof *dx);
+    for (int64_t r0 = 0; r0 < O; r0 += FX__WIDEN_TILE) {
+        int64_t r1 = r0 + FX__WIDEN_TILE < O ? r0 + FX__WIDEN_TILE : O;
+        fx__widen_rows(scratch, w, dt, r0, r1, I);
+        fx__sgemm(false, false, N, I, r1 - r0, 1.0f, dy + r0, ldy, scratch, I, acc || r0 ? 1.0f : 0.0f, dx, I);
+    }
+}

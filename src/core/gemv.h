@@ -31,6 +31,14 @@ enum { FX__WIDEN_TILE = 128 };
 void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I,
                    int64_t O, bool acc, float *scratch);
 
+/* dx [N, I] = dy [N, O] W [O, I] (+ dx when acc) for W in dt, dy's rows ldy apart (>= O): the
+   backward of fx__linear_dt through a frozen W. F32 goes to fx__sgemm in place; BF16 / F16 are
+   widened FX__WIDEN_TILE rows at a time into scratch [FX__WIDEN_TILE * I] and each tile's
+   dy[:, r0:r1] W[r0:r1, :] is added in the order of the tiles (deterministic for any thread
+   count, as fx__sgemm is). */
+void fx__linear_dt_t(float *dx, const float *dy, int64_t ldy, const void *w, fx_dtype dt, int64_t N, int64_t I,
+                     int64_t O, bool acc, float *scratch);
+
 /* The row kernels (rows r0 .. r1-1 of y), without threads: the reference and its AVX2 twin
    (called only when fx_get_isa() allows). */
 void fx__gemv_rows_scalar(float *y, const void *w, fx_dtype dt, const float *x, int64_t r0, int64_t r1, int64_t I,
