@@ -1943,6 +1943,71 @@ static void test_old_model_file(void)
     fx_model_free(m);
 }
 
+/* A checkpoint's values are held to the ranges train's options are (model/run_params.c) and
+   the configuration's (fx__model_config_check), whoever reads it: fx__model_read_config and
+   the public fx_model_load refuse a value out of range with FX_EFORMAT, naming the file, the
+   key and the value; a good state reads back. */
+static void test_ckpt_values_checked(void)
+{
+    fx_model_config c = small_cfg();
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 3));
+    if (!m)
+        return;
+    FXT_OK(fx__model_alloc_train(m));
+    char path[512];
+    snprintf(path, sizeof path, "%s/values.safetensors", tmpdir);
+    fx_model_config rc;
+    fx__model_train_state rs;
+    fx_model *pm = NULL;
+    fx__model_train_state good = train_state();
+    FXT_OK(fx__model_save_checkpoint(m, &good, path));
+    FXT_OK(fx__model_read_config(path, &rc, &rs, NULL));
+    FXT_CHECK(rs.lr == good.lr && rs.batch == good.batch);
+    FXT_OK(fx_model_load(&pm, path));
+    fx_model_free(pm);
+    pm = NULL;
+
+    static const char *const msgs[] = {
+        "training state lr = -1 must be > 0",
+        "training state steps = 0 must be >= 1",
+        "training state batch = 99999 is outside [1, 65536]",
+        "training state beta1 = 1 must be in [0, 1)",
+        "training state min_lr = 0.5 is above lr = 0.00300000003",
+        "training state seq = 0 is outside [1, ",
+    };
+    fx__model_train_state s[6];
+    for (int i = 0; i < 6; i++)
+        s[i] = good;
+    s[0].lr = -1;
+    s[1].steps = 0;
+    s[2].batch = 99999;
+    s[3].beta1 = 1;
+    s[4].min_lr = 0.5f;
+    s[5].seq = 0;
+    char want[700];
+    for (int i = 0; i < 6; i++) {
+        FXT_OK(fx__model_save_checkpoint(m, &s[i], path));
+        snprintf(want, sizeof want, "'%s': %s", path, msgs[i]);
+        FXT_STATUS(fx__model_read_config(path, &rc, &rs, NULL), FX_EFORMAT, want);
+        FXT_STATUS(fx_model_load(&pm, path), FX_EFORMAT, want);
+        FXT_CHECK(pm == NULL);
+    }
+    /* The configuration: head_dim 0 and an unknown arch, as a file would carry them. */
+    m->c.head_dim = 0;
+    FXT_OK(fx__model_save_checkpoint(m, &good, path));
+    m->c.head_dim = c.dim / c.heads;
+    snprintf(want, sizeof want, "'%s': metadata head_dim = 0", path);
+    FXT_STATUS(fx_model_load(&pm, path), FX_EFORMAT, want);
+    snprintf(m->c.arch, sizeof m->c.arch, "GPT5ForCausalLM");
+    FXT_OK(fx__model_save_checkpoint(m, &good, path));
+    snprintf(m->c.arch, sizeof m->c.arch, "flexc-gpt");
+    snprintf(want, sizeof want, "'%s': metadata arch = 'GPT5ForCausalLM' is not flexc-gpt", path);
+    FXT_STATUS(fx_model_load(&pm, path), FX_EFORMAT, want);
+    FXT_STATUS(fx__model_read_config(path, &rc, NULL, NULL), FX_EFORMAT, want);
+    fx__model_free(m);
+}
+
 /* ---- the public API ------------------------------------------------------------------------------ */
 
 static void test_api_config(void)
@@ -2347,6 +2412,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_large_vocab);
     FXT_RUN(test_features_threads_bitwise);
     FXT_RUN(test_old_model_file);
+    FXT_RUN(test_ckpt_values_checked);
     FXT_RUN(test_api_config);
     FXT_RUN(test_api_errors);
     FXT_RUN(test_api_train);

@@ -9,6 +9,7 @@
 #include "cuda/model_gpu.h"
 #include "model/dist.h"
 #include "model/model.h"
+#include "model/run_params.h"
 #include "outdir_lock.h"
 #include "save_check.h"
 
@@ -271,6 +272,20 @@ static int device_check(const train_opts *o, fx__par par)
             }
     }
     return cli_device(o->device, &cuda);
+}
+
+/* The training state's field key (run_params.c) outside its range: "--batch 0 is outside
+   [1, 65536]", "--steps 0 must be >= 1", named by its option; CLI_EXIT_OK when within. */
+static int state_outside(const fx__model_train_state *st, const char *key, int64_t ctx)
+{
+    const fx__run_param *p = fx__run_param_find(key);
+    int64_t v = *(const int64_t *)((const char *)st + p->offset);
+    if (fx__run_param_ok_i64(p, v, ctx))
+        return CLI_EXIT_OK;
+    char rule[64];
+    fx__run_param_rule(p, ctx, rule, sizeof rule);
+    cli_error("%s %lld %s", p->option, (long long)v, rule);
+    return CLI_EXIT_USAGE;
 }
 
 /* The checks of train's options that need neither data nor a model; *par the --parallel mode.
@@ -589,23 +604,30 @@ static int config_new_optimizer(const train_opts *o, fx__model_train_state *st)
     st->clip = isnan(o->clip) ? 1.0f : (float)o->clip;
     st->beta1 = (float)o->beta1;
     st->beta2 = (float)o->beta2;
-    /* The float32 values are checked: a positive --lr below float's range would train at 0. */
-    const struct { const char *name; double given; float value; bool positive; } fl[] = {
-        {"--lr", isnan(o->lr) ? 1e-3 : o->lr, st->lr, true},
-        {"--min-lr", isnan(o->min_lr) ? st->min_lr : o->min_lr, st->min_lr, false},
-        {"--weight-decay", isnan(o->weight_decay) ? st->weight_decay : o->weight_decay, st->weight_decay, false},
-        {"--clip", isnan(o->clip) ? st->clip : o->clip, st->clip, false}};
-    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++)
-        if (fl[i].positive ? !(fl[i].value > 0) : !(fl[i].value >= 0)) {
-            cli_error("%s %g must be %s", fl[i].name, fl[i].given, fl[i].positive ? "> 0" : ">= 0");
+    /* The float32 values are checked: a positive --lr below float's range would train at 0.
+       Their ranges are the table's (model/run_params.c), which checkpoints are held to too;
+       the message shows the value as given. */
+    const struct { const char *key; double given; float value; } fl[] = {
+        {"lr", isnan(o->lr) ? 1e-3 : o->lr, st->lr},
+        {"min_lr", isnan(o->min_lr) ? st->min_lr : o->min_lr, st->min_lr},
+        {"weight_decay", isnan(o->weight_decay) ? st->weight_decay : o->weight_decay, st->weight_decay},
+        {"clip", isnan(o->clip) ? st->clip : o->clip, st->clip}};
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) {
+        const fx__run_param *p = fx__run_param_find(fl[i].key);
+        if (!fx__run_param_ok_f32(p, fl[i].value)) {
+            char rule[64];
+            fx__run_param_rule(p, 0, rule, sizeof rule);
+            cli_error("%s %g %s", p->option, fl[i].given, rule);
             return CLI_EXIT_USAGE;
         }
+    }
     if (st->min_lr > st->lr) {
         cli_error("--min-lr %g is above --lr %g (the cosine decays from --lr down to --min-lr)", fl[1].given,
                   fl[0].given);
         return CLI_EXIT_USAGE;
     }
-    if (!(st->beta1 >= 0 && st->beta1 < 1) || !(st->beta2 >= 0 && st->beta2 < 1)) {
+    if (!fx__run_param_ok_f32(fx__run_param_find("beta1"), st->beta1) ||
+        !fx__run_param_ok_f32(fx__run_param_find("beta2"), st->beta2)) {
         cli_error("the Adam betas %g, %g must be in [0, 1)", (double)st->beta1, (double)st->beta2);
         return CLI_EXIT_USAGE;
     }
@@ -675,19 +697,16 @@ static int config_new(train_job *j)
     }
     fx__model_mask_name(mk, w, st->attn, sizeof st->attn);
     /* Checks that need the config. */
-    if (st->seq < 1 || st->seq > cfg->ctx) {
+    if (!fx__run_param_ok_i64(fx__run_param_find("seq"), st->seq, cfg->ctx)) {
         cli_error("--seq %lld is outside [1, %lld]: the model's context is %lld tokens", (long long)st->seq,
                   (long long)cfg->ctx, (long long)cfg->ctx);
         return CLI_EXIT_USAGE;
     }
-    if (st->steps < 1)
-        return int_outside("--steps", st->steps, 1, INT64_MAX);
-    if (st->batch < 1 || st->batch > 65536)
-        return int_outside("--batch", st->batch, 1, 65536);
-    if (st->accum < 1 || st->accum > 65536)
-        return int_outside("--accum", st->accum, 1, 65536);
-    if (st->warmup < 0)
-        return int_outside("--warmup", st->warmup, 0, INT64_MAX);
+    /* The ranges a checkpoint is held to as well (model/run_params.c). */
+    static const char *const counts[] = {"steps", "batch", "accum", "warmup"};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+        if ((rc = state_outside(st, counts[i], cfg->ctx)) != CLI_EXIT_OK)
+            return rc;
     return config_new_optimizer(o, st);
 }
 

@@ -3,6 +3,8 @@
 #include "model.h"
 
 #include "core/finite.h"
+#include "hf/hf.h"
+#include "run_params.h"
 
 #include <errno.h>
 #include <math.h>
@@ -184,12 +186,27 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx_mo
     if (!ver || strcmp(ver, FX__FORMAT_VERSION) != 0)
         return fx__error(FX_EFORMAT, "'%s': format version '%s' is not supported (this flexc reads %s)", path,
                          ver ? ver : "(none)", FX__FORMAT_VERSION);
+    const char *kind = fx_safetensors_metadata(f, "kind");
+    if (!kind || (strcmp(kind, "checkpoint") != 0 && strcmp(kind, "model") != 0))
+        return fx__error(FX_EFORMAT, "'%s': metadata kind = '%s' is not checkpoint or model", path,
+                         kind ? kind : "(none)");
     fx_model_config cc = {0};
     int rc;
     if ((rc = fx__read_config_fields(f, path, &cc)) != FX_OK)
         return rc;
+    /* 0 asks fx__model_config_check to derive them; a file records the values it was built
+       with, so 0 there is not one. */
     if (cc.ffn == 0)
         return fx__error(FX_EFORMAT, "'%s': metadata ffn = 0", path);
+    if (cc.head_dim == 0 && fx_safetensors_metadata(f, "head_dim"))
+        return fx__error(FX_EFORMAT, "'%s': metadata head_dim = 0 (a file records the heads' size)", path);
+    bool known = !strcmp(cc.arch, "flexc-gpt");
+    for (int a = FX__HF_LLAMA; a <= FX__HF_QWEN2; a++)
+        known = known || !strcmp(cc.arch, fx__hf_arch_name((fx__hf_arch)a));
+    if (!known)
+        return fx__error(FX_EFORMAT, "'%s': metadata arch = '%s' is not flexc-gpt, %s, %s or %s", path, cc.arch,
+                         fx__hf_arch_name(FX__HF_LLAMA), fx__hf_arch_name(FX__HF_MISTRAL),
+                         fx__hf_arch_name(FX__HF_QWEN2));
     if ((rc = fx__model_config_check(&cc)) != FX_OK)
         return fx__error_context(FX_EFORMAT, "'%s': config", path);
     const char *tok = fx_safetensors_metadata(f, "tokenizer");
@@ -250,17 +267,18 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx_mo
             if (dt && strcmp(dt, "f32") != 0 && strcmp(dt, "bf16") != 0)
                 return fx__error(FX_EFORMAT, "'%s': metadata dtype = '%s' is not f32 or bf16", path, dt);
             s->bf16 = dt && strcmp(dt, "bf16") == 0;
-            const struct { const char *key; int64_t v, lo, hi; } rg[] = {
-                {"step", s->step, 0, INT64_MAX}, {"data_pos", s->data_pos, 0, INT64_MAX},
-                {"batch", s->batch, 1, INT64_MAX}, {"seq", s->seq, 1, cc.ctx}, {"accum", s->accum, 1, INT64_MAX},
-                {"steps", s->steps, 0, INT64_MAX}, {"warmup", s->warmup, 0, INT64_MAX}};
-            for (size_t i = 0; i < sizeof rg / sizeof rg[0]; i++)
-                if (rg[i].v < rg[i].lo || rg[i].v > rg[i].hi)
-                    return rg[i].hi == INT64_MAX
-                               ? fx__error(FX_EFORMAT, "'%s': training state %s = %lld must be >= %lld", path, rg[i].key,
-                                           (long long)rg[i].v, (long long)rg[i].lo)
-                               : fx__error(FX_EFORMAT, "'%s': training state %s = %lld is outside [%lld, %lld]", path,
-                                           rg[i].key, (long long)rg[i].v, (long long)rg[i].lo, (long long)rg[i].hi);
+            /* The ranges the command line would hold them to (run_params.c). */
+            bool order;
+            const fx__run_param *bad = fx__run_params_check(s, cc.ctx, &order);
+            if (bad) {
+                char val[48], rule[64];
+                fx__run_param_format(bad, s, val, sizeof val);
+                if (order)
+                    return fx__error(FX_EFORMAT, "'%s': training state min_lr = %s is above lr = %.9g", path, val,
+                                     (double)s->lr);
+                fx__run_param_rule(bad, cc.ctx, rule, sizeof rule);
+                return fx__error(FX_EFORMAT, "'%s': training state %s = %s %s", path, bad->key, val, rule);
+            }
         }
     }
     *c = cc;
