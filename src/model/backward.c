@@ -10,7 +10,7 @@ int fx__model_backward(fx__model *m)
 {
     if (m && m->device)
         return m->device->backward(m);
-    if (!m || !m->grads || !m->acts || !m->grad_ready)
+    if (!m || (!m->grads && !m->lora) || !m->acts || !m->grad_ready)
         return fx__error(FX_EINVAL, "fx__model_backward: no forward with gradients before it");
     m->grad_ready = false;
     m->grads_zero = false;
@@ -29,10 +29,13 @@ int fx__model_backward(fx__model *m)
     memset(a.dres, 0, (size_t)(N * C) * sizeof(float));
     if ((rc = fx__layer_hook(m, c->layers, true)) != FX_OK)
         return rc;
-    float *gn = fx__layer_base(m, true, c->layers);
+    /* With adapters the base is frozen: its norms' gradients go to a sink, never read. */
+    fx__lora *lora = m->lora;
+    float *gn = lora ? lora->sink : fx__layer_base(m, true, c->layers);
     fx__rmsnorm_backward(a.dres, gn, a.dxn, fx__res_at(m, &a, c->layers), fx__layer_base(m, false, c->layers), a.rstdf,
                          N, C);
-    fx__grad_hook(m, (int)c->layers, gn, m->lay.total - tn->offset); /* the norm, and lm_head when untied */
+    if (!lora)
+        fx__grad_hook(m, (int)c->layers, gn, m->lay.total - tn->offset); /* the norm, and lm_head when untied */
 
     for (int64_t l = c->layers - 1; l >= 0; l--) {
         if ((rc = fx__layer_hook(m, l, true)) != FX_OK)
@@ -53,13 +56,12 @@ int fx__model_backward(fx__model *m)
            and up replace them in h13 (their last use), the A operand of the one product
            of d(xn2) over all 2F, and of d(w1, w3) as one [2F, C] matrix. */
         fx__swiglu_forward(a.work, F, h13, h13 + F, 2 * F, N, F);
-        fx__mm(m, true, false, C, F, N, a.dres, false, C, a.work, false, F, 1.0f, fx__layer_grad(m, l, FX__MODEL_W2), F);
-        fx__mm(m, false, false, N, F, C, a.dres, false, C, W.t[FX__MODEL_W2].data, true, F, 0.0f, a.work, F);
+        fx__layer_product_backward(&W, FX__MODEL_W2, a.work, a.dres, C, a.work, N, F, C);
         fx__progress_point(m);
         float *dh13 = h13;
         fx__swiglu_backward(dh13, dh13 + F, 2 * F, a.work, F, h13, h13 + F, N, F);
         fx__layer_group_backward(&W, l, FX__GROUP_GATE_UP, a.dxn, dh13, 2 * F, xn2, N, C);
-        fx__rmsnorm_backward(a.dres, fx__layer_grad(m, l, FX__MODEL_LN2), a.dxn, resm, W.t[FX__MODEL_LN2].data, rstd2, N,
+        fx__rmsnorm_backward(a.dres, lora ? lora->sink : fx__layer_grad(m, l, FX__MODEL_LN2), a.dxn, resm, W.t[FX__MODEL_LN2].data, rstd2, N,
                              C);
         fx__progress_point(m);
 
@@ -67,8 +69,7 @@ int fx__model_backward(fx__model *m)
         /* d(att) goes to xn2's slot ([N, max(C, QD)], dead now). */
         float *datt = xn2;
         fx__from_heads(a.work, QD, att, B, T, Hq, hd);
-        fx__mm(m, true, false, C, QD, N, a.dres, false, C, a.work, false, QD, 1.0f, fx__layer_grad(m, l, FX__MODEL_WO), QD);
-        fx__mm(m, false, false, N, QD, C, a.dres, false, C, W.t[FX__MODEL_WO].data, true, QD, 0.0f, a.work, QD);
+        fx__layer_product_backward(&W, FX__MODEL_WO, a.work, a.dres, C, a.work, N, QD, C);
         fx__progress_point(m);
         fx__to_heads(datt, a.work, QD, B, T, Hq, hd);
         float *dq = a.work, *dk = a.work + N * QD, *dv = a.work + N * (QD + KD);
@@ -81,16 +82,20 @@ int fx__model_backward(fx__model *m)
         const int64_t QKV = QD + 2 * KD;
         float *dqkv = a.work + N * QKV;
         fx__qkv_from_heads(dqkv, dq, dk, dv, m->rope, B, T, Hq, Hkv, hd);
-        if (c->qkv_bias)
+        if (c->qkv_bias && !lora)
             fx__layer_qkv_bias_backward(&W, l, dqkv, QKV, N);
         fx__layer_group_backward(&W, l, FX__GROUP_QKV, a.dxn, dqkv, QKV, xn1, N, C);
-        fx__rmsnorm_backward(a.dres, fx__layer_grad(m, l, FX__MODEL_LN1), a.dxn, res, W.t[FX__MODEL_LN1].data, rstd1,
+        fx__rmsnorm_backward(a.dres, lora ? lora->sink : fx__layer_grad(m, l, FX__MODEL_LN1), a.dxn, res, W.t[FX__MODEL_LN1].data, rstd1,
                              N, C);
 
+        if (lora)
+            continue;
         const fx__model_tensor *t0 = fx__layer_first(m, l);
         size_t numel = fx__layer_first(m, l + 1)->offset - t0->offset;
         fx__grad_hook(m, (int)l, fx__layer_base(m, true, l), numel);
     }
+    if (lora)
+        return FX_OK;
     fx__embed_backward(m->grads, a.dres, m->tokens, N, C);
     fx__grad_hook(m, -1, m->grads, m->lay.t[0].numel);
     return FX_OK;
@@ -104,6 +109,8 @@ void fx__model_zero_grad(fx__model *m)
     }
     if (m->grads)
         memset(m->grads, 0, m->lay.total * sizeof(float));
+    if (m->lora)
+        fx__lora_zero_grad(m->lora);
     m->grads_zero = m->grads != NULL;
 }
 

@@ -277,7 +277,7 @@ static int loss_call(fx__model *m, const fx__acts *a, bool grad, float *out)
 {
     const int64_t N = m->B * m->T, C = m->c.dim, V = m->c.vocab;
     const float *head = fx__model_head(m, false);
-    float *dwte = grad ? fx__model_head(m, true) : NULL, *dxnf = grad ? a->dxn : NULL;
+    float *dwte = grad && !m->lora ? fx__model_head(m, true) : NULL, *dxnf = grad ? a->dxn : NULL;
     if (m->loss_impl == FX__MODEL_LOSS_UNFUSED) {
         *out = fx__loss_unfused(a->logits, a->rowloss, a->xnf, head, m->targets, N, C, V, dxnf, dwte);
         return FX_OK;
@@ -320,8 +320,8 @@ int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *target
         return m->device->forward(m, tokens, targets, loss, grad);
     if (!m || !tokens || !m->acts)
         return fx__error(FX_EINVAL, "fx__model_forward: no model, tokens or batch shape (fx__model_set_batch)");
-    if (grad && (!m->grads || !targets))
-        return fx__error(FX_EINVAL, "fx__model_forward: gradients need targets and fx__model_alloc_train");
+    if (grad && ((!m->grads && !m->lora) || !targets))
+        return fx__error(FX_EINVAL, "fx__model_forward: gradients need targets and fx__model_alloc_train (or adapters)");
     if (m->params16 && m->loss_impl == FX__MODEL_LOSS_UNFUSED)
         return fx__error(FX_EUNSUPPORTED, "bf16 matrix products use the fused loss (not the unfused one)");
     int rc = forward_inputs(m, tokens, targets);
@@ -338,11 +338,21 @@ int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *target
 
     /* Parking needs gradient memory known to be clear and laid out flat, and no hooks that
        might read it (multi-process training). */
-    m->park.acts_parked = grad && m->recompute && m->grads_zero && !fx__model_hooks_any(&m->hooks) &&
+    m->park.acts_parked = grad && m->recompute && m->grads_zero && !m->lora && !fx__model_hooks_any(&m->hooks) &&
                      fx__park_fits(m);
     if (m->park.acts_parked)
         m->grads_zero = false;
     m->park.res_two = !grad && m->recompute;
+    if (m->lora) {
+        /* Dropout only with gradients, a new mask each such pass (the backward draws it
+           again); the backward's scratch for N rows. */
+        m->lora->training = grad;
+        if (grad) {
+            m->lora->drop_step++;
+            if ((rc = fx__lora_scratch(m->lora, fx__lora_scratch_floats(m->lora, c, N))) != FX_OK)
+                return fx__error_context(rc, "LoRA scratch");
+        }
+    }
     fx__embed_forward(fx__res_at(m, &a, 0), tokens, m->params, N, C);
     for (int64_t l = 0; l < c->layers; l++)
         if ((rc = fx__layer_hook(m, l, false)) != FX_OK || (rc = fx__layer_forward(m, &a, &call, l, true)) != FX_OK)

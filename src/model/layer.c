@@ -12,7 +12,7 @@
 
 fx__layer_w fx__layer_w_train(const fx__model *m, int64_t l)
 {
-    fx__layer_w W = {.m = m, .train = true};
+    fx__layer_w W = {.m = m, .train = true, .lora = m->lora, .l = l};
     const fx__model_tensor *t = fx__layer_first(m, l);
     const float *base = fx__layer_base(m, false, l);
     for (size_t i = 0; i < m->lay.per_layer; i++)
@@ -28,7 +28,7 @@ fx__layer_w fx__layer_w_decode(const fx__model *m, int64_t l, float *tile)
         W.tile = tile;
         return W;
     }
-    fx__layer_w W = {.m = m, .halves = m->mapped->rope_half, .tile = tile};
+    fx__layer_w W = {.m = m, .halves = m->mapped->rope_half, .tile = tile, .lora = m->lora, .l = l};
     const size_t first = (size_t)(fx__layer_first(m, l) - m->lay.t);
     for (size_t i = 0; i < m->lay.per_layer; i++)
         W.t[i] = m->mapped->t[first + i];
@@ -71,14 +71,54 @@ static bool group_whole(const fx__layer_w *W, const int *t, int n, int64_t cols)
     return true;
 }
 
-/* y [N, O] (rows ldy apart; + y when acc) = x [N, I] w [O, I]^T. */
-static void product(const fx__layer_w *W, float *y, int64_t ldy, const float *x, fx__model_weight w, int64_t N,
-                    int64_t I, int64_t O, bool acc)
+/* The adapter of tensor `which` (an FX__MODEL_* index) in W's layer, as a target (-1: none). */
+static int adapted(const fx__layer_w *W, int which)
+{
+    const int t = W->lora ? fx__lora_target_of(which) : -1;
+    return t >= 0 && fx__lora_a(W->lora, W->l, (fx__lora_target)t) ? t : -1;
+}
+
+/* y [N, O] (rows ldy apart; + y when acc) = x [N, I] w [O, I]^T: the base's product. */
+static void base_product(const fx__layer_w *W, float *y, int64_t ldy, const float *x, fx__model_weight w, int64_t N,
+                         int64_t I, int64_t O, bool acc)
 {
     if (W->train)
         fx__mm(W->m, false, true, N, O, I, x, false, I, w.data, true, I, acc ? 1.0f : 0.0f, y, ldy);
     else
         fx__linear_dt(y, ldy, x, w.data, w.dtype, N, I, O, acc, W->tile);
+}
+
+/* y (+ y when acc) = x W->t[which]^T, and the tensor's adapter's term added when it has one. */
+static void product(const fx__layer_w *W, float *y, int64_t ldy, const float *x, int which, int64_t N, int64_t I,
+                    int64_t O, bool acc)
+{
+    base_product(W, y, ldy, x, W->t[which], N, I, O, acc);
+    const int t = adapted(W, which);
+    if (t >= 0)
+        fx__lora_forward(W->lora, W->l, (fx__lora_target)t, y, ldy, x, N, I, O);
+}
+
+/* dx = dy w (+ dx when acc) through the base's weight, in its dtype. */
+static void base_dx(const fx__layer_w *W, float *dx, const float *dy, int64_t ldy, fx__model_weight w, int64_t N,
+                    int64_t I, int64_t O, bool acc)
+{
+    if (W->train)
+        fx__mm(W->m, false, false, N, I, O, dy, false, ldy, w.data, true, I, acc ? 1.0f : 0.0f, dx, I);
+    else
+        fx__linear_dt_t(dx, dy, ldy, w.data, w.dtype, N, I, O, acc, W->tile);
+}
+
+void fx__layer_product_backward(const fx__layer_w *W, int which, float *dx, const float *dy, int64_t ldy,
+                                const float *x, int64_t N, int64_t I, int64_t O)
+{
+    const fx__model *m = W->m;
+    if (!W->lora)
+        fx__mm(m, true, false, O, I, N, dy, false, ldy, x, false, I, 1.0f, fx__layer_grad(m, W->l, which), I);
+    const int t = adapted(W, which);
+    const float *da = t >= 0 ? fx__lora_backward(W->lora, W->l, (fx__lora_target)t, dy, ldy, x, N, I, O) : NULL;
+    base_dx(W, dx, dy, ldy, W->t[which], N, I, O, false);
+    if (da)
+        fx__lora_add(dx, da, N, I);
 }
 
 /* y [N, sum of the group's rows] = x [N, I] times the group's tensors transposed, each one's
@@ -92,11 +132,17 @@ static void group_forward(const fx__layer_w *W, fx__group g, float *y, int64_t l
         int64_t O = 0;
         for (int i = 0; i < n; i++)
             O += rows_of(W, t[i]);
-        product(W, y, ldy, x, W->t[t[0]], N, I, O, false);
+        base_product(W, y, ldy, x, W->t[t[0]], N, I, O, false);
+        /* Each adapter's low-rank term into its tensor's columns. */
+        for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++) {
+            const int a = adapted(W, t[i]);
+            if (a >= 0)
+                fx__lora_forward(W->lora, W->l, (fx__lora_target)a, y + col, ldy, x, N, I, rows_of(W, t[i]));
+        }
         return;
     }
     for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++)
-        product(W, y + col, ldy, x, W->t[t[i]], N, I, rows_of(W, t[i]), false);
+        product(W, y + col, ldy, x, t[i], N, I, rows_of(W, t[i]), false);
 }
 
 void fx__layer_group_backward(const fx__layer_w *W, int64_t l, fx__group g, float *dx, const float *dy, int64_t ldy,
@@ -104,19 +150,30 @@ void fx__layer_group_backward(const fx__layer_w *W, int64_t l, fx__group g, floa
 {
     const fx__model *m = W->m;
     const int *t = groups[g].t, n = groups[g].n;
+    const bool frozen = W->lora != NULL; /* adapters: the base gets no gradients */
     /* The gradients follow the parameters' layout: one matrix where the weights are one. */
     if (group_whole(W, t, n, I)) {
         int64_t O = 0;
         for (int i = 0; i < n; i++)
             O += rows_of(W, t[i]);
-        fx__mm(m, false, false, N, I, O, dy, false, ldy, W->t[t[0]].data, true, I, 0.0f, dx, I);
-        fx__mm(m, true, false, O, I, N, dy, false, ldy, x, false, I, 1.0f, fx__layer_grad(m, l, t[0]), I);
-        return;
+        base_dx(W, dx, dy, ldy, W->t[t[0]], N, I, O, false);
+        if (!frozen)
+            fx__mm(m, true, false, O, I, N, dy, false, ldy, x, false, I, 1.0f, fx__layer_grad(m, l, t[0]), I);
+    } else {
+        for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++) {
+            const int64_t O = rows_of(W, t[i]);
+            base_dx(W, dx, dy + col, ldy, W->t[t[i]], N, I, O, i > 0);
+            if (!frozen)
+                fx__mm(m, true, false, O, I, N, dy + col, false, ldy, x, false, I, 1.0f, fx__layer_grad(m, l, t[i]),
+                       I);
+        }
     }
+    /* The adapters' gradients, and their d(x) added (x is not dx here). */
     for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++) {
-        const int64_t O = rows_of(W, t[i]);
-        fx__mm(m, false, false, N, I, O, dy + col, false, ldy, W->t[t[i]].data, true, I, i ? 1.0f : 0.0f, dx, I);
-        fx__mm(m, true, false, O, I, N, dy + col, false, ldy, x, false, I, 1.0f, fx__layer_grad(m, l, t[i]), I);
+        const int a = adapted(W, t[i]);
+        if (a >= 0)
+            fx__lora_add(dx, fx__lora_backward(W->lora, l, (fx__lora_target)a, dy + col, ldy, x, N, I, rows_of(W, t[i])),
+                         N, I);
     }
 }
 
@@ -169,7 +226,7 @@ int fx__layer_run(const fx__layer_w *W, const fx__layer_rows *r, const fx__layer
         fx__from_heads(io->work, QD, io->att, B, T, Hq, hd);
         ao = io->work;
     }
-    product(W, io->mid, C, ao, W->t[FX__MODEL_WO], N, QD, C, true);
+    product(W, io->mid, C, ao, FX__MODEL_WO, N, QD, C, true);
     fx__progress_point(m);
 
     /* MLP: out = mid + swiglu(gate, up) W2^T, gate and up side by side in h13. */
@@ -179,7 +236,7 @@ int fx__layer_run(const fx__layer_w *W, const fx__layer_rows *r, const fx__layer
     fx__progress_point(m);
     if (io->out) {
         fx__swiglu_forward(io->work, F, io->h13, io->h13 + F, 2 * F, N, F);
-        product(W, io->out, C, io->work, W->t[FX__MODEL_W2], N, F, C, true);
+        product(W, io->out, C, io->work, FX__MODEL_W2, N, F, C, true);
     }
     return FX_OK;
 }

@@ -215,7 +215,25 @@ void fx__model_free(fx__model *m)
     fx__free(m->tokens);
     fx__free(m->doc);
     fx__free(m->norm_parts);
+    fx__lora_free(m->lora);
     fx__free(m);
+}
+
+int fx__model_set_lora(fx__model *m, fx__lora *a)
+{
+    if (a && a->layers != m->c.layers) {
+        fx__lora_free(a);
+        return fx__error(FX_EINVAL, "LoRA adapters for %lld layers on a model of %lld", (long long)a->layers,
+                         (long long)m->c.layers);
+    }
+    if (a && m->device) {
+        fx__lora_free(a);
+        return fx__error(FX_EUNSUPPORTED, "LoRA adapters on a device model");
+    }
+    fx__lora_free(m->lora);
+    m->lora = a;
+    m->grad_ready = false;
+    return FX_OK;
 }
 
 /* Gradient-norm partial sums: one per fixed chunk of the flat buffer. */

@@ -200,6 +200,9 @@ struct fx_model {
                                backward and the step's optimizer run there; params and adam are
                                current only after fx__model_gpu_download */
     const fx__model_device *device; /* the calls of that device (set with gpu), or NULL */
+    struct fx__lora *lora;    /* LoRA adapters (lora.h, owned), or NULL: with them the base is
+                                 frozen (no gradients for its weights, norms or embedding) and
+                                 the training step trains the adapters only */
 };
 
 /* Grows the RoPE table to positions [0, len) (len <= ctx). */
@@ -223,6 +226,10 @@ int fx__model_new_mapped(fx__model **out, const fx_model_config *c, fx__model_ma
    the file. FX_OK at once for a model that is not mapped. */
 int fx__model_own_params(fx__model *m);
 void fx__model_mapped_free(fx__model_mapped *mp);
+/* Attaches adapters to m (taken over, also on failure; NULL detaches and frees them): made
+   for m's configuration by fx__lora_create. Training then needs no fx__model_alloc_train:
+   fx__lora_alloc_train gives the adapters' moments (fx__model_train_step calls it). */
+int fx__model_set_lora(fx__model *m, struct fx__lora *a);
 /* Gradient and Adam buffers (zeroed). */
 int fx__model_alloc_train(fx__model *m);
 /* The gradient buffer alone (zeroed), for forward / backward without the optimizer. */

@@ -6,6 +6,7 @@
 
 #include "core/gemm_bf16.h"
 #include "model.h"
+#include "model/lora.h"
 
 #include <assert.h>
 
@@ -169,6 +170,9 @@ typedef struct fx__layer_w {
                      training in bf16); else fx__linear_dt (one row: fx__gemv; BF16, F16 widened) */
     bool halves;  /* q and k rotate halves (x[i] with x[i + hd/2]: a Hugging Face file as mapped) */
     float *tile;  /* fx__linear_dt's widening scratch (FX__WIDEN_TILE rows of the widest input) */
+    fx__lora *lora; /* the model's adapters (added to the products of the tensors they target;
+                       the base is then frozen: no gradients for its weights), or NULL */
+    int64_t l;      /* the layer */
 } fx__layer_w;
 
 /* Layer l's weights in the float32 parameters (flat, or the layer's own buffer), for training. */
@@ -211,6 +215,11 @@ typedef enum fx__group { FX__GROUP_QKV, FX__GROUP_GATE_UP } fx__group;
    (overwritten) and each tensor's gradient += dy^T x, as one product or one per tensor. */
 void fx__layer_group_backward(const fx__layer_w *W, int64_t l, fx__group g, float *dx, const float *dy, int64_t ldy,
                               const float *x, int64_t N, int64_t I);
+/* The backward of one tensor's product y = x W^T (W->t[which], [O, I]; dy's rows ldy apart):
+   the weight's gradient += dy^T x (not for a frozen base), the adapter's, and dx [N, I] = dy W
+   (+ the adapter's d(x)); dx may be x (x is read before dx is written). */
+void fx__layer_product_backward(const fx__layer_w *W, int which, float *dx, const float *dy, int64_t ldy,
+                                const float *x, int64_t N, int64_t I, int64_t O);
 /* d(bq, bk, bv) += the column sums of dqkv [N, ld]. */
 void fx__layer_qkv_bias_backward(const fx__layer_w *W, int64_t l, const float *dqkv, int64_t ld, int64_t N);
 

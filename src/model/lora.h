@@ -1,0 +1,126 @@
+/* LoRA adapters on the model's projections (internal; docs/lora.md).
+
+   For a target projection W [O, I] of layer l:  y = x W^T + scale (drop(x) A^T) B^T  with
+   A [r, I], B [O, r], scale = alpha / r; B starts at zero and A as PEFT's default init
+   (kaiming-uniform with a = sqrt(5): uniform(-1/sqrt(I), 1/sqrt(I))), drop is dropout of
+   probability p on the adapter's input only (PEFT's lora_dropout). The base stays frozen.
+
+   Every adapter tensor lives in one float32 buffer (with its gradients and AdamW moments),
+   laid out by a table in the order layer, target (q, k, v, o, gate, up, down), A then B,
+   each named as PEFT names it (base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight),
+   so checkpoints and export walk the table.
+
+     fx__lora_config lc = fx__lora_defaults(8);          // r 8, alpha 16, all seven targets
+     fx__lora *a;
+     fx__lora_create(&a, &m->c, &lc, seed);             // then fx__model_set_lora(m, a)
+     for (size_t i = 0; i < a->n; i++) a->t[i].name, a->t[i].shape, a->params + a->t[i].offset;
+
+   The q and k projections' B rows follow the base's row order: flexc's interleaved pairs on
+   a model in the training layout, Hugging Face's rotate-half order on a mapped file (its
+   `rope_heads` says how many heads of hd rows an exporter permutes, as fx__arch_entry's). */
+#ifndef FX_MODEL_LORA_H
+#define FX_MODEL_LORA_H
+
+#include <flexc/model.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* The projections an adapter can target, in the table's order. */
+typedef enum fx__lora_target {
+    FX__LORA_Q, FX__LORA_K, FX__LORA_V, FX__LORA_O, FX__LORA_GATE, FX__LORA_UP, FX__LORA_DOWN, FX__LORA_TARGETS
+} fx__lora_target;
+enum { FX__LORA_ALL = (1u << FX__LORA_TARGETS) - 1 };
+
+typedef struct fx__lora_config {
+    int64_t rank;     /* r >= 1 */
+    float alpha;      /* scale = alpha / r */
+    float dropout;    /* p in [0, 1) on the adapter's input while training */
+    unsigned targets; /* bit t: target t (FX__LORA_ALL: all seven) */
+} fx__lora_config;
+
+/* One adapter tensor of the table. */
+typedef struct fx__lora_tensor {
+    char name[176];        /* PEFT's name */
+    int64_t layer;
+    fx__lora_target target;
+    bool is_b;             /* lora_B [O, r]; else lora_A [r, I] */
+    int64_t shape[2];
+    int64_t rope_heads;    /* B of q / k: heads of hd rows (0 otherwise) */
+    size_t offset, numel;  /* in the buffers, floats */
+} fx__lora_tensor;
+
+typedef struct fx__lora {
+    fx__lora_config cfg;
+    float scale;            /* alpha / r */
+    int64_t layers;
+    fx__lora_tensor *t;     /* [n] */
+    size_t n, total;        /* tensors, floats */
+    int32_t *index;         /* [layers * FX__LORA_TARGETS]: the A tensor's row in t, -1: none */
+    float *params, *grads;  /* [total] */
+    float *adam_m, *adam_v; /* [total], fx__lora_alloc_train */
+    bool training;          /* dropout applies (the model's forward with grad sets it) */
+    uint64_t drop_seed;     /* the dropout masks' seed: (drop_seed, drop_step, layer, target, element) */
+    uint64_t drop_step;
+    float *sink;            /* [dim]: where the frozen norms' gradients go (never read) */
+    float *scratch;         /* grown to the largest need (fx__lora_scratch) */
+    size_t scratch_n;
+} fx__lora;
+
+/* r, alpha 2r, no dropout, all seven targets. */
+fx__lora_config fx__lora_defaults(int64_t rank);
+/* The table of c's adapters for lc, with parameters: A from (seed), B zero; gradients zero.
+   FX_EINVAL naming a bad rank, dropout or target set. */
+int fx__lora_create(fx__lora **out, const fx_model_config *c, const fx__lora_config *lc, uint64_t seed);
+/* AdamW moments (zero). */
+int fx__lora_alloc_train(fx__lora *a);
+void fx__lora_free(fx__lora *a);
+/* The row of table entry named `name` (PEFT's), or -1. */
+ptrdiff_t fx__lora_find(const fx__lora *a, const char *name);
+/* Copies values [numel] into tensor i (loading adapters). FX_ERANGE for a bad i. */
+int fx__lora_set(fx__lora *a, size_t i, const float *values, size_t numel);
+/* The adapter's A, or NULL where layer l's target t has none. */
+const float *fx__lora_a(const fx__lora *a, int64_t l, fx__lora_target t);
+const float *fx__lora_b(const fx__lora *a, int64_t l, fx__lora_target t);
+/* The architecture table's layer tensor (FX__MODEL_*) a target adapts, and back (-1: none). */
+int fx__lora_weight_of(fx__lora_target t);
+int fx__lora_target_of(int which);
+/* Floats of scratch the adapters need for N rows of model c (the backward's: grow it with
+   fx__lora_scratch before a backward pass over N rows). */
+size_t fx__lora_scratch_floats(const fx__lora *a, const fx_model_config *c, int64_t N);
+/* Grows a->scratch to at least n floats. */
+int fx__lora_scratch(fx__lora *a, size_t n);
+/* Bytes the adapters hold: parameters, gradients, with_adam the two moments. */
+size_t fx__lora_bytes(const fx__lora *a, bool with_adam);
+
+/* ---- the products (layer.c calls them) ---------------------------------------------------------- */
+
+/* Rows per pass of fx__lora_forward (its scratch is reserved at creation). */
+enum { FX__LORA_ROWS = 256 };
+
+/* y [N, O] (rows ldy apart) += scale (drop(x) A^T) B^T for layer l's target t; x [N, I]. */
+void fx__lora_forward(fx__lora *a, int64_t l, fx__lora_target t, float *y, int64_t ldy, const float *x, int64_t N,
+                      int64_t I, int64_t O);
+/* Its backward for dy [N, O] (rows ldy apart) and the forward's input x: dA, dB += their
+   gradients; returns the adapter's d(x) [N, I] in scratch (valid until the next call), which
+   the caller adds to d(x) with fx__lora_add (x and d(x) may then share memory: the base's
+   d(x) can overwrite x between the two calls). */
+float *fx__lora_backward(fx__lora *a, int64_t l, fx__lora_target t, const float *dy, int64_t ldy,
+                       const float *x, int64_t N, int64_t I, int64_t O);
+
+/* dx [N, I] += d [N, I]. */
+void fx__lora_add(float *dx, const float *d, int64_t N, int64_t I);
+
+/* W + scale B A for layer l's target t, in float64, rounded to float32 into w [O, I] (w holds
+   W in float32 on entry). */
+void fx__lora_merge(const fx__lora *a, int64_t l, fx__lora_target t, float *w, int64_t O, int64_t I);
+
+/* The gradient norm over the adapters (fixed order) and AdamW on them: as fx__model_adamw
+   does for the parameters (decay on every adapter tensor). */
+double fx__lora_grad_norm(const fx__lora *a);
+struct fx__adamw;
+void fx__lora_adamw(fx__lora *a, const struct fx__adamw *o, int64_t t);
+void fx__lora_zero_grad(fx__lora *a);
+
+#endif
