@@ -1,12 +1,18 @@
 /* The training step and evaluation, shared by `flexc train`, the benchmark and the tests. */
 #include "model.h"
+#include "model/lora.h"
 
 #include <math.h>
 
 int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_state *s, int32_t *tokens,
                        int32_t *targets, fx__model_step_info *info)
 {
-    if (!m->grads || (!m->adam && !m->adam16))
+    /* With adapters only they train (lora.h): their gradients, norm and AdamW. */
+    if (m->lora && !m->device) {
+        int rc = fx__lora_alloc_train(m->lora);
+        if (rc)
+            return rc;
+    } else if (!m->grads || (!m->adam && !m->adam16))
         return fx__error(FX_EINVAL, "fx__model_train_step: no gradient or optimizer buffers (fx__model_alloc_train)");
     int rc = fx__model_set_batch(m, s->batch, s->seq);
     if (rc)
@@ -33,7 +39,9 @@ int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_
     /* The gradient of the mean over micro-batches, clipped to the global norm: one scale
        that AdamW applies as it reads the gradients. */
     double norm;
-    if (!m->device)
+    if (m->lora)
+        norm = fx__lora_grad_norm(m->lora);
+    else if (!m->device)
         norm = fx__model_grad_norm(m);
     else if ((rc = m->device->grad_norm(m, &norm)) != FX_OK)
         return rc;
@@ -48,7 +56,9 @@ int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_
     if (isfinite(lossf) && isfinite(norm)) {
         fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f,
                        .weight_decay = s->weight_decay, .grad_scale = (float)scale, .zero_grad = true};
-        if (!m->device)
+        if (m->lora)
+            fx__lora_adamw(m->lora, &o, s->step + 1);
+        else if (!m->device)
             fx__model_adamw(m, &o, s->step + 1);
         else if ((rc = m->device->adamw(m, &o, s->step + 1)) != FX_OK || (rc = m->device->sync(m)) != FX_OK)
             return rc;
