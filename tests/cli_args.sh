@@ -154,4 +154,13 @@ msg bench-st-dir "bench safetensors: --dir is empty" bench safetensors --size-mi
 msg sliding-overflow "--attn: attention 'sliding:99999999999999999999': the window after 'sliding:' must be an integer >= 1" "${t[@]}" \
     --attn sliding:99999999999999999999
 
+# On resume, --model (with --layers, --dim, --heads, --kv-heads) must name the checkpoint's
+# model; the refusal names the first field that differs with both values.
+check resume-model-base 0 "$flexc" train "${common[@]}" --steps 4 --until 2 --out "$tmp/rm"
+check resume-model-kv 2 "$flexc" train --resume --model tiny --kv-heads 4 --out "$tmp/rm" --quiet
+has resume-model-kv-msg "$tmp/err" "holds a model with 2 layers, dim 64, 4/2 heads, context 64, not --model tiny (its kv_heads is 2, --model tiny's 4)"
+check resume-model-small 2 "$flexc" train --resume --model small --out "$tmp/rm" --quiet
+has resume-model-small-msg "$tmp/err" "(its ctx is 64, --model small's 256)"
+check resume-model-same 0 "$flexc" train --resume --model tiny --layers 2 --out "$tmp/rm" --quiet --threads 1
+
 finish cli_args

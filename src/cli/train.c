@@ -462,6 +462,22 @@ typedef struct train_job {
 
 /* ---- configuration: the checkpoint's on resume, which the options may repeat, not change ---- */
 
+/* --layers, --dim, --heads, --kv-heads over a preset: what a new run builds, and what a
+   resume's --model must name. */
+static void shape_options(const train_opts *o, fx_model_config *c)
+{
+    if (o->layers != UNSET)
+        c->layers = o->layers;
+    if (o->dim != UNSET)
+        c->dim = o->dim, c->ffn = 0;
+    if (o->heads != UNSET)
+        c->heads = o->heads;
+    if (o->kv_heads != UNSET)
+        c->kv_heads = o->kv_heads;
+    else if (o->heads != UNSET && c->heads % c->kv_heads)
+        c->kv_heads = c->heads;
+}
+
 /* --model given on a resume: a preset (with any --layers, --dim, --heads, --kv-heads) that
    names the checkpoint's model. */
 static int resume_model(const train_job *j)
@@ -473,16 +489,23 @@ static int resume_model(const train_job *j)
         cli_error("--resume: the checkpoint holds the model; --model %s is not a preset (drop --model)", o->model);
         return CLI_EXIT_USAGE;
     }
-    p.layers = o->layers != UNSET ? o->layers : p.layers;
-    p.dim = o->dim != UNSET ? o->dim : p.dim;
-    p.heads = o->heads != UNSET ? o->heads : p.heads;
-    p.kv_heads = o->kv_heads != UNSET ? o->kv_heads : p.kv_heads;
-    if (fx__model_config_check(&p) != FX_OK || p.layers != cfg->layers || p.dim != cfg->dim ||
-        p.heads != cfg->heads || p.kv_heads != cfg->kv_heads || p.ctx != cfg->ctx) {
+    shape_options(o, &p);
+    /* The configuration a new run would build, compared field by field (config.c's table). */
+    const fx__config_field *d = NULL;
+    char why[300] = "";
+    if (fx__model_config_check(&p) != FX_OK)
+        snprintf(why, sizeof why, " (%s)", fx_last_error());
+    else if ((d = fx__config_diff(&p, cfg)) != NULL) {
+        char saved[96], given[96];
+        fx__config_field_format(d, cfg, saved, sizeof saved);
+        fx__config_field_format(d, &p, given, sizeof given);
+        snprintf(why, sizeof why, " (its %s is %s, --model %s's %s)", d->key, saved, o->model, given);
+    }
+    if (why[0]) {
         cli_error("--resume: %s holds a model with %lld layers, dim %lld, %lld/%lld heads, context %lld, "
-                  "not --model %s",
+                  "not --model %s%s",
                   j->ckpt, (long long)cfg->layers, (long long)cfg->dim, (long long)cfg->heads,
-                  (long long)cfg->kv_heads, (long long)cfg->ctx, o->model);
+                  (long long)cfg->kv_heads, (long long)cfg->ctx, o->model, why);
         return CLI_EXIT_USAGE;
     }
     return CLI_EXIT_OK;
@@ -661,16 +684,7 @@ static int config_new(train_job *j)
                   o->model);
         return CLI_EXIT_USAGE;
     }
-    if (o->layers != UNSET)
-        cfg->layers = o->layers;
-    if (o->dim != UNSET)
-        cfg->dim = o->dim, cfg->ffn = 0;
-    if (o->heads != UNSET)
-        cfg->heads = o->heads;
-    if (o->kv_heads != UNSET)
-        cfg->kv_heads = o->kv_heads;
-    else if (o->heads != UNSET && cfg->heads % cfg->kv_heads)
-        cfg->kv_heads = cfg->heads;
+    shape_options(o, cfg);
     if (fx__model_config_check(cfg) != FX_OK) {
         cli_error("model: %s", fx_last_error());
         return CLI_EXIT_USAGE;
