@@ -315,3 +315,44 @@ void fx__lora_adamw(fx__lora *a, const fx__adamw *o, int64_t t)
 }
 
 void fx__lora_zero_grad(fx__lora *a) { memset(a->grads, 0, a->total * sizeof(float)); }
+
+/* ---- memory ------------------------------------------------------------------------------------- */
+
+size_t fx__lora_floats(const fx_model_config *c, const fx__lora_config *lc)
+{
+    size_t total = 0;
+    for (int t = 0; t < FX__LORA_TARGETS; t++) {
+        if (!((lc->targets >> t) & 1))
+            continue;
+        const fx__arch_tensor *w = &fx__arch_layer[target_weight[t]];
+        const size_t O = (size_t)fx__arch_len_of(w->rows, c), I = (size_t)fx__arch_len_of(w->cols, c);
+        const size_t r = (size_t)lc->rank;
+        total += (r * I + 15) / 16 * 16 + (O * r + 15) / 16 * 16;
+    }
+    return total * (size_t)c->layers;
+}
+
+int fx__lora_mem_train(fx__model_mem *mem, const fx_model_config *c, const fx__lora_config *lc,
+                       const fx__model_mem_opts *o, uint64_t base_bytes)
+{
+    fx__model_mem_opts full = *o;
+    full.bf16 = false, full.adam_bf16 = false, full.sum_slices = 0;
+    int rc = fx__model_mem_train(mem, c, &full);
+    if (rc)
+        return rc;
+    fx_model_config k = *c;
+    if (!k.head_dim)
+        k.head_dim = k.dim / k.heads;
+    const uint64_t A = fx__lora_floats(&k, lc), N = (uint64_t)(o->B * o->T);
+    const uint64_t P = mem->params / sizeof(float);
+    uint64_t I = (uint64_t)k.dim;
+    I = (uint64_t)(k.heads * k.head_dim) > I ? (uint64_t)(k.heads * k.head_dim) : I;
+    I = (uint64_t)k.ffn > I ? (uint64_t)k.ffn : I;
+    const uint64_t base = base_bytes ? base_bytes : P * sizeof(float);
+    mem->params = base + A * sizeof(float);
+    mem->grads = A * sizeof(float) + (uint64_t)k.dim * sizeof(float);
+    mem->adam = 2 * A * sizeof(float);
+    mem->scratch += (2 * N * (uint64_t)lc->rank + 2 * N * I) * sizeof(float);
+    mem->total = mem->params + mem->grads + mem->adam + mem->acts + mem->scratch + mem->data + mem->process;
+    return FX_OK;
+}

@@ -93,6 +93,8 @@ size_t fx__lora_scratch_floats(const fx__lora *a, const fx_model_config *c, int6
 int fx__lora_scratch(fx__lora *a, size_t n);
 /* Bytes the adapters hold: parameters, gradients, with_adam the two moments. */
 size_t fx__lora_bytes(const fx__lora *a, bool with_adam);
+/* Floats of c's adapters for lc (the buffer's size, each tensor padded to 16 floats). */
+size_t fx__lora_floats(const fx_model_config *c, const fx__lora_config *lc);
 
 /* ---- the products (layer.c calls them) ---------------------------------------------------------- */
 
@@ -122,5 +124,17 @@ double fx__lora_grad_norm(const fx__lora *a);
 struct fx__adamw;
 void fx__lora_adamw(fx__lora *a, const struct fx__adamw *o, int64_t t);
 void fx__lora_zero_grad(fx__lora *a);
+
+/* The memory plan of LoRA training (fx__model_mem_train's, o as for full training): the base
+   weights as they are held (base_bytes: the mapped file's tensors, or 0 for float32
+   parameters), the adapters with them in params, the adapters' gradients and the norm's
+   partial sums in grads, their two moments in adam (no base gradients or moments); the
+   activations, scratch, data and process as full training's, plus the adapters' scratch.
+   o->params_held says a float32 base is held already, as for full training (a mapped base:
+   pass false; its resident pages are then counted in process as well as in params). */
+struct fx__model_mem;
+struct fx__model_mem_opts;
+int fx__lora_mem_train(struct fx__model_mem *mem, const fx_model_config *c, const fx__lora_config *lc,
+                       const struct fx__model_mem_opts *o, uint64_t base_bytes);
 
 #endif
