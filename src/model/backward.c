@@ -4,6 +4,36 @@
 
 #include <string.h>
 
+/* fx__qkv_from_heads for q and k whose rotated pairs are halves (x[i] with x[i + hd/2], a
+   mapped file's row order): d(row) = R^T d(head), the transpose of rope_heads_half's rotation. */
+static void qkv_from_heads_half(float *dqkv, const float *dq, const float *dk, const float *dv, const float *rope,
+                                int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t hd)
+{
+    const int64_t ld = (Hq + 2 * Hkv) * hd, half = hd / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t bt = 0; bt < B * T; bt++) {
+        const int64_t b = bt / T, t = bt % T;
+        float *row = dqkv + bt * ld;
+        const float *cs = rope + t * hd;
+        for (int64_t h = 0; h < Hq + 2 * Hkv; h++) {
+            const bool isq = h < Hq, isk = !isq && h < Hq + Hkv;
+            const float *src = isq ? dq + ((b * Hq + h) * T + t) * hd
+                               : isk ? dk + ((b * Hkv + h - Hq) * T + t) * hd
+                                     : dv + ((b * Hkv + h - Hq - Hkv) * T + t) * hd;
+            float *y = row + h * hd;
+            if (!isq && !isk) {
+                memcpy(y, src, (size_t)hd * sizeof(float));
+                continue;
+            }
+            for (int64_t i = 0; i < half; i++) {
+                const float c = cs[2 * i], s = cs[2 * i + 1], d0 = src[i], d1 = src[i + half];
+                y[i] = d0 * c + d1 * s;
+                y[i + half] = d1 * c - d0 * s;
+            }
+        }
+    }
+}
+
 /* ---- backward ---------------------------------------------------------------------------------------- */
 
 int fx__model_backward(fx__model *m)
@@ -32,15 +62,14 @@ int fx__model_backward(fx__model *m)
     /* With adapters the base is frozen: its norms' gradients go to a sink, never read. */
     fx__lora *lora = m->lora;
     float *gn = lora ? lora->sink : fx__layer_base(m, true, c->layers);
-    fx__rmsnorm_backward(a.dres, gn, a.dxn, fx__res_at(m, &a, c->layers), fx__layer_base(m, false, c->layers), a.rstdf,
-                         N, C);
+    fx__rmsnorm_backward(a.dres, gn, a.dxn, fx__res_at(m, &a, c->layers), fx__final_norm_w(m), a.rstdf, N, C);
     if (!lora)
         fx__grad_hook(m, (int)c->layers, gn, m->lay.total - tn->offset); /* the norm, and lm_head when untied */
 
     for (int64_t l = c->layers - 1; l >= 0; l--) {
         if ((rc = fx__layer_hook(m, l, true)) != FX_OK)
             return rc;
-        const fx__layer_w W = fx__layer_w_train(m, l);
+        const fx__layer_w W = fx__model_on_map(m) ? fx__layer_w_decode(m, l, m->map_tile) : fx__layer_w_train(m, l);
         /* The forward pass leaves the last layer's activations in the recompute slot (and
            layer 0's when the others are parked). */
         if (m->recompute && !m->park.acts_parked && l < c->layers - 1 &&
@@ -81,7 +110,10 @@ int fx__model_backward(fx__model *m)
            (one [QKV, C] matrix in the training layout), and d(bq, bk, bv). */
         const int64_t QKV = QD + 2 * KD;
         float *dqkv = a.work + N * QKV;
-        fx__qkv_from_heads(dqkv, dq, dk, dv, m->rope, B, T, Hq, Hkv, hd);
+        if (W.halves)
+            qkv_from_heads_half(dqkv, dq, dk, dv, m->rope, B, T, Hq, Hkv, hd);
+        else
+            fx__qkv_from_heads(dqkv, dq, dk, dv, m->rope, B, T, Hq, Hkv, hd);
         if (c->qkv_bias && !lora)
             fx__layer_qkv_bias_backward(&W, l, dqkv, QKV, N);
         fx__layer_group_backward(&W, l, FX__GROUP_QKV, a.dxn, dqkv, QKV, xn1, N, C);

@@ -1,6 +1,7 @@
 /* The forward pass: attention through flex or the reference, the views of a layer's saved
    activations (parked ones included), one layer, and the whole model with its loss. */
 #include "model_internal.h"
+#include "core/gemv.h"
 #include "attention/internal.h"
 #include "lce/lce_internal.h"
 
@@ -219,7 +220,7 @@ int fx__layer_forward(fx__model *m, const fx__acts *a, const fx__attn_call *call
     const fx_model_config *c = &m->c;
     const int64_t T = m->T, hd = c->head_dim;
     const fx__layer_acts x = fx__layer_acts_at(m, a, l);
-    const fx__layer_w W = fx__layer_w_train(m, l);
+    const fx__layer_w W = fx__model_on_map(m) ? fx__layer_w_decode(m, l, m->map_tile) : fx__layer_w_train(m, l);
     const fx__layer_rows r = {.B = m->B, .T = T};
     const fx__layer_io io = {
         .in = x.res, .mid = x.resm, .out = write_out ? x.out : NULL, .xn1 = x.xn1, .rstd1 = x.rstd1,
@@ -272,9 +273,70 @@ static int forward_inputs(fx__model *m, const int32_t *tokens, const int32_t *ta
     return FX_OK;
 }
 
+/* The LM head of a mapped file (the embedding when tied), in its dtype. */
+static fx__model_weight map_head(const fx__model *m)
+{
+    return fx__map_t(m, m->c.tied_embeddings ? 0 : m->lay.n - 1);
+}
+
+/* The mean cross-entropy of xnf's rows against m->targets through a mapped head in its dtype
+   (the head gets no gradient): chunks of fx__loss_chunk rows, their logits by fx__linear_dt
+   (BF16 / F16 widened a tile of rows at a time), each row's log-sum-exp in float64 in one
+   order, and with grad d(xnf) = (softmax - onehot) / count times the head (fx__linear_dt_t). */
+static int loss_mapped(fx__model *m, const fx__acts *a, bool grad, float *out)
+{
+    const int64_t N = m->B * m->T, C = m->c.dim, V = m->c.vocab, rows = fx__loss_chunk(N, V);
+    const fx__model_weight w = map_head(m);
+    int64_t count = 0;
+    for (int64_t n = 0; n < N; n++)
+        count += m->targets[n] != -100;
+    float *lg = fx__alloc((size_t)(rows * V + rows) * sizeof(float));
+    if (!lg)
+        return fx__error_context(FX_ENOMEM, "loss");
+    float *rl = lg + rows * V;
+    double total = 0.0;
+    for (int64_t r0 = 0; r0 < N; r0 += rows) {
+        const int64_t nr = N - r0 < rows ? N - r0 : rows;
+        fx__linear_dt(lg, V, a->xnf + r0 * C, w.data, w.dtype, nr, C, V, false, m->map_tile);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < nr; i++) {
+            float *z = lg + i * V;
+            const int32_t t = m->targets[r0 + i];
+            if (t == -100) {
+                rl[i] = 0.0f;
+                if (grad)
+                    memset(z, 0, (size_t)V * sizeof(float));
+                continue;
+            }
+            float mx = z[0];
+            for (int64_t j = 1; j < V; j++)
+                mx = z[j] > mx ? z[j] : mx;
+            double s = 0.0;
+            for (int64_t j = 0; j < V; j++)
+                s += exp((double)z[j] - mx);
+            const double lse = mx + log(s);
+            rl[i] = (float)(lse - z[t]);
+            if (grad) {
+                for (int64_t j = 0; j < V; j++)
+                    z[j] = (float)(exp((double)z[j] - lse) / (double)count);
+                z[t] -= (float)(1.0 / (double)count);
+            }
+        }
+        for (int64_t i = 0; i < nr; i++)
+            total += rl[i];
+        if (grad)
+            fx__linear_dt_t(a->dxn + r0 * C, lg, V, w.data, w.dtype, nr, C, V, false, m->map_tile);
+    }
+    fx__free(lg);
+    *out = count ? (float)(total / (double)count) : 0.0f;
+    return FX_OK;
+}
+
 /* forward_loss's work, untimed. */
 static int loss_call(fx__model *m, const fx__acts *a, bool grad, float *out)
 {
+    if (fx__model_on_map(m))
+        return loss_mapped(m, a, grad, out);
     const int64_t N = m->B * m->T, C = m->c.dim, V = m->c.vocab;
     const float *head = fx__model_head(m, false);
     float *dwte = grad && !m->lora ? fx__model_head(m, true) : NULL, *dxnf = grad ? a->dxn : NULL;
@@ -329,6 +391,13 @@ int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *target
         return rc;
     const fx_model_config *c = &m->c;
     const int64_t N = m->B * m->T, C = c->dim;
+    if (fx__model_on_map(m) && !m->map_tile) {
+        /* The widening scratch of the mapped products: FX__WIDEN_TILE rows of the widest input. */
+        int64_t I = c->dim > c->heads * c->head_dim ? c->dim : c->heads * c->head_dim;
+        I = c->ffn > I ? c->ffn : I;
+        if (!(m->map_tile = fx__alloc((size_t)(FX__WIDEN_TILE * I) * sizeof(float))))
+            return fx__error_context(FX_ENOMEM, "mapped weights' scratch");
+    }
     fx__acts a;
     fx__acts_carve(&a, m->acts, c, m->B, m->T, m->loss_impl == FX__MODEL_LOSS_UNFUSED, m->recompute);
     fx__attn_call call;
@@ -353,14 +422,21 @@ int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *target
                 return fx__error_context(rc, "LoRA scratch");
         }
     }
-    fx__embed_forward(fx__res_at(m, &a, 0), tokens, m->params, N, C);
+    if (fx__model_on_map(m)) {
+        /* The embedding's rows widened from the file. */
+        float *res = fx__res_at(m, &a, 0);
+        const fx__model_weight wte = fx__map_t(m, 0);
+        for (int64_t n = 0; n < N; n++)
+            fx__widen_rows(res + n * C, wte.data, wte.dtype, tokens[n], tokens[n] + 1, C);
+    } else {
+        fx__embed_forward(fx__res_at(m, &a, 0), tokens, m->params, N, C);
+    }
     for (int64_t l = 0; l < c->layers; l++)
         if ((rc = fx__layer_hook(m, l, false)) != FX_OK || (rc = fx__layer_forward(m, &a, &call, l, true)) != FX_OK)
             return rc;
     if ((rc = fx__layer_hook(m, c->layers, false)) != FX_OK)
         return rc;
-    fx__rmsnorm_forward(a.xnf, a.rstdf, fx__res_at(m, &a, c->layers), fx__layer_base(m, false, c->layers), N, C,
-                        c->norm_eps);
+    fx__rmsnorm_forward(a.xnf, a.rstdf, fx__res_at(m, &a, c->layers), fx__final_norm_w(m), N, C, c->norm_eps);
     if (!targets)
         return FX_OK;
     float l_out;
@@ -381,6 +457,15 @@ void fx__model_logits(const fx__model *m, float *logits, bool last_only)
     int64_t B = m->B, T = m->T, C = c->dim, V = c->vocab;
     fx__acts a;
     fx__acts_carve(&a, m->acts, c, B, T, m->loss_impl == FX__MODEL_LOSS_UNFUSED, m->recompute);
+    if (fx__model_on_map(m)) {
+        const fx__model_weight w = map_head(m);
+        for (int64_t b = 0; b < B; b++) {
+            const int64_t t0 = last_only ? T - 1 : 0, n = last_only ? 1 : T;
+            fx__linear_dt(logits + (last_only ? b : b * T) * V, V, a.xnf + (b * T + t0) * C, w.data, w.dtype, n, C,
+                          V, false, m->map_tile);
+        }
+        return;
+    }
     const float *head = fx__model_head(m, false);
     if (!last_only) {
         fx__linear(logits, a.xnf, head, B * T, C, V, false);

@@ -216,6 +216,7 @@ void fx__model_free(fx__model *m)
     fx__free(m->doc);
     fx__free(m->norm_parts);
     fx__lora_free(m->lora);
+    fx__free(m->map_tile);
     fx__free(m);
 }
 

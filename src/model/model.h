@@ -200,6 +200,7 @@ struct fx_model {
                                backward and the step's optimizer run there; params and adam are
                                current only after fx__model_gpu_download */
     const fx__model_device *device; /* the calls of that device (set with gpu), or NULL */
+    float *map_tile;          /* training over a mapped file: fx__linear_dt's widening scratch */
     struct fx__lora *lora;    /* LoRA adapters (lora.h, owned), or NULL: with them the base is
                                  frozen (no gradients for its weights, norms or embedding) and
                                  the training step trains the adapters only */

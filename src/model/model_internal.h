@@ -19,6 +19,12 @@ static inline const fx__model_tensor *fx__layer_first(const fx__model *m, int64_
     return &m->lay.t[1 + (size_t)l * m->lay.per_layer];
 }
 
+/* Whether m's weights are a mapped file's with no float32 parameters: the forward and backward
+   passes then read them in the file's dtype (adapters train over them, the base frozen). */
+static inline bool fx__model_on_map(const fx__model *m) { return m->mapped && !m->params; }
+
+/* The mapped file's tensor i of the layout (fx__model_on_map). */
+static inline fx__model_weight fx__map_t(const fx__model *m, size_t i) { return m->mapped->t[i]; }
 /* ---- the activation buffer ------------------------------------------------------------- */
 
 /* Views of the activation buffer for (B, T). Carved in a fixed order; `base` NULL only
@@ -119,6 +125,14 @@ static inline float *fx__layer_base(const fx__model *m, bool grads, int64_t l)
     if (own)
         return own[l];
     return (grads ? m->grads : m->params) + fx__layer_first(m, l)->offset;
+}
+
+/* The final norm's weight as the passes read it (float32: the mapped file's vectors are widened). */
+static inline const float *fx__final_norm_w(const fx__model *m)
+{
+    if (fx__model_on_map(m))
+        return (const float *)fx__map_t(m, (size_t)(fx__layer_first(m, m->c.layers) - m->lay.t)).data;
+    return fx__layer_base(m, false, m->c.layers);
 }
 
 static inline int fx__layer_hook(fx__model *m, int64_t l, bool backward)
