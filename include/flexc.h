@@ -176,6 +176,7 @@ FX_API const char *fx_abi_struct(size_t i);
 #include "flexc/rng.h"
 #include "flexc/safetensors.h"
 #include "flexc/attention.h"
+#include "flexc/mod.h"
 #include "flexc/lce.h"
 #include "flexc/comm.h"
 #include "flexc/model.h"

@@ -78,6 +78,12 @@ class RelBiasCtx(ctypes.Structure):
     _fields_ = [("table", c_f32p), ("grad_table", c_f32p), ("size", c_i64), ("zero", c_i64), ("heads", c_i64)]
 
 
+class ModTensor(ctypes.Structure):
+    _c_name_ = "fx_mod_tensor"
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int), ("shape", c_i64 * 4),
+                ("data", ctypes.c_void_p), ("grad", c_f32p)]
+
+
 class Attention(ctypes.Structure):
     _c_name_ = "fx_attention"
     _fields_ = [("B", c_i64), ("Hq", c_i64), ("Hkv", c_i64), ("Lq", c_i64), ("Lkv", c_i64), ("D", c_i64),
@@ -126,6 +132,12 @@ fx_abi_field = _decl("fx_abi_field", ctypes.c_char_p, ctypes.c_char_p, ctypes.c_
 fx_abi_struct = _decl("fx_abi_struct", ctypes.c_char_p, ctypes.c_size_t)
 fx_linear_cross_entropy_backward = _decl("fx_linear_cross_entropy_backward", ctypes.c_int, ctypes.POINTER(Lce), vp,
                                          vp, vp, vp, vp, vp, vp, vp, vp)
+fx_mod_compile = _decl("fx_mod_compile", ctypes.c_int, ctypes.POINTER(vp), ctypes.c_char_p, ctypes.POINTER(ModTensor),
+                        ctypes.c_int)
+fx_mod_free = _decl("fx_mod_free", None, vp)
+fx_mod_is_mask = _decl("fx_mod_is_mask", ctypes.c_bool, vp)
+fx_block_mask_create_mod = _decl("fx_block_mask_create_mod", ctypes.c_int, ctypes.POINTER(vp), vp, c_i64, c_i64,
+                                 c_i64, c_i64, c_i64, c_i64)
 
 
 def addr(name):

@@ -14,12 +14,12 @@ are bitwise the same for any thread count. See docs/python.md.
 import ctypes
 import math
 import weakref
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from . import _lib
+from . import _lib, _trace
 
 __all__ = [
     "flex_attention", "create_block_mask", "BlockMask", "from_torch_block_mask", "and_masks", "or_masks",
@@ -372,8 +372,10 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128
                       separate_full_blocks=True, compute_dq_write_order=False, dq_kv_order=True):
     """PyTorch's create_block_mask. A flexc built-in mask_mod (causal_mask, sliding_window_mask,
     prefix_lm_mask, document_mask and their and_masks / or_masks) is classified analytically in
-    O(blocks); any other mask_mod(b, h, q_idx, kv_idx) written with torch ops is evaluated one
-    block row at a time ([BLOCK_SIZE, KV_LEN] per call, never [Q_LEN, KV_LEN]). B or H None: the
+    O(blocks); any other mask_mod(b, h, q_idx, kv_idx) written with torch ops is traced into a
+    mask expression the C library builds (blocks its index arithmetic decides are never
+    evaluated); one that cannot be traced is, with a warning, evaluated one block row at a time
+    ([BLOCK_SIZE, KV_LEN] per call, never [Q_LEN, KV_LEN]). B or H None: the
     mask is the same for every batch row / head. _compile is accepted and has no effect."""
     if not callable(mask_mod):
         raise TypeError(f"create_block_mask: mask_mod must be callable, got {type(mask_mod).__name__}")
@@ -394,9 +396,30 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, device=None, BLOCK_SIZE=128
         _check_mask(rc)
         ptr = out.value
     else:
-        _check_row_bytes(bq, KV_LEN)
-        ptr = _rows_builder(_eval_mask_mod(mask_mod, B, H, KV_LEN), B, H, Q_LEN, KV_LEN, bq, bk)
+        ptr = _traced_mask(mask_mod, B, H, Q_LEN, KV_LEN, bq, bk)
+        if ptr is None:
+            _check_row_bytes(bq, KV_LEN)
+            ptr = _rows_builder(_eval_mask_mod(mask_mod, B, H, KV_LEN), B, H, Q_LEN, KV_LEN, bq, bk)
     return BlockMask(ptr, (B, H, Q_LEN, KV_LEN), (bq, bk), mask_mod)
+
+
+def _traced_mask(mask_mod, B, H, Q_LEN, KV_LEN, bq, bk):
+    """A user's mask_mod traced into a mask expression and built by the C library (blocks whose
+    value the expression's index arithmetic decides are never evaluated); None, with a warning
+    naming why, when it cannot be traced: the mask is then evaluated by calling the function on
+    block rows, which gives the same mask, slowly."""
+    try:
+        traced = _trace.trace(mask_mod, "mask")
+    except TypeError as e:
+        import warnings
+        warnings.warn(f"create_block_mask: {e}; evaluating mask_mod in Python one block row at a time",
+                      stacklevel=3)
+        return None
+    out = ctypes.c_void_p()
+    with _CompiledMod(traced.expr, _mod_inputs(traced.captured)) as mod:
+        rc = _lib.fx_block_mask_create_mod(ctypes.byref(out), mod.ptr, B, H, Q_LEN, KV_LEN, bq, bk)
+    _check_mask(rc)
+    return out.value
 
 
 def from_torch_block_mask(block_mask):
@@ -482,6 +505,60 @@ def rel_bias(table, zero):
         return s + table[hh, (q - kv + zero).clamp(0, size - 1)].to(s.dtype)
 
     return _ScoreMod(f"rel_bias(zero={zero})", _SCORE_REL_BIAS, table, 0.0, zero, fn)
+
+
+# ---- mods written by the user ------------------------------------------------------------------
+
+# fx_dtype values of the tensors a mod may read (flexc.h).
+_DT_BOOL, _DT_I32, _DT_F32, _DT_I64 = 0, 7, 9, 11
+_MOD_DTYPES = {torch.float32: _DT_F32, torch.int64: _DT_I64, torch.int32: _DT_I32, torch.bool: _DT_BOOL}
+
+
+def _mod_inputs(captured):
+    """The captured tensors as the C library reads them: contiguous, float32 / int64 / int32 /
+    bool, at least one dimension (a 0-d tensor is read as t[0] of a [1] view). Autograd links
+    are kept, so gradients reach the user's tensors."""
+    out = []
+    for t in captured:
+        if t.is_floating_point():
+            t = t.to(torch.float32)
+        elif t.dtype not in _MOD_DTYPES:
+            t = t.to(torch.int64)
+        if t.device.type != "cpu":
+            raise ValueError(f"a mod's captured tensor is on {t.device}; flexc runs on the CPU")
+        out.append(t.reshape(1) if t.ndim == 0 else t)
+    return out
+
+
+class _CompiledMod:
+    """An fx_mod compiled from expr over tensors (kept alive with it); grads: float32 buffers the
+    backward adds the tensors' gradients into, or None each."""
+
+    def __init__(self, expr, tensors, grads=None):
+        self.tensors = [t.contiguous() for t in tensors]
+        self.names = [f"t{i}".encode() for i in range(len(tensors))]
+        descs = (_lib.ModTensor * max(1, len(tensors)))()
+        for i, t in enumerate(self.tensors):
+            g = grads[i] if grads is not None else None
+            descs[i] = _lib.ModTensor(self.names[i], _MOD_DTYPES[t.dtype], t.ndim, (_lib.c_i64 * 4)(*t.shape),
+                                      t.data_ptr(), ctypes.cast(g.data_ptr(), _lib.c_f32p) if g is not None else None)
+        self.descs = descs
+        ptr = ctypes.c_void_p()
+        rc = _lib.fx_mod_compile(ctypes.byref(ptr), expr.encode(), descs, len(tensors))
+        _lib.check(rc, f"mod {expr!r}")
+        self.ptr = ptr.value
+
+    def close(self):
+        if self.ptr:
+            _lib.fx_mod_free(self.ptr)
+            self.ptr = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 # ---- attention op -----------------------------------------------------------------------------
@@ -595,6 +672,87 @@ def _fa_backward(ctx, dout, dlse):
 
 torch.library.register_autograd("flexc::flex_attention", _fa_backward, setup_context=_fa_setup_context)
 
+
+def _mod_attention_struct(q, k, v, mask_ptr, mod, scale, q_offset):
+    B, Hq, Lq, D = q.shape
+    a = _lib.Attention(B, Hq, k.shape[1], Lq, k.shape[2], D, v.shape[3], scale, q_offset, mask_ptr, None, None, None)
+    a.score_mod, a.score_mod_grad = _lib.addr("fx_mod_score"), _lib.addr("fx_mod_score_grad")
+    a.score_ctx = mod.ptr
+    return a
+
+
+@torch.library.custom_op("flexc::flex_attention_mod", mutates_args=(), device_types="cpu")
+def _flex_attention_mod_op(q: Tensor, k: Tensor, v: Tensor, mask: int, expr: str, captured: List[Tensor],
+                           scale: float, q_offset: int, need_lse: bool = True) -> Tuple[Tensor, Tensor]:
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    B, Hq, Lq, _ = q.shape
+    out = q.new_empty(B, Hq, Lq, v.shape[3])
+    lse = q.new_empty(B, Hq, Lq) if need_lse else q.new_empty(0)
+    with _CompiledMod(expr, captured) as mod:
+        a = _mod_attention_struct(q, k, v, _mask_ptr(mask), mod, scale, q_offset)
+        with _flexc_threads():
+            rc = _lib.fx_flex_attention(ctypes.byref(a), _ptr(q), _ptr(k), _ptr(v), _ptr(out),
+                                        _ptr(lse) if need_lse else None)
+    _lib.check(rc, "flex_attention")
+    return out, lse
+
+
+@_flex_attention_mod_op.register_fake
+def _(q, k, v, mask, expr, captured, scale, q_offset, need_lse=True):
+    B, Hq, Lq, _ = q.shape
+    return q.new_empty(B, Hq, Lq, v.shape[3]), (q.new_empty(B, Hq, Lq) if need_lse else q.new_empty(0))
+
+
+@torch.library.custom_op("flexc::flex_attention_mod_backward", mutates_args=(), device_types="cpu")
+def _flex_attention_mod_backward_op(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor,
+                                    mask: int, expr: str, captured: List[Tensor], scale: float,
+                                    q_offset: int) -> List[Tensor]:
+    """[dq, dk, dv, then the gradient of each captured tensor (empty for an integer one)]."""
+    q, k, v, out, lse, dout = (t.contiguous() for t in (q, k, v, out, lse, dout))
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    grads = [torch.zeros(t.shape, dtype=torch.float32) if t.dtype == torch.float32 else None for t in captured]
+    with _CompiledMod(expr, captured, grads) as mod:
+        a = _mod_attention_struct(q, k, v, _mask_ptr(mask), mod, scale, q_offset)
+        with _flexc_threads():
+            rc = _lib.fx_flex_attention_backward(ctypes.byref(a), _ptr(q), _ptr(k), _ptr(v), _ptr(out), _ptr(lse),
+                                                 _ptr(dout), _ptr(dq), _ptr(dk), _ptr(dv))
+    _lib.check(rc, "flex_attention backward")
+    return [dq, dk, dv] + [g if g is not None else q.new_empty(0) for g in grads]
+
+
+@_flex_attention_mod_backward_op.register_fake
+def _(q, k, v, out, lse, dout, mask, expr, captured, scale, q_offset):
+    return [q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)] + [
+        t.new_empty(t.shape, dtype=torch.float32) if t.dtype == torch.float32 else q.new_empty(0) for t in captured]
+
+
+def _fam_setup_context(ctx, inputs, output):
+    q, k, v, mask, expr, captured, scale, q_offset, need_lse = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, *captured)
+    ctx.params = (mask, expr, scale, q_offset, len(captured))
+    ctx.block_mask = _masks.get(mask) if mask else None  # alive until the backward ran
+    ctx.set_materialize_grads(False)
+
+
+def _fam_backward(ctx, dout, dlse):
+    if dlse is not None:
+        raise NotImplementedError("flexc's flex_attention has no gradient through the returned lse "
+                                  "(return_lse / return_aux); use the lse as a constant (.detach())")
+    mask, expr, scale, q_offset, n = ctx.params
+    q, k, v, out, lse, *captured = ctx.saved_tensors
+    if dout is None:
+        return (None,) * 9
+    if lse.numel() == 0:
+        raise RuntimeError("flex_attention ran without a gradient in view (need_lse=False): it kept no lse "
+                           "to differentiate with")
+    g = _flex_attention_mod_backward_op(q, k, v, out, lse, dout, mask, expr, captured, scale, q_offset)
+    dcap = [gi if t.dtype == torch.float32 else None for gi, t in zip(g[3:], captured)]
+    return g[0], g[1], g[2], None, None, dcap, None, None, None
+
+
+torch.library.register_autograd("flexc::flex_attention_mod", _fam_backward, setup_context=_fam_setup_context)
+
 _torch_mask_cache = weakref.WeakKeyDictionary()
 
 
@@ -602,10 +760,13 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
                    return_lse=False, kernel_options=None, *, return_aux=None, q_offset=0):
     """PyTorch's flex_attention on flexc's kernels: query [B, Hq, L, E], key [B, Hkv, S, E],
     value [B, Hkv, S, Ev] -> [B, Hq, L, Ev] (and the natural-log lse [B, Hq, L] with
-    return_lse=True or return_aux=AuxRequest(lse=True)). score_mod: None or a flexc built-in
-    (alibi, softcap, rel_bias). block_mask: a flexc BlockMask, or a PyTorch one (converted once
+    return_lse=True or return_aux=AuxRequest(lse=True)). score_mod: None, a flexc built-in
+    (alibi, softcap, rel_bias), or any score_mod(score, b, h, q_idx, kv_idx) written with torch
+    operations, traced into flexc's mod expressions (docs/python.md; TypeError naming what
+    cannot be traced; captured tensors that require grad receive their gradient). block_mask: a flexc BlockMask, or a PyTorch one (converted once
     and cached). q_offset (flexc's): the absolute position of query row 0, for decoding with a
-    KV cache. Gradients flow to query, key, value and a rel_bias table."""
+    KV cache. Gradients flow to query, key, value, a rel_bias table and a traced score_mod's
+    captured float tensors."""
     for name, t in (("query", query), ("key", key), ("value", value)):
         _check_tensor(t, name, ndim=4)
     if not (query.dtype == key.dtype == value.dtype):
@@ -644,10 +805,12 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
         scale_f = float(scale)
 
     kind, score_t, score_f, score_i = _SCORE_NONE, None, 0.0, 0
-    if score_mod is not None:
-        if not isinstance(score_mod, _ScoreMod):
-            raise NotImplementedError("score_mod: flexc takes its built-in score mods only (flexc.torch.alibi, softcap, "
-                                      f"rel_bias), not a Python callable ({getattr(score_mod, '__name__', score_mod)!r})")
+    traced = None
+    if score_mod is not None and not isinstance(score_mod, _ScoreMod):
+        if not callable(score_mod):
+            raise TypeError(f"score_mod must be callable, got {type(score_mod).__name__}")
+        traced = _trace.trace(score_mod, "score")
+    elif score_mod is not None:
         kind, score_t, score_f, score_i = score_mod._kind, score_mod._tensor, score_mod._f, score_mod._i
         if kind == _SCORE_ALIBI:
             if score_t.shape[0] != Hq:
@@ -679,6 +842,16 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 
     dtype = query.dtype
     q32, k32, v32 = (t.to(torch.float32) for t in (query, key, value))
+    if traced is not None:
+        captured = _mod_inputs(traced.captured)
+        need_lse = want_lse or (torch.is_grad_enabled() and
+                                any(t.requires_grad for t in [query, key, value] + captured))
+        out, lse = _flex_attention_mod_op(q32, k32, v32, handle, traced.expr, captured, scale_f, q_offset, need_lse)
+        out = out.to(dtype)
+        if return_aux is not None:
+            from torch.nn.attention.flex_attention import AuxOutput
+            return out, AuxOutput(lse=lse if want_lse else None, max_scores=None)
+        return (out, lse) if want_lse else out
     # Without a gradient to take or an lse to return, the kernel need not compute the lse.
     need_lse = want_lse or (torch.is_grad_enabled() and
                             any(t is not None and t.requires_grad for t in (query, key, value, score_t)))

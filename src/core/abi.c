@@ -83,6 +83,11 @@ static const abi_field rel_bias_fields[] = {
     FIELD(fx_score_rel_bias_ctx, heads),
 };
 
+static const abi_field mod_tensor_fields[] = {
+    FIELD(fx_mod_tensor, name),  FIELD(fx_mod_tensor, dtype), FIELD(fx_mod_tensor, ndim),
+    FIELD(fx_mod_tensor, shape), FIELD(fx_mod_tensor, data),  FIELD(fx_mod_tensor, grad),
+};
+
 #undef FIELD
 
 #define STRUCT(T, fields) {#T, sizeof(T), fields, sizeof fields / sizeof fields[0]}
@@ -97,6 +102,7 @@ static const abi_struct structs[] = {
     STRUCT(fx_score_alibi_ctx, alibi_fields),
     STRUCT(fx_score_softcap_ctx, softcap_fields),
     STRUCT(fx_score_rel_bias_ctx, rel_bias_fields),
+    STRUCT(fx_mod_tensor, mod_tensor_fields),
 };
 
 #undef STRUCT

@@ -155,7 +155,7 @@ def test_analytic_masks_are_sparse():
     assert m.nbytes() < 4 << 20
 
 
-def test_custom_mask_evaluated_by_block_rows():
+def test_custom_mask_traced_once_or_evaluated_by_block_rows():
     seen = []
 
     def mod(b, h, q, kv):
@@ -163,11 +163,25 @@ def test_custom_mask_evaluated_by_block_rows():
         return q >= kv
 
     Lbig = 4096
-    m = ft.create_block_mask(mod, None, None, Lbig, Lbig, BLOCK_SIZE=128)
-    assert len(seen) == Lbig // 128
-    assert all(qs[0] <= 128 and ks[-1] == Lbig for qs, ks in seen), seen[:2]
     ref = ft.create_block_mask(ft.causal_mask, None, None, Lbig, Lbig, BLOCK_SIZE=128)
+    # Traced into a mask expression: called once, on 0-d stand-ins; the C library builds it.
+    m = ft.create_block_mask(mod, None, None, Lbig, Lbig, BLOCK_SIZE=128)
+    assert seen == [(torch.Size([]), torch.Size([]))]
     assert m.density() == ref.density() and m.nbytes() == ref.nbytes()
+
+    # A function outside the language (Python's math on a value) is evaluated a block row at a
+    # time instead, with a warning naming why.
+    seen.clear()
+
+    def untraceable(b, h, q, kv):
+        seen.append((q.shape, kv.shape))
+        return torch.cos(q * 0.0) * q >= kv
+
+    with pytest.warns(UserWarning, match="cos"):
+        m2 = ft.create_block_mask(untraceable, None, None, Lbig, Lbig, BLOCK_SIZE=128)
+    assert len(seen) == 1 + Lbig // 128  # the trace, then the block rows
+    assert all(qs[0] <= 128 and ks[-1] == Lbig for qs, ks in seen[1:]), seen[1:3]
+    assert m2.density() == ref.density() and m2.nbytes() == ref.nbytes()
 
 
 def test_fully_masked_rows():
