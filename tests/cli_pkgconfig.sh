@@ -25,7 +25,7 @@ int main(int argc, char **argv)
     rc |= fx_linear_cross_entropy(&p, q, q, NULL, target, &loss, NULL, NULL, NULL, NULL);
     fx_safetensors *f;
     if (fx_safetensors_open(&f, "/nonexistent.safetensors") == FX_OK)
-        fx_safetensors_close(f);
+        fx_safetensors_free(f);
     fx_rng r;
     fx_rng_init(&r, 1, 0);
     /* Linked, not run: MPI start-up is not what this checks. */

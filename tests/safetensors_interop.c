@@ -84,7 +84,7 @@ static int check(const char *path, int want)
             }
         }
     }
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
     return bad ? 1 : 0;
 }
 

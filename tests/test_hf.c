@@ -735,7 +735,7 @@ static void test_reference_forward(void)
         }
         FXT_NEAR(sum / (double)(B * T), loss[0], 0, 1e-4);
         free(x), free(y), free(loss);
-        fx_safetensors_close(ref);
+        fx_safetensors_free(ref);
         free_model(&r);
     }
 }
@@ -909,7 +909,7 @@ static void write_variant(const char *dir, const char *name, const variant *v)
     free(half);
     free(poisoned);
     free(t);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 }
 
 /* A variant of llama3_tied, written to tmpdir/dir, that fx__hf_open must accept (status
@@ -996,7 +996,7 @@ static void bad_weights_tied_head(void)
         {"w-tied-other", FX_EFORMAT, "lm_head.weight differs from model.embed_tokens.weight", {.extra = &other}},
     };
     expect_weights(cases, sizeof cases / sizeof cases[0]);
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
 }
 
 /* No weights; a config the weights do not follow (heads changed). */
@@ -1227,7 +1227,7 @@ static void test_model_parity(void)
             model_greedy_parity(f, m, ref);
             model_train_parity(f, m, ref, dir);
         }
-        fx_safetensors_close(ref);
+        fx_safetensors_free(ref);
         fx_model_free(m);
     }
     expect_refused_load(fx_model_load);
@@ -1356,7 +1356,7 @@ static void inference_fixture_parity(int f)
         check_read_on_demand(f, a, b, &g);
         free_greedy(&g);
     }
-    fx_safetensors_close(ref);
+    fx_safetensors_free(ref);
     fx_model_free(a), fx_model_free(b);
 }
 

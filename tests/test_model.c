@@ -1939,7 +1939,7 @@ static void test_old_model_file(void)
         if (v && v->nbytes == t.numel * sizeof(float))
             fxt_bitwise_f32(t.name, t.data, v->data, t.numel);
     }
-    fx_safetensors_close(f);
+    fx_safetensors_free(f);
     fx_model_free(m);
 }
 
