@@ -1,9 +1,12 @@
-/* flexc tokenize --model DIR (FILE -o tokens.bin | --text S): encodes text with the tokenizer.json
-   in DIR. --text prints the ids as a JSON array; FILE ("-": standard input) is written as an
-   llm.c token file, read in pieces cut where the tokenizer allows (the ids are those of the
-   whole file encoded at once), with progress on standard error. See docs/tokenizers.md. */
+/* flexc tokenize --model DIR (FILE -o tokens.bin | --text S | --chat FILE.jsonl [--labels]):
+   encodes text with the tokenizer.json in DIR. --text prints the ids as a JSON array; FILE ("-":
+   standard input) is written as an llm.c token file, read in pieces cut where the tokenizer allows
+   (the ids are those of the whole file encoded at once), with progress on standard error. --chat
+   renders each conversation with the model's chat template and prints its ids (with --labels, an
+   object with ids and labels; --render, the text). See docs/tokenizers.md and docs/chat.md. */
 #include "cli.h"
 #include "core/core.h"
+#include "tokenizer/chat.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -11,7 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char SYNOPSIS[] = "--model DIR (FILE -o tokens.bin | --text S)";
+static const char SYNOPSIS[] =
+    "--model DIR (FILE -o tokens.bin | --text S) | --model DIR --chat FILE.jsonl [--labels | --render]";
 
 enum { READ_CHUNK = 4 << 20, PROGRESS_MIN = 8 << 20 };
 
@@ -45,6 +49,93 @@ static int print_ids(const fx_tokenizer *tok, const char *text)
     printf("]\n");
     fx_ids_free(&ids);
     return CLI_EXIT_OK;
+}
+
+static void json_string(FILE *f, const char *s, size_t n)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", f);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void put_ids(FILE *f, const int32_t *v, int64_t n)
+{
+    fputc('[', f);
+    for (int64_t i = 0; i < n; i++)
+        fprintf(f, i ? ",%d" : "%d", v[i]);
+    fputc(']', f);
+}
+
+/* --chat: every line is checked, every conversation rendered and encoded, then all printed. */
+static int print_chat(const fx_tokenizer *tok, const char *model, const char *path, bool labels, bool render)
+{
+    struct stat st;
+    if (stat(model, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        cli_error("tokenize: --chat needs --model DIR (the chat template is in its tokenizer_config.json)");
+        return CLI_EXIT_USAGE;
+    }
+    fx__chat_data data;
+    int rc = fx__chat_data_load(&data, path);
+    if (rc != FX_OK)
+        return cli_fail(rc, "tokenize");
+    fx__chat *chat = NULL;
+    if ((rc = fx__chat_load(&chat, model, tok)) != FX_OK) {
+        fx__chat_data_free(&data);
+        return cli_fail(rc, "tokenize");
+    }
+    fx__chat_set_date(chat, getenv("FLEXC_CHAT_DATE"));
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *out = open_memstream(&buf, &blen);
+    fx_ids ids = {0};
+    int32_t *lab = NULL;
+    for (size_t i = 0; out && rc == FX_OK && i < data.n; i++) {
+        if (render) {
+            char *text;
+            size_t len;
+            rc = fx__chat_render(chat, data.conv[i].msg, data.conv[i].n, false, &text, &len);
+            if (rc == FX_OK) {
+                json_string(out, text, len);
+                fputc('\n', out);
+                free(text);
+            }
+        } else if ((rc = fx__chat_encode(chat, &data.conv[i], &ids, &lab)) == FX_OK) {
+            if (labels) {
+                fputs("{\"ids\":", out);
+                put_ids(out, ids.ids, ids.n);
+                fputs(",\"labels\":", out);
+                put_ids(out, lab, ids.n);
+                fputs("}\n", out);
+            } else {
+                put_ids(out, ids.ids, ids.n);
+                fputc('\n', out);
+            }
+        }
+        if (rc != FX_OK)
+            fx__error_context(rc, "%s:%lld", path, (long long)data.conv[i].line);
+    }
+    if (!out)
+        rc = fx__error(FX_ENOMEM, "out of memory");
+    else
+        fclose(out);
+    if (rc == FX_OK)
+        fwrite(buf, 1, blen, stdout);
+    free(buf);
+    free(lab);
+    fx_ids_free(&ids);
+    fx__chat_free(chat);
+    fx__chat_data_free(&data);
+    return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, "tokenize");
 }
 
 typedef struct progress {
@@ -167,13 +258,16 @@ static int write_file(const fx_tokenizer *tok, const char *in_path, const char *
 
 int cmd_tokenize(int argc, char **argv)
 {
-    const char *model = NULL, *text = NULL, *out = NULL;
-    bool quiet = false;
+    const char *model = NULL, *text = NULL, *out = NULL, *chat = NULL;
+    bool quiet = false, labels = false, render = false;
     cli_opt opts[] = {
         {"--model", CLI_STRING, &model, "directory holding tokenizer.json (or the file itself)"},
         {"--text", CLI_STRING, &text, "encode this text and print its ids as a JSON array"},
         {"--out", CLI_STRING, &out, "the token file to write (also -o)"},
         {"--quiet", CLI_FLAG, &quiet, "no progress output"},
+        {"--chat", CLI_STRING, &chat, "render each conversation of this JSONL file with the chat template, print its ids"},
+        {"--labels", CLI_FLAG, &labels, "with --chat: print {\"ids\": [...], \"labels\": [...]} (-100: no loss)"},
+        {"--render", CLI_FLAG, &render, "with --chat: print the rendered text as a JSON string instead"},
     };
     /* -o is --out */
     char **args = malloc((size_t)(argc + 1) * sizeof *args);
@@ -195,7 +289,19 @@ int cmd_tokenize(int argc, char **argv)
         cli_error("tokenize: --model DIR is required");
         return CLI_EXIT_USAGE;
     }
-    if ((text != NULL) == (npos == 1)) {
+    if ((labels || render) && !chat) {
+        cli_error("tokenize: --labels and --render go with --chat");
+        return CLI_EXIT_USAGE;
+    }
+    if (labels && render) {
+        cli_error("tokenize: give --labels or --render, not both");
+        return CLI_EXIT_USAGE;
+    }
+    if (chat && (text || out || npos)) {
+        cli_error("tokenize: --chat FILE.jsonl prints ids; it takes no --text, FILE or -o");
+        return CLI_EXIT_USAGE;
+    }
+    if (!chat && (text != NULL) == (npos == 1)) {
         cli_error("tokenize: give either FILE -o tokens.bin or --text S");
         return CLI_EXIT_USAGE;
     }
@@ -203,14 +309,15 @@ int cmd_tokenize(int argc, char **argv)
         cli_error("tokenize: --text prints the ids; -o goes with FILE");
         return CLI_EXIT_USAGE;
     }
-    if (!text && !out) {
+    if (!chat && !text && !out) {
         cli_error("tokenize: FILE needs -o tokens.bin");
         return CLI_EXIT_USAGE;
     }
     fx_tokenizer *tok = NULL;
     if ((rc = load(&tok, model)) != CLI_EXIT_OK)
         return rc;
-    rc = text ? print_ids(tok, text) : write_file(tok, pos[0], out, quiet);
+    rc = chat ? print_chat(tok, model, chat, labels, render)
+         : text ? print_ids(tok, text) : write_file(tok, pos[0], out, quiet);
     fx_tokenizer_free(tok);
     return rc;
 }
