@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes tests/fixtures/chat/<family>/: tokenizer_config.json (the family's chat template, as a
 model directory holds it, with its bos/eos tokens), tokenizer.json (a link to a fixture tokenizer
-of the repository) and expected.json: for each case, the conversation, add_generation_prompt, the
+of the repository), cases.jsonl with labels.out and render.out (what `flexc tokenize --chat
+cases.jsonl --labels` and `--render` must print) and expected.json: for each case, the conversation, add_generation_prompt, the
 text transformers' apply_chat_template renders, its ids (the tokenizer's encode of that text,
 add_special_tokens=False, as apply_chat_template(tokenize=True) does) and, without a generation
 prompt, the assistant-only labels found by the prefix rule of docs/chat.md (computed here from
@@ -310,6 +311,17 @@ def main():
                 if not gen:
                     case["labels"] = labels_for(tok, render, msgs, ids)
                 cases.append(case)
+        # for tests/cli_chat.sh: the conversations and what tokenize --chat prints for them
+        plain = [c for c in cases if not c["add_generation_prompt"]]
+        with open(os.path.join(d, "cases.jsonl"), "w", encoding="utf-8") as f:
+            for c in plain:
+                f.write(json.dumps({"messages": c["messages"]}, ensure_ascii=False) + "\n")
+        with open(os.path.join(d, "labels.out"), "w", encoding="utf-8") as f:
+            for c in plain:
+                f.write(json.dumps({"ids": c["ids"], "labels": c["labels"]}, separators=(",", ":")) + "\n")
+        with open(os.path.join(d, "render.out"), "w", encoding="utf-8") as f:
+            for c in plain:
+                f.write(json.dumps(c["text"], ensure_ascii=False) + "\n")
         with open(os.path.join(d, "expected.json"), "w", encoding="utf-8") as f:
             json.dump({"family": family, "date": DATE.strftime("%Y-%m-%d"), "cases": cases}, f,
                       ensure_ascii=False)

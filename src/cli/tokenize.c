@@ -51,15 +51,16 @@ static int print_ids(const fx_tokenizer *tok, const char *text)
     return CLI_EXIT_OK;
 }
 
+/* As Python's json.dumps(s, ensure_ascii=False) writes a string. */
 static void json_string(FILE *f, const char *s, size_t n)
 {
     fputc('"', f);
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (c == '"' || c == '\\')
-            fprintf(f, "\\%c", c);
-        else if (c == '\n')
-            fputs("\\n", f);
+        const char *e = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
+                        : c == '\t' ? "\\t" : c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
+        if (e)
+            fputs(e, f);
         else if (c < 0x20)
             fprintf(f, "\\u%04x", c);
         else
