@@ -129,6 +129,13 @@ static void test_bounds(void)
             "{% for e in l %}{% for f in l %}{% for g in l %}x{% endfor %}{% endfor %}{% endfor %}{% endfor %}"
             "{% endfor %}{% endfor %}{% endfor %}",
             NULL, "more than 65536 loop iterations");
+    /* values nested 1000 deep: comparing or printing them is refused, not a deep recursion */
+#define NEST "{% set ns = namespace(x=[]) %}{% set l = [0,1,2,3,4,5,6,7,8,9] %}{% for a in l %}{% for b in l %}" \
+             "{% for c in l %}{% set ns.x = [ns.x] %}{% endfor %}{% endfor %}{% endfor %}"
+    REFUSES(NEST "{{ ns.x == ns.x }}", NULL, "comparison of values nested deeper than 64");
+    REFUSES(NEST "{{ ns.x | tojson }}", NULL, "tojson: nesting deeper than 64");
+    RENDERS(NEST "{{ ns.x | length }}", NULL, false, "1");
+#undef NEST
     /* doubling a string: the output or the memory bound stops it */
     char *out = NULL;
     fx_clear_error();

@@ -1090,8 +1090,10 @@ static val cat(rnd *r, val a, val b)
     return v_str(s, a.u.s.n + b.u.s.n);
 }
 
-static bool equal(val a, val b)
+static bool equal_d(rnd *r, int line, val a, val b, int depth)
 {
+    if (depth > FX__CHAT_MAX_DEPTH)
+        fail(r->c, line, "comparison of values nested deeper than %d", FX__CHAT_MAX_DEPTH);
     if ((a.t == V_INT || a.t == V_BOOL) && (b.t == V_INT || b.t == V_BOOL))
         return (a.t == V_INT ? a.u.i : a.u.b) == (b.t == V_INT ? b.u.i : b.u.b);
     if (a.t != b.t)
@@ -1104,7 +1106,7 @@ static bool equal(val a, val b)
         if (a.u.l->n != b.u.l->n)
             return false;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!equal(a.u.l->v[i], b.u.l->v[i]))
+            if (!equal_d(r, line, a.u.l->v[i], b.u.l->v[i], depth + 1))
                 return false;
         return true;
     case V_DICT:
@@ -1112,7 +1114,7 @@ static bool equal(val a, val b)
             return false;
         for (size_t i = 0; i < a.u.d->n; i++) {
             val *o = dict_find(b.u.d, a.u.d->k[i].u.s.p, a.u.d->k[i].u.s.n);
-            if (!o || !equal(a.u.d->v[i], *o))
+            if (!o || !equal_d(r, line, a.u.d->v[i], *o, depth + 1))
                 return false;
         }
         return true;
@@ -1485,7 +1487,7 @@ static val test(rnd *r, scope *sc, node *n)
         res = v.t == V_LIST || v.t == V_STR || v.t == V_DICT;
     else if (!strcmp(t, "equalto") || !strcmp(t, "eq") || !strcmp(t, "sameas")) {
         want_args(r, n, 1, 1, t);
-        res = equal(v, eval(r, sc, n->args[0]));
+        res = equal_d(r, n->line, v, eval(r, sc, n->args[0]), 0);
     } else
         fail(r->c, n->line, "unsupported Jinja construct 'test %s'", t);
     if (strcmp(t, "equalto") && strcmp(t, "eq") && strcmp(t, "sameas") && n->nargs)
@@ -1584,8 +1586,8 @@ static val binop(rnd *r, node *n, val a, val b)
 {
     switch (n->op) {
     case B_CAT: return cat(r, to_str(r, n->line, a), to_str(r, n->line, b));
-    case B_EQ: return v_bool(equal(a, b));
-    case B_NE: return v_bool(!equal(a, b));
+    case B_EQ: return v_bool(equal_d(r, n->line, a, b, 0));
+    case B_NE: return v_bool(!equal_d(r, n->line, a, b, 0));
     case B_IN:
     case B_NOTIN: {
         bool in = false;
@@ -1597,7 +1599,7 @@ static val binop(rnd *r, node *n, val a, val b)
                 in = memcmp(b.u.s.p + i, a.u.s.p, a.u.s.n) == 0;
         } else if (b.t == V_LIST) {
             for (size_t i = 0; !in && i < b.u.l->n; i++)
-                in = equal(a, b.u.l->v[i]);
+                in = equal_d(r, n->line, a, b.u.l->v[i], 0);
         } else if (b.t == V_DICT)
             in = a.t == V_STR && dict_find(b.u.d, a.u.s.p, a.u.s.n) != NULL;
         else
