@@ -806,7 +806,10 @@ static void test_abi_layout(void)
         }
         FXT_CHECK(nfields > 0);
     }
-    FXT_EQ_INT(nstructs, 9);
+    FXT_EQ_INT(nstructs, 10); /* the call structs, the seven mod contexts, fx_mod_tensor */
+    FXT_OK(fx_abi_layout("fx_mod_tensor", "grad", &off, &size));
+    FXT_EQ_INT(off, offsetof(fx_mod_tensor, grad));
+    FXT_EQ_INT(size, sizeof(float *));
     FXT_EQ_STR(fx_abi_field("fx_attention", 0), "B");
     FXT_EQ_STR(fx_abi_field("fx_attention", 15), "dtype");
     FXT_CHECK(fx_abi_field("fx_attention", 16) == NULL);
