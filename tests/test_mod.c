@@ -128,6 +128,7 @@ static void bad(const char *expr, const char *msg)
 static void test_compile_errors(void)
 {
     bad("score + tanhh(score)", "expr:9: unknown function 'tanhh'");
+    bad("(score - kv_idx % 2) == 0 && kv_idx <= q_idx", "expr:1: a mask (a bool expression) cannot read score");
     bad("score + foo", "expr:9: unknown name 'foo'");
     bad("score +", "expr:8: expected a value, got the end");
     bad("(score + 1", "expr:11: expected ')' to close '('");

@@ -143,7 +143,7 @@ static void run_op(const ins *I, slot *R, int64_t n, const env *e)
     case O_B: L(di[j] = e->b); break;
     case O_H: L(di[j] = e->h); break;
     case O_Q: L(di[j] = e->q); break;
-    case O_KV: L(di[j] = e->kv0 + j); break;
+    case O_KV: L(di[j] = wrap_add(e->kv0, j)); break;
     case O_ICONST: L(di[j] = I->i); break;
     case O_FCONST: L(df[j] = I->f); break;
     case O_IDX: {
@@ -1235,7 +1235,9 @@ int fx_mod_compile(fx_mod **out, const char *expr, const fx_mod_tensor *tensors,
         check_reads(&c);
     if (!c.err) {
         m->mask = c.nodes[root].ty == TY_BOOL;
-        if (!m->mask)
+        if (m->mask && m->uses_score) /* a mask is classified before any score exists */
+            fail(&c, 1, "a mask (a bool expression) cannot read score");
+        else if (!m->mask)
             root = to_float(&c, root);
     }
     if (!c.err)
