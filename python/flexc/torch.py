@@ -645,19 +645,29 @@ def _(q, k, v, out, lse, dout, mask, score_kind, score_t, score_f, score_i, scal
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable
 
 
-def _fa_setup_context(ctx, inputs, output):
-    q, k, v, mask, score_kind, score_t, score_f, score_i, scale, q_offset, need_lse = inputs
+def _save_attention(ctx, q, k, v, mask, output, params, extra):
+    """The attention ops' autograd context: the inputs, the output and lse, and what else the
+    backward reads; the block mask is kept alive until the backward ran."""
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, score_t)
-    ctx.params = (mask, score_kind, score_f, score_i, scale, q_offset)
-    ctx.block_mask = _masks.get(mask) if mask else None  # alive until the backward ran
+    ctx.save_for_backward(q, k, v, out, lse, *extra)
+    ctx.params = params
+    ctx.block_mask = _masks.get(mask) if mask else None
     ctx.set_materialize_grads(False)
 
 
-def _fa_backward(ctx, dout, dlse):
+def _no_lse_grad(dlse):
     if dlse is not None:
         raise NotImplementedError("flexc's flex_attention has no gradient through the returned lse "
                                   "(return_lse / return_aux); use the lse as a constant (.detach())")
+
+
+def _fa_setup_context(ctx, inputs, output):
+    q, k, v, mask, score_kind, score_t, score_f, score_i, scale, q_offset, need_lse = inputs
+    _save_attention(ctx, q, k, v, mask, output, (mask, score_kind, score_f, score_i, scale, q_offset), (score_t,))
+
+
+def _fa_backward(ctx, dout, dlse):
+    _no_lse_grad(dlse)
     q, k, v, out, lse, score_t = ctx.saved_tensors
     mask, score_kind, score_f, score_i, scale, q_offset = ctx.params
     if dout is None:
@@ -728,18 +738,12 @@ def _(q, k, v, out, lse, dout, mask, expr, captured, scale, q_offset):
 
 def _fam_setup_context(ctx, inputs, output):
     q, k, v, mask, expr, captured, scale, q_offset, need_lse = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, *captured)
-    ctx.params = (mask, expr, scale, q_offset, len(captured))
-    ctx.block_mask = _masks.get(mask) if mask else None  # alive until the backward ran
-    ctx.set_materialize_grads(False)
+    _save_attention(ctx, q, k, v, mask, output, (mask, expr, scale, q_offset), captured)
 
 
 def _fam_backward(ctx, dout, dlse):
-    if dlse is not None:
-        raise NotImplementedError("flexc's flex_attention has no gradient through the returned lse "
-                                  "(return_lse / return_aux); use the lse as a constant (.detach())")
-    mask, expr, scale, q_offset, n = ctx.params
+    _no_lse_grad(dlse)
+    mask, expr, scale, q_offset = ctx.params
     q, k, v, out, lse, *captured = ctx.saved_tensors
     if dout is None:
         return (None,) * 9
