@@ -3,12 +3,14 @@
 #include "tokenizer/chat.h"
 
 #include "core/core.h"
+#include "core/file.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct fx__chat {
     fx__chat_template *tpl;
@@ -62,38 +64,20 @@ void fx__chat_set_date(fx__chat *c, const char *date)
     c->date = date ? dup_n(date, strlen(date)) : NULL;
 }
 
-static int read_all(const char *path, char **out, size_t *len)
+/* The whole of a regular file (never a FIFO or a device), at most max bytes, in an fx__alloc
+   buffer with a NUL after it; errors name the path. */
+static int read_all(const char *path, char **out, size_t *len, size_t max)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    if (access(path, F_OK) != 0)
         return fx__error(FX_EIO, "%s: %s", path, strerror(errno));
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    for (;;) {
-        if (!b) {
-            fclose(f);
-            return fx__error(FX_ENOMEM, "%s: out of memory", path);
-        }
-        n += fread(b + n, 1, cap - n - 1, f);
-        if (n < cap - 1)
-            break;
-        cap *= 2;
-        char *nb = realloc(b, cap);
-        if (!nb)
-            free(b);
-        b = nb;
-    }
-    bool err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(b);
-        return fx__error(FX_EIO, "%s: read failed", path);
-    }
-    b[n] = 0;
-    *out = b;
-    *len = n;
-    return FX_OK;
+    int rc = fx__read_regular(out, len, path, max);
+    return rc == FX_OK ? FX_OK : fx__error_context(rc, "%s", path);
 }
+
+/* tokenizer_config.json holds the template and a few settings; a chat data file any number of
+   conversations (read whole: the loader checks every line before training starts). */
+enum { CONFIG_MAX = 16 << 20 };
+#define DATA_MAX ((size_t)8 << 30)
 
 static const char *special(json_t *cfg, const char *key)
 {
@@ -110,22 +94,25 @@ int fx__chat_load(fx__chat **out, const char *dir, const fx_tokenizer *tok)
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     snprintf(jpath, sizeof jpath, "%s/chat_template.jinja", dir);
     json_error_t je;
-    json_t *cfg = json_load_file(path, 0, &je);
+    char *text;
+    size_t tlen;
+    int rc = read_all(path, &text, &tlen, CONFIG_MAX);
+    if (rc != FX_OK)
+        return rc;
+    json_t *cfg = json_loadb(text, tlen, 0, &je);
+    fx__free(text);
     if (!cfg)
         return fx__error(FX_EFORMAT, "%s: %s", path, je.text);
     const char *bos = special(cfg, "bos_token"), *eos = special(cfg, "eos_token");
     char *jinja = NULL;
     size_t jlen = 0;
-    int rc;
-    FILE *jf = fopen(jpath, "rb");
-    if (jf) {
-        fclose(jf);
-        if ((rc = read_all(jpath, &jinja, &jlen)) != FX_OK) {
+    if (access(jpath, F_OK) == 0) {
+        if ((rc = read_all(jpath, &jinja, &jlen, FX__CHAT_MAX_SOURCE)) != FX_OK) {
             json_decref(cfg);
             return rc;
         }
         rc = fx__chat_create(out, jinja, jlen, bos, eos, tok);
-        free(jinja);
+        fx__free(jinja);
         if (rc != FX_OK)
             fx__error_context(rc, "%s", jpath);
         json_decref(cfg);
@@ -366,10 +353,10 @@ int fx__chat_data_load(fx__chat_data *out, const char *path)
     memset(out, 0, sizeof *out);
     char *text;
     size_t len;
-    int rc = read_all(path, &text, &len);
+    int rc = read_all(path, &text, &len, DATA_MAX);
     if (rc != FX_OK)
         return rc;
     rc = fx__chat_data_parse(out, path, text, len);
-    free(text);
+    fx__free(text);
     return rc;
 }
