@@ -1,5 +1,6 @@
-/* Training text: byte tokens with end-of-text between documents, a train/validation split,
-   and batches drawn from a saveable counter-based generator. */
+/* Training text: byte tokens with end-of-text between documents (or ids made elsewhere, with an
+   optional per-token loss mask), a train/validation split, and batches drawn from a saveable
+   counter-based generator. */
 #include "model.h"
 
 #include "core/file.h"
@@ -233,8 +234,9 @@ static int fx__load_fortunes(fx__toks *t, const char *dir)
     return rc;
 }
 
-/* The train / validation split and the hash; takes t's tokens. */
-static int fx__data_finish(fx__model_data *d, fx__toks *t, double val_frac, int64_t min_tokens)
+/* The train / validation split and the hash; takes t's tokens and loss (a mask of t->n bytes, 0
+   or 1, or NULL). */
+static int fx__data_finish(fx__model_data *d, fx__toks *t, uint8_t *loss, double val_frac, int64_t min_tokens)
 {
     /* Each part needs at least one window of min_tokens. */
     int64_t n_val = (int64_t)((double)t->n * val_frac);
@@ -242,13 +244,36 @@ static int fx__data_finish(fx__model_data *d, fx__toks *t, double val_frac, int6
         n_val = min_tokens;
     if (t->n - n_val < min_tokens) {
         free(t->p);
+        free(loss);
         t->p = NULL;
         return fx__error(FX_EINVAL,
                          "%s holds %lld tokens; training needs at least %lld (one window of %lld for training and "
                          "one for validation): give more text or a smaller --seq",
                          d->source, (long long)t->n, (long long)(2 * min_tokens), (long long)min_tokens);
     }
+    if (loss) {
+        /* A window's targets are its tokens 1..T: each part needs one that carries the loss
+           (the training windows' targets cover 1 .. n_train - 1, the validation windows' of
+           T = min_tokens - 1 the first (n_val - 1) / T * T after n_train). */
+        const int64_t n_train = t->n - n_val, T = min_tokens > 1 ? min_tokens - 1 : 1;
+        int64_t in_train = 0, in_val = 0;
+        for (int64_t i = 1; i < n_train; i++)
+            in_train += loss[i];
+        for (int64_t i = n_train + 1; i <= n_train + (n_val - 1) / T * T; i++)
+            in_val += loss[i];
+        if (!in_train || !in_val) {
+            free(t->p);
+            free(loss);
+            t->p = NULL;
+            return fx__error(FX_EINVAL,
+                             "%s: its %s part (%lld tokens) has no window with a target that carries the loss (an "
+                             "assistant's token): give more conversations with assistant turns, or a smaller --seq",
+                             d->source, in_train ? "validation" : "training",
+                             (long long)(in_train ? n_val : t->n - n_val));
+        }
+    }
     d->tok = t->p;
+    d->loss = loss;
     d->n = t->n;
     d->n_train = t->n - n_val;
     d->docs = t->docs;
@@ -264,12 +289,18 @@ static int fx__data_finish(fx__model_data *d, fx__toks *t, double val_frac, int6
             h = (h ^ (v >> 24)) * 0x100000001b3ull;
         }
     }
+    /* the loss mask after the tokens (data without one hashes as it always did) */
+    if (loss) {
+        h = (h ^ 'L') * 0x100000001b3ull;
+        for (int64_t i = 0; i < t->n; i++)
+            h = (h ^ loss[i]) * 0x100000001b3ull;
+    }
     d->hash = h;
     return FX_OK;
 }
 
-int fx__model_data_from_ids(fx__model_data *d, const int32_t *ids, int64_t n, int32_t eot, const char *source,
-                          double val_frac, int64_t min_tokens)
+int fx__model_data_from_ids_loss(fx__model_data *d, const int32_t *ids, const uint8_t *loss, int64_t n, int32_t eot,
+                                 const char *source, double val_frac, int64_t min_tokens)
 {
     memset(d, 0, sizeof *d);
     if (!(val_frac > 0.0 && val_frac < 1.0))
@@ -277,19 +308,33 @@ int fx__model_data_from_ids(fx__model_data *d, const int32_t *ids, int64_t n, in
     if (n < 0 || (n > 0 && !ids))
         return fx__error(FX_EINVAL, "fx__model_data_from_ids: %lld ids at %p", (long long)n, (const void *)ids);
     fx__toks t = {0};
+    uint8_t *mask = NULL;
     if (n > 0 && !(t.p = malloc((size_t)n * sizeof *t.p)))
         return fx__error(FX_ENOMEM, "cannot hold %lld tokens", (long long)n);
+    if (loss && !(mask = malloc(n > 0 ? (size_t)n : 1))) {
+        free(t.p);
+        return fx__error(FX_ENOMEM, "cannot hold the loss mask of %lld tokens", (long long)n);
+    }
     for (int64_t i = 0; i < n; i++) {
         if (ids[i] < 0) {
             free(t.p);
+            free(mask);
             return fx__error(FX_ERANGE, "token %lld = %d is negative", (long long)i, ids[i]);
         }
         t.p[i] = (uint32_t)ids[i];
         t.docs += ids[i] == eot;
+        if (mask)
+            mask[i] = loss[i] != 0;
     }
     t.n = t.cap = n;
     snprintf(d->source, sizeof d->source, "%s", source ? source : "tokens");
-    return fx__data_finish(d, &t, val_frac, min_tokens);
+    return fx__data_finish(d, &t, mask, val_frac, min_tokens);
+}
+
+int fx__model_data_from_ids(fx__model_data *d, const int32_t *ids, int64_t n, int32_t eot, const char *source,
+                          double val_frac, int64_t min_tokens)
+{
+    return fx__model_data_from_ids_loss(d, ids, NULL, n, eot, source, val_frac, min_tokens);
 }
 
 int fx__model_data_load(fx__model_data *d, const char *path, const char *default_dir, double val_frac,
@@ -339,22 +384,42 @@ int fx__model_data_load(fx__model_data *d, const char *path, const char *default
                          d->source, (long long)t.n, t.n == 1 ? "" : "s", (long long)(2 * min_tokens),
                          (long long)min_tokens);
     }
-    return fx__data_finish(d, &t, val_frac, min_tokens);
+    return fx__data_finish(d, &t, NULL, val_frac, min_tokens);
 }
 
 void fx__model_data_free(fx__model_data *d)
 {
     free(d->tok);
+    free(d->loss);
     d->tok = NULL;
+    d->loss = NULL;
 }
 
-static void fx__window(const uint32_t *src, int64_t T, int32_t *tokens, int32_t *targets)
+/* The window of T+1 tokens at off: T inputs and their next tokens as targets (-100 where the
+   mask says no loss). */
+static void fx__window(const fx__model_data *d, int64_t off, int64_t T, int32_t *tokens, int32_t *targets)
 {
+    const uint32_t *src = d->tok + off;
     for (int64_t t = 0; t < T; t++) {
         tokens[t] = (int32_t)src[t];
         targets[t] = (int32_t)src[t + 1];
     }
+    if (d->loss) {
+        const uint8_t *loss = d->loss + off;
+        for (int64_t t = 0; t < T; t++)
+            if (!loss[t + 1])
+                targets[t] = -100;
+    }
 }
+
+/* Whether the window at off has a target that carries the loss. */
+static bool fx__window_has_loss(const fx__model_data *d, int64_t off, int64_t T)
+{
+    return memchr(d->loss + off + 1, 1, (size_t)T) != NULL;
+}
+
+/* Rejections before the sampler walks to the next window with a target that carries the loss. */
+enum { FX__DATA_TRIES = 64 };
 
 void fx__model_data_batch(const fx__model_data *d, fx_rng *rng, int64_t B, int64_t T, int32_t *tokens, int32_t *targets)
 {
@@ -362,15 +427,43 @@ void fx__model_data_batch(const fx__model_data *d, fx_rng *rng, int64_t B, int64
     for (int64_t b = 0; b < B; b++) {
         uint64_t r = ((uint64_t)fx_rng_u32(rng) << 32) | fx_rng_u32(rng);
         int64_t off = (int64_t)(r % range);
-        fx__window(d->tok + off, T, tokens + b * T, targets + b * T);
+        /* With a loss mask, a window whose every target is ignored would give a batch no loss
+           to take the mean of: such offsets are drawn again (uniform over the windows that
+           have one), and after FX__DATA_TRIES the next such window is taken. */
+        for (int tries = 1; d->loss && !fx__window_has_loss(d, off, T); tries++) {
+            if (tries < FX__DATA_TRIES) {
+                r = ((uint64_t)fx_rng_u32(rng) << 32) | fx_rng_u32(rng);
+                off = (int64_t)(r % range);
+                continue;
+            }
+            int64_t o = off;
+            for (uint64_t k = 1; k < range && !fx__window_has_loss(d, o, T); k++)
+                o = (int64_t)(((uint64_t)off + k) % range);
+            off = o;
+            break;
+        }
+        fx__window(d, off, T, tokens + b * T, targets + b * T);
     }
 }
 
 void fx__model_data_val_batch(const fx__model_data *d, int64_t i, int64_t B, int64_t T, int32_t *tokens, int32_t *targets)
 {
     int64_t nval = d->n - d->n_train, windows = (nval - 1) / T;
+    /* With a loss mask, the windows with a target that carries the loss, in order. */
+    int64_t kept = windows;
+    if (d->loss) {
+        kept = 0;
+        for (int64_t w = 0; w < windows; w++)
+            kept += fx__window_has_loss(d, d->n_train + w * T, T);
+    }
     for (int64_t b = 0; b < B; b++) {
-        int64_t w = (i * B + b) % windows;
-        fx__window(d->tok + d->n_train + w * T, T, tokens + b * T, targets + b * T);
+        int64_t w = (i * B + b) % (kept ? kept : windows);
+        if (d->loss && kept) {
+            int64_t k = w;
+            for (w = 0; w < windows; w++)
+                if (fx__window_has_loss(d, d->n_train + w * T, T) && k-- == 0)
+                    break;
+        }
+        fx__window(d, d->n_train + w * T, T, tokens + b * T, targets + b * T);
     }
 }

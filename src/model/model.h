@@ -467,9 +467,14 @@ int fx__model_decode(fx__model *m, fx__model_cache *c, const int32_t *tokens, in
 
 typedef struct fx__model_data {
     uint32_t *tok;    /* all tokens; train = [0, n_train), val = [n_train, n) */
+    uint8_t *loss;    /* [n] or NULL: loss[i] == 0 where token i, as a target, carries no loss (a
+                         window's target is then -100); NULL: every token carries the loss */
     int64_t n, n_train;
     int64_t docs;
-    uint64_t hash;    /* FNV-1a of the tokens: a resumed run checks it reads the same data */
+    uint64_t hash;    /* FNV-1a of the tokens, then of the loss mask when there is one: a resumed
+                         run checks it reads the same data */
+    bool chat;        /* conversations (chat JSONL) packed with the model's first eos id between
+                         them: training defaults to the document mask */
     char source[512]; /* what was read, for messages and checkpoints */
 } fx__model_data;
 
@@ -482,8 +487,13 @@ int fx__model_data_load(fx__model_data *d, const char *path, const char *default
    -1: none), the same split. source names them in messages. */
 int fx__model_data_from_ids(fx__model_data *d, const int32_t *ids, int64_t n, int32_t eot, const char *source,
                           double val_frac, int64_t min_tokens);
+/* The same with a loss mask (copied; NULL: as fx__model_data_from_ids): loss[i] == 0 where token
+   i carries no loss as a target. FX_EINVAL when either part holds no token that carries it. */
+int fx__model_data_from_ids_loss(fx__model_data *d, const int32_t *ids, const uint8_t *loss, int64_t n, int32_t eot,
+                                 const char *source, double val_frac, int64_t min_tokens);
 void fx__model_data_free(fx__model_data *d);
-/* B windows of T+1 tokens from the training part at offsets drawn from rng. */
+/* B windows of T+1 tokens from the training part at offsets drawn from rng (targets -100 where
+   the loss mask says the token carries no loss; the same below). */
 void fx__model_data_batch(const fx__model_data *d, fx_rng *rng, int64_t B, int64_t T, int32_t *tokens, int32_t *targets);
 /* Validation window i (sequential, wraps). */
 void fx__model_data_val_batch(const fx__model_data *d, int64_t i, int64_t B, int64_t T, int32_t *tokens, int32_t *targets);
