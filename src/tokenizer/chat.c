@@ -220,6 +220,69 @@ int fx__chat_encode(const fx__chat *c, const fx__chat_conv *conv, fx_ids *ids, i
     return rc;
 }
 
+/* ids->ids grown to hold n more (fx_ids is the tokenizer library's: fx__alloc'd). */
+static int ids_room(fx_ids *ids, int64_t more)
+{
+    if (ids->n + more <= ids->cap)
+        return FX_OK;
+    int64_t cap = ids->cap ? ids->cap : 1024;
+    while (cap < ids->n + more)
+        cap *= 2;
+    int32_t *p = fx__alloc((size_t)cap * sizeof *p);
+    if (!p)
+        return fx__error(FX_ENOMEM, "chat: cannot hold %lld ids", (long long)cap);
+    if (ids->n)
+        memcpy(p, ids->ids, (size_t)ids->n * sizeof *p);
+    fx__free(ids->ids);
+    ids->ids = p, ids->cap = cap;
+    return FX_OK;
+}
+
+int fx__chat_pack(const fx__chat *c, const fx__chat_data *data, const char *name, int32_t sep, fx_ids *ids,
+                  uint8_t **loss)
+{
+    ids->n = 0;
+    fx_ids one = {0};
+    int32_t *lab = NULL;
+    uint8_t *mask = *loss;
+    int64_t cap = 0;
+    int rc = FX_OK;
+    for (size_t i = 0; rc == FX_OK && i < data->n; i++) {
+        if ((rc = fx__chat_encode(c, &data->conv[i], &one, &lab)) != FX_OK) {
+            fx__error_context(rc, "%s:%lld", name, (long long)data->conv[i].line);
+            break;
+        }
+        const bool add_sep = sep >= 0 && (one.n == 0 || one.ids[one.n - 1] != sep);
+        const int64_t more = one.n + add_sep;
+        if ((rc = ids_room(ids, more)) != FX_OK)
+            break;
+        if (ids->n + more > cap) {
+            int64_t nc = cap ? cap : 1024;
+            while (nc < ids->n + more)
+                nc *= 2;
+            uint8_t *p = realloc(mask, (size_t)nc);
+            if (!p) {
+                rc = fx__error(FX_ENOMEM, "chat: cannot hold the loss mask of %lld ids", (long long)nc);
+                break;
+            }
+            mask = p, cap = nc;
+        }
+        for (int64_t k = 0; k < one.n; k++) {
+            ids->ids[ids->n + k] = one.ids[k];
+            mask[ids->n + k] = lab[k] != FX__CHAT_IGNORE;
+        }
+        ids->n += one.n;
+        if (add_sep) {
+            ids->ids[ids->n] = sep;
+            mask[ids->n++] = 0;
+        }
+    }
+    *loss = mask;
+    free(lab);
+    fx_ids_free(&one);
+    return rc;
+}
+
 /* ---- JSONL ------------------------------------------------------------------------------ */
 
 void fx__chat_data_free(fx__chat_data *d)

@@ -10,6 +10,7 @@
        fx_ids ids = {0}; int32_t *labels = NULL;
        for (i ...) rc = fx__chat_encode(chat, &data.conv[i], &ids, &labels);  // replaces ids
        free(labels); fx_ids_free(&ids); fx__chat_data_free(&data); fx__chat_free(chat);
+   or all of them packed for training: fx__chat_pack(chat, &data, "chat.jsonl", eos, &ids, &loss).
 */
 #ifndef FLEXC_TOKENIZER_CHAT_H
 #define FLEXC_TOKENIZER_CHAT_H
@@ -57,6 +58,14 @@ int fx__chat_render(const fx__chat *chat, const fx__chat_msg *msgs, size_t n, bo
    ids->n. FX_EFORMAT when the template's renderings of the conversation's prefixes are not
    prefixes of each other's text, naming the message. */
 int fx__chat_encode(const fx__chat *chat, const fx__chat_conv *conv, fx_ids *ids, int32_t **labels);
+
+/* Training data: every conversation of data encoded (fx__chat_encode) and concatenated into ids
+   (replaced), each followed by sep unless its last id is sep already (sep < 0: nothing between
+   them); (*loss)[i] (realloc'd to ids->n) is 1 where token i is labelled (an assistant's), 0
+   elsewhere, the separators included. Errors are prefixed "name:LINE: " with the conversation's
+   line. */
+int fx__chat_pack(const fx__chat *chat, const fx__chat_data *data, const char *name, int32_t sep, fx_ids *ids,
+                  uint8_t **loss);
 
 /* Parses JSONL: each non-empty line {"messages": [{"role": s, "content": s}, ...]} or
    {"prompt": s, "completion": s}. FX_EFORMAT "FILE:LINE: what is wrong" at the first bad line. */
