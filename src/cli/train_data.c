@@ -1,9 +1,11 @@
 /* The data of flexc train: flexc's byte-level text, text read through the Hugging Face
-   tokenizer of the model being fine-tuned, or an llm.c token file. */
+   tokenizer of the model being fine-tuned, chat JSONL rendered with its chat template, or an
+   llm.c token file. */
 #include "train_data.h"
 
 #include "core/file.h"
 #include "hf/hf.h"
+#include "tokenizer/chat.h"
 
 #include <flexc/tokenizer.h>
 
@@ -67,6 +69,54 @@ static int encode_doc(const fx_tokenizer *tok, fx_ids *ids, const char *s, size_
     return rc;
 }
 
+bool train_is_chat(const char *path, const char *tokenizer)
+{
+    size_t n = path ? strlen(path) : 0;
+    return tokenizer && n > 6 && !strcmp(path + n - 6, ".jsonl");
+}
+
+/* Chat JSONL: every line parsed and checked, then every conversation rendered with the chat
+   template of the tokenizer's directory and encoded with its labels, packed with the model's
+   first eos id after each and a loss mask (the assistants' tokens). */
+static int chat_load(fx__model_data *d, const char *path, const char *tokenizer, const fx_tokenizer *tok,
+                     int32_t eot, double val_frac, int64_t min_tokens)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", tokenizer);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    else
+        snprintf(dir, sizeof dir, ".");
+    fx__chat_data data;
+    int rc = fx__chat_data_load(&data, path);
+    if (rc != FX_OK)
+        return cli_fail(rc, "--data");
+    fx__chat *chat = NULL;
+    if ((rc = fx__chat_load(&chat, dir, tok)) != FX_OK) {
+        fx__chat_data_free(&data);
+        cli_error("--data: %s is chat data (a .jsonl file) and needs the model's chat template: %s", path,
+                  fx_last_error());
+        return CLI_EXIT_FAIL;
+    }
+    fx__chat_set_date(chat, getenv("FLEXC_CHAT_DATE"));
+    fx_ids ids = {0};
+    uint8_t *loss = NULL;
+    rc = fx__chat_pack(chat, &data, path, eot, &ids, &loss);
+    char source[600];
+    snprintf(source, sizeof source, "%s (chat, %zu conversation%s)", path, data.n, data.n == 1 ? "" : "s");
+    fx__chat_free(chat);
+    fx__chat_data_free(&data);
+    if (rc == FX_OK)
+        rc = fx__model_data_from_ids_loss(d, ids.ids, loss, ids.n, eot, source, val_frac, min_tokens);
+    free(loss);
+    fx_ids_free(&ids);
+    if (rc != FX_OK)
+        return cli_fail(rc, "--data");
+    d->chat = true;
+    return CLI_EXIT_OK;
+}
+
 int train_data_load(fx__model_data *d, const char *path, const char *tokenizer, const fx_model_config *cfg,
                     double val_frac, int64_t min_tokens, bool lossy_text)
 {
@@ -107,6 +157,16 @@ int train_data_load(fx__model_data *d, const char *path, const char *tokenizer, 
                   (long long)fx_tokenizer_vocab_size(tok), (long long)cfg->vocab);
         fx_tokenizer_free(tok);
         return CLI_EXIT_FAIL;
+    }
+    if (train_is_chat(path, tokenizer)) {
+        if (lossy_text) {
+            cli_error("--lossy-text: %s is chat data (JSON, always UTF-8); --lossy-text is for text files", path);
+            fx_tokenizer_free(tok);
+            return CLI_EXIT_USAGE;
+        }
+        rc = chat_load(d, path, tokenizer, tok, eot, val_frac, min_tokens);
+        fx_tokenizer_free(tok);
+        return rc;
     }
     char *text = NULL;
     size_t len = 0;
@@ -149,8 +209,9 @@ int train_data_load(fx__model_data *d, const char *path, const char *tokenizer, 
 
 int train_keep_hf(const char *out, const char *src)
 {
-    static const char *const names[] = {"config.json", "generation_config.json", "tokenizer.json",
-                                        "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"};
+    static const char *const names[] = {"config.json",           "generation_config.json",  "tokenizer.json",
+                                        "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                                        "chat_template.jinja"};
     char dir[4200];
     snprintf(dir, sizeof dir, "%s/hf", out);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
