@@ -2,8 +2,10 @@
    hand-written expectations, every fixture family of tests/fixtures/chat (made by
    scripts/make_chat_fixtures.py with transformers' apply_chat_template) byte for byte, id for id
    and label for label, the refusals (by name and line), raise_exception's message, JSONL errors
-   with their line numbers, a known conversation's label mask, and the bounds. */
+   with their line numbers, a known conversation's label mask, the bounds, and chat data packed
+   for training (separators, the loss mask, the windows and the hash of fx__model_data). */
 #include "harness.h"
+#include "model/model.h"
 #include "tokenizer/chat.h"
 
 #include <jansson.h>
@@ -389,6 +391,190 @@ static void test_config_forms(void)
     rmdir(dir);
 }
 
+/* FNV-1a of ids as fx__model_data hashes plain data (two low bytes, two high ones when set). */
+static uint64_t plain_hash(const int32_t *ids, int64_t n)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)ids[i];
+        h = (h ^ (v & 0xff)) * 0x100000001b3ull;
+        h = (h ^ ((v >> 8) & 0xff)) * 0x100000001b3ull;
+        if (v >> 16) {
+            h = (h ^ ((v >> 16) & 0xff)) * 0x100000001b3ull;
+            h = (h ^ (v >> 24)) * 0x100000001b3ull;
+        }
+    }
+    return h;
+}
+
+/* Every window of B x T from a batch call: some offset of d's tokens matches the inputs, and its
+   targets are the next tokens where they carry the loss and -100 exactly where they do not; at
+   least one target per window carries it. */
+static void check_windows(const fx__model_data *d, const int32_t *tok, const int32_t *tgt, int64_t B, int64_t T,
+                          int64_t lo, int64_t hi)
+{
+    for (int64_t b = 0; b < B; b++) {
+        const int32_t *x = tok + b * T, *y = tgt + b * T;
+        bool found = false;
+        for (int64_t off = lo; off + T < hi && !found; off++) {
+            bool same = true;
+            for (int64_t t = 0; t < T && same; t++)
+                same = x[t] == (int32_t)d->tok[off + t] &&
+                       y[t] == (d->loss[off + t + 1] ? (int32_t)d->tok[off + t + 1] : -100);
+            found = same;
+        }
+        int64_t carried = 0;
+        for (int64_t t = 0; t < T; t++)
+            carried += y[t] != -100;
+        if (!found || !carried)
+            FXT_FAIL("window %lld: %s", (long long)b, found ? "no target carries the loss" : "no offset matches");
+    }
+}
+
+/* Conversations packed for training (fx__chat_pack) on the chat_model fixture (Llama 3's template
+   over the llama3_tied model's tokenizer, eos 1 = <|end_of_text|>, end of turn 2 = <|eot_id|>):
+   the ids are each conversation's with a separator after it, the mask is exactly the labels; then
+   fx__model_data over them: windows honour the mask, the hash covers it, plain data unchanged. */
+static void test_pack(void)
+{
+    char dir[4200], path[4300];
+    snprintf(dir, sizeof dir, "%s/chat_model", fixture_dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    fx_tokenizer *tok = NULL;
+    FXT_OK(fx_tokenizer_load(&tok, path));
+    fx__chat *chat = NULL;
+    FXT_OK(fx__chat_load(&chat, dir, tok));
+    snprintf(path, sizeof path, "%s/train.jsonl", dir);
+    fx__chat_data data;
+    FXT_OK(fx__chat_data_load(&data, path));
+    if (!tok || !chat || data.n < 3) {
+        fx__chat_data_free(&data);
+        fx__chat_free(chat);
+        fx_tokenizer_free(tok);
+        return;
+    }
+    const int32_t SEP = 1, EOT = 2;
+    fx_ids ids = {0};
+    uint8_t *loss = NULL;
+    FXT_OK(fx__chat_pack(chat, &data, "train.jsonl", SEP, &ids, &loss));
+    /* the same by hand: each conversation's ids and labels, then the separator (no loss) */
+    fx_ids one = {0};
+    int32_t *lab = NULL;
+    int64_t at = 0, labelled = 0;
+    for (size_t i = 0; i < data.n; i++) {
+        FXT_OK(fx__chat_encode(chat, &data.conv[i], &one, &lab));
+        FXT_CHECK(one.n > 0 && one.ids[one.n - 1] == EOT); /* the template ends with the turn's end */
+        for (int64_t k = 0; k < one.n && at + k < ids.n; k++) {
+            if (ids.ids[at + k] != one.ids[k] || loss[at + k] != (lab[k] != FX__CHAT_IGNORE)) {
+                FXT_FAIL("conversation %zu token %lld: id %d loss %d, want %d %d", i, (long long)k, ids.ids[at + k],
+                         loss[at + k], one.ids[k], lab[k] != FX__CHAT_IGNORE);
+                break;
+            }
+            labelled += lab[k] != FX__CHAT_IGNORE;
+        }
+        at += one.n;
+        FXT_CHECK(at < ids.n && ids.ids[at] == SEP && loss[at] == 0);
+        at++;
+    }
+    FXT_EQ_INT(at, ids.n);
+    /* the labelled tokens decode to the replies and their end of turn, nothing else */
+    int64_t nl = 0;
+    int32_t *sel = malloc((size_t)ids.n * sizeof *sel);
+    for (int64_t i = 0; i < ids.n; i++)
+        if (loss[i])
+            sel[nl++] = ids.ids[i];
+    FXT_EQ_INT(nl, labelled);
+    fx_text txt = {0};
+    FXT_OK(fx_tokenizer_decode(tok, &txt, sel, nl));
+    const char *replies = "Hi there. How can I help?<|eot_id|>4<|eot_id|>6, of course.<|eot_id|>Blue.<|eot_id|>";
+    if (!txt.data || strncmp(txt.data, replies, strlen(replies)))
+        FXT_FAIL("labelled tokens: %s", txt.data ? txt.data : "(null)");
+    fx_text_free(&txt);
+    free(sel);
+
+    /* a separator already at the end is not doubled: with the end of turn as separator, the
+       packing is the conversations back to back */
+    fx_ids ids2 = {0};
+    uint8_t *loss2 = NULL;
+    FXT_OK(fx__chat_pack(chat, &data, "train.jsonl", EOT, &ids2, &loss2));
+    FXT_EQ_INT(ids2.n, ids.n - (int64_t)data.n);
+    fx_ids_free(&ids2);
+    free(loss2);
+
+    /* the data: windows and validation windows honour the mask */
+    enum { T = 16, B = 4 };
+    fx__model_data d, plain, plain2, flip;
+    FXT_OK(fx__model_data_from_ids_loss(&d, ids.ids, loss, ids.n, SEP, "chat", 0.1, T + 1));
+    FXT_EQ_INT(d.docs, (int64_t)data.n);
+    FXT_CHECK(d.loss != NULL && !d.chat); /* chat is the CLI's to say */
+    int32_t tk[B * T], tg[B * T];
+    fx_rng rng;
+    fx_rng_init(&rng, 7, 0);
+    for (int rep = 0; rep < 50; rep++) {
+        fx__model_data_batch(&d, &rng, B, T, tk, tg);
+        check_windows(&d, tk, tg, B, T, 0, d.n_train);
+    }
+    for (int64_t i = 0; i < 3; i++) {
+        fx__model_data_val_batch(&d, i, B, T, tk, tg);
+        check_windows(&d, tk, tg, B, T, d.n_train, d.n);
+    }
+    /* the hash: plain data as it always was, the mask covered */
+    FXT_OK(fx__model_data_from_ids(&plain, ids.ids, ids.n, SEP, "plain", 0.1, T + 1));
+    FXT_OK(fx__model_data_from_ids_loss(&plain2, ids.ids, NULL, ids.n, SEP, "plain", 0.1, T + 1));
+    FXT_CHECK(plain.loss == NULL && plain2.loss == NULL);
+    FXT_CHECK(plain.hash == plain_hash(ids.ids, ids.n));
+    FXT_CHECK(plain2.hash == plain.hash);
+    FXT_CHECK(d.hash != plain.hash);
+    int64_t k = 0;
+    while (k < ids.n && !loss[k])
+        k++;
+    loss[k] = 0; /* one label less */
+    FXT_OK(fx__model_data_from_ids_loss(&flip, ids.ids, loss, ids.n, SEP, "chat", 0.1, T + 1));
+    FXT_CHECK(flip.hash != d.hash && flip.hash != plain.hash);
+    fx__model_data_free(&flip);
+    loss[k] = 1;
+    FXT_OK(fx__model_data_from_ids_loss(&flip, ids.ids, loss, ids.n, SEP, "chat", 0.1, T + 1));
+    FXT_CHECK(flip.hash == d.hash);
+    fx__model_data_free(&flip);
+    /* plain windows: every target the next token, the same draws as before the mask existed */
+    fx_rng r1, r2;
+    fx_rng_init(&r1, 9, 0);
+    fx_rng_init(&r2, 9, 0);
+    int32_t tk2[B * T], tg2[B * T];
+    fx__model_data_batch(&plain, &r1, B, T, tk, tg);
+    for (int b = 0; b < B; b++) {
+        uint64_t r = ((uint64_t)fx_rng_u32(&r2) << 32) | fx_rng_u32(&r2);
+        int64_t off = (int64_t)(r % (uint64_t)(plain.n_train - T));
+        for (int t = 0; t < T; t++)
+            tk2[b * T + t] = ids.ids[off + t], tg2[b * T + t] = ids.ids[off + t + 1];
+    }
+    FXT_CHECK(!memcmp(tk, tk2, sizeof tk) && !memcmp(tg, tg2, sizeof tg));
+    /* no target that carries the loss: refused */
+    memset(loss, 0, (size_t)ids.n);
+    FXT_STATUS(fx__model_data_from_ids_loss(&flip, ids.ids, loss, ids.n, SEP, "chat", 0.1, T + 1), FX_EINVAL,
+               "chat: its training part");
+    FXT_CHECK(flip.tok == NULL && flip.loss == NULL);
+    fx__model_data_free(&plain);
+    fx__model_data_free(&plain2);
+    fx__model_data_free(&d);
+
+    /* a conversation the template cannot label: refused with its line */
+    const char *bad = "{% for m in messages %}{{ m.content }}{% if loop.last %}!{% endif %}|{% endfor %}";
+    fx__chat *bc = NULL;
+    FXT_OK(fx__chat_create(&bc, bad, strlen(bad), NULL, NULL, tok));
+    FXT_STATUS(fx__chat_pack(bc, &data, "train.jsonl", SEP, &ids, &loss), FX_EFORMAT,
+               "train.jsonl:1: chat template: the rendering of message 2 (assistant) is not a prefix");
+    fx__chat_free(bc);
+
+    free(lab);
+    free(loss);
+    fx_ids_free(&one);
+    fx_ids_free(&ids);
+    fx__chat_data_free(&data);
+    fx__chat_free(chat);
+    fx_tokenizer_free(tok);
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
@@ -402,5 +588,6 @@ int main(int argc, char **argv)
     FXT_RUN(test_label_mask);
     FXT_RUN(test_jsonl);
     FXT_RUN(test_config_forms);
+    FXT_RUN(test_pack);
     return fxt_finish();
 }
