@@ -3,6 +3,7 @@
    positions) at a time: every instruction is a loop over the row, not a call per element. */
 #include "attention/mod_internal.h"
 #include "attention/internal.h"
+#include "attention/mod_eval.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -11,16 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { CH = 64, MAX_REGS = 64, MAX_NODES = 4096, MAX_DEPTH = 200, MAX_OUT = 66, MAX_TENSORS = 16 };
+enum { CH = FX__MOD_CH, MAX_REGS = 64, MAX_NODES = 4096, MAX_DEPTH = 200, MAX_OUT = 66, MAX_TENSORS = 16 };
 enum { TY_INT, TY_FLOAT, TY_BOOL };
-
-enum {
-    O_SCORE, O_B, O_H, O_Q, O_KV, O_ICONST, O_FCONST, O_READ, O_IDX,
-    O_ADD, O_SUB, O_MUL, O_DIV, O_FLOORDIV, O_MOD, O_NEG, O_ABS, O_MIN, O_MAX, O_CLAMP,
-    O_EXP, O_LOG, O_LOG1P, O_SQRT, O_TANH, O_SIGMOID, O_POW, O_FLOOR,
-    O_LT, O_LE, O_GT, O_GE, O_EQ, O_NE, O_WHERE, O_AND, O_OR, O_NOT, O_TOF, O_TOI,
-    O_GATHER /* instructions only: dst = tensor t at the flat index in a */
-};
 
 typedef struct node {
     uint8_t op, ty;
@@ -32,34 +25,28 @@ typedef struct node {
     float f;     /* O_FCONST */
 } node;
 
-typedef struct ins {
-    uint8_t op, fl; /* fl: the operands are float */
-    int16_t dst, a, b, c, d;
-    int t;
-    int64_t i;
-    float f;
-} ins;
+typedef fx__mod_ins ins;
+typedef fx__mod_slot slot;
+typedef fx__mod_env env;
+typedef fx__mod_tensor mtensor;
 
+/* A register program in three parts: code[0, pre) once per call and code[pre, row) once per
+   row, each over one position (what depends on neither the score nor kv_idx, then what depends
+   on q_idx but not on them), their values then copied to every lane (O_SPLAT, in
+   code[pre, pre_end) and code[row, row_end)); code[row_end, n) over the positions of a row. */
 typedef struct prog {
     ins *code;
     int n, nregs, nout;
+    int pre, pre_end, row, row_end;
     int out[MAX_OUT];
 } prog;
-
-typedef struct mtensor {
-    char name[64];
-    int dtype, ndim;
-    int64_t shape[4], stride[4], numel;
-    const void *data;
-    float *grad;
-    int64_t goff; /* offset of its gradient in a partial buffer */
-} mtensor;
 
 struct fx_mod {
     bool mask;
     bool dscore_one;   /* d result / d score is the constant 1 */
     bool uses_score;
     prog fwd, grad;    /* grad: [dscore], then (index, d read) per read of a tensor with a grad */
+    prog dsc;          /* the grad program's first output alone */
     int ngr;           /* those reads */
     int gr_tensor[32];
     int64_t grad_elems;
@@ -70,147 +57,53 @@ struct fx_mod {
     int nn, root;
 };
 
-typedef union slot {
-    float f[CH];
-    int64_t i[CH];
-} slot;
+/* ---- the operations (mod_eval.h: the one place their semantics live) ---------------------- */
 
-typedef struct env {
-    const float *s;
-    int64_t b, h, q, kv0;
-    const fx_mod *m;
-} env;
+#define MOD_FN(name) name##_scalar
+#include "attention/mod_eval.h"
 
-/* ---- the operations, over n elements: the one place their semantics live ---------------- */
+const fx__mod_kernels fx__mod_kernels_scalar = {"scalar", run_scalar};
 
-static int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
-static int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
-static int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
-static int64_t ifloordiv(int64_t a, int64_t b)
+/* The kernels of a CPU path (the scalar ones in a build with FLEXC_REFERENCE_KERNELS). */
+static const fx__mod_kernels *mod_kernels(void)
 {
-    if (b == 0)
-        return 0;
-    if (b == -1)
-        return wrap_sub(0, a);
-    int64_t q = a / b;
-    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-static int64_t imod(int64_t a, int64_t b)
-{
-    if (b == 0 || b == -1)
-        return 0;
-    int64_t r = a % b;
-    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
-static float fmodpy(float a, float b)
-{
-    float r = fmodf(a, b);
-    return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
-}
-static int64_t f2i(float x)
-{
-    if (x != x)
-        return 0;
-    if (x >= 9.2233720368547758e18f)
-        return INT64_MAX;
-    if (x <= -9.2233720368547758e18f)
-        return INT64_MIN;
-    return (int64_t)x;
-}
-static float fmaxt(float a, float b) { return (a != a || b != b) ? NAN : a > b ? a : b; }
-static float fmint(float a, float b) { return (a != a || b != b) ? NAN : a < b ? a : b; }
-
-/* The row loops below are where the time goes: vectorised (GCC's -O2 keeps them scalar). */
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("O3")))
+#if !defined(FLEXC_REFERENCE_KERNELS) && defined(__x86_64__)
+    return FX__PER_ISA(fx__isa(), &fx__mod_kernels_scalar, &fx__mod_kernels_avx2, &fx__mod_kernels_avx512);
+#else
+    return &fx__mod_kernels_scalar;
 #endif
-static void run_op(const ins *I, slot *R, int64_t n, const env *e)
-{
-    float *restrict df = R[I->dst].f;
-    int64_t *restrict di = R[I->dst].i;
-    const slot *A = &R[I->a < 0 ? 0 : I->a], *B = &R[I->b < 0 ? 0 : I->b], *C = &R[I->c < 0 ? 0 : I->c];
-    const float *af = A->f, *bf = B->f, *cf = C->f;
-    const int64_t *ai = A->i, *bi = B->i, *ci = C->i;
-    const bool fl = I->fl;
-#define L(x)                                                                                                           \
-    do {                                                                                                               \
-        for (int64_t j = 0; j < n; j++) {                                                                              \
-            x;                                                                                                         \
-        }                                                                                                              \
-    } while (0)
-    switch (I->op) {
-    case O_SCORE: L(df[j] = e->s[j]); break;
-    case O_B: L(di[j] = e->b); break;
-    case O_H: L(di[j] = e->h); break;
-    case O_Q: L(di[j] = e->q); break;
-    case O_KV: L(di[j] = wrap_add(e->kv0, j)); break;
-    case O_ICONST: L(di[j] = I->i); break;
-    case O_FCONST: L(df[j] = I->f); break;
-    case O_IDX: {
-        const mtensor *t = &e->m->t[I->t];
-        const int16_t r[4] = {I->a, I->b, I->c, I->d};
-        L(di[j] = 0);
-        for (int d = 0; d < t->ndim; d++) {
-            const int64_t *x = R[r[d]].i, hi = t->shape[d] - 1, st = t->stride[d];
-            L(int64_t v = x[j]; v = v < 0 ? 0 : v > hi ? hi : v; di[j] += v * st);
-        }
-        break;
-    }
-    case O_GATHER: {
-        const mtensor *t = &e->m->t[I->t];
-        switch (t->dtype) {
-        case FX_DT_F32: { const float *p = t->data; L(df[j] = p[ai[j]]); break; }
-        case FX_DT_I64: { const int64_t *p = t->data; L(di[j] = p[ai[j]]); break; }
-        case FX_DT_I32: { const int32_t *p = t->data; L(di[j] = p[ai[j]]); break; }
-        default: { const uint8_t *p = t->data; L(di[j] = p[ai[j]] != 0); break; }
-        }
-        break;
-    }
-    case O_ADD: if (fl) L(df[j] = af[j] + bf[j]); else L(di[j] = wrap_add(ai[j], bi[j])); break;
-    case O_SUB: if (fl) L(df[j] = af[j] - bf[j]); else L(di[j] = wrap_sub(ai[j], bi[j])); break;
-    case O_MUL: if (fl) L(df[j] = af[j] * bf[j]); else L(di[j] = wrap_mul(ai[j], bi[j])); break;
-    case O_DIV: L(df[j] = af[j] / bf[j]); break;
-    case O_FLOORDIV: if (fl) L(df[j] = floorf(af[j] / bf[j])); else L(di[j] = ifloordiv(ai[j], bi[j])); break;
-    case O_MOD: if (fl) L(df[j] = fmodpy(af[j], bf[j])); else L(di[j] = imod(ai[j], bi[j])); break;
-    case O_NEG: if (fl) L(df[j] = -af[j]); else L(di[j] = wrap_sub(0, ai[j])); break;
-    case O_ABS: if (fl) L(df[j] = fabsf(af[j])); else L(di[j] = ai[j] < 0 ? wrap_sub(0, ai[j]) : ai[j]); break;
-    case O_MIN: if (fl) L(df[j] = fmint(af[j], bf[j])); else L(di[j] = ai[j] < bi[j] ? ai[j] : bi[j]); break;
-    case O_MAX: if (fl) L(df[j] = fmaxt(af[j], bf[j])); else L(di[j] = ai[j] > bi[j] ? ai[j] : bi[j]); break;
-    case O_CLAMP: /* torch.clamp: min(max(x, lo), hi) */
-        if (fl)
-            L(df[j] = fmint(fmaxt(af[j], bf[j]), cf[j]));
-        else
-            L(int64_t v = ai[j] > bi[j] ? ai[j] : bi[j]; di[j] = v < ci[j] ? v : ci[j]);
-        break;
-    case O_EXP: L(df[j] = expf(af[j])); break;
-    case O_LOG: L(df[j] = logf(af[j])); break;
-    case O_LOG1P: L(df[j] = log1pf(af[j])); break;
-    case O_SQRT: L(df[j] = sqrtf(af[j])); break;
-    case O_TANH: L(df[j] = tanhf(af[j])); break;
-    case O_SIGMOID: L(df[j] = 1.0f / (1.0f + expf(-af[j]))); break;
-    case O_POW: L(df[j] = powf(af[j], bf[j])); break;
-    case O_FLOOR: if (fl) L(df[j] = floorf(af[j])); else L(di[j] = ai[j]); break;
-    case O_LT: if (fl) L(di[j] = af[j] < bf[j]); else L(di[j] = ai[j] < bi[j]); break;
-    case O_LE: if (fl) L(di[j] = af[j] <= bf[j]); else L(di[j] = ai[j] <= bi[j]); break;
-    case O_GT: if (fl) L(di[j] = af[j] > bf[j]); else L(di[j] = ai[j] > bi[j]); break;
-    case O_GE: if (fl) L(di[j] = af[j] >= bf[j]); else L(di[j] = ai[j] >= bi[j]); break;
-    case O_EQ: if (fl) L(di[j] = af[j] == bf[j]); else L(di[j] = ai[j] == bi[j]); break;
-    case O_NE: if (fl) L(di[j] = af[j] != bf[j]); else L(di[j] = ai[j] != bi[j]); break;
-    case O_WHERE: if (fl) L(df[j] = ai[j] ? bf[j] : cf[j]); else L(di[j] = ai[j] ? bi[j] : ci[j]); break;
-    case O_AND: L(di[j] = ai[j] & bi[j]); break;
-    case O_OR: L(di[j] = ai[j] | bi[j]); break;
-    case O_NOT: L(di[j] = !ai[j]); break;
-    case O_TOF: L(df[j] = (float)ai[j]); break;
-    case O_TOI: L(di[j] = f2i(af[j])); break;
-    default: break;
-    }
-#undef L
 }
 
-static void run(const prog *p, slot *R, int64_t n, const env *e)
+/* A program over a tile: begin once (the per-call part), then row once per row, then body
+   over each run of at most CH positions of that row. */
+typedef struct runner {
+    const prog *p;
+    const fx__mod_kernels *k;
+    slot *R;
+    env e;
+} runner;
+
+static void run_begin(runner *r, const fx_mod *m, const prog *p, slot *R, int64_t b, int64_t h)
 {
-    for (int i = 0; i < p->n; i++)
-        run_op(&p->code[i], R, n, e);
+    r->p = p, r->k = mod_kernels(), r->R = R;
+    r->e = (env){.s = NULL, .b = b, .h = h, .q = 0, .kv0 = 0, .t = m->t};
+    r->k->run(p->code, p->pre, R, 1, &r->e);
+    r->k->run(p->code + p->pre, p->pre_end - p->pre, R, CH, &r->e);
+}
+
+static void run_row(runner *r, int64_t q)
+{
+    const prog *p = r->p;
+    r->e.q = q;
+    r->k->run(p->code + p->pre_end, p->row - p->pre_end, r->R, 1, &r->e);
+    r->k->run(p->code + p->row, p->row_end - p->row, r->R, CH, &r->e);
+}
+
+static void run_body(runner *r, const float *s, int64_t kv0, int64_t n)
+{
+    const prog *p = r->p;
+    r->e.s = s, r->e.kv0 = kv0;
+    r->k->run(p->code + p->row_end, p->n - p->row_end, r->R, n, &r->e);
 }
 
 /* ---- the parser ------------------------------------------------------------------------- */
@@ -298,7 +191,7 @@ static int fold(cc *c, int id)
             R[i + 1].f[0] = k->f;
     }
     env e = {0};
-    run_op(&I, R, 1, &e);
+    run_op_scalar(&I, R, 1, &e);
     if (n->ty == TY_FLOAT) {
         n->op = O_FCONST, n->f = R[0].f[0];
     } else {
@@ -1020,9 +913,12 @@ static int diff(cc *c, int id, int wrt, int depth)
 
 typedef struct lw {
     cc *c;
-    prog *p;
-    int cap;
     int *uses, *reg;
+    uint8_t *level; /* 0: depends on none of q_idx, kv_idx, score; 1: on q_idx only; 2: per position */
+    bool hoist;     /* levels 0 and 1 go to their own parts (else everything is per position) */
+    bool full;      /* out of registers */
+    ins *code[3];
+    int n[3], cap[3];
     bool busy[MAX_REGS];
     int nregs;
 } lw;
@@ -1046,31 +942,40 @@ static int alloc_reg(lw *L)
             L->nregs = r + 1 > L->nregs ? r + 1 : L->nregs;
             return r;
         }
+    if (L->hoist) { /* tried again without hoisting, which needs fewer */
+        L->full = true;
+        return -1;
+    }
     return fail(L->c, 1, "expression needs more than %d registers", MAX_REGS);
 }
 
-static int emit(lw *L, ins I)
+static int emit(lw *L, int part, ins I)
 {
-    if (L->p->n == L->cap) {
-        int cap = L->cap ? 2 * L->cap : 64;
-        ins *x = realloc(L->p->code, (size_t)cap * sizeof *x);
+    if (L->n[part] == L->cap[part]) {
+        int cap = L->cap[part] ? 2 * L->cap[part] : 64;
+        ins *x = realloc(L->code[part], (size_t)cap * sizeof *x);
         if (!x)
             return fail(L->c, 1, "out of memory");
-        L->p->code = x, L->cap = cap;
+        L->code[part] = x, L->cap[part] = cap;
     }
-    L->p->code[L->p->n++] = I;
+    L->code[part][L->n[part]++] = I;
     return 0;
 }
 
+static bool hoisted(const lw *L, int id) { return L->hoist && L->level[id] < 2; }
+
+/* A hoisted value keeps its register for the whole program (the per-row and per-position parts
+   run after the part that computes it, in a loop); the others free theirs after their last
+   use. */
 static void release(lw *L, int id)
 {
-    if (--L->uses[id] == 0 && L->reg[id] >= 0)
+    if (--L->uses[id] == 0 && L->reg[id] >= 0 && !hoisted(L, id))
         L->busy[L->reg[id]] = false;
 }
 
 static int lower(lw *L, int id)
 {
-    if (L->c->err)
+    if (L->c->err || L->full)
         return -1;
     if (L->reg[id] >= 0)
         return L->reg[id];
@@ -1082,6 +987,7 @@ static int lower(lw *L, int id)
     int dst = alloc_reg(L);
     if (dst < 0)
         return -1;
+    const int part = hoisted(L, id) ? L->level[id] : 2;
     bool fl = n->nk > 0 && L->c->nodes[n->k[0]].ty == TY_FLOAT;
     if (n->op == O_WHERE)
         fl = n->ty == TY_FLOAT;
@@ -1093,12 +999,13 @@ static int lower(lw *L, int id)
         if (g < 0)
             return -1;
         I.dst = (int16_t)g;
-        emit(L, I);
+        emit(L, part, I);
         ins G = {.op = O_GATHER, .dst = (int16_t)dst, .a = (int16_t)g, .b = -1, .c = -1, .d = -1, .t = n->t};
-        emit(L, G);
-        L->busy[g] = false;
+        emit(L, part, G);
+        if (part == 2) /* a hoisted read's index stays: later hoisted parts may run after it */
+            L->busy[g] = false;
     } else {
-        emit(L, I);
+        emit(L, part, I);
     }
     for (int i = 0; i < n->nk; i++)
         release(L, n->k[i]);
@@ -1106,30 +1013,120 @@ static int lower(lw *L, int id)
     return dst;
 }
 
-/* Lowers roots (some may be -1: no output, out = -1) into p. */
-static int lower_prog(cc *c, prog *p, const int *roots, int nroots)
+/* Lowers the hoisted nodes under id first, so that no per-position temporary shares their
+   registers. */
+static void lower_hoisted(lw *L, int id, bool *seen)
 {
-    lw L = {.c = c, .p = p};
+    if (seen[id] || L->c->err || L->full)
+        return;
+    seen[id] = true;
+    if (L->level[id] < 2) {
+        lower(L, id);
+        return;
+    }
+    const node *n = &L->c->nodes[id];
+    for (int i = 0; i < n->nk; i++)
+        lower_hoisted(L, n->k[i], seen);
+}
+
+/* Lowers roots (some may be -1: no output, out = -1) into p: 0, -1 on an error, 1 when hoisting
+   ran out of registers. */
+static int lower_try(cc *c, prog *p, const int *roots, int nroots, bool hoist)
+{
+    lw L = {.c = c, .hoist = hoist};
     L.uses = calloc((size_t)c->nn, sizeof(int));
     L.reg = malloc((size_t)c->nn * sizeof(int));
-    bool *seen = calloc((size_t)c->nn, 1);
-    if (!L.uses || !L.reg || !seen) {
-        free(L.uses), free(L.reg), free(seen);
-        return fail(c, 1, "out of memory");
+    L.level = calloc((size_t)c->nn, 1);
+    bool *seen = calloc((size_t)c->nn, 1), *splat = calloc((size_t)c->nn, 1);
+    int rc = 0;
+    if (!L.uses || !L.reg || !L.level || !seen || !splat) {
+        rc = fail(c, 1, "out of memory");
+        goto done;
     }
-    for (int i = 0; i < c->nn; i++)
+    /* a node's operands are made before it: their ids are smaller */
+    for (int i = 0; i < c->nn; i++) {
+        const node *n = &c->nodes[i];
         L.reg[i] = -1;
+        uint8_t lv = n->op == O_Q ? 1 : (n->op == O_KV || n->op == O_SCORE) ? 2 : 0;
+        for (int k = 0; k < n->nk; k++)
+            lv = L.level[n->k[k]] > lv ? L.level[n->k[k]] : lv;
+        L.level[i] = lv;
+    }
     for (int i = 0; i < nroots; i++)
         if (roots[i] >= 0) {
             count_uses(&L, roots[i], seen);
             L.uses[roots[i]] += 1; /* outputs stay live */
         }
-    for (int i = 0; i < nroots && !c->err; i++)
+    if (hoist) {
+        memset(seen, 0, (size_t)c->nn);
+        for (int i = 0; i < nroots; i++)
+            if (roots[i] >= 0)
+                lower_hoisted(&L, roots[i], seen);
+    }
+    for (int i = 0; i < nroots && !c->err && !L.full; i++)
         p->out[i] = roots[i] >= 0 ? lower(&L, roots[i]) : -1;
+    if (c->err) {
+        rc = -1;
+        goto done;
+    }
+    if (L.full) {
+        rc = 1;
+        goto done;
+    }
+    /* Hoisted values that a per-position instruction reads, or that are outputs, go to every lane. */
+    for (int i = 0; i < c->nn; i++) {
+        const node *n = &c->nodes[i];
+        if (L.reg[i] < 0 || hoisted(&L, i))
+            continue;
+        for (int k = 0; k < n->nk; k++)
+            splat[n->k[k]] = true;
+    }
+    for (int i = 0; i < nroots; i++)
+        if (roots[i] >= 0)
+            splat[roots[i]] = true;
+    int nsp[2] = {0, 0};
+    ins *code = malloc(((size_t)(L.n[0] + L.n[1] + L.n[2]) + (size_t)c->nn + 1) * sizeof *code);
+    if (!code) {
+        rc = fail(c, 1, "out of memory");
+        goto done;
+    }
+    int at = 0;
+    for (int part = 0; part < 2; part++) {
+        memcpy(code + at, L.code[part], (size_t)L.n[part] * sizeof *code);
+        at += L.n[part];
+        nsp[part] = 0;
+        for (int i = 0; i < c->nn; i++)
+            if (splat[i] && L.reg[i] >= 0 && hoisted(&L, i) && L.level[i] == part) {
+                ins S = {.op = O_SPLAT, .fl = c->nodes[i].ty == TY_FLOAT, .dst = (int16_t)L.reg[i], .a = -1,
+                         .b = -1, .c = -1, .d = -1};
+                code[at + nsp[part]++] = S;
+            }
+        if (part == 0)
+            p->pre = L.n[0], p->pre_end = at + nsp[0];
+        else
+            p->row = at, p->row_end = at + nsp[1];
+        at += nsp[part];
+    }
+    if (L.n[2])
+        memcpy(code + at, L.code[2], (size_t)L.n[2] * sizeof *code);
+    at += L.n[2];
+    free(p->code);
+    p->code = code, p->n = at;
     p->nout = nroots;
     p->nregs = L.nregs;
-    free(L.uses), free(L.reg), free(seen);
-    return c->err ? -1 : 0;
+done:
+    for (int i = 0; i < 3; i++)
+        free(L.code[i]);
+    free(L.uses), free(L.reg), free(L.level), free(seen), free(splat);
+    return rc;
+}
+
+static int lower_prog(cc *c, prog *p, const int *roots, int nroots)
+{
+    int rc = lower_try(c, p, roots, nroots, true);
+    if (rc == 1)
+        rc = lower_try(c, p, roots, nroots, false);
+    return rc;
 }
 
 /* ---- compiling ------------------------------------------------------------------------------ */
@@ -1270,6 +1267,9 @@ int fx_mod_compile(fx_mod **out, const char *expr, const fx_mod_tensor *tensors,
             roots[nr++] = ix, roots[nr++] = d;
         }
         if (!c.err)
+            lower_prog(&c, &m->dsc, roots, 1);
+        roots[0] = -1; /* the tensors' part does not need d / d score */
+        if (!c.err && m->ngr)
             lower_prog(&c, &m->grad, roots, nr);
         int64_t off = 0;
         for (int i = 0; i < m->nt; i++)
@@ -1301,6 +1301,7 @@ void fx_mod_free(fx_mod *m)
         return;
     free(m->fwd.code);
     free(m->grad.code);
+    free(m->dsc.code);
     free(m->nodes);
     free(m);
 }
@@ -1315,16 +1316,18 @@ void fx_mod_score(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int6
 {
     const fx_mod *m = ctx;
     slot R[MAX_REGS];
+    runner r;
+    run_begin(&r, m, &m->fwd, R, b, h);
     const float *o = R[m->fwd.out[0]].f;
-    for (int64_t i = 0; i < nq; i++)
+    for (int64_t i = 0; i < nq; i++) {
+        run_row(&r, q0 + i);
         for (int64_t j0 = 0; j0 < nkv; j0 += CH) {
             int64_t n = nkv - j0 < CH ? nkv - j0 : CH;
             float *row = s + i * ld + j0;
-            env e = {.s = row, .b = b, .h = h, .q = q0 + i, .kv0 = kv0 + j0, .m = m};
-            run(&m->fwd, R, n, &e);
-            for (int64_t j = 0; j < n; j++)
-                row[j] = o[j];
+            run_body(&r, row, kv0 + j0, n);
+            memcpy(row, o, (size_t)n * sizeof(float));
         }
+    }
 }
 
 void fx_mod_score_grad(const float *s, float *g, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h,
@@ -1334,26 +1337,30 @@ void fx_mod_score_grad(const float *s, float *g, int64_t ld, int64_t nq, int64_t
     if (m->dscore_one)
         return;
     slot R[MAX_REGS];
-    /* only the first output is needed: run the program up to it (its instructions come first) */
-    const float *d = R[m->grad.out[0]].f;
-    for (int64_t i = 0; i < nq; i++)
+    runner r;
+    run_begin(&r, m, &m->dsc, R, b, h);
+    const float *d = R[m->dsc.out[0]].f;
+    for (int64_t i = 0; i < nq; i++) {
+        run_row(&r, q0 + i);
         for (int64_t j0 = 0; j0 < nkv; j0 += CH) {
             int64_t n = nkv - j0 < CH ? nkv - j0 : CH;
             float *gr = g + i * ld + j0;
-            env e = {.s = s + i * ld + j0, .b = b, .h = h, .q = q0 + i, .kv0 = kv0 + j0, .m = m};
-            run(&m->grad, R, n, &e);
+            run_body(&r, s + i * ld + j0, kv0 + j0, n);
             /* a zero gradient (a masked position) stays exactly 0, whatever the derivative there */
             for (int64_t j = 0; j < n; j++)
                 gr[j] = gr[j] != 0.0f ? gr[j] * d[j] : 0.0f;
         }
+    }
 }
 
 bool fx_mod_mask(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx)
 {
     const fx_mod *m = ctx;
     slot R[MAX_REGS];
-    env e = {.s = NULL, .b = b, .h = h, .q = q_idx, .kv0 = kv_idx, .m = m};
-    run(&m->fwd, R, 1, &e);
+    runner r;
+    run_begin(&r, m, &m->fwd, R, b, h);
+    run_row(&r, q_idx);
+    run_body(&r, NULL, kv_idx, 1);
     return R[m->fwd.out[0]].i[0] != 0;
 }
 
@@ -1365,21 +1372,24 @@ void fx__mod_grad_accum(const fx_mod *m, double *part, const float *s, const flo
     if (!m->ngr)
         return;
     slot R[MAX_REGS];
-    for (int64_t i = 0; i < nq; i++)
+    runner r;
+    run_begin(&r, m, &m->grad, R, b, h);
+    for (int64_t i = 0; i < nq; i++) {
+        run_row(&r, q0 + i);
         for (int64_t j0 = 0; j0 < nkv; j0 += CH) {
             int64_t n = nkv - j0 < CH ? nkv - j0 : CH;
             const float *gr = g + i * ld + j0;
-            env e = {.s = s + i * ld + j0, .b = b, .h = h, .q = q0 + i, .kv0 = kv0 + j0, .m = m};
-            run(&m->grad, R, n, &e);
-            for (int r = 0; r < m->ngr; r++) {
-                const int64_t *ix = R[m->grad.out[1 + 2 * r]].i;
-                const float *d = R[m->grad.out[2 + 2 * r]].f;
-                double *p = part + m->t[m->gr_tensor[r]].goff;
+            run_body(&r, s + i * ld + j0, kv0 + j0, n);
+            for (int k = 0; k < m->ngr; k++) {
+                const int64_t *ix = R[m->grad.out[1 + 2 * k]].i;
+                const float *d = R[m->grad.out[2 + 2 * k]].f;
+                double *p = part + m->t[m->gr_tensor[k]].goff;
                 for (int64_t j = 0; j < n; j++)
                     if (gr[j] != 0.0f)
                         p[ix[j]] += (double)gr[j] * (double)d[j];
             }
         }
+    }
 }
 
 void fx__mod_grad_reduce(const fx_mod *m, const double *parts, int64_t nparts)
@@ -1417,6 +1427,8 @@ static int fill_rows(uint64_t *bits, int64_t words, int64_t b, int64_t h, int64_
     const fill_ctx *f = ctx;
     const fx_mod *m = f->m;
     slot R[MAX_REGS];
+    runner run;
+    run_begin(&run, m, &m->fwd, R, b, h);
     const int64_t *o = R[m->fwd.out[0]].i;
     for (int64_t k0 = 0; k0 < f->kv_len; k0 += f->bk) {
         int64_t k1 = k0 + f->bk < f->kv_len ? k0 + f->bk : f->kv_len;
@@ -1430,15 +1442,16 @@ static int fill_rows(uint64_t *bits, int64_t words, int64_t b, int64_t h, int64_
                 set_bits(bits + i * words, k0, k1);
             continue;
         }
-        for (int64_t i = 0; i < nq; i++)
+        for (int64_t i = 0; i < nq; i++) {
+            run_row(&run, q0 + i);
             for (int64_t j0 = k0; j0 < k1; j0 += CH) {
                 int64_t n = k1 - j0 < CH ? k1 - j0 : CH;
-                env ev = {.s = NULL, .b = b, .h = h, .q = q0 + i, .kv0 = j0, .m = m};
-                run(&m->fwd, R, n, &ev);
+                run_body(&run, NULL, j0, n);
                 uint64_t *row = bits + i * words;
                 for (int64_t j = 0; j < n; j++)
                     row[(j0 + j) >> 6] |= (uint64_t)(o[j] != 0) << ((j0 + j) & 63);
             }
+        }
     }
     return FX_OK;
 }

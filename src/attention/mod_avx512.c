@@ -1,0 +1,21 @@
+/* The expression mods' AVX-512 path: mod_eval.h's loops built for AVX-512, exp / tanh /
+   sigmoid by mod_simd.h over 16-float vectors. */
+#include "attention/mod_eval.h"
+#include "core/simd_avx512.h"
+
+#define MOD_VNAN(x) _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q)
+static inline __m512 mod_pow2k_avx512(__m512 p, __m512 n)
+{
+    const __m512i k = _mm512_cvtps_epi32(n), k1 = _mm512_srai_epi32(k, 1), k2 = _mm512_sub_epi32(k, k1);
+    const __m512i bias = _mm512_set1_epi32(127);
+    p = _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k1, bias), 23)));
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, bias), 23)));
+}
+#define MOD_POW2K(p, n) mod_pow2k_avx512(p, n)
+
+#include "attention/mod_simd.h"
+
+#define MOD_FN(name) name##_avx512
+#include "attention/mod_eval.h"
+
+const fx__mod_kernels fx__mod_kernels_avx512 = {"avx512", run_avx512};
