@@ -2,12 +2,13 @@
    forward and forward + backward of B x H x L x D causal attention with softcap, ALiBi and
    rel_bias, each as the built-in and as the hand-written expression. Prints the times and the
    ratios. Build: cc -O2 bench/mod_bench.c -Iinclude BUILD/libflexc.a -lm -fopenmp -ljansson ...
-   (or link the shared library); run: mod_bench [L] [reps]. */
+   (or link the shared library); run: mod_bench [L] [reps] [mod] (mod: softcap, alibi or rel_bias alone). */
 #include <flexc.h>
 #include <flexc/mod.h>
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(void)
@@ -61,6 +62,8 @@ int main(int argc, char **argv)
     printf("%-9s %10s %10s %6s %12s %12s %6s\n", "mod", "fwd built", "fwd expr", "ratio", "f+b built",
            "f+b expr", "ratio");
     for (int i = 0; i < 3; i++) {
+        if (argc > 3 && strcmp(argv[3], c[i].name))
+            continue;
         fx_mod *mod;
         if (fx_mod_compile(&mod, c[i].expr, t, 2) != FX_OK) {
             fprintf(stderr, "%s\n", fx_last_error());

@@ -20,8 +20,9 @@ typedef struct node {
     int pos;     /* 1-based column */
     int nk;
     int k[4];
-    int t;       /* tensor of O_READ / O_IDX */
-    int64_t i;   /* O_ICONST */
+    int t;       /* tensor of O_READ / O_IDX (/ O_IDX_AFF / O_GATHER_AFF) */
+    int dim;     /* O_IDX_AFF / O_GATHER_AFF */
+    int64_t i;   /* O_ICONST; O_AFF & co: the coefficient of kv_idx */
     float f;     /* O_FCONST */
 } node;
 
@@ -173,7 +174,7 @@ static int fconst(cc *c, float v, int pos)
 static int fold(cc *c, int id)
 {
     node *n = &c->nodes[id];
-    if (n->op <= O_IDX || n->nk == 0)
+    if (n->op <= O_IDX || n->op >= O_GATHER || n->nk == 0)
         return id;
     for (int i = 0; i < n->nk; i++)
         if (!is_const(&c->nodes[n->k[i]]))
@@ -909,6 +910,113 @@ static int diff(cc *c, int id, int wrt, int depth)
 #undef D
 }
 
+/* ---- index arithmetic affine in kv_idx ---------------------------------------------------- */
+
+/* Integer nodes that are a + i * kv_idx with `a` free of kv_idx and the score (i a constant)
+   become O_AFF nodes in place (the same values: integer arithmetic wraps, a ring), their `a`
+   made of new nodes that the lowering hoists; reads whose only per-position index is such a
+   node, or one clamped by hoisted bounds, become one fused instruction (O_GATHER_AFF,
+   O_IDX_AFF) in place of the index's and the read's loops. Nodes [0, nn0) only: the score
+   mod's programs, after its derivatives are built. */
+static void affine(cc *c, int nn0)
+{
+    bool *dep = calloc((size_t)MAX_NODES, 1); /* depends on kv_idx or the score */
+    if (!dep) {
+        fail(c, 1, "out of memory");
+        return;
+    }
+    for (int id = 0; id < nn0 && !c->err; id++) {
+        if (c->nn > MAX_NODES - 8) /* left as they are: the room is the expression's */
+            break;
+        node *n = &c->nodes[id];
+        dep[id] = n->op == O_KV || n->op == O_SCORE;
+        for (int k = 0; k < n->nk; k++)
+            dep[id] = dep[id] || dep[n->k[k]];
+        if (!dep[id] || n->ty != TY_INT)
+            goto reads;
+        int base[2] = {-1, -1};
+        int64_t coef[2] = {0, 0};
+        bool ok = n->nk >= 1 && n->nk <= 2;
+        for (int k = 0; k < n->nk && ok; k++) {
+            const node *x = &c->nodes[n->k[k]];
+            if (x->op == O_AFF)
+                base[k] = x->k[0], coef[k] = x->i;
+            else if (!dep[n->k[k]] && x->ty != TY_FLOAT)
+                base[k] = n->k[k];
+            else
+                ok = false;
+        }
+        int nb = -1;
+        int64_t nc = 0;
+        switch (n->op) {
+        case O_KV:
+            nb = iconst(c, 0, n->pos), nc = 1;
+            break;
+        case O_ADD:
+        case O_SUB:
+            if (!ok)
+                break;
+            nb = binop(c, n->op, base[0], base[1], n->pos);
+            nc = n->op == O_ADD ? fx__mod_wrap_add(coef[0], coef[1]) : fx__mod_wrap_sub(coef[0], coef[1]);
+            break;
+        case O_NEG:
+            if (!ok)
+                break;
+            nb = mk(c, O_NEG, TY_INT, n->pos, 1, base);
+            nc = fx__mod_wrap_sub(0, coef[0]);
+            break;
+        case O_MUL:
+            if (!ok)
+                break;
+            for (int k = 0; k < 2 && nb < 0; k++)
+                if (c->nodes[base[1 - k]].op == O_ICONST && coef[1 - k] == 0) {
+                    nb = binop(c, O_MUL, base[k], base[1 - k], n->pos);
+                    nc = fx__mod_wrap_mul(coef[k], c->nodes[base[1 - k]].i);
+                }
+            break;
+        default:
+            break;
+        }
+        if (nb >= 0) {
+            n = &c->nodes[id];
+            n->op = O_AFF, n->nk = 1, n->k[0] = nb, n->i = nc;
+            continue;
+        }
+    reads:
+        if ((n->op != O_READ && n->op != O_IDX) || !dep[id])
+            continue;
+        int v = -1, nv = 0;
+        for (int d = 0; d < n->nk; d++)
+            if (dep[n->k[d]])
+                v = d, nv++;
+        if (nv != 1)
+            continue;
+        const node *x = &c->nodes[n->k[v]];
+        int lo = -1, hi = -1, aff = -1;
+        if (x->op == O_AFF) {
+            aff = n->k[v];
+        } else if (x->op == O_CLAMP && x->ty == TY_INT && c->nodes[x->k[0]].op == O_AFF && !dep[x->k[1]] &&
+                   !dep[x->k[2]]) {
+            aff = x->k[0], lo = x->k[1], hi = x->k[2];
+        }
+        if (aff < 0)
+            continue;
+        if (lo < 0)
+            lo = iconst(c, INT64_MIN, n->pos), hi = iconst(c, INT64_MAX, n->pos);
+        int k[4] = {n->k[0], n->k[1], n->k[2], n->k[3]};
+        k[v] = iconst(c, 0, n->pos);
+        int off = mk(c, O_IDX, TY_INT, n->pos, n->nk, k);
+        if (off < 0 || lo < 0 || hi < 0)
+            break;
+        c->nodes[off].t = c->nodes[id].t;
+        n = &c->nodes[id];
+        n->op = n->op == O_READ ? O_GATHER_AFF : O_IDX_AFF;
+        n->nk = 4, n->dim = v, n->i = c->nodes[aff].i;
+        n->k[0] = c->nodes[aff].k[0], n->k[1] = lo, n->k[2] = hi, n->k[3] = off;
+    }
+    free(dep);
+}
+
 /* ---- lowering to a register program ------------------------------------------------------ */
 
 typedef struct lw {
@@ -992,7 +1100,7 @@ static int lower(lw *L, int id)
     if (n->op == O_WHERE)
         fl = n->ty == TY_FLOAT;
     ins I = {.op = n->op, .fl = fl, .dst = (int16_t)dst, .a = r[0], .b = r[1], .c = r[2], .d = r[3],
-             .t = n->t, .i = n->i, .f = n->f};
+             .t = n->t, .i = n->i, .f = n->f, .dim = (uint8_t)n->dim};
     if (n->op == O_READ) {
         I.op = O_IDX;
         int g = alloc_reg(L);
@@ -1047,7 +1155,7 @@ static int lower_try(cc *c, prog *p, const int *roots, int nroots, bool hoist)
     for (int i = 0; i < c->nn; i++) {
         const node *n = &c->nodes[i];
         L.reg[i] = -1;
-        uint8_t lv = n->op == O_Q ? 1 : (n->op == O_KV || n->op == O_SCORE) ? 2 : 0;
+        uint8_t lv = n->op == O_Q ? 1 : (n->op == O_KV || n->op == O_SCORE || n->op >= O_AFF) ? 2 : 0;
         for (int k = 0; k < n->nk; k++)
             lv = L.level[n->k[k]] > lv ? L.level[n->k[k]] : lv;
         L.level[i] = lv;
@@ -1077,6 +1185,8 @@ static int lower_try(cc *c, prog *p, const int *roots, int nroots, bool hoist)
     for (int i = 0; i < c->nn; i++) {
         const node *n = &c->nodes[i];
         if (L.reg[i] < 0 || hoisted(&L, i))
+            continue;
+        if (n->op >= O_AFF) /* these read their operands' lane 0 */
             continue;
         for (int k = 0; k < n->nk; k++)
             splat[n->k[k]] = true;
@@ -1237,7 +1347,7 @@ int fx_mod_compile(fx_mod **out, const char *expr, const fx_mod_tensor *tensors,
         else if (!m->mask)
             root = to_float(&c, root);
     }
-    if (!c.err)
+    if (!c.err && m->mask)
         lower_prog(&c, &m->fwd, &root, 1);
     if (!c.err && !m->mask) {
         /* The derivative program: d/d score, then (flat index, d/d read) of each float read
@@ -1266,6 +1376,10 @@ int fx_mod_compile(fx_mod **out, const char *expr, const fx_mod_tensor *tensors,
             m->gr_tensor[m->ngr++] = n->t;
             roots[nr++] = ix, roots[nr++] = d;
         }
+        if (!c.err)
+            affine(&c, c.nn);
+        if (!c.err)
+            lower_prog(&c, &m->fwd, &root, 1);
         if (!c.err)
             lower_prog(&c, &m->dsc, roots, 1);
         roots[0] = -1; /* the tensors' part does not need d / d score */

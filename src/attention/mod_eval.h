@@ -20,7 +20,7 @@
 
 #include "flexc.h" /* FX_DT_* */
 
-enum { FX__MOD_CH = 64 }; /* positions of a row evaluated per instruction */
+enum { FX__MOD_CH = 128 }; /* positions of a row evaluated per instruction */
 
 enum {
     O_SCORE, O_B, O_H, O_Q, O_KV, O_ICONST, O_FCONST, O_READ, O_IDX,
@@ -28,11 +28,18 @@ enum {
     O_EXP, O_LOG, O_LOG1P, O_SQRT, O_TANH, O_SIGMOID, O_POW, O_FLOOR,
     O_LT, O_LE, O_GT, O_GE, O_EQ, O_NE, O_WHERE, O_AND, O_OR, O_NOT, O_TOF, O_TOI,
     O_GATHER, /* instructions only: dst = tensor t at the flat index in a */
-    O_SPLAT   /* instructions only: lanes 1 .. n-1 of dst = its lane 0 (a hoisted value) */
+    O_SPLAT,  /* instructions only: lanes 1 .. n-1 of dst = its lane 0 (a hoisted value) */
+    /* Index arithmetic affine in kv_idx (mod.c, affine()), with hoisted operands read at lane 0:
+       O_AFF: a + i * kv_idx (wrapping, as the integer operations it replaces);
+       O_IDX_AFF: d + clamp(clamp(a + i * kv_idx, b, c), 0, shape[dim] - 1) * stride[dim], the
+       flat index of a read whose indices other than dim are hoisted (their part is d);
+       O_GATHER_AFF: tensor t at that index. */
+    O_AFF, O_IDX_AFF, O_GATHER_AFF
 };
 
 typedef struct fx__mod_ins {
     uint8_t op, fl; /* fl: the operands are float */
+    uint8_t dim;    /* O_IDX_AFF, O_GATHER_AFF */
     int16_t dst, a, b, c, d;
     int t;
     int64_t i;
@@ -218,6 +225,35 @@ static void MOD_FN(run_op)(const fx__mod_ins *I, fx__mod_slot *R, int64_t n, con
             L(di[j] = v);
         }
         break;
+    case O_AFF: {
+        const int64_t c = I->i, u0 = fx__mod_wrap_add(ai[0], fx__mod_wrap_mul(c, e->kv0));
+        L(di[j] = fx__mod_wrap_add(u0, fx__mod_wrap_mul(c, j)));
+        break;
+    }
+    case O_IDX_AFF:
+    case O_GATHER_AFF: {
+        const fx__mod_tensor *t = &e->t[I->t];
+        const int64_t c = I->i, u0 = fx__mod_wrap_add(ai[0], fx__mod_wrap_mul(c, e->kv0)), lo = bi[0], hi = ci[0];
+        const int64_t off = R[I->d].i[0], top = t->shape[I->dim] - 1, st = t->stride[I->dim];
+#define AFF_INDEX(j)                                                                                                   \
+    int64_t v = fx__mod_wrap_add(u0, fx__mod_wrap_mul(c, j));                                                          \
+    v = v > lo ? v : lo;                                                                                               \
+    v = v < hi ? v : hi;                                                                                               \
+    v = v < 0 ? 0 : v > top ? top : v;                                                                                 \
+    const int64_t x = off + v * st
+        if (I->op == O_IDX_AFF) {
+            L(AFF_INDEX(j); di[j] = x);
+            break;
+        }
+        switch (t->dtype) {
+        case FX_DT_F32: { const float *p = t->data; L(AFF_INDEX(j); df[j] = p[x]); break; }
+        case FX_DT_I64: { const int64_t *p = t->data; L(AFF_INDEX(j); di[j] = p[x]); break; }
+        case FX_DT_I32: { const int32_t *p = t->data; L(AFF_INDEX(j); di[j] = p[x]); break; }
+        default: { const uint8_t *p = t->data; L(AFF_INDEX(j); di[j] = p[x] != 0); break; }
+        }
+#undef AFF_INDEX
+        break;
+    }
     case O_IDX: {
         const fx__mod_tensor *t = &e->t[I->t];
         const int16_t r[4] = {I->a, I->b, I->c, I->d};
