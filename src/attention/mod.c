@@ -916,7 +916,7 @@ static int diff(cc *c, int id, int wrt, int depth)
    become O_AFF nodes in place (the same values: integer arithmetic wraps, a ring), their `a`
    made of new nodes that the lowering hoists; reads whose only per-position index is such a
    node, or one clamped by hoisted bounds, become one fused instruction (O_GATHER_AFF,
-   O_IDX_AFF) in place of the index's and the read's loops. Nodes [0, nn0) only: the score
+   O_IDX_AFF) in place of the index's and the read's loops, and float(such a node) O_FAFF. Nodes [0, nn0) only: the score
    mod's programs, after its derivatives are built. */
 static void affine(cc *c, int nn0)
 {
@@ -983,6 +983,11 @@ static void affine(cc *c, int nn0)
             continue;
         }
     reads:
+        if (n->op == O_TOF && c->nodes[n->k[0]].op == O_AFF) {
+            const node *x = &c->nodes[n->k[0]];
+            n->op = O_FAFF, n->k[0] = x->k[0], n->i = x->i;
+            continue;
+        }
         if ((n->op != O_READ && n->op != O_IDX) || !dep[id])
             continue;
         int v = -1, nv = 0;
@@ -1498,9 +1503,15 @@ void fx__mod_grad_accum(const fx_mod *m, double *part, const float *s, const flo
                 const int64_t *ix = R[m->grad.out[1 + 2 * k]].i;
                 const float *d = R[m->grad.out[2 + 2 * k]].f;
                 double *p = part + m->t[m->gr_tensor[k]].goff;
-                for (int64_t j = 0; j < n; j++)
-                    if (gr[j] != 0.0f)
-                        p[ix[j]] += (double)gr[j] * (double)d[j];
+                /* in order; a run of one index sums in a register (the same additions) */
+                for (int64_t j = 0; j < n;) {
+                    const int64_t x = ix[j];
+                    double acc = p[x];
+                    for (; j < n && ix[j] == x; j++)
+                        if (gr[j] != 0.0f)
+                            acc += (double)gr[j] * (double)d[j];
+                    p[x] = acc;
+                }
             }
         }
     }

@@ -1,5 +1,5 @@
-/* The expression mods' AVX2 path: mod_eval.h's loops built for AVX2, exp / tanh / sigmoid by
-   mod_simd.h over 8-float vectors. */
+/* The expression mods' AVX2 path: mod_eval.h's loops built for AVX2, exp / tanh / sigmoid and
+   the affine index forms by mod_simd.h over 8-float vectors. */
 #include "attention/mod_eval.h"
 #include "core/simd_avx2.h"
 
@@ -12,6 +12,15 @@ static inline __m256 mod_pow2k_avx2(__m256 p, __m256 n)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(k2, bias), 23)));
 }
 #define MOD_POW2K(p, n) mod_pow2k_avx2(p, n)
+typedef __m256i vi; /* int32 lanes */
+#define VI_SET1(x) _mm256_set1_epi32(x)
+#define VI_IOTA() _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+#define VI_ADD(a, b) _mm256_add_epi32(a, b)
+#define VI_MUL(a, b) _mm256_mullo_epi32(a, b)
+#define VI_MAX(a, b) _mm256_max_epi32(a, b)
+#define VI_MIN(a, b) _mm256_min_epi32(a, b)
+#define VI_TO_PS(a) _mm256_cvtepi32_ps(a)
+#define VI_GATHER(p, i) _mm256_i32gather_ps(p, i, 4)
 
 #include "attention/mod_simd.h"
 

@@ -1,5 +1,5 @@
 /* The expression mods' AVX-512 path: mod_eval.h's loops built for AVX-512, exp / tanh /
-   sigmoid by mod_simd.h over 16-float vectors. */
+   sigmoid and the affine index forms by mod_simd.h over 16-float vectors. */
 #include "attention/mod_eval.h"
 #include "core/simd_avx512.h"
 
@@ -12,6 +12,15 @@ static inline __m512 mod_pow2k_avx512(__m512 p, __m512 n)
     return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(k2, bias), 23)));
 }
 #define MOD_POW2K(p, n) mod_pow2k_avx512(p, n)
+typedef __m512i vi; /* int32 lanes */
+#define VI_SET1(x) _mm512_set1_epi32(x)
+#define VI_IOTA() _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+#define VI_ADD(a, b) _mm512_add_epi32(a, b)
+#define VI_MUL(a, b) _mm512_mullo_epi32(a, b)
+#define VI_MAX(a, b) _mm512_max_epi32(a, b)
+#define VI_MIN(a, b) _mm512_min_epi32(a, b)
+#define VI_TO_PS(a) _mm512_cvtepi32_ps(a)
+#define VI_GATHER(p, i) _mm512_i32gather_ps(i, p, 4)
 
 #include "attention/mod_simd.h"
 

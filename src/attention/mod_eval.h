@@ -1,8 +1,9 @@
 /* The expression mods' evaluator (mod.c), shared by its scalar path and its vector twins
    (mod_avx2.c, mod_avx512.c): the instructions, the register file, and every operation's
    semantics over a run of n positions. Each ISA file includes this header once with MOD_FN
-   defined to name its copy of the loops; the vector files also define MOD_VEC_MATH (their
-   vectorised exp, tanh and sigmoid), which give the scalar functions' bits lane for lane.
+   defined to name its copy of the loops; the vector files also define MOD_VEC_OP (mod_simd.h:
+   exp, tanh, sigmoid and the affine index forms by hand), which give the loops' bits lane for
+   lane.
 
    Bitwise agreement between the paths: integer operations are exact; float ones are single
    IEEE operations (add, sub, mul, div, sqrt, floor, min / max written as comparisons), each
@@ -34,7 +35,8 @@ enum {
        O_IDX_AFF: d + clamp(clamp(a + i * kv_idx, b, c), 0, shape[dim] - 1) * stride[dim], the
        flat index of a read whose indices other than dim are hoisted (their part is d);
        O_GATHER_AFF: tensor t at that index. */
-    O_AFF, O_IDX_AFF, O_GATHER_AFF
+    O_AFF, O_IDX_AFF, O_GATHER_AFF,
+    O_FAFF /* float(a + i * kv_idx) */
 };
 
 typedef struct fx__mod_ins {
@@ -198,8 +200,8 @@ static void MOD_FN(run_op)(const fx__mod_ins *I, fx__mod_slot *R, int64_t n, con
     const float *af = A->f, *bf = B->f, *cf = C->f;
     const int64_t *ai = A->i, *bi = B->i, *ci = C->i;
     const bool fl = I->fl;
-#ifdef MOD_VEC_MATH
-    if (MOD_VEC_MATH(I->op, df, af, n))
+#ifdef MOD_VEC_OP
+    if (MOD_VEC_OP(I, R, n, e))
         return;
 #endif
 #define L(x)                                                                                                           \
@@ -228,6 +230,11 @@ static void MOD_FN(run_op)(const fx__mod_ins *I, fx__mod_slot *R, int64_t n, con
     case O_AFF: {
         const int64_t c = I->i, u0 = fx__mod_wrap_add(ai[0], fx__mod_wrap_mul(c, e->kv0));
         L(di[j] = fx__mod_wrap_add(u0, fx__mod_wrap_mul(c, j)));
+        break;
+    }
+    case O_FAFF: {
+        const int64_t c = I->i, u0 = fx__mod_wrap_add(ai[0], fx__mod_wrap_mul(c, e->kv0));
+        L(df[j] = (float)fx__mod_wrap_add(u0, fx__mod_wrap_mul(c, j)));
         break;
     }
     case O_IDX_AFF:

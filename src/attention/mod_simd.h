@@ -2,7 +2,8 @@
    whose bits they give lane for lane: the same fmaf, multiplies, divides and selects in the
    same order). Included by mod_avx2.c and mod_avx512.c after core/simd_<isa>.h and
    mod_eval.h, with MOD_VNAN(x) (the lanes that are NaN, as a vm) and MOD_POW2K(p, n) (p * 2^k1
-   * 2^k2 for k = n, k1 = k >> 1, k2 = k - k1, each factor built from its exponent bits)
+   * 2^k2 for k = n, k1 = k >> 1, k2 = k - k1, each factor built from its exponent bits) and
+   the int32 lanes vi (VI_SET1, VI_IOTA, VI_ADD, VI_MUL, VI_MAX, VI_MIN, VI_TO_PS, VI_GATHER)
    defined. */
 #ifndef FLEXC_ATTENTION_MOD_SIMD_H
 #define FLEXC_ATTENTION_MOD_SIMD_H
@@ -48,11 +49,31 @@ static inline vf SIMD_FN(mod_sigmoid)(vf x)
     return V_DIV(one, V_ADD(one, SIMD_FN(mod_exp)(V_SUB(V_ZERO(), x))));
 }
 
-/* exp, tanh and sigmoid over n floats (the tail by the scalar twins); false for other ops. */
-static inline bool SIMD_FN(mod_vec_math)(int op, float *restrict d, const float *restrict a, int64_t n)
+/* The affine forms (O_FAFF, O_GATHER_AFF of a float32 tensor) in int32 lanes, when every value
+   the int64 loop would compute for these positions fits: a + i * kv is then linear between its
+   ends without wrapping, int32 arithmetic (wrapping) gives it exactly, clamping by bounds
+   saturated to int32 gives what clamping by the bounds gives (a value in range and the final
+   clamp to [0, top]), and the flat index is below numel. */
+static inline bool SIMD_FN(mod_i32)(int64_t u0, int64_t c, int64_t n)
 {
+    const int64_t lim = (int64_t)1 << 31;
+    if (c <= -lim || c >= lim || u0 < -lim || u0 >= lim)
+        return false;
+    const int64_t u1 = u0 + c * (n - 1);
+    return u1 >= -lim && u1 < lim;
+}
+static inline int32_t SIMD_FN(mod_sat32)(int64_t x)
+{
+    return x < INT32_MIN ? INT32_MIN : x > INT32_MAX ? INT32_MAX : (int32_t)x;
+}
+
+/* The instructions done here by hand (the tails by the scalar twins); false for the others. */
+static inline bool SIMD_FN(mod_vec_op)(const fx__mod_ins *I, fx__mod_slot *R, int64_t n, const fx__mod_env *e)
+{
+    float *restrict d = R[I->dst].f;
+    const float *restrict a = R[I->a < 0 ? 0 : I->a].f;
     int64_t j = 0;
-    switch (op) {
+    switch (I->op) {
     case O_EXP:
         for (; j + VL <= n; j += VL)
             V_STORE(d + j, SIMD_FN(mod_exp)(V_LOAD(a + j)));
@@ -71,11 +92,50 @@ static inline bool SIMD_FN(mod_vec_math)(int op, float *restrict d, const float 
         for (; j < n; j++)
             d[j] = fx__mod_sigmoid(a[j]);
         return true;
+    case O_FAFF: {
+        const int64_t c = I->i, u0 = fx__mod_wrap_add(R[I->a].i[0], fx__mod_wrap_mul(c, e->kv0));
+        if (!SIMD_FN(mod_i32)(u0, c, n))
+            return false;
+        const vi vc = VI_SET1((int32_t)c), step = VI_SET1((int32_t)(c * VL));
+        vi u = VI_ADD(VI_SET1((int32_t)u0), VI_MUL(vc, VI_IOTA()));
+        for (; j + VL <= n; j += VL, u = VI_ADD(u, step))
+            V_STORE(d + j, VI_TO_PS(u));
+        for (; j < n; j++)
+            d[j] = (float)(u0 + c * j);
+        return true;
+    }
+    case O_GATHER_AFF: {
+        const fx__mod_tensor *t = &e->t[I->t];
+        const int64_t c = I->i, u0 = fx__mod_wrap_add(R[I->a].i[0], fx__mod_wrap_mul(c, e->kv0));
+        if (t->dtype != FX_DT_F32 || t->numel > INT32_MAX || !SIMD_FN(mod_i32)(u0, c, n))
+            return false;
+        const int64_t lo = R[I->b].i[0], hi = R[I->c].i[0], off = R[I->d].i[0];
+        const int64_t top = t->shape[I->dim] - 1, st = t->stride[I->dim];
+        const float *p = t->data;
+        const vi vc = VI_SET1((int32_t)c), step = VI_SET1((int32_t)(c * VL));
+        const vi vlo = VI_SET1(SIMD_FN(mod_sat32)(lo)), vhi = VI_SET1(SIMD_FN(mod_sat32)(hi));
+        const vi vzero = VI_SET1(0), vtop = VI_SET1((int32_t)top), vst = VI_SET1((int32_t)st);
+        const vi voff = VI_SET1((int32_t)off);
+        vi u = VI_ADD(VI_SET1((int32_t)u0), VI_MUL(vc, VI_IOTA()));
+        for (; j + VL <= n; j += VL, u = VI_ADD(u, step)) {
+            vi w = VI_MIN(VI_MAX(u, vlo), vhi);
+            w = VI_MIN(VI_MAX(w, vzero), vtop);
+            V_STORE(d + j, VI_GATHER(p, VI_ADD(voff, VI_MUL(w, vst))));
+        }
+        for (; j < n; j++) {
+            int64_t v = u0 + c * j;
+            v = v > lo ? v : lo;
+            v = v < hi ? v : hi;
+            v = v < 0 ? 0 : v > top ? top : v;
+            d[j] = p[off + v * st];
+        }
+        return true;
+    }
     default:
         return false;
     }
 }
 
-#define MOD_VEC_MATH SIMD_FN(mod_vec_math)
+#define MOD_VEC_OP SIMD_FN(mod_vec_op)
 
 #endif
