@@ -1603,6 +1603,33 @@ static void test_config_errors(void)
     }
 }
 
+/* A configuration as one line from the field table: the fields every file has, and the later
+   ones only where they differ from what a file without them means. */
+static void test_config_format(void)
+{
+    fx_model_config c;
+    FXT_OK(fx__model_preset(&c, "small"));
+    FXT_OK(fx__model_config_check(&c));
+    char buf[512];
+    const char *want = "vocab=257 ctx=256 layers=6 dim=384 heads=6 kv_heads=2 ffn=1024 rope_theta=10000 "
+                       "norm_eps=1e-05 head_dim=64";
+    FXT_EQ_INT((long long)fx__config_format(&c, buf, sizeof buf), (long long)strlen(want));
+    FXT_EQ_STR(buf, want);
+    /* Every later field away from its default. */
+    c = llama_cfg();
+    c.eos[0] = 3, c.eos[1] = 7, c.n_eos = 2;
+    FXT_OK(fx__model_config_check(&c));
+    const size_t len = fx__config_format(&c, buf, sizeof buf);
+    FXT_EQ_STR(buf, "vocab=257 ctx=16 layers=2 dim=16 heads=4 kv_heads=2 ffn=24 rope_theta=10000 norm_eps=1e-05 "
+                    "arch=LlamaForCausalLM head_dim=6 qkv_bias=1 tied_embeddings=0 sliding_window=5 "
+                    "rope_scaling=llama3:8:1:4:8 eos=3,7");
+    /* As snprintf: the whole length, a truncated NUL-terminated prefix. */
+    FXT_EQ_INT((long long)fx__config_format(&c, NULL, 0), (long long)len);
+    char small[12];
+    FXT_EQ_INT((long long)fx__config_format(&c, small, sizeof small), (long long)len);
+    FXT_EQ_STR(small, "vocab=257 c");
+}
+
 /* ---- Llama-family features ------------------------------------------------------------------- */
 
 /* llama3 RoPE frequencies against transformers' (float32) for three configurations; plain
@@ -2387,6 +2414,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_attn_ref_grad);
     FXT_RUN(test_loss_unfused);
     FXT_RUN(test_config_errors);
+    FXT_RUN(test_config_format);
     FXT_RUN(test_adamw);
     FXT_RUN(test_adamw_bf16);
     FXT_RUN(test_bf16_step);

@@ -277,7 +277,7 @@ static int parse_window(fx__hf_config *c, const json_t *root)
 
 /* The model's sizes: vocabulary, width, MLP width, layers, heads (query and key/value, the
    second dividing the first) and head_dim (even; hidden_size / heads where not given), the
-   context, the norm's epsilon and whether the embedding is tied. */
+   context and the norm's epsilon. */
 static int parse_sizes(fx__hf_config *c, const json_t *root)
 {
     const char *where = "config.json";
@@ -292,8 +292,7 @@ static int parse_sizes(fx__hf_config *c, const json_t *root)
         (rc = get_int(&c->m.kv_heads, root, where, "num_key_value_heads", false, c->m.heads, 1, 1 << 16)) != FX_OK ||
         (rc = get_int(&c->m.head_dim, root, where, "head_dim", false, 0, 1, 1 << 16)) != FX_OK ||
         (rc = get_int(&c->m.ctx, root, where, "max_position_embeddings", true, 0, 1, big)) != FX_OK ||
-        (rc = get_pos(&eps, root, where, "rms_norm_eps", false, 1e-6)) != FX_OK ||
-        (rc = get_bool(&c->m.tied_embeddings, root, where, "tie_word_embeddings", false)) != FX_OK)
+        (rc = get_pos(&eps, root, where, "rms_norm_eps", false, 1e-6)) != FX_OK)
         return rc;
     c->m.norm_eps = (float)eps;
     if (c->m.head_dim == 0) {
@@ -311,22 +310,52 @@ static int parse_sizes(fx__hf_config *c, const json_t *root)
     return FX_OK;
 }
 
-/* Biases: only Qwen2's on q, k and v (attention_bias on another architecture also adds one
-   to o_proj). */
-static int parse_bias(fx__hf_config *c, const json_t *root)
+/* The configuration's fields that config.json holds as one key of their kind, or that the
+   model class implies (model/config.c's table: hf, hf_classes). */
+static int parse_fields(fx__hf_config *c, const json_t *root)
+{
+    const char *where = "config.json";
+    for (size_t i = 0; i < fx__config_nfields; i++) {
+        const fx__config_field *f = &fx__config_fields[i];
+        void *at = (char *)&c->m + f->offset;
+        int rc = FX_OK;
+        if (f->hf && f->kind == FX__FIELD_BOOL)
+            rc = get_bool(at, root, where, f->hf, false);
+        else if (f->hf && f->kind == FX__FIELD_I64)
+            rc = get_int(at, root, where, f->hf, false, 0, f->lo, f->hi);
+        else if (f->hf_classes && f->kind == FX__FIELD_BOOL)
+            *(bool *)at = fx__config_hf_class(f, archs[c->arch].arch);
+        if (rc != FX_OK)
+            return rc;
+    }
+    return FX_OK;
+}
+
+/* Keys that add something flexc does not run when true, unless a field of the configuration
+   reads them (parse_fields). */
+static const char *const refused_when_true[] = {"mlp_bias"};
+
+/* What flexc cannot run: attention_bias on another architecture than Qwen2 (it adds an o_proj
+   bias to q/k/v's), and refused_when_true's keys. */
+static int parse_refusals(fx__hf_config *c, const json_t *root)
 {
     const char *where = "config.json";
     int rc;
-    bool attn_bias = false, mlp_bias = false;
-    if ((rc = get_bool(&attn_bias, root, where, "attention_bias", false)) != FX_OK ||
-        (rc = get_bool(&mlp_bias, root, where, "mlp_bias", false)) != FX_OK)
+    bool attn_bias = false;
+    if ((rc = get_bool(&attn_bias, root, where, "attention_bias", false)) != FX_OK)
         return rc;
     if (attn_bias && c->arch != FX__HF_QWEN2)
         return fx__error(FX_EUNSUPPORTED, "config.json: attention_bias = true is not supported (it adds an o_proj "
                          "bias; only Qwen2's q/k/v biases are)");
-    if (mlp_bias)
-        return fx__error(FX_EUNSUPPORTED, "config.json: mlp_bias = true is not supported");
-    c->m.qkv_bias = c->arch == FX__HF_QWEN2;
+    for (size_t k = 0; k < sizeof refused_when_true / sizeof refused_when_true[0]; k++) {
+        bool read = false, on = false;
+        for (size_t i = 0; i < fx__config_nfields; i++)
+            read |= fx__config_fields[i].hf && strcmp(fx__config_fields[i].hf, refused_when_true[k]) == 0;
+        if (!read && (rc = get_bool(&on, root, where, refused_when_true[k], false)) != FX_OK)
+            return rc;
+        if (on)
+            return fx__error(FX_EUNSUPPORTED, "config.json: %s = true is not supported", refused_when_true[k]);
+    }
     return FX_OK;
 }
 
@@ -403,7 +432,8 @@ int fx__hf_config_parse(fx__hf_config *out, const char *text, size_t len, const 
                        json_is_string(act) ? json_string_value(act) : "?");
         goto done;
     }
-    if ((rc = parse_sizes(&c, root)) != FX_OK || (rc = parse_bias(&c, root)) != FX_OK)
+    if ((rc = parse_sizes(&c, root)) != FX_OK || (rc = parse_fields(&c, root)) != FX_OK ||
+        (rc = parse_refusals(&c, root)) != FX_OK)
         goto done;
     if ((rc = parse_rope(&c, root)) != FX_OK || (rc = parse_window(&c, root)) != FX_OK)
         goto done;
@@ -504,6 +534,16 @@ static json_t *ids_json(const int32_t *ids, int n)
 
 int fx__hf_config_json(char **out, const fx__hf_config *c, const char *dtype)
 {
+    /* The fields the class implies must be what it implies. */
+    for (size_t i = 0; i < fx__config_nfields; i++) {
+        const fx__config_field *f = &fx__config_fields[i];
+        if (!f->hf_classes || f->kind != FX__FIELD_BOOL)
+            continue;
+        const bool on = *(const bool *)((const char *)&c->m + f->offset);
+        if (on != fx__config_hf_class(f, archs[c->arch].arch))
+            return fx__error(FX_EUNSUPPORTED, "a %s model always has %s = %d (the classes with %s: %s)",
+                             archs[c->arch].arch, f->key, !on, f->key, f->hf_classes);
+    }
     json_t *o = json_object();
     if (!o)
         return fx__error(FX_ENOMEM, "out of memory building JSON");
@@ -521,7 +561,6 @@ int fx__hf_config_json(char **out, const fx__hf_config *c, const char *dtype)
     json_object_set_new(o, "max_position_embeddings", json_integer(c->m.ctx));
     json_object_set_new(o, "rms_norm_eps", json_real(short_double(c->m.norm_eps)));
     json_object_set_new(o, "hidden_act", json_string("silu"));
-    json_object_set_new(o, "tie_word_embeddings", json_boolean(c->m.tied_embeddings));
     json_object_set_new(o, "dtype", json_string(dtype ? dtype : "float32"));
     if (c->arch == FX__HF_LLAMA) {
         json_object_set_new(o, "attention_bias", json_false());
@@ -552,6 +591,15 @@ int fx__hf_config_json(char **out, const fx__hf_config *c, const char *dtype)
         json_object_set_new(o, "eos_token_id", ids_json(c->m.eos, c->m.n_eos));
     if (c->bos >= 0)
         json_object_set_new(o, "bos_token_id", json_integer(c->bos));
+    /* The fields that are one key of their kind (model/config.c's table). */
+    for (size_t i = 0; i < fx__config_nfields; i++) {
+        const fx__config_field *f = &fx__config_fields[i];
+        const void *at = (const char *)&c->m + f->offset;
+        if (f->hf && f->kind == FX__FIELD_BOOL)
+            json_object_set_new(o, f->hf, json_boolean(*(const bool *)at));
+        else if (f->hf && f->kind == FX__FIELD_I64)
+            json_object_set_new(o, f->hf, json_integer(*(const int64_t *)at));
+    }
     return dump(out, o);
 }
 

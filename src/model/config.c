@@ -11,27 +11,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define F(key, kind, always, lo, hi) {#key, FX__FIELD_##kind, offsetof(fx_model_config, key), always, lo, hi}
+/* key, kind, always, shape, range; the Hugging Face config.json key; the classes that imply it. */
+#define F(key, kind, always, shape, lo, hi, hf, hf_classes)                                                    \
+    {#key, FX__FIELD_##kind, offsetof(fx_model_config, key), always, shape, lo, hi, hf, hf_classes}
 /* The order is the files' metadata order: the fields every file has, then those added with
    the model API. */
+/* clang-format off */
 const fx__config_field fx__config_fields[] = {
-    F(vocab, I64, true, 2, INT32_MAX),
-    F(ctx, I64, true, 1, 1 << 24),
-    F(layers, I64, true, 1, 1024),
-    F(dim, I64, true, 2, 65536),
-    F(heads, I64, true, 1, 4096),
-    F(kv_heads, I64, true, 1, 4096),
-    F(ffn, I64, true, 0, 1 << 20),
-    F(rope_theta, F32, true, 0, 0),
-    F(norm_eps, F32, true, 0, 0),
-    F(arch, STR, false, 0, 0),
-    F(head_dim, I64, false, 0, 512),
-    F(qkv_bias, BOOL, false, 0, 0),
-    F(tied_embeddings, BOOL, false, 0, 0),
-    F(sliding_window, I64, false, 0, INT64_MAX),
-    F(rope_scaling, ROPE, false, 0, 0),
-    F(eos, EOS, false, 0, 0),
+    F(vocab,           I64,  true,  true,  2, INT32_MAX, NULL, NULL),
+    F(ctx,             I64,  true,  false, 1, 1 << 24,   NULL, NULL),
+    F(layers,          I64,  true,  true,  1, 1024,      NULL, NULL),
+    F(dim,             I64,  true,  true,  2, 65536,     NULL, NULL),
+    F(heads,           I64,  true,  true,  1, 4096,      NULL, NULL),
+    F(kv_heads,        I64,  true,  true,  1, 4096,      NULL, NULL),
+    F(ffn,             I64,  true,  true,  0, 1 << 20,   NULL, NULL),
+    F(rope_theta,      F32,  true,  false, 0, 0,         NULL, NULL),
+    F(norm_eps,        F32,  true,  false, 0, 0,         NULL, NULL),
+    F(arch,            STR,  false, false, 0, 0,         NULL, NULL),
+    F(head_dim,        I64,  false, true,  0, 512,       NULL, NULL),
+    F(qkv_bias,        BOOL, false, true,  0, 0,         NULL, "Qwen2ForCausalLM"),
+    F(tied_embeddings, BOOL, false, true,  0, 0,         "tie_word_embeddings", NULL),
+    F(sliding_window,  I64,  false, false, 0, INT64_MAX, NULL, NULL),
+    F(rope_scaling,    ROPE, false, false, 0, 0,         NULL, NULL),
+    F(eos,             EOS,  false, false, 0, 0,         NULL, NULL),
 };
+/* clang-format on */
 #undef F
 const size_t fx__config_nfields = sizeof fx__config_fields / sizeof fx__config_fields[0];
 
@@ -175,13 +179,66 @@ const fx__config_field *fx__config_diff(const fx_model_config *a, const fx_model
 
 const fx__config_field *fx__config_diff_shape(const fx_model_config *a, const fx_model_config *b)
 {
-    static const char *const shape[] = {"vocab",    "layers", "dim", "heads", "kv_heads", "head_dim", "ffn",
-                                        "qkv_bias", "tied_embeddings"};
     for (size_t i = 0; i < fx__config_nfields; i++)
-        for (size_t k = 0; k < sizeof shape / sizeof shape[0]; k++)
-            if (strcmp(fx__config_fields[i].key, shape[k]) == 0 && !field_same(&fx__config_fields[i], a, b))
-                return &fx__config_fields[i];
+        if (fx__config_fields[i].shape && !field_same(&fx__config_fields[i], a, b))
+            return &fx__config_fields[i];
     return NULL;
+}
+
+bool fx__config_hf_class(const fx__config_field *f, const char *cls)
+{
+    const size_t n = strlen(cls);
+    for (const char *p = f->hf_classes; p && *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, cls, n) == 0)
+            return true;
+        p = end ? end + 1 : p + len;
+    }
+    return false;
+}
+
+/* ---- printing ------------------------------------------------------------------------------ */
+
+/* Field f of c as a person reads it: a float that is a whole number as one ("10000"), another
+   in the fewest digits that give the same float ("1e-05"). */
+static void field_show(const fx__config_field *f, const fx_model_config *c, char *buf, size_t n)
+{
+    if (f->kind != FX__FIELD_F32) {
+        fx__config_field_format(f, c, buf, n);
+        return;
+    }
+    const float x = *CAT(float, c, f);
+    if (fabsf(x) < 1e9f && x == truncf(x)) {
+        snprintf(buf, n, "%.0f", (double)x);
+        return;
+    }
+    for (int p = 1; p <= 9; p++) {
+        snprintf(buf, n, "%.*g", p, (double)x);
+        if (strtof(buf, NULL) == x)
+            return;
+    }
+}
+
+size_t fx__config_format(const fx_model_config *c, char *buf, size_t n)
+{
+    size_t len = 0;
+    if (n)
+        buf[0] = '\0';
+    for (size_t i = 0; i < fx__config_nfields; i++) {
+        const fx__config_field *f = &fx__config_fields[i];
+        if (!f->always) { /* left out at the value a file without it is read with */
+            fx_model_config d = *c;
+            fx__config_field_default(f, &d);
+            if (field_same(f, c, &d))
+                continue;
+        }
+        char v[96];
+        field_show(f, c, v, sizeof v);
+        const int w = snprintf(len < n ? buf + len : NULL, len < n ? n - len : 0, "%s%s=%s", len ? " " : "", f->key, v);
+        len += w > 0 ? (size_t)w : 0;
+    }
+    return len;
 }
 
 /* ---- presets and the check ------------------------------------------------------------------ */

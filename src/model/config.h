@@ -4,9 +4,12 @@
  *
  * fx__config_fields lists every field with its key, its kind and, for sizes, its valid
  * range. Checkpoints and model files are written and read from this table (ckpt.c), two
- * configurations are compared with it (export, resume, the fuzz targets), and
- * fx__model_config_check draws its range checks from it. The Hugging Face config.json has
- * its own spellings and rules (src/hf/config.c) but parses into the same struct.
+ * configurations are compared with it (export, resume, the fuzz targets), configurations are
+ * printed from it (fx__config_format), and fx__model_config_check draws its range checks from
+ * it. A Hugging Face config.json parses into the same struct (src/hf/config.c): a field that
+ * config.json spells as one key of its kind, or that a model class implies, says so here and
+ * is read and written from the table; the sizes, RoPE, the window and the special ids have
+ * rules of their own there.
  */
 #ifndef FX_MODEL_CONFIG_H
 #define FX_MODEL_CONFIG_H
@@ -32,7 +35,15 @@ typedef struct fx__config_field {
     size_t offset;       /* in fx_model_config */
     bool always;         /* in every file; else written since the model API, and a file without
                             it has the byte-level GPT's value (fx__config_field_default) */
+    bool shape;          /* the tensors' names and shapes depend on it (fx__config_diff_shape;
+                            the architecture table's rows are present by such bool fields) */
     int64_t lo, hi;      /* FX__FIELD_I64: the valid range */
+    const char *hf;      /* FX__FIELD_BOOL or _I64: the Hugging Face config.json key that holds
+                            it, as true/false or an integer in [lo, hi] (absent: false, 0),
+                            read and written as such; NULL: none, or read by rules of its own */
+    const char *hf_classes; /* FX__FIELD_BOOL: the Hugging Face model classes that always have
+                            it ("A,B"): true for those, false for the others (and a model with
+                            it is exported as one of them); NULL: none */
 } fx__config_field;
 
 extern const fx__config_field fx__config_fields[];
@@ -58,6 +69,20 @@ const fx__config_field *fx__config_diff(const fx_model_config *a, const fx_model
    qkv_bias, tied_embeddings: what the tensors' names and shapes depend on) on which a and b
    differ, or NULL. */
 const fx__config_field *fx__config_diff_shape(const fx_model_config *a, const fx_model_config *b);
+/* Whether Hugging Face model class `cls` ("Qwen2ForCausalLM") is one of field f's hf_classes. */
+bool fx__config_hf_class(const fx__config_field *f, const char *cls);
+
+/* c (checked by fx__model_config_check) as one line of key=value pairs, space-separated, in
+   the table's order: "vocab=257 ctx=256 layers=6 dim=384 heads=6 kv_heads=2 ffn=1024
+   rope_theta=10000 norm_eps=1e-05 head_dim=64" for the small preset. The fields every file has
+   are always there; a later one is left out where it holds the value a file without it is
+   read with (fx__config_field_default: arch flexc-gpt, no biases, a tied head, no window, no
+   RoPE scaling, eos 256; head_dim, filled by the check, always shows). Values as files store
+   them, but a float that is a whole number as one (rope_theta=10000), another in the fewest
+   digits that read back as the same float (norm_eps=1e-05).
+   Returns the length of the whole line, as snprintf does: buf gets at most n - 1 bytes of it,
+   NUL-terminated when n > 0 (buf may be NULL when n is 0). */
+size_t fx__config_format(const fx_model_config *c, char *buf, size_t n);
 
 /* "tiny", "small", "gpt2": FX_EINVAL for another name. */
 int fx__model_preset(fx_model_config *c, const char *name);
