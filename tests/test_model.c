@@ -391,8 +391,7 @@ static void test_layer_weights_apart(void)
     for (int run = 0; run < 2; run++) {
         memset(m->grads, 0, m->lay.total * sizeof(float));
         dx[run] = malloc((size_t)(N * C) * sizeof(float));
-        fx__layer_group_backward(run ? &Wa : &W, 0, FX__GROUP_QKV, dx[run], dy, QKV, x, N, C);
-        fx__layer_qkv_bias_backward(run ? &Wa : &W, 0, dy, QKV, N);
+        fx__layer_group_backward(run ? &Wa : &W, 0, FX__GROUP_QKV, dx[run], dy, QKV, x, N, C); /* and the biases' */
         g[run] = malloc(span * sizeof(float));
         memcpy(g[run], fx__layer_grad(m, 0, FX__MODEL_LN1), span * sizeof(float));
     }
@@ -1630,6 +1629,46 @@ static void test_config_format(void)
     FXT_EQ_STR(small, "vocab=257 c");
 }
 
+/* The architecture table's columns agree with the configuration's: a row is present by a bool
+   shape field, a bias is a vector as long as its product's output (permuted as its rows are),
+   and a layout holds the rows a configuration has, in the table's order. */
+static void test_arch_table(void)
+{
+    for (size_t k = 0; k < fx__arch_nlayer + FX__ARCH_MODEL; k++) {
+        const fx__arch_tensor *t = k < fx__arch_nlayer ? &fx__arch_layer[k] : &fx__arch_model[k - fx__arch_nlayer];
+        if (t->when.on) {
+            const fx__config_field *f = NULL;
+            for (size_t i = 0; i < fx__config_nfields; i++)
+                if (fx__config_fields[i].offset == t->when.field)
+                    f = &fx__config_fields[i];
+            FXT_CHECK(f && f->kind == FX__FIELD_BOOL && f->shape);
+        }
+        if (t->bias_of < 0)
+            continue;
+        FXT_CHECK(k < fx__arch_nlayer && t->cols == FX__LEN_NONE && (size_t)t->bias_of < fx__arch_nlayer);
+        const fx__arch_tensor *w = &fx__arch_layer[t->bias_of];
+        FXT_CHECK(w->cols != FX__LEN_NONE && w->rows == t->rows && w->rope == t->rope);
+        FXT_EQ_INT(fx__arch_bias_row(t->bias_of), (long long)k);
+    }
+    FXT_EQ_INT(fx__arch_bias_row(FX__MODEL_WQ), FX__MODEL_BQ);
+    FXT_EQ_INT(fx__arch_bias_row(FX__MODEL_WO), -1);
+    FXT_EQ_INT(fx__arch_bias_row(-1), -1);
+    for (int bias = 0; bias < 2; bias++) {
+        fx_model_config c = small_cfg();
+        c.qkv_bias = bias;
+        fx__model *m = NULL;
+        FXT_OK(fx__model_create(&m, &c, 1));
+        if (!m)
+            continue;
+        FXT_EQ_INT((long long)m->lay.per_layer, bias ? 12 : 9);
+        FXT_EQ_INT((long long)fx__arch_layer_count(&c), (long long)m->lay.per_layer);
+        const fx__model_tensor *t = fx__layer_first(m, 1);
+        for (size_t i = 1; i < m->lay.per_layer; i++)
+            FXT_CHECK(t[i].arch > t[i - 1].arch && t[i].arch < fx__arch_layer + fx__arch_nlayer);
+        fx__model_free(m);
+    }
+}
+
 /* ---- Llama-family features ------------------------------------------------------------------- */
 
 /* llama3 RoPE frequencies against transformers' (float32) for three configurations; plain
@@ -2415,6 +2454,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_loss_unfused);
     FXT_RUN(test_config_errors);
     FXT_RUN(test_config_format);
+    FXT_RUN(test_arch_table);
     FXT_RUN(test_adamw);
     FXT_RUN(test_adamw_bf16);
     FXT_RUN(test_bf16_step);

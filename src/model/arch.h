@@ -15,6 +15,12 @@
  *
  * The layer order is the parameter buffer's order, which checkpoints, the flat optimizer and
  * the gradient norm's summation order follow: append new tensors, never reorder.
+ *
+ * A row says which configurations have it by naming a bool field of fx_model_config
+ * (present when it is true, or when it is false), and a vector row may be the bias of another
+ * row's product: the layer (layer.c) adds every present bias to its product's output and
+ * gives it its gradient, whatever the tensor. So an optional bias is a configuration field
+ * and rows here, and no code elsewhere.
  */
 #ifndef FX_MODEL_ARCH_H
 #define FX_MODEL_ARCH_H
@@ -35,11 +41,12 @@ typedef enum fx__arch_len {
     FX__LEN_FFN       /* F */
 } fx__arch_len;
 
-/* Which configurations have the tensor. */
-typedef enum fx__arch_when {
-    FX__WHEN_ALWAYS = 0,
-    FX__WHEN_QKV_BIAS, /* qkv_bias (Qwen2) */
-    FX__WHEN_UNTIED    /* !tied_embeddings */
+/* Which configurations have the tensor: all (on false), or those whose bool field at
+   `field` (an offset in fx_model_config) is true (false when `unless`). */
+typedef struct fx__arch_when {
+    bool on;
+    bool unless;
+    size_t field;
 } fx__arch_when;
 
 /* How fx_model_create fills it. */
@@ -60,24 +67,34 @@ typedef struct fx__arch_tensor {
     bool decay;               /* weight decay applies (the matrices) */
     fx__arch_init init;
     fx__arch_when when;
+    int bias_of;              /* a layer's vector added to the output of the product of its
+                                 row bias_of (an FX__MODEL_* index); -1: not a bias */
 } fx__arch_tensor;
 
-/* The layer's tensors, indexing fx__arch_layer: the buffer order. */
+/* Indices of the layer's rows in fx__arch_layer (the buffer order) that code names; rows past
+   these (more biases) need no name. */
 enum {
     FX__MODEL_LN1, FX__MODEL_WQ, FX__MODEL_WK, FX__MODEL_WV, FX__MODEL_WO,
-    FX__MODEL_LN2, FX__MODEL_W1, FX__MODEL_W3, FX__MODEL_W2, FX__MODEL_PER_LAYER,
-    FX__MODEL_BQ = FX__MODEL_PER_LAYER, FX__MODEL_BK, FX__MODEL_BV, FX__MODEL_PER_LAYER_BIAS
+    FX__MODEL_LN2, FX__MODEL_W1, FX__MODEL_W3, FX__MODEL_W2,
+    FX__MODEL_BQ, FX__MODEL_BK, FX__MODEL_BV
 };
 /* The model's own tensors, indexing fx__arch_model. */
 enum { FX__ARCH_WTE, FX__ARCH_NORM, FX__ARCH_LM_HEAD, FX__ARCH_MODEL };
+/* At most this many rows in a layer (the size of per-layer arrays indexed by row). */
+enum { FX__ARCH_LAYER_MAX = 32 };
 
-extern const fx__arch_tensor fx__arch_layer[FX__MODEL_PER_LAYER_BIAS];
+extern const fx__arch_tensor fx__arch_layer[];
+extern const size_t fx__arch_nlayer; /* rows in fx__arch_layer */
 extern const fx__arch_tensor fx__arch_model[FX__ARCH_MODEL];
 
 /* The length `len` stands for in c (0 for FX__LEN_NONE); c's head_dim must be filled. */
 int64_t fx__arch_len_of(fx__arch_len len, const fx_model_config *c);
 /* Whether configuration c has tensor t. */
 bool fx__arch_has(const fx__arch_tensor *t, const fx_model_config *c);
+/* How many of the layer's rows configuration c has (the tensors of one layer). */
+size_t fx__arch_layer_count(const fx_model_config *c);
+/* The layer row that is the bias of row `which`'s product, or -1 (none in the table). */
+int fx__arch_bias_row(int which);
 
 /* One tensor of a configuration, as fx__arch_each hands it out. */
 typedef struct fx__arch_entry {

@@ -107,15 +107,13 @@ int fx__model_backward(fx__model *m)
         fx__progress_point(m);
         /* The gradient of the forward pass's q, k, v rows ([N, QKV], after the attention's
            gradients in work), and of its product: d(xn1) over all of QKV, and d(wq, wk, wv)
-           (one [QKV, C] matrix in the training layout), and d(bq, bk, bv). */
+           (one [QKV, C] matrix in the training layout), and their biases' when they have them. */
         const int64_t QKV = QD + 2 * KD;
         float *dqkv = a.work + N * QKV;
         if (W.halves)
             qkv_from_heads_half(dqkv, dq, dk, dv, m->rope, B, T, Hq, Hkv, hd);
         else
             fx__qkv_from_heads(dqkv, dq, dk, dv, m->rope, B, T, Hq, Hkv, hd);
-        if (c->qkv_bias && !lora)
-            fx__layer_qkv_bias_backward(&W, l, dqkv, QKV, N);
         fx__layer_group_backward(&W, l, FX__GROUP_QKV, a.dxn, dqkv, QKV, xn1, N, C);
         fx__rmsnorm_backward(a.dres, lora ? lora->sink : fx__layer_grad(m, l, FX__MODEL_LN1), a.dxn, res, W.t[FX__MODEL_LN1].data, rstd1,
                              N, C);

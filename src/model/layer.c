@@ -10,13 +10,19 @@
 
 /* ---- where the weights are ---------------------------------------------------------------------- */
 
+/* The row of the layer's table that the layout's tensor t is. */
+static size_t row_of(const fx__model_tensor *t)
+{
+    return (size_t)(t->arch - fx__arch_layer);
+}
+
 fx__layer_w fx__layer_w_train(const fx__model *m, int64_t l)
 {
     fx__layer_w W = {.m = m, .train = true, .lora = m->lora, .l = l};
     const fx__model_tensor *t = fx__layer_first(m, l);
     const float *base = fx__layer_base(m, false, l);
     for (size_t i = 0; i < m->lay.per_layer; i++)
-        W.t[i] = (fx__model_weight){base + (t[i].offset - t->offset), FX_DT_F32};
+        W.t[row_of(&t[i])] = (fx__model_weight){base + (t[i].offset - t->offset), FX_DT_F32};
     return W;
 }
 
@@ -31,22 +37,24 @@ fx__layer_w fx__layer_w_decode(const fx__model *m, int64_t l, float *tile)
     fx__layer_w W = {.m = m, .halves = m->mapped->rope_half, .tile = tile, .lora = m->lora, .l = l};
     const size_t first = (size_t)(fx__layer_first(m, l) - m->lay.t);
     for (size_t i = 0; i < m->lay.per_layer; i++)
-        W.t[i] = m->mapped->t[first + i];
+        W.t[row_of(&m->lay.t[first + i])] = m->mapped->t[first + i];
     return W;
 }
 
 float *fx__layer_grad(const fx__model *m, int64_t l, int which)
 {
     const fx__model_tensor *t = fx__layer_first(m, l);
-    return fx__layer_base(m, true, l) + (t[which].offset - t->offset);
+    size_t i = 0;
+    while (i + 1 < m->lay.per_layer && t[i].arch != &fx__arch_layer[which])
+        i++;
+    return fx__layer_base(m, true, l) + (t[i].offset - t->offset);
 }
 
 /* ---- products ----------------------------------------------------------------------------------- */
 
-/* Tensors multiplied by the same input, their outputs side by side in one row: q, k, v (and
-   their biases); gate and up. */
+/* Tensors multiplied by the same input, their outputs side by side in one row: q, k, v; gate
+   and up. */
 static const int qkv_weights[] = {FX__MODEL_WQ, FX__MODEL_WK, FX__MODEL_WV};
-static const int qkv_biases[] = {FX__MODEL_BQ, FX__MODEL_BK, FX__MODEL_BV};
 static const int gate_up[] = {FX__MODEL_W1, FX__MODEL_W3};
 static const struct {
     const int *t;
@@ -69,6 +77,61 @@ static bool group_whole(const fx__layer_w *W, const int *t, int n, int64_t cols)
             return false;
     }
     return true;
+}
+
+/* ---- biases: any row of the table that is the bias of another's product -------------------------- */
+
+/* The bias of tensor `which` in W (its row, -1 when the config has none: W->t's data NULL). */
+static int bias_of(const fx__layer_w *W, int which)
+{
+    const int b = fx__arch_bias_row(which);
+    return b >= 0 && W->t[b].data ? b : -1;
+}
+
+/* The biases of the n tensors t, into b: whether every one has one. */
+static bool biases_of(const fx__layer_w *W, const int *t, int n, int *b)
+{
+    bool all = true;
+    for (int i = 0; i < n; i++)
+        all &= (b[i] = bias_of(W, t[i])) >= 0;
+    return all;
+}
+
+/* y [N, columns] += the biases of the n tensors t, each on its tensor's columns: one vector
+   when they are one. */
+static void bias_forward(const fx__layer_w *W, const int *t, int n, float *y, int64_t ldy, int64_t N)
+{
+    int b[FX__ARCH_LAYER_MAX] = {0}; /* a group has fewer tensors than a layer */
+    if (biases_of(W, t, n, b) && group_whole(W, b, n, 1)) {
+        int64_t O = 0;
+        for (int i = 0; i < n; i++)
+            O += rows_of(W, t[i]);
+        fx__bias_forward(y, ldy, W->t[b[0]].data, N, O);
+        return;
+    }
+    for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++)
+        if (b[i] >= 0)
+            fx__bias_forward(y + col, ldy, W->t[b[i]].data, N, rows_of(W, t[i]));
+}
+
+/* The biases' gradients (+=) of the n tensors t from dy [N, columns]: the column sums, one
+   vector's when they are one. Not for a frozen base. */
+static void bias_backward(const fx__layer_w *W, int64_t l, const int *t, int n, const float *dy, int64_t ldy,
+                          int64_t N)
+{
+    int b[FX__ARCH_LAYER_MAX] = {0}; /* a group has fewer tensors than a layer */
+    if (W->lora)
+        return;
+    if (biases_of(W, t, n, b) && group_whole(W, b, n, 1)) {
+        int64_t O = 0;
+        for (int i = 0; i < n; i++)
+            O += rows_of(W, t[i]);
+        fx__bias_backward(fx__layer_grad(W->m, l, b[0]), dy, ldy, N, O);
+        return;
+    }
+    for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++)
+        if (b[i] >= 0)
+            fx__bias_backward(fx__layer_grad(W->m, l, b[i]), dy + col, ldy, N, rows_of(W, t[i]));
 }
 
 /* The adapter of tensor `which` (an FX__MODEL_* index) in W's layer, as a target (-1: none). */
@@ -98,6 +161,14 @@ static void product(const fx__layer_w *W, float *y, int64_t ldy, const float *x,
         fx__lora_forward(W->lora, W->l, (fx__lora_target)t, y, ldy, x, N, I, O);
 }
 
+/* product(), then the tensor's bias added when it has one. */
+static void product_bias(const fx__layer_w *W, float *y, int64_t ldy, const float *x, int which, int64_t N,
+                         int64_t I, int64_t O, bool acc)
+{
+    product(W, y, ldy, x, which, N, I, O, acc);
+    bias_forward(W, &which, 1, y, ldy, N);
+}
+
 /* dx = dy w (+ dx when acc) through the base's weight, in its dtype. */
 static void base_dx(const fx__layer_w *W, float *dx, const float *dy, int64_t ldy, fx__model_weight w, int64_t N,
                     int64_t I, int64_t O, bool acc)
@@ -112,6 +183,7 @@ void fx__layer_product_backward(const fx__layer_w *W, int which, float *dx, cons
                                 const float *x, int64_t N, int64_t I, int64_t O)
 {
     const fx__model *m = W->m;
+    bias_backward(W, W->l, &which, 1, dy, ldy, N);
     if (!W->lora)
         fx__mm(m, true, false, O, I, N, dy, false, ldy, x, false, I, 1.0f, fx__layer_grad(m, W->l, which), I);
     const int t = adapted(W, which);
@@ -121,11 +193,9 @@ void fx__layer_product_backward(const fx__layer_w *W, int which, float *dx, cons
         fx__lora_add(dx, da, N, I);
 }
 
-/* y [N, sum of the group's rows] = x [N, I] times the group's tensors transposed, each one's
-   outputs in its columns: one product when they are one matrix, else one each. Each element
-   is the same sum over I either way. */
-static void group_forward(const fx__layer_w *W, fx__group g, float *y, int64_t ldy, const float *x, int64_t N,
-                          int64_t I)
+/* The group's products alone (group_forward's, before the biases). */
+static void group_products(const fx__layer_w *W, fx__group g, float *y, int64_t ldy, const float *x, int64_t N,
+                           int64_t I)
 {
     const int *t = groups[g].t, n = groups[g].n;
     if (group_whole(W, t, n, I)) {
@@ -145,12 +215,23 @@ static void group_forward(const fx__layer_w *W, fx__group g, float *y, int64_t l
         product(W, y + col, ldy, x, t[i], N, I, rows_of(W, t[i]), false);
 }
 
+/* y [N, sum of the group's rows] = x [N, I] times the group's tensors transposed, each one's
+   outputs in its columns: one product when they are one matrix, else one each (each element
+   is the same sum over I either way); then the tensors' biases. */
+static void group_forward(const fx__layer_w *W, fx__group g, float *y, int64_t ldy, const float *x, int64_t N,
+                          int64_t I)
+{
+    group_products(W, g, y, ldy, x, N, I);
+    bias_forward(W, groups[g].t, groups[g].n, y, ldy, N);
+}
+
 void fx__layer_group_backward(const fx__layer_w *W, int64_t l, fx__group g, float *dx, const float *dy, int64_t ldy,
                               const float *x, int64_t N, int64_t I)
 {
     const fx__model *m = W->m;
     const int *t = groups[g].t, n = groups[g].n;
     const bool frozen = W->lora != NULL; /* adapters: the base gets no gradients */
+    bias_backward(W, l, t, n, dy, ldy, N);
     /* The gradients follow the parameters' layout: one matrix where the weights are one. */
     if (group_whole(W, t, n, I)) {
         int64_t O = 0;
@@ -177,27 +258,6 @@ void fx__layer_group_backward(const fx__layer_w *W, int64_t l, fx__group g, floa
     }
 }
 
-/* The q, k, v biases added to their columns of qkv [N, ld]: one vector when they are one. */
-static void qkv_bias(const fx__layer_w *W, float *qkv, int64_t ld, int64_t N)
-{
-    if (group_whole(W, qkv_biases, 3, 1)) {
-        fx__bias_forward(qkv, ld, W->t[FX__MODEL_BQ].data, N, ld);
-        return;
-    }
-    for (int i = 0, col = 0; i < 3; col += (int)rows_of(W, qkv_biases[i]), i++)
-        fx__bias_forward(qkv + col, ld, W->t[qkv_biases[i]].data, N, rows_of(W, qkv_biases[i]));
-}
-
-void fx__layer_qkv_bias_backward(const fx__layer_w *W, int64_t l, const float *dqkv, int64_t ld, int64_t N)
-{
-    if (group_whole(W, qkv_biases, 3, 1)) {
-        fx__bias_backward(fx__layer_grad(W->m, l, FX__MODEL_BQ), dqkv, ld, N, ld);
-        return;
-    }
-    for (int i = 0, col = 0; i < 3; col += (int)rows_of(W, qkv_biases[i]), i++)
-        fx__bias_backward(fx__layer_grad(W->m, l, qkv_biases[i]), dqkv + col, ld, N, rows_of(W, qkv_biases[i]));
-}
-
 /* ---- the layer ------------------------------------------------------------------------------------ */
 
 int fx__layer_run(const fx__layer_w *W, const fx__layer_rows *r, const fx__layer_io *io, fx__layer_attn_fn attn,
@@ -213,8 +273,6 @@ int fx__layer_run(const fx__layer_w *W, const fx__layer_rows *r, const fx__layer
     fx__rmsnorm_forward_copy(io->xn1, io->rstd1, io->mid != io->in ? io->mid : NULL, io->in,
                              W->t[FX__MODEL_LN1].data, N, C, c->norm_eps);
     group_forward(W, FX__GROUP_QKV, io->qkv, QKV, io->xn1, N, C);
-    if (c->qkv_bias)
-        qkv_bias(W, io->qkv, QKV, N);
     fx__progress_point(m);
     fx__qkv_to_heads(io->q, io->k, io->v, io->qkv, QKV, m->rope, W->halves, B, T, r->pos0, Hq, Hkv, hd);
     int rc = attn(ctx, io);
@@ -226,7 +284,7 @@ int fx__layer_run(const fx__layer_w *W, const fx__layer_rows *r, const fx__layer
         fx__from_heads(io->work, QD, io->att, B, T, Hq, hd);
         ao = io->work;
     }
-    product(W, io->mid, C, ao, FX__MODEL_WO, N, QD, C, true);
+    product_bias(W, io->mid, C, ao, FX__MODEL_WO, N, QD, C, true);
     fx__progress_point(m);
 
     /* MLP: out = mid + swiglu(gate, up) W2^T, gate and up side by side in h13. */
@@ -236,7 +294,7 @@ int fx__layer_run(const fx__layer_w *W, const fx__layer_rows *r, const fx__layer
     fx__progress_point(m);
     if (io->out) {
         fx__swiglu_forward(io->work, F, io->h13, io->h13 + F, 2 * F, N, F);
-        product(W, io->out, C, io->work, FX__MODEL_W2, N, F, C, true);
+        product_bias(W, io->out, C, io->work, FX__MODEL_W2, N, F, C, true);
     }
     return FX_OK;
 }

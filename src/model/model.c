@@ -64,7 +64,7 @@ static int fx__add_tensor(void *ctx, const fx__arch_entry *e)
 
 static int fx__layout_build(fx__model_layout *lay, const fx_model_config *c)
 {
-    lay->per_layer = c->qkv_bias ? FX__MODEL_PER_LAYER_BIAS : FX__MODEL_PER_LAYER;
+    lay->per_layer = fx__arch_layer_count(c);
     lay->t = fx__calloc(fx__arch_count(c), sizeof *lay->t);
     if (!lay->t)
         return FX_ENOMEM;

@@ -93,7 +93,7 @@ typedef struct fx__model_layout {
     fx__model_tensor *t;
     size_t n;
     size_t total;     /* floats */
-    size_t per_layer; /* FX__MODEL_PER_LAYER, or FX__MODEL_PER_LAYER_BIAS with qkv_bias */
+    size_t per_layer; /* the rows of the layer's architecture table the configuration has */
 } fx__model_layout;
 
 /* ---- weights kept in their file (generation) ------------------------------------------- */

@@ -175,11 +175,11 @@ int fx__layer_forward(fx__model *m, const fx__acts *a, const fx__attn_call *call
 /* ---- one layer, for training and decoding (layer.c) ------------------------------------------ */
 
 /* Where one layer's weights are and how they are multiplied: each tensor of the architecture
-   table (arch.h) as its bytes and dtype, in the table's order (data NULL where the config has
+   table (arch.h) as its bytes and dtype, indexed by its row (data NULL where the config has
    no such tensor). */
 typedef struct fx__layer_w {
     const fx__model *m;
-    fx__model_weight t[FX__MODEL_PER_LAYER_BIAS];
+    fx__model_weight t[FX__ARCH_LAYER_MAX];
     bool train;   /* the model's products (fx__mm: float32, or the weights' bfloat16 copy when
                      training in bf16); else fx__linear_dt (one row: fx__gemv; BF16, F16 widened) */
     bool halves;  /* q and k rotate halves (x[i] with x[i + hd/2]: a Hugging Face file as mapped) */
@@ -193,7 +193,8 @@ typedef struct fx__layer_w {
 fx__layer_w fx__layer_w_train(const fx__model *m, int64_t l);
 /* Layer l's weights for decoding: where the mapped file holds them, or the parameters. */
 fx__layer_w fx__layer_w_decode(const fx__model *m, int64_t l, float *tile);
-/* The gradient of layer l's tensor `which` (an FX__MODEL_* index). */
+/* The gradient of layer l's tensor `which` (a row of the layer's table, FX__MODEL_*), which
+   the config has. */
 float *fx__layer_grad(const fx__model *m, int64_t l, int which);
 
 /* The rows a layer runs on: B sequences of T tokens at positions pos0 .. pos0 + T - 1. */
@@ -225,16 +226,16 @@ int fx__layer_run(const fx__layer_w *W, const fx__layer_rows *r, const fx__layer
 
 /* The tensors one product reads when they are one matrix (fx__layer_run's q, k, v; gate, up). */
 typedef enum fx__group { FX__GROUP_QKV, FX__GROUP_GATE_UP } fx__group;
-/* The backward of a group's product y = x W^T (dy's rows ldy apart): dx [N, I] = dy W
-   (overwritten) and each tensor's gradient += dy^T x, as one product or one per tensor. */
+/* The backward of a group's product y = x W^T (+ the tensors' biases; dy's rows ldy apart):
+   dx [N, I] = dy W (overwritten) and each tensor's gradient += dy^T x, as one product or one
+   per tensor, and each bias's += dy's column sums (not for a frozen base). */
 void fx__layer_group_backward(const fx__layer_w *W, int64_t l, fx__group g, float *dx, const float *dy, int64_t ldy,
                               const float *x, int64_t N, int64_t I);
-/* The backward of one tensor's product y = x W^T (W->t[which], [O, I]; dy's rows ldy apart):
-   the weight's gradient += dy^T x (not for a frozen base), the adapter's, and dx [N, I] = dy W
-   (+ the adapter's d(x)); dx may be x (x is read before dx is written). */
+/* The backward of one tensor's product y = x W^T (+ its bias; W->t[which], [O, I]; dy's rows
+   ldy apart): the weight's gradient += dy^T x and the bias's += dy's column sums (not for a
+   frozen base), the adapter's, and dx [N, I] = dy W (+ the adapter's d(x)); dx may be x (x is
+   read before dx is written). */
 void fx__layer_product_backward(const fx__layer_w *W, int which, float *dx, const float *dy, int64_t ldy,
                                 const float *x, int64_t N, int64_t I, int64_t O);
-/* d(bq, bk, bv) += the column sums of dqkv [N, ld]. */
-void fx__layer_qkv_bias_backward(const fx__layer_w *W, int64_t l, const float *dqkv, int64_t ld, int64_t N);
 
 #endif
