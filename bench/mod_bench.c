@@ -2,24 +2,37 @@
    forward and forward + backward of B x H x L x D causal attention with softcap, ALiBi and
    rel_bias, each as the built-in and as the hand-written expression. Prints the times and the
    ratios. Build: cc -O2 bench/mod_bench.c -Iinclude BUILD/libflexc.a -lm -fopenmp -ljansson ...
-   (or link the shared library); run: mod_bench [L] [reps] [mod] (mod: softcap, alibi or rel_bias alone). */
+   (or link the shared library); run: mod_bench [L] [reps] [mod] [--cpu] (mod: softcap, alibi or
+   rel_bias alone; --cpu: process CPU seconds instead of wall seconds, less sensitive to other
+   processes taking a core). Each rep runs the built-in, then the expression. */
 #include <flexc.h>
 #include <flexc/mod.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+static bool use_cpu;
+
 static double now(void)
 {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(use_cpu ? CLOCK_PROCESS_CPUTIME_ID : CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 int main(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--cpu")) {
+            use_cpu = true;
+            for (int j = i; j < argc - 1; j++)
+                argv[j] = argv[j + 1];
+            argc--;
+            break;
+        }
     const int64_t B = 1, H = 8, L = argc > 1 ? atoll(argv[1]) : 4096, D = 64;
     const int reps = argc > 2 ? atoi(argv[2]) : 2;
     size_t n = (size_t)(B * H * L * D);
@@ -57,8 +70,8 @@ int main(int argc, char **argv)
     fx_block_mask *m;
     if (fx_block_mask_create(&m, fx_mask_causal, NULL, 1, 1, L, L, 0, 0) != FX_OK)
         return 1;
-    printf("%lldx%lldx%lldx%lld causal, %d threads, best of %d\n", (long long)B, (long long)H, (long long)L,
-           (long long)D, fx_get_num_threads(), reps);
+    printf("%lldx%lldx%lldx%lld causal, %d threads, best of %d (%s seconds)\n", (long long)B, (long long)H,
+           (long long)L, (long long)D, fx_get_num_threads(), reps, use_cpu ? "CPU" : "wall");
     printf("%-9s %10s %10s %6s %12s %12s %6s\n", "mod", "fwd built", "fwd expr", "ratio", "f+b built",
            "f+b expr", "ratio");
     for (int i = 0; i < 3; i++) {

@@ -5,6 +5,8 @@
    against hand-written masks. */
 #include "harness.h"
 
+#include <float.h>
+
 #include "attention_ref.h"
 #include <flexc/mod.h>
 
@@ -108,6 +110,190 @@ static void test_tile_matches_points(void)
         }
     for (int j = NK; j < LD; j++) /* past nkv: untouched */
         FXT_CHECK(memcmp(&s[j], &s0[j], sizeof(float)) == 0);
+    fx_mod_free(m);
+}
+
+/* ---- the evaluator's paths ------------------------------------------------------------------- */
+
+/* Score mods over every kind of operand: each leaf (hoisted once per call: b, h, constants and
+   reads at them; once per row: q_idx; per position: kv_idx, the score), the affine index forms
+   (plain, clamped, scaled, past int32, wrapping int64), the vectorised exp / tanh / sigmoid,
+   and integer tensors. */
+static const char *path_exprs[] = {
+    "score",
+    "score + b * 0.25 + h * 0.5 + 3",
+    "score * tab[h, 1] + tab[b, 2]",
+    "score + float(q_idx) / 8 + tab[1, q_idx % 3]",
+    "score - float(kv_idx % 7) + tab[h, kv_idx // 50]",
+    "score + tab[h, clamp(q_idx - kv_idx + 2, 0, 2)]",
+    "score + tab[h, q_idx - kv_idx]",
+    "score + tab[1 - h, 3 * kv_idx - 2 * q_idx + 1] * tab[h, clamp(kv_idx, 1, 1)]",
+    "score + float(kv_idx - q_idx) * tab[h, 0]",
+    "score + float(kv_idx * 3000000000 - q_idx)",
+    "score + tab[h, kv_idx * 4611686018427387904 + 1] + float(-(kv_idx * 7) + 2147483000)",
+    "score + float(kv_idx - 2147483647) + tab[0, clamp(-kv_idx, -9223372036854775807, 9223372036854775807)]",
+    "exp(score) + tanh(score * 3) + sigmoid(-score)",
+    "where(score > 0.5, exp(score * 40), tanh(score / 0.001))",
+    "score + float(ids[kv_idx % 3] * q_idx) + float(ids[clamp(kv_idx - q_idx, 0, 2)]) + float(flag[h, kv_idx])",
+    "log1p(abs(score)) + pow(abs(score), 0.5) + score % 0.7 + sqrt(abs(score)) + floor(score * 3)",
+    "where(kv_idx == q_idx, score, score * 0.5) + float((q_idx - kv_idx) // 3 + b)",
+};
+
+static float path_tab[2 * 3] = {0.5f, -1.25f, 2.0f, 0.75f, -0.5f, 1.5f};
+static int64_t path_ids[3] = {4, -2, 9};
+static uint8_t path_flag[2 * 2] = {0, 1, 1, 0};
+static fx_mod_tensor path_t[3] = {
+    {.name = "tab", .dtype = FX_DT_F32, .ndim = 2, .shape = {2, 3}, .data = path_tab},
+    {.name = "ids", .dtype = FX_DT_I64, .ndim = 1, .shape = {3}, .data = path_ids},
+    {.name = "flag", .dtype = FX_DT_BOOL, .ndim = 2, .shape = {2, 2}, .data = path_flag},
+};
+
+/* Scores with the edges of the functions: NaN, infinities, subnormals, the exp clamps, tanh's
+   switch to its series, and a spread of ordinary values. */
+static void path_scores(float *s, int n)
+{
+    static const float edge[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -1e-40f, 0.0625f, -0.0625f,
+                                 0.0624999f, -104.0f, -104.5f, -103.9f, 88.7f, 88.8f, 89.0f, 89.5f, -87.5f,
+                                 1e30f, -1e30f, 20.0f, -20.0f, 9.0f, 0.5f};
+    const int ne = (int)(sizeof edge / sizeof edge[0]);
+    uint32_t r = 7u;
+    for (int i = 0; i < n; i++) {
+        r = r * 1664525u + 1013904223u;
+        float u = (float)(r >> 8) / (float)(1u << 24) * 12.0f - 6.0f;
+        s[i] = i % 5 == 0 ? edge[(i / 5) % ne] : i % 5 == 1 ? u * 0.012f : u; /* some in tanh's series */
+    }
+}
+
+static bool same_bits(float a, float b) { return (a != a && b != b) || memcmp(&a, &b, sizeof a) == 0; }
+
+/* The scalar, AVX2 and AVX-512 paths (those this CPU has) give the same bits for every
+   expression, at tiles wider than a run of positions and at positions near and past int32's
+   range; and at every path a tile gives what single positions give (the hoisted parts are
+   those of each position). */
+static void test_paths_agree(void)
+{
+    enum { NQ = 5, NK = 150, LD = 160 };
+    static const fx_isa isas[] = {FX_ISA_SCALAR, FX_ISA_AVX2, FX_ISA_AVX512};
+    static const int64_t at[][2] = {{40, 3}, {2147483600, 2147483500}, {(int64_t)1 << 40, ((int64_t)1 << 40) - 70}};
+    const fx_isa best = fx_get_isa();
+    static float s0[NQ * LD], ref[NQ * LD], x[NQ * LD], g0[NQ * LD], gref[NQ * LD], gx[NQ * LD];
+    path_scores(s0, NQ * LD);
+    for (int i = 0; i < NQ * LD; i++)
+        g0[i] = i % 7 == 0 ? 0.0f : (float)((i * 13) % 29) / 7.0f - 2.0f;
+    int paths = 0;
+    for (size_t e = 0; e < sizeof path_exprs / sizeof path_exprs[0]; e++) {
+        fx_mod *m;
+        FXT_OK(fx_mod_compile(&m, path_exprs[e], path_t, 3));
+        if (!m)
+            continue;
+        for (size_t p = 0; p < sizeof at / sizeof at[0]; p++) {
+            const int64_t q0 = at[p][0], kv0 = at[p][1];
+            for (int t = 0; t < 3; t++) {
+                if (fx_set_isa(isas[t]) != FX_OK)
+                    continue;
+                paths += e == 0 && p == 0;
+                float *out = t == 0 ? ref : x, *gout = t == 0 ? gref : gx;
+                memcpy(out, s0, sizeof s0);
+                fx_mod_score(out, LD, NQ, NK, 1, 1, q0, kv0, m);
+                memcpy(gout, g0, sizeof g0);
+                fx_mod_score_grad(s0, gout, LD, NQ, NK, 1, 1, q0, kv0, m);
+                for (int i = 0; i < NQ * LD; i++) {
+                    if (t > 0 && (!same_bits(x[i], ref[i]) || !same_bits(gx[i], gref[i]))) {
+                        FXT_FAIL("'%s' at q0 = %lld, %s: [%d] = %.9g / d %.9g, scalar %.9g / d %.9g", path_exprs[e],
+                                 (long long)q0, fx_isa_name(isas[t]), i, (double)x[i], (double)gx[i],
+                                 (double)ref[i], (double)gref[i]);
+                        break;
+                    }
+                    int r = i / LD, c = i % LD;
+                    if (c >= NK) { /* past nkv: untouched */
+                        FXT_CHECK(memcmp(&out[i], &s0[i], sizeof(float)) == 0);
+                        continue;
+                    }
+                    float one = s0[i];
+                    fx_mod_score(&one, 1, 1, 1, 1, 1, q0 + r, kv0 + c, m);
+                    if (!same_bits(one, out[i])) {
+                        FXT_FAIL("'%s' at q0 = %lld, %s: tile [%d,%d] = %.9g, single = %.9g", path_exprs[e],
+                                 (long long)q0, fx_isa_name(isas[t]), r, c, (double)out[i], (double)one);
+                        break;
+                    }
+                }
+            }
+        }
+        fx_mod_free(m);
+    }
+    fx_set_isa(best);
+    fprintf(stderr, "  %d paths\n", paths);
+}
+
+/* exp, tanh and sigmoid (the language's own, mod_eval.h) against float64 over their range,
+   and their special values. */
+static void test_functions(void)
+{
+    fx_mod *me, *mt, *ms;
+    FXT_OK(fx_mod_compile(&me, "exp(score)", NULL, 0));
+    FXT_OK(fx_mod_compile(&mt, "tanh(score)", NULL, 0));
+    FXT_OK(fx_mod_compile(&ms, "sigmoid(score)", NULL, 0));
+    enum { N = 200001 };
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    fx_mod *mods[3] = {me, mt, ms};
+    for (int f = 0; f < 3; f++) {
+        double lo = f == 0 ? -110.0 : -25.0, hi = f == 0 ? 95.0 : 25.0, worst = 0;
+        for (int i = 0; i < N; i++)
+            x[i] = (float)(lo + (hi - lo) * i / (N - 1)), y[i] = x[i];
+        fx_mod_score(y, N, 1, N, 0, 0, 0, 0, mods[f]);
+        for (int i = 0; i < N; i++) {
+            double v = x[i], want = f == 0 ? exp(v) : f == 1 ? tanh(v) : 1.0 / (1.0 + exp(-v));
+            if (want > FLT_MAX) {
+                FXT_CHECK(y[i] == INFINITY);
+                continue;
+            }
+            double err = fabs((double)y[i] - want) / fmax(fabs(want), 1.1754943508222875e-38);
+            worst = err > worst ? err : worst;
+            if (!(err <= 1e-6 || (f == 0 && fabs((double)y[i] - want) <= 1.5e-45))) {
+                FXT_FAIL("%s(%.9g) = %.9g, want %.9g", f == 0 ? "exp" : f == 1 ? "tanh" : "sigmoid", v,
+                         (double)y[i], want);
+                break;
+            }
+        }
+        fprintf(stderr, "  %s: largest relative error %.2g\n", f == 0 ? "exp" : f == 1 ? "tanh" : "sigmoid", worst);
+    }
+    /* special values */
+    static const float in[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -104.5f, 89.5f};
+    static const float want[3][7] = {{1, 1, INFINITY, 0, NAN, 0, INFINITY},
+                                     {0, -0.0f, 1, -1, NAN, -1, 1},
+                                     {0.5f, 0.5f, 1, 0, NAN, 0, 1}};
+    for (int f = 0; f < 3; f++)
+        for (int i = 0; i < 7; i++) {
+            float v = in[i];
+            fx_mod_score(&v, 1, 1, 1, 0, 0, 0, 0, mods[f]);
+            if (!same_bits(v, want[f][i]) && !(want[f][i] == 0 && v == 0 && f != 1))
+                FXT_FAIL("function %d at %g: %g, want %g", f, (double)in[i], (double)v, (double)want[f][i]);
+        }
+    free(x), free(y);
+    fx_mod_free(me), fx_mod_free(mt), fx_mod_free(ms);
+}
+
+/* An expression whose hoisted values alone would need more registers than a program has is
+   compiled without hoisting, and gives the same values. */
+static void test_many_hoisted(void)
+{
+    char expr[4096] = "score";
+    size_t n = strlen(expr);
+    for (int i = 0; i < 70; i++)
+        n += (size_t)snprintf(expr + n, sizeof expr - n, " + score * tab[h, %d]", i % 3);
+    fx_mod *m;
+    FXT_OK(fx_mod_compile(&m, expr, path_t, 3));
+    if (!m)
+        return;
+    float s[4] = {0.5f, -1.0f, 2.0f, 0.25f}, want[4];
+    for (int j = 0; j < 4; j++) {
+        float t = s[j];
+        for (int i = 0; i < 70; i++) /* in the expression's order, in float */
+            t = t + s[j] * path_tab[3 + i % 3];
+        want[j] = t;
+    }
+    fx_mod_score(s, 4, 1, 4, 0, 1, 5, 0, m);
+    fxt_bitwise_f32("sum of 70 reads", s, want, 4);
     fx_mod_free(m);
 }
 
@@ -629,6 +815,9 @@ int main(int argc, char **argv)
     FXT_INIT(argc, argv);
     FXT_RUN(test_semantics);
     FXT_RUN(test_tile_matches_points);
+    FXT_RUN(test_paths_agree);
+    FXT_RUN(test_functions);
+    FXT_RUN(test_many_hoisted);
     FXT_RUN(test_compile_errors);
     FXT_RUN(test_score_mods_vs_reference);
     FXT_RUN(test_determinism);

@@ -12,7 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { CH = FX__MOD_CH, MAX_REGS = 64, MAX_NODES = 4096, MAX_DEPTH = 200, MAX_OUT = 66, MAX_TENSORS = 16 };
+enum { CH = FX__MOD_CH, MAX_REGS = FX__MOD_REGS, MAX_NODES = 4096, MAX_DEPTH = 200, MAX_OUT = FX__MOD_MAX_OUT,
+       MAX_TENSORS = 16 };
 enum { TY_INT, TY_FLOAT, TY_BOOL };
 
 typedef struct node {
@@ -31,16 +32,7 @@ typedef fx__mod_slot slot;
 typedef fx__mod_env env;
 typedef fx__mod_tensor mtensor;
 
-/* A register program in three parts: code[0, pre) once per call and code[pre, row) once per
-   row, each over one position (what depends on neither the score nor kv_idx, then what depends
-   on q_idx but not on them), their values then copied to every lane (O_SPLAT, in
-   code[pre, pre_end) and code[row, row_end)); code[row_end, n) over the positions of a row. */
-typedef struct prog {
-    ins *code;
-    int n, nregs, nout;
-    int pre, pre_end, row, row_end;
-    int out[MAX_OUT];
-} prog;
+typedef fx__mod_prog prog;
 
 struct fx_mod {
     bool mask;
@@ -63,7 +55,7 @@ struct fx_mod {
 #define MOD_FN(name) name##_scalar
 #include "attention/mod_eval.h"
 
-const fx__mod_kernels fx__mod_kernels_scalar = {"scalar", run_scalar};
+const fx__mod_kernels fx__mod_kernels_scalar = {"scalar", run_scalar, score_scalar, score_grad_scalar};
 
 /* The kernels of a CPU path (the scalar ones in a build with FLEXC_REFERENCE_KERNELS). */
 static const fx__mod_kernels *mod_kernels(void)
@@ -1434,42 +1426,15 @@ void fx_mod_score(float *s, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int6
                   const void *ctx)
 {
     const fx_mod *m = ctx;
-    slot R[MAX_REGS];
-    runner r;
-    run_begin(&r, m, &m->fwd, R, b, h);
-    const float *o = R[m->fwd.out[0]].f;
-    for (int64_t i = 0; i < nq; i++) {
-        run_row(&r, q0 + i);
-        for (int64_t j0 = 0; j0 < nkv; j0 += CH) {
-            int64_t n = nkv - j0 < CH ? nkv - j0 : CH;
-            float *row = s + i * ld + j0;
-            run_body(&r, row, kv0 + j0, n);
-            memcpy(row, o, (size_t)n * sizeof(float));
-        }
-    }
+    mod_kernels()->score(&m->fwd, m->t, s, ld, nq, nkv, b, h, q0, kv0);
 }
 
 void fx_mod_score_grad(const float *s, float *g, int64_t ld, int64_t nq, int64_t nkv, int64_t b, int64_t h,
                        int64_t q0, int64_t kv0, const void *ctx)
 {
     const fx_mod *m = ctx;
-    if (m->dscore_one)
-        return;
-    slot R[MAX_REGS];
-    runner r;
-    run_begin(&r, m, &m->dsc, R, b, h);
-    const float *d = R[m->dsc.out[0]].f;
-    for (int64_t i = 0; i < nq; i++) {
-        run_row(&r, q0 + i);
-        for (int64_t j0 = 0; j0 < nkv; j0 += CH) {
-            int64_t n = nkv - j0 < CH ? nkv - j0 : CH;
-            float *gr = g + i * ld + j0;
-            run_body(&r, s + i * ld + j0, kv0 + j0, n);
-            /* a zero gradient (a masked position) stays exactly 0, whatever the derivative there */
-            for (int64_t j = 0; j < n; j++)
-                gr[j] = gr[j] != 0.0f ? gr[j] * d[j] : 0.0f;
-        }
-    }
+    if (!m->dscore_one)
+        mod_kernels()->score_grad(&m->dsc, m->t, s, g, ld, nq, nkv, b, h, q0, kv0);
 }
 
 bool fx_mod_mask(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx)

@@ -27,4 +27,4 @@ typedef __m256i vi; /* int32 lanes */
 #define MOD_FN(name) name##_avx2
 #include "attention/mod_eval.h"
 
-const fx__mod_kernels fx__mod_kernels_avx2 = {"avx2", run_avx2};
+const fx__mod_kernels fx__mod_kernels_avx2 = {"avx2", run_avx2, score_avx2, score_grad_avx2};

@@ -27,4 +27,4 @@ typedef __m512i vi; /* int32 lanes */
 #define MOD_FN(name) name##_avx512
 #include "attention/mod_eval.h"
 
-const fx__mod_kernels fx__mod_kernels_avx512 = {"avx512", run_avx512};
+const fx__mod_kernels fx__mod_kernels_avx512 = {"avx512", run_avx512, score_avx512, score_grad_avx512};

@@ -21,7 +21,11 @@
 
 #include "flexc.h" /* FX_DT_* */
 
-enum { FX__MOD_CH = 128 }; /* positions of a row evaluated per instruction */
+enum {
+    FX__MOD_CH = 128,     /* positions of a row evaluated per instruction */
+    FX__MOD_REGS = 64,    /* registers of a program */
+    FX__MOD_MAX_OUT = 66  /* outputs of a program */
+};
 
 enum {
     O_SCORE, O_B, O_H, O_Q, O_KV, O_ICONST, O_FCONST, O_READ, O_IDX,
@@ -68,11 +72,28 @@ typedef struct fx__mod_env {
     const fx__mod_tensor *t;
 } fx__mod_env;
 
-/* The vector paths' table (docs/dispatch.md): run instructions code[0 .. n_ins) over n <= CH
-   positions. */
+/* A register program in three parts: code[0, pre) once per call and code[pre_end, row) once
+   per row, each over one position (what depends on neither the score nor kv_idx, then what
+   depends on q_idx but not on them), their values then copied to every lane where a later
+   part reads them (O_SPLAT, in code[pre, pre_end) and code[row, row_end)); code[row_end, n)
+   over the positions of a row. */
+typedef struct fx__mod_prog {
+    fx__mod_ins *code;
+    int n, nregs, nout;
+    int pre, pre_end, row, row_end;
+    int out[FX__MOD_MAX_OUT];
+} fx__mod_prog;
+
+/* The paths' table (docs/dispatch.md). run: instructions code[0 .. n_ins) over n <= CH
+   positions; score / score_grad: fx_mod_score / fx_mod_score_grad's tile loops over program p
+   (its first output), t the mod's tensors. */
 typedef struct fx__mod_kernels {
     const char *name;
     void (*run)(const fx__mod_ins *code, int n_ins, fx__mod_slot *R, int64_t n, const fx__mod_env *e);
+    void (*score)(const fx__mod_prog *p, const fx__mod_tensor *t, float *s, int64_t ld, int64_t nq, int64_t nkv,
+                  int64_t b, int64_t h, int64_t q0, int64_t kv0);
+    void (*score_grad)(const fx__mod_prog *p, const fx__mod_tensor *t, const float *s, float *g, int64_t ld,
+                       int64_t nq, int64_t nkv, int64_t b, int64_t h, int64_t q0, int64_t kv0);
 } fx__mod_kernels;
 
 extern const fx__mod_kernels fx__mod_kernels_scalar;
@@ -336,6 +357,63 @@ static void MOD_FN(run)(const fx__mod_ins *code, int n_ins, fx__mod_slot *R, int
 {
     for (int i = 0; i < n_ins; i++)
         MOD_FN(run_op)(&code[i], R, n, e);
+}
+
+static void MOD_FN(begin)(const fx__mod_prog *p, fx__mod_slot *R, const fx__mod_env *e)
+{
+    MOD_FN(run)(p->code, p->pre, R, 1, e);
+    MOD_FN(run)(p->code + p->pre, p->pre_end - p->pre, R, FX__MOD_CH, e);
+}
+
+static void MOD_FN(row)(const fx__mod_prog *p, fx__mod_slot *R, const fx__mod_env *e)
+{
+    MOD_FN(run)(p->code + p->pre_end, p->row - p->pre_end, R, 1, e);
+    MOD_FN(run)(p->code + p->row, p->row_end - p->row, R, FX__MOD_CH, e);
+}
+
+static void MOD_FN(score)(const fx__mod_prog *p, const fx__mod_tensor *t, float *s, int64_t ld, int64_t nq,
+                          int64_t nkv, int64_t b, int64_t h, int64_t q0, int64_t kv0)
+{
+    fx__mod_slot R[FX__MOD_REGS];
+    fx__mod_env e = {.s = NULL, .b = b, .h = h, .q = q0, .kv0 = kv0, .t = t};
+    MOD_FN(begin)(p, R, &e);
+    const float *o = R[p->out[0]].f;
+    for (int64_t i = 0; i < nq; i++) {
+        e.q = q0 + i;
+        MOD_FN(row)(p, R, &e);
+        for (int64_t j0 = 0; j0 < nkv; j0 += FX__MOD_CH) {
+            const int64_t n = nkv - j0 < FX__MOD_CH ? nkv - j0 : FX__MOD_CH;
+            float *row = s + i * ld + j0;
+            e.s = row, e.kv0 = kv0 + j0;
+            MOD_FN(run)(p->code + p->row_end, p->n - p->row_end, R, n, &e);
+            memcpy(row, o, (size_t)n * sizeof(float));
+        }
+    }
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3")))
+#endif
+static void MOD_FN(score_grad)(const fx__mod_prog *p, const fx__mod_tensor *t, const float *s, float *g, int64_t ld,
+                               int64_t nq, int64_t nkv, int64_t b, int64_t h, int64_t q0, int64_t kv0)
+{
+    fx__mod_slot R[FX__MOD_REGS];
+    fx__mod_env e = {.s = NULL, .b = b, .h = h, .q = q0, .kv0 = kv0, .t = t};
+    MOD_FN(begin)(p, R, &e);
+    const float *d = R[p->out[0]].f;
+    for (int64_t i = 0; i < nq; i++) {
+        e.q = q0 + i;
+        MOD_FN(row)(p, R, &e);
+        for (int64_t j0 = 0; j0 < nkv; j0 += FX__MOD_CH) {
+            const int64_t n = nkv - j0 < FX__MOD_CH ? nkv - j0 : FX__MOD_CH;
+            float *restrict gr = g + i * ld + j0;
+            e.s = s + i * ld + j0, e.kv0 = kv0 + j0;
+            MOD_FN(run)(p->code + p->row_end, p->n - p->row_end, R, n, &e);
+            /* a zero gradient (a masked position) stays exactly 0, whatever the derivative there */
+            for (int64_t j = 0; j < n; j++)
+                gr[j] = gr[j] != 0.0f ? gr[j] * d[j] : 0.0f;
+        }
+    }
 }
 
 #endif /* MOD_FN */
