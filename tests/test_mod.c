@@ -137,15 +137,21 @@ static const char *path_exprs[] = {
     "score + float(ids[kv_idx % 3] * q_idx) + float(ids[clamp(kv_idx - q_idx, 0, 2)]) + float(flag[h, kv_idx])",
     "log1p(abs(score)) + pow(abs(score), 0.5) + score % 0.7 + sqrt(abs(score)) + floor(score * 3)",
     "where(kv_idx == q_idx, score, score * 0.5) + float((q_idx - kv_idx) // 3 + b)",
+    /* unit steps through a wide table: runs of one element, consecutive ones (forwards and
+       reversed), and the clamps' edges between */
+    "score + big[h, clamp(q_idx - kv_idx + 150, 0, 299)] + big[b, kv_idx - q_idx + 100]",
+    "score + big[h, clamp(q_idx - kv_idx + 60, 0, 299)] * big[1 - h, clamp(kv_idx - q_idx, 10, 20)]",
 };
 
 static float path_tab[2 * 3] = {0.5f, -1.25f, 2.0f, 0.75f, -0.5f, 1.5f};
 static int64_t path_ids[3] = {4, -2, 9};
 static uint8_t path_flag[2 * 2] = {0, 1, 1, 0};
-static fx_mod_tensor path_t[3] = {
+static float path_big[2 * 300];
+static fx_mod_tensor path_t[4] = {
     {.name = "tab", .dtype = FX_DT_F32, .ndim = 2, .shape = {2, 3}, .data = path_tab},
     {.name = "ids", .dtype = FX_DT_I64, .ndim = 1, .shape = {3}, .data = path_ids},
     {.name = "flag", .dtype = FX_DT_BOOL, .ndim = 2, .shape = {2, 2}, .data = path_flag},
+    {.name = "big", .dtype = FX_DT_F32, .ndim = 2, .shape = {2, 300}, .data = path_big},
 };
 
 /* Scores with the edges of the functions: NaN, infinities, subnormals, the exp clamps, tanh's
@@ -178,12 +184,14 @@ static void test_paths_agree(void)
     const fx_isa best = fx_get_isa();
     static float s0[NQ * LD], ref[NQ * LD], x[NQ * LD], g0[NQ * LD], gref[NQ * LD], gx[NQ * LD];
     path_scores(s0, NQ * LD);
+    for (int i = 0; i < 2 * 300; i++)
+        path_big[i] = (float)((i * 7919) % 601) / 300.0f - 1.0f;
     for (int i = 0; i < NQ * LD; i++)
         g0[i] = i % 7 == 0 ? 0.0f : (float)((i * 13) % 29) / 7.0f - 2.0f;
     int paths = 0;
     for (size_t e = 0; e < sizeof path_exprs / sizeof path_exprs[0]; e++) {
         fx_mod *m;
-        FXT_OK(fx_mod_compile(&m, path_exprs[e], path_t, 3));
+        FXT_OK(fx_mod_compile(&m, path_exprs[e], path_t, 4));
         if (!m)
             continue;
         for (size_t p = 0; p < sizeof at / sizeof at[0]; p++) {

@@ -79,7 +79,7 @@ typedef struct runner {
 static void run_begin(runner *r, const fx_mod *m, const prog *p, slot *R, int64_t b, int64_t h)
 {
     r->p = p, r->k = mod_kernels(), r->R = R;
-    r->e = (env){.s = NULL, .b = b, .h = h, .q = 0, .kv0 = 0, .t = m->t};
+    r->e = (env){.s = NULL, .o = NULL, .b = b, .h = h, .q = 0, .kv0 = 0, .t = m->t};
     r->k->run(p->code, p->pre, R, 1, &r->e);
     r->k->run(p->code + p->pre, p->pre_end - p->pre, R, CH, &r->e);
 }
@@ -1377,6 +1377,13 @@ int fx_mod_compile(fx_mod **out, const char *expr, const fx_mod_tensor *tensors,
             affine(&c, c.nn);
         if (!c.err)
             lower_prog(&c, &m->fwd, &root, 1);
+        /* the result straight into the score row: the last instruction computes it (not a copy
+           of the score row itself, which it would then read as it writes) */
+        prog *f = &m->fwd;
+        if (!c.err && f->n > f->row_end && f->code[f->n - 1].dst == f->out[0] && f->code[f->n - 1].op != O_SCORE) {
+            f->code[f->n - 1].dst = FX__MOD_OUT;
+            f->direct = true;
+        }
         if (!c.err)
             lower_prog(&c, &m->dsc, roots, 1);
         roots[0] = -1; /* the tensors' part does not need d / d score */

@@ -21,6 +21,7 @@ typedef __m256i vi; /* int32 lanes */
 #define VI_MIN(a, b) _mm256_min_epi32(a, b)
 #define VI_TO_PS(a) _mm256_cvtepi32_ps(a)
 #define VI_GATHER(p, i) _mm256_i32gather_ps(p, i, 4)
+#define VI_REV(x) _mm256_permutevar8x32_ps(x, _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0))
 
 #include "attention/mod_simd.h"
 

@@ -21,6 +21,7 @@ typedef __m512i vi; /* int32 lanes */
 #define VI_MIN(a, b) _mm512_min_epi32(a, b)
 #define VI_TO_PS(a) _mm512_cvtepi32_ps(a)
 #define VI_GATHER(p, i) _mm512_i32gather_ps(i, p, 4)
+#define VI_REV(x) _mm512_permutexvar_ps(_mm512_setr_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), x)
 
 #include "attention/mod_simd.h"
 

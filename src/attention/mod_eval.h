@@ -24,7 +24,8 @@
 enum {
     FX__MOD_CH = 128,     /* positions of a row evaluated per instruction */
     FX__MOD_REGS = 64,    /* registers of a program */
-    FX__MOD_MAX_OUT = 66  /* outputs of a program */
+    FX__MOD_MAX_OUT = 66, /* outputs of a program */
+    FX__MOD_OUT = -2      /* a destination: the caller's output row (fx__mod_env.o) */
 };
 
 enum {
@@ -68,6 +69,7 @@ typedef struct fx__mod_tensor {
 
 typedef struct fx__mod_env {
     const float *s;
+    float *o; /* where an instruction with dst FX__MOD_OUT writes */
     int64_t b, h, q, kv0;
     const fx__mod_tensor *t;
 } fx__mod_env;
@@ -80,6 +82,7 @@ typedef struct fx__mod_env {
 typedef struct fx__mod_prog {
     fx__mod_ins *code;
     int n, nregs, nout;
+    bool direct; /* the last instruction writes output 0 straight into the row (dst FX__MOD_OUT) */
     int pre, pre_end, row, row_end;
     int out[FX__MOD_MAX_OUT];
 } fx__mod_prog;
@@ -215,8 +218,8 @@ __attribute__((optimize("O3")))
 #endif
 static void MOD_FN(run_op)(const fx__mod_ins *I, fx__mod_slot *R, int64_t n, const fx__mod_env *e)
 {
-    float *restrict df = R[I->dst].f;
-    int64_t *restrict di = R[I->dst].i;
+    float *restrict df = I->dst == FX__MOD_OUT ? e->o : R[I->dst].f;
+    int64_t *restrict di = I->dst == FX__MOD_OUT ? NULL : R[I->dst].i; /* FX__MOD_OUT: a float result */
     const fx__mod_slot *A = &R[I->a < 0 ? 0 : I->a], *B = &R[I->b < 0 ? 0 : I->b], *C = &R[I->c < 0 ? 0 : I->c];
     const float *af = A->f, *bf = B->f, *cf = C->f;
     const int64_t *ai = A->i, *bi = B->i, *ci = C->i;
@@ -375,7 +378,7 @@ static void MOD_FN(score)(const fx__mod_prog *p, const fx__mod_tensor *t, float 
                           int64_t nkv, int64_t b, int64_t h, int64_t q0, int64_t kv0)
 {
     fx__mod_slot R[FX__MOD_REGS];
-    fx__mod_env e = {.s = NULL, .b = b, .h = h, .q = q0, .kv0 = kv0, .t = t};
+    fx__mod_env e = {.s = NULL, .o = NULL, .b = b, .h = h, .q = q0, .kv0 = kv0, .t = t};
     MOD_FN(begin)(p, R, &e);
     const float *o = R[p->out[0]].f;
     for (int64_t i = 0; i < nq; i++) {
@@ -384,9 +387,10 @@ static void MOD_FN(score)(const fx__mod_prog *p, const fx__mod_tensor *t, float 
         for (int64_t j0 = 0; j0 < nkv; j0 += FX__MOD_CH) {
             const int64_t n = nkv - j0 < FX__MOD_CH ? nkv - j0 : FX__MOD_CH;
             float *row = s + i * ld + j0;
-            e.s = row, e.kv0 = kv0 + j0;
+            e.s = row, e.o = row, e.kv0 = kv0 + j0;
             MOD_FN(run)(p->code + p->row_end, p->n - p->row_end, R, n, &e);
-            memcpy(row, o, (size_t)n * sizeof(float));
+            if (!p->direct)
+                memcpy(row, o, (size_t)n * sizeof(float));
         }
     }
 }
@@ -398,7 +402,7 @@ static void MOD_FN(score_grad)(const fx__mod_prog *p, const fx__mod_tensor *t, c
                                int64_t nq, int64_t nkv, int64_t b, int64_t h, int64_t q0, int64_t kv0)
 {
     fx__mod_slot R[FX__MOD_REGS];
-    fx__mod_env e = {.s = NULL, .b = b, .h = h, .q = q0, .kv0 = kv0, .t = t};
+    fx__mod_env e = {.s = NULL, .o = NULL, .b = b, .h = h, .q = q0, .kv0 = kv0, .t = t};
     MOD_FN(begin)(p, R, &e);
     const float *d = R[p->out[0]].f;
     for (int64_t i = 0; i < nq; i++) {

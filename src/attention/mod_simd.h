@@ -3,7 +3,8 @@
    same order). Included by mod_avx2.c and mod_avx512.c after core/simd_<isa>.h and
    mod_eval.h, with MOD_VNAN(x) (the lanes that are NaN, as a vm) and MOD_POW2K(p, n) (p * 2^k1
    * 2^k2 for k = n, k1 = k >> 1, k2 = k - k1, each factor built from its exponent bits) and
-   the int32 lanes vi (VI_SET1, VI_IOTA, VI_ADD, VI_MUL, VI_MAX, VI_MIN, VI_TO_PS, VI_GATHER)
+   the int32 lanes vi (VI_SET1, VI_IOTA, VI_ADD, VI_MUL, VI_MAX, VI_MIN, VI_TO_PS, VI_GATHER, and VI_REV: a float
+   vector's lanes in reverse order)
    defined. */
 #ifndef FLEXC_ATTENTION_MOD_SIMD_H
 #define FLEXC_ATTENTION_MOD_SIMD_H
@@ -67,10 +68,18 @@ static inline int32_t SIMD_FN(mod_sat32)(int64_t x)
     return x < INT32_MIN ? INT32_MIN : x > INT32_MAX ? INT32_MAX : (int32_t)x;
 }
 
+/* clamp(clamp(v, lo, hi), 0, top), as the loops of O_GATHER_AFF compute it. */
+static inline int64_t SIMD_FN(mod_clamp2)(int64_t v, int64_t lo, int64_t hi, int64_t top)
+{
+    v = v > lo ? v : lo;
+    v = v < hi ? v : hi;
+    return v < 0 ? 0 : v > top ? top : v;
+}
+
 /* The instructions done here by hand (the tails by the scalar twins); false for the others. */
 static inline bool SIMD_FN(mod_vec_op)(const fx__mod_ins *I, fx__mod_slot *R, int64_t n, const fx__mod_env *e)
 {
-    float *restrict d = R[I->dst].f;
+    float *restrict d = I->dst == FX__MOD_OUT ? e->o : R[I->dst].f;
     const float *restrict a = R[I->a < 0 ? 0 : I->a].f;
     int64_t j = 0;
     switch (I->op) {
@@ -116,19 +125,31 @@ static inline bool SIMD_FN(mod_vec_op)(const fx__mod_ins *I, fx__mod_slot *R, in
         const vi vlo = VI_SET1(SIMD_FN(mod_sat32)(lo)), vhi = VI_SET1(SIMD_FN(mod_sat32)(hi));
         const vi vzero = VI_SET1(0), vtop = VI_SET1((int32_t)top), vst = VI_SET1((int32_t)st);
         const vi voff = VI_SET1((int32_t)off);
+#define W_AT(j) SIMD_FN(mod_clamp2)(u0 + c * (j), lo, hi, top)
+        /* With unit steps the clamped index is monotone and moves by at most one a lane: a
+           vector whose end lanes are equal is one element, one whose ends are VL - 1 apart is
+           VL consecutive ones (reversed when c = -1); the others (the clamps' edges) gather. */
+        const bool unit = st == 1 && (c == 1 || c == -1);
         vi u = VI_ADD(VI_SET1((int32_t)u0), VI_MUL(vc, VI_IOTA()));
         for (; j + VL <= n; j += VL, u = VI_ADD(u, step)) {
+            if (unit) {
+                const int64_t w0 = W_AT(j), w1 = W_AT(j + VL - 1);
+                if (w0 == w1) {
+                    V_STORE(d + j, V_SET1(p[off + w0]));
+                    continue;
+                }
+                if (w1 - w0 == c * (VL - 1)) {
+                    V_STORE(d + j, c > 0 ? V_LOAD(p + off + w0) : VI_REV(V_LOAD(p + off + w1)));
+                    continue;
+                }
+            }
             vi w = VI_MIN(VI_MAX(u, vlo), vhi);
             w = VI_MIN(VI_MAX(w, vzero), vtop);
             V_STORE(d + j, VI_GATHER(p, VI_ADD(voff, VI_MUL(w, vst))));
         }
-        for (; j < n; j++) {
-            int64_t v = u0 + c * j;
-            v = v > lo ? v : lo;
-            v = v < hi ? v : hi;
-            v = v < 0 ? 0 : v > top ? top : v;
-            d[j] = p[off + v * st];
-        }
+        for (; j < n; j++)
+            d[j] = p[off + W_AT(j) * st];
+#undef W_AT
         return true;
     }
     default:
