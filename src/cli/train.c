@@ -8,6 +8,7 @@
 #include "core/file.h"
 #include "cuda/model_gpu.h"
 #include "model/dist.h"
+#include "model/lora.h"
 #include "model/model.h"
 #include "model/run_params.h"
 #include "outdir_lock.h"
@@ -29,9 +30,10 @@ static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { interrupted = sig; }
 
 typedef struct train_opts {
-    const char *data, *model, *attn, *out, *parallel, *comm_log, *dtype, *device;
+    const char *data, *model, *attn, *out, *parallel, *comm_log, *dtype, *device, *lora_targets;
     int64_t steps, batch, seq, seed, threads, accum, warmup, save_every, eval_every, eval_batches, log_every, until;
-    int64_t layers, dim, heads, kv_heads;
+    int64_t layers, dim, heads, kv_heads, lora;
+    double lora_alpha, lora_dropout;
     double lr, min_lr, weight_decay, clip, beta1, beta2, val_frac, comm_timeout;
     bool resume, quiet, bf16, force, adam_bf16, recompute, deterministic, no_memory_check;
     bool lossy_text;
@@ -288,6 +290,52 @@ static int state_outside(const fx__model_train_state *st, const char *key, int64
     return CLI_EXIT_USAGE;
 }
 
+/* --lora's settings in range, given only with --lora, and no option the LoRA step does not
+   take (docs/lora.md). */
+static int lora_opts_check(const train_opts *o, fx__par par)
+{
+    if (o->lora == UNSET) {
+        const char *stray = !isnan(o->lora_alpha)     ? "--lora-alpha"
+                            : !isnan(o->lora_dropout) ? "--lora-dropout"
+                            : o->lora_targets         ? "--lora-targets"
+                                                      : NULL;
+        if (stray && !o->resume) {
+            cli_error("%s goes with --lora R (the adapters' rank)", stray);
+            return CLI_EXIT_USAGE;
+        }
+        return CLI_EXIT_OK;
+    }
+    if (o->lora < 1 || o->lora > 65536)
+        return int_outside("--lora", o->lora, 1, 65536);
+    if (!isnan(o->lora_alpha) && !(isfinite(o->lora_alpha) && o->lora_alpha > 0)) {
+        cli_error("--lora-alpha %g must be > 0", o->lora_alpha);
+        return CLI_EXIT_USAGE;
+    }
+    if (!isnan(o->lora_dropout) && !(o->lora_dropout >= 0 && o->lora_dropout < 1)) {
+        cli_error("--lora-dropout %g must be in [0, 1)", o->lora_dropout);
+        return CLI_EXIT_USAGE;
+    }
+    unsigned targets;
+    if (o->lora_targets && fx__lora_targets_parse(o->lora_targets, &targets) != FX_OK) {
+        cli_error("--lora-targets %s: %s", o->lora_targets, fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
+    const struct { bool on; const char *opt, *why; } no[] = {
+        {par != FX__PAR_NONE, par == FX__PAR_DDP ? "--parallel ddp" : "--parallel fsdp", "adapters train in one process"},
+        {o->deterministic, "--deterministic", "one process is bitwise the same at any thread count already"},
+        {o->dtype && !strcmp(o->dtype, "bf16"), "--dtype bf16", "the frozen base is multiplied in its file's dtype"},
+        {o->device && !strcmp(o->device, "cuda"), "--device cuda", "the LoRA step runs on the CPU"},
+        {o->adam_bf16, "--adam-bf16", "the adapters' moments stay float32"},
+        {o->recompute, "--recompute", "the LoRA step keeps its activations"},
+        {o->bf16, "--bf16", "a LoRA run writes its adapters, not a model file"}};
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        if (no[i].on) {
+            cli_error("--lora does not take %s (%s)", no[i].opt, no[i].why);
+            return CLI_EXIT_USAGE;
+        }
+    return CLI_EXIT_OK;
+}
+
 /* The checks of train's options that need neither data nor a model; *par the --parallel mode.
    A usage error is printed and its exit code returned. */
 static int train_opts_check(const train_opts *o, fx__par *par)
@@ -317,7 +365,7 @@ static int train_opts_check(const train_opts *o, fx__par *par)
         return CLI_EXIT_USAGE;
     }
     int rc = device_check(o, *par);
-    if (rc != CLI_EXIT_OK)
+    if (rc != CLI_EXIT_OK || (rc = lora_opts_check(o, *par)) != CLI_EXIT_OK)
         return rc;
     if (!(o->comm_timeout > 0)) {
         cli_error("--comm-timeout %g must be > 0 seconds", o->comm_timeout);
@@ -365,7 +413,8 @@ int cmd_train(int argc, char **argv)
     train_opts o = {.model = NULL, .attn = NULL, .out = "out", .steps = UNSET, .batch = UNSET, .seq = UNSET,
                     .seed = UNSET, .threads = 0, .accum = UNSET, .warmup = UNSET, .save_every = 0,
                     .eval_every = UNSET, .eval_batches = 4, .log_every = UNSET, .until = UNSET, .layers = UNSET,
-                    .dim = UNSET, .heads = UNSET, .kv_heads = UNSET, .lr = NAN, .min_lr = NAN,
+                    .dim = UNSET, .heads = UNSET, .kv_heads = UNSET, .lora = UNSET,
+                    .lora_alpha = NAN, .lora_dropout = NAN, .lr = NAN, .min_lr = NAN,
                     .weight_decay = NAN, .clip = NAN, .beta1 = 0.9, .beta2 = 0.95, .val_frac = 0.05,
                     .parallel = "none", .comm_timeout = FX_COMM_DEFAULT_TIMEOUT};
     const cli_opt opts[] = {
@@ -399,6 +448,11 @@ int cmd_train(int argc, char **argv)
         {"--bf16", CLI_FLAG, &o.bf16, "write model.safetensors in bfloat16"},
         {"--adam-bf16", CLI_FLAG, &o.adam_bf16, "keep the Adam moments in bfloat16 (half the optimizer memory)"},
         {"--recompute", CLI_FLAG, &o.recompute, "keep only layer inputs, recompute the rest in backward"},
+        {"--lora", CLI_INT, &o.lora, "train LoRA adapters of rank R on a frozen Hugging Face --model (docs/lora.md)"},
+        {"--lora-alpha", CLI_FLOAT, &o.lora_alpha, "the adapters' scale is alpha / R (default 2R)"},
+        {"--lora-dropout", CLI_FLOAT, &o.lora_dropout, "dropout on the adapters' input, in [0, 1) (default 0)"},
+        {"--lora-targets", CLI_STRING, &o.lora_targets,
+         "the projections adapted: a subset of q,k,v,o,gate,up,down (default all)"},
         {"--device", CLI_STRING, &o.device, "cpu | cuda: where the training step runs (default cpu; docs/cuda.md)"},
         {"--threads", CLI_INT, &o.threads, "threads (default: all cores)"},
         {"--quiet", CLI_FLAG, &o.quiet, "no progress output"},
@@ -449,6 +503,9 @@ typedef struct train_job {
     fx__model_data data;
     bool have_data;
     fx_model *init; /* --model DIR: the model to fine-tune, until setup_model takes it over */
+    bool lora;          /* --lora: adapters on a frozen, mapped base */
+    fx__lora_config lc; /* their settings */
+    char base[4096];    /* and the base's directory (absolute) */
     fx__model *m;
     fx__dist *dist;
     int32_t *tokens, *targets;
@@ -597,6 +654,58 @@ static int resume_steps(train_job *j)
     return CLI_EXIT_OK;
 }
 
+/* A LoRA run's checkpoint: its adapters' settings, which the options may repeat, and its base,
+   mapped again (it must still be the model the adapters were trained on). */
+static int lora_resume(train_job *j)
+{
+    const train_opts *o = &j->o;
+    fx__lora_source src;
+    bool found;
+    int rc = fx__lora_source_find(j->ckpt, &src, &found);
+    if (rc != FX_OK)
+        return cli_fail(rc, "--resume");
+    if (!found) {
+        if (o->lora != UNSET) {
+            cli_error("--resume: %s is a full fine-tuning run's checkpoint; drop --lora", j->ckpt);
+            return CLI_EXIT_USAGE;
+        }
+        return CLI_EXIT_OK;
+    }
+    const fx__lora_config *lc = &src.cfg;
+    unsigned targets = lc->targets;
+    if (o->lora_targets)
+        fx__lora_targets_parse(o->lora_targets, &targets);
+    char saved[64];
+    fx__lora_targets_format(lc->targets, saved, sizeof saved);
+    if ((o->lora != UNSET && o->lora != lc->rank) ||
+        (!isnan(o->lora_alpha) && (float)o->lora_alpha != lc->alpha) ||
+        (!isnan(o->lora_dropout) && (float)o->lora_dropout != lc->dropout) || targets != lc->targets) {
+        cli_error("--resume: the checkpoint trains LoRA adapters of rank %lld, alpha %g, dropout %g on %s; drop the "
+                  "--lora options that differ", (long long)lc->rank, (double)lc->alpha, (double)lc->dropout, saved);
+        return CLI_EXIT_USAGE;
+    }
+    struct stat a, b;
+    if (o->model && (stat(o->model, &a) != 0 || stat(src.base, &b) != 0 || a.st_dev != b.st_dev ||
+                     a.st_ino != b.st_ino)) {
+        cli_error("--resume: the checkpoint's adapters are on the base model %s, not --model %s (drop --model)",
+                  src.base, o->model);
+        return CLI_EXIT_USAGE;
+    }
+    fx_model_config bc;
+    if ((rc = cli_model_open_for("the checkpoint's base model", src.base, &bc, &j->init, true)) != CLI_EXIT_OK)
+        return rc;
+    const fx__config_field *d = fx__config_diff(&bc, &j->cfg);
+    if (d) {
+        cli_error("--resume: the base model %s is no longer the one the adapters were trained on (its %s differs)",
+                  src.base, d->key);
+        return CLI_EXIT_FAIL;
+    }
+    j->lora = true;
+    j->lc = *lc;
+    snprintf(j->base, sizeof j->base, "%s", src.base);
+    return CLI_EXIT_OK;
+}
+
 static int config_resume(train_job *j)
 {
     if (!file_exists(j->ckpt)) {
@@ -611,7 +720,9 @@ static int config_resume(train_job *j)
         cli_error("--resume: %s holds no optimizer state", j->ckpt);
         return CLI_EXIT_FAIL;
     }
-    if (j->o.model && (rc = resume_model(j)) != CLI_EXIT_OK)
+    if ((rc = lora_resume(j)) != CLI_EXIT_OK)
+        return rc;
+    if (!j->lora && j->o.model && (rc = resume_model(j)) != CLI_EXIT_OK)
         return rc;
     if ((rc = resume_shape(j)) != CLI_EXIT_OK || (rc = resume_run(j)) != CLI_EXIT_OK)
         return rc;
@@ -658,6 +769,35 @@ static int config_new_optimizer(const train_opts *o, fx__model_train_state *st)
 }
 
 /* ---- configuration: a preset with overrides, or a model to fine-tune, and the options ---- */
+
+/* --lora R on --model DIR: the base mapped, the adapters' settings. */
+static int lora_new(train_job *j)
+{
+    const train_opts *o = &j->o;
+    char cfgpath[4200];
+    snprintf(cfgpath, sizeof cfgpath, "%s/config.json", o->model ? o->model : "");
+    if (!o->model || !file_exists(cfgpath)) {
+        cli_error("--lora adapts a Hugging Face model: pass --model DIR (a directory with config.json)%s%s",
+                  o->model ? ", not " : "", o->model ? o->model : "");
+        return CLI_EXIT_USAGE;
+    }
+    if (!realpath(o->model, j->base)) {
+        cli_error("--model %s: %s", o->model, strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
+    int rc = cli_model_open_for("--model", o->model, &j->cfg, &j->init, true);
+    if (rc != CLI_EXIT_OK)
+        return rc;
+    j->lora = true;
+    j->lc = fx__lora_defaults(o->lora);
+    if (!isnan(o->lora_alpha))
+        j->lc.alpha = (float)o->lora_alpha;
+    if (!isnan(o->lora_dropout))
+        j->lc.dropout = (float)o->lora_dropout;
+    if (o->lora_targets)
+        fx__lora_targets_parse(o->lora_targets, &j->lc.targets); /* checked with the options */
+    return CLI_EXIT_OK;
+}
 static int config_new(train_job *j)
 {
     const train_opts *o = &j->o;
@@ -669,8 +809,11 @@ static int config_new(train_job *j)
                   j->ckpt);
         return CLI_EXIT_USAGE;
     }
-    /* A preset, or a model to fine-tune (its size is its own). */
-    if ((rc = cli_model_open("--model", o->model ? o->model : "small", cfg, &j->init)) != CLI_EXIT_OK)
+    /* A preset, or a model to fine-tune (its size is its own); under --lora a Hugging Face
+       model, mapped in its file's dtype. */
+    if (o->lora != UNSET && (rc = lora_new(j)) != CLI_EXIT_OK)
+        return rc;
+    if (o->lora == UNSET && (rc = cli_model_open("--model", o->model ? o->model : "small", cfg, &j->init)) != CLI_EXIT_OK)
         return rc;
     char tp[4200];
     if (cfg->vocab < FX__MODEL_VOCAB && !train_tokenizer_path(tp, sizeof tp, o->model) &&
@@ -787,6 +930,15 @@ static int out_prepare(train_job *j)
 }
 
 /* ---- data and model ---- */
+
+/* The bytes of a mapped base's tensors in its file (0: float32 parameters). */
+static uint64_t mapped_bytes(const fx__model *m)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; m && m->mapped && i < m->lay.n; i++)
+        n += (uint64_t)m->lay.t[i].numel * fx_dtype_size(m->mapped->t[i].dtype);
+    return n;
+}
 static int setup_data(train_job *j)
 {
     const train_opts *o = &j->o;
@@ -847,10 +999,11 @@ static int train_memory(train_job *j)
     const int64_t local = st->batch / j->nproc;
     const fx__model_mem_opts mo = {.B = local, .T = st->seq, .adam_bf16 = st->adam_bf16, .bf16 = st->bf16,
                                    .recompute = o->recompute, .device = o->device && !strcmp(o->device, "cuda"),
-                                   .params_held = j->init != NULL,
+                                   .params_held = j->init != NULL && !j->lora,
                                    .sum_slices = o->deterministic && j->par != FX__PAR_FSDP ? local : 0,
                                    .data = (uint64_t)j->data.n * sizeof *j->data.tok};
-    int rc = fx__model_mem_train(&j->mem, &j->cfg, &mo);
+    int rc = j->lora ? fx__lora_mem_train(&j->mem, &j->cfg, &j->lc, &mo, mapped_bytes(j->init))
+                     : fx__model_mem_train(&j->mem, &j->cfg, &mo);
     if (rc == FX_OK)
         rc = fx__model_mem_check(&j->mem, &j->avail);
     if (rc == FX_ENOMEM)
@@ -861,6 +1014,19 @@ static int train_memory(train_job *j)
     else if (rc)
         cli_fail(rc, "memory");
     return all_ok(j->world, rc == FX_OK) ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+}
+
+/* --lora: new adapters (drawn from the seed), or the checkpoint's with their moments. */
+static int lora_attach(train_job *j)
+{
+    fx__model *m = j->m;
+    fx__lora *a = NULL;
+    int rc = j->o.resume ? fx__lora_load(m, j->ckpt, true) : fx__lora_create(&a, &m->c, &j->lc, j->st.seed);
+    if (rc == FX_OK && a)
+        rc = fx__model_set_lora(m, a);
+    if (rc == FX_OK)
+        rc = fx__lora_alloc_train(m->lora);
+    return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, j->o.resume ? "--resume" : "--lora");
 }
 
 /* The model (created, or read from --model or the checkpoint), its training buffers, the
@@ -880,10 +1046,12 @@ static int setup_model(train_job *j)
     const bool gpu = o->device && strcmp(o->device, "cuda") == 0;
     m->adam_bf16 = st->adam_bf16;
     m->recompute = o->recompute;
-    if ((rc = fx__model_alloc_train(m)) != FX_OK)
+    if (!j->lora && (rc = fx__model_alloc_train(m)) != FX_OK)
         return cli_fail(rc, "model");
     fx__model_mask_parse(st->attn, &m->mask, &m->window);
-    if (o->resume && (rc = fx__model_load(m, j->ckpt, true)) != FX_OK)
+    if (j->lora && (rc = lora_attach(j)) != CLI_EXIT_OK)
+        return rc;
+    if (!j->lora && o->resume && (rc = fx__model_load(m, j->ckpt, true)) != FX_OK)
         return cli_fail(rc, "--resume");
     /* On a GPU the device holds the weights' bfloat16 copy, and the host none. */
     if (gpu && (rc = fx__model_gpu_attach(m, 1, st->bf16)) != FX_OK)
@@ -908,6 +1076,8 @@ static int setup_model(train_job *j)
     }
     /* What a save writes: weights, the two Adam moments, the model file, and their headers. */
     uint64_t P = m->lay.total, need = P * 4 + 2 * P * (st->adam_bf16 ? 2 : 4) + P * (o->bf16 ? 2 : 4) + (1u << 17);
+    if (j->lora)
+        need = 3 * (uint64_t)m->lora->total * sizeof(float) + (1u << 17); /* adapters and moments */
     rc = j->rank == 0 ? save_check(o->out, need) : CLI_EXIT_OK;
     if (!all_ok(j->world, rc == CLI_EXIT_OK))
         return CLI_EXIT_FAIL;
@@ -937,6 +1107,14 @@ static void print_memory(const train_job *j)
            fx__mem_check_on() ? "" : ", not checked");
 }
 
+static uint64_t lora_params(const fx__lora *a)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < a->n; i++)
+        n += a->t[i].numel;
+    return n;
+}
+
 static void print_header(const train_job *j)
 {
     const fx_model_config *cfg = &j->cfg;
@@ -954,6 +1132,16 @@ static void print_header(const train_job *j)
            (long long)st->step + 1, (long long)j->until, (long long)st->steps, (long long)st->batch,
            (long long)st->seq, (long long)st->accum, (double)st->lr, (long long)st->warmup, (double)st->min_lr,
            fx_get_num_threads(), cli_s((uint64_t)fx_get_num_threads()), j->o.out);
+    if (j->lora) {
+        char targets[64];
+        fx__lora_targets_format(j->lc.targets, targets, sizeof targets);
+        const fx__model *m = j->m;
+        printf("lora: rank %lld, alpha %g, dropout %g on %s: %.2fM trainable parameters (%.2f%% of the base, "
+               "frozen in %s)\n",
+               (long long)j->lc.rank, (double)j->lc.alpha, (double)j->lc.dropout, targets,
+               (double)lora_params(m->lora) / 1e6, 100.0 * (double)lora_params(m->lora) / (double)m->lay.total,
+               fx_dtype_name(m->mapped->t[0].dtype));
+    }
     if (st->bf16)
         printf("dtype bf16: bfloat16 inputs to every matrix product, float32 weights, sums and loss\n");
     if (j->m->gpu)
@@ -967,6 +1155,36 @@ static void print_header(const train_job *j)
 }
 
 /* ---- the loop ---- */
+
+/* Saves the run: the whole model's checkpoint and model file, or a LoRA run's checkpoint (its
+   adapters). A model file an earlier run left there goes, since generate and export would
+   read it rather than the adapters. */
+static int save_run(const train_job *j, const fx__model_train_state *st)
+{
+    if (!j->lora)
+        return save_dist(j->m, j->dist, j->world, st, j->o.out, j->o.bf16);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/checkpoint.safetensors", j->o.out);
+    int rc = fx__lora_save_checkpoint(j->m, st, j->base, path);
+    if (rc)
+        return cli_fail(rc, "saving the checkpoint");
+    snprintf(path, sizeof path, "%s/model.safetensors", j->o.out);
+    if (unlink(path) != 0 && errno != ENOENT) {
+        cli_error("cannot remove %s, an earlier run's model that would be read instead of the adapters: %s", path,
+                  strerror(errno));
+        return CLI_EXIT_FAIL;
+    }
+    return CLI_EXIT_OK;
+}
+
+/* "saved OUT/checkpoint.safetensors and OUT/model.safetensors" (a LoRA run: its adapters). */
+static void print_saved(const train_job *j)
+{
+    if (j->lora)
+        printf("saved %s/checkpoint.safetensors (LoRA adapters)", j->o.out);
+    else
+        printf("saved %s/checkpoint.safetensors and %s/model.safetensors", j->o.out, j->o.out);
+}
 
 /* A finished step's metrics line (val: the validation loss, when the step evaluated). A line that
    cannot be written (a full disk) stops the run as a signal would (every process after the
@@ -1059,9 +1277,10 @@ static int train_loop(train_job *j)
             cli_error("step %lld: the %s is %s; stopping with the checkpoint of step %lld (a lower --lr may help)",
                       (long long)st->step + 1, lossbad ? "loss" : "gradient norm",
                       isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf", (long long)st->step);
-            if (save_dist(j->m, j->dist, j->world, st, o->out, o->bf16) == CLI_EXIT_OK && !o->quiet)
-                printf("saved %s/checkpoint.safetensors and %s/model.safetensors at step %lld\n", o->out, o->out,
-                       (long long)st->step);
+            if (save_run(j, st) == CLI_EXIT_OK && !o->quiet) {
+                print_saved(j);
+                printf(" at step %lld\n", (long long)st->step);
+            }
             return CLI_EXIT_FAIL;
         }
         if (isnan(j->first_loss))
@@ -1082,7 +1301,7 @@ static int train_loop(train_job *j)
         if (!o->quiet)
             print_progress(j, &info, (double)(st->step - first) * j->step_tokens / elapsed, first, eval, val);
         if (o->save_every > 0 && st->step % o->save_every == 0 && st->step < j->until &&
-            save_dist(j->m, j->dist, j->world, st, o->out, o->bf16) != CLI_EXIT_OK)
+            save_run(j, st) != CLI_EXIT_OK)
             return CLI_EXIT_FAIL;
     }
     return CLI_EXIT_OK;
@@ -1092,15 +1311,15 @@ static int train_loop(train_job *j)
 static int train_finish(const train_job *j)
 {
     const train_opts *o = &j->o;
-    if (save_dist(j->m, j->dist, j->world, &j->st, o->out, o->bf16) != CLI_EXIT_OK)
+    if (save_run(j, &j->st) != CLI_EXIT_OK)
         return CLI_EXIT_FAIL;
     if (!o->quiet) {
         if (j->tty)
             printf("\r\033[K");
         if (interrupted && !j->metrics_failed)
             printf("interrupted at step %lld; ", (long long)j->st.step);
-        printf("saved %s/checkpoint.safetensors and %s/model.safetensors at step %lld", o->out, o->out,
-               (long long)j->st.step);
+        print_saved(j);
+        printf(" at step %lld", (long long)j->st.step);
         if (!isnan(j->first_loss))
             printf(" (loss %.4f -> %.4f)", (double)j->first_loss, (double)j->last_loss);
         printf("\n");

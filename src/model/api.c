@@ -4,6 +4,7 @@
 
 #include "dist.h"
 #include "hf/hf.h"
+#include "lora.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -148,13 +149,18 @@ int fx_model_load(fx_model **out, const char *path)
     struct stat st;
     if (stat(path, &st) != 0)
         return fx__error(FX_EIO, "'%s': no such file or directory", path);
+    /* LoRA adapters (a LoRA run's, or PEFT's) load on top of their base, mapped. */
+    fx__lora_source src;
+    bool lora;
+    int rc = fx__lora_source_find(path, &src, &lora);
+    if (rc != FX_OK || lora)
+        return rc != FX_OK ? rc : fx__lora_open(out, &src, false);
     if (!S_ISDIR(st.st_mode))
         return fx__load_flexc(out, path);
     size_t n = strlen(path) + 32;
     char *file = fx__alloc(n);
     if (!file)
         return FX_ENOMEM;
-    int rc;
     snprintf(file, n, "%s/config.json", path);
     if (fx__is_file(file)) {
         /* The weights are read into float32 (fx_model_load_inference maps them instead): checked

@@ -1,6 +1,6 @@
 /* Checkpoints and model files: safetensors with the config (and training state) in the
    metadata. Everything read is checked against the config before a byte is copied. */
-#include "model.h"
+#include "ckpt.h"
 
 #include "core/finite.h"
 #include "hf/hf.h"
@@ -12,19 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FX__FORMAT "flexc-gpt"
-#define FX__FORMAT_VERSION "1"
-
-enum { FX__META_MAX = 64, FX__META_LEN = 96 };
-
-typedef struct fx__meta {
-    const char *kv[2 * FX__META_MAX + 1];
-    char val[FX__META_MAX][FX__META_LEN];
-    int n;
-} fx__meta;
-
-static void fx__meta_add(fx__meta *m, const char *key, const char *fmt, ...) FX__PRINTF(3, 4);
-static void fx__meta_add(fx__meta *m, const char *key, const char *fmt, ...)
+void fx__meta_add(fx__meta *m, const char *key, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -36,7 +24,15 @@ static void fx__meta_add(fx__meta *m, const char *key, const char *fmt, ...)
     m->kv[2 * m->n] = NULL;
 }
 
-static void fx__meta_config(fx__meta *md, const fx__model *m, const char *kind)
+void fx__meta_add_ref(fx__meta *m, const char *key, const char *value)
+{
+    m->kv[2 * m->n] = key;
+    m->kv[2 * m->n + 1] = value;
+    m->n++;
+    m->kv[2 * m->n] = NULL;
+}
+
+void fx__meta_config(fx__meta *md, const fx__model *m, const char *kind)
 {
     const fx_model_config *c = &m->c;
     char attn[32];
@@ -59,6 +55,31 @@ static void fx__meta_config(fx__meta *md, const fx__model *m, const char *kind)
     }
     bool bytes = !strcmp(c->arch, "flexc-gpt") && c->vocab == FX__MODEL_VOCAB;
     fx__meta_add(md, "tokenizer", "%s", bytes ? "bytes+eot" : "external");
+}
+
+void fx__meta_state(fx__meta *md, const fx__model_train_state *s)
+{
+    fx__meta_add(md, "step", "%lld", (long long)s->step);
+    fx__meta_add(md, "data_pos", "%lld", (long long)s->data_pos);
+    fx__meta_add(md, "rng", "%llu:%llu:%llu:%u:%u:%u:%u:%u", (unsigned long long)s->rng.seed,
+                 (unsigned long long)s->rng.stream, (unsigned long long)s->rng.counter, s->rng.buf[0], s->rng.buf[1],
+                 s->rng.buf[2], s->rng.buf[3], s->rng.used);
+    fx__meta_add(md, "steps", "%lld", (long long)s->steps);
+    fx__meta_add(md, "warmup", "%lld", (long long)s->warmup);
+    fx__meta_add(md, "batch", "%lld", (long long)s->batch);
+    fx__meta_add(md, "seq", "%lld", (long long)s->seq);
+    fx__meta_add(md, "accum", "%lld", (long long)s->accum);
+    fx__meta_add(md, "lr", "%.9g", (double)s->lr);
+    fx__meta_add(md, "min_lr", "%.9g", (double)s->min_lr);
+    fx__meta_add(md, "weight_decay", "%.9g", (double)s->weight_decay);
+    fx__meta_add(md, "clip", "%.9g", (double)s->clip);
+    fx__meta_add(md, "beta1", "%.9g", (double)s->beta1);
+    fx__meta_add(md, "beta2", "%.9g", (double)s->beta2);
+    fx__meta_add(md, "seed", "%llu", (unsigned long long)s->seed);
+    fx__meta_add(md, "data_hash", "%016llx", (unsigned long long)s->data_hash);
+    fx__meta_add(md, "deterministic", "%d", s->deterministic ? 1 : 0);
+    fx__meta_add(md, "dtype", "%s", s->bf16 ? "bf16" : "f32");
+    fx__meta_add_ref(md, "data", s->data); /* a path may be longer than the other values */
 }
 
 static fx_tensor_view fx__view(const fx__model_tensor *t, const void *data, fx_dtype dt, size_t esize)
@@ -88,29 +109,7 @@ int fx__model_save_checkpoint(const fx__model *m, const fx__model_train_state *s
                                 .data = am + P * aes, .nbytes = P * aes};
     fx__meta md = {0};
     fx__meta_config(&md, m, "checkpoint");
-    fx__meta_add(&md, "step", "%lld", (long long)s->step);
-    fx__meta_add(&md, "data_pos", "%lld", (long long)s->data_pos);
-    fx__meta_add(&md, "rng", "%llu:%llu:%llu:%u:%u:%u:%u:%u", (unsigned long long)s->rng.seed,
-                 (unsigned long long)s->rng.stream, (unsigned long long)s->rng.counter, s->rng.buf[0], s->rng.buf[1],
-                 s->rng.buf[2], s->rng.buf[3], s->rng.used);
-    fx__meta_add(&md, "steps", "%lld", (long long)s->steps);
-    fx__meta_add(&md, "warmup", "%lld", (long long)s->warmup);
-    fx__meta_add(&md, "batch", "%lld", (long long)s->batch);
-    fx__meta_add(&md, "seq", "%lld", (long long)s->seq);
-    fx__meta_add(&md, "accum", "%lld", (long long)s->accum);
-    fx__meta_add(&md, "lr", "%.9g", (double)s->lr);
-    fx__meta_add(&md, "min_lr", "%.9g", (double)s->min_lr);
-    fx__meta_add(&md, "weight_decay", "%.9g", (double)s->weight_decay);
-    fx__meta_add(&md, "clip", "%.9g", (double)s->clip);
-    fx__meta_add(&md, "beta1", "%.9g", (double)s->beta1);
-    fx__meta_add(&md, "beta2", "%.9g", (double)s->beta2);
-    fx__meta_add(&md, "seed", "%llu", (unsigned long long)s->seed);
-    fx__meta_add(&md, "data_hash", "%016llx", (unsigned long long)s->data_hash);
-    fx__meta_add(&md, "deterministic", "%d", s->deterministic ? 1 : 0);
-    fx__meta_add(&md, "dtype", "%s", s->bf16 ? "bf16" : "f32");
-    md.kv[2 * md.n] = "data"; /* a path may be longer than the other values */
-    md.kv[2 * md.n + 1] = s->data;
-    md.kv[2 * md.n + 2] = NULL;
+    fx__meta_state(&md, s);
     int rc = fx_safetensors_save(path, v, n, md.kv);
     fx__free(v);
     return rc;
@@ -141,7 +140,7 @@ int fx__model_save_model(const fx__model *m, const char *path, bool bf16)
 
 /* ---- reading ------------------------------------------------------------------------------------ */
 
-static int fx__meta_i64(const fx_safetensors *f, const char *path, const char *key, int64_t *out)
+int fx__meta_i64(const fx_safetensors *f, const char *path, const char *key, int64_t *out)
 {
     const char *s = fx_safetensors_metadata(f, key);
     if (!s)
@@ -149,7 +148,7 @@ static int fx__meta_i64(const fx_safetensors *f, const char *path, const char *k
     return fx__meta_parse_i64(s, path, key, out);
 }
 
-static int fx__meta_f32(const fx_safetensors *f, const char *path, const char *key, float *out)
+int fx__meta_f32(const fx_safetensors *f, const char *path, const char *key, float *out)
 {
     const char *s = fx_safetensors_metadata(f, key);
     if (!s)
@@ -175,8 +174,8 @@ static int fx__read_config_fields(const fx_safetensors *f, const char *path, fx_
     return FX_OK;
 }
 
-static int fx__read_config_open(const fx_safetensors *f, const char *path, fx_model_config *c,
-                                fx__model_train_state *s, bool *has_adam)
+int fx__ckpt_read(const fx_safetensors *f, const char *path, fx_model_config *c, fx__model_train_state *s,
+                  bool *has_adam)
 {
     const char *fmt = fx_safetensors_metadata(f, "format");
     if (!fmt || strcmp(fmt, FX__FORMAT) != 0)
@@ -187,8 +186,8 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx_mo
         return fx__error(FX_EFORMAT, "'%s': format version '%s' is not supported (this flexc reads %s)", path,
                          ver ? ver : "(none)", FX__FORMAT_VERSION);
     const char *kind = fx_safetensors_metadata(f, "kind");
-    if (!kind || (strcmp(kind, "checkpoint") != 0 && strcmp(kind, "model") != 0))
-        return fx__error(FX_EFORMAT, "'%s': metadata kind = '%s' is not checkpoint or model", path,
+    if (!kind || (strcmp(kind, "checkpoint") != 0 && strcmp(kind, "model") != 0 && strcmp(kind, "lora") != 0))
+        return fx__error(FX_EFORMAT, "'%s': metadata kind = '%s' is not checkpoint, model or lora", path,
                          kind ? kind : "(none)");
     fx_model_config cc = {0};
     int rc;
@@ -289,7 +288,7 @@ static int fx__read_config_open(const fx_safetensors *f, const char *path, fx_mo
 
 /* A file of another kind is refused from its metadata alone, before its tensor table is
    built (a header of a million tensors takes a while to index). */
-static int fx__check_format(const char *path)
+int fx__check_format(const char *path)
 {
     char fmt[32];
     bool found = false;
@@ -314,12 +313,12 @@ int fx__model_read_config(const char *path, fx_model_config *c, fx__model_train_
     rc = fx_safetensors_open(&f, path);
     if (rc)
         return rc;
-    rc = fx__read_config_open(f, path, c, s, has_adam);
+    rc = fx__ckpt_read(f, path, c, s, has_adam);
     fx_safetensors_close(f);
     return rc;
 }
 
-static int fx__check_view(const char *path, const fx_tensor_view *v, const char *name, int ndim, const int64_t *shape,
+int fx__check_view(const char *path, const fx_tensor_view *v, const char *name, int ndim, const int64_t *shape,
                           bool allow_bf16)
 {
     if (!v)
@@ -340,7 +339,7 @@ static int fx__check_view(const char *path, const fx_tensor_view *v, const char 
 /* The Adam moments of a checkpoint: both finite, the second never negative (it is a running
    mean of squares). Anything else is a corrupt file, not a training problem: resuming it
    would fail steps later with a message about the learning rate. */
-static int fx__check_moments(const char *path, const fx_tensor_view *mv, const fx_tensor_view *vv)
+int fx__check_moments(const char *path, const fx_tensor_view *mv, const fx_tensor_view *vv)
 {
     const fx_tensor_view *both[2] = {mv, vv};
     for (int k = 0; k < 2; k++) {
@@ -380,8 +379,13 @@ int fx__model_load(fx__model *m, const char *path, bool load_adam)
         return rc;
     fx_model_config c;
     bool adam = false;
-    if ((rc = fx__read_config_open(f, path, &c, NULL, &adam)) != FX_OK)
+    if ((rc = fx__ckpt_read(f, path, &c, NULL, &adam)) != FX_OK)
         goto done;
+    if (!strcmp(fx_safetensors_metadata(f, "kind"), "lora")) {
+        rc = fx__error(FX_EFORMAT, "'%s' holds LoRA adapters, not a whole model (read it with fx_model_load, which "
+                       "maps the base model it names)", path);
+        goto done;
+    }
     if (c.layers != m->c.layers || c.dim != m->c.dim || c.heads != m->c.heads || c.kv_heads != m->c.kv_heads ||
         c.ffn != m->c.ffn || c.vocab != m->c.vocab || c.ctx != m->c.ctx || c.head_dim != m->c.head_dim ||
         c.qkv_bias != m->c.qkv_bias || c.tied_embeddings != m->c.tied_embeddings) {

@@ -137,4 +137,43 @@ struct fx__model_mem_opts;
 int fx__lora_mem_train(struct fx__model_mem *mem, const fx_model_config *c, const fx__lora_config *lc,
                        const struct fx__model_mem_opts *o, uint64_t base_bytes);
 
+/* ---- files (lora_ckpt.c) ------------------------------------------------------------------------ */
+
+/* "q,k,v,o,gate,up,down" (any subset, also PEFT's q_proj, ...; or "all") to target bits, and
+   back (short names, table order). FX_EINVAL naming an unknown name. */
+struct fx_model;
+struct fx__model_train_state;
+int fx__lora_targets_parse(const char *s, unsigned *out);
+void fx__lora_targets_format(unsigned targets, char *buf, size_t n);
+
+/* Where adapters are: a LoRA run's checkpoint (a training --out directory without a whole
+   model file, or the checkpoint file itself; kind "lora") or a PEFT adapter directory
+   (adapter_config.json + adapter_model.safetensors). */
+typedef struct fx__lora_source {
+    bool peft;            /* a PEFT directory; else a LoRA checkpoint */
+    char file[4200];      /* the checkpoint, or adapter_model.safetensors */
+    char base[4096];      /* the base model's Hugging Face directory */
+    fx__lora_config cfg;
+} fx__lora_source;
+
+/* *found: path holds adapters (src filled: settings and base, checked); FX_OK with *found
+   false when it holds something else (a whole model, a Hugging Face directory). */
+int fx__lora_source_find(const char *path, fx__lora_source *src, bool *found);
+/* The base of src with its adapters attached: mapped in its file's dtype (as
+   fx_model_load_inference), or, merged, read into float32 with W + scale B A in place of each
+   adapted matrix (no adapters left: a whole model to save or export). */
+int fx__lora_open(struct fx_model **out, const fx__lora_source *src, bool merged);
+
+/* A LoRA run's checkpoint: kind "lora", the config of m (the base's), the training state s,
+   the adapters (PEFT's names, float32), their AdamW moments (optim.m, optim.v over the
+   buffer), the dropout stream, and base (the base model's directory). */
+int fx__lora_save_checkpoint(const struct fx_model *m, const struct fx__model_train_state *s, const char *base,
+                             const char *path);
+/* The adapters of the checkpoint at path attached to m (the base: its config must be the
+   file's), with their AdamW moments and dropout stream when load_adam. Checked whole first. */
+int fx__lora_load(struct fx_model *m, const char *path, bool load_adam);
+/* dir/adapter_config.json and dir/adapter_model.safetensors (tensors in dtype) as PEFT writes
+   them, naming base as base_model_name_or_path; PeftModel.from_pretrained loads the directory. */
+int fx__lora_export_peft(const fx__lora *a, const char *dir, const char *base, fx_dtype dtype);
+
 #endif
