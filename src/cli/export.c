@@ -4,6 +4,8 @@
 
 #include "hf/hf.h"
 #include "model/config.h"
+#include "model/lora.h"
+#include "model/model.h"
 #include "outdir_lock.h"
 
 #include <errno.h>
@@ -177,14 +179,41 @@ static bool export_tensors(const char *to, const fx_model *m, fx__hf_export_spec
     return rc == FX_OK;
 }
 
+/* A LoRA run's adapters (or a PEFT directory's, rewritten) as a PEFT adapter directory. */
+static int export_adapter(const fx__lora_source *src, const char *ckpt, const char *to, fx_dtype dtype)
+{
+    fx_model *m = NULL;
+    int rc = fx__lora_open(&m, src, false); /* the base mapped: the adapters checked against it */
+    if (rc != FX_OK)
+        return cli_fail(rc, "--ckpt");
+    bool made = false;
+    if (!export_take_dir(to, &made)) {
+        fx_model_free(m);
+        return CLI_EXIT_FAIL;
+    }
+    const fx__lora *a = m->lora;
+    if ((rc = fx__lora_export_peft(a, to, src->base, dtype)) != FX_OK)
+        cli_fail(rc, "export");
+    else
+        printf("wrote %s: a PEFT LoRA adapter of %s (rank %lld, alpha %g, %zu tensors, %s) for the base model %s\n",
+               to, ckpt, (long long)a->cfg.rank, (double)a->cfg.alpha, a->n, fx_dtype_name(dtype), src->base);
+    fx_model_free(m);
+    outdir_unlock();
+    if (rc != FX_OK && made)
+        rmdir(to);
+    return rc == FX_OK ? CLI_EXIT_OK : CLI_EXIT_FAIL;
+}
+
 int cmd_export(int argc, char **argv)
 {
     const char *ckpt = NULL, *to = NULL, *dtype_s = NULL;
+    bool merge = false;
     const cli_opt opts[] = {
         {"--ckpt", CLI_STRING, &ckpt, "a training --out DIR, a .safetensors file, or a Hugging Face DIR"},
         {"--to", CLI_STRING, &to,
          "the directory to write (created; its files of the same names are replaced; not a training run)"},
         {"--dtype", CLI_STRING, &dtype_s, "f32 | bf16 | f16 (default: the dtype of the model's origin, else f32)"},
+        {"--merge", CLI_FLAG, &merge, "LoRA adapters: write the whole model with them merged in (default: a PEFT adapter)"},
     };
     int rc = cli_parse("export", "--ckpt DIR|FILE --to HFDIR [options]", argc, argv, opts,
                        sizeof opts / sizeof opts[0], NULL, 0, NULL);
@@ -210,12 +239,26 @@ int cmd_export(int argc, char **argv)
         }
     }
 
+    /* LoRA adapters (a LoRA run's, or a PEFT directory): written as a PEFT adapter, or merged
+       into their base and written as a whole model. */
+    fx__lora_source lsrc;
+    bool lora = false;
+    if ((rc = fx__lora_source_find(ckpt, &lsrc, &lora)) != FX_OK)
+        return cli_fail(rc, "--ckpt");
+    if (merge && !lora) {
+        cli_error("export: --merge: --ckpt %s holds no LoRA adapters (it is a whole model already)", ckpt);
+        return CLI_EXIT_USAGE;
+    }
     char origin[4096];
-    const bool has_origin = origin_dir(origin, sizeof origin, ckpt);
+    bool has_origin = origin_dir(origin, sizeof origin, ckpt);
+    if (lora && !has_origin) /* a PEFT directory: its base is the origin */
+        has_origin = origin_dir(origin, sizeof origin, lsrc.base);
     if (!export_check_source(to, ckpt, has_origin ? origin : NULL))
         return CLI_EXIT_FAIL;
+    if (lora && !merge)
+        return export_adapter(&lsrc, ckpt, to, dtype_s ? dtype : FX_DT_F32);
     fx_model *m = NULL;
-    if ((rc = fx_model_load(&m, ckpt)) != FX_OK)
+    if ((rc = lora ? fx__lora_open(&m, &lsrc, true) : fx_model_load(&m, ckpt)) != FX_OK)
         return cli_fail(rc, "--ckpt");
     bool made = false;
     if (!export_take_dir(to, &made)) {

@@ -172,6 +172,9 @@ int fx__lora_save_checkpoint(const struct fx_model *m, const struct fx__model_tr
 /* The adapters of the checkpoint at path attached to m (the base: its config must be the
    file's), with their AdamW moments and dropout stream when load_adam. Checked whole first. */
 int fx__lora_load(struct fx_model *m, const char *path, bool load_adam);
+/* The q / k adapters' B rows from Hugging Face's rotate-half order (a mapped base's) to
+   flexc's interleaved pairs (a float32 base in the training layout). */
+int fx__lora_rows_to_flexc(fx__lora *a, int64_t hd);
 /* dir/adapter_config.json and dir/adapter_model.safetensors (tensors in dtype) as PEFT writes
    them, naming base as base_model_name_or_path; PeftModel.from_pretrained loads the directory. */
 int fx__lora_export_peft(const fx__lora *a, const char *dir, const char *base, fx_dtype dtype);

@@ -237,8 +237,10 @@ static int read_peft_config(fx__lora_source *src, const char *dir)
                  *base = json_object_get(o, "base_model_name_or_path");
     rc = FX_EFORMAT;
     /* What changes the arithmetic and is not PEFT's plain LoRA is refused by name. */
-    static const char *const off[] = {"use_dora", "use_rslora", "fan_in_fan_out"};
-    static const char *const unset[] = {"layers_to_transform", "modules_to_save", "rank_pattern", "alpha_pattern"};
+    static const char *const off[] = {"use_dora", "use_rslora", "fan_in_fan_out", "lora_bias", "use_qalora"};
+    static const char *const unset[] = {"layers_to_transform", "modules_to_save", "rank_pattern", "alpha_pattern",
+                                        "exclude_modules", "target_parameters", "trainable_token_indices",
+                                        "layer_replication", "alora_invocation_tokens"};
     if (!json_is_string(type) || strcmp(json_string_value(type), "LORA") != 0)
         fx__error(rc, "%s: peft_type is not \"LORA\"", path);
     else if (!json_is_integer(r) || json_integer_value(r) < 1)
@@ -279,7 +281,14 @@ static int read_peft_config(fx__lora_source *src, const char *dir)
             }
             src->cfg.targets |= 1u << t;
         }
+        /* A relative base is looked for beside the adapter first, then from the current
+           directory (as PEFT does). */
         const char *b = json_string_value(base);
+        char near[8400];
+        struct stat st;
+        snprintf(near, sizeof near, "%s/%s", dir, b);
+        if (b[0] != '/' && stat(near, &st) == 0 && S_ISDIR(st.st_mode))
+            b = near;
         if (rc == FX_OK && strlen(b) >= sizeof src->base)
             rc = fx__error(FX_EFORMAT, "%s: base_model_name_or_path is too long", path);
         if (rc == FX_OK)
@@ -351,9 +360,7 @@ static int load_peft(fx__model *m, const fx__lora_source *src)
     return rc;
 }
 
-/* Adapters whose q / k B rows are in Hugging Face's rotate-half order, for a base in flexc's
-   training layout (interleaved pairs). */
-static int rows_to_flexc(fx__lora *a, int64_t hd)
+int fx__lora_rows_to_flexc(fx__lora *a, int64_t hd)
 {
     for (size_t i = 0; i < a->n; i++) {
         const fx__lora_tensor *t = &a->t[i];
@@ -395,7 +402,7 @@ int fx__lora_open(fx__model **out, const fx__lora_source *src, bool merged)
     }
     if (rc == FX_OK && merged) {
         fx__lora *a = m->lora;
-        if ((rc = rows_to_flexc(a, m->c.head_dim)) == FX_OK)
+        if ((rc = fx__lora_rows_to_flexc(a, m->c.head_dim)) == FX_OK)
             for (int64_t l = 0; l < m->c.layers; l++)
                 for (int t = 0; t < FX__LORA_TARGETS; t++) {
                     const int which = fx__lora_weight_of((fx__lora_target)t);
@@ -434,6 +441,18 @@ static int write_text_file(const char *dir, const char *name, const char *text)
     return FX_OK;
 }
 
+/* The double whose shortest decimal reads back as x (0.1f as 0.1, not 0.100000001). */
+static double shortest(float x)
+{
+    char buf[32];
+    for (int digits = 1; digits < 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)x);
+        if (strtof(buf, NULL) == x)
+            break;
+    }
+    return strtod(buf, NULL);
+}
+
 int fx__lora_export_peft(const fx__lora *a, const char *dir, const char *base, fx_dtype dtype)
 {
     json_t *o = json_object(), *targets = json_array();
@@ -444,8 +463,8 @@ int fx__lora_export_peft(const fx__lora *a, const char *dir, const char *base, f
     json_object_set_new(o, "task_type", json_string("CAUSAL_LM"));
     json_object_set_new(o, "base_model_name_or_path", json_string(base));
     json_object_set_new(o, "r", json_integer(a->cfg.rank));
-    json_object_set_new(o, "lora_alpha", json_real(a->cfg.alpha));
-    json_object_set_new(o, "lora_dropout", json_real(a->cfg.dropout));
+    json_object_set_new(o, "lora_alpha", json_real(shortest(a->cfg.alpha)));
+    json_object_set_new(o, "lora_dropout", json_real(shortest(a->cfg.dropout)));
     json_object_set_new(o, "target_modules", targets);
     json_object_set_new(o, "bias", json_string("none"));
     json_object_set_new(o, "fan_in_fan_out", json_false());

@@ -144,6 +144,12 @@ int fx__model_own_params(fx__model *m)
             return fx__error_context(rc, "tensor %s", m->lay.t[i].name);
         }
     }
+    /* Adapters follow the base's rows: flexc's order from here on. */
+    int rc = m->lora && m->mapped->rope_half ? fx__lora_rows_to_flexc(m->lora, m->c.head_dim) : FX_OK;
+    if (rc) {
+        fx__free(p);
+        return rc;
+    }
     m->params = p;
     fx__model_mapped_free(m->mapped);
     m->mapped = NULL;
