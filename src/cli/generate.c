@@ -7,6 +7,7 @@
 #include "cuda/model_gpu.h"
 #include "model/model.h" /* fx__utf8_invalid_at, FX__MODEL_EOT, FX__MODEL_VOCAB: the byte tokenizer */
 #include "hf/hf.h"   /* fx__hf_config_read: the bos id */
+#include "model/lora.h" /* a PEFT adapter: its base holds the tokenizer */
 #include "prompt.h"
 
 #include <math.h>
@@ -119,7 +120,13 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
     int exit_code = CLI_EXIT_FAIL;
     gen_text g;
     fx_ids pids = {0};
-    if ((rc = gen_text_open(&g, ckpt ? ckpt : model, cfg)) != CLI_EXIT_OK) {
+    /* The tokenizer and config beside the model; a PEFT adapter's are its base's. */
+    const char *dir = ckpt ? ckpt : model;
+    fx__lora_source lsrc;
+    bool lora = false;
+    if (ckpt && fx__lora_source_find(ckpt, &lsrc, &lora) == FX_OK && lora && lsrc.peft)
+        dir = lsrc.base;
+    if ((rc = gen_text_open(&g, dir, cfg)) != CLI_EXIT_OK) {
         exit_code = rc;
         goto done;
     }
@@ -166,7 +173,7 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
     if (n == 0) {
         /* An empty prompt starts from bos, as transformers' generate does. */
         int64_t bos;
-        if ((rc = generate_bos(&bos, ckpt ? ckpt : model)) != CLI_EXIT_OK) {
+        if ((rc = generate_bos(&bos, dir)) != CLI_EXIT_OK) {
             exit_code = rc;
             goto done;
         }

@@ -685,6 +685,13 @@ static int lora_resume(train_job *j)
         return CLI_EXIT_USAGE;
     }
     struct stat a, b;
+    char basecfg[4200];
+    snprintf(basecfg, sizeof basecfg, "%s/config.json", src.base);
+    if (!file_exists(basecfg)) {
+        cli_error("--resume: the checkpoint's base model %s is not a Hugging Face model directory here (the adapters "
+                  "train on top of the base they started on)", src.base);
+        return CLI_EXIT_FAIL;
+    }
     if (o->model && (stat(o->model, &a) != 0 || stat(src.base, &b) != 0 || a.st_dev != b.st_dev ||
                      a.st_ino != b.st_ino)) {
         cli_error("--resume: the checkpoint's adapters are on the base model %s, not --model %s (drop --model)",
