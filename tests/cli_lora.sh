@@ -32,6 +32,18 @@ same threads-bitwise "$tmp/run/checkpoint.safetensors" "$tmp/t1/checkpoint.safet
 check targets 0 "$flexc" train "${lora[@]}" --lora-targets q,v --lora-alpha 4 --out "$tmp/qv" --steps 2
 has targets-header "$tmp/out" "lora: rank 4, alpha 4, dropout 0.1 on q,v"
 
+# Chat data: the document mask by default, the loss on the assistants' turns, --resume.
+cm="$src/tests/fixtures/chat_model"
+chat=(--model "$cm" --data "$cm/train.jsonl" --lora 4 --steps 4 --batch 2 --seq 32)
+check chat 0 "$flexc" train "${chat[@]}" --out "$tmp/chat"
+has chat-mask "$tmp/out" "attention document"
+has chat-data "$tmp/out" "(chat, 9 conversations)"
+check chat-until 0 "$flexc" train "${chat[@]}" --out "$tmp/chat2" --until 2
+check chat-resume 0 "$flexc" train --resume --out "$tmp/chat2"
+same chat-resume-bitwise "$tmp/chat/checkpoint.safetensors" "$tmp/chat2/checkpoint.safetensors"
+check chat-causal 0 "$flexc" train "${chat[@]}" --attn causal --out "$tmp/chat3" --steps 1
+has chat-causal-mask "$tmp/out" "attention causal"
+
 # generate from the run (base + adapters), deterministic; the adapters change the output.
 check gen 0 "$flexc" generate --ckpt "$tmp/run" --prompt "The fortune" --tokens 8 --temperature 0 --json
 cp "$tmp/out" "$tmp/gen.json"

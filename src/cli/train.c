@@ -962,6 +962,10 @@ static int setup_data(train_job *j)
     if (rc != CLI_EXIT_OK)
         return rc;
     j->have_data = true;
+    /* Conversations packed into one sequence stay apart: a new run on chat data takes the
+       document mask unless --attn (or the model's own sliding window) says otherwise. */
+    if (j->data.chat && !o->resume && !o->attn && !strcmp(st->attn, "causal"))
+        snprintf(st->attn, sizeof st->attn, "document");
     if (o->resume && j->data.hash != st->data_hash) {
         if (!o->data) {
             cli_error("--resume: %s is not the text the checkpoint was trained on (it changed); pass --data to "
