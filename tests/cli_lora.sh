@@ -44,6 +44,21 @@ same chat-resume-bitwise "$tmp/chat/checkpoint.safetensors" "$tmp/chat2/checkpoi
 check chat-causal 0 "$flexc" train "${chat[@]}" --attn causal --out "$tmp/chat3" --steps 1
 has chat-causal-mask "$tmp/out" "attention causal"
 
+# generate --chat from the chat run: the prompt as a user's turn (the rendering tokenize --chat
+# gives, then the template's generation prompt), the reply only, deterministic.
+echo '{"messages": [{"role": "user", "content": "Hello there"}]}' >"$tmp/one.jsonl"
+check chat-tokenize 0 "$flexc" tokenize --model "$cm" --chat "$tmp/one.jsonl"
+cp "$tmp/out" "$tmp/turn.json"
+check chat-gen 0 "$flexc" generate --ckpt "$tmp/chat" --chat --prompt "Hello there" --tokens 6 --temperature 0 --json
+cp "$tmp/out" "$tmp/chat-gen.json"
+if command -v python3 >/dev/null; then
+    check chat-gen-prompt 0 python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); g=json.load(open(sys.argv[2])); p=g["prompt_ids"]; assert p[:len(t)]==t and len(p)>len(t), (t, p)' "$tmp/turn.json" "$tmp/chat-gen.json"
+fi
+check chat-gen-stream 0 "$flexc" generate --ckpt "$tmp/chat" --chat --prompt "Hello there" --tokens 6 --temperature 0
+lacks chat-gen-no-echo "$tmp/out" "Hello there"
+check chat-gen-bytes 2 "$flexc" generate --model tiny --chat --prompt "Hello" --tokens 2
+has chat-gen-bytes-msg "$tmp/err" "--chat needs a model with a tokenizer and a chat template"
+
 # generate from the run (base + adapters), deterministic; the adapters change the output.
 check gen 0 "$flexc" generate --ckpt "$tmp/run" --prompt "The fortune" --tokens 8 --temperature 0 --json
 cp "$tmp/out" "$tmp/gen.json"

@@ -8,6 +8,7 @@
 #include "model/model.h" /* fx__utf8_invalid_at, FX__MODEL_EOT, FX__MODEL_VOCAB: the byte tokenizer */
 #include "hf/hf.h"   /* fx__hf_config_read: the bos id */
 #include "model/lora.h" /* a PEFT adapter: its base holds the tokenizer */
+#include "tokenizer/chat.h"
 #include "prompt.h"
 
 #include <math.h>
@@ -17,7 +18,7 @@
 #include <sys/stat.h>
 
 static int generate_run(const char *ckpt, const char *model, const char *prompt, size_t plen, int64_t ntok,
-                        double temp, int64_t top_k, double top_p, int64_t seed, bool json, bool cuda);
+                        double temp, int64_t top_k, double top_p, int64_t seed, bool json, bool cuda, bool chat);
 static int generate_bos(int64_t *bos, const char *src);
 
 int cmd_generate(int argc, char **argv)
@@ -25,7 +26,7 @@ int cmd_generate(int argc, char **argv)
     const char *ckpt = NULL, *model = NULL, *prompt_arg = NULL, *prompt_file = NULL, *device = NULL;
     int64_t ntok = 256, top_k = 40, seed = 1, threads = 0;
     double temp = 0.8, top_p = 1.0;
-    bool json = false, no_memory_check = false;
+    bool json = false, no_memory_check = false, chat = false;
     const cli_opt opts[] = {
         {"--ckpt", CLI_STRING, &ckpt, "a training --out DIR, a .safetensors file, or a Hugging Face DIR"},
         {"--model", CLI_STRING, &model, "a preset (random weights) or a directory, as --ckpt"},
@@ -38,6 +39,7 @@ int cmd_generate(int argc, char **argv)
         {"--seed", CLI_INT, &seed, "sampling seed (default 1)"},
         {"--threads", CLI_INT, &threads, "threads (default: all cores)"},
         {"--device", CLI_STRING, &device, "cpu | cuda: where the model runs (default cpu; docs/cuda.md)"},
+        {"--chat", CLI_FLAG, &chat, "the prompt is a user's turn, rendered with the model's chat template; stops at its end of turn"},
         {"--json", CLI_FLAG, &json, "print one line {\"prompt_ids\", \"ids\", \"text\"} instead of streaming"},
         {"--no-memory-check", CLI_FLAG, &no_memory_check, "generate even when the KV cache does not fit in memory"},
     };
@@ -87,13 +89,63 @@ int cmd_generate(int argc, char **argv)
         cli_error("%s is not valid UTF-8: byte 0x%02x at offset %lld", prompt_file ? "--prompt-file" : "--prompt",
                   (unsigned char)prompt[bad], (long long)bad);
     else
-        rc = generate_run(ckpt, model, prompt, plen, ntok, temp, top_k, top_p, seed, json, cuda);
+        rc = generate_run(ckpt, model, prompt, plen, ntok, temp, top_k, top_p, seed, json, cuda, chat);
     free(prompt);
     return bad >= 0 ? CLI_EXIT_USAGE : rc;
 }
 
+/* --chat: the prompt as one user turn with the template's generation prompt, as ids (replacing
+   ids), and *eot the id the template ends an assistant's turn with (-1: none found; the
+   model's eos ids stop it too). The template is the one beside the tokenizer (dir, or a
+   training run's dir/hf). */
+static int chat_prompt(const gen_text *g, const char *dir, const char *prompt, size_t plen, fx_ids *ids,
+                       int32_t *eot)
+{
+    *eot = -1;
+    if (!g->tok) {
+        cli_error("generate: --chat needs a model with a tokenizer and a chat template");
+        return CLI_EXIT_USAGE;
+    }
+    char tdir[4200], probe[4300];
+    snprintf(tdir, sizeof tdir, "%s/hf", dir);
+    snprintf(probe, sizeof probe, "%s/tokenizer.json", tdir);
+    struct stat st;
+    if (stat(probe, &st) != 0)
+        snprintf(tdir, sizeof tdir, "%s", dir);
+    fx__chat *chat = NULL;
+    int rc = fx__chat_load(&chat, tdir, g->tok);
+    if (rc != FX_OK)
+        return cli_fail(rc, "--chat");
+    char *user = malloc(plen + 1), *text = NULL, *probe_text = NULL;
+    size_t len = 0, probe_len = 0;
+    if (!user) {
+        fx__chat_free(chat);
+        return cli_fail(FX_ENOMEM, "--chat");
+    }
+    memcpy(user, prompt, plen);
+    user[plen] = '\0';
+    const fx__chat_msg turn = {.role = "user", .content = user};
+    /* The end of an assistant's turn: what the template writes after a reply's text. */
+    const fx__chat_msg both[2] = {turn, {.role = "assistant", .content = "\x01"}};
+    fx_ids tail = {0};
+    if ((rc = fx__chat_render(chat, &turn, 1, true, &text, &len)) == FX_OK)
+        rc = fx__chat_render(chat, both, 2, false, &probe_text, &probe_len);
+    if (rc == FX_OK) {
+        ids->n = 0;
+        rc = fx_tokenizer_encode(g->tok, ids, text, len);
+    }
+    const char *mark = rc == FX_OK ? memchr(probe_text, 1, probe_len) : NULL;
+    if (mark && (rc = fx_tokenizer_encode(g->tok, &tail, mark + 1, probe_len - (size_t)(mark + 1 - probe_text))) == FX_OK &&
+        tail.n > 0)
+        *eot = tail.ids[0];
+    fx_ids_free(&tail);
+    free(text), free(probe_text), free(user);
+    fx__chat_free(chat);
+    return rc == FX_OK ? CLI_EXIT_OK : cli_fail(rc, "--chat");
+}
+
 static int generate_run(const char *ckpt, const char *model, const char *prompt, size_t plen, int64_t ntok,
-                        double temp, int64_t top_k, double top_p, int64_t seed, bool json, bool cuda)
+                        double temp, int64_t top_k, double top_p, int64_t seed, bool json, bool cuda, bool chat)
 {
     int rc;
     fx_model *m = NULL;
@@ -133,7 +185,9 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
     /* The prompt's ids (no special tokens added). A byte-vocabulary model starts a document
        with end-of-text; a tokenizer's model starts from the prompt (or from bos when it is
        empty). */
-    if ((rc = gen_text_encode(&g, &pids, prompt, plen)) != CLI_EXIT_OK) {
+    int32_t eot = -1;
+    if ((rc = chat ? chat_prompt(&g, dir, prompt, plen, &pids, &eot) : gen_text_encode(&g, &pids, prompt, plen)) !=
+        CLI_EXIT_OK) {
         exit_code = rc;
         goto done;
     }
@@ -184,7 +238,7 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
         }
         hist[n++] = (int32_t)bos;
     }
-    if (!json) {
+    if (!json && !chat) { /* a chat prints the reply only */
         fwrite(prompt, 1, plen, stdout);
         fflush(stdout);
     }
@@ -205,7 +259,7 @@ static int generate_run(const char *ckpt, const char *model, const char *prompt,
             cli_fail(rc, "sampling");
             goto done;
         }
-        bool eos = false;
+        bool eos = next == eot;
         for (int i = 0; i < cfg->n_eos; i++)
             eos |= next == cfg->eos[i];
         /* --json lists the eos id that ended the text; the stream does not print it. */
