@@ -43,6 +43,14 @@ check chat-resume 0 "$flexc" train --resume --out "$tmp/chat2"
 same chat-resume-bitwise "$tmp/chat/checkpoint.safetensors" "$tmp/chat2/checkpoint.safetensors"
 check chat-causal 0 "$flexc" train "${chat[@]}" --attn causal --out "$tmp/chat3" --steps 1
 has chat-causal-mask "$tmp/out" "attention causal"
+# A model whose eos id also ends each turn (as ChatML models' <|im_end|>): documents would cut
+# a conversation apart, so the default stays causal, and says why.
+mkdir -p "$tmp/eot-model"
+cp -L "$cm"/* "$tmp/eot-model/"
+sed -i 's/"eos_token_id": 1/"eos_token_id": 2/' "$tmp/eot-model/config.json" "$tmp/eot-model/generation_config.json"
+check chat-split 0 "$flexc" train --model "$tmp/eot-model" --data "$cm/train.jsonl" --lora 4 --steps 1 --batch 2 --seq 32 --out "$tmp/chat4"
+has chat-split-mask "$tmp/out" "attention causal"
+has chat-split-note "$tmp/out" "also ends turns inside the conversations"
 
 # generate --chat from the chat run: the prompt as a user's turn (the rendering tokenize --chat
 # gives, then the template's generation prompt), the reply only, deterministic.
@@ -56,6 +64,8 @@ if command -v python3 >/dev/null; then
 fi
 check chat-gen-stream 0 "$flexc" generate --ckpt "$tmp/chat" --chat --prompt "Hello there" --tokens 6 --temperature 0
 lacks chat-gen-no-echo "$tmp/out" "Hello there"
+check chat-gen-no-template 1 "$flexc" generate --model "$base" --chat --prompt "Hello" --tokens 2
+has chat-gen-no-template-msg "$tmp/err" "no chat template"
 check chat-gen-bytes 2 "$flexc" generate --model tiny --chat --prompt "Hello" --tokens 2
 has chat-gen-bytes-msg "$tmp/err" "--chat needs a model with a tokenizer and a chat template"
 

@@ -963,9 +963,18 @@ static int setup_data(train_job *j)
         return rc;
     j->have_data = true;
     /* Conversations packed into one sequence stay apart: a new run on chat data takes the
-       document mask unless --attn (or the model's own sliding window) says otherwise. */
-    if (j->data.chat && !o->resume && !o->attn && !strcmp(st->attn, "causal"))
+       document mask unless --attn (or the model's own sliding window) says otherwise, or the
+       eos id that separates them also ends turns inside them (documents would then split a
+       conversation: its replies would not see its prompt). */
+    const bool split = j->data.chat && j->data.docs > j->data.conversations;
+    if (j->data.chat && !o->resume && !o->attn && !strcmp(st->attn, "causal") && !split)
         snprintf(st->attn, sizeof st->attn, "document");
+    if (split && !o->quiet && (!o->attn || !strcmp(st->attn, "document")))
+        printf("note: the model's eos id %d also ends turns inside the conversations, so the document mask would "
+               "cut them apart; %s\n", j->cfg.eos[0],
+               strcmp(st->attn, "document") ? "training with the causal mask (packed conversations see the ones "
+                                              "before them in a window)"
+                                            : "--attn document given: each turn attends within itself only");
     if (o->resume && j->data.hash != st->data_hash) {
         if (!o->data) {
             cli_error("--resume: %s is not the text the checkpoint was trained on (it changed); pass --data to "

@@ -105,6 +105,7 @@ static int chat_load(fx__model_data *d, const char *path, const char *tokenizer,
     rc = fx__chat_pack(chat, &data, path, eot, &ids, &loss);
     char source[600];
     snprintf(source, sizeof source, "%s (chat, %zu conversation%s)", path, data.n, data.n == 1 ? "" : "s");
+    const int64_t conversations = (int64_t)data.n;
     fx__chat_free(chat);
     fx__chat_data_free(&data);
     if (rc == FX_OK)
@@ -114,6 +115,7 @@ static int chat_load(fx__model_data *d, const char *path, const char *tokenizer,
     if (rc != FX_OK)
         return cli_fail(rc, "--data");
     d->chat = true;
+    d->conversations = conversations;
     return CLI_EXIT_OK;
 }
 

@@ -475,6 +475,8 @@ typedef struct fx__model_data {
                          run checks it reads the same data */
     bool chat;        /* conversations (chat JSONL) packed with the model's first eos id between
                          them: training defaults to the document mask */
+    int64_t conversations; /* chat: how many; docs exceeds it when the eos id also ends turns
+                              inside them (the document mask would then split a conversation) */
     char source[512]; /* what was read, for messages and checkpoints */
 } fx__model_data;
 

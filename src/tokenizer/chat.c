@@ -99,7 +99,7 @@ int fx__chat_load(fx__chat **out, const char *dir, const fx_tokenizer *tok)
     int rc = read_all(path, &text, &tlen, CONFIG_MAX);
     if (rc != FX_OK)
         return rc;
-    json_t *cfg = json_loadb(text, tlen, 0, &je);
+    json_t *cfg = json_loadb(text, tlen, JSON_DECODE_INT_AS_REAL, &je); /* model_max_length can be 1e30 */
     fx__free(text);
     if (!cfg)
         return fx__error(FX_EFORMAT, "%s: %s", path, je.text);
