@@ -144,18 +144,20 @@ static void test_widen_rows(void)
 }
 
 /* y [N, O] = x W^T (+ y) through fx__linear_dt: N = 1 (gemv), N > 1 (sgemm in place for F32,
-   tiles of widened rows otherwise, O not a multiple of the tile). */
+   tiles of widened rows otherwise, O not a multiple of the tile); the same bits at 1 thread
+   (the tile loop) and 3 (a tile a thread). */
 static void test_linear_dt(void)
 {
-    const int64_t Ns[] = {1, 5}, I = 45, O = FX__WIDEN_TILE * 2 + 17;
+    const int64_t I = 45, O = FX__WIDEN_TILE * 2 + 17;
+    const int before = fx_get_num_threads();
     for (int d = 0; d < 3; d++)
-        for (int k = 0; k < 2; k++) {
-            const int64_t N = Ns[k];
+        for (int k = 0; k < 3; k++) {
+            const int64_t N = k == 0 ? 1 : k == 1 ? 5 : 200;
             double *wd = fxt_alloc_f64((size_t)(O * I));
             void *w = make_weights(dtypes[d], (size_t)(O * I), 21, wd);
             float *x = fxt_random((size_t)(N * I), -1.0f, 1.0f, 22);
             float *y0 = fxt_random((size_t)(N * O), -1.0f, 1.0f, 23);
-            float *y = fxt_guarded_copy(y0, (size_t)(N * O));
+            float *y = fxt_guarded_copy(y0, (size_t)(N * O)), *y3 = fxt_guarded_copy(y0, (size_t)(N * O));
             float *scratch = fxt_guarded((size_t)(FX__WIDEN_TILE * I));
             double *ref = fxt_alloc_f64((size_t)(N * O));
             for (int64_t n = 0; n < N; n++)
@@ -165,24 +167,33 @@ static void test_linear_dt(void)
                         s += (double)x[n * I + i] * wd[o * I + i];
                     ref[n * O + o] = s;
                 }
+            FXT_OK(fx_set_num_threads(1));
             fx__linear_dt(y, O, x, w, dtypes[d], N, I, O, true, scratch);
+            FXT_OK(fx_set_num_threads(3));
+            fx__linear_dt(y3, O, x, w, dtypes[d], N, I, O, true, scratch);
             char what[64];
             snprintf(what, sizeof what, "linear_dt %s N=%lld", dtype_names[d], (long long)N);
             fxt_close_f32(what, y, ref, (size_t)(N * O), 1e-5, 1e-5);
+            fxt_bitwise_f32(what, y, y3, (size_t)(N * O));
             fxt_guarded_free(what, y);
+            fxt_guarded_free(what, y3);
             fxt_guarded_free("scratch", scratch);
             free(wd), free(w), free(x), free(y0), free(ref);
         }
+    FXT_OK(fx_set_num_threads(before));
 }
 
 /* dx [N, I] = dy W (+ dx) through fx__linear_dt_t against float64: O over several tiles and
-   not a multiple of one, dy's rows wider than O; bitwise the same at 1 and 3 threads. */
+   not a multiple of one, dy's rows wider than O; bitwise the same at 1 and 3 threads (with
+   N = 200, the rows split among the threads). */
 static void test_linear_dt_t(void)
 {
-    const int64_t N = 7, I = 45, O = FX__WIDEN_TILE * 2 + 17, ldy = O + 3;
+    const int64_t I = 45, O = FX__WIDEN_TILE * 2 + 17, ldy = O + 3;
     int before = fx_get_num_threads();
     for (int d = 0; d < 3; d++)
-        for (int acc = 0; acc < 2; acc++) {
+        for (int case_ = 0; case_ < 4; case_++) {
+            const int acc = case_ & 1;
+            const int64_t N = case_ < 2 ? 7 : 200;
             double *wd = fxt_alloc_f64((size_t)(O * I));
             void *w = make_weights(dtypes[d], (size_t)(O * I), 31, wd);
             float *dy = fxt_random((size_t)(N * ldy), -1.0f, 1.0f, 32);
@@ -202,7 +213,7 @@ static void test_linear_dt_t(void)
             FXT_OK(fx_set_num_threads(3));
             fx__linear_dt_t(dx3, dy, ldy, w, dtypes[d], N, I, O, acc, scratch);
             char what[64];
-            snprintf(what, sizeof what, "linear_dt_t %s acc=%d", dtype_names[d], acc);
+            snprintf(what, sizeof what, "linear_dt_t %s acc=%d N=%lld", dtype_names[d], acc, (long long)N);
             fxt_close_f32(what, dx, ref, (size_t)(N * I), 1e-5, 1e-5);
             fxt_bitwise_f32(what, dx, dx3, (size_t)(N * I));
             fxt_guarded_free(what, dx);

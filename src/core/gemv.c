@@ -80,6 +80,20 @@ void fx__widen_rows(float *dst, const void *w, fx_dtype dt, int64_t r0, int64_t 
     }
 }
 
+/* The products over a widened matrix split their work among the threads in one parallel
+   region: each thread widens its own tiles into its own scratch and multiplies them alone
+   (fx__sgemm runs on the calling thread inside a region). Every element of the result is the
+   same sum either way (fx__sgemm computes an element alike whatever the shape or thread), so
+   the split changes no bit; it saves the two regions a tile (widening, then the product) that
+   the tile-by-tile loop pays, thousands a training step on a large vocabulary. The split needs
+   a tile of scratch per thread, allocated here; without it, or with fewer tiles (rows) than
+   threads, the loop runs instead. */
+static int fx__dt_team(int64_t parts)
+{
+    const int nt = fx__in_parallel() ? 1 : fx__max_threads();
+    return nt > 1 && parts >= nt ? nt : 1;
+}
+
 void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I,
                    int64_t O, bool acc, float *scratch)
 {
@@ -91,10 +105,37 @@ void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtyp
         fx__sgemm(false, true, N, O, I, 1.0f, x, I, w, I, acc ? 1.0f : 0.0f, y, ldy);
         return;
     }
+    const int64_t tiles = (O + FX__WIDEN_TILE - 1) / FX__WIDEN_TILE;
+    const int nt = fx__dt_team(tiles);
+    float *ws = nt > 1 ? fx__alloc((size_t)nt * FX__WIDEN_TILE * (size_t)I * sizeof(float)) : NULL;
+    if (ws) {
+#pragma omp parallel for schedule(static) num_threads(nt)
+        for (int64_t tl = 0; tl < tiles; tl++) {
+            float *mine = ws + (size_t)fx__thread_id() * FX__WIDEN_TILE * (size_t)I;
+            const int64_t r0 = tl * FX__WIDEN_TILE, r1 = r0 + FX__WIDEN_TILE < O ? r0 + FX__WIDEN_TILE : O;
+            fx__widen_rows(mine, w, dt, r0, r1, I);
+            fx__sgemm(false, true, N, r1 - r0, I, 1.0f, x, I, mine, I, acc ? 1.0f : 0.0f, y + r0, ldy);
+        }
+        fx__free(ws);
+        return;
+    }
     for (int64_t r0 = 0; r0 < O; r0 += FX__WIDEN_TILE) {
         int64_t r1 = r0 + FX__WIDEN_TILE < O ? r0 + FX__WIDEN_TILE : O;
         fx__widen_rows(scratch, w, dt, r0, r1, I);
         fx__sgemm(false, true, N, r1 - r0, I, 1.0f, x, I, scratch, I, acc ? 1.0f : 0.0f, y + r0, ldy);
+    }
+}
+
+/* dx [n rows from dx, dy] += or = dy W over the tiles of W in order, widened into tile. */
+static void fx__linear_dt_t_rows(float *dx, const float *dy, int64_t ldy, const void *w, fx_dtype dt, int64_t n,
+                                 int64_t I, int64_t O, bool acc, float *tile)
+{
+    if (O == 0 && !acc)
+        memset(dx, 0, (size_t)(n * I) * sizeof *dx);
+    for (int64_t r0 = 0; r0 < O; r0 += FX__WIDEN_TILE) {
+        int64_t r1 = r0 + FX__WIDEN_TILE < O ? r0 + FX__WIDEN_TILE : O;
+        fx__widen_rows(tile, w, dt, r0, r1, I);
+        fx__sgemm(false, false, n, I, r1 - r0, 1.0f, dy + r0, ldy, tile, I, acc || r0 ? 1.0f : 0.0f, dx, I);
     }
 }
 
@@ -105,11 +146,22 @@ void fx__linear_dt_t(float *dx, const float *dy, int64_t ldy, const void *w, fx_
         fx__sgemm(false, false, N, I, O, 1.0f, dy, ldy, w, I, acc ? 1.0f : 0.0f, dx, I);
         return;
     }
-    if (O == 0 && !acc)
-        memset(dx, 0, (size_t)(N * I) * sizeof *dx);
-    for (int64_t r0 = 0; r0 < O; r0 += FX__WIDEN_TILE) {
-        int64_t r1 = r0 + FX__WIDEN_TILE < O ? r0 + FX__WIDEN_TILE : O;
-        fx__widen_rows(scratch, w, dt, r0, r1, I);
-        fx__sgemm(false, false, N, I, r1 - r0, 1.0f, dy + r0, ldy, scratch, I, acc || r0 ? 1.0f : 0.0f, dx, I);
+    /* Split by rows of dx (each thread all of W's tiles, in order: the same sums); worth it
+       when each thread has rows enough to amortise widening W again. */
+    const int nt = fx__dt_team(N / 64);
+    float *ws = nt > 1 ? fx__alloc((size_t)nt * FX__WIDEN_TILE * (size_t)I * sizeof(float)) : NULL;
+    if (ws) {
+        const int64_t per = (N + nt - 1) / nt;
+#pragma omp parallel num_threads(nt)
+        {
+            const int t = fx__thread_id();
+            const int64_t n0 = t * per, n1 = n0 + per < N ? n0 + per : N;
+            if (n1 > n0)
+                fx__linear_dt_t_rows(dx + n0 * I, dy + n0 * ldy, ldy, w, dt, n1 - n0, I, O, acc,
+                                     ws + (size_t)t * FX__WIDEN_TILE * (size_t)I);
+        }
+        fx__free(ws);
+        return;
     }
+    fx__linear_dt_t_rows(dx, dy, ldy, w, dt, N, I, O, acc, scratch);
 }
