@@ -343,6 +343,20 @@ static void test_config_json_roundtrip(void)
         fx__free(text);
         fx__free(gen);
     }
+    /* A field a class implies (qkv_bias: Qwen2ForCausalLM) is written as that class or not at
+       all. */
+    fx__hf_config c;
+    char dir[1024], *text = NULL;
+    fixture_path(dir, sizeof dir, "qwen2_bias", "");
+    FXT_OK(fx__hf_config_read(&c, dir));
+    c.m.qkv_bias = false;
+    FXT_STATUS(fx__hf_config_json(&text, &c, "float32"), FX_EUNSUPPORTED,
+               "Qwen2ForCausalLM model always has qkv_bias = 1");
+    c.m.qkv_bias = true;
+    c.arch = FX__HF_MISTRAL;
+    FXT_STATUS(fx__hf_config_json(&text, &c, "float32"), FX_EUNSUPPORTED,
+               "MistralForCausalLM model always has qkv_bias = 0");
+    FXT_CHECK(text == NULL);
 }
 
 /* The reference's RoPE frequencies, written after transformers (float64): rope_theta^(-2i/hd),
