@@ -47,6 +47,7 @@ float *fx__layer_grad(const fx__model *m, int64_t l, int which)
     size_t i = 0;
     while (i + 1 < m->lay.per_layer && t[i].arch != &fx__arch_layer[which])
         i++;
+    assert(t[i].arch == &fx__arch_layer[which]); /* a tensor the config has */
     return fx__layer_base(m, true, l) + (t[i].offset - t->offset);
 }
 
