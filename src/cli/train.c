@@ -1140,10 +1140,10 @@ static void print_header(const train_job *j)
     const fx_model_config *cfg = &j->cfg;
     const fx__model_train_state *st = &j->st;
     const fx__model_data *data = &j->data;
-    printf("flexc train: %.2fM parameters (%lld layer%s, dim %lld, %lld/%lld heads, ffn %lld, context %lld), "
-           "attention %s\n",
-           (double)j->m->lay.total / 1e6, (long long)cfg->layers, cli_s((uint64_t)cfg->layers), (long long)cfg->dim,
-           (long long)cfg->heads, (long long)cfg->kv_heads, (long long)cfg->ffn, (long long)cfg->ctx, st->attn);
+    char line[1024];
+    fx__config_format(cfg, line, sizeof line); /* from the config's field table */
+    printf("flexc train: %.2fM parameters, attention %s\nmodel: %s\n", (double)j->m->lay.total / 1e6, st->attn,
+           line);
     printf("data: %s: %lld tokens, %lld document%s (%lld train, %lld validation)\n", data->source,
            (long long)data->n, (long long)data->docs, cli_s((uint64_t)data->docs), (long long)data->n_train,
            (long long)(data->n - data->n_train));
