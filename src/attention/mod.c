@@ -1199,7 +1199,8 @@ static int lower_try(cc *c, prog *p, const int *roots, int nroots, bool hoist)
     }
     int at = 0;
     for (int part = 0; part < 2; part++) {
-        memcpy(code + at, L.code[part], (size_t)L.n[part] * sizeof *code);
+        if (L.n[part])
+            memcpy(code + at, L.code[part], (size_t)L.n[part] * sizeof *code);
         at += L.n[part];
         nsp[part] = 0;
         for (int i = 0; i < c->nn; i++)
