@@ -1,6 +1,8 @@
 /* Mods as expressions (docs/attention.md, "Mods as expressions"): a parser into a typed tree,
-   constant folding, symbolic derivatives, and a register program run a tile row (up to CH
-   positions) at a time: every instruction is a loop over the row, not a call per element. */
+   constant folding, symbolic derivatives, affine index arithmetic recognised, and a register
+   program whose parts run once per tile, once per row and over a tile row (up to CH
+   positions) at a time: every instruction is a loop over the row, not a call per element.
+   The loops (mod_eval.h) are built for each CPU path (mod_avx2.c, mod_avx512.c). */
 #include "attention/mod_internal.h"
 #include "attention/internal.h"
 #include "attention/mod_eval.h"
@@ -38,8 +40,8 @@ struct fx_mod {
     bool mask;
     bool dscore_one;   /* d result / d score is the constant 1 */
     bool uses_score;
-    prog fwd, grad;    /* grad: [dscore], then (index, d read) per read of a tensor with a grad */
-    prog dsc;          /* the grad program's first output alone */
+    prog fwd, grad;    /* grad: [none], then (index, d read) per read of a tensor with a grad */
+    prog dsc;          /* d result / d score */
     int ngr;           /* those reads */
     int gr_tensor[32];
     int64_t grad_elems;
