@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""A LoRA training step: flexc train --lora against PEFT + transformers, same model, CPU, threads.
+
+    python3 bench/lora_vs_peft.py --flexc build/flexc [--model DIR] [--threads N] [--steps 4]
+                                  [--batch 4] [--seq 512] [--rank 16] [--full]
+
+The model: --model DIR (a Hugging Face Llama-family directory), else one made here with
+SmolLM2-135M's shape (30 layers, dim 576, 9/3 heads, ffn 1536, vocab 49152, tied embeddings;
+134.5M parameters) and random weights saved in BF16, as that model ships. Both train LoRA of
+rank r, alpha 2r, on all seven projections (q, k, v, o, gate, up, down), AdamW, batch x seq
+tokens a step, from the same token file (random ids):
+
+  flexc   `flexc train --model DIR --lora r`: the base mapped in its file's dtype (BF16 widened
+          a tile at a time), float32 adapters, the fused linear + cross-entropy;
+  peer    PEFT's get_peft_model over transformers' AutoModelForCausalLM in float32 (what runs on
+          a CPU: PyTorch's BF16 matrix products there are slower), sdpa attention, torch.optim.AdamW
+          over the adapters.
+
+Each runs in its own process; tokens/s is the median over the steps after the first, and the
+peak is the process's peak resident set (ru_maxrss from wait4: everything the process held,
+the interpreter and PyTorch included for the peer, the mapped file's resident pages for flexc).
+--full also runs flexc's full fine-tuning at the same batch and sequence, for the memory ratio.
+"""
+import argparse
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def make_model(path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                      rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=1,
+                      eos_token_id=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_tokens(path, n, vocab):
+    """An llm.c token file (magic 20240520, uint16 ids)."""
+    import random
+    rnd = random.Random(0)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(struct.pack(f"<{n}H", *(rnd.randrange(vocab) for _ in range(n))))
+
+
+def run_measured(cmd, env=None):
+    """Runs cmd; returns (stdout, peak resident bytes of that process)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
+    out = p.stdout.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed ({p.returncode})")
+    return out.decode(), ru.ru_maxrss * 1024
+
+
+def run_flexc(args, model, tokens, lora):
+    with tempfile.TemporaryDirectory(prefix="flexc-lora-bench-") as out:
+        cmd = [args.flexc, "train", "--model", model, "--data", tokens, "--steps", str(args.steps), "--batch",
+               str(args.batch), "--seq", str(args.seq), "--threads", str(args.threads), "--out", out,
+               "--eval-every", "0", "--eval-batches", "1", "--quiet"]
+        if lora:
+            cmd += ["--lora", str(args.rank)]
+        _, peak = run_measured(cmd)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            steps = [json.loads(line) for line in f]
+    return statistics.median(s["tokens_per_s"] for s in steps[1:]), peak, steps[-1]["loss"]
+
+
+def peer(args):
+    """The PEFT side, in its own process: prints its tokens/s as JSON."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+    cfg = LoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                     target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    model = get_peft_model(base, cfg)
+    model.train()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3, weight_decay=0.1)
+    with open(args.tokens, "rb") as f:
+        f.seek(1024)
+        ids = torch.frombuffer(bytearray(f.read()), dtype=torch.int16).to(torch.int64) & 0xFFFF
+    gen = torch.Generator().manual_seed(0)
+    times, loss = [], None
+    for _ in range(args.steps):
+        off = torch.randint(0, ids.numel() - args.seq - 1, (args.batch,), generator=gen)
+        x = torch.stack([ids[o:o + args.seq] for o in off])
+        y = torch.stack([ids[o + 1:o + args.seq + 1] for o in off])
+        t0 = time.perf_counter()
+        loss = model(input_ids=x, labels=None).logits
+        loss = torch.nn.functional.cross_entropy(loss.view(-1, loss.shape[-1]).float(), y.view(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t0)
+    tps = [args.batch * args.seq / t for t in times[1:]]
+    print(json.dumps({"tokens_per_s": statistics.median(tps), "loss": loss.item()}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--flexc", default="build/flexc")
+    ap.add_argument("--model")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--full", action="store_true", help="also flexc's full fine-tuning (memory ratio)")
+    ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.peer:
+        return peer(args)
+    with tempfile.TemporaryDirectory(prefix="flexc-lora-model-") as tmp:
+        if not args.model:
+            args.model = os.path.join(tmp, "smollm2-135m-shape")
+            n = make_model(args.model)
+            print(f"model: SmolLM2-135M's shape, random BF16 weights, {n / 1e6:.1f}M parameters")
+        with open(os.path.join(args.model, "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
+        tokens = os.path.join(tmp, "tokens.bin")
+        make_tokens(tokens, 200_000, vocab)
+        print(f"LoRA r={args.rank} alpha={2 * args.rank} on q,k,v,o,gate,up,down; batch {args.batch} x seq "
+              f"{args.seq}; {args.threads} threads; {args.steps} steps (median after the first)")
+        f_tps, f_peak, f_loss = run_flexc(args, args.model, tokens, True)
+        out, p_peak = run_measured([sys.executable, os.path.abspath(__file__), "--peer", "--model", args.model,
+                                    "--tokens", tokens, "--threads", str(args.threads), "--steps",
+                                    str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq),
+                                    "--rank", str(args.rank)])
+        p = json.loads(out.strip().splitlines()[-1])
+        mib = 1 << 20
+        print(f"flexc train --lora : {f_tps:8.1f} tokens/s  peak {f_peak / mib:7.0f} MiB  (last loss {f_loss:.3f})")
+        print(f"PEFT + transformers: {p['tokens_per_s']:8.1f} tokens/s  peak {p_peak / mib:7.0f} MiB  "
+              f"(last loss {p['loss']:.3f})")
+        print(f"flexc / PEFT: tokens/s {f_tps / p['tokens_per_s']:.2f}x, peak memory {f_peak / p_peak:.2f}x")
+        if args.full:
+            full_tps, full_peak, _ = run_flexc(args, args.model, tokens, False)
+            print(f"flexc full fine-tuning: {full_tps:8.1f} tokens/s  peak {full_peak / mib:7.0f} MiB; "
+                  f"LoRA / full peak memory {f_peak / full_peak:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
