@@ -235,6 +235,13 @@ static int attach_check(const fx__model *m, int device)
     if (m->c.head_dim > FX__CU_DMAX)
         return fx__error(FX_EUNSUPPORTED, "head_dim = %lld: the CUDA attention takes head sizes up to %d",
                          (long long)m->c.head_dim, FX__CU_DMAX);
+    /* The GPU step adds the q/k/v biases only: a model with another bias (a row of the
+       architecture table that is the bias of a product) is refused rather than run without it. */
+    for (size_t k = 0; k < fx__arch_nlayer; k++) {
+        const fx__arch_tensor *t = &fx__arch_layer[k];
+        if (t->bias_of >= 0 && (k < FX__MODEL_BQ || k > FX__MODEL_BV) && fx__arch_has(t, &m->c))
+            return fx__error(FX_EUNSUPPORTED, "the GPU step does not add the bias %s", t->name);
+    }
     return FX_OK;
 }
 

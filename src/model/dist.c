@@ -630,18 +630,19 @@ static void fx__agree_float(fx__agree *a, const char *name, float v)
     fx__agree_put_hash(a, name, fx__hash_bytes(&bits, sizeof bits, 0), "%s", buf);
 }
 
-/* The model's configuration, field by field (the struct has padding). */
+/* The model's configuration, field by field as files record them (config.c's table; the
+   struct has padding): a field added to the table is compared without code here. */
 static uint64_t fx__config_hash(const fx_model_config *c)
 {
-    const int64_t ints[] = {c->vocab, c->ctx, c->layers, c->dim, c->heads, c->kv_heads, c->head_dim, c->ffn,
-                            (int64_t)c->rope_scaling.type, c->rope_scaling.original_max_position_embeddings,
-                            c->qkv_bias, c->tied_embeddings, c->sliding_window, c->n_eos};
-    const float floats[] = {c->rope_theta, c->rope_scaling.factor, c->rope_scaling.low_freq_factor,
-                            c->rope_scaling.high_freq_factor, c->norm_eps};
-    uint64_t h = fx__hash_bytes(c->arch, strnlen(c->arch, sizeof c->arch), 1);
-    h = fx__hash_bytes(ints, sizeof ints, h);
-    h = fx__hash_bytes(floats, sizeof floats, h);
-    return fx__hash_bytes(c->eos, sizeof c->eos, h);
+    uint64_t h = 1;
+    char v[160];
+    for (size_t i = 0; i < fx__config_nfields; i++) {
+        const fx__config_field *f = &fx__config_fields[i];
+        fx__config_field_format(f, c, v, sizeof v);
+        h = fx__hash_bytes(f->key, strlen(f->key) + 1, h);
+        h = fx__hash_bytes(v, strlen(v) + 1, h);
+    }
+    return h;
 }
 
 /* Where the run starts: the step, and the sampler's state (a resumed checkpoint's). */
