@@ -6,7 +6,7 @@ flexc=${1:?path to flexc}
 source "$(dirname "$0")/lib/checks.sh"
 scratch cli_version
 
-modules="attention|attention backward|attention bf16|lce|gemm|gemv|bf16 conversion|bf16 gemm|rmsnorm|swiglu|optim|finite|cuda"
+modules="attention|attention backward|attention bf16|mod|lce|gemm|gemv|bf16 conversion|bf16 gemm|rmsnorm|swiglu|optim|finite|cuda"
 # Every line after the first is "module: path", each module once, in this order.
 lines_ok() {
     local name=$1 file=$2
@@ -31,7 +31,7 @@ contains default-cuda "$tmp/default" "^cuda: ."
 check scalar 0 env FLEXC_ISA=scalar "$flexc" --version
 cp "$tmp/out" "$tmp/scalar"
 lines_ok scalar "$tmp/scalar"
-for m in attention "attention backward" gemv "bf16 conversion" rmsnorm swiglu optim finite; do
+for m in attention "attention backward" mod gemv "bf16 conversion" rmsnorm swiglu optim finite; do
     contains "scalar $m" "$tmp/scalar" "^$m: scalar$"
 done
 contains scalar-attention-bf16 "$tmp/scalar" "^attention bf16: float32$"

@@ -163,6 +163,8 @@ extern const fx__attn_fwd_kernels fx__attn_fwd_kernels_scalar, fx__attn_fwd_kern
    the current one (fx_get_isa()). */
 const fx__attn_fwd_kernels *fx__attn_fwd_kernels_for(fx_isa isa);
 const fx__attn_fwd_kernels *fx__attn_fwd_kernels_now(void);
+/* The path of the mods' expression interpreter (mod.c's table), for flexc --version. */
+const char *fx__mod_kernels_name(void);
 
 /* Options of the internal entry points. FX__ATTN_BF16: the products take bfloat16 operands
    (bf16.h; the trainer's --dtype bf16) where the CPU has the kernels (the forward's

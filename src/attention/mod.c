@@ -60,6 +60,10 @@ struct fx_mod {
 const fx__mod_kernels fx__mod_kernels_scalar = {"scalar", run_scalar, score_scalar, score_grad_scalar};
 
 /* The kernels of a CPU path (the scalar ones in a build with FLEXC_REFERENCE_KERNELS). */
+static const fx__mod_kernels *mod_kernels(void);
+
+const char *fx__mod_kernels_name(void) { return mod_kernels()->name; }
+
 static const fx__mod_kernels *mod_kernels(void)
 {
 #if !defined(FLEXC_REFERENCE_KERNELS) && defined(__x86_64__)

@@ -2,6 +2,7 @@
 #include "cli.h"
 #include "attention/backward.h"
 #include "attention/bf16.h"
+#include "attention/internal.h"
 #include "core/backend.h"
 #include "core/finite.h"
 #include "core/gemm_bf16.h"
@@ -47,6 +48,7 @@ static void print_kernels(void)
     printf("attention: %s\n", fx__attn_fwd_kernels_now()->name);
     printf("attention backward: %s\n", fx__attn_bwd_kernels_now()->name);
     printf("attention bf16: %s\n", a16 ? a16->name : "float32");
+    printf("mod: %s\n", fx__mod_kernels_name());
     printf("lce: %s (products: %s)\n", fx__lce_kernels_now()->name, fx__lce_f32_products());
     printf("gemm: %s\n", fx__gemm_kernels_now()->name);
     printf("gemv: %s\n", fx__gemv_kernels_now()->name);
