@@ -235,11 +235,15 @@ void fx__lora_forward(fx__lora *a, int64_t l, fx__lora_target t, float *y, int64
 {
     const float *A = fx__lora_a(a, l, t), *B = fx__lora_b(a, l, t);
     const int64_t r = a->cfg.rank;
-    /* FX__LORA_ROWS rows at a time: the scratch reserved at creation covers them (decoding a
-       long prompt needs no more). Rows are independent here. */
-    for (int64_t n0 = 0; n0 < N; n0 += FX__LORA_ROWS) {
-        const int64_t nr = N - n0 < FX__LORA_ROWS ? N - n0 : FX__LORA_ROWS;
-        float *u = a->scratch, *xd = a->scratch + 2 * FX__LORA_ROWS * r;
+    /* As many rows at a time as the scratch holds: at least FX__LORA_ROWS (reserved at
+       creation: decoding a long prompt needs no more), all of them in training (the backward's
+       scratch is larger). Rows are independent, and fx__sgemm computes each element alike
+       whatever the rows of the call: the passes change no bit. */
+    const int64_t per_row = r + (dropping(a) ? I : 0), fit = (int64_t)(a->scratch_n / (size_t)per_row);
+    const int64_t rows = fit > FX__LORA_ROWS ? fit : FX__LORA_ROWS;
+    for (int64_t n0 = 0; n0 < N; n0 += rows) {
+        const int64_t nr = N - n0 < rows ? N - n0 : rows;
+        float *u = a->scratch, *xd = a->scratch + nr * r;
         const float *xa = x + n0 * I;
         if (dropping(a)) {
             drop_apply(a, l, t, xd, x, n0, nr, I);
