@@ -6,6 +6,8 @@
 #include "hf/hf.h"
 #include "run_params.h"
 
+#include <flexc/mod.h>
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -35,8 +37,8 @@ void fx__meta_add_ref(fx__meta *m, const char *key, const char *value)
 void fx__meta_config(fx__meta *md, const fx__model *m, const char *kind)
 {
     const fx_model_config *c = &m->c;
-    char attn[32];
-    fx__model_mask_name(m->mask, m->window, attn, sizeof attn);
+    char attn[48];
+    fx__model_attn_name(m, attn, sizeof attn);
     fx__meta_add(md, "format", FX__FORMAT);
     fx__meta_add(md, "format_version", FX__FORMAT_VERSION);
     fx__meta_add(md, "kind", "%s", kind);
@@ -50,8 +52,14 @@ void fx__meta_config(fx__meta *md, const fx__model *m, const char *kind)
             fx__config_field_format(f, c, val, sizeof val);
             fx__meta_add(md, f->key, "%s", val);
         }
-        if (always)
+        if (always) {
             fx__meta_add(md, "attn", "%s", attn);
+            /* The mods' texts, only where there are mods (files without them are as before). */
+            if (m->mask_src)
+                fx__meta_add_ref(md, "mask_mod", m->mask_src);
+            if (m->score_src)
+                fx__meta_add_ref(md, "score_mod", m->score_src);
+        }
     }
     bool bytes = !strcmp(c->arch, "flexc-gpt") && c->vocab == FX__MODEL_VOCAB;
     fx__meta_add(md, "tokenizer", "%s", bytes ? "bytes+eot" : "external");
@@ -174,6 +182,35 @@ static int fx__read_config_fields(const fx_safetensors *f, const char *path, fx_
     return FX_OK;
 }
 
+/* The attention of a file (fx__model_attn_name): the built-in mask's name, or "mod" with the
+   mask mod, and the mods' texts (NULL: none), each compiled to check it. A file that names
+   mods in "attn" has them, and one that does not has none. */
+static int fx__read_attn(const fx_safetensors *f, const char *path, char name[32], const char **score,
+                         const char **mask)
+{
+    const char *attn = fx_safetensors_metadata(f, "attn");
+    *score = fx_safetensors_metadata(f, "score_mod");
+    *mask = fx_safetensors_metadata(f, "mask_mod");
+    fx__model_mask mk;
+    int64_t w;
+    const bool mod = attn && !strcmp(attn, "mod"), over = attn && !strncmp(attn, "mod:", 4);
+    const char *builtin = over ? attn + 4 : attn;
+    if (!attn || (!mod && fx__model_mask_parse(builtin, &mk, &w) != FX_OK))
+        return fx__error(FX_EFORMAT, "'%s': metadata attn = '%s' is not a known mask", path, attn ? attn : "(none)");
+    if ((mod && !*mask) || (over && !*score) || (!mod && *mask) || (!mod && !over && *score))
+        return fx__error(FX_EFORMAT, "'%s': metadata attn = '%s' with%s mask_mod and with%s score_mod", path, attn,
+                         *mask ? "" : "out", *score ? "" : "out");
+    const char *src[2] = {*score, *mask};
+    for (int i = 0; i < 2; i++) {
+        fx_mod *md = NULL;
+        if (src[i] && fx__model_mod_compile(&md, src[i], i == 1) != FX_OK)
+            return fx__error(FX_EFORMAT, "'%s': metadata %s: %s", path, i ? "mask_mod" : "score_mod", fx_last_error());
+        fx_mod_free(md);
+    }
+    snprintf(name, 32, "%s", mod ? "mod" : builtin);
+    return FX_OK;
+}
+
 int fx__ckpt_read(const fx_safetensors *f, const char *path, fx_model_config *c, fx__model_train_state *s,
                   bool *has_adam)
 {
@@ -214,13 +251,14 @@ int fx__ckpt_read(const fx_safetensors *f, const char *path, fx_model_config *c,
                          (long long)cc.vocab, FX__MODEL_VOCAB);
     bool adam = fx_safetensors_find(f, "optim.m") != NULL;
     if (s) {
-        const char *attn = fx_safetensors_metadata(f, "attn");
-        fx__model_mask mk;
-        int64_t w;
-        if (!attn || fx__model_mask_parse(attn, &mk, &w) != FX_OK)
-            return fx__error(FX_EFORMAT, "'%s': metadata attn = '%s' is not a known mask", path, attn ? attn : "(none)");
+        char mask_name[32];
+        const char *score_mod = NULL, *mask_mod = NULL;
+        if ((rc = fx__read_attn(f, path, mask_name, &score_mod, &mask_mod)) != FX_OK)
+            return rc;
         memset(s, 0, sizeof *s);
-        snprintf(s->attn, sizeof s->attn, "%s", attn);
+        snprintf(s->attn, sizeof s->attn, "%s", mask_name);
+        snprintf(s->score_mod, sizeof s->score_mod, "%s", score_mod ? score_mod : "");
+        snprintf(s->mask_mod, sizeof s->mask_mod, "%s", mask_mod ? mask_mod : "");
         if (adam) {
             int64_t seed = 0;
             const char *r = fx_safetensors_metadata(f, "rng");
@@ -438,6 +476,11 @@ int fx__model_load(fx__model *m, const char *path, bool load_adam)
     }
     if (!rc && load_adam)
         rc = fx__check_moments(path, fx_safetensors_find(f, "optim.m"), fx_safetensors_find(f, "optim.v"));
+    /* A file trained with attention mods gives them to the model (other files leave its
+       attention as it is), before anything is copied. */
+    const char *score = fx_safetensors_metadata(f, "score_mod"), *mask = fx_safetensors_metadata(f, "mask_mod");
+    if (!rc && (score || mask) && (rc = fx__model_set_mods(m, score, mask)) != FX_OK)
+        fx__error_context(rc, "'%s'", path);
     if (rc)
         goto done;
     for (size_t i = 0; i < m->lay.n; i++) {

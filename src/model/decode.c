@@ -6,6 +6,8 @@
 
 #include "core/gemv.h"
 
+#include <flexc/mod.h>
+
 #include <string.h>
 
 /* ---- where the weights are ----------------------------------------------------------------------------- */
@@ -48,10 +50,12 @@ fx__model_cache_bytes fx__model_cache_size(const fx__model *m, int64_t cap)
     for (size_t i = 0; m->mapped && i < m->lay.n; i++)
         widen = widen || m->mapped->t[i].dtype != FX_DT_F32;
     size_t tile = widen ? (size_t)(FX__WIDEN_TILE * fx__widest_input(c)) : 0;
+    /* Mods that read h: a layer's keys and values gathered for one call over every head. */
+    size_t kvm = m->mods_h ? (size_t)(2 * KD * cap) : 0;
     return (fx__model_cache_bytes){
         .kv = (size_t)(c->layers * KD * cap) * sizeof(float), .doc = (size_t)cap * sizeof(int64_t),
         .scratch = (size_t)(cap * (2 * c->dim + 3 * QD + 2 * KD + wide + 2 * F + 1)) * sizeof(float) +
-                   tile * sizeof(float)};
+                   (tile + kvm) * sizeof(float)};
 }
 
 int fx__model_cache_create(fx__model_cache **out, fx__model *m, int64_t max_len)
@@ -76,7 +80,9 @@ int fx__model_cache_create(fx__model_cache **out, fx__model *m, int64_t max_len)
     k->v = fx__alloc(b.kv);
     k->doc = fx__alloc(b.doc);
     k->scratch = fx__alloc(b.scratch);
-    if (!k->k || !k->v || !k->doc || !k->scratch) {
+    if (m->mods_h)
+        k->kvm = fx__alloc((size_t)(2 * c->kv_heads * c->head_dim * cap) * sizeof(float));
+    if (!k->k || !k->v || !k->doc || !k->scratch || (m->mods_h && !k->kvm)) {
         fx__model_cache_free(k);
         return FX_ENOMEM;
     }
@@ -88,7 +94,7 @@ void fx__model_cache_free(fx__model_cache *c)
 {
     if (!c)
         return;
-    fx__free(c->k), fx__free(c->v), fx__free(c->doc), fx__free(c->scratch);
+    fx__free(c->k), fx__free(c->v), fx__free(c->doc), fx__free(c->scratch), fx__free(c->kvm);
     fx_block_mask_free(c->bmask);
     fx__free(c);
 }
@@ -108,6 +114,11 @@ static int fx__cache_mask(fx__model *m, fx__model_cache *kc, int32_t first)
     kc->bmask = NULL;
     if (m->attn_impl == FX__MODEL_ATTN_REF)
         return FX_OK;
+    if (m->mask_mod) {
+        /* Decoding is one sequence: b is 0. */
+        int rc = fx_block_mask_create_mod(&kc->bmask, m->mask_mod, 1, m->mods_h ? m->c.heads : 1, ctx, ctx, 0, 0);
+        return rc ? fx__error_context(rc, "attention mask mod") : FX_OK;
+    }
     const void *mctx;
     fx_mask_fn fn = fx__model_mask_fn(m->mask, &kc->mctx, &mctx);
     int rc = fx_block_mask_create(&kc->bmask, fn, mctx, 1, 1, ctx, ctx, 0, 0);
@@ -153,10 +164,31 @@ static int decode_attn_run(void *ctx, const fx__layer_io *io)
     const fx_model_config *c = &m->c;
     const int64_t n = d->n, cap = kc->cap, p0 = kc->len, Hkv = c->kv_heads, hd = c->head_dim, G = c->heads / Hkv;
     const float *kl = kc->k + d->l * Hkv * hd * cap, *vl = kc->v + d->l * Hkv * hd * cap;
-    const bool need_mask = n > 1 || m->mask == FX__MODEL_MASK_SLIDING || m->mask == FX__MODEL_MASK_DOCUMENT;
+    const bool need_mask = n > 1 || m->mask == FX__MODEL_MASK_SLIDING || m->mask == FX__MODEL_MASK_DOCUMENT ||
+                           m->mask_mod;
+    if (m->mods_h) {
+        /* Mods that read h see every head by its number in one call over the keys and values
+           gathered out of the cache (whose heads are cap positions apart). */
+        const int64_t L = p0 + n;
+        float *kg = kc->kvm, *vg = kc->kvm + Hkv * L * hd;
+        for (int64_t h = 0; h < Hkv; h++) {
+            memcpy(kg + h * L * hd, kl + h * cap * hd, (size_t)(L * hd) * sizeof(float));
+            memcpy(vg + h * L * hd, vl + h * cap * hd, (size_t)(L * hd) * sizeof(float));
+        }
+        fx__attn_call call = {.B = 1, .Hq = c->heads, .Hkv = Hkv, .Lq = n, .Lkv = L, .D = hd, .q_offset = p0,
+                              .score = m->score_mod, .bm = need_mask ? kc->bmask : NULL};
+        call.fn = m->mask_mod ? fx_mod_mask : fx__model_mask_fn(m->mask, &kc->mctx, &call.ctx);
+        if (m->mask_mod)
+            call.ctx = m->mask_mod;
+        const int rc = fx__attn_fwd(m, &call, io->q.p, kg, vg, io->att, NULL);
+        return rc ? fx__error_context(rc, "layer %lld attention", (long long)d->l) : FX_OK;
+    }
     for (int64_t h = 0; h < Hkv; h++) {
-        fx__attn_call call = {.B = 1, .Hq = G, .Hkv = 1, .Lq = n, .Lkv = p0 + n, .D = hd, .q_offset = p0};
+        fx__attn_call call = {.B = 1, .Hq = G, .Hkv = 1, .Lq = n, .Lkv = p0 + n, .D = hd, .q_offset = p0,
+                              .score = m->score_mod};
         call.fn = fx__model_mask_fn(m->mask, &kc->mctx, &call.ctx);
+        if (m->mask_mod)
+            call.fn = fx_mod_mask, call.ctx = m->mask_mod;
         if (!need_mask)
             call.fn = NULL;
         call.bm = need_mask ? kc->bmask : NULL;
@@ -179,6 +211,10 @@ int fx__model_decode(fx__model *m, fx__model_cache *kc, const int32_t *tokens, i
         if (tokens[i] < 0 || tokens[i] >= V)
             return fx__error(FX_ERANGE, "token[%lld] = %d is outside [0, %lld)", (long long)i, tokens[i], (long long)V);
     int rc;
+    if (m->mods_h && !kc->kvm)
+        return fx__error(FX_EINVAL, "the cache was made before the model's attention mods were set (make it again)");
+    if (m->device && (m->score_mod || m->mask_mod))
+        return fx__error(FX_EUNSUPPORTED, "attention mods run on the CPU only, not on %s", m->device->name);
     if (p0 == 0 && (rc = fx__cache_mask(m, kc, tokens[0])) != FX_OK)
         return rc;
     if (m->device)

@@ -5,6 +5,8 @@
 #include "attention/internal.h"
 #include "lce/lce_internal.h"
 
+#include <flexc/mod.h>
+
 #include <math.h>
 #include <string.h>
 
@@ -38,6 +40,11 @@ static fx_attention fx__flex_desc(const fx__attn_call *c)
     if (c->dense_causal) {
         a.score_mod = fx__score_causal;
         a.score_mod_grad = fx__score_causal_grad;
+    }
+    if (c->score) {
+        a.score_mod = fx_mod_score;
+        a.score_mod_grad = fx_mod_score_grad;
+        a.score_ctx = c->score;
     }
     return a;
 }
@@ -90,16 +97,39 @@ int fx__train_attn(fx__model *m, fx__attn_call *c, bool build)
     int64_t hd = m->c.head_dim;
     m->mctx.sliding.window = m->window;
     m->mctx.document = (fx_mask_document_ctx){.doc_ids = m->doc, .len = m->T, .batch_stride = m->T};
-    *c = (fx__attn_call){.B = m->B, .Hq = m->c.heads, .Hkv = m->c.kv_heads, .Lq = m->T, .Lkv = m->T, .D = hd};
+    *c = (fx__attn_call){.B = m->B, .Hq = m->c.heads, .Hkv = m->c.kv_heads, .Lq = m->T, .Lkv = m->T, .D = hd,
+                         .score = m->score_mod};
     c->fn = fx__model_mask_fn(m->mask, &m->mctx, &c->ctx);
+    if (m->mask_mod)
+        c->fn = fx_mod_mask, c->ctx = m->mask_mod;
     if (m->attn_impl == FX__MODEL_ATTN_REF)
+        return m->score_mod ? fx__error(FX_EUNSUPPORTED, "a score mod runs through flex attention, not the "
+                                                         "reference")
+                            : FX_OK;
+    if (m->mask_mod) {
+        /* Built once per shape (fx__model_set_batch and fx__model_set_mods drop it), per batch
+           row or head only when the mods read b or h. */
+        if (!m->bmask || !m->bmask_of_mod) {
+            fx_block_mask_free(m->bmask);
+            m->bmask = NULL;
+            int rc = fx_block_mask_create_mod(&m->bmask, m->mask_mod, m->mods_b ? m->B : 1,
+                                              m->mods_h ? m->c.heads : 1, m->T, m->T, 0, 0);
+            if (rc)
+                return fx__error_context(rc, "attention mask mod");
+            m->bmask_of_mod = true;
+        }
+        c->bm = m->bmask;
         return FX_OK;
+    }
+    if (m->mask == FX__MODEL_MASK_CAUSAL_DENSE && m->score_mod)
+        return fx__error(FX_EUNSUPPORTED, "the dense baseline's causality is a score modifier: it takes no score "
+                                          "mod (use the causal mask)");
     if (m->mask == FX__MODEL_MASK_CAUSAL_DENSE) {
         c->dense_causal = true;
         return FX_OK;
     }
     /* Document masks change with every batch; the others only with the shape. */
-    bool stale = !m->bmask || m->bmask_mask != m->mask || m->bmask_window != m->window;
+    bool stale = !m->bmask || m->bmask_of_mod || m->bmask_mask != m->mask || m->bmask_window != m->window;
     if ((build && m->mask == FX__MODEL_MASK_DOCUMENT) || stale) {
         fx_block_mask_free(m->bmask);
         m->bmask = NULL;
@@ -109,6 +139,7 @@ int fx__train_attn(fx__model *m, fx__attn_call *c, bool build)
             return fx__error_context(rc, "attention mask");
         m->bmask_mask = m->mask;
         m->bmask_window = m->window;
+        m->bmask_of_mod = false;
     }
     c->bm = m->bmask;
     return FX_OK;
@@ -378,6 +409,8 @@ static int forward_loss(fx__model *m, const fx__acts *a, bool grad, float *out)
 
 int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *targets, float *loss, bool grad)
 {
+    if (m && m->device && (m->score_mod || m->mask_mod))
+        return fx__error(FX_EUNSUPPORTED, "attention mods run on the CPU only, not on %s", m->device->name);
     if (m && m->device)
         return m->device->forward(m, tokens, targets, loss, grad);
     if (!m || !tokens || !m->acts)

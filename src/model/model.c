@@ -2,6 +2,9 @@
    and the buffers of training (gradients, Adam moments, activations). */
 #include "model_internal.h"
 
+#include <flexc/mod.h>
+
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -41,6 +44,98 @@ void fx__model_mask_name(fx__model_mask mask, int64_t window, char *buf, size_t 
     case FX__MODEL_MASK_DOCUMENT: snprintf(buf, n, "document"); break;
     case FX__MODEL_MASK_CAUSAL_DENSE: snprintf(buf, n, "dense"); break;
     }
+}
+
+/* ---- attention mods ------------------------------------------------------------------------------ */
+
+int fx__model_mod_compile(fx_mod **out, const char *src, bool mask)
+{
+    *out = NULL;
+    if (strlen(src) >= FX__MOD_SRC_MAX)
+        return fx__error(FX_EINVAL, "the expression is %zu bytes long, more than %d", strlen(src),
+                         FX__MOD_SRC_MAX - 1);
+    fx_mod *md = NULL;
+    int rc = fx_mod_compile(&md, src, NULL, 0);
+    if (rc)
+        return rc;
+    if (fx_mod_is_mask(md) != mask) {
+        fx_mod_free(md);
+        return fx__error(FX_EINVAL, mask ? "'%s' is not a mask: its value is not bool (a comparison, &&, ||, ...)"
+                                         : "'%s' is a mask (its value is bool), not a score",
+                         src);
+    }
+    *out = md;
+    return FX_OK;
+}
+
+bool fx__mod_src_reads(const char *src, char leaf)
+{
+    for (const char *s = src; s && *s;) {
+        const unsigned char c = (unsigned char)*s;
+        if (isdigit(c) || (c == '.' && isdigit((unsigned char)s[1]))) {
+            /* a number, its exponent's sign included */
+            for (s++; isalnum((unsigned char)*s) || *s == '_' || *s == '.' ||
+                      ((*s == '+' || *s == '-') && (s[-1] == 'e' || s[-1] == 'E'));
+                 s++)
+                ;
+        } else if (isalpha(c) || c == '_') {
+            const char *w = s;
+            while (isalnum((unsigned char)*s) || *s == '_')
+                s++;
+            if (s - w == 1 && *w == leaf)
+                return true;
+        } else {
+            s++;
+        }
+    }
+    return false;
+}
+
+static char *mod_strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = fx__alloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+int fx__model_set_mods(fx__model *m, const char *score, const char *mask)
+{
+    fx_mod *sm = NULL, *mm = NULL;
+    char *ss = NULL, *ms = NULL;
+    int rc = FX_OK;
+    if (score && *score && (rc = fx__model_mod_compile(&sm, score, false)) != FX_OK)
+        return fx__error_context(rc, "score mod");
+    if (mask && *mask && (rc = fx__model_mod_compile(&mm, mask, true)) != FX_OK) {
+        fx_mod_free(sm);
+        return fx__error_context(rc, "mask mod");
+    }
+    if ((sm && !(ss = mod_strdup(score))) || (mm && !(ms = mod_strdup(mask)))) {
+        fx_mod_free(sm), fx_mod_free(mm), fx__free(ss);
+        return FX_ENOMEM;
+    }
+    fx_mod_free(m->score_mod), fx_mod_free(m->mask_mod);
+    fx__free(m->score_src), fx__free(m->mask_src);
+    m->score_mod = sm, m->mask_mod = mm, m->score_src = ss, m->mask_src = ms;
+    m->mods_b = fx__mod_src_reads(ss, 'b') || fx__mod_src_reads(ms, 'b');
+    m->mods_h = fx__mod_src_reads(ss, 'h') || fx__mod_src_reads(ms, 'h');
+    /* The block mask is rebuilt for the new mask. */
+    fx_block_mask_free(m->bmask);
+    m->bmask = NULL;
+    return FX_OK;
+}
+
+void fx__model_attn_name(const fx__model *m, char *buf, size_t n)
+{
+    char name[32];
+    fx__model_mask_name(m->mask, m->window, name, sizeof name);
+    if (m->mask_mod)
+        snprintf(buf, n, "mod");
+    else if (m->score_mod)
+        snprintf(buf, n, "mod:%s", name);
+    else
+        snprintf(buf, n, "%s", name);
 }
 
 /* ---- the parameter table ------------------------------------------------------------------------ */
@@ -223,6 +318,8 @@ void fx__model_free(fx__model *m)
     fx__free(m->norm_parts);
     fx__lora_free(m->lora);
     fx__free(m->map_tile);
+    fx_mod_free(m->score_mod), fx_mod_free(m->mask_mod);
+    fx__free(m->score_src), fx__free(m->mask_src);
     fx__free(m);
 }
 

@@ -74,6 +74,28 @@ typedef struct fx__model_mask_ctx {
 } fx__model_mask_ctx;
 fx_mask_fn fx__model_mask_fn(fx__model_mask mask, const fx__model_mask_ctx *mc, const void **ctx);
 
+/* ---- attention mods written as expressions (flexc/mod.h) ---------------------------------- */
+
+/* The longest text of a mod a model, a checkpoint or the training state keeps (with its NUL). */
+enum { FX__MOD_SRC_MAX = 1024 };
+struct fx_mod;
+struct fx_model;
+/* Compiles a mod's text for a model (no captured tensors) and checks its kind: a mask mod must
+   be bool, a score mod must not. FX_EINVAL with "expr:COL: problem", or with what is wrong with
+   its kind or length. */
+int fx__model_mod_compile(struct fx_mod **out, const char *src, bool mask);
+/* Gives the model its attention mods (NULL or "": none), compiled, replacing those it had; on
+   an error the model keeps its own. A mask mod replaces the built-in mask (mask and window are
+   then unused); a score mod applies on top of the mask, built-in or not. */
+int fx__model_set_mods(struct fx_model *m, const char *score, const char *mask);
+/* Whether the text reads the leaf `b` or `h` (an identifier of that name): block masks are
+   then built per batch row or per head, and decoding runs every head in one call. */
+bool fx__mod_src_reads(const char *src, char leaf);
+/* The metadata value "attn" of a model: its built-in mask's name ("sliding:256"); "mod" with a
+   mask mod; "mod:NAME" with a score mod over the built-in mask NAME. Readers that know no mods
+   refuse the last two, rather than run the model without them. */
+void fx__model_attn_name(const struct fx_model *m, char *buf, size_t n);
+
 /* ---- parameters ------------------------------------------------------------------------ */
 
 typedef struct fx__model_tensor {
@@ -201,6 +223,13 @@ struct fx_model {
                                current only after fx__model_gpu_download */
     const fx__model_device *device; /* the calls of that device (set with gpu), or NULL */
     float *map_tile;          /* training over a mapped file: fx__linear_dt's widening scratch */
+    /* Attention mods written as expressions (fx__model_set_mods), owned, or NULL: the mask mod
+       replaces the built-in mask, the score mod applies on top of the mask; their texts as
+       given (checkpoints record them), and whether either reads b or h. */
+    struct fx_mod *score_mod, *mask_mod;
+    char *score_src, *mask_src;
+    bool mods_b, mods_h;
+    bool bmask_of_mod;        /* bmask was built from mask_mod */
     struct fx__lora *lora;    /* LoRA adapters (lora.h, owned), or NULL: with them the base is
                                  frozen (no gradients for its weights, norms or embedding) and
                                  the training step trains the adapters only */
@@ -446,6 +475,7 @@ struct fx_model_cache {
     int64_t *doc;         /* [cap] document ids by position */
     fx__model_mask_ctx mctx;
     fx_block_mask *bmask; /* [cap, cap] over absolute positions, built when len == 0 */
+    float *kvm;           /* with mods that read h: one layer's k and v gathered [2, Hkv, len, hd] */
 };
 
 /* A cache for max_len positions (0: the model's context); the model's RoPE table grows to
@@ -509,7 +539,8 @@ typedef struct fx__model_train_state {
     int64_t step;      /* optimizer steps done */
     int64_t data_pos;  /* training windows drawn */
     fx_rng rng;        /* the data sampler */
-    char attn[32];     /* mask name */
+    char attn[32];     /* mask name ("mod": the mask mod) */
+    char score_mod[FX__MOD_SRC_MAX], mask_mod[FX__MOD_SRC_MAX]; /* the mods' texts ("": none) */
     char data[4096];   /* the --data file, absolute ("" for the default corpus) */
     bool adam_bf16;    /* the checkpoint's Adam moments are bfloat16 */
     bool deterministic; /* trained with --deterministic (the sliced, fixed-order gradient sum) */

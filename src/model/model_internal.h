@@ -70,6 +70,7 @@ typedef struct fx__attn_call {
     bool dense_causal;       /* flex, no block mask: causality by score_mod */
     fx_mask_fn fn;           /* reference: the mask function */
     const void *ctx;
+    const struct fx_mod *score; /* flex: the model's score mod, or NULL */
 } fx__attn_call;
 
 /* Through fx_flex_attention(_backward) or the reference, as m->attn_impl says. */
