@@ -260,6 +260,19 @@ int cmd_export(int argc, char **argv)
     fx_model *m = NULL;
     if ((rc = lora ? fx__lora_open(&m, &lsrc, true) : fx_model_load(&m, ckpt)) != FX_OK)
         return cli_fail(rc, "--ckpt");
+    /* Attention written as expressions has no Hugging Face config key: transformers would run
+       the model with its own mask and no score modifier. */
+    if (m->mask_src || m->score_src) {
+        char mods[2 * FX__MOD_SRC_MAX + 64] = "";
+        if (m->mask_src)
+            snprintf(mods, sizeof mods, "--mask-mod \"%s\"%s", m->mask_src, m->score_src ? ", " : "");
+        if (m->score_src)
+            snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "--score-mod \"%s\"", m->score_src);
+        cli_error("export: --ckpt %s was trained with attention mods (%s), which a Hugging Face config cannot "
+                  "express; flexc generate runs it", ckpt, mods);
+        fx_model_free(m);
+        return CLI_EXIT_FAIL;
+    }
     bool made = false;
     if (!export_take_dir(to, &made)) {
         fx_model_free(m);

@@ -11,6 +11,7 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "model/run_params.h"
+#include <flexc/mod.h>
 #include "outdir_lock.h"
 #include "save_check.h"
 
@@ -30,7 +31,7 @@ static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) { interrupted = sig; }
 
 typedef struct train_opts {
-    const char *data, *model, *attn, *out, *parallel, *comm_log, *dtype, *device, *lora_targets;
+    const char *data, *model, *attn, *score_mod, *mask_mod, *out, *parallel, *comm_log, *dtype, *device, *lora_targets;
     int64_t steps, batch, seq, seed, threads, accum, warmup, save_every, eval_every, eval_batches, log_every, until;
     int64_t layers, dim, heads, kv_heads, lora;
     double lora_alpha, lora_dropout;
@@ -266,7 +267,8 @@ static int device_check(const train_opts *o, fx__par par)
             {o->deterministic, "--deterministic", "the GPU step repeats bitwise without it"},
             {o->recompute, "--recompute", "every activation is kept in device memory"},
             {o->adam_bf16, "--adam-bf16", "the Adam moments stay float32"},
-            {o->attn && strcmp(o->attn, "dense") == 0, "--attn dense", "the dense baseline is the CPU's"}};
+            {o->attn && strcmp(o->attn, "dense") == 0, "--attn dense", "the dense baseline is the CPU's"},
+            {o->mask_mod || o->score_mod, o->mask_mod ? "--mask-mod" : "--score-mod", "attention mods run on the CPU"}};
         for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
             if (no[i].on) {
                 cli_error("--device cuda does not take %s (%s)", no[i].opt, no[i].why);
@@ -336,6 +338,41 @@ static int lora_opts_check(const train_opts *o, fx__par par)
     return CLI_EXIT_OK;
 }
 
+/* --score-mod and --mask-mod: each compiles, and is of its kind; --mask-mod replaces --attn. */
+static int mods_opts_check(const train_opts *o)
+{
+    if (o->mask_mod && o->attn) {
+        cli_error("--attn %s and --mask-mod both give the attention mask: pass one of them (a built-in mask is an "
+                  "expression too, e.g. --mask-mod \"q_idx >= kv_idx\" for causal)", o->attn);
+        return CLI_EXIT_USAGE;
+    }
+    if (o->score_mod && o->attn && !strcmp(o->attn, "dense")) {
+        cli_error("--attn dense makes causality a score modifier of its own: it takes no --score-mod (use --attn "
+                  "causal)");
+        return CLI_EXIT_USAGE;
+    }
+    const struct { const char *opt, *src; bool mask; } mod[] = {{"--score-mod", o->score_mod, false},
+                                                                {"--mask-mod", o->mask_mod, true}};
+    for (size_t i = 0; i < 2; i++) {
+        struct fx_mod *md = NULL;
+        if (!mod[i].src)
+            continue;
+        if (fx__model_mod_compile(&md, mod[i].src, mod[i].mask) != FX_OK) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", fx_last_error());
+            /* An expression of the other kind compiles on its own: say where it goes. */
+            const bool kind = strlen(mod[i].src) < FX__MOD_SRC_MAX && fx_mod_compile(&md, mod[i].src, NULL, 0) == FX_OK;
+            fx_mod_free(md);
+            cli_error("%s: %s%s", mod[i].opt, why,
+                      kind ? (mod[i].mask ? " (a score modifier goes to --score-mod)" : " (a mask goes to --mask-mod)")
+                           : "");
+            return CLI_EXIT_USAGE;
+        }
+        fx_mod_free(md);
+    }
+    return CLI_EXIT_OK;
+}
+
 /* The checks of train's options that need neither data nor a model; *par the --parallel mode.
    A usage error is printed and its exit code returned. */
 static int train_opts_check(const train_opts *o, fx__par *par)
@@ -365,7 +402,7 @@ static int train_opts_check(const train_opts *o, fx__par *par)
         return CLI_EXIT_USAGE;
     }
     int rc = device_check(o, *par);
-    if (rc != CLI_EXIT_OK || (rc = lora_opts_check(o, *par)) != CLI_EXIT_OK)
+    if (rc != CLI_EXIT_OK || (rc = lora_opts_check(o, *par)) != CLI_EXIT_OK || (rc = mods_opts_check(o)) != CLI_EXIT_OK)
         return rc;
     if (!(o->comm_timeout > 0)) {
         cli_error("--comm-timeout %g must be > 0 seconds", o->comm_timeout);
@@ -427,6 +464,10 @@ int cmd_train(int argc, char **argv)
         {"--kv-heads", CLI_INT, &o.kv_heads, "override the key/value heads (GQA)"},
         {"--seq", CLI_INT, &o.seq, "sequence length T (default: the model's context)"},
         {"--attn", CLI_STRING, &o.attn, "causal | sliding:W | document | dense (default causal)"},
+        {"--mask-mod", CLI_STRING, &o.mask_mod,
+         "the attention mask as an expression over b, h, q_idx, kv_idx, in place of --attn (docs/attention.md)"},
+        {"--score-mod", CLI_STRING, &o.score_mod,
+         "a score modifier as an expression over score, b, h, q_idx, kv_idx, on top of the mask"},
         {"--steps", CLI_INT, &o.steps, "optimizer steps (default 1000)"},
         {"--batch", CLI_INT, &o.batch, "sequences per micro-batch (default 8)"},
         {"--accum", CLI_INT, &o.accum, "micro-batches per step (default 1)"},
@@ -581,8 +622,31 @@ static int resume_shape(const train_job *j)
     for (size_t i = 0; i < sizeof chk / sizeof chk[0]; i++)
         if (chk[i].given != UNSET && chk[i].given != chk[i].saved)
             return resume_mismatch(chk[i].name, chk[i].given, chk[i].saved);
-    if (o->attn && strcmp(o->attn, st->attn) != 0) {
-        cli_error("--resume: the checkpoint was trained with --attn %s, not %s", st->attn, o->attn);
+    const bool mod = !strcmp(st->attn, "mod");
+    if (o->attn && (mod || strcmp(o->attn, st->attn) != 0)) {
+        if (mod)
+            cli_error("--resume: the checkpoint was trained with --mask-mod \"%s\", not --attn %s", st->mask_mod,
+                      o->attn);
+        else
+            cli_error("--resume: the checkpoint was trained with --attn %s, not %s", st->attn, o->attn);
+        return CLI_EXIT_USAGE;
+    }
+    if (o->mask_mod && strcmp(o->mask_mod, st->mask_mod) != 0) {
+        if (mod)
+            cli_error("--resume: the checkpoint was trained with --mask-mod \"%s\", not \"%s\" (drop --mask-mod, or "
+                      "start a new run in another --out)", st->mask_mod, o->mask_mod);
+        else
+            cli_error("--resume: the checkpoint was trained with --attn %s, not --mask-mod \"%s\"", st->attn,
+                      o->mask_mod);
+        return CLI_EXIT_USAGE;
+    }
+    if (o->score_mod && strcmp(o->score_mod, st->score_mod) != 0) {
+        if (st->score_mod[0])
+            cli_error("--resume: the checkpoint was trained with --score-mod \"%s\", not \"%s\" (drop --score-mod, "
+                      "or start a new run in another --out)", st->score_mod, o->score_mod);
+        else
+            cli_error("--resume: the checkpoint was trained without --score-mod (drop it, or start a new run in "
+                      "another --out)");
         return CLI_EXIT_USAGE;
     }
     return CLI_EXIT_OK;
@@ -851,15 +915,29 @@ static int config_new(train_job *j)
     fx_rng_init(&st->rng, st->seed, 1);
     fx__model_mask mk;
     int64_t w;
-    /* A trained model keeps its own mask unless told otherwise. */
+    /* A trained model keeps its own mask and mods unless told otherwise. */
     char own[32] = "causal";
     if (j->init)
         fx__model_mask_name(j->init->mask, j->init->window, own, sizeof own);
-    if (fx__model_mask_parse(o->attn ? o->attn : own, &mk, &w) != FX_OK) {
+    const char *own_mask = j->init && j->init->mask_src ? j->init->mask_src : NULL;
+    const char *own_score = j->init && j->init->score_src ? j->init->score_src : NULL;
+    const char *mask_mod = o->mask_mod ? o->mask_mod : o->attn ? NULL : own_mask;
+    const char *score_mod = o->score_mod ? o->score_mod : own_score;
+    if (!mask_mod && fx__model_mask_parse(o->attn ? o->attn : own, &mk, &w) != FX_OK) {
         cli_error("--attn: %s", fx_last_error());
         return CLI_EXIT_USAGE;
     }
-    fx__model_mask_name(mk, w, st->attn, sizeof st->attn);
+    if (mask_mod)
+        snprintf(st->attn, sizeof st->attn, "mod");
+    else
+        fx__model_mask_name(mk, w, st->attn, sizeof st->attn);
+    snprintf(st->mask_mod, sizeof st->mask_mod, "%s", mask_mod ? mask_mod : "");
+    snprintf(st->score_mod, sizeof st->score_mod, "%s", score_mod ? score_mod : "");
+    if (score_mod && !strcmp(st->attn, "dense")) {
+        cli_error("--attn dense makes causality a score modifier of its own: it takes no --score-mod (use --attn "
+                  "causal)");
+        return CLI_EXIT_USAGE;
+    }
     /* Checks that need the config. */
     if (!fx__run_param_ok_i64(fx__run_param_find("seq"), st->seq, cfg->ctx)) {
         cli_error("--seq %lld is outside [1, %lld]: the model's context is %lld tokens", (long long)st->seq,
@@ -872,6 +950,26 @@ static int config_new(train_job *j)
         if ((rc = state_outside(st, counts[i], cfg->ctx)) != CLI_EXIT_OK)
             return rc;
     return config_new_optimizer(o, st);
+}
+
+/* Mods (given, or the checkpoint's) train on one CPU process: not on a GPU, under --parallel
+   or with LoRA adapters, whose files would not record them. */
+static int mods_run_check(const train_job *j)
+{
+    const train_opts *o = &j->o;
+    if (!j->st.score_mod[0] && !j->st.mask_mod[0])
+        return CLI_EXIT_OK;
+    const char *opt = j->st.mask_mod[0] ? "--mask-mod" : "--score-mod";
+    const struct { bool on; const char *what; } no[] = {
+        {j->par != FX__PAR_NONE, j->par == FX__PAR_DDP ? "--parallel ddp" : "--parallel fsdp"},
+        {o->device && !strcmp(o->device, "cuda"), "--device cuda"},
+        {j->lora || o->lora != UNSET, "--lora"}};
+    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+        if (no[i].on) {
+            cli_error("%s does not go with %s: attention mods train in one process on the CPU", opt, no[i].what);
+            return CLI_EXIT_USAGE;
+        }
+    return CLI_EXIT_OK;
 }
 
 /* The run's own options, checked against the configuration: where it stops, how often it
@@ -888,6 +986,9 @@ static int config_schedule(train_job *j)
                                          : "--deterministic");
         return CLI_EXIT_USAGE;
     }
+    int rc = mods_run_check(j);
+    if (rc != CLI_EXIT_OK)
+        return rc;
     if (o->save_every < 0)
         return int_outside("--save-every", o->save_every, 0, INT64_MAX);
     if (o->eval_every != UNSET && o->eval_every < 0)
@@ -969,7 +1070,7 @@ static int setup_data(train_job *j)
     const bool split = j->data.chat && j->data.docs > j->data.conversations;
     if (j->data.chat && !o->resume && !o->attn && !strcmp(st->attn, "causal") && !split)
         snprintf(st->attn, sizeof st->attn, "document");
-    if (split && !o->quiet && (!o->attn || !strcmp(st->attn, "document")))
+    if (split && !o->quiet && strcmp(st->attn, "mod") != 0 && (!o->attn || !strcmp(st->attn, "document")))
         printf("note: the model's eos id %d also ends turns inside the conversations, so the document mask would "
                "cut them apart; %s\n", j->cfg.eos[0],
                strcmp(st->attn, "document") ? "training with the causal mask (packed conversations see the ones "
@@ -1068,7 +1169,10 @@ static int setup_model(train_job *j)
     m->recompute = o->recompute;
     if (!j->lora && (rc = fx__model_alloc_train(m)) != FX_OK)
         return cli_fail(rc, "model");
-    fx__model_mask_parse(st->attn, &m->mask, &m->window);
+    if (strcmp(st->attn, "mod") != 0)
+        fx__model_mask_parse(st->attn, &m->mask, &m->window);
+    if ((rc = fx__model_set_mods(m, st->score_mod, st->mask_mod)) != FX_OK)
+        return cli_fail(rc, "attention mods");
     if (j->lora && (rc = lora_attach(j)) != CLI_EXIT_OK)
         return rc;
     if (!j->lora && o->resume && (rc = fx__model_load(m, j->ckpt, true)) != FX_OK)
@@ -1142,8 +1246,14 @@ static void print_header(const train_job *j)
     const fx__model_data *data = &j->data;
     char line[1024];
     fx__config_format(cfg, line, sizeof line); /* from the config's field table */
-    printf("flexc train: %.2fM parameters, attention %s\nmodel: %s\n", (double)j->m->lay.total / 1e6, st->attn,
-           line);
+    char attn[2 * FX__MOD_SRC_MAX + 64];
+    if (st->mask_mod[0])
+        snprintf(attn, sizeof attn, "mask mod \"%s\"", st->mask_mod);
+    else
+        snprintf(attn, sizeof attn, "%s", st->attn);
+    if (st->score_mod[0])
+        snprintf(attn + strlen(attn), sizeof attn - strlen(attn), ", score mod \"%s\"", st->score_mod);
+    printf("flexc train: %.2fM parameters, attention %s\nmodel: %s\n", (double)j->m->lay.total / 1e6, attn, line);
     printf("data: %s: %lld tokens, %lld document%s (%lld train, %lld validation)\n", data->source,
            (long long)data->n, (long long)data->docs, cli_s((uint64_t)data->docs), (long long)data->n_train,
            (long long)(data->n - data->n_train));
