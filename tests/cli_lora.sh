@@ -29,6 +29,8 @@ check resume 0 "$flexc" train --resume --out "$tmp/split"
 same resume-bitwise "$tmp/run/checkpoint.safetensors" "$tmp/split/checkpoint.safetensors"
 check threads1 0 "$flexc" train "${lora[@]}" --out "$tmp/t1" --threads 1
 same threads-bitwise "$tmp/run/checkpoint.safetensors" "$tmp/t1/checkpoint.safetensors"
+check recompute 0 "$flexc" train "${lora[@]}" --out "$tmp/rc" --recompute
+same recompute-bitwise "$tmp/run/checkpoint.safetensors" "$tmp/rc/checkpoint.safetensors"
 check targets 0 "$flexc" train "${lora[@]}" --lora-targets q,v --lora-alpha 4 --out "$tmp/qv" --steps 2
 has targets-header "$tmp/out" "lora: rank 4, alpha 4, dropout 0.1 on q,v"
 
@@ -111,7 +113,7 @@ check target 2 "$flexc" train "${lora[@]}" --lora-targets q,lm_head --out "$tmp/
 has target-msg "$tmp/err" "LoRA target 'lm_head' is not one of"
 check stray 2 "$flexc" train --model "$base" --data "$tmp/text.txt" --lora-alpha 4 --out "$tmp/x"
 has stray-msg "$tmp/err" "--lora-alpha goes with --lora R"
-for opt in "--dtype bf16" "--adam-bf16" "--recompute" "--deterministic" "--bf16"; do
+for opt in "--dtype bf16" "--adam-bf16" "--deterministic" "--bf16"; do
     # shellcheck disable=SC2086
     check "no${opt// /-}" 2 "$flexc" train "${lora[@]}" $opt --out "$tmp/x"
     has "no${opt// /-}-msg" "$tmp/err" "--lora does not take ${opt}"

@@ -328,7 +328,6 @@ static int lora_opts_check(const train_opts *o, fx__par par)
         {o->dtype && !strcmp(o->dtype, "bf16"), "--dtype bf16", "the frozen base is multiplied in its file's dtype"},
         {o->device && !strcmp(o->device, "cuda"), "--device cuda", "the LoRA step runs on the CPU"},
         {o->adam_bf16, "--adam-bf16", "the adapters' moments stay float32"},
-        {o->recompute, "--recompute", "the LoRA step keeps its activations"},
         {o->bf16, "--bf16", "a LoRA run writes its adapters, not a model file"}};
     for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
         if (no[i].on) {
