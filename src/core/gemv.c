@@ -105,8 +105,9 @@ void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtyp
         fx__sgemm(false, true, N, O, I, 1.0f, x, I, w, I, acc ? 1.0f : 0.0f, y, ldy);
         return;
     }
+    /* (A few rows, as a short prompt's, are cheap either way: no scratch a thread for them.) */
     const int64_t tiles = (O + FX__WIDEN_TILE - 1) / FX__WIDEN_TILE;
-    const int nt = fx__dt_team(tiles);
+    const int nt = N >= 64 ? fx__dt_team(tiles) : 1;
     float *ws = nt > 1 ? fx__alloc((size_t)nt * FX__WIDEN_TILE * (size_t)I * sizeof(float)) : NULL;
     if (ws) {
 #pragma omp parallel for schedule(static) num_threads(nt)

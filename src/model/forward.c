@@ -329,6 +329,10 @@ static int loss_mapped(fx__model *m, const fx__acts *a, bool grad, float *out)
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
         const int64_t nr = N - r0 < rows ? N - r0 : rows;
         fx__linear_dt(lg, V, a->xnf + r0 * C, w.data, w.dtype, nr, C, V, false, m->map_tile);
+        /* Each row's log-sum-exp and gradient by the fused loss's row kernels (vectorised,
+           each row alone: the same bits at any thread count). */
+        const fx__lce_row_kernels *rk = fx__lce_row_kernels_now();
+        const float inv = count ? (float)(1.0 / (double)count) : 0.0f;
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < nr; i++) {
             float *z = lg + i * V;
@@ -339,18 +343,13 @@ static int loss_mapped(fx__model *m, const fx__acts *a, bool grad, float *out)
                     memset(z, 0, (size_t)V * sizeof(float));
                 continue;
             }
-            float mx = z[0];
-            for (int64_t j = 1; j < V; j++)
-                mx = z[j] > mx ? z[j] : mx;
-            double s = 0.0;
-            for (int64_t j = 0; j < V; j++)
-                s += exp((double)z[j] - mx);
-            const double lse = mx + log(s);
-            rl[i] = (float)(lse - z[t]);
+            fx__lce_stat st = {.m = -INFINITY};
+            rk->stats(z, V, NULL, 0.0f, &st);
+            const double lse = (double)st.m + log(st.s);
+            rl[i] = (float)(lse - (double)z[t]);
             if (grad) {
-                for (int64_t j = 0; j < V; j++)
-                    z[j] = (float)(exp((double)z[j] - lse) / (double)count);
-                z[t] -= (float)(1.0 / (double)count);
+                rk->grad(z, V, (float)lse, inv, 0.0f, 0.0f);
+                z[t] -= inv;
             }
         }
         for (int64_t i = 0; i < nr; i++)
