@@ -4,6 +4,7 @@
 #include "harness.h"
 #include "core/core.h"
 #include "core/gemv.h"
+#include "core/gemm_bf16.h"
 
 static const fx_dtype dtypes[] = {FX_DT_F32, FX_DT_BF16, FX_DT_F16};
 static const char *const dtype_names[] = {"F32", "BF16", "F16"};
@@ -224,6 +225,54 @@ static void test_linear_dt_t(void)
     FXT_OK(fx_set_num_threads(before));
 }
 
+/* fx__linear_bf16 / _t (bfloat16 products over BF16 or F32 rows, FX__BF16_ROWS a call): against
+   float64 sums of the bfloat16-rounded inputs, and bitwise at 1 and 3 threads; O over two calls. */
+static void test_linear_bf16(void)
+{
+    const int64_t N = 70, I = 40, O = FX__BF16_ROWS + 37, ldy = O + 5;
+    const fx_dtype dts[2] = {FX_DT_BF16, FX_DT_F32};
+    const int before = fx_get_num_threads();
+    for (int d = 0; d < 2; d++) {
+        double *wd = fxt_alloc_f64((size_t)(O * I));
+        void *w = make_weights(dts[d], (size_t)(O * I), 41, wd);
+        float *x = fxt_random((size_t)(N * I), -1.0f, 1.0f, 42), *dy = fxt_random((size_t)(N * ldy), -1.0f, 1.0f, 43);
+        float *ws = malloc(fx__linear_bf16_ws(N, I, O) * sizeof(float));
+        float *y1 = calloc((size_t)(N * ldy), sizeof(float)), *y3 = calloc((size_t)(N * ldy), sizeof(float));
+        float *dx1 = malloc((size_t)(N * I) * sizeof(float)), *dx3 = malloc((size_t)(N * I) * sizeof(float));
+        double *ry = fxt_alloc_f64((size_t)(N * O)), *rdx = fxt_alloc_f64((size_t)(N * I));
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t o = 0; o < O; o++) {
+                double s = 0.0;
+                for (int64_t i = 0; i < I; i++)
+                    s += (double)fx__bf16_round(x[n * I + i]) * (double)fx__bf16_round((float)wd[o * I + i]);
+                ry[n * O + o] = s;
+            }
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t i = 0; i < I; i++) {
+                double s = 0.0;
+                for (int64_t o = 0; o < O; o++)
+                    s += (double)fx__bf16_round(dy[n * ldy + o]) * (double)fx__bf16_round((float)wd[o * I + i]);
+                rdx[n * I + i] = s;
+            }
+        FXT_OK(fx_set_num_threads(1));
+        fx__linear_bf16(y1, ldy, x, w, dts[d], N, I, O, false, ws);
+        fx__linear_bf16_t(dx1, dy, ldy, w, dts[d], N, I, O, false, ws);
+        FXT_OK(fx_set_num_threads(3));
+        fx__linear_bf16(y3, ldy, x, w, dts[d], N, I, O, false, ws);
+        fx__linear_bf16_t(dx3, dy, ldy, w, dts[d], N, I, O, false, ws);
+        float *yc = malloc((size_t)(N * O) * sizeof(float));
+        for (int64_t n = 0; n < N; n++)
+            memcpy(yc + n * O, y1 + n * ldy, (size_t)O * sizeof(float));
+        fxt_close_f32(d ? "linear_bf16 F32 rows" : "linear_bf16 BF16 rows", yc, ry, (size_t)(N * O), 1e-4, 1e-4);
+        fxt_close_f32(d ? "linear_bf16_t F32 rows" : "linear_bf16_t BF16 rows", dx1, rdx, (size_t)(N * I), 1e-3, 1e-4);
+        fxt_bitwise_f32("linear_bf16 threads", y1, y3, (size_t)(N * ldy));
+        fxt_bitwise_f32("linear_bf16_t threads", dx1, dx3, (size_t)(N * I));
+        free(wd), free(w), free(x), free(dy), free(ws), free(y1), free(y3), free(dx1), free(dx3), free(ry), free(rdx),
+            free(yc);
+    }
+    FXT_OK(fx_set_num_threads(before));
+}
+
 int main(int argc, char **argv)
 {
     FXT_INIT(argc, argv);
@@ -232,5 +281,6 @@ int main(int argc, char **argv)
     FXT_RUN(test_widen_rows);
     FXT_RUN(test_linear_dt);
     FXT_RUN(test_linear_dt_t);
+    FXT_RUN(test_linear_bf16);
     return fxt_finish();
 }

@@ -325,7 +325,6 @@ static int lora_opts_check(const train_opts *o, fx__par par)
     const struct { bool on; const char *opt, *why; } no[] = {
         {par != FX__PAR_NONE, par == FX__PAR_DDP ? "--parallel ddp" : "--parallel fsdp", "adapters train in one process"},
         {o->deterministic, "--deterministic", "one process is bitwise the same at any thread count already"},
-        {o->dtype && !strcmp(o->dtype, "bf16"), "--dtype bf16", "the frozen base is multiplied in its file's dtype"},
         {o->device && !strcmp(o->device, "cuda"), "--device cuda", "the LoRA step runs on the CPU"},
         {o->adam_bf16, "--adam-bf16", "the adapters' moments stay float32"},
         {o->bf16, "--bf16", "a LoRA run writes its adapters, not a model file"}};
@@ -858,6 +857,11 @@ static int lora_new(train_job *j)
     int rc = cli_model_open_for("--model", o->model, &j->cfg, &j->init, true);
     if (rc != CLI_EXIT_OK)
         return rc;
+    /* --dtype bf16 reads the base's rows as bfloat16: checked before anything is written. */
+    if (o->dtype && !strcmp(o->dtype, "bf16") && fx__model_set_bf16(j->init, true) != FX_OK) {
+        cli_error("--dtype bf16: %s", fx_last_error());
+        return CLI_EXIT_USAGE;
+    }
     j->lora = true;
     j->lc = fx__lora_defaults(o->lora);
     if (!isnan(o->lora_alpha))
@@ -1271,7 +1275,10 @@ static void print_header(const train_job *j)
                (double)lora_params(m->lora) / 1e6, 100.0 * (double)lora_params(m->lora) / (double)m->lay.total,
                fx_dtype_name(m->mapped->t[0].dtype));
     }
-    if (st->bf16)
+    if (st->bf16 && j->lora)
+        printf("dtype bf16: bfloat16 inputs to the base's products (its file's rows as they are) and the "
+               "attention's; float32 adapters, sums and loss\n");
+    else if (st->bf16)
         printf("dtype bf16: bfloat16 inputs to every matrix product, float32 weights, sums and loss\n");
     if (j->m->gpu)
         printf("device cuda: the training step on CUDA device 0 (weights, optimizer and activations there)\n");

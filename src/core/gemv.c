@@ -2,6 +2,8 @@
    scalar reference, the kernel tables and the thread split. */
 #include "core/gemv.h"
 
+#include "core/gemm_bf16.h"
+
 #include <string.h>
 
 /* Element i of W as float32. */
@@ -165,4 +167,40 @@ void fx__linear_dt_t(float *dx, const float *dy, int64_t ldy, const void *w, fx_
         return;
     }
     fx__linear_dt_t_rows(dx, dy, ldy, w, dt, N, I, O, acc, scratch);
+}
+
+/* ---- bfloat16 products ------------------------------------------------------------------------ */
+
+static fx__bf16_mat fx__bf16_rows(const void *w, fx_dtype dt, int64_t r0, int64_t I)
+{
+    return dt == FX_DT_BF16 ? fx__bf16_of((const uint16_t *)w + r0 * I) : fx__bf16_of_f32((const float *)w + r0 * I);
+}
+
+size_t fx__linear_bf16_ws(int64_t N, int64_t I, int64_t O)
+{
+    const int64_t R = O < FX__BF16_ROWS ? O : FX__BF16_ROWS;
+    const size_t fwd = fx__gemm_bf16_ws(N, R, I), dx = fx__gemm_bf16_ws(N, I, R);
+    return fwd > dx ? fwd : dx;
+}
+
+void fx__linear_bf16(float *y, int64_t ldy, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I,
+                     int64_t O, bool acc, float *ws)
+{
+    for (int64_t r0 = 0; r0 < O; r0 += FX__BF16_ROWS) {
+        const int64_t r1 = r0 + FX__BF16_ROWS < O ? r0 + FX__BF16_ROWS : O;
+        fx__gemm_bf16(false, true, N, r1 - r0, I, fx__bf16_of_f32(x), I, fx__bf16_rows(w, dt, r0, I), I,
+                      acc ? 1.0f : 0.0f, y + r0, ldy, ws);
+    }
+}
+
+void fx__linear_bf16_t(float *dx, const float *dy, int64_t ldy, const void *w, fx_dtype dt, int64_t N, int64_t I,
+                       int64_t O, bool acc, float *ws)
+{
+    if (O == 0 && !acc)
+        memset(dx, 0, (size_t)(N * I) * sizeof *dx);
+    for (int64_t r0 = 0; r0 < O; r0 += FX__BF16_ROWS) {
+        const int64_t r1 = r0 + FX__BF16_ROWS < O ? r0 + FX__BF16_ROWS : O;
+        fx__gemm_bf16(false, false, N, I, r1 - r0, fx__bf16_of_f32(dy + r0), ldy, fx__bf16_rows(w, dt, r0, I), I,
+                      acc || r0 ? 1.0f : 0.0f, dx, I, ws);
+    }
 }

@@ -39,6 +39,18 @@ void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtyp
 void fx__linear_dt_t(float *dx, const float *dy, int64_t ldy, const void *w, fx_dtype dt, int64_t N, int64_t I,
                      int64_t O, bool acc, float *scratch);
 
+/* The same two products with bfloat16 inputs (--dtype bf16 over a mapped base): x (or dy)
+   rounded to bfloat16 as read, W's rows bfloat16 (BF16, read in place) or rounded (F32), every
+   product exact and the sums float32 (fx__gemm_bf16: bitwise the same at any thread count).
+   FX__BF16_ROWS rows of W a call, in order (dx adds the calls' results in that order); ws:
+   fx__linear_bf16_ws(N, I, O) floats. dt must be BF16 or F32. */
+enum { FX__BF16_ROWS = 1024 };
+size_t fx__linear_bf16_ws(int64_t N, int64_t I, int64_t O);
+void fx__linear_bf16(float *y, int64_t ldy, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I,
+                     int64_t O, bool acc, float *ws);
+void fx__linear_bf16_t(float *dx, const float *dy, int64_t ldy, const void *w, fx_dtype dt, int64_t N, int64_t I,
+                       int64_t O, bool acc, float *ws);
+
 /* The row kernels (rows r0 .. r1-1 of y), without threads: the reference and its AVX2 twin
    (called only when fx_get_isa() allows). */
 void fx__gemv_rows_scalar(float *y, const void *w, fx_dtype dt, const float *x, int64_t r0, int64_t r1, int64_t I,

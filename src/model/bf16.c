@@ -3,6 +3,8 @@
    is refreshed by fx__model_adamw in its pass over the parameters. */
 #include "model_internal.h"
 
+#include "core/gemv.h"
+
 /* Floats per conversion task of fx__model_bf16_sync: fixed, so the work is shared the same
    way at any thread count (each element's value depends on nothing else anyway). */
 enum { FX__BF16_SYNC_BLOCK = 1 << 14 };
@@ -35,9 +37,27 @@ static size_t fx__bf16_proj_ws(size_t N, size_t I, size_t O)
 /* The largest scratch any product of a step needs: the four projections (q, k and v as one,
    the attention's output, gate and up as one, down), or the loss's rounded input [N, C] and
    widened head [V, C]. */
+/* Over a mapped base (map_bf16): fx__linear_bf16's scratch for the products of the layer (q, k,
+   v and gate, up as one product each, or apart: the larger) and of the loss's chunks of rows
+   against the head. */
+size_t fx__model_bf16_map_ws_floats(const fx_model_config *c, int64_t N)
+{
+    const int64_t C = c->dim, F = c->ffn, V = c->vocab, QD = c->heads * c->head_dim,
+                  KD = c->kv_heads * c->head_dim;
+    const int64_t proj[][2] = {{C, QD + 2 * KD}, {QD, C}, {C, 2 * F}, {F, C}};
+    size_t need = fx__linear_bf16_ws(fx__loss_chunk(N, V), C, V);
+    for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++) {
+        const size_t w = fx__linear_bf16_ws(N, proj[i][0], proj[i][1]);
+        need = w > need ? w : need;
+    }
+    return need;
+}
+
 size_t fx__model_bf16_ws_floats(const fx__model *m, int64_t B, int64_t T)
 {
     const fx_model_config *c = &m->c;
+    if (m->map_bf16)
+        return fx__model_bf16_map_ws_floats(c, B * T);
     size_t N = (size_t)(B * T), C = (size_t)c->dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
     size_t QD = (size_t)(c->heads * c->head_dim), KD = (size_t)(c->kv_heads * c->head_dim);
     const size_t proj[][2] = {{C, QD + 2 * KD}, {QD, C}, {C, 2 * F}, {F, C}};
@@ -51,7 +71,7 @@ size_t fx__model_bf16_ws_floats(const fx__model *m, int64_t B, int64_t T)
 
 int fx__model_bf16_ws_ensure(fx__model *m)
 {
-    if (!m->params16)
+    if (!m->params16 && !m->map_bf16)
         return FX_OK;
     size_t need = fx__model_bf16_ws_floats(m, m->B, m->T);
     if (m->bf16_ws && m->bf16_ws_floats >= need)
@@ -70,7 +90,18 @@ int fx__model_set_bf16(fx__model *m, bool on)
         fx__free(m->params16);
         fx__free(m->bf16_ws);
         m->params16 = NULL, m->bf16_ws = NULL, m->bf16_ws_floats = 0;
+        m->map_bf16 = false;
         return FX_OK;
+    }
+    /* A mapped base (adapters on a frozen file): its rows are read as bfloat16 in place, so
+       its matrices must be BF16, or F32 (rounded as read); F16 values are not bfloat16 ones. */
+    if (fx__model_on_map(m)) {
+        for (size_t i = 0; i < m->lay.n; i++)
+            if (m->lay.t[i].ndim == 2 && m->mapped->t[i].dtype == FX_DT_F16)
+                return fx__error(FX_EUNSUPPORTED, "bf16 products over a mapped base read its rows as bfloat16: "
+                                 "%s is F16 (train it in f32, or convert the model to BF16)", m->lay.t[i].name);
+        m->map_bf16 = true;
+        return m->acts ? fx__model_bf16_ws_ensure(m) : FX_OK;
     }
     /* Sharded training keeps each layer's parameters in a buffer of its own, which a flat
        copy would not follow. */

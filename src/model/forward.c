@@ -56,7 +56,7 @@ static fx__attn_ref fx__ref_desc(const fx__attn_call *c)
 }
 
 /* Training in bf16 (params16 set) takes the attention's products in bfloat16 too. */
-static unsigned fx__attn_flags(const fx__model *m) { return m->params16 ? FX__ATTN_BF16 : 0u; }
+static unsigned fx__attn_flags(const fx__model *m) { return m->params16 || m->map_bf16 ? FX__ATTN_BF16 : 0u; }
 
 int fx__attn_fwd(const fx__model *m, const fx__attn_call *c, const float *q, const float *k, const float *v,
                         float *out, float *lse)
@@ -328,7 +328,10 @@ static int loss_mapped(fx__model *m, const fx__acts *a, bool grad, float *out)
     double total = 0.0;
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
         const int64_t nr = N - r0 < rows ? N - r0 : rows;
-        fx__linear_dt(lg, V, a->xnf + r0 * C, w.data, w.dtype, nr, C, V, false, m->map_tile);
+        if (m->map_bf16)
+            fx__linear_bf16(lg, V, a->xnf + r0 * C, w.data, w.dtype, nr, C, V, false, m->bf16_ws);
+        else
+            fx__linear_dt(lg, V, a->xnf + r0 * C, w.data, w.dtype, nr, C, V, false, m->map_tile);
         /* Each row's log-sum-exp and gradient by the fused loss's row kernels (vectorised,
            each row alone: the same bits at any thread count). */
         const fx__lce_row_kernels *rk = fx__lce_row_kernels_now();
@@ -354,7 +357,9 @@ static int loss_mapped(fx__model *m, const fx__acts *a, bool grad, float *out)
         }
         for (int64_t i = 0; i < nr; i++)
             total += rl[i];
-        if (grad)
+        if (grad && m->map_bf16)
+            fx__linear_bf16_t(a->dxn + r0 * C, lg, V, w.data, w.dtype, nr, C, V, false, m->bf16_ws);
+        else if (grad)
             fx__linear_dt_t(a->dxn + r0 * C, lg, V, w.data, w.dtype, nr, C, V, false, m->map_tile);
     }
     fx__free(lg);

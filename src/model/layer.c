@@ -34,7 +34,8 @@ fx__layer_w fx__layer_w_decode(const fx__model *m, int64_t l, float *tile)
         W.tile = tile;
         return W;
     }
-    fx__layer_w W = {.m = m, .halves = m->mapped->rope_half, .tile = tile, .lora = m->lora, .l = l};
+    fx__layer_w W = {.m = m, .halves = m->mapped->rope_half, .tile = tile, .bf16 = m->map_bf16, .ws = m->bf16_ws,
+                     .lora = m->lora, .l = l};
     const size_t first = (size_t)(fx__layer_first(m, l) - m->lay.t);
     for (size_t i = 0; i < m->lay.per_layer; i++)
         W.t[row_of(&m->lay.t[first + i])] = m->mapped->t[first + i];
@@ -148,6 +149,8 @@ static void base_product(const fx__layer_w *W, float *y, int64_t ldy, const floa
 {
     if (W->train)
         fx__mm(W->m, false, true, N, O, I, x, false, I, w.data, true, I, acc ? 1.0f : 0.0f, y, ldy);
+    else if (W->bf16)
+        fx__linear_bf16(y, ldy, x, w.data, w.dtype, N, I, O, acc, W->ws);
     else
         fx__linear_dt(y, ldy, x, w.data, w.dtype, N, I, O, acc, W->tile);
 }
@@ -176,6 +179,8 @@ static void base_dx(const fx__layer_w *W, float *dx, const float *dy, int64_t ld
 {
     if (W->train)
         fx__mm(W->m, false, false, N, I, O, dy, false, ldy, w.data, true, I, acc ? 1.0f : 0.0f, dx, I);
+    else if (W->bf16)
+        fx__linear_bf16_t(dx, dy, ldy, w.data, w.dtype, N, I, O, acc, W->ws);
     else
         fx__linear_dt_t(dx, dy, ldy, w.data, w.dtype, N, I, O, acc, W->tile);
 }

@@ -357,6 +357,8 @@ int fx__lora_mem_train(fx__model_mem *mem, const fx_model_config *c, const fx__l
     mem->grads = A * sizeof(float) + (uint64_t)k.dim * sizeof(float);
     mem->adam = 2 * A * sizeof(float);
     mem->scratch += (2 * N * (uint64_t)lc->rank + 2 * N * I) * sizeof(float);
+    if (o->bf16) /* the bfloat16 products over the mapped rows (fx__linear_bf16) */
+        mem->scratch += fx__model_bf16_map_ws_floats(&k, (int64_t)N) * sizeof(float);
     mem->total = mem->params + mem->grads + mem->adam + mem->acts + mem->scratch + mem->data + mem->process;
     return FX_OK;
 }

@@ -177,7 +177,10 @@ struct fx_model {
     bool adam_bf16;   /* set before fx__model_alloc_train: half the optimizer memory and traffic */
     uint16_t *params16; /* [P] bfloat16 copy of params when training in bf16 (fx__model_set_bf16):
                            every matrix product reads the weights from it, AdamW refreshes it */
-    float *bf16_ws;     /* the bf16 products' scratch (fx__model_bf16_ws_floats), with params16 */
+    bool map_bf16;      /* training over a mapped BF16 / F32 base in bf16 (fx__model_set_bf16 on a
+                           mapped model): its products read the file's rows as bfloat16 in place */
+    float *bf16_ws;     /* the bf16 products' scratch (fx__model_bf16_ws_floats), with params16 or
+                           map_bf16 */
     size_t bf16_ws_floats;
     float *rope;      /* [rope_len, hd/2, 2] cos, sin: positions 0 .. rope_len-1, grown on
                          demand (fx__model_rope_ensure), never [ctx, ...] up front */
@@ -291,6 +294,8 @@ int fx__model_set_bf16(fx__model *m, bool on);
 void fx__model_bf16_sync(fx__model *m);
 /* Floats of scratch the bf16 products of a (B, T) step need. */
 size_t fx__model_bf16_ws_floats(const fx__model *m, int64_t B, int64_t T);
+/* The same over a mapped base (map_bf16) of config c for N rows. */
+size_t fx__model_bf16_map_ws_floats(const fx_model_config *c, int64_t N);
 /* Grows bf16_ws for the current batch shape (with params16 only). */
 int fx__model_bf16_ws_ensure(fx__model *m);
 

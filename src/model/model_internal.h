@@ -185,6 +185,8 @@ typedef struct fx__layer_w {
                      training in bf16); else fx__linear_dt (one row: fx__gemv; BF16, F16 widened) */
     bool halves;  /* q and k rotate halves (x[i] with x[i + hd/2]: a Hugging Face file as mapped) */
     float *tile;  /* fx__linear_dt's widening scratch (FX__WIDEN_TILE rows of the widest input) */
+    bool bf16;    /* (not train) bfloat16 products over the mapped rows (fx__linear_bf16), scratch ws */
+    float *ws;
     fx__lora *lora; /* the model's adapters (added to the products of the tensors they target;
                        the base is then frozen: no gradients for its weights), or NULL */
     int64_t l;      /* the layer */
