@@ -11,9 +11,10 @@
 #include "model/lora.h"
 #include "model/model.h"
 #include "model/run_params.h"
-#include <flexc/mod.h>
 #include "outdir_lock.h"
 #include "save_check.h"
+
+#include <flexc/mod.h>
 
 #include <errno.h>
 #include <math.h>
