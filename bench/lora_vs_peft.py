@@ -65,13 +65,14 @@ def run_measured(cmd, env=None):
     return out.decode(), ru.ru_maxrss * 1024
 
 
-def run_flexc(args, model, tokens, lora):
+def run_flexc(args, model, tokens, lora, extra=()):
     with tempfile.TemporaryDirectory(prefix="flexc-lora-bench-") as out:
         cmd = [args.flexc, "train", "--model", model, "--data", tokens, "--steps", str(args.steps), "--batch",
                str(args.batch), "--seq", str(args.seq), "--threads", str(args.threads), "--out", out,
                "--eval-every", "0", "--eval-batches", "1", "--quiet"]
         if lora:
             cmd += ["--lora", str(args.rank)]
+        cmd += list(extra)
         _, peak = run_measured(cmd)
         with open(os.path.join(out, "metrics.jsonl")) as f:
             steps = [json.loads(line) for line in f]
@@ -122,6 +123,7 @@ def main():
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--full", action="store_true", help="also flexc's full fine-tuning (memory ratio)")
+    ap.add_argument("--bf16", action="store_true", help="also flexc train --lora --dtype bf16")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -149,6 +151,10 @@ def main():
         print(f"PEFT + transformers: {p['tokens_per_s']:8.1f} tokens/s  peak {p_peak / mib:7.0f} MiB  "
               f"(last loss {p['loss']:.3f})")
         print(f"flexc / PEFT: tokens/s {f_tps / p['tokens_per_s']:.2f}x, peak memory {f_peak / p_peak:.2f}x")
+        if args.bf16:
+            b_tps, b_peak, b_loss = run_flexc(args, args.model, tokens, True, ("--dtype", "bf16"))
+            print(f"flexc --dtype bf16 : {b_tps:8.1f} tokens/s  peak {b_peak / mib:7.0f} MiB  (last loss {b_loss:.3f}); "
+                  f"/ PEFT: tokens/s {b_tps / p['tokens_per_s']:.2f}x, peak memory {b_peak / p_peak:.2f}x")
         if args.full:
             full_tps, full_peak, _ = run_flexc(args, args.model, tokens, False)
             print(f"flexc full fine-tuning: {full_tps:8.1f} tokens/s  peak {full_peak / mib:7.0f} MiB; "
