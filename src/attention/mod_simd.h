@@ -9,6 +9,8 @@
 #ifndef FLEXC_ATTENTION_MOD_SIMD_H
 #define FLEXC_ATTENTION_MOD_SIMD_H
 
+#include "core/simd_math.h"
+
 static inline vf SIMD_FN(mod_exp)(vf x)
 {
     vf xc = V_MAX(V_SET1(FX__MOD_EXP_LO), x); /* maxps(lo, x): x when it is NaN */
@@ -29,19 +31,10 @@ static inline vf SIMD_FN(mod_exp)(vf x)
     return V_SEL(MOD_VNAN(x), x, p);
 }
 
+/* simd_math.h's tanh formula over this file's exp (whose bits the scalar twin gives). */
 static inline vf SIMD_FN(mod_tanh)(vf x)
 {
-    vf ax = V_ABS(x);
-    vf t = SIMD_FN(mod_exp)(V_MUL(ax, V_SET1(-2.0f)));
-    vf big = V_DIV(V_SUB(V_SET1(1.0f), t), V_ADD(V_SET1(1.0f), t));
-    vf x2 = V_MUL(ax, ax);
-    vf p = V_SET1(-17.0f / 315.0f);
-    p = V_FMA(p, x2, V_SET1(2.0f / 15.0f));
-    p = V_FMA(p, x2, V_SET1(-1.0f / 3.0f));
-    p = V_FMA(p, x2, V_SET1(1.0f));
-    vf small = V_MUL(p, ax);
-    vf y = V_SEL(V_LT(ax, V_SET1(0.0625f)), small, big);
-    return V_COPYSIGN(y, x);
+    return SIMD_FN(vtanh_of)(x, SIMD_FN(mod_exp)(V_MUL(V_ABS(x), V_SET1(-2.0f))));
 }
 
 static inline vf SIMD_FN(mod_sigmoid)(vf x)

@@ -68,12 +68,11 @@ static inline vf SIMD_FN(vexp2)(vf x)
     return V_SEL(tiny, V_ZERO(), p);
 }
 
-/* tanh(x): an odd series near 0 (where 1 - e^-2|x| would cancel), (1 - t) / (1 + t) with
-   t = e^-2|x| elsewhere. */
-static inline vf SIMD_FN(vtanh)(vf x)
+/* tanh(x) given t = e^-2|x| (from the caller's exp): an odd series near 0 (where 1 - t would
+   cancel), (1 - t) / (1 + t) elsewhere. */
+static inline vf SIMD_FN(vtanh_of)(vf x, vf t)
 {
     vf ax = V_ABS(x);
-    vf t = SIMD_FN(vexp)(V_MUL(ax, V_SET1(-2.0f)));
     vf big = V_DIV(V_SUB(V_SET1(1.0f), t), V_ADD(V_SET1(1.0f), t));
     vf x2 = V_MUL(ax, ax);
     vf p = V_SET1(-17.0f / 315.0f);
@@ -83,6 +82,12 @@ static inline vf SIMD_FN(vtanh)(vf x)
     vf small = V_MUL(p, ax);
     vf y = V_SEL(V_LT(ax, V_SET1(0.0625f)), small, big);
     return V_COPYSIGN(y, x);
+}
+
+/* tanh(x) with vexp's e^-2|x|. */
+static inline vf SIMD_FN(vtanh)(vf x)
+{
+    return SIMD_FN(vtanh_of)(x, SIMD_FN(vexp)(V_MUL(V_ABS(x), V_SET1(-2.0f))));
 }
 
 #endif
