@@ -25,9 +25,7 @@ FLEXC_LIBRARY=build/libflexc.so (or the installed package). Skips (exit 0) witho
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 import warnings
 
 try:
@@ -40,6 +38,7 @@ except ImportError as e:
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import flexc  # noqa: E402
 import flexc.torch as ft  # noqa: E402
+from attention_vs_torch import first_line, rotate  # noqa: E402
 
 B, H, D = 1, 8, 64
 
@@ -84,18 +83,26 @@ def dense(q, k, v, score_mod, mask_mod):
     return torch.softmax(s, dim=-1) @ v
 
 
-def rotate(fns, reps):
-    times = {n: [] for n in fns}
-    for _ in range(reps):
-        for n, f in fns.items():
-            t0 = time.perf_counter()
-            f()
-            times[n].append(time.perf_counter() - t0)
-    return {n: statistics.median(t) for n, t in times.items()}
-
-
-def first_line(e):
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+def compare(fns, out, reps, peers, check=None):
+    """Warms each side up (a side that fails is reported with its error), times them in turn
+    (attention_vs_torch's rotate: medians), and adds each peer's time / flexc's to out.
+    check(fns) may add a comparison of the results first."""
+    for n in list(fns):
+        try:
+            fns[n]()
+        except Exception as e:  # noqa: BLE001 - e.g. no CPU backward for a peer
+            out[f"{n}_unsupported"] = first_line(e)
+            del fns[n]
+    if check:
+        check(fns)
+    med = {n: sec for n, (sec, _) in rotate(fns, reps).items()}
+    for n, sec in med.items():
+        out[f"{n}_s"] = round(sec, 4)
+    for peer in peers:
+        if peer in med and "flexc" in med:
+            out[f"ratio_{peer}_over_flexc"] = round(med[peer] / med["flexc"], 3)
+    print(json.dumps(out), flush=True)
+    return out
 
 
 def main():
@@ -133,22 +140,11 @@ def main():
                        "flexc_builtin": lambda: ft.flex_attention(q, k, v, score_mod=twin, block_mask=fmask),
                        "torch_compiled_flex": lambda: compiled(q, k, v, score_mod=fn, block_mask=tmask)}
                 out = dict(direction="forward", **base)
-                for n in list(fns):
-                    try:
-                        fns[n]()
-                    except Exception as e:  # noqa: BLE001
-                        out[f"{n}_unsupported"] = first_line(e)
-                        del fns[n]
-                if "torch_compiled_flex" in fns:
-                    out["max_abs_diff_vs_torch"] = (fns["flexc"]() - fns["torch_compiled_flex"]()).abs().max().item()
-                med = rotate(fns, args.reps)
-            for n, s in med.items():
-                out[f"{n}_s"] = round(s, 4)
-            for peer in ("torch_compiled_flex", "flexc_builtin"):
-                if peer in med:
-                    out[f"ratio_{peer}_over_flexc"] = round(med[peer] / med["flexc"], 3)
-            print(json.dumps(out), flush=True)
-            summary.append(out)
+
+                def check(fns):
+                    if "torch_compiled_flex" in fns:
+                        out["max_abs_diff_vs_torch"] = (fns["flexc"]() - fns["torch_compiled_flex"]()).abs().max().item()
+                summary.append(compare(fns, out, args.reps, ("torch_compiled_flex", "flexc_builtin"), check))
             if args.no_backward:
                 continue
             # forward + backward
@@ -166,20 +162,7 @@ def main():
             if not args.no_dense:
                 fns["dense_eager"] = fb(lambda: dense(x, y, z, fn, mask_mod))
             out = dict(direction="forward+backward", **base)
-            for n in list(fns):
-                try:
-                    fns[n]()
-                except Exception as e:  # noqa: BLE001
-                    out[f"{n}_unsupported"] = first_line(e)
-                    del fns[n]
-            med = rotate(fns, args.reps)
-            for n, s in med.items():
-                out[f"{n}_s"] = round(s, 4)
-            for peer in ("dense_eager", "flexc_builtin"):
-                if peer in med:
-                    out[f"ratio_{peer}_over_flexc"] = round(med[peer] / med["flexc"], 3)
-            print(json.dumps(out), flush=True)
-            summary.append(out)
+            summary.append(compare(fns, out, args.reps, ("dense_eager", "flexc_builtin")))
     print(f"summary (L={L}, threads {args.threads}, medians of {args.reps}; ratio = peer time / flexc time):")
     for o in summary:
         parts = [f"{p} {o['ratio_' + p + '_over_flexc']:.2f}x" for p in ("torch_compiled_flex", "dense_eager",
