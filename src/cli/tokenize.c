@@ -94,7 +94,6 @@ static int print_chat(const fx_tokenizer *tok, const char *model, const char *pa
         fx__chat_data_free(&data);
         return cli_fail(rc, "tokenize");
     }
-    fx__chat_set_date(chat, getenv("FLEXC_CHAT_DATE"));
     char *buf = NULL;
     size_t blen = 0;
     FILE *out = open_memstream(&buf, &blen);

@@ -99,7 +99,6 @@ static int chat_load(fx__model_data *d, const char *path, const char *tokenizer,
                   fx_last_error());
         return CLI_EXIT_FAIL;
     }
-    fx__chat_set_date(chat, getenv("FLEXC_CHAT_DATE"));
     fx_ids ids = {0};
     uint8_t *loss = NULL;
     rc = fx__chat_pack(chat, &data, path, eot, &ids, &loss);

@@ -87,7 +87,7 @@ static const char *special(json_t *cfg, const char *key)
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
-int fx__chat_load(fx__chat **out, const char *dir, const fx_tokenizer *tok)
+static int load(fx__chat **out, const char *dir, const fx_tokenizer *tok)
 {
     *out = NULL;
     char path[4096], jpath[4096];
@@ -141,6 +141,14 @@ int fx__chat_load(fx__chat **out, const char *dir, const fx_tokenizer *tok)
     if (rc != FX_OK)
         fx__error_context(rc, "%s", path);
     json_decref(cfg);
+    return rc;
+}
+
+int fx__chat_load(fx__chat **out, const char *dir, const fx_tokenizer *tok)
+{
+    int rc = load(out, dir, tok);
+    if (rc == FX_OK)
+        fx__chat_set_date(*out, getenv("FLEXC_CHAT_DATE"));
     return rc;
 }
 

@@ -39,7 +39,8 @@ typedef struct fx__chat_data {
 /* The template of a model directory: chat_template.jinja if present, else tokenizer_config.json's
    chat_template (a string, or a list of {name, template} where "default" is used), with its
    bos_token / eos_token (strings or {"content": ...}). tok is borrowed and must outlive chat.
-   FX_EFORMAT naming the file when there is no template or it is refused. */
+   FX_EFORMAT naming the file when there is no template or it is refused. strftime_now formats
+   the date in FLEXC_CHAT_DATE (YYYY-MM-DD) when it is set, else today's (fx__chat_set_date). */
 int fx__chat_load(fx__chat **out, const char *model_dir, const fx_tokenizer *tok);
 /* The same from a template string and the special tokens (NULL: undefined). */
 int fx__chat_create(fx__chat **out, const char *tmpl, size_t len, const char *bos, const char *eos,
