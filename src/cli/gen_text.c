@@ -2,18 +2,12 @@
    (tokenizer.json beside the model). Generated text is streamed as it becomes valid UTF-8. */
 #include "gen_text.h"
 
+#include "core/file.h"
 #include "model/model.h" /* FX__MODEL_EOT, FX__MODEL_VOCAB: the byte vocabulary */
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-
-static bool is_file(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
 
 /* fx_ids and fx_text belong to the tokenizer library (fx__alloc'd): grown the same way. */
 static int ids_push(fx_ids *ids, int32_t id)
@@ -58,7 +52,7 @@ int gen_text_open(gen_text *g, const char *src, const fx_model_config *cfg)
     const char *cands[] = {"%s/tokenizer.json", "%s/hf/tokenizer.json"};
     for (int i = 0; src && i < 2 && !g->tok; i++) {
         snprintf(path, sizeof path, cands[i], src);
-        if (!is_file(path))
+        if (!fx__is_regular(path))
             continue;
         int rc = fx_tokenizer_load(&g->tok, path);
         if (rc != FX_OK)

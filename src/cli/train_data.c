@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <sys/stat.h> /* mkdir */
 #include <unistd.h>
 
 bool train_is_token_file(const char *path)
@@ -30,21 +30,15 @@ bool train_is_token_file(const char *path)
     return ok && (magic == 20240520u || magic == 20240801u);
 }
 
-static bool is_file(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 bool train_tokenizer_path(char *buf, size_t n, const char *dir)
 {
     if (!dir)
         return false;
     snprintf(buf, n, "%s/tokenizer.json", dir);
-    if (is_file(buf))
+    if (fx__is_regular(buf))
         return true;
     snprintf(buf, n, "%s/hf/tokenizer.json", dir);
-    return is_file(buf);
+    return fx__is_regular(buf);
 }
 
 /* Appends the ids of one document and the end-of-text id. */
@@ -222,7 +216,7 @@ int train_keep_hf(const char *out, const char *src)
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char from[4200], to[4300];
         snprintf(from, sizeof from, "%s/%s", src, names[i]);
-        if (!is_file(from))
+        if (!fx__is_regular(from))
             continue;
         snprintf(to, sizeof to, "%s/%s", dir, names[i]);
         char *text = NULL;

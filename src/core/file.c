@@ -11,6 +11,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+bool fx__is_regular(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 int fx__open_regular(const char *path, bool *not_regular)
 {
     if (not_regular)

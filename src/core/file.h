@@ -15,6 +15,8 @@
 int fx__open_regular(const char *path, bool *not_regular);
 /* The same as a stdio stream ("rb"); NULL with errno and *not_regular as above. */
 FILE *fx__fopen_regular(const char *path, bool *not_regular);
+/* Whether path names a regular file (stat follows symbolic links). */
+bool fx__is_regular(const char *path);
 /* Reads the whole regular file `path` (opened as above) into a new fx__alloc buffer with a
    NUL after the last byte: *out [*len + 1], for the caller to fx__free. FX_EIO when it
    cannot be opened, is not a regular file or cannot be read whole; FX_EFORMAT when it holds

@@ -2,6 +2,7 @@
    front, then the internal passes. */
 #include "model_internal.h"
 
+#include "core/file.h"
 #include "dist.h"
 #include "hf/hf.h"
 #include "lora.h"
@@ -111,12 +112,6 @@ int fx_model_create(fx_model **out, const fx_model_config *c, uint64_t seed)
     return rc ? rc : fx__model_create(out, c, seed);
 }
 
-static bool fx__is_file(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 /* A flexc model or checkpoint file: its config, its mask, its parameters. */
 static int fx__load_flexc(fx_model **out, const char *file)
 {
@@ -162,7 +157,7 @@ int fx_model_load(fx_model **out, const char *path)
     if (!file)
         return FX_ENOMEM;
     snprintf(file, n, "%s/config.json", path);
-    if (fx__is_file(file)) {
+    if (fx__is_regular(file)) {
         /* The weights are read into float32 (fx_model_load_inference maps them instead): checked
            first when the config reads (else the loader says what is wrong with it). */
         fx__hf_config hc;
@@ -176,9 +171,9 @@ int fx_model_load(fx_model **out, const char *path)
         goto done;
     }
     snprintf(file, n, "%s/model.safetensors", path);
-    if (!fx__is_file(file))
+    if (!fx__is_regular(file))
         snprintf(file, n, "%s/checkpoint.safetensors", path);
-    if (!fx__is_file(file)) {
+    if (!fx__is_regular(file)) {
         rc = fx__error(FX_EINVAL,
                        "'%s' holds neither config.json (a Hugging Face model) nor model.safetensors or "
                        "checkpoint.safetensors (a flexc training directory)",
@@ -203,7 +198,7 @@ int fx_model_load_inference(fx_model **out, const char *path)
     if (!file)
         return FX_ENOMEM;
     snprintf(file, n, "%s/config.json", path);
-    bool hf = S_ISDIR(st.st_mode) && fx__is_file(file);
+    bool hf = S_ISDIR(st.st_mode) && fx__is_regular(file);
     fx__free(file);
     return hf ? fx__hf_load_mapped(out, path) : fx_model_load(out, path);
 }

@@ -298,12 +298,6 @@ static int read_peft_config(fx__lora_source *src, const char *dir)
     return rc;
 }
 
-static bool is_file(const char *path)
-{
-    struct stat st;
-    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
-}
-
 int fx__lora_source_find(const char *path, fx__lora_source *src, bool *found)
 {
     memset(src, 0, sizeof *src);
@@ -314,7 +308,7 @@ int fx__lora_source_find(const char *path, fx__lora_source *src, bool *found)
     char probe[4200];
     if (S_ISDIR(st.st_mode)) {
         snprintf(probe, sizeof probe, "%s/adapter_config.json", path);
-        if (is_file(probe)) {
+        if (fx__is_regular(probe)) {
             src->peft = true;
             snprintf(src->file, sizeof src->file, "%s/adapter_model.safetensors", path);
             *found = true;
@@ -322,7 +316,7 @@ int fx__lora_source_find(const char *path, fx__lora_source *src, bool *found)
         }
         /* A training directory: its model file, when it has one, is what loads. */
         snprintf(probe, sizeof probe, "%s/model.safetensors", path);
-        if (is_file(probe))
+        if (fx__is_regular(probe))
             return FX_OK;
         snprintf(probe, sizeof probe, "%s/checkpoint.safetensors", path);
     } else {
@@ -330,7 +324,7 @@ int fx__lora_source_find(const char *path, fx__lora_source *src, bool *found)
     }
     char kind[16];
     bool has = false;
-    if (!is_file(probe) || fx__check_format(probe) != FX_OK ||
+    if (!fx__is_regular(probe) || fx__check_format(probe) != FX_OK ||
         fx_safetensors_peek_metadata(probe, "kind", kind, sizeof kind, &has) != FX_OK || !has || strcmp(kind, "lora"))
         return FX_OK; /* not a LoRA run's: the model loaders say what it is */
     *found = true;
@@ -382,7 +376,7 @@ int fx__lora_open(fx__model **out, const fx__lora_source *src, bool merged)
     struct stat st;
     char cfg[4200];
     snprintf(cfg, sizeof cfg, "%s/config.json", src->base);
-    if (stat(src->base, &st) != 0 || !S_ISDIR(st.st_mode) || !is_file(cfg))
+    if (stat(src->base, &st) != 0 || !S_ISDIR(st.st_mode) || !fx__is_regular(cfg))
         return fx__error(FX_EINVAL, "%s: its base model '%s' is not a Hugging Face model directory here (adapters "
                          "load on top of the base they were trained on)", src->file, src->base);
     fx__model *m = NULL;
