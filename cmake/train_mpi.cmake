@@ -8,7 +8,7 @@ if(NOT FLEXC_HAVE_MPI)
   return()
 endif()
 
-foreach(case ddp fsdp resume kill interrupt errors memory consistency)
+foreach(case ddp fsdp resume kill interrupt errors memory consistency mods)
   add_test(NAME mpi_train_${case}
            COMMAND bash ${PROJECT_SOURCE_DIR}/tests/mpi_train.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:flexc> ${case})
   set_tests_properties(mpi_train_${case} PROPERTIES TIMEOUT 90 LABELS mpi ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")
@@ -16,7 +16,7 @@ endforeach()
 
 # Fine-tuning Hugging Face models over MPI (tests/mpi_hf.sh: the tied Llama and the untied
 # Qwen2 fixtures, 2 ranks each: about 5 s, 45 s under the sanitizers).
-foreach(case ddp fsdp resume export)
+foreach(case ddp fsdp resume export lora)
   add_test(NAME mpi_hf_${case}
            COMMAND bash ${PROJECT_SOURCE_DIR}/tests/mpi_hf.sh ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:flexc> ${case})
   set_tests_properties(mpi_hf_${case} PROPERTIES TIMEOUT 180 LABELS mpi ENVIRONMENT "${FLEXC_COMM_TEST_ENV}")

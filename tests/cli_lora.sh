@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # flexc train --lora on a Hugging Face model: the run (a LoRA checkpoint, no model file), --until
-# and --resume bit for bit, the same bits at 1 and 2 threads, generate from the run, export as a
-# PEFT adapter and merged, a PEFT directory as --ckpt, and the options refused with their reason.
+# and --resume bit for bit, the same bits at 1 and 2 threads (--deterministic too), attention
+# mods, generate from the run, export as a PEFT adapter and merged, a PEFT directory as --ckpt,
+# and the options refused with their reason. (--parallel ddp: tests/mpi_hf.sh lora.)
 set -u
 flexc=${1:?path to flexc}
 src=${FLEXC_SOURCE_DIR:-$(dirname "$0")/..}
@@ -112,6 +113,37 @@ check lora-over 0 "$flexc" train "${lora[@]}" --out "$tmp/t1" --force
 same lora-over-bitwise "$tmp/run/checkpoint.safetensors" "$tmp/t1/checkpoint.safetensors"
 
 # Refused, with the reason: usage errors (2).
+# --deterministic (the sum of one sequence at a time that is bitwise at any process count):
+# the same bits at 1 and 2 threads.
+check det 0 "$flexc" train "${lora[@]}" --deterministic --out "$tmp/det"
+check det-t1 0 "$flexc" train "${lora[@]}" --deterministic --out "$tmp/det-t1" --threads 1
+same det-threads "$tmp/det/checkpoint.safetensors" "$tmp/det-t1/checkpoint.safetensors"
+
+# Attention mods under LoRA: recorded in the checkpoint, kept over --until + --resume, run by
+# generate (adapters that have not moved, lr 1e-30: the base's text without a mod, another
+# text with one), refused by export (PEFT's config cannot hold them).
+mods=(--score-mod "30 * tanh(score / 30)" --mask-mod "q_idx >= kv_idx && q_idx - kv_idx < 16")
+check mods 0 "$flexc" train "${lora[@]}" "${mods[@]}" --out "$tmp/mods"
+has mods-meta <(head -c 20000 "$tmp/mods/checkpoint.safetensors" | tr -d '\0') '"score_mod":"30 * tanh(score / 30)"'
+check mods-until 0 "$flexc" train "${lora[@]}" "${mods[@]}" --out "$tmp/mods-r" --until 3
+check mods-resume 0 "$flexc" train --resume --out "$tmp/mods-r"
+same mods-resume-bitwise "$tmp/mods/checkpoint.safetensors" "$tmp/mods-r/checkpoint.safetensors"
+still=(--model "$base" --data "$tmp/text.txt" --lora 4 --steps 2 --batch 2 --seq 32 --lr 1e-30)
+check still 0 "$flexc" train "${still[@]}" --out "$tmp/still"
+check still-mod 0 "$flexc" train "${still[@]}" --score-mod "score * 0" --out "$tmp/still-mod"
+gen=(--prompt "The fortune" --tokens 12 --temperature 0 --json)
+check gen-base 0 "$flexc" generate --model "$base" "${gen[@]}"
+cp "$tmp/out" "$tmp/gen-base.json"
+check gen-still 0 "$flexc" generate --ckpt "$tmp/still" "${gen[@]}"
+same gen-still-is-base "$tmp/gen-base.json" "$tmp/out"
+check gen-still-mod 0 "$flexc" generate --ckpt "$tmp/still-mod" "${gen[@]}"
+cmp -s "$tmp/gen-base.json" "$tmp/out" && bad "generate --ckpt did not apply the run's score mod" || ok
+for how in "" "--merge"; do
+    # shellcheck disable=SC2086
+    check "export-mods$how" 1 "$flexc" export --ckpt "$tmp/mods" --to "$tmp/x" $how
+    has "export-mods$how-msg" "$tmp/err" "was trained with attention mods (--mask-mod"
+done
+
 check preset 2 "$flexc" train --model small --lora 4 --out "$tmp/x"
 has preset-msg "$tmp/err" "--lora adapts a Hugging Face model"
 check rank0 2 "$flexc" train "${lora[@]}" --lora 0 --out "$tmp/x"
@@ -124,7 +156,7 @@ check target 2 "$flexc" train "${lora[@]}" --lora-targets q,lm_head --out "$tmp/
 has target-msg "$tmp/err" "LoRA target 'lm_head' is not one of"
 check stray 2 "$flexc" train --model "$base" --data "$tmp/text.txt" --lora-alpha 4 --out "$tmp/x"
 has stray-msg "$tmp/err" "--lora-alpha goes with --lora R"
-for opt in "--adam-bf16" "--deterministic" "--bf16"; do
+for opt in "--adam-bf16" "--bf16"; do
     # shellcheck disable=SC2086
     check "no${opt// /-}" 2 "$flexc" train "${lora[@]}" $opt --out "$tmp/x"
     has "no${opt// /-}-msg" "$tmp/err" "--lora does not take ${opt}"

@@ -107,13 +107,6 @@ check dense-score 2 "$flexc" train "${common[@]}" --steps 2 --attn dense --score
 has dense-score-msg "$tmp/err" "--attn dense makes causality a score modifier of its own"
 check tensor 2 "$flexc" train "${common[@]}" --steps 2 --score-mod "score + bias[h, 0]" --out "$tmp/e"
 has tensor-msg "$tmp/err" "--score-mod: expr:9: unknown name 'bias'"
-# (--parallel: refused as a usage error, or before that where the build has no MPI; the MPI
-# library's own allocations are not leak-checked.)
-ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 "$flexc" train "${common[@]}" --steps 2 --score-mod "$softcap" --parallel ddp --out "$tmp/e" >"$tmp/out" 2>"$tmp/err"
-st=$?
-if grep -q "built without MPI" "$tmp/err" && [[ $st -eq 1 ]]; then ok
-elif [[ $st -eq 2 ]] && grep -qF -- "--score-mod does not go with --parallel ddp" "$tmp/err"; then ok
-else bad "mods-parallel: exit $st: $(cat "$tmp/err")"; fi
 check mods-cuda 2 "$flexc" train "${common[@]}" --steps 2 --mask-mod "$window" --device cuda --out "$tmp/e"
 has mods-cuda-msg "$tmp/err" "--device cuda does not take --mask-mod (attention mods run on the CPU)"
 [[ ! -e "$tmp/e" ]] && ok || bad "a refused run left $tmp/e behind"

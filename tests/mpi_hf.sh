@@ -8,6 +8,10 @@
 #   resume     --until stops a 2-rank run at step 3 with its checkpoint; resumed on 1 process,
 #              or on 2 ranks in the other parallel mode, it continues bitwise as an
 #              uninterrupted --deterministic run
+#   lora       LoRA adapters (--lora, with dropout) trained by 2 ranks (ddp) equal 1 process's
+#              within float32 reduction error, also with --dtype bf16; bitwise with
+#              --deterministic, and over --until on 2 ranks + --resume on 1; only rank 0 writes
+#              the LoRA checkpoint; fsdp is refused with its reason
 #   export     a 2-rank run exported (flexc export) is a directory flexc generate --model
 #              loads and that generates what the run's checkpoint generates; an llm.c token
 #              file (flexc tokenize) trains on 2 ranks as on 1
@@ -106,6 +110,37 @@ export)
     run2 "$flexc" train "${tok[@]}" $(opts $m) --batch 4 --steps 4 --parallel ddp --out "$tmp/t2" 2>"$tmp/err" ||
         bad "token file: 2 ranks: $(cat "$tmp/err")"
     close tokens-ddp "$tmp/t1/metrics.jsonl" "$tmp/t2/metrics.jsonl" 1e-4
+    ;;
+lora)
+    for m in qwen2_bias llama_bf16; do
+        # shellcheck disable=SC2207
+        common=("${base[@]}" --model "$fix/$m" --lora 4 --lora-dropout 0.1 --batch 4 --steps 6)
+        d="$tmp/lora-$m"
+        "$flexc" train "${common[@]}" --out "$d-one" || bad "$m: 1-process LoRA run"
+        run2 "$flexc" train "${common[@]}" --parallel ddp --out "$d-two" 2>"$tmp/err" ||
+            bad "$m: 2-rank LoRA run: $(cat "$tmp/err")"
+        close "$m-lora-ddp" "$d-one/metrics.jsonl" "$d-two/metrics.jsonl" 1e-4
+        [[ $(ls "$d-two" | tr '\n' ' ') == "checkpoint.safetensors hf metrics.jsonl " ]] && ok ||
+            bad "$m: unexpected files: $(ls "$d-two")"
+        "$flexc" train "${common[@]}" --deterministic --out "$d-det1" || bad "$m: 1-process deterministic LoRA"
+        run2 "$flexc" train "${common[@]}" --deterministic --parallel ddp --out "$d-det2" 2>"$tmp/err" ||
+            bad "$m: 2-rank deterministic LoRA: $(cat "$tmp/err")"
+        same "$m-lora-deterministic" "$d-det1/checkpoint.safetensors" "$d-det2/checkpoint.safetensors"
+        run2 "$flexc" train "${common[@]}" --deterministic --parallel ddp --until 3 --out "$d-r" 2>"$tmp/err" ||
+            bad "$m: 2-rank LoRA to step 3: $(cat "$tmp/err")"
+        "$flexc" train --resume --quiet --threads 1 --out "$d-r" || bad "$m: LoRA resumed on 1 process"
+        same "$m-lora-resume-2-to-1" "$d-det1/checkpoint.safetensors" "$d-r/checkpoint.safetensors"
+    done
+    # --dtype bf16: the base read as bfloat16 on every rank.
+    common=("${base[@]}" --model "$fix/llama_bf16" --lora 4 --batch 4 --steps 4 --dtype bf16)
+    "$flexc" train "${common[@]}" --out "$tmp/lb1" || bad "bf16: 1-process LoRA run"
+    run2 "$flexc" train "${common[@]}" --parallel ddp --out "$tmp/lb2" 2>"$tmp/err" ||
+        bad "bf16: 2-rank LoRA run: $(cat "$tmp/err")"
+    close lora-bf16-ddp "$tmp/lb1/metrics.jsonl" "$tmp/lb2/metrics.jsonl" 1e-4
+    run2 "$flexc" train "${common[@]}" --parallel fsdp --out "$tmp/lf" >/dev/null 2>"$tmp/err" &&
+        bad "fsdp with --lora ran" || ok
+    has lora-fsdp-refused "$tmp/err" "--lora does not take --parallel fsdp (it shards the weights that train"
+    [[ ! -e $tmp/lf/checkpoint.safetensors ]] && ok || bad "fsdp with --lora wrote a checkpoint"
     ;;
 *) bad "unknown case $case" ;;
 esac

@@ -17,7 +17,10 @@
 #   nompi      (a build without MPI) --parallel refuses with a clear error
 #   errors     --batch not a multiple of the processes, fsdp --deterministic with more than one
 #              sequence per rank, mpirun without --parallel: clear errors, nothing written
-#   consistency  ranks launched with different --lr or --batch, with different files at the
+#   mods       attention mods (--score-mod, --mask-mod) over 2 ranks: ddp within float32
+#              reduction error of 1 process, and bitwise with --deterministic under ddp and
+#              fsdp (the checkpoint, mods recorded, and the losses)
+#   consistency  ranks launched with different --lr, --batch, --score-mod or --lora-alpha, with different files at the
 #              same --data path, or fine-tuning different weights at the same --model path:
 #              every rank exits 2 naming the option (or the data, or the weights) and both ranks'
 #              values, nothing trained or written; the same options and tokens (at different
@@ -223,6 +226,32 @@ consistency)
         --steps 2 --parallel ddp --quiet --out "$tmp/c7" 2>/dev/null
     refused weights 1 "flexc: error: ddp: ranks disagree on the weights they start from (--model or the --resume \
 checkpoint): rank 1's differ from rank 0's (hash " "$tmp/c7"
+    per_rank --score-mod "score" "score * 0.5" "$flexc" "${run[@]}" --out "$tmp/c8" 2>/dev/null
+    refused score-mod 2 'flexc: error: ranks disagree on --score-mod: rank 0 has "score", rank 1 has "score * 0.5"' \
+        "$tmp/c8"
+    per_rank --lora-alpha 8 16 "$flexc" train --model "$fix" --lora 4 --data "$tmp/corpus.txt" --seq 32 --threads 1 \
+        --comm-timeout 30 --batch 4 --steps 2 --parallel ddp --quiet --out "$tmp/c9" 2>/dev/null
+    refused lora-alpha 2 "flexc: error: ranks disagree on --lora-alpha: rank 0 has 8, rank 1 has 16" "$tmp/c9"
+    ;;
+mods)
+    mods=(--score-mod "30 * tanh(score / 30)" --mask-mod "q_idx >= kv_idx && q_idx - kv_idx < 16")
+    "$flexc" train "${common[@]}" "${mods[@]}" --quiet --batch 4 --steps 4 --out "$tmp/one" || bad "1-process run"
+    run2 "$flexc" train "${common[@]}" "${mods[@]}" --batch 4 --steps 4 --parallel ddp --out "$tmp/two" 2>"$tmp/err" ||
+        bad "2-rank run: $(cat "$tmp/err")"
+    close mods-ddp "$tmp/one/metrics.jsonl" "$tmp/two/metrics.jsonl" 1e-4
+    for par in ddp fsdp; do
+        det=(--batch 4 --steps 4 --deterministic)
+        [[ $par == fsdp ]] && det=(--batch 2 --accum 2 --steps 4 --deterministic)
+        "$flexc" train "${common[@]}" "${mods[@]}" --quiet "${det[@]}" --out "$tmp/d1-$par" || bad "$par: 1 process"
+        run2 "$flexc" train "${common[@]}" "${mods[@]}" "${det[@]}" --parallel "$par" --out "$tmp/d2-$par" \
+            2>"$tmp/err" || bad "$par: 2 ranks: $(cat "$tmp/err")"
+        same "mods-$par-deterministic" "$tmp/d1-$par/checkpoint.safetensors" "$tmp/d2-$par/checkpoint.safetensors"
+        losses "$tmp/d1-$par/metrics.jsonl" | sed 's/,"val_loss":[^}]*//' >"$tmp/l1"
+        losses "$tmp/d2-$par/metrics.jsonl" | sed 's/,"val_loss":[^}]*//' >"$tmp/l2"
+        same "mods-$par-losses" "$tmp/l1" "$tmp/l2"
+        head -c 65536 "$tmp/d2-$par/checkpoint.safetensors" | tr -d '\0' | grep -qF '"mask_mod":"q_idx >= kv_idx' &&
+            ok || bad "$par: the checkpoint does not record the mask mod"
+    done
     ;;
 interrupt)
     for par in ddp fsdp; do

@@ -179,6 +179,22 @@ static bool export_tensors(const char *to, const fx_model *m, fx__hf_export_spec
     return rc == FX_OK;
 }
 
+/* Attention written as expressions has no Hugging Face (or PEFT) config key: transformers
+   would run the model with its own mask and no score modifier. Whether m has such mods (said). */
+static bool mods_refused(const fx_model *m, const char *ckpt)
+{
+    if (!m->mask_src && !m->score_src)
+        return false;
+    char mods[2 * FX__MOD_SRC_MAX + 64] = "";
+    if (m->mask_src)
+        snprintf(mods, sizeof mods, "--mask-mod \"%s\"%s", m->mask_src, m->score_src ? ", " : "");
+    if (m->score_src)
+        snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "--score-mod \"%s\"", m->score_src);
+    cli_error("export: --ckpt %s was trained with attention mods (%s), which a Hugging Face config cannot "
+              "express; flexc generate runs it", ckpt, mods);
+    return true;
+}
+
 /* A LoRA run's adapters (or a PEFT directory's, rewritten) as a PEFT adapter directory. */
 static int export_adapter(const fx__lora_source *src, const char *ckpt, const char *to, fx_dtype dtype)
 {
@@ -186,6 +202,10 @@ static int export_adapter(const fx__lora_source *src, const char *ckpt, const ch
     int rc = fx__lora_open(&m, src, false); /* the base mapped: the adapters checked against it */
     if (rc != FX_OK)
         return cli_fail(rc, "--ckpt");
+    if (mods_refused(m, ckpt)) {
+        fx_model_free(m);
+        return CLI_EXIT_FAIL;
+    }
     bool made = false;
     if (!export_take_dir(to, &made)) {
         fx_model_free(m);
@@ -260,16 +280,7 @@ int cmd_export(int argc, char **argv)
     fx_model *m = NULL;
     if ((rc = lora ? fx__lora_open(&m, &lsrc, true) : fx_model_load(&m, ckpt)) != FX_OK)
         return cli_fail(rc, "--ckpt");
-    /* Attention written as expressions has no Hugging Face config key: transformers would run
-       the model with its own mask and no score modifier. */
-    if (m->mask_src || m->score_src) {
-        char mods[2 * FX__MOD_SRC_MAX + 64] = "";
-        if (m->mask_src)
-            snprintf(mods, sizeof mods, "--mask-mod \"%s\"%s", m->mask_src, m->score_src ? ", " : "");
-        if (m->score_src)
-            snprintf(mods + strlen(mods), sizeof mods - strlen(mods), "--score-mod \"%s\"", m->score_src);
-        cli_error("export: --ckpt %s was trained with attention mods (%s), which a Hugging Face config cannot "
-                  "express; flexc generate runs it", ckpt, mods);
+    if (mods_refused(m, ckpt)) {
         fx_model_free(m);
         return CLI_EXIT_FAIL;
     }

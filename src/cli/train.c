@@ -324,8 +324,9 @@ static int lora_opts_check(const train_opts *o, fx__par par)
         return CLI_EXIT_USAGE;
     }
     const struct { bool on; const char *opt, *why; } no[] = {
-        {par != FX__PAR_NONE, par == FX__PAR_DDP ? "--parallel ddp" : "--parallel fsdp", "adapters train in one process"},
-        {o->deterministic, "--deterministic", "one process is bitwise the same at any thread count already"},
+        {par == FX__PAR_FSDP, "--parallel fsdp",
+         "it shards the weights that train, and the adapters are small enough for every process to hold: use "
+         "--parallel ddp"},
         {o->device && !strcmp(o->device, "cuda"), "--device cuda", "the LoRA step runs on the CPU"},
         {o->adam_bf16, "--adam-bf16", "the adapters' moments stay float32"},
         {o->bf16, "--bf16", "a LoRA run writes its adapters, not a model file"}};
@@ -956,23 +957,15 @@ static int config_new(train_job *j)
     return config_new_optimizer(o, st);
 }
 
-/* Mods (given, or the checkpoint's) train on one CPU process: not on a GPU, under --parallel
-   or with LoRA adapters, whose files would not record them. */
+/* Mods (given, or the checkpoint's) run on the CPU: not with --device cuda. */
 static int mods_run_check(const train_job *j)
 {
     const train_opts *o = &j->o;
-    if (!j->st.score_mod[0] && !j->st.mask_mod[0])
-        return CLI_EXIT_OK;
-    const char *opt = j->st.mask_mod[0] ? "--mask-mod" : "--score-mod";
-    const struct { bool on; const char *what; } no[] = {
-        {j->par != FX__PAR_NONE, j->par == FX__PAR_DDP ? "--parallel ddp" : "--parallel fsdp"},
-        {o->device && !strcmp(o->device, "cuda"), "--device cuda"},
-        {j->lora || o->lora != UNSET, "--lora"}};
-    for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
-        if (no[i].on) {
-            cli_error("%s does not go with %s: attention mods train in one process on the CPU", opt, no[i].what);
-            return CLI_EXIT_USAGE;
-        }
+    if ((j->st.score_mod[0] || j->st.mask_mod[0]) && o->device && !strcmp(o->device, "cuda")) {
+        cli_error("%s does not go with --device cuda: attention mods run on the CPU",
+                  j->st.mask_mod[0] ? "--mask-mod" : "--score-mod");
+        return CLI_EXIT_USAGE;
+    }
     return CLI_EXIT_OK;
 }
 
@@ -983,8 +976,9 @@ static int config_schedule(train_job *j)
     const train_opts *o = &j->o;
     const fx__model_train_state *st = &j->st;
     /* The multi-process and deterministic paths run their own optimizer over their own
-       buffers, which do not keep the weights' bfloat16 copy. */
-    if (st->bf16 && (j->par != FX__PAR_NONE || o->deterministic)) {
+       buffers, which do not keep the weights' bfloat16 copy (LoRA's base has none: its
+       products read the mapped file's rows as bfloat16). */
+    if (st->bf16 && !j->lora && (j->par != FX__PAR_NONE || o->deterministic)) {
         cli_error("--dtype bf16 does not go with %s (float32 only)",
                   j->par != FX__PAR_NONE ? (j->par == FX__PAR_DDP ? "--parallel ddp" : "--parallel fsdp")
                                          : "--deterministic");
@@ -1104,7 +1098,7 @@ static int ranks_agree(const train_job *j)
 {
     const fx__dist_run run = {.cfg = &j->cfg, .st = &j->st, .data = &j->data, .mode = j->par, .until = j->until,
                               .eval_every = j->eval_every, .eval_batches = j->o.eval_batches,
-                              .save_every = j->o.save_every};
+                              .save_every = j->o.save_every, .lora = j->lora ? &j->lc : NULL};
     int rc = fx__dist_agree(j->world, &run);
     if (rc && fx_comm_status(j->world) != FX_OK)
         comm_failed();
@@ -1293,13 +1287,10 @@ static void print_header(const train_job *j)
 
 /* ---- the loop ---- */
 
-/* Saves the run: the whole model's checkpoint and model file, or a LoRA run's checkpoint (its
-   adapters). A model file an earlier run left there goes, since generate and export would
-   read it rather than the adapters. */
-static int save_run(const train_job *j, const fx__model_train_state *st)
+/* A LoRA run's checkpoint (its adapters). A model file an earlier run left there goes, since
+   generate and export would read it rather than the adapters. */
+static int save_lora(const train_job *j, const fx__model_train_state *st)
 {
-    if (!j->lora)
-        return save_dist(j->m, j->dist, j->world, st, j->o.out, j->o.bf16);
     char path[4200];
     snprintf(path, sizeof path, "%s/checkpoint.safetensors", j->o.out);
     int rc = fx__lora_save_checkpoint(j->m, st, j->base, path);
@@ -1312,6 +1303,16 @@ static int save_run(const train_job *j, const fx__model_train_state *st)
         return CLI_EXIT_FAIL;
     }
     return CLI_EXIT_OK;
+}
+
+/* Saves the run from rank 0: the whole model's checkpoint and model file (FSDP gathers it
+   first), or a LoRA run's checkpoint. */
+static int save_run(const train_job *j, const fx__model_train_state *st)
+{
+    if (!j->lora)
+        return save_dist(j->m, j->dist, j->world, st, j->o.out, j->o.bf16);
+    int ret = j->rank == 0 ? save_lora(j, st) : CLI_EXIT_OK; /* every rank holds the adapters alike */
+    return all_ok(j->world, ret == CLI_EXIT_OK) ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 }
 
 /* "saved OUT/checkpoint.safetensors and OUT/model.safetensors" (a LoRA run: its adapters). */

@@ -118,8 +118,12 @@ int fx__model_backward(fx__model *m)
         fx__rmsnorm_backward(a.dres, lora ? lora->sink : fx__layer_grad(m, l, FX__MODEL_LN1), a.dxn, res, W.t[FX__MODEL_LN1].data, rstd1,
                              N, C);
 
-        if (lora)
+        if (lora) { /* the layer's adapter gradients are final */
+            size_t numel;
+            float *g = fx__lora_layer_grads(lora, l, &numel);
+            fx__grad_hook(m, (int)l, g, numel);
             continue;
+        }
         const fx__model_tensor *t0 = fx__layer_first(m, l);
         size_t numel = fx__layer_first(m, l + 1)->offset - t0->offset;
         fx__grad_hook(m, (int)l, fx__layer_base(m, true, l), numel);

@@ -1,5 +1,6 @@
 /* Training over several processes: DDP, FSDP and the deterministic sliced step (dist.h). */
 #include "dist.h"
+#include "model/lora.h"
 
 #include <assert.h>
 #include <math.h>
@@ -509,6 +510,14 @@ static void fx__fsdp_adamw(fx__dist *d, const fx__adamw *o, int64_t t)
 
 /* ---- deterministic slices ----------------------------------------------------------------------- */
 
+/* What the step trains, *n floats: the parameters' gradients, or with LoRA adapters (only they
+   train) theirs. */
+static float *fx__trained_grads(const fx__model *m, size_t *n)
+{
+    *n = m->lora ? m->lora->total : m->lay.total;
+    return m->lora ? m->lora->grads : m->grads;
+}
+
 static void fx__rows_add(float *a, const float *b, size_t n)
 {
 #pragma omp parallel for schedule(static) if (n >= 65536)
@@ -522,16 +531,22 @@ static int fx__slices(fx__dist *d, const int32_t *tokens, const int32_t *targets
                       int64_t T)
 {
     fx__model *m = d->m;
-    size_t P = m->lay.total, R = d->row;
+    size_t P, R = d->row;
+    const float *g = fx__trained_grads(m, &P);
+    fx__lora *lora = m->lora;
+    const uint64_t drop_step = lora ? lora->drop_step : 0;
     int depth = 0, rc;
     for (int64_t k = 0; k < count; k++) {
         fx__model_zero_grad(m);
+        /* Each sequence's dropout masks are the ones a pass over the whole batch draws. */
+        if (lora)
+            lora->drop_step = drop_step, lora->drop_row = (first + k) * T;
         float l;
         const int32_t *tk = tokens + (first + k) * T, *tg = targets + (first + k) * T;
         if ((rc = fx__model_forward(m, tk, tg, &l, true)) != FX_OK || (rc = fx__model_backward(m)) != FX_OK)
             return rc;
         float *r = d->stack + (size_t)depth * R;
-        memcpy(r, m->grads, P * sizeof(float));
+        memcpy(r, g, P * sizeof(float));
         r[P] = l;
         d->stack_n[depth++] = 1;
         while (depth >= 2 && d->stack_n[depth - 1] == d->stack_n[depth - 2]) {
@@ -680,6 +695,20 @@ static void fx__agree_build(fx__agree *a, const fx__dist_run *run)
     fx__agree_float(a, "Adam's beta2", st->beta2);
     fx__agree_put(a, "--seed", "%llu", (unsigned long long)st->seed);
     fx__agree_put(a, "--attn", "%s", st->attn);
+    fx__agree_put_hash(a, "--mask-mod", fx__hash_bytes(st->mask_mod, strlen(st->mask_mod), 0), "\"%s\"",
+                       st->mask_mod);
+    fx__agree_put_hash(a, "--score-mod", fx__hash_bytes(st->score_mod, strlen(st->score_mod), 0), "\"%s\"",
+                       st->score_mod);
+    if (run->lora) {
+        char targets[64];
+        fx__lora_targets_format(run->lora->targets, targets, sizeof targets);
+        fx__agree_put(a, "--lora", "%lld", (long long)run->lora->rank);
+        fx__agree_float(a, "--lora-alpha", run->lora->alpha);
+        fx__agree_float(a, "--lora-dropout", run->lora->dropout);
+        fx__agree_put(a, "--lora-targets", "%s", targets);
+    } else {
+        fx__agree_put(a, "--lora", "off");
+    }
     fx__agree_put(a, "--dtype", "%s", st->bf16 ? "bf16" : "f32");
     fx__agree_put(a, "--adam-bf16", "%s", st->adam_bf16 ? "on" : "off");
     fx__agree_put(a, "--deterministic", "%s", st->deterministic ? "on" : "off");
@@ -760,14 +789,26 @@ int fx__dist_agree(fx_comm *world, const fx__dist_run *run)
 static int fx__dist_same_weights(fx__dist *d)
 {
     const fx__model *m = d->m;
-    if (d->size < 2 || m->gpu || !m->params)
+    if (d->size < 2 || m->gpu || (!m->params && !m->mapped))
         return FX_OK;
     size_t P = m->lay.total;
-    uint64_t h = fx__hash_bytes(m->params, P * sizeof(float), 3);
-    if (m->adam)
+    uint64_t h = 3;
+    if (m->params) {
+        h = fx__hash_bytes(m->params, P * sizeof(float), h);
+    } else { /* a mapped base (LoRA), tensor by tensor in its file's dtype */
+        for (size_t i = 0; i < m->lay.n; i++)
+            h = fx__hash_bytes(m->mapped->t[i].data, m->lay.t[i].numel * fx_dtype_size(m->mapped->t[i].dtype), h);
+    }
+    if (m->lora) {
+        const fx__lora *a = m->lora;
+        h = fx__hash_bytes(a->params, a->total * sizeof(float), h);
+        h = fx__hash_bytes(a->adam_m, a->total * sizeof(float), h);
+        h = fx__hash_bytes(a->adam_v, a->total * sizeof(float), h);
+    } else if (m->adam) {
         h = fx__hash_bytes(m->adam, 2 * P * sizeof(float), h);
-    else if (m->adam16)
+    } else if (m->adam16) {
         h = fx__hash_bytes(m->adam16, 2 * P * sizeof(uint16_t), h);
+    }
     uint64_t *all = fx__calloc((size_t)d->size, sizeof *all);
     if (!all)
         return FX_ENOMEM;
@@ -794,7 +835,8 @@ int fx__dist_sum_levels(int64_t slices)
 
 int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, bool deterministic, int64_t batch)
 {
-    if (!out || !m || !m->grads || (mode != FX__PAR_NONE && !world) || (mode == FX__PAR_NONE && !deterministic))
+    if (!out || !m || (!m->grads && !m->lora) || (mode != FX__PAR_NONE && !world) ||
+        (mode == FX__PAR_NONE && !deterministic))
         return fx__error(FX_EINVAL, "fx__dist_create: needs a model with gradients, and a communicator for ddp/fsdp");
     int size = world ? fx_comm_size(world) : 1, rank = world ? fx_comm_rank(world) : 0;
     if (batch < 1 || batch % size)
@@ -811,6 +853,9 @@ int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, 
                          "--deterministic needs --batch / processes to be a power of two; --batch %lld over %d "
                          "processes gives %lld",
                          (long long)batch, size, (long long)local);
+    if (mode == FX__PAR_FSDP && m->lora)
+        return fx__error(FX_EUNSUPPORTED, "--parallel fsdp shards the weights that train, and LoRA's adapters are "
+                         "small enough for every process to hold: use --parallel ddp");
     if (mode == FX__PAR_FSDP && m->adam_bf16)
         return fx__error(FX_EUNSUPPORTED, "--parallel fsdp keeps float32 Adam moments; drop --adam-bf16");
     fx__dist *d = fx__calloc(1, sizeof *d);
@@ -824,7 +869,9 @@ int fx__dist_create(fx__dist **out, fx__model *m, fx_comm *world, fx__par mode, 
     if (world && deterministic && (rc = fx_comm_set_deterministic(world, true)) != FX_OK)
         goto fail;
     if (deterministic && mode != FX__PAR_FSDP) {
-        d->row = m->lay.total + 1;
+        size_t P;
+        (void)fx__trained_grads(m, &P);
+        d->row = P + 1;
         d->levels = fx__dist_sum_levels(mode == FX__PAR_NONE ? batch : local);
         d->stack = fx__alloc((size_t)d->levels * d->row * sizeof(float));
         d->acc = fx__alloc(d->row * sizeof(float));
@@ -962,7 +1009,8 @@ int fx__dist_step(fx__dist *d, const fx__model_data *data, fx__model_train_state
     if (d->det && d->mode != FX__PAR_FSDP) {
         /* Per micro-batch: this rank's slices summed by the tree, the ranks' sums by the same
            tree (the deterministic all-reduce), then added to the step's sum. */
-        size_t R = d->row, P = m->lay.total;
+        size_t R = d->row, P;
+        float *g = fx__trained_grads(m, &P);
         memset(d->acc, 0, R * sizeof(float));
         for (int64_t a = 0; a < s->accum; a++) {
             fx__model_data_batch(data, &s->rng, s->batch, T, tokens, targets);
@@ -973,7 +1021,7 @@ int fx__dist_step(fx__dist *d, const fx__model_data *data, fx__model_train_state
                 return rc;
             fx__rows_add(d->acc, d->stack, R);
         }
-        memcpy(m->grads, d->acc, P * sizeof(float));
+        memcpy(g, d->acc, P * sizeof(float));
         lossf = d->acc[P];
         parts = (double)(s->accum * s->batch);
     } else {
@@ -993,6 +1041,8 @@ int fx__dist_step(fx__dist *d, const fx__model_data *data, fx__model_train_state
             }
             d->reducing = a == s->accum - 1;
             d->phase = d->mode == FX__PAR_FSDP && a == 0 ? 0 : 1; /* FSDP: until layer 0 is in */
+            if (m->lora) /* this rank's rows of the batch draw their own dropout masks */
+                m->lora->drop_row = first * T;
             float l;
             if ((rc = fx__model_forward(m, tokens + first * T, targets + first * T, &l, true)) != FX_OK)
                 return d->err ? d->err : rc;
@@ -1093,6 +1143,10 @@ int fx__dist_full(fx__dist *d, fx__model **full)
             return rc;
         }
         f->mask = m->mask, f->window = m->window;
+        if ((rc = fx__model_set_mods(f, m->score_src, m->mask_src)) != FX_OK) {
+            fx__model_free(f);
+            return rc;
+        }
     }
     size_t N = (size_t)d->size, P = m->lay.total, bigsh = d->ush[0] > d->maxsh ? d->ush[0] : d->maxsh;
     float *tmp = fx__alloc(bigsh * N * sizeof(float));

@@ -62,6 +62,7 @@ typedef struct fx__dist_run {
     const fx__model_data *data;      /* its tokens, hashed (data->hash), and their split */
     fx__par mode;
     int64_t until, eval_every, eval_batches, save_every; /* when the collectives happen */
+    const struct fx__lora_config *lora;                 /* the adapters' settings, or NULL */
 } fx__dist_run;
 
 /* Collective, at start-up: every rank's run against every other's, by one all-gather of a
@@ -74,7 +75,8 @@ typedef struct fx__dist_run {
 int fx__dist_agree(fx_comm *world, const fx__dist_run *run);
 
 /* Takes over m (a whole model with gradient and Adam buffers, initialised or loaded: the same on
-   every rank) for training at global `batch` sequences per micro-batch. world: NULL for one
+   every rank; or a frozen base with LoRA adapters in training, whose gradients alone are then
+   reduced, not under FSDP) for training at global `batch` sequences per micro-batch. world: NULL for one
    process (mode NONE). FSDP shards m here: its flat buffers are freed (m->params keeps the
    gathered embedding only), so m must then be used through fx__dist_* only. Collective: the
    ranks' weights and Adam moments are compared first (hashed), FX_EINVAL on every rank naming

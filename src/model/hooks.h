@@ -9,6 +9,7 @@
  *   backward: layer(L, true), grad(L, ...) when the final norm's gradient is final; then for
  *             l = L-1 .. 0: layer(l, true) before the layer's backward, grad(l, ...) after it;
  *             last grad(-1, ...) for the embedding (the loss and the inputs both add to it);
+ *             with LoRA adapters (only they train) grad(l, ...) alone, over layer l's adapters;
  *   progress(): between the sub-operations of every layer, forward and backward.
  */
 #ifndef FX_MODEL_HOOKS_H
@@ -20,7 +21,8 @@
 typedef struct fx__model_hooks {
     void *user; /* passed to every callback */
     /* A region of the gradient buffer is final for this micro-batch: layer = L for the final
-       norm, L-1 .. 0 for each layer's tensors (contiguous), -1 for the embedding. */
+       norm, L-1 .. 0 for each layer's tensors (contiguous), -1 for the embedding; with LoRA
+       adapters layer l's adapter gradients (fx__lora_layer_grads) instead. */
     void (*grad)(int layer, float *grad, size_t numel, void *user);
     /* Before layer l's forward (backward false) and backward (l == L: the final norm): where
        sharded training gathers the layer. Non-zero aborts the pass with that status. */

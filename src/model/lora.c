@@ -4,6 +4,7 @@
 
 #include "core/core.h"
 #include "model/arch.h"
+#include "model/dist.h" /* the deterministic sum's stack, in the memory plan */
 #include "model/model.h"
 
 #include <flexc/rng.h>
@@ -197,7 +198,8 @@ int fx__lora_scratch(fx__lora *a, size_t n)
 /* ---- the products ------------------------------------------------------------------------------- */
 
 /* The dropout mask's factor for element (n, i): 0 or 1 / (1 - p), a hash of (seed, step, l,
-   t, n * I + i), so the backward pass draws the same mask without keeping it. */
+   t, (drop_row + n) * I + i), so the backward pass draws the same mask without keeping it, and a
+   row's mask is the same whichever process or pass computes it. */
 static inline uint64_t mix64(uint64_t z)
 {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -217,7 +219,9 @@ static void drop_apply(const fx__lora *a, int64_t l, fx__lora_target t, float *x
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < nr; n++)
         for (int64_t i = 0; i < I; i++)
-            xd[n * I + i] = mix64(key ^ (uint64_t)((n0 + n) * I + i)) >= thresh ? x[(n0 + n) * I + i] * keep : 0.0f;
+            xd[n * I + i] = mix64(key ^ (uint64_t)((a->drop_row + n0 + n) * I + i)) >= thresh
+                                ? x[(n0 + n) * I + i] * keep
+                                : 0.0f;
 }
 
 /* x [N, I] as the adapter reads it: x itself, or drop(x) in xd. */
@@ -320,6 +324,14 @@ void fx__lora_adamw(fx__lora *a, const fx__adamw *o, int64_t t)
 
 void fx__lora_zero_grad(fx__lora *a) { memset(a->grads, 0, a->total * sizeof(float)); }
 
+float *fx__lora_layer_grads(fx__lora *a, int64_t l, size_t *numel)
+{
+    const size_t per = a->n / (size_t)a->layers, first = a->t[(size_t)l * per].offset;
+    const size_t end = l + 1 < a->layers ? a->t[(size_t)(l + 1) * per].offset : a->total;
+    *numel = end - first;
+    return a->grads + first;
+}
+
 /* ---- memory ------------------------------------------------------------------------------------- */
 
 size_t fx__lora_floats(const fx_model_config *c, const fx__lora_config *lc)
@@ -355,6 +367,8 @@ int fx__lora_mem_train(fx__model_mem *mem, const fx_model_config *c, const fx__l
     const uint64_t base = base_bytes ? base_bytes : P * sizeof(float);
     mem->params = base + A * sizeof(float);
     mem->grads = A * sizeof(float) + (uint64_t)k.dim * sizeof(float);
+    if (o->sum_slices > 0) /* the deterministic sum's stack and sum, rows of A + 1 (dist.h) */
+        mem->grads += (uint64_t)(fx__dist_sum_levels(o->sum_slices) + 1) * (A + 1) * sizeof(float);
     mem->adam = 2 * A * sizeof(float);
     mem->scratch += (2 * N * (uint64_t)lc->rank + 2 * N * I) * sizeof(float);
     if (o->bf16) /* the bfloat16 products over the mapped rows (fx__linear_bf16) */

@@ -63,6 +63,8 @@ typedef struct fx__lora {
     bool training;          /* dropout applies (the model's forward with grad sets it) */
     uint64_t drop_seed;     /* the dropout masks' seed: (drop_seed, drop_step, layer, target, element) */
     uint64_t drop_step;
+    int64_t drop_row;       /* the row of the step's whole batch that a pass's row 0 is (a process's
+                               or a sequence's share of it): masks follow the batch, not the pass */
     float *sink;            /* [dim]: where the frozen norms' gradients go (never read) */
     float *scratch;         /* grown to the largest need (fx__lora_scratch) */
     size_t scratch_n;
@@ -124,6 +126,9 @@ double fx__lora_grad_norm(const fx__lora *a);
 struct fx__adamw;
 void fx__lora_adamw(fx__lora *a, const struct fx__adamw *o, int64_t t);
 void fx__lora_zero_grad(fx__lora *a);
+/* Layer l's adapter gradients, one contiguous run of *numel floats (the table is in layer
+   order): what multi-process training reduces as the backward pass finishes each layer. */
+float *fx__lora_layer_grads(fx__lora *a, int64_t l, size_t *numel);
 
 /* The memory plan of LoRA training (fx__model_mem_train's, o as for full training): the base
    weights as they are held (base_bytes: the mapped file's tensors, or 0 for float32

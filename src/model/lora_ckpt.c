@@ -386,12 +386,13 @@ int fx__lora_open(fx__model **out, const fx__lora_source *src, bool merged)
     if (src->peft) {
         rc = load_peft(m, src);
     } else {
-        /* A run's mask is its checkpoint's. */
+        /* A run's mask and attention mods are its checkpoint's. */
         fx_model_config c;
         fx__model_train_state ts;
         if ((rc = fx__model_read_config(src->file, &c, &ts, NULL)) == FX_OK) {
             fx__model_mask_parse(ts.attn, &m->mask, &m->window);
-            rc = fx__lora_load(m, src->file, false);
+            if ((rc = fx__model_set_mods(m, ts.score_mod, ts.mask_mod)) == FX_OK)
+                rc = fx__lora_load(m, src->file, false);
         }
     }
     if (rc == FX_OK && merged) {

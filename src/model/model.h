@@ -309,7 +309,8 @@ typedef struct fx__adamw {
                          in the optimizer's pass over the buffers) */
 } fx__adamw;
 
-/* sqrt(sum g^2) over the whole gradient buffer, in a fixed order. */
+/* sqrt(sum g^2) over the whole gradient buffer, in a fixed order (with LoRA adapters: theirs,
+   fx__lora_grad_norm; fx__model_adamw likewise updates only them). */
 double fx__model_grad_norm(const fx__model *m);
 void fx__model_grad_scale(fx__model *m, float s);
 /* One AdamW step (t counts from 1) over the flat buffers; decay on matrices only. With

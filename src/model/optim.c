@@ -3,6 +3,7 @@
    schedule. */
 #include "model_internal.h"
 #include "model/kernels.h"
+#include "model/lora.h"
 
 #include <math.h>
 #include <string.h>
@@ -21,6 +22,8 @@ double fx__sumsq_scalar(const float *g, int64_t n)
 
 double fx__model_grad_norm(const fx__model *m)
 {
+    if (m->lora) /* only the adapters train */
+        return fx__lora_grad_norm(m->lora);
     size_t P = m->lay.total, nchunk = (P + FX__NORM_CHUNK - 1) / FX__NORM_CHUNK;
     const float *g = m->grads;
     double *parts = m->norm_parts;
@@ -126,6 +129,10 @@ static size_t fx__tensor_at(const fx__model_layout *lay, size_t i)
 
 void fx__model_adamw(fx__model *m, const fx__adamw *o, int64_t t)
 {
+    if (m->lora) {
+        fx__lora_adamw(m->lora, o, t);
+        return;
+    }
     const fx__model_layout *lay = &m->lay;
     size_t P = lay->total, nblk = (P + FX__ADAM_BLOCK - 1) / FX__ADAM_BLOCK;
     const fx__adamw_k kd = fx__adamw_consts(o, o->weight_decay, t), k0 = fx__adamw_consts(o, 0.0f, t);

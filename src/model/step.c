@@ -39,9 +39,7 @@ int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_
     /* The gradient of the mean over micro-batches, clipped to the global norm: one scale
        that AdamW applies as it reads the gradients. */
     double norm;
-    if (m->lora)
-        norm = fx__lora_grad_norm(m->lora);
-    else if (!m->device)
+    if (!m->device)
         norm = fx__model_grad_norm(m);
     else if ((rc = m->device->grad_norm(m, &norm)) != FX_OK)
         return rc;
@@ -56,9 +54,7 @@ int fx__model_train_step(fx__model *m, const fx__model_data *d, fx__model_train_
     if (isfinite(lossf) && isfinite(norm)) {
         fx__adamw o = {.lr = lr, .beta1 = s->beta1, .beta2 = s->beta2, .eps = 1e-8f,
                        .weight_decay = s->weight_decay, .grad_scale = (float)scale, .zero_grad = true};
-        if (m->lora)
-            fx__lora_adamw(m->lora, &o, s->step + 1);
-        else if (!m->device)
+        if (!m->device)
             fx__model_adamw(m, &o, s->step + 1);
         else if ((rc = m->device->adamw(m, &o, s->step + 1)) != FX_OK || (rc = m->device->sync(m)) != FX_OK)
             return rc;
