@@ -116,7 +116,8 @@ has resume-changed-msg "$tmp/err" "is not the text the checkpoint was trained on
 { head -3 "$cm/train.jsonl"; printf '{"messages": [{"role": "user"}]}\n'; } >"$tmp/badtrain.jsonl"
 check train-bad-line 1 "$flexc" "${train[@]}" --model "$cm" --data "$tmp/badtrain.jsonl" --steps 3 --out "$tmp/rb"
 has train-bad-line-msg "$tmp/err" "flexc: error: --data: $tmp/badtrain.jsonl:4: message 1: \"content\" must be a string"
-[[ ! -e "$tmp/rb/checkpoint.safetensors" ]] && ok || bad "train-bad-line: a checkpoint was written"
+[[ ! -e "$tmp/rb/checkpoint.safetensors" && ! -e "$tmp/rb/hf" ]] && ok ||
+    bad "train-bad-line: a checkpoint or the model's files were written: $(ls "$tmp/rb")"
 lacks train-bad-line-steps "$tmp/out" "step 1"
 mkdir "$tmp/m3"
 cp -L "$cm"/{config.json,generation_config.json,model.safetensors,tokenizer.json} "$tmp/m3/"

@@ -545,6 +545,8 @@ typedef struct train_job {
     bool have_data;
     fx_model *init; /* --model DIR: the model to fine-tune, until setup_model takes it over */
     bool lora;          /* --lora: adapters on a frozen, mapped base */
+    bool keep_hf;       /* a new run from --model: at the first save its Hugging Face config and
+                           tokenizer, if it has them, go to out/hf (every rank: the save's collective) */
     fx__lora_config lc; /* their settings */
     char base[4096];    /* and the base's directory (absolute) */
     fx__model *m;
@@ -1018,18 +1020,15 @@ static int config_schedule(train_job *j)
 }
 
 /* The output directory, checked and locked by rank 0; a fine-tuned Hugging Face model's
-   configuration and tokenizer go with the run (out/hf), for resuming, generating and flexc
-   export. */
+   configuration and tokenizer go with the run (out/hf, for resuming, generating and flexc
+   export) once it saves, so that a run that fails before leaves none behind. */
 static int out_prepare(train_job *j)
 {
     const train_opts *o = &j->o;
     int rc = j->rank == 0 ? check_out_dir(o->out) : CLI_EXIT_OK;
     if (j->rank == 0 && rc == CLI_EXIT_OK)
         rc = outdir_lock(o->out); /* one lock for all ranks: only rank 0 writes */
-    char hfcfg[4200];
-    snprintf(hfcfg, sizeof hfcfg, "%s/config.json", o->model ? o->model : "");
-    if (rc == CLI_EXIT_OK && j->rank == 0 && !o->resume && o->model && file_exists(hfcfg))
-        rc = train_keep_hf(o->out, o->model);
+    j->keep_hf = !o->resume && o->model;
     if (!all_ok(j->world, rc == CLI_EXIT_OK))
         return rc != CLI_EXIT_OK ? rc : CLI_EXIT_FAIL;
     return CLI_EXIT_OK;
@@ -1306,9 +1305,17 @@ static int save_lora(const train_job *j, const fx__model_train_state *st)
 }
 
 /* Saves the run from rank 0: the whole model's checkpoint and model file (FSDP gathers it
-   first), or a LoRA run's checkpoint. */
-static int save_run(const train_job *j, const fx__model_train_state *st)
+   first), or a LoRA run's checkpoint; the first save also keeps the Hugging Face files. */
+static int save_run(train_job *j, const fx__model_train_state *st)
 {
+    if (j->keep_hf) {
+        char cfg[4200];
+        snprintf(cfg, sizeof cfg, "%s/config.json", j->o.model);
+        int rc = j->rank == 0 && file_exists(cfg) ? train_keep_hf(j->o.out, j->o.model) : CLI_EXIT_OK;
+        if (!all_ok(j->world, rc == CLI_EXIT_OK))
+            return CLI_EXIT_FAIL;
+        j->keep_hf = false;
+    }
     if (!j->lora)
         return save_dist(j->m, j->dist, j->world, st, j->o.out, j->o.bf16);
     int ret = j->rank == 0 ? save_lora(j, st) : CLI_EXIT_OK; /* every rank holds the adapters alike */
@@ -1446,7 +1453,7 @@ static int train_loop(train_job *j)
 }
 
 /* The last save and the closing line; the exit code says how the run ended. */
-static int train_finish(const train_job *j)
+static int train_finish(train_job *j)
 {
     const train_opts *o = &j->o;
     if (save_run(j, &j->st) != CLI_EXIT_OK)
