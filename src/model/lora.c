@@ -373,6 +373,9 @@ int fx__lora_mem_train(fx__model_mem *mem, const fx_model_config *c, const fx__l
     mem->scratch += (2 * N * (uint64_t)lc->rank + 2 * N * I) * sizeof(float);
     if (o->bf16) /* the bfloat16 products over the mapped rows (fx__linear_bf16) */
         mem->scratch += fx__model_bf16_map_ws_floats(&k, (int64_t)N) * sizeof(float);
+    /* A mapped base's pages read so far (the loader reads every tensor) are in the process's
+       resident set, and counted in params already: taken out of process, as held weights are. */
+    mem->process -= base_bytes < mem->process ? base_bytes : mem->process;
     mem->total = mem->params + mem->grads + mem->adam + mem->acts + mem->scratch + mem->data + mem->process;
     return FX_OK;
 }

@@ -136,7 +136,7 @@ float *fx__lora_layer_grads(fx__lora *a, int64_t l, size_t *numel);
    partial sums in grads, their two moments in adam (no base gradients or moments); the
    activations, scratch, data and process as full training's, plus the adapters' scratch.
    o->params_held says a float32 base is held already, as for full training (a mapped base:
-   pass false; its resident pages are then counted in process as well as in params). */
+   pass false; its resident pages are taken out of process, being counted in params). */
 struct fx__model_mem;
 struct fx__model_mem_opts;
 int fx__lora_mem_train(struct fx__model_mem *mem, const fx_model_config *c, const fx__lora_config *lc,
