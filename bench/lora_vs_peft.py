@@ -12,9 +12,10 @@ tokens a step, from the same token file (random ids):
 
   flexc   `flexc train --model DIR --lora r`: the base mapped in its file's dtype (BF16 widened
           a tile at a time), float32 adapters, the fused linear + cross-entropy;
-  peer    PEFT's get_peft_model over transformers' AutoModelForCausalLM in float32 (what runs on
-          a CPU: PyTorch's BF16 matrix products there are slower), sdpa attention, torch.optim.AdamW
-          over the adapters.
+  peer    PEFT's get_peft_model over transformers' AutoModelForCausalLM in float32, sdpa
+          attention, torch.optim.AdamW over the adapters; with --bf16 also the same under
+          torch.autocast("cpu", bfloat16) (the base's products in bfloat16, the peer of flexc's
+          --dtype bf16).
 
 Each runs in its own process; tokens/s is the median over the steps after the first, and the
 peak is the process's peak resident set (ru_maxrss from wait4: everything the process held,
@@ -102,7 +103,8 @@ def peer(args):
         x = torch.stack([ids[o:o + args.seq] for o in off])
         y = torch.stack([ids[o + 1:o + args.seq + 1] for o in off])
         t0 = time.perf_counter()
-        loss = model(input_ids=x, labels=None).logits
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast):
+            loss = model(input_ids=x, labels=None).logits
         loss = torch.nn.functional.cross_entropy(loss.view(-1, loss.shape[-1]).float(), y.view(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
@@ -125,6 +127,7 @@ def main():
     ap.add_argument("--full", action="store_true", help="also flexc's full fine-tuning (memory ratio)")
     ap.add_argument("--bf16", action="store_true", help="also flexc train --lora --dtype bf16")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--autocast", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer:
@@ -141,11 +144,14 @@ def main():
         print(f"LoRA r={args.rank} alpha={2 * args.rank} on q,k,v,o,gate,up,down; batch {args.batch} x seq "
               f"{args.seq}; {args.threads} threads; {args.steps} steps (median after the first)")
         f_tps, f_peak, f_loss = run_flexc(args, args.model, tokens, True)
-        out, p_peak = run_measured([sys.executable, os.path.abspath(__file__), "--peer", "--model", args.model,
-                                    "--tokens", tokens, "--threads", str(args.threads), "--steps",
-                                    str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq),
-                                    "--rank", str(args.rank)])
-        p = json.loads(out.strip().splitlines()[-1])
+        def run_peer(*extra):
+            out, peak = run_measured([sys.executable, os.path.abspath(__file__), "--peer", "--model", args.model,
+                                      "--tokens", tokens, "--threads", str(args.threads), "--steps",
+                                      str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq),
+                                      "--rank", str(args.rank), *extra])
+            return json.loads(out.strip().splitlines()[-1]), peak
+
+        p, p_peak = run_peer()
         mib = 1 << 20
         print(f"flexc train --lora : {f_tps:8.1f} tokens/s  peak {f_peak / mib:7.0f} MiB  (last loss {f_loss:.3f})")
         print(f"PEFT + transformers: {p['tokens_per_s']:8.1f} tokens/s  peak {p_peak / mib:7.0f} MiB  "
@@ -155,6 +161,10 @@ def main():
             b_tps, b_peak, b_loss = run_flexc(args, args.model, tokens, True, ("--dtype", "bf16"))
             print(f"flexc --dtype bf16 : {b_tps:8.1f} tokens/s  peak {b_peak / mib:7.0f} MiB  (last loss {b_loss:.3f}); "
                   f"/ PEFT: tokens/s {b_tps / p['tokens_per_s']:.2f}x, peak memory {b_peak / p_peak:.2f}x")
+            a, a_peak = run_peer("--autocast")
+            print(f"PEFT, bf16 autocast: {a['tokens_per_s']:8.1f} tokens/s  peak {a_peak / mib:7.0f} MiB  "
+                  f"(last loss {a['loss']:.3f}); flexc --dtype bf16 / it: tokens/s {b_tps / a['tokens_per_s']:.2f}x, "
+                  f"peak memory {b_peak / a_peak:.2f}x")
         if args.full:
             full_tps, full_peak, _ = run_flexc(args, args.model, tokens, False)
             print(f"flexc full fine-tuning: {full_tps:8.1f} tokens/s  peak {full_peak / mib:7.0f} MiB; "
