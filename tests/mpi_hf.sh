@@ -113,7 +113,6 @@ export)
     ;;
 lora)
     for m in qwen2_bias llama_bf16; do
-        # shellcheck disable=SC2207
         common=("${base[@]}" --model "$fix/$m" --lora 4 --lora-dropout 0.1 --batch 4 --steps 6)
         d="$tmp/lora-$m"
         "$flexc" train "${common[@]}" --out "$d-one" || bad "$m: 1-process LoRA run"
