@@ -155,14 +155,35 @@ static void base_product(const fx__layer_w *W, float *y, int64_t ldy, const floa
         fx__linear_dt(y, ldy, x, w.data, w.dtype, N, I, O, acc, W->tile);
 }
 
+/* The adapted tensors among the n of t, whose outputs lie side by side in that order, as the
+   adapters' parts (lora.h): how many. */
+static int lora_parts(const fx__layer_w *W, const int *t, int n, fx__lora_part *p)
+{
+    int k = 0;
+    for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++) {
+        const int a = adapted(W, t[i]);
+        if (a >= 0)
+            p[k++] = (fx__lora_part){(fx__lora_target)a, col, rows_of(W, t[i])};
+    }
+    return k;
+}
+
+/* y [N, the n tensors' rows] += the adapters' terms of those of t that have one. */
+static void lora_forward(const fx__layer_w *W, const int *t, int n, float *y, int64_t ldy, const float *x,
+                         int64_t N, int64_t I)
+{
+    fx__lora_part p[FX__LORA_GROUP_MAX];
+    const int k = lora_parts(W, t, n, p);
+    if (k)
+        fx__lora_group_forward(W->lora, W->l, p, k, y, ldy, x, N, I);
+}
+
 /* y (+ y when acc) = x W->t[which]^T, and the tensor's adapter's term added when it has one. */
 static void product(const fx__layer_w *W, float *y, int64_t ldy, const float *x, int which, int64_t N, int64_t I,
                     int64_t O, bool acc)
 {
     base_product(W, y, ldy, x, W->t[which], N, I, O, acc);
-    const int t = adapted(W, which);
-    if (t >= 0)
-        fx__lora_forward(W->lora, W->l, (fx__lora_target)t, y, ldy, x, N, I, O);
+    lora_forward(W, &which, 1, y, ldy, x, N, I);
 }
 
 /* product(), then the tensor's bias added when it has one. */
@@ -192,11 +213,14 @@ void fx__layer_product_backward(const fx__layer_w *W, int which, float *dx, cons
     bias_backward(W, W->l, &which, 1, dy, ldy, N);
     if (!W->lora)
         fx__mm(m, true, false, O, I, N, dy, false, ldy, x, false, I, 1.0f, fx__layer_grad(m, W->l, which), I);
-    const int t = adapted(W, which);
-    const float *da = t >= 0 ? fx__lora_backward(W->lora, W->l, (fx__lora_target)t, dy, ldy, x, N, I, O) : NULL;
+    /* The adapter reads x before the base's d(x) overwrites it (they may share memory). */
+    fx__lora_part p[1];
+    const int k = lora_parts(W, &which, 1, p);
+    if (k)
+        fx__lora_group_grads(W->lora, W->l, p, k, dy, ldy, x, N, I);
     base_dx(W, dx, dy, ldy, W->t[which], N, I, O, false);
-    if (da)
-        fx__lora_add(dx, da, N, I);
+    if (k)
+        fx__lora_group_dx(W->lora, W->l, p, k, dx, N, I);
 }
 
 /* The group's products alone (group_forward's, before the biases). */
@@ -209,16 +233,11 @@ static void group_products(const fx__layer_w *W, fx__group g, float *y, int64_t 
         for (int i = 0; i < n; i++)
             O += rows_of(W, t[i]);
         base_product(W, y, ldy, x, W->t[t[0]], N, I, O, false);
-        /* Each adapter's low-rank term into its tensor's columns. */
-        for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++) {
-            const int a = adapted(W, t[i]);
-            if (a >= 0)
-                fx__lora_forward(W->lora, W->l, (fx__lora_target)a, y + col, ldy, x, N, I, rows_of(W, t[i]));
-        }
-        return;
+    } else {
+        for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++)
+            base_product(W, y + col, ldy, x, W->t[t[i]], N, I, rows_of(W, t[i]), false);
     }
-    for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++)
-        product(W, y + col, ldy, x, t[i], N, I, rows_of(W, t[i]), false);
+    lora_forward(W, t, n, y, ldy, x, N, I); /* every adapter's term into its tensor's columns */
 }
 
 /* y [N, sum of the group's rows] = x [N, I] times the group's tensors transposed, each one's
@@ -256,11 +275,11 @@ void fx__layer_group_backward(const fx__layer_w *W, int64_t l, fx__group g, floa
         }
     }
     /* The adapters' gradients, and their d(x) added (x is not dx here). */
-    for (int i = 0, col = 0; i < n; col += (int)rows_of(W, t[i]), i++) {
-        const int a = adapted(W, t[i]);
-        if (a >= 0)
-            fx__lora_add(dx, fx__lora_backward(W->lora, l, (fx__lora_target)a, dy + col, ldy, x, N, I, rows_of(W, t[i])),
-                         N, I);
+    fx__lora_part p[FX__LORA_GROUP_MAX];
+    const int k = lora_parts(W, t, n, p);
+    if (k) {
+        fx__lora_group_grads(W->lora, l, p, k, dy, ldy, x, N, I);
+        fx__lora_group_dx(W->lora, l, p, k, dx, N, I);
     }
 }
 

@@ -9,6 +9,7 @@
 
 #include <flexc/rng.h>
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -176,13 +177,26 @@ size_t fx__lora_bytes(const fx__lora *a, bool with_adam)
     return a->total * sizeof(float) * (with_adam ? 4 : 2);
 }
 
-/* The widest input of a target and u, du ([N, r] each), dropped x and its d(x) ([N, I]). */
-size_t fx__lora_scratch_floats(const fx__lora *a, const fx_model_config *c, int64_t N)
+/* The scratch of a group's products (fx__lora_group_*) over N rows of inputs I wide: U and dU
+   ([N, G r] each: the group's u side by side, and their gradients), the group's A stacked and
+   their gradients ([G r, I] each), a dropped x and its d(x) ([N, I] each), G the largest group. */
+static size_t scratch_floats(int64_t r, int64_t I, int64_t N)
+{
+    const int64_t gr = FX__LORA_GROUP_MAX * r;
+    return (size_t)(2 * N * gr + 2 * gr * I + 2 * N * I);
+}
+
+/* The widest input of a model's projections. */
+static int64_t widest_input(const fx_model_config *c)
 {
     int64_t I = c->dim;
     I = c->heads * c->head_dim > I ? c->heads * c->head_dim : I;
-    I = c->ffn > I ? c->ffn : I;
-    return (size_t)(2 * N * a->cfg.rank + 2 * N * I);
+    return c->ffn > I ? c->ffn : I;
+}
+
+size_t fx__lora_scratch_floats(const fx__lora *a, const fx_model_config *c, int64_t N)
+{
+    return scratch_floats(a->cfg.rank, widest_input(c), N);
 }
 
 int fx__lora_scratch(fx__lora *a, size_t n)
@@ -224,67 +238,127 @@ static void drop_apply(const fx__lora *a, int64_t l, fx__lora_target t, float *x
                                 : 0.0f;
 }
 
-/* x [N, I] as the adapter reads it: x itself, or drop(x) in xd. */
-static const float *adapter_input(const fx__lora *a, int64_t l, fx__lora_target t, float *xd, const float *x,
-                                  int64_t N, int64_t I)
+/* The scratch's pieces for N rows of I inputs (scratch_floats' layout). */
+typedef struct lora_ws {
+    float *u, *du, *acat, *dacat, *xd, *dxd;
+} lora_ws;
+
+static lora_ws ws_of(const fx__lora *a, int64_t N, int64_t I)
 {
-    if (!dropping(a))
-        return x;
-    drop_apply(a, l, t, xd, x, 0, N, I);
-    return xd;
+    const int64_t gr = FX__LORA_GROUP_MAX * a->cfg.rank;
+    lora_ws w = {.u = a->scratch};
+    w.du = w.u + N * gr;
+    w.acat = w.du + N * gr;
+    w.dacat = w.acat + gr * I;
+    w.xd = w.dacat + gr * I;
+    w.dxd = w.xd + N * I;
+    return w;
 }
 
-void fx__lora_forward(fx__lora *a, int64_t l, fx__lora_target t, float *y, int64_t ldy, const float *x, int64_t N,
-                      int64_t I, int64_t O)
+/* acat [n r, I] = the parts' A stacked, in the parts' order. */
+static void stack_a(const fx__lora *a, int64_t l, const fx__lora_part *p, int n, float *acat, int64_t I)
 {
-    const float *A = fx__lora_a(a, l, t), *B = fx__lora_b(a, l, t);
+    const size_t each = (size_t)(a->cfg.rank * I);
+    for (int i = 0; i < n; i++)
+        memcpy(acat + (size_t)i * each, fx__lora_a(a, l, p[i].t), each * sizeof(float));
+}
+
+/* y [nr, cols] (rows ldy apart) += scale u_i B_i^T for each part, u [nr, n r]. */
+static void up_products(const fx__lora *a, int64_t l, const fx__lora_part *p, int n, float *y, int64_t ldy,
+                        const float *u, int64_t nr)
+{
     const int64_t r = a->cfg.rank;
+    for (int i = 0; i < n; i++)
+        fx__sgemm(false, true, nr, p[i].O, r, a->scale, u + i * r, n * r, fx__lora_b(a, l, p[i].t), r, 1.0f,
+                  y + p[i].col, ldy);
+}
+
+void fx__lora_group_forward(fx__lora *a, int64_t l, const fx__lora_part *p, int n, float *y, int64_t ldy,
+                            const float *x, int64_t N, int64_t I)
+{
+    assert(n >= 1 && n <= FX__LORA_GROUP_MAX);
+    const int64_t r = a->cfg.rank, gr = FX__LORA_GROUP_MAX * r;
     /* As many rows at a time as the scratch holds: at least FX__LORA_ROWS (reserved at
        creation: decoding a long prompt needs no more), all of them in training (the backward's
        scratch is larger). Rows are independent, and fx__sgemm computes each element alike
        whatever the rows of the call: the passes change no bit. */
-    const int64_t per_row = r + (dropping(a) ? I : 0), fit = (int64_t)(a->scratch_n / (size_t)per_row);
+    const int64_t per_row = gr + (dropping(a) ? I : 0);
+    const int64_t fit = (int64_t)((a->scratch_n - (size_t)(2 * gr * I)) / (size_t)per_row);
     const int64_t rows = fit > FX__LORA_ROWS ? fit : FX__LORA_ROWS;
-    for (int64_t n0 = 0; n0 < N; n0 += rows) {
-        const int64_t nr = N - n0 < rows ? N - n0 : rows;
-        float *u = a->scratch, *xd = a->scratch + nr * r;
-        const float *xa = x + n0 * I;
-        if (dropping(a)) {
-            drop_apply(a, l, t, xd, x, n0, nr, I);
-            xa = xd;
+    float *acat = a->scratch, *u = acat + gr * I, *xd = u + rows * gr;
+    if (!dropping(a)) {
+        /* One product for the group's u (x is read once), then each part's B. */
+        stack_a(a, l, p, n, acat, I);
+        for (int64_t n0 = 0; n0 < N; n0 += rows) {
+            const int64_t nr = N - n0 < rows ? N - n0 : rows;
+            fx__sgemm(false, true, nr, n * r, I, 1.0f, x + n0 * I, I, acat, I, 0.0f, u, n * r);
+            up_products(a, l, p, n, y + n0 * ldy, ldy, u, nr);
         }
-        fx__sgemm(false, true, nr, r, I, 1.0f, xa, I, A, I, 0.0f, u, r);
-        fx__sgemm(false, true, nr, O, r, a->scale, u, r, B, r, 1.0f, y + n0 * ldy, ldy);
+        return;
+    }
+    /* Dropout: each part reads its own drop(x). */
+    for (int i = 0; i < n; i++)
+        for (int64_t n0 = 0; n0 < N; n0 += rows) {
+            const int64_t nr = N - n0 < rows ? N - n0 : rows;
+            drop_apply(a, l, p[i].t, xd, x, n0, nr, I);
+            fx__sgemm(false, true, nr, r, I, 1.0f, xd, I, fx__lora_a(a, l, p[i].t), I, 0.0f, u, r);
+            up_products(a, l, &p[i], 1, y + n0 * ldy, ldy, u, nr);
+        }
+}
+
+void fx__lora_group_grads(fx__lora *a, int64_t l, const fx__lora_part *p, int n, const float *dy, int64_t ldy,
+                          const float *x, int64_t N, int64_t I)
+{
+    assert(n >= 1 && n <= FX__LORA_GROUP_MAX);
+    const int64_t r = a->cfg.rank, nr = n * r;
+    const lora_ws w = ws_of(a, N, I);
+    if (!dropping(a)) {
+        /* u = x A^T for the whole group in one product, as the forward pass made it. */
+        stack_a(a, l, p, n, w.acat, I);
+        fx__sgemm(false, true, N, nr, I, 1.0f, x, I, w.acat, I, 0.0f, w.u, nr);
+    }
+    for (int i = 0; i < n; i++) {
+        const int32_t k = a->index[l * FX__LORA_TARGETS + p[i].t];
+        float *dA = a->grads + a->t[k].offset, *dB = a->grads + a->t[k + 1].offset;
+        const float *B = a->params + a->t[k + 1].offset, *dyi = dy + p[i].col;
+        if (dropping(a)) {
+            drop_apply(a, l, p[i].t, w.xd, x, 0, N, I);
+            fx__sgemm(false, true, N, r, I, 1.0f, w.xd, I, a->params + a->t[k].offset, I, 0.0f, w.u + i * r, nr);
+        }
+        fx__sgemm(true, false, p[i].O, r, N, a->scale, dyi, ldy, w.u + i * r, nr, 1.0f, dB, r); /* dB += s dy^T u */
+        fx__sgemm(false, false, N, r, p[i].O, a->scale, dyi, ldy, B, r, 0.0f, w.du + i * r, nr); /* du = s dy B */
+        if (dropping(a))
+            fx__sgemm(true, false, r, I, N, 1.0f, w.du + i * r, nr, w.xd, I, 1.0f, dA, I); /* dA += du^T drop(x) */
+    }
+    if (dropping(a))
+        return;
+    /* dA += du^T x for the whole group in one product (x read once), then into each part's. */
+    fx__sgemm(true, false, nr, I, N, 1.0f, w.du, nr, x, I, 0.0f, w.dacat, I);
+    for (int i = 0; i < n; i++) {
+        float *dA = a->grads + a->t[a->index[l * FX__LORA_TARGETS + p[i].t]].offset;
+        const float *d = w.dacat + i * r * I;
+        for (int64_t j = 0; j < r * I; j++)
+            dA[j] += d[j];
     }
 }
 
-float *fx__lora_backward(fx__lora *a, int64_t l, fx__lora_target t, const float *dy, int64_t ldy,
-                       const float *x, int64_t N, int64_t I, int64_t O)
+void fx__lora_group_dx(fx__lora *a, int64_t l, const fx__lora_part *p, int n, float *dx, int64_t N, int64_t I)
 {
-    const int32_t k = a->index[l * FX__LORA_TARGETS + t];
-    const float *A = a->params + a->t[k].offset, *B = a->params + a->t[k + 1].offset;
-    float *dA = a->grads + a->t[k].offset, *dB = a->grads + a->t[k + 1].offset;
-    const int64_t r = a->cfg.rank;
-    float *u = a->scratch, *du = u + N * r, *xd = du + N * r, *dxd = xd + N * I;
-    const float *xa = adapter_input(a, l, t, xd, x, N, I);
-    fx__sgemm(false, true, N, r, I, 1.0f, xa, I, A, I, 0.0f, u, r);          /* u = xa A^T */
-    fx__sgemm(true, false, O, r, N, a->scale, dy, ldy, u, r, 1.0f, dB, r);    /* dB += s dy^T u */
-    fx__sgemm(false, false, N, r, O, a->scale, dy, ldy, B, r, 0.0f, du, r);   /* du = s dy B */
-    fx__sgemm(true, false, r, I, N, 1.0f, du, r, xa, I, 1.0f, dA, I);         /* dA += du^T xa */
-    fx__sgemm(false, false, N, I, r, 1.0f, du, r, A, I, 0.0f, dxd, I);         /* du A */
-    if (!dropping(a))
-        return dxd;
-    /* (du A) * mask / (1 - p): the mask is drop's, drawn again. */
-    drop_apply(a, l, t, xd, dxd, 0, N, I);
-    return xd;
-}
-
-void fx__lora_add(float *dx, const float *d, int64_t N, int64_t I)
-{
+    const int64_t r = a->cfg.rank, nr = n * r;
+    const lora_ws w = ws_of(a, N, I);
+    if (!dropping(a)) { /* dx += du A over the group's stacked A (fx__lora_group_grads left both) */
+        fx__sgemm(false, false, N, I, nr, 1.0f, w.du, nr, w.acat, I, 1.0f, dx, I);
+        return;
+    }
+    /* (du A) * mask / (1 - p) for each part: the mask is drop's, drawn again. */
+    for (int i = 0; i < n; i++) {
+        fx__sgemm(false, false, N, I, r, 1.0f, w.du + i * r, nr, fx__lora_a(a, l, p[i].t), I, 0.0f, w.dxd, I);
+        drop_apply(a, l, p[i].t, w.xd, w.dxd, 0, N, I);
 #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t i = 0; i < I; i++)
-            dx[n * I + i] += d[n * I + i];
+        for (int64_t j = 0; j < N; j++)
+            for (int64_t c = 0; c < I; c++)
+                dx[j * I + c] += w.xd[j * I + c];
+    }
 }
 
 void fx__lora_merge(const fx__lora *a, int64_t l, fx__lora_target t, float *w, int64_t O, int64_t I)
@@ -361,16 +435,13 @@ int fx__lora_mem_train(fx__model_mem *mem, const fx_model_config *c, const fx__l
         k.head_dim = k.dim / k.heads;
     const uint64_t A = fx__lora_floats(&k, lc), N = (uint64_t)(o->B * o->T);
     const uint64_t P = mem->params / sizeof(float);
-    uint64_t I = (uint64_t)k.dim;
-    I = (uint64_t)(k.heads * k.head_dim) > I ? (uint64_t)(k.heads * k.head_dim) : I;
-    I = (uint64_t)k.ffn > I ? (uint64_t)k.ffn : I;
     const uint64_t base = base_bytes ? base_bytes : P * sizeof(float);
     mem->params = base + A * sizeof(float);
     mem->grads = A * sizeof(float) + (uint64_t)k.dim * sizeof(float);
     if (o->sum_slices > 0) /* the deterministic sum's stack and sum, rows of A + 1 (dist.h) */
         mem->grads += (uint64_t)(fx__dist_sum_levels(o->sum_slices) + 1) * (A + 1) * sizeof(float);
     mem->adam = 2 * A * sizeof(float);
-    mem->scratch += (2 * N * (uint64_t)lc->rank + 2 * N * I) * sizeof(float);
+    mem->scratch += scratch_floats(lc->rank, widest_input(&k), (int64_t)N) * sizeof(float);
     if (o->bf16) /* the bfloat16 products over the mapped rows (fx__linear_bf16) */
         mem->scratch += fx__model_bf16_map_ws_floats(&k, (int64_t)N) * sizeof(float);
     /* A mapped base's pages read so far (the loader reads every tensor) are in the process's

@@ -100,21 +100,30 @@ size_t fx__lora_floats(const fx_model_config *c, const fx__lora_config *lc);
 
 /* ---- the products (layer.c calls them) ---------------------------------------------------------- */
 
-/* Rows per pass of fx__lora_forward (its scratch is reserved at creation). */
+/* Rows per pass of fx__lora_group_forward (its scratch is reserved at creation). */
 enum { FX__LORA_ROWS = 256 };
 
-/* y [N, O] (rows ldy apart) += scale (drop(x) A^T) B^T for layer l's target t; x [N, I]. */
-void fx__lora_forward(fx__lora *a, int64_t l, fx__lora_target t, float *y, int64_t ldy, const float *x, int64_t N,
-                      int64_t I, int64_t O);
-/* Its backward for dy [N, O] (rows ldy apart) and the forward's input x: dA, dB += their
-   gradients; returns the adapter's d(x) [N, I] in scratch (valid until the next call), which
-   the caller adds to d(x) with fx__lora_add (x and d(x) may then share memory: the base's
-   d(x) can overwrite x between the two calls). */
-float *fx__lora_backward(fx__lora *a, int64_t l, fx__lora_target t, const float *dy, int64_t ldy,
-                       const float *x, int64_t N, int64_t I, int64_t O);
+/* A projection of a group that reads one input (q, k, v; gate, up; or one alone): its target,
+   which has an adapter, and its outputs' columns [col, col + O) of the group's rows. */
+typedef struct fx__lora_part {
+    fx__lora_target t;
+    int64_t col, O;
+} fx__lora_part;
+enum { FX__LORA_GROUP_MAX = 3 };
 
-/* dx [N, I] += d [N, I]. */
-void fx__lora_add(float *dx, const float *d, int64_t N, int64_t I);
+/* y [N, columns] (rows ldy apart) += scale (drop(x) A_i^T) B_i^T into each part's columns, for
+   the n parts p of layer l; x [N, I]. Without dropout one product makes every part's
+   drop(x) A_i^T (x read once). */
+void fx__lora_group_forward(fx__lora *a, int64_t l, const fx__lora_part *p, int n, float *y, int64_t ldy,
+                            const float *x, int64_t N, int64_t I);
+/* The backward of fx__lora_group_forward in two calls, for dy [N, columns] (rows ldy apart)
+   and the forward's input x: fx__lora_group_grads adds the parts' dA and dB and keeps their
+   d(u) in the scratch; fx__lora_group_dx then adds the adapters' d(x) into dx [N, I]. In
+   between the caller may overwrite x (the base's d(x) into memory x shares), and must make
+   no other adapter call. */
+void fx__lora_group_grads(fx__lora *a, int64_t l, const fx__lora_part *p, int n, const float *dy, int64_t ldy,
+                          const float *x, int64_t N, int64_t I);
+void fx__lora_group_dx(fx__lora *a, int64_t l, const fx__lora_part *p, int n, float *dx, int64_t N, int64_t I);
 
 /* W + scale B A for layer l's target t, in float64, rounded to float32 into w [O, I] (w holds
    W in float32 on entry). */
