@@ -453,10 +453,12 @@ int fx__model_forward(fx__model *m, const int32_t *tokens, const int32_t *target
         /* Dropout only with gradients, a new mask each such pass (the backward draws it
            again); the backward's scratch for N rows. */
         m->lora->training = grad;
+        m->lora->kept_rows = 0;
         if (grad) {
             m->lora->drop_step++;
             if ((rc = fx__lora_scratch(m->lora, fx__lora_scratch_floats(m->lora, c, N))) != FX_OK)
                 return fx__error_context(rc, "LoRA scratch");
+            m->lora->kept_rows = N;
         }
     }
     if (fx__model_on_map(m)) {

@@ -27,6 +27,23 @@ int fx__lora_target_of(int which)
     return -1;
 }
 
+/* The scratch of a group's products (fx__lora_group_*) over N rows of inputs I wide: U and dU
+   ([N, G r] each: the group's u side by side, and their gradients), the group's A stacked and
+   their gradients ([G r, I] each), a dropped x and its d(x) ([N, I] each), G the largest group. */
+static size_t scratch_floats(int64_t r, int64_t I, int64_t N)
+{
+    const int64_t gr = FX__LORA_GROUP_MAX * r;
+    return (size_t)(2 * N * gr + 2 * gr * I + 2 * N * I);
+}
+
+/* The widest input of a model's projections. */
+static int64_t widest_input(const fx_model_config *c)
+{
+    int64_t I = c->dim;
+    I = c->heads * c->head_dim > I ? c->heads * c->head_dim : I;
+    return c->ffn > I ? c->ffn : I;
+}
+
 fx__lora_config fx__lora_defaults(int64_t rank)
 {
     return (fx__lora_config){.rank = rank, .alpha = 2.0f * (float)rank, .dropout = 0.0f, .targets = FX__LORA_ALL};
@@ -121,7 +138,8 @@ int fx__lora_create(fx__lora **out, const fx_model_config *c, const fx__lora_con
         fx_rng_fill_uniform(a->params + e->offset, (int64_t)e->numel, -bound, bound, seed, 0x10ea0000u + k);
     }
     a->drop_seed = seed ^ 0xd509u;
-    if (fx__lora_scratch(a, fx__lora_scratch_floats(a, c, FX__LORA_ROWS)) != FX_OK) {
+    a->in_max = widest_input(c);
+    if (fx__lora_scratch(a, scratch_floats(lc->rank, a->in_max, FX__LORA_ROWS)) != FX_OK) {
         fx__lora_free(a);
         return FX_ENOMEM;
     }
@@ -177,26 +195,25 @@ size_t fx__lora_bytes(const fx__lora *a, bool with_adam)
     return a->total * sizeof(float) * (with_adam ? 4 : 2);
 }
 
-/* The scratch of a group's products (fx__lora_group_*) over N rows of inputs I wide: U and dU
-   ([N, G r] each: the group's u side by side, and their gradients), the group's A stacked and
-   their gradients ([G r, I] each), a dropped x and its d(x) ([N, I] each), G the largest group. */
-static size_t scratch_floats(int64_t r, int64_t I, int64_t N)
+/* Floats of the adapters' kept u over N rows: [N, r] for every target of every layer. */
+static size_t kept_floats(int64_t r, int64_t layers, int64_t N)
 {
-    const int64_t gr = FX__LORA_GROUP_MAX * r;
-    return (size_t)(2 * N * gr + 2 * gr * I + 2 * N * I);
-}
-
-/* The widest input of a model's projections. */
-static int64_t widest_input(const fx_model_config *c)
-{
-    int64_t I = c->dim;
-    I = c->heads * c->head_dim > I ? c->heads * c->head_dim : I;
-    return c->ffn > I ? c->ffn : I;
+    return (size_t)(layers * FX__LORA_TARGETS * N * r);
 }
 
 size_t fx__lora_scratch_floats(const fx__lora *a, const fx_model_config *c, int64_t N)
 {
-    return scratch_floats(a->cfg.rank, widest_input(c), N);
+    return scratch_floats(a->cfg.rank, widest_input(c), N) + kept_floats(a->cfg.rank, c->layers, N);
+}
+
+/* Where the forward pass keeps the u of parts starting at target t of layer l ([N, n r], the
+   parts side by side: a group's targets are consecutive), or NULL when it keeps none. */
+static float *kept_u(const fx__lora *a, int64_t l, fx__lora_target t, int64_t N)
+{
+    if (a->kept_rows != N || !a->training)
+        return NULL;
+    const int64_t r = a->cfg.rank;
+    return a->scratch + scratch_floats(r, a->in_max, N) + (size_t)((l * FX__LORA_TARGETS + t) * N * r);
 }
 
 int fx__lora_scratch(fx__lora *a, size_t n)
@@ -263,13 +280,13 @@ static void stack_a(const fx__lora *a, int64_t l, const fx__lora_part *p, int n,
         memcpy(acat + (size_t)i * each, fx__lora_a(a, l, p[i].t), each * sizeof(float));
 }
 
-/* y [nr, cols] (rows ldy apart) += scale u_i B_i^T for each part, u [nr, n r]. */
+/* y [nr, cols] (rows ldy apart) += scale u_i B_i^T for each part, u [nr, n r] (rows ldu apart). */
 static void up_products(const fx__lora *a, int64_t l, const fx__lora_part *p, int n, float *y, int64_t ldy,
-                        const float *u, int64_t nr)
+                        const float *u, int64_t ldu, int64_t nr)
 {
     const int64_t r = a->cfg.rank;
     for (int i = 0; i < n; i++)
-        fx__sgemm(false, true, nr, p[i].O, r, a->scale, u + i * r, n * r, fx__lora_b(a, l, p[i].t), r, 1.0f,
+        fx__sgemm(false, true, nr, p[i].O, r, a->scale, u + i * r, ldu, fx__lora_b(a, l, p[i].t), r, 1.0f,
                   y + p[i].col, ldy);
 }
 
@@ -282,8 +299,23 @@ void fx__lora_group_forward(fx__lora *a, int64_t l, const fx__lora_part *p, int 
        creation: decoding a long prompt needs no more), all of them in training (the backward's
        scratch is larger). Rows are independent, and fx__sgemm computes each element alike
        whatever the rows of the call: the passes change no bit. */
+    float *keep = kept_u(a, l, p[0].t, N);
+    if (keep) { /* all rows at once, u where the backward pass finds it */
+        const lora_ws w = ws_of(a, N, I);
+        if (!dropping(a)) {
+            stack_a(a, l, p, n, w.acat, I);
+            fx__sgemm(false, true, N, n * r, I, 1.0f, x, I, w.acat, I, 0.0f, keep, n * r);
+        } else {
+            for (int i = 0; i < n; i++) {
+                drop_apply(a, l, p[i].t, w.xd, x, 0, N, I);
+                fx__sgemm(false, true, N, r, I, 1.0f, w.xd, I, fx__lora_a(a, l, p[i].t), I, 0.0f, keep + i * r, n * r);
+            }
+        }
+        up_products(a, l, p, n, y, ldy, keep, n * r, N);
+        return;
+    }
     const int64_t per_row = gr + (dropping(a) ? I : 0);
-    const int64_t fit = (int64_t)((a->scratch_n - (size_t)(2 * gr * I)) / (size_t)per_row);
+    const int64_t fit = (int64_t)((a->scratch_n - (size_t)(gr * I)) / (size_t)per_row);
     const int64_t rows = fit > FX__LORA_ROWS ? fit : FX__LORA_ROWS;
     float *acat = a->scratch, *u = acat + gr * I, *xd = u + rows * gr;
     if (!dropping(a)) {
@@ -292,7 +324,7 @@ void fx__lora_group_forward(fx__lora *a, int64_t l, const fx__lora_part *p, int 
         for (int64_t n0 = 0; n0 < N; n0 += rows) {
             const int64_t nr = N - n0 < rows ? N - n0 : rows;
             fx__sgemm(false, true, nr, n * r, I, 1.0f, x + n0 * I, I, acat, I, 0.0f, u, n * r);
-            up_products(a, l, p, n, y + n0 * ldy, ldy, u, nr);
+            up_products(a, l, p, n, y + n0 * ldy, ldy, u, n * r, nr);
         }
         return;
     }
@@ -302,7 +334,7 @@ void fx__lora_group_forward(fx__lora *a, int64_t l, const fx__lora_part *p, int 
             const int64_t nr = N - n0 < rows ? N - n0 : rows;
             drop_apply(a, l, p[i].t, xd, x, n0, nr, I);
             fx__sgemm(false, true, nr, r, I, 1.0f, xd, I, fx__lora_a(a, l, p[i].t), I, 0.0f, u, r);
-            up_products(a, l, &p[i], 1, y + n0 * ldy, ldy, u, nr);
+            up_products(a, l, &p[i], 1, y + n0 * ldy, ldy, u, r, nr);
         }
 }
 
@@ -311,19 +343,24 @@ void fx__lora_group_grads(fx__lora *a, int64_t l, const fx__lora_part *p, int n,
 {
     assert(n >= 1 && n <= FX__LORA_GROUP_MAX);
     const int64_t r = a->cfg.rank, nr = n * r;
-    const lora_ws w = ws_of(a, N, I);
+    lora_ws w = ws_of(a, N, I);
+    float *kept = kept_u(a, l, p[0].t, N);
     if (!dropping(a)) {
-        /* u = x A^T for the whole group in one product, as the forward pass made it. */
+        /* u = x A^T: the forward pass's, else made again for the whole group in one product. */
         stack_a(a, l, p, n, w.acat, I);
-        fx__sgemm(false, true, N, nr, I, 1.0f, x, I, w.acat, I, 0.0f, w.u, nr);
+        if (!kept)
+            fx__sgemm(false, true, N, nr, I, 1.0f, x, I, w.acat, I, 0.0f, w.u, nr);
     }
+    if (kept)
+        w.u = kept;
     for (int i = 0; i < n; i++) {
         const int32_t k = a->index[l * FX__LORA_TARGETS + p[i].t];
         float *dA = a->grads + a->t[k].offset, *dB = a->grads + a->t[k + 1].offset;
         const float *B = a->params + a->t[k + 1].offset, *dyi = dy + p[i].col;
         if (dropping(a)) {
             drop_apply(a, l, p[i].t, w.xd, x, 0, N, I);
-            fx__sgemm(false, true, N, r, I, 1.0f, w.xd, I, a->params + a->t[k].offset, I, 0.0f, w.u + i * r, nr);
+            if (!kept)
+                fx__sgemm(false, true, N, r, I, 1.0f, w.xd, I, a->params + a->t[k].offset, I, 0.0f, w.u + i * r, nr);
         }
         fx__sgemm(true, false, p[i].O, r, N, a->scale, dyi, ldy, w.u + i * r, nr, 1.0f, dB, r); /* dB += s dy^T u */
         fx__sgemm(false, false, N, r, p[i].O, a->scale, dyi, ldy, B, r, 0.0f, w.du + i * r, nr); /* du = s dy B */
@@ -441,7 +478,8 @@ int fx__lora_mem_train(fx__model_mem *mem, const fx_model_config *c, const fx__l
     if (o->sum_slices > 0) /* the deterministic sum's stack and sum, rows of A + 1 (dist.h) */
         mem->grads += (uint64_t)(fx__dist_sum_levels(o->sum_slices) + 1) * (A + 1) * sizeof(float);
     mem->adam = 2 * A * sizeof(float);
-    mem->scratch += scratch_floats(lc->rank, widest_input(&k), (int64_t)N) * sizeof(float);
+    mem->scratch += (scratch_floats(lc->rank, widest_input(&k), (int64_t)N) + kept_floats(lc->rank, k.layers, (int64_t)N)) *
+                    sizeof(float);
     if (o->bf16) /* the bfloat16 products over the mapped rows (fx__linear_bf16) */
         mem->scratch += fx__model_bf16_map_ws_floats(&k, (int64_t)N) * sizeof(float);
     /* A mapped base's pages read so far (the loader reads every tensor) are in the process's

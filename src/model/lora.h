@@ -68,6 +68,9 @@ typedef struct fx__lora {
     float *sink;            /* [dim]: where the frozen norms' gradients go (never read) */
     float *scratch;         /* grown to the largest need (fx__lora_scratch) */
     size_t scratch_n;
+    int64_t in_max;         /* the widest input of a projection */
+    int64_t kept_rows;      /* N > 0: the forward pass with gradients keeps each adapter's
+                               drop(x) A^T [N, r] in the scratch for the backward pass */
 } fx__lora;
 
 /* r, alpha 2r, no dropout, all seven targets. */
@@ -88,8 +91,9 @@ const float *fx__lora_b(const fx__lora *a, int64_t l, fx__lora_target t);
 /* The architecture table's layer tensor (FX__MODEL_*) a target adapts, and back (-1: none). */
 int fx__lora_weight_of(fx__lora_target t);
 int fx__lora_target_of(int which);
-/* Floats of scratch the adapters need for N rows of model c (the backward's: grow it with
-   fx__lora_scratch before a backward pass over N rows). */
+/* Floats of scratch the adapters need to train on N rows of model c (the backward's, and
+   each adapter's drop(x) A^T kept from the forward pass: grow it with fx__lora_scratch and set
+   kept_rows = N before a forward pass with gradients over N rows). */
 size_t fx__lora_scratch_floats(const fx__lora *a, const fx_model_config *c, int64_t N);
 /* Grows a->scratch to at least n floats. */
 int fx__lora_scratch(fx__lora *a, size_t n);
