@@ -395,7 +395,8 @@ static int tiled_paths(fx__bf16_tiled *t, const char **name)
 #else
     fprintf(stderr, "  (no SIMDe: the vdpbf16ps kernel's portable build is not tested)\n");
 #endif
-    t[n] = fx__bf16_tiled_amx, t[n].kernel = amx_contract_kernel, name[n++] = "AMX packing (plain C kernel)";
+    t[n] = fx__bf16_tiled_amx, t[n].kernel = amx_contract_kernel, t[n].enter = t[n].leave = NULL,
+    name[n++] = "AMX packing (plain C kernel)";
     if (fx__cpu_avx512bf16())
         t[n] = fx__bf16_tiled_dp, name[n++] = "vdpbf16ps (AVX512-BF16)";
     if (fx__cpu_amx_bf16())

@@ -163,9 +163,11 @@ static void fx__gemm_bf16_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 
 /* ---- the tiled paths ------------------------------------------------------------------------- */
 
-const fx__bf16_tiled fx__bf16_tiled_dp = {"vdpbf16ps", FX__DP_MR, FX__DP_NR, 1, false, fx__bf16_dp_kernel_avx512bf16};
-const fx__bf16_tiled fx__bf16_tiled_amx = {"amx", FX__AMX_MR, FX__AMX_NR, FX__AMX_PAIRS, true, fx__bf16_amx_kernel};
-const fx__bf16_tiled fx__bf16_tiled_f32 = {"float32", 0, 0, 1, false, NULL};
+const fx__bf16_tiled fx__bf16_tiled_dp = {"vdpbf16ps", FX__DP_MR, FX__DP_NR, 1, false, fx__bf16_dp_kernel_avx512bf16,
+                                          NULL, NULL};
+const fx__bf16_tiled fx__bf16_tiled_amx = {"amx",       FX__AMX_MR,         FX__AMX_NR,        FX__AMX_PAIRS, true,
+                                           fx__bf16_amx_kernel, fx__bf16_amx_enter, fx__bf16_amx_leave};
+const fx__bf16_tiled fx__bf16_tiled_f32 = {"float32", 0, 0, 1, false, NULL, NULL, NULL};
 
 /* dst [n] = the bfloat16 values of x's n elements from flat index i on. */
 static void fx__bf16_bits_n(uint16_t *dst, fx__bf16_mat x, int64_t i, int64_t n)
@@ -292,20 +294,30 @@ void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, i
     uint32_t *ap = ws, *bp = ws + mp * t->mr * P;
     const bool nested = fx__in_parallel();
     (void)nested; /* read only by the pragmas, which are gone without OpenMP */
+    /* A panels per group: a group's panels stay in L2 while every B panel passes over them,
+       each B panel in L1 over the group's consecutive tiles. */
+    const int64_t panel_bytes = t->mr * P * (int64_t)sizeof(uint32_t); /* 0 where K is */
+    const int64_t fit = panel_bytes > 0 ? FX__BF16_GROUP_BYTES / panel_bytes : mp, group = fit > 1 ? fit : 1;
     /* Each panel word is packed by one thread and each tile of C computed by one, over all of
-       K in order: the split changes who computes an element, never how. Tiles go B panel by
-       B panel, so a thread's consecutive tiles share theirs. */
+       K in order: the split changes who computes an element, never how. */
 #pragma omp parallel if (!nested && M * N * K >= (1 << 18))
     {
         fx__bf16_pack_panels(t, true, ap, A, lda, !ta, M, K, P);
         fx__bf16_pack_panels(t, false, bp, B, ldb, tb, N, K, P);
 #pragma omp barrier
+        if (t->enter)
+            t->enter();
 #pragma omp for schedule(static)
         for (int64_t k = 0; k < mp * np; k++) {
-            const int64_t i = k % mp, j = k / mp, mr = M - i * t->mr, nr = N - j * t->nr;
+            /* Tile k: group g's tiles go B panel by B panel, A panel by A panel within one. */
+            const int64_t g = k / (group * np), first = g * group, size = mp - first < group ? mp - first : group;
+            const int64_t r = k - first * np, i = first + r % size, j = r / size;
+            const int64_t mr = M - i * t->mr, nr = N - j * t->nr;
             t->kernel(P, ap + i * t->mr * P, bp + j * t->nr * P, beta, C + i * t->mr * ldc + j * t->nr, ldc,
                       mr < t->mr ? mr : t->mr, nr < t->nr ? nr : t->nr);
         }
+        if (t->leave)
+            t->leave();
     }
 }
 

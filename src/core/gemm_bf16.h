@@ -100,6 +100,10 @@ typedef struct fx__gemm_bf16_kernels {
     int64_t align;      /* pairs padded with zeros to a multiple of this */
     bool a_rows;        /* A's panels row by row (fx__bf16_pack_rows), else pair by pair */
     fx__bf16_tile_kernel kernel; /* NULL: the float32 route (fx__gemm_kernels_now()'s GEMM) */
+    /* A thread's setup before its run of kernel calls and its end after it (AMX: the tile
+       registers' configuration, once for all of a call's tiles); NULL: none. */
+    void (*enter)(void);
+    void (*leave)(void);
 } fx__gemm_bf16_kernels;
 /* The same table by the name of its tiled paths, which the tests and benchmarks use. */
 typedef fx__gemm_bf16_kernels fx__bf16_tiled;
@@ -111,7 +115,12 @@ void fx__bf16_dp_kernel_avx512bf16(int64_t pairs, const uint32_t *a, const uint3
                                    int64_t ldc, int64_t mr, int64_t nr);
 void fx__bf16_amx_kernel(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,
                          int64_t mr, int64_t nr);
+/* The AMX path's enter and leave: the kernel runs on the calling thread between the two. */
+void fx__bf16_amx_enter(void);
+void fx__bf16_amx_leave(void);
 enum { FX__DP_MR = 12, FX__DP_NR = 32, FX__AMX_MR = 32, FX__AMX_NR = 32, FX__AMX_PAIRS = 16 };
+/* Packed A per group of tiles in fx__gemm_bf16_tiled: half of a 2 MiB L2. */
+enum { FX__BF16_GROUP_BYTES = 1 << 20 };
 extern const fx__bf16_tiled fx__bf16_tiled_dp, fx__bf16_tiled_amx, fx__bf16_tiled_f32;
 
 /* The path fx__gemm_bf16 takes on this CPU on path isa when none is forced: AMX or vdpbf16ps

@@ -1,6 +1,7 @@
 /* The library's AMX-BF16 micro-kernel (the object of src/core/gemm_bf16_amx.c, as built into
    libflexc) on a bare emulated machine: boot.S starts it; it checks that the CPU reports
-   AMX-TILE and AMX-BF16 and that XCR0 holds the tile state, then calls fx__bf16_amx_kernel on
+   AMX-TILE and AMX-BF16 and that XCR0 holds the tile state, then calls fx__bf16_amx_kernel (between
+   fx__bf16_amx_enter and fx__bf16_amx_leave) on
    random packed panels at whole and partial tiles, several lengths of k, strides past the tile
    and beta 0 (over NaN), 1 and -0.5. Each element of the tile must match the float64 sum of
    the same bfloat16 products within test_gemm_bf16.c's bound, 1e-5 * (sum |a b| + |beta c|);
@@ -108,7 +109,9 @@ static int64_t check_call(int64_t pairs, int64_t mr, int64_t nr, int64_t ldc, fl
         int in_tile = i / ldc < mr && i % ldc < nr;
         c0[i] = c[i] = beta == 0.0f && in_tile ? __builtin_nanf("") : rng_f32();
     }
+    fx__bf16_amx_enter();
     fx__bf16_amx_kernel(pairs, a, b, beta, c, ldc, mr, nr);
+    fx__bf16_amx_leave();
     double worst = 0;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t j = 0; j < ldc; j++) {
