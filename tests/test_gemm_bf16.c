@@ -409,7 +409,8 @@ static int tiled_paths(fx__bf16_tiled *t, const char **name)
    row), both element layouts and operand kinds, a full and a partial panel, both panel widths
    (A's 12 lines, B's 32), and a K that spans several of the packing's steps along a line; the
    pair-by-pair order by each of its loops (plain C, AVX-512, and the AVX-512 sweep of all
-   panels in two ranges of pairs, where the CPU has AVX-512). The data hold the special values
+   panels in two ranges of pairs, where the CPU has AVX-512), the row-by-row one by both of
+   its (plain C, AVX-512). The data hold the special values
    of the rounding, subnormals among them, in both layouts. */
 typedef void (*pack_fn)(uint32_t *, fx__bf16_mat, int64_t, bool, int64_t, int64_t, int64_t, int64_t, int64_t);
 
@@ -419,11 +420,12 @@ static void test_gemm_bf16_pack(void)
     const int64_t Ks[][2] = {{7, 4}, {7, 16}, {131, 66}, {131, 80}}; /* K, pairs */
     const int64_t Ws[][2] = {{12, 13}, {32, 45}};                     /* width, lines: a full panel, a partial one */
     const bool avx512 = fx_get_isa() == FX_ISA_AVX512;
-    const struct { pack_fn fn; const char *name; bool run; } packs[] = {
-        {fx__bf16_pack_rows, "rows", true},
-        {fx__bf16_pack_pairs_scalar, "pairs (plain C)", true},
-        {fx__bf16_pack_pairs_avx512, "pairs (AVX-512)", avx512},
-        {NULL, "pairs (AVX-512 sweep)", avx512},
+    const struct { pack_fn fn; const char *name; bool run, rows; } packs[] = {
+        {fx__bf16_pack_rows_scalar, "rows (plain C)", true, true},
+        {fx__bf16_pack_rows_avx512, "rows (AVX-512)", avx512, true},
+        {fx__bf16_pack_pairs_scalar, "pairs (plain C)", true, false},
+        {fx__bf16_pack_pairs_avx512, "pairs (AVX-512)", avx512, false},
+        {NULL, "pairs (AVX-512 sweep)", avx512, false},
     };
     operand X = operand_new(LD, LD, LD, 7); /* room for either layout */
     /* Special values the rounding must keep: NaN (quiet and signalling), infinities, a tie,
@@ -441,7 +443,7 @@ static void test_gemm_bf16_pack(void)
             fprintf(stderr, "  (no AVX-512 here: %s not tested)\n", packs[pi].name);
             continue;
         }
-        const bool rows = pi == 0;
+        const bool rows = packs[pi].rows;
         for (size_t wi = 0; wi < sizeof Ws / sizeof Ws[0]; wi++)
             for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
                 const int64_t W = Ws[wi][0], LINES = Ws[wi][1], K = Ks[ki][0], pairs = Ks[ki][1];

@@ -19,12 +19,17 @@ void fx__f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) { fx__bf16_ke
 /* ---- packing --------------------------------------------------------------------------------- */
 
 /* The conversions' kernel tables (gemm_bf16.h): the loops of one path each. */
-const fx__bf16_kernels fx__bf16_kernels_scalar = {"scalar", fx__f32_to_bf16_n_scalar, fx__bf16_pack_scalar,
-                                                  fx__bf16_pack_pairs_scalar, NULL};
+const fx__bf16_kernels fx__bf16_kernels_scalar = {"scalar",          fx__f32_to_bf16_n_scalar,
+                                                  fx__bf16_pack_scalar, fx__bf16_pack_pairs_scalar,
+                                                  NULL,              fx__bf16_pack_rows_scalar};
 const fx__bf16_kernels fx__bf16_kernels_avx2 = {"avx2", fx__f32_to_bf16_n_avx2, fx__bf16_pack_avx2,
-                                                fx__bf16_pack_pairs_scalar, NULL};
-const fx__bf16_kernels fx__bf16_kernels_avx512 = {"avx512", fx__f32_to_bf16_n_avx2, fx__bf16_pack_avx2,
-                                                  fx__bf16_pack_pairs_avx512, fx__bf16_pack_pairs_sweep_avx512};
+                                                fx__bf16_pack_pairs_scalar, NULL, fx__bf16_pack_rows_scalar};
+const fx__bf16_kernels fx__bf16_kernels_avx512 = {"avx512",
+                                                  fx__f32_to_bf16_n_avx2,
+                                                  fx__bf16_pack_avx2,
+                                                  fx__bf16_pack_pairs_avx512,
+                                                  fx__bf16_pack_pairs_sweep_avx512,
+                                                  fx__bf16_pack_rows_avx512};
 
 const fx__bf16_kernels *fx__bf16_kernels_for(fx_isa isa)
 {
@@ -240,6 +245,12 @@ void fx__bf16_pack_pairs(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int
 
 void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
                         int64_t width, int64_t q)
+{
+    fx__bf16_kernels_now()->pack_rows(dst, x, ld, lk, lines, K, pairs, width, q);
+}
+
+void fx__bf16_pack_rows_scalar(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
+                               int64_t pairs, int64_t width, int64_t q)
 {
     const int64_t K2 = (K + 1) / 2, l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
     if (lk) {

@@ -185,6 +185,12 @@ static inline void fx__bf16_pack_pairs_pad(uint32_t *dst, int64_t K2, int64_t nl
 }
 void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
                         int64_t width, int64_t q);
+void fx__bf16_pack_rows_scalar(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
+                               int64_t pairs, int64_t width, int64_t q);
+/* Row by row, a line whose k are contiguous (lk) sixteen pairs a step; the plain C loop's
+   words. */
+void fx__bf16_pack_rows_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
+                               int64_t pairs, int64_t width, int64_t q);
 
 /* The end of a tile kernel: C [mr, nr] (rows ldc apart) = tile [mr, nr] (rows ts apart) +
    beta * C, beta 0 overwriting (NaN included). */
@@ -228,9 +234,11 @@ typedef struct fx__bf16_kernels {
     /* fx__bf16_pack_pairs_sweep_avx512's contract; NULL: the path has none (panel by panel). */
     void (*pack_pairs_sweep)(uint32_t *dst, fx__bf16_mat x, int64_t ld, int64_t lines, int64_t K, int64_t pairs,
                              int64_t width, int64_t p0, int64_t p1);
+    void (*pack_rows)(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
+                      int64_t width, int64_t q); /* fx__bf16_pack_rows */
 } fx__bf16_kernels;
-/* The plain C loops on the scalar path, the AVX2 ones on AVX2, and the AVX-512 pair packing
-   with them on AVX-512. */
+/* The plain C loops on the scalar path, the AVX2 ones on AVX2, and the AVX-512 packings with
+   them on AVX-512. */
 extern const fx__bf16_kernels fx__bf16_kernels_scalar, fx__bf16_kernels_avx2, fx__bf16_kernels_avx512;
 const fx__bf16_kernels *fx__bf16_kernels_for(fx_isa isa);
 const fx__bf16_kernels *fx__bf16_kernels_now(void); /* fx_get_isa()'s */

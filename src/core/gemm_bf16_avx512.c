@@ -67,6 +67,25 @@ void fx__bf16_pack_pairs_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool 
     fx__bf16_pack_pairs_pad(dst, K2, nl, pairs, width);
 }
 
+void fx__bf16_pack_rows_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
+                               int64_t pairs, int64_t width, int64_t q)
+{
+    if (!lk) { /* lines across the rows: pair by pair, as the plain C loop */
+        fx__bf16_pack_rows_scalar(dst, x, ld, lk, lines, K, pairs, width, q);
+        return;
+    }
+    const int64_t K2 = (K + 1) / 2, l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
+    for (int64_t l = 0; l < width; l++) {
+        uint32_t *d = dst + l * pairs;
+        const int64_t n = l < nl ? K2 : 0; /* pairs of data; zeros after them */
+        for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
+            const __mmask16 m = fx__tail16(pairs - p0);
+            const __m512i w = p0 < n ? fx__line_words16(x, (l0 + l) * ld, K, p0) : _mm512_setzero_si512();
+            _mm512_mask_storeu_epi32(d + p0, m, w);
+        }
+    }
+}
+
 void fx__bf16_pack_pairs_sweep_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, int64_t lines, int64_t K,
                                       int64_t pairs, int64_t width, int64_t p0, int64_t p1)
 {
