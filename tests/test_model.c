@@ -7,6 +7,7 @@
 #include "harness.h"
 
 #include "core/gemm_bf16.h"
+#include "core/gemv.h"
 #include "model/model.h"
 #include "model/model_internal.h"
 #include "model_fixtures.h"
@@ -1159,6 +1160,59 @@ static void test_bf16_step(void)
         FXT_CHECK(!m->params16 && !m->bf16_ws);
         fx__model_free(m);
     }
+}
+
+/* The head packed once for the loss (fx__model_head16_*): the logits and d(x) bitwise those
+   of fx__linear_bf16 and fx__linear_bf16_t, which pack it each call, over a vocabulary of
+   three pieces (the last partial) and a chunk of rows that leaves partial tiles; on the
+   vdpbf16ps path (SIMDe's kernel) and on the CPU's own tiled path where it has one, the
+   head packed again when the path changes. */
+static void test_bf16_packed_head(void)
+{
+    fx_model_config c = small_cfg();
+    c.dim = 64, c.vocab = 2 * FX__BF16_ROWS + 452;
+    fx__model *m = NULL;
+    FXT_OK(fx__model_create(&m, &c, 4));
+    if (!m)
+        return;
+    FXT_OK(fx__model_alloc_train(m));
+    FXT_OK(fx__model_set_batch(m, 4, 16));
+    FXT_OK(fx__model_set_bf16(m, true));
+    const int64_t C = c.dim, V = c.vocab, nr = 45;
+    float *e32 = fxt_random((size_t)(V * C), -1, 1, 31), *x = fxt_random((size_t)(nr * C), -1, 1, 32);
+    float *dz = fxt_random((size_t)(nr * V), -1, 1, 33);
+    uint16_t *E = malloc((size_t)(V * C) * sizeof(uint16_t));
+    fx__f32_to_bf16_n(E, e32, V * C);
+    float *lg[2] = {malloc((size_t)(nr * V) * sizeof(float)), malloc((size_t)(nr * V) * sizeof(float))};
+    float *dx[2] = {malloc((size_t)(nr * C) * sizeof(float)), malloc((size_t)(nr * C) * sizeof(float))};
+    fx__bf16_tiled paths[2];
+    const char *names[2];
+    int n = 0;
+#ifdef FXT_HAVE_SIMDE
+    paths[n] = fx__bf16_tiled_dp, paths[n].kernel = fxt_bf16_dp_kernel_simde, names[n++] = "vdpbf16ps (SIMDe)";
+#else
+    fprintf(stderr, "  (no SIMDe: the packed head is tested on the CPU's own path only)\n");
+#endif
+    const fx__bf16_tiled *own = fx__gemm_bf16_cpu_path();
+    if (own->kernel)
+        paths[n] = *own, names[n++] = own->name;
+    for (int p = 0; p < n; p++) {
+        fx__gemm_bf16_force_tiled(&paths[p]);
+        fx__model_head16_logits(m, lg[0], x, E, FX_DT_BF16, nr, nr);
+        fx__model_head16_dx(m, dx[0], dz, E, FX_DT_BF16, nr, nr);
+        FXT_CHECK(m->head16 != NULL && m->head16_path == &paths[p]);
+        fx__linear_bf16(lg[1], V, x, E, FX_DT_BF16, nr, C, V, false, m->bf16_ws);
+        fx__linear_bf16_t(dx[1], dz, V, E, FX_DT_BF16, nr, C, V, false, m->bf16_ws);
+        fx__gemm_bf16_force_tiled(NULL);
+        char what[96];
+        snprintf(what, sizeof what, "packed head's logits, %s", names[p]);
+        fxt_bitwise_f32(what, lg[0], lg[1], (size_t)(nr * V));
+        snprintf(what, sizeof what, "packed head's d(x), %s", names[p]);
+        fxt_bitwise_f32(what, dx[0], dx[1], (size_t)(nr * C));
+    }
+    FXT_CHECK(fx__model_head16_bytes(&c, 64) > 0 || !n);
+    free(e32), free(x), free(dz), free(E), free(lg[0]), free(lg[1]), free(dx[0]), free(dx[1]);
+    fx__model_free(m);
 }
 
 /* The optimizer's element loops and the gradient norm's sum: every vector path bitwise equal
@@ -2458,6 +2512,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_adamw);
     FXT_RUN(test_adamw_bf16);
     FXT_RUN(test_bf16_step);
+    FXT_RUN(test_bf16_packed_head);
     FXT_RUN(test_optim_kernels);
     FXT_RUN(test_data);
     FXT_RUN(test_gradcheck_ref);

@@ -139,10 +139,10 @@ static void fx__gemm_bf16_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 #else
     if (M == 0 || N == 0)
         return;
-    const fx__gemm_bf16_kernels *t = fx__gemm_bf16_kernels_now();
     /* AMX or vdpbf16ps multiply the bfloat16 pairs directly where their packed operands fit
        (about half the widened ones' room, plus the panels' padding). */
-    if (t->kernel && fx__bf16_tiled_words(t, M, N, K) <= fx__gemm_bf16_ws(M, N, K)) {
+    const fx__gemm_bf16_kernels *t = fx__gemm_bf16_tiled_route(M, N, K);
+    if (t) {
         fx__gemm_bf16_tiled(t, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc, (uint32_t *)ws);
         return;
     }
@@ -298,11 +298,14 @@ static void fx__bf16_pack_panels(const fx__bf16_tiled *t, bool a, uint32_t *dst,
     }
 }
 
-void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A,
-                         int64_t lda, fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc, uint32_t *ws)
+/* fx__gemm_bf16_tiled's work, B packed here (bp NULL: into ws after A) or already (bp). */
+static void fx__gemm_bf16_tiles(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                                fx__bf16_mat A, int64_t lda, fx__bf16_mat B, int64_t ldb, const uint32_t *bp,
+                                float beta, float *C, int64_t ldc, uint32_t *ws)
 {
     const int64_t P = fx__bf16_tiled_pairs(t, K), mp = (M + t->mr - 1) / t->mr, np = (N + t->nr - 1) / t->nr;
-    uint32_t *ap = ws, *bp = ws + mp * t->mr * P;
+    uint32_t *ap = ws, *bw = bp ? NULL : ws + mp * t->mr * P;
+    const uint32_t *b = bp ? bp : bw;
     const bool nested = fx__in_parallel();
     (void)nested; /* read only by the pragmas, which are gone without OpenMP */
     /* A panels per group: a group's panels stay in L2 while every B panel passes over them,
@@ -314,7 +317,8 @@ void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, i
 #pragma omp parallel if (!nested && M * N * K >= (1 << 18))
     {
         fx__bf16_pack_panels(t, true, ap, A, lda, !ta, M, K, P);
-        fx__bf16_pack_panels(t, false, bp, B, ldb, tb, N, K, P);
+        if (bw)
+            fx__bf16_pack_panels(t, false, bw, B, ldb, tb, N, K, P);
 #pragma omp barrier
         if (t->enter)
             t->enter();
@@ -324,12 +328,53 @@ void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, i
             const int64_t g = k / (group * np), first = g * group, size = mp - first < group ? mp - first : group;
             const int64_t r = k - first * np, i = first + r % size, j = r / size;
             const int64_t mr = M - i * t->mr, nr = N - j * t->nr;
-            t->kernel(P, ap + i * t->mr * P, bp + j * t->nr * P, beta, C + i * t->mr * ldc + j * t->nr, ldc,
+            t->kernel(P, ap + i * t->mr * P, b + j * t->nr * P, beta, C + i * t->mr * ldc + j * t->nr, ldc,
                       mr < t->mr ? mr : t->mr, nr < t->nr ? nr : t->nr);
         }
         if (t->leave)
             t->leave();
     }
+}
+
+void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A,
+                         int64_t lda, fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc, uint32_t *ws)
+{
+    fx__gemm_bf16_tiles(t, ta, tb, M, N, K, A, lda, B, ldb, NULL, beta, C, ldc, ws);
+}
+
+size_t fx__bf16_packed_b_words(const fx__bf16_tiled *t, int64_t N, int64_t K)
+{
+    return (size_t)((N + t->nr - 1) / t->nr * t->nr) * (size_t)fx__bf16_tiled_pairs(t, K);
+}
+
+void fx__bf16_pack_b(const fx__bf16_tiled *t, uint32_t *dst, bool tb, int64_t N, int64_t K, fx__bf16_mat B,
+                     int64_t ldb)
+{
+    const bool nested = fx__in_parallel();
+    (void)nested;
+#pragma omp parallel if (!nested && N * K >= (1 << 15))
+    fx__bf16_pack_panels(t, false, dst, B, ldb, tb, N, K, fx__bf16_tiled_pairs(t, K));
+}
+
+void fx__gemm_bf16_tiled_b(const fx__bf16_tiled *t, bool ta, int64_t M, int64_t N, int64_t K, fx__bf16_mat A,
+                           int64_t lda, const uint32_t *bp, float beta, float *C, int64_t ldc, uint32_t *ws)
+{
+    const double t0 = fx__gemm_trace_begin(); /* traced as fx__gemm_bf16 is, B counted as bfloat16 */
+    fx__gemm_bf16_tiles(t, ta, false, M, N, K, A, lda, fx__bf16_of(NULL), 0, bp, beta, C, ldc, ws);
+    if (t0 >= 0.0)
+        fx__gemm_trace_end(&(fx__gemm_shape){.ta = ta, .M = M, .N = N, .K = K, .bf16 = true, .a16 = A.bf16, .b16 = true},
+                           t0);
+}
+
+const fx__bf16_tiled *fx__gemm_bf16_tiled_route(int64_t M, int64_t N, int64_t K)
+{
+#ifdef FLEXC_REFERENCE_KERNELS
+    (void)M, (void)N, (void)K;
+    return NULL;
+#else
+    const fx__gemm_bf16_kernels *t = fx__gemm_bf16_kernels_now();
+    return M > 0 && N > 0 && t->kernel && fx__bf16_tiled_words(t, M, N, K) <= fx__gemm_bf16_ws(M, N, K) ? t : NULL;
+#endif
 }
 
 static inline float fx__bf16_at(fx__bf16_mat x, int64_t i)

@@ -216,6 +216,21 @@ static inline void fx__bf16_tile_store(const float *tile, int64_t ts, float beta
 void fx__gemm_bf16_tiled(const fx__bf16_tiled *t, bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A,
                          int64_t lda, fx__bf16_mat B, int64_t ldb, float beta, float *C, int64_t ldc, uint32_t *ws);
 
+/* The tiled path fx__gemm_bf16 takes for (M, N, K) now, or NULL where it takes the float32
+   route (no tiled path on this CPU, or packed operands that would not fit its scratch). */
+const fx__bf16_tiled *fx__gemm_bf16_tiled_route(int64_t M, int64_t N, int64_t K);
+
+/* B packed once for many products on path t (a frozen weight that every chunk of rows reads):
+   fx__bf16_packed_b_words(t, N, K) words of dst hold op(B) [K, N] (B rows ldb apart; tb as
+   in fx__gemm_bf16), packed as fx__gemm_bf16_tiled packs it; threads: the current team (one
+   inside a parallel region). fx__gemm_bf16_tiled_b is fx__gemm_bf16_tiled with that B, A
+   packed into ws (its part of fx__bf16_tiled_words): the same bits. */
+size_t fx__bf16_packed_b_words(const fx__bf16_tiled *t, int64_t N, int64_t K);
+void fx__bf16_pack_b(const fx__bf16_tiled *t, uint32_t *dst, bool tb, int64_t N, int64_t K, fx__bf16_mat B,
+                     int64_t ldb);
+void fx__gemm_bf16_tiled_b(const fx__bf16_tiled *t, bool ta, int64_t M, int64_t N, int64_t K, fx__bf16_mat A,
+                           int64_t lda, const uint32_t *bp, float beta, float *C, int64_t ldc, uint32_t *ws);
+
 /* dst [rows, cols] (contiguous) = src [rows, cols] (rows ld apart) as float32 bfloat16 values:
    the packing step of the paths above: the loops of each path (no threads), and the
    threaded one that takes fx__bf16_kernels_now()'s. */

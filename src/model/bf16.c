@@ -84,12 +84,114 @@ int fx__model_bf16_ws_ensure(fx__model *m)
     return FX_OK;
 }
 
+/* ---- the mapped head, packed once ------------------------------------------------------------ */
+
+/* The head's two packed forms on path t: E^T [C, V] whole (the logits), then E [V, C] piece by
+   piece of FX__BF16_ROWS rows (d(x), as fx__linear_bf16_t sums it). */
+static size_t head16_fwd_words(const fx__bf16_tiled *t, int64_t C, int64_t V)
+{
+    return fx__bf16_packed_b_words(t, V, C);
+}
+
+static size_t head16_piece_words(const fx__bf16_tiled *t, int64_t C, int64_t V)
+{
+    return fx__bf16_packed_b_words(t, C, V < FX__BF16_ROWS ? V : FX__BF16_ROWS);
+}
+
+/* The tiled path every product of the loss takes for chunks of nr rows (fx__linear_bf16's
+   pieces of the head: the logits' [nr, R] x [R, C]^T and d(x)'s [nr, R] x [R, C], R the
+   pieces' two lengths), or NULL. */
+static const fx__bf16_tiled *head16_route(int64_t nr, int64_t C, int64_t V)
+{
+    const int64_t R = V < FX__BF16_ROWS ? V : FX__BF16_ROWS, last = V - (V - 1) / FX__BF16_ROWS * FX__BF16_ROWS;
+    const fx__bf16_tiled *t = fx__gemm_bf16_tiled_route(nr, R, C);
+    if (!t || t != fx__gemm_bf16_tiled_route(nr, last, C) || t != fx__gemm_bf16_tiled_route(nr, C, R) ||
+        t != fx__gemm_bf16_tiled_route(nr, C, last))
+        return NULL;
+    return t;
+}
+
+/* Bytes of the packed head for a loss in chunks of `rows` rows (0: not packed). */
+static size_t head16_bytes(const fx_model_config *c, int64_t rows)
+{
+    const fx__bf16_tiled *t = head16_route(rows, c->dim, c->vocab);
+    if (!t)
+        return 0;
+    const int64_t pieces = (c->vocab + FX__BF16_ROWS - 1) / FX__BF16_ROWS;
+    const size_t bytes = (head16_fwd_words(t, c->dim, c->vocab) + (size_t)pieces * head16_piece_words(t, c->dim, c->vocab)) *
+                         sizeof(uint32_t);
+    return bytes <= FX__HEAD16_MAX_BYTES ? bytes : 0;
+}
+
+size_t fx__model_head16_bytes(const fx_model_config *c, int64_t N)
+{
+    return head16_bytes(c, fx__loss_chunk(N, c->vocab));
+}
+
+/* m->head16 for chunks of nr rows of a loss whose chunks are `rows` long: packed at the first
+   call (or again after the CPU's path changed); NULL where the loss takes fx__linear_bf16. */
+static const uint32_t *head16_of(fx__model *m, const void *w, fx_dtype dt, int64_t nr, int64_t rows)
+{
+    const int64_t C = m->c.dim, V = m->c.vocab;
+    const fx__bf16_tiled *t = head16_route(nr, C, V);
+    if (!t || !head16_bytes(&m->c, rows))
+        return NULL;
+    if (m->head16 && m->head16_path == t)
+        return m->head16;
+    fx__free(m->head16);
+    m->head16_path = NULL;
+    if (!(m->head16 = fx__alloc(head16_bytes(&m->c, rows))))
+        return NULL; /* packed again each call instead */
+    const fx__bf16_mat E = dt == FX_DT_BF16 ? fx__bf16_of(w) : fx__bf16_of_f32(w);
+    fx__bf16_pack_b(t, m->head16, true, V, C, E, C);
+    uint32_t *piece = m->head16 + head16_fwd_words(t, C, V);
+    for (int64_t r0 = 0; r0 < V; r0 += FX__BF16_ROWS, piece += head16_piece_words(t, C, V)) {
+        const int64_t R = V - r0 < FX__BF16_ROWS ? V - r0 : FX__BF16_ROWS;
+        fx__bf16_pack_b(t, piece, false, C, R, fx__bf16_mat_at(E, r0 * C), C);
+    }
+    m->head16_path = t;
+    return m->head16;
+}
+
+void fx__model_head16_logits(fx__model *m, float *lg, const float *x, const void *w, fx_dtype dt, int64_t nr,
+                             int64_t rows)
+{
+    const int64_t C = m->c.dim, V = m->c.vocab;
+    const uint32_t *h = head16_of(m, w, dt, nr, rows);
+    if (!h) {
+        fx__linear_bf16(lg, V, x, w, dt, nr, C, V, false, m->bf16_ws);
+        return;
+    }
+    /* One product over all of V: each logit summed over C in order, as in the pieces. */
+    fx__gemm_bf16_tiled_b(m->head16_path, false, nr, V, C, fx__bf16_of_f32(x), C, h, 0.0f, lg, V,
+                          (uint32_t *)m->bf16_ws);
+}
+
+void fx__model_head16_dx(fx__model *m, float *dx, const float *dz, const void *w, fx_dtype dt, int64_t nr,
+                         int64_t rows)
+{
+    const int64_t C = m->c.dim, V = m->c.vocab;
+    const uint32_t *h = head16_of(m, w, dt, nr, rows);
+    if (!h) {
+        fx__linear_bf16_t(dx, dz, V, w, dt, nr, C, V, false, m->bf16_ws);
+        return;
+    }
+    const fx__bf16_tiled *t = m->head16_path;
+    const uint32_t *piece = h + head16_fwd_words(t, C, V);
+    for (int64_t r0 = 0; r0 < V; r0 += FX__BF16_ROWS, piece += head16_piece_words(t, C, V)) {
+        const int64_t R = V - r0 < FX__BF16_ROWS ? V - r0 : FX__BF16_ROWS;
+        fx__gemm_bf16_tiled_b(t, false, nr, C, R, fx__bf16_of_f32(dz + r0), V, piece, r0 ? 1.0f : 0.0f, dx, C,
+                              (uint32_t *)m->bf16_ws);
+    }
+}
+
 int fx__model_set_bf16(fx__model *m, bool on)
 {
     if (!on) {
         fx__free(m->params16);
         fx__free(m->bf16_ws);
-        m->params16 = NULL, m->bf16_ws = NULL, m->bf16_ws_floats = 0;
+        fx__free(m->head16);
+        m->params16 = NULL, m->bf16_ws = NULL, m->bf16_ws_floats = 0, m->head16 = NULL, m->head16_path = NULL;
         m->map_bf16 = false;
         return FX_OK;
     }

@@ -329,7 +329,7 @@ static int loss_mapped(fx__model *m, const fx__acts *a, bool grad, float *out)
     for (int64_t r0 = 0; r0 < N; r0 += rows) {
         const int64_t nr = N - r0 < rows ? N - r0 : rows;
         if (m->map_bf16)
-            fx__linear_bf16(lg, V, a->xnf + r0 * C, w.data, w.dtype, nr, C, V, false, m->bf16_ws);
+            fx__model_head16_logits(m, lg, a->xnf + r0 * C, w.data, w.dtype, nr, rows);
         else
             fx__linear_dt(lg, V, a->xnf + r0 * C, w.data, w.dtype, nr, C, V, false, m->map_tile);
         /* Each row's log-sum-exp and gradient by the fused loss's row kernels (vectorised,
@@ -358,7 +358,7 @@ static int loss_mapped(fx__model *m, const fx__acts *a, bool grad, float *out)
         for (int64_t i = 0; i < nr; i++)
             total += rl[i];
         if (grad && m->map_bf16)
-            fx__linear_bf16_t(a->dxn + r0 * C, lg, V, w.data, w.dtype, nr, C, V, false, m->bf16_ws);
+            fx__model_head16_dx(m, a->dxn + r0 * C, lg, w.data, w.dtype, nr, rows);
         else if (grad)
             fx__linear_dt_t(a->dxn + r0 * C, lg, V, w.data, w.dtype, nr, C, V, false, m->map_tile);
     }

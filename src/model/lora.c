@@ -480,8 +480,9 @@ int fx__lora_mem_train(fx__model_mem *mem, const fx_model_config *c, const fx__l
     mem->adam = 2 * A * sizeof(float);
     mem->scratch += (scratch_floats(lc->rank, widest_input(&k), (int64_t)N) + kept_floats(lc->rank, k.layers, (int64_t)N)) *
                     sizeof(float);
-    if (o->bf16) /* the bfloat16 products over the mapped rows (fx__linear_bf16) */
-        mem->scratch += fx__model_bf16_map_ws_floats(&k, (int64_t)N) * sizeof(float);
+    if (o->bf16) /* the bfloat16 products over the mapped rows (fx__linear_bf16), the packed head */
+        mem->scratch += fx__model_bf16_map_ws_floats(&k, (int64_t)N) * sizeof(float) +
+                        fx__model_head16_bytes(&k, (int64_t)N);
     /* A mapped base's pages read so far (the loader reads every tensor) are in the process's
        resident set, and counted in params already: taken out of process, as held weights are. */
     mem->process -= base_bytes < mem->process ? base_bytes : mem->process;

@@ -310,6 +310,7 @@ void fx__model_free(fx__model *m)
     fx__free(m->adam16);
     fx__free(m->params16);
     fx__free(m->bf16_ws);
+    fx__free(m->head16);
     fx__free(m->rope);
     fx__free(m->acts);
     fx__free(m->targets);

@@ -182,6 +182,9 @@ struct fx_model {
     float *bf16_ws;     /* the bf16 products' scratch (fx__model_bf16_ws_floats), with params16 or
                            map_bf16 */
     size_t bf16_ws_floats;
+    uint32_t *head16;   /* with map_bf16: the frozen head packed once for the loss's products
+                           (fx__model_head16_*) on path head16_path, or NULL */
+    const struct fx__gemm_bf16_kernels *head16_path;
     float *rope;      /* [rope_len, hd/2, 2] cos, sin: positions 0 .. rope_len-1, grown on
                          demand (fx__model_rope_ensure), never [ctx, ...] up front */
     int64_t rope_len;
@@ -296,6 +299,19 @@ void fx__model_bf16_sync(fx__model *m);
 size_t fx__model_bf16_ws_floats(const fx__model *m, int64_t B, int64_t T);
 /* The same over a mapped base (map_bf16) of config c for N rows. */
 size_t fx__model_bf16_map_ws_floats(const fx_model_config *c, int64_t N);
+/* The mapped head's products in the loss over chunks of `rows` rows (map_bf16): the logits
+   lg [nr, V] = bf16(x [nr, C]) E^T, and dx [nr, C] = bf16(dz [nr, V]) E, E the head [V, C]
+   in the file's dtype. Both read the head packed once (m->head16, made at the first call)
+   where the bf16 GEMM's tiled path takes every product of the loss and both packed forms
+   fit in FX__HEAD16_MAX_BYTES; else fx__linear_bf16 and fx__linear_bf16_t, which pack it
+   again each call. The same bits either way. */
+enum { FX__HEAD16_MAX_BYTES = 256 << 20 };
+/* Bytes of m->head16 for a loss over N rows of model c (0: none). */
+size_t fx__model_head16_bytes(const fx_model_config *c, int64_t N);
+void fx__model_head16_logits(fx__model *m, float *lg, const float *x, const void *w, fx_dtype dt, int64_t nr,
+                             int64_t rows);
+void fx__model_head16_dx(fx__model *m, float *dx, const float *dz, const void *w, fx_dtype dt, int64_t nr,
+                         int64_t rows);
 /* Grows bf16_ws for the current batch shape (with params16 only). */
 int fx__model_bf16_ws_ensure(fx__model *m);
 
