@@ -376,7 +376,7 @@ static void amx_contract_kernel(int64_t pairs, const uint32_t *a, const uint32_t
         for (int64_t j = 0; j < FX__AMX_NR; j++) {
             float acc = 0.0f;
             for (int64_t p = 0; p < pairs; p++) {
-                const uint32_t wa = a[r * pairs + p], wb = b[p * FX__AMX_NR + j];
+                const uint32_t wa = a[fx__bf16_row_word(FX__AMX_MR, r, p)], wb = b[p * FX__AMX_NR + j];
                 acc += lo_of(wa) * lo_of(wb);
                 acc += hi_of(wa) * hi_of(wb);
             }
@@ -447,6 +447,8 @@ static void test_gemm_bf16_pack(void)
         for (size_t wi = 0; wi < sizeof Ws / sizeof Ws[0]; wi++)
             for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
                 const int64_t W = Ws[wi][0], LINES = Ws[wi][1], K = Ks[ki][0], pairs = Ks[ki][1];
+                if (rows && pairs % FX__AMX_PAIRS)
+                    continue; /* row by row: whole blocks of 16 pairs */
                 for (int lk = 0; lk < 2; lk++)
                     for (int kind = 0; kind < 2; kind++) {
                         if (!packs[pi].fn && lk)
@@ -470,7 +472,8 @@ static void test_gemm_bf16_pack(void)
                                         if (line < LINES && k < K)
                                             want |= (uint32_t)X.h[lk ? line * LD + k : k * LD + line] << (16 * h);
                                     }
-                                    const uint32_t got = P[q * W * pairs + (rows ? l * pairs + p : p * W + l)];
+                                    const uint32_t got =
+                                        P[q * W * pairs + (rows ? fx__bf16_row_word(W, l, p) : p * W + l)];
                                     if (got != want && !bad++)
                                         FXT_FAIL("%s: width %lld K %lld pairs %lld lk %d kind %d panel %lld word "
                                                  "(%lld, %lld): 0x%08x, want 0x%08x",

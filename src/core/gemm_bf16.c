@@ -253,18 +253,23 @@ void fx__bf16_pack_rows_scalar(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool l
                                int64_t pairs, int64_t width, int64_t q)
 {
     const int64_t K2 = (K + 1) / 2, l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
+    memset(dst, 0, (size_t)(width * pairs) * sizeof(uint32_t)); /* the pairs past K, the missing lines */
     if (lk) {
+        uint32_t w[FX__PACK_PAIRS];
         for (int64_t l = 0; l < nl; l++)
-            for (int64_t p0 = 0; p0 < K2; p0 += FX__PACK_PAIRS)
-                fx__bf16_line_words(dst + l * pairs + p0, x, ld, l0 + l, K, p0,
-                                    K2 - p0 < FX__PACK_PAIRS ? K2 - p0 : FX__PACK_PAIRS);
+            for (int64_t p0 = 0; p0 < K2; p0 += FX__PACK_PAIRS) {
+                const int64_t np = K2 - p0 < FX__PACK_PAIRS ? K2 - p0 : FX__PACK_PAIRS;
+                fx__bf16_line_words(w, x, ld, l0 + l, K, p0, np);
+                for (int64_t i = 0; i < np; i++)
+                    dst[fx__bf16_row_word(width, l, p0 + i)] = w[i];
+            }
     } else {
-        for (int64_t p = 0; p < K2; p++)
-            fx__bf16_pair_words(dst + p, pairs, x, ld, l0, nl, K, p);
-    }
-    for (int64_t l = 0; l < width; l++) { /* the pairs past K, and the missing lines */
-        const int64_t from = l < nl ? K2 : 0;
-        memset(dst + l * pairs + from, 0, (size_t)(pairs - from) * sizeof(uint32_t));
+        uint32_t w[FX__PACK_WIDTH];
+        for (int64_t p = 0; p < K2; p++) {
+            fx__bf16_pair_words(w, 1, x, ld, l0, nl, K, p);
+            for (int64_t l = 0; l < nl; l++)
+                dst[fx__bf16_row_word(width, l, p)] = w[l];
+        }
     }
 }
 

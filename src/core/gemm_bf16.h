@@ -110,6 +110,7 @@ typedef fx__gemm_bf16_kernels fx__bf16_tiled;
 
 /* The paths: vdpbf16ps, 12 x 32 tiles, both operands pair by pair (gemm_bf16_dp.h); AMX,
    32 x 32 tiles from 16 x 16 ones, pairs in blocks of 16 (a tile's k is 32), A row by row
+   within each block
    (gemm_bf16_amx.c); and fx__bf16_tiled_f32, no kernel: the float32 route of fx__gemm_bf16. */
 void fx__bf16_dp_kernel_avx512bf16(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C,
                                    int64_t ldc, int64_t mr, int64_t nr);
@@ -154,7 +155,8 @@ static inline size_t fx__bf16_tiled_words(const fx__bf16_tiled *t, int64_t M, in
 }
 
 /* Panel q of lines [q * width, q * width + width) of x, as `pairs` pairs per line (zeros past
-   `lines` and past K): pair by pair (word p * width + l) or row by row (word l * pairs + p),
+   `lines` and past K): pair by pair (word p * width + l) or row by row in blocks of 16 pairs
+   (fx__bf16_row_word: each 16 lines by 16 pairs one contiguous AMX tile; pairs a multiple of 16),
    each word the bfloat16 values of (line, k = 2p) in its low half and (line, 2p + 1) in its
    high half. Element (l, k) of x is at l * ld + k when lk (A not transposed, B transposed),
    else at k * ld + l. width <= 32. fx__bf16_pack_pairs takes the loop of fx__bf16_kernels_now():
@@ -182,6 +184,12 @@ static inline void fx__bf16_pack_pairs_pad(uint32_t *dst, int64_t K2, int64_t nl
         memset(dst + p * width + nl, 0, (size_t)(width - nl) * sizeof(uint32_t));
     if (pairs > K2)
         memset(dst + K2 * width, 0, (size_t)((pairs - K2) * width) * sizeof(uint32_t));
+}
+/* Word (line l, pair p) of a panel packed row by row: the block of pairs p / 16 holds every
+   line's 16 pairs, line by line. */
+static inline int64_t fx__bf16_row_word(int64_t width, int64_t l, int64_t p)
+{
+    return p / FX__AMX_PAIRS * FX__AMX_PAIRS * width + l * FX__AMX_PAIRS + p % FX__AMX_PAIRS;
 }
 void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K, int64_t pairs,
                         int64_t width, int64_t q);

@@ -1,7 +1,7 @@
 /* The AMX-BF16 kernel of the bfloat16 GEMM: a 32 x 32 tile of C as four 16 x 16 tiles, from an
-   A panel packed row by row (fx__bf16_pack_rows: 32 rows of `pairs` words) and a B panel pair
-   by pair (fx__bf16_pack_pairs: `pairs` rows of 32 words), `pairs` a multiple of 16 (a tile's
-   32 values of k). Built for CPUs with AMX and called only where fx__cpu_amx_bf16() says the
+   A panel packed row by row in blocks of 16 pairs (fx__bf16_pack_rows: each block 32 rows of
+   16 words, its two 16-row tiles contiguous) and a B panel pair by pair (fx__bf16_pack_pairs:
+   `pairs` rows of 32 words), `pairs` a multiple of 16 (a tile's 32 values of k). Built for CPUs with AMX and called only where fx__cpu_amx_bf16() says the
    CPU has it and the process may use it. */
 #include <immintrin.h>
 
@@ -39,10 +39,10 @@ void fx__bf16_amx_kernel(int64_t pairs, const uint32_t *a, const uint32_t *b, fl
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    const size_t sa = (size_t)pairs * sizeof(uint32_t), sb = FX__AMX_NR * sizeof(uint32_t);
+    const size_t sa = FX__AMX_PAIRS * sizeof(uint32_t), sb = FX__AMX_NR * sizeof(uint32_t);
     for (int64_t p = 0; p < pairs; p += FX__AMX_PAIRS) {
-        _tile_loadd(4, a + p, sa);
-        _tile_loadd(5, a + 16 * pairs + p, sa);
+        _tile_loadd(4, a + p * FX__AMX_MR, sa);
+        _tile_loadd(5, a + p * FX__AMX_MR + 16 * FX__AMX_PAIRS, sa);
         _tile_loadd(6, b + p * FX__AMX_NR, sb);
         _tile_loadd(7, b + p * FX__AMX_NR + 16, sb);
         _tile_dpbf16ps(0, 4, 6);

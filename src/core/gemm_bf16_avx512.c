@@ -76,13 +76,10 @@ void fx__bf16_pack_rows_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool l
     }
     const int64_t K2 = (K + 1) / 2, l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
     for (int64_t l = 0; l < width; l++) {
-        uint32_t *d = dst + l * pairs;
         const int64_t n = l < nl ? K2 : 0; /* pairs of data; zeros after them */
-        for (int64_t p0 = 0; p0 < pairs; p0 += 16) {
-            const __mmask16 m = fx__tail16(pairs - p0);
-            const __m512i w = p0 < n ? fx__line_words16(x, (l0 + l) * ld, K, p0) : _mm512_setzero_si512();
-            _mm512_mask_storeu_epi32(d + p0, m, w);
-        }
+        for (int64_t p0 = 0; p0 < pairs; p0 += FX__AMX_PAIRS) /* a line's words of one block */
+            _mm512_storeu_si512(dst + fx__bf16_row_word(width, l, p0),
+                                p0 < n ? fx__line_words16(x, (l0 + l) * ld, K, p0) : _mm512_setzero_si512());
     }
 }
 

@@ -126,7 +126,7 @@ static int64_t check_call(int64_t pairs, int64_t mr, int64_t nr, int64_t ldc, fl
             }
             double acc = 0, mag = 0;
             for (int64_t p = 0; p < pairs; p++) {
-                const uint32_t wa = a[r * pairs + p], wb = b[p * NR + j];
+                const uint32_t wa = a[fx__bf16_row_word(MR, r, p)], wb = b[p * NR + j];
                 for (int h = 0; h < 32; h += 16) {
                     double prod = (double)bf16_to_f32((uint16_t)(wa >> h)) * bf16_to_f32((uint16_t)(wb >> h));
                     acc += prod, mag += fabs_d(prod);
