@@ -4,6 +4,7 @@
 #include "harness.h"
 #include "core/core.h"
 #include "core/gemv.h"
+#include "core/sgemm.h"
 #include "core/gemm_bf16.h"
 
 static const fx_dtype dtypes[] = {FX_DT_F32, FX_DT_BF16, FX_DT_F16};
@@ -144,9 +145,19 @@ static void test_widen_rows(void)
     FXT_OK(fx_set_isa(best));
 }
 
+/* W's values (exact in float32) as a float32 matrix. */
+static float *widened(const double *wd, size_t n)
+{
+    float *w = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        w[i] = (float)wd[i];
+    return w;
+}
+
 /* y [N, O] = x W^T (+ y) through fx__linear_dt: N = 1 (gemv), N > 1 (sgemm in place for F32,
-   tiles of widened rows otherwise, O not a multiple of the tile); the same bits at 1 thread
-   (the tile loop) and 3 (a tile a thread). */
+   BF16 packed as read by the own tiled GEMM where the path has it, tiles of widened rows
+   otherwise, O not a multiple of the tile); the same bits at 1 thread and 3, and a BF16 W
+   on the own tiled GEMM the bits of its float32 widening. */
 static void test_linear_dt(void)
 {
     const int64_t I = 45, O = FX__WIDEN_TILE * 2 + 17;
@@ -176,6 +187,14 @@ static void test_linear_dt(void)
             snprintf(what, sizeof what, "linear_dt %s N=%lld", dtype_names[d], (long long)N);
             fxt_close_f32(what, y, ref, (size_t)(N * O), 1e-5, 1e-5);
             fxt_bitwise_f32(what, y, y3, (size_t)(N * O));
+            if (N > 1 && dtypes[d] == FX_DT_BF16 && fx__gemm_kernels_now()->tiled) {
+                /* BF16 on the own tiled GEMM: the bits of its float32 widening */
+                float *w32 = widened(wd, (size_t)(O * I)), *yf = fxt_guarded_copy(y0, (size_t)(N * O));
+                fx__linear_dt(yf, O, x, w32, FX_DT_F32, N, I, O, true, scratch);
+                fxt_bitwise_f32("linear_dt BF16 vs its float32 widening", y3, yf, (size_t)(N * O));
+                fxt_guarded_free(what, yf);
+                free(w32);
+            }
             fxt_guarded_free(what, y);
             fxt_guarded_free(what, y3);
             fxt_guarded_free("scratch", scratch);
@@ -186,7 +205,7 @@ static void test_linear_dt(void)
 
 /* dx [N, I] = dy W (+ dx) through fx__linear_dt_t against float64: O over several tiles and
    not a multiple of one, dy's rows wider than O; bitwise the same at 1 and 3 threads (with
-   N = 200, the rows split among the threads). */
+   N = 200, the rows split among the threads), and as test_linear_dt for a BF16 W. */
 static void test_linear_dt_t(void)
 {
     const int64_t I = 45, O = FX__WIDEN_TILE * 2 + 17, ldy = O + 3;
@@ -217,6 +236,13 @@ static void test_linear_dt_t(void)
             snprintf(what, sizeof what, "linear_dt_t %s acc=%d N=%lld", dtype_names[d], acc, (long long)N);
             fxt_close_f32(what, dx, ref, (size_t)(N * I), 1e-5, 1e-5);
             fxt_bitwise_f32(what, dx, dx3, (size_t)(N * I));
+            if (dtypes[d] == FX_DT_BF16 && fx__gemm_kernels_now()->tiled) {
+                float *w32 = widened(wd, (size_t)(O * I)), *dxf = fxt_guarded_copy(dx0, (size_t)(N * I));
+                fx__linear_dt_t(dxf, dy, ldy, w32, FX_DT_F32, N, I, O, acc, scratch);
+                fxt_bitwise_f32("linear_dt_t BF16 vs its float32 widening", dx3, dxf, (size_t)(N * I));
+                fxt_guarded_free(what, dxf);
+                free(w32);
+            }
             fxt_guarded_free(what, dx);
             fxt_guarded_free(what, dx3);
             fxt_guarded_free("scratch", scratch);

@@ -3,6 +3,7 @@
 #include "core/gemv.h"
 
 #include "core/gemm_bf16.h"
+#include "core/sgemm.h"
 
 #include <string.h>
 
@@ -96,6 +97,27 @@ static int fx__dt_team(int64_t parts)
     return nt > 1 && parts >= nt ? nt : 1;
 }
 
+/* op(x) [N, K] times W as its op (W [O, I] in BF16) on the own tiled float32 GEMM, whose
+   packing widens W's values as it reads them: one product over all of W (x packed once,
+   not once per widened tile), each element computed as fx__sgemm computes it over the
+   widened W, so a BF16 W and its float32 widening give the same bits. false where that GEMM
+   is not this path's or its scratch cannot be had (the caller widens tiles instead). */
+static bool fx__linear_bf16w(bool tw, int64_t M, int64_t N, int64_t K, const float *x, int64_t ldx, const void *w,
+                             int64_t ldw, bool acc, float *y, int64_t ldy)
+{
+    const fx__sgemm_path *own = fx__gemm_kernels_now()->tiled;
+    float *ws = own ? fx__alloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float)) : NULL;
+    if (!ws)
+        return false;
+    const double t0 = fx__gemm_trace_begin();
+    fx__sgemm_tiled(own, FX__SG_AUTO, false, tw, M, N, K, 1.0f, fx__sgemm_f32(x), ldx,
+                    (fx__sgemm_mat){w, FX__SG_BF16}, ldw, acc ? 1.0f : 0.0f, y, ldy, ws);
+    if (t0 >= 0.0)
+        fx__gemm_trace_end(&(fx__gemm_shape){.tb = tw, .M = M, .N = N, .K = K, .b16 = true}, t0);
+    fx__free(ws);
+    return true;
+}
+
 void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I,
                    int64_t O, bool acc, float *scratch)
 {
@@ -107,6 +129,8 @@ void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtyp
         fx__sgemm(false, true, N, O, I, 1.0f, x, I, w, I, acc ? 1.0f : 0.0f, y, ldy);
         return;
     }
+    if (dt == FX_DT_BF16 && fx__linear_bf16w(true, N, O, I, x, I, w, I, acc, y, ldy))
+        return;
     /* (A few rows, as a short prompt's, are cheap either way: no scratch a thread for them.) */
     const int64_t tiles = (O + FX__WIDEN_TILE - 1) / FX__WIDEN_TILE;
     const int nt = N >= 64 ? fx__dt_team(tiles) : 1;
@@ -149,6 +173,8 @@ void fx__linear_dt_t(float *dx, const float *dy, int64_t ldy, const void *w, fx_
         fx__sgemm(false, false, N, I, O, 1.0f, dy, ldy, w, I, acc ? 1.0f : 0.0f, dx, I);
         return;
     }
+    if (dt == FX_DT_BF16 && fx__linear_bf16w(false, N, I, O, dy, ldy, w, I, acc, dx, I))
+        return;
     /* Split by rows of dx (each thread all of W's tiles, in order: the same sums); worth it
        when each thread has rows enough to amortise widening W again. */
     const int nt = fx__dt_team(N / 64);

@@ -26,16 +26,19 @@ void fx__widen_rows(float *dst, const void *w, fx_dtype dt, int64_t r0, int64_t 
 enum { FX__WIDEN_TILE = 128 };
 
 /* y [N, O] = x [N, I] W [O, I]^T (+ y when acc) for W in dt, y's rows ldy apart (>= O): N == 1
-   is fx__gemv; F32 goes to fx__sgemm in place; BF16 / F16 are widened FX__WIDEN_TILE rows at
-   a time into scratch [FX__WIDEN_TILE * I] and multiplied by fx__sgemm. */
+   is fx__gemv; F32 goes to fx__sgemm in place; BF16 on the AVX-512 path to fx__sgemm's own
+   tiled GEMM, which widens W as it packs it (the bits of fx__sgemm over the widened W); F16,
+   and BF16 elsewhere, are widened FX__WIDEN_TILE rows at a time into scratch
+   [FX__WIDEN_TILE * I] and multiplied by fx__sgemm. */
 void fx__linear_dt(float *y, int64_t ldy, const float *x, const void *w, fx_dtype dt, int64_t N, int64_t I,
                    int64_t O, bool acc, float *scratch);
 
 /* dx [N, I] = dy [N, O] W [O, I] (+ dx when acc) for W in dt, dy's rows ldy apart (>= O): the
-   backward of fx__linear_dt through a frozen W. F32 goes to fx__sgemm in place; BF16 / F16 are
-   widened FX__WIDEN_TILE rows at a time into scratch [FX__WIDEN_TILE * I] and each tile's
-   dy[:, r0:r1] W[r0:r1, :] is added in the order of the tiles (deterministic for any thread
-   count, as fx__sgemm is). */
+   backward of fx__linear_dt through a frozen W. F32 goes to fx__sgemm in place, BF16 on the
+   AVX-512 path to its own tiled GEMM as above (both: the bits of fx__sgemm over the widened
+   W); F16, and BF16 elsewhere, are widened FX__WIDEN_TILE rows at a time into scratch
+   [FX__WIDEN_TILE * I] and each tile's dy[:, r0:r1] W[r0:r1, :] is added in the order of the
+   tiles (deterministic for any thread count, as fx__sgemm is). */
 void fx__linear_dt_t(float *dx, const float *dy, int64_t ldy, const void *w, fx_dtype dt, int64_t N, int64_t I,
                      int64_t O, bool acc, float *scratch);
 
