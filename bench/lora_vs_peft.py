@@ -11,7 +11,7 @@ rank r, alpha 2r, on all seven projections (q, k, v, o, gate, up, down), AdamW, 
 tokens a step, from the same token file (random ids):
 
   flexc   `flexc train --model DIR --lora r`: the base mapped in its file's dtype (BF16 widened
-          a tile at a time), float32 adapters, the fused linear + cross-entropy;
+          as the float32 GEMM packs it), float32 adapters, the fused linear + cross-entropy;
   peer    PEFT's get_peft_model over transformers' AutoModelForCausalLM in float32, sdpa
           attention, torch.optim.AdamW over the adapters; with --bf16 also the same under
           torch.autocast("cpu", bfloat16) (the base's products in bfloat16, the peer of flexc's
