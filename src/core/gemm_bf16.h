@@ -195,8 +195,8 @@ void fx__bf16_pack_rows(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int6
                         int64_t width, int64_t q);
 void fx__bf16_pack_rows_scalar(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
                                int64_t pairs, int64_t width, int64_t q);
-/* Row by row, a line whose k are contiguous (lk) sixteen pairs a step; the plain C loop's
-   words. */
+/* Row by row, sixteen pairs a step (of sixteen lines, transposed in registers, where the
+   lines run across x's rows); the plain C loop's words. */
 void fx__bf16_pack_rows_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
                                int64_t pairs, int64_t width, int64_t q);
 

@@ -70,11 +70,35 @@ void fx__bf16_pack_pairs_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool 
 void fx__bf16_pack_rows_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool lk, int64_t lines, int64_t K,
                                int64_t pairs, int64_t width, int64_t q)
 {
-    if (!lk) { /* lines across the rows: pair by pair, as the plain C loop */
-        fx__bf16_pack_rows_scalar(dst, x, ld, lk, lines, K, pairs, width, q);
+    const int64_t K2 = (K + 1) / 2, l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
+    if (!lk) {
+        /* Lines across the rows: sixteen pairs of sixteen lines (rows 2p and 2p + 1
+           interleaved, a vector per pair), transposed into each line's sixteen words. */
+        for (int64_t lb = 0; lb < width; lb += 16) {
+            const int64_t nb = nl - lb < 16 ? nl - lb : 16, span = width - lb < 16 ? width - lb : 16;
+            const __mmask16 m = fx__tail16(nb);
+            for (int64_t p0 = 0; p0 < pairs; p0 += FX__AMX_PAIRS) {
+                __m512i r[16];
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++) {
+                    const int64_t p = p0 + i;
+                    if (nb <= 0 || p >= K2) {
+                        r[i] = _mm512_setzero_si512();
+                        continue;
+                    }
+                    const __m512i lo = fx__row16(x, 2 * p * ld + l0 + lb, m);
+                    const __m512i hi = 2 * p + 1 < K ? fx__row16(x, (2 * p + 1) * ld + l0 + lb, m) : _mm512_setzero_si512();
+                    r[i] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+                }
+                fx__transpose16(r);
+#pragma GCC unroll 16
+                for (int i = 0; i < 16; i++)
+                    if (i < span)
+                        _mm512_storeu_si512(dst + fx__bf16_row_word(width, lb + i, p0), r[i]);
+            }
+        }
         return;
     }
-    const int64_t K2 = (K + 1) / 2, l0 = q * width, nl = lines - l0 < width ? lines - l0 : width;
     for (int64_t l = 0; l < width; l++) {
         const int64_t n = l < nl ? K2 : 0; /* pairs of data; zeros after them */
         for (int64_t p0 = 0; p0 < pairs; p0 += FX__AMX_PAIRS) /* a line's words of one block */
