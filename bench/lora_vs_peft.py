@@ -2,7 +2,7 @@
 """A LoRA training step: flexc train --lora against PEFT + transformers, same model, CPU, threads.
 
     python3 bench/lora_vs_peft.py --flexc build/flexc [--model DIR] [--threads N] [--steps 4]
-                                  [--batch 4] [--seq 512] [--rank 16] [--full]
+                                  [--batch 4] [--seq 512] [--rank 16] [--rounds 3] [--bf16] [--full]
 
 The model: --model DIR (a Hugging Face Llama-family directory), else one made here with
 SmolLM2-135M's shape (30 layers, dim 576, 9/3 heads, ffn 1536, vocab 49152, tied embeddings;
@@ -17,10 +17,13 @@ tokens a step, from the same token file (random ids):
           torch.autocast("cpu", bfloat16) (the base's products in bfloat16, the peer of flexc's
           --dtype bf16).
 
-Each runs in its own process; tokens/s is the median over the steps after the first, and the
-peak is the process's peak resident set (ru_maxrss from wait4: everything the process held,
-the interpreter and PyTorch included for the peer, the mapped file's resident pages for flexc).
---full also runs flexc's full fine-tuning at the same batch and sequence, for the memory ratio.
+Each runs in its own process, the sides in turn for --rounds rounds (default 3). A side's
+tokens/s is the median over the steps after the first, and over the rounds; each ratio is the
+median of the rounds' ratios (a round's sides run next to each other); the peak is the
+process's peak resident set (ru_maxrss from wait4: everything the process held, the
+interpreter and PyTorch included for the peer, the mapped file's resident pages for flexc),
+the largest of the rounds. --full also runs flexc's full fine-tuning at the same batch and
+sequence, for the memory ratio. The last line is the summary as one JSON object.
 """
 import argparse
 import json
@@ -124,6 +127,7 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the sides in turn (the ratios' medians)")
     ap.add_argument("--full", action="store_true", help="also flexc's full fine-tuning (memory ratio)")
     ap.add_argument("--bf16", action="store_true", help="also flexc train --lora --dtype bf16")
     ap.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
@@ -132,6 +136,8 @@ def main():
     args = ap.parse_args()
     if args.peer:
         return peer(args)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     with tempfile.TemporaryDirectory(prefix="flexc-lora-model-") as tmp:
         if not args.model:
             args.model = os.path.join(tmp, "smollm2-135m-shape")
@@ -142,33 +148,52 @@ def main():
         tokens = os.path.join(tmp, "tokens.bin")
         make_tokens(tokens, 200_000, vocab)
         print(f"LoRA r={args.rank} alpha={2 * args.rank} on q,k,v,o,gate,up,down; batch {args.batch} x seq "
-              f"{args.seq}; {args.threads} threads; {args.steps} steps (median after the first)")
-        f_tps, f_peak, f_loss = run_flexc(args, args.model, tokens, True)
+              f"{args.seq}; {args.threads} threads; {args.steps} steps (median after the first); "
+              f"{args.rounds} rounds, the sides in turn")
+
         def run_peer(*extra):
             out, peak = run_measured([sys.executable, os.path.abspath(__file__), "--peer", "--model", args.model,
                                       "--tokens", tokens, "--threads", str(args.threads), "--steps",
                                       str(args.steps), "--batch", str(args.batch), "--seq", str(args.seq),
                                       "--rank", str(args.rank), *extra])
-            return json.loads(out.strip().splitlines()[-1]), peak
+            r = json.loads(out.strip().splitlines()[-1])
+            return r["tokens_per_s"], peak, r["loss"]
 
-        p, p_peak = run_peer()
-        mib = 1 << 20
-        print(f"flexc train --lora : {f_tps:8.1f} tokens/s  peak {f_peak / mib:7.0f} MiB  (last loss {f_loss:.3f})")
-        print(f"PEFT + transformers: {p['tokens_per_s']:8.1f} tokens/s  peak {p_peak / mib:7.0f} MiB  "
-              f"(last loss {p['loss']:.3f})")
-        print(f"flexc / PEFT: tokens/s {f_tps / p['tokens_per_s']:.2f}x, peak memory {f_peak / p_peak:.2f}x")
+        # The sides, each run once a round in this order: name -> (tokens/s, peak, last loss).
+        sides = [("flexc", lambda: run_flexc(args, args.model, tokens, True)), ("peft", run_peer)]
         if args.bf16:
-            b_tps, b_peak, b_loss = run_flexc(args, args.model, tokens, True, ("--dtype", "bf16"))
-            print(f"flexc --dtype bf16 : {b_tps:8.1f} tokens/s  peak {b_peak / mib:7.0f} MiB  (last loss {b_loss:.3f}); "
-                  f"/ PEFT: tokens/s {b_tps / p['tokens_per_s']:.2f}x, peak memory {b_peak / p_peak:.2f}x")
-            a, a_peak = run_peer("--autocast")
-            print(f"PEFT, bf16 autocast: {a['tokens_per_s']:8.1f} tokens/s  peak {a_peak / mib:7.0f} MiB  "
-                  f"(last loss {a['loss']:.3f}); flexc --dtype bf16 / it: tokens/s {b_tps / a['tokens_per_s']:.2f}x, "
-                  f"peak memory {b_peak / a_peak:.2f}x")
+            sides += [("flexc_bf16", lambda: run_flexc(args, args.model, tokens, True, ("--dtype", "bf16"))),
+                      ("peft_autocast", lambda: run_peer("--autocast"))]
         if args.full:
-            full_tps, full_peak, _ = run_flexc(args, args.model, tokens, False)
-            print(f"flexc full fine-tuning: {full_tps:8.1f} tokens/s  peak {full_peak / mib:7.0f} MiB; "
-                  f"LoRA / full peak memory {f_peak / full_peak:.2f}x")
+            sides += [("flexc_full", lambda: run_flexc(args, args.model, tokens, False))]
+        # The ratios, each the median of its rounds' (a round's sides ran next to each other).
+        ratios = [("flexc", "peft")]
+        if args.bf16:
+            ratios += [("flexc_bf16", "peft_autocast"), ("flexc_bf16", "peft")]
+        runs = {name: [] for name, _ in sides}
+        mib = 1 << 20
+        for r in range(args.rounds):
+            for name, run in sides:
+                runs[name].append(run())
+            print(f"round {r + 1}: " + ", ".join(f"{name} {runs[name][-1][0]:.1f}" for name, _ in sides) + " tokens/s")
+        summary = {"case": "lora_vs_peft", "model": args.model, "rank": args.rank, "batch": args.batch,
+                   "seq": args.seq, "threads": args.threads, "steps": args.steps, "rounds": args.rounds}
+        for name, _ in sides:
+            tps = statistics.median(x[0] for x in runs[name])
+            peak = max(x[1] for x in runs[name])
+            summary[f"{name}_tokens_per_s"], summary[f"{name}_peak_mib"] = round(tps, 1), round(peak / mib)
+            print(f"{name:14s} {tps:8.1f} tokens/s (median)  peak {peak / mib:7.0f} MiB  "
+                  f"(last loss {runs[name][-1][2]:.3f})")
+        for a, b in ratios:
+            ratio = statistics.median(x[0] / y[0] for x, y in zip(runs[a], runs[b]))
+            mem = max(x[1] for x in runs[a]) / max(y[1] for y in runs[b])
+            summary[f"{a}_over_{b}"], summary[f"{a}_over_{b}_peak"] = round(ratio, 2), round(mem, 2)
+            print(f"{a} / {b}: tokens/s {ratio:.2f}x (median of the rounds' ratios), peak memory {mem:.2f}x")
+        if args.full:
+            mem = max(x[1] for x in runs["flexc"]) / max(x[1] for x in runs["flexc_full"])
+            summary["lora_over_full_peak"] = round(mem, 2)
+            print(f"flexc LoRA / full fine-tuning peak memory {mem:.2f}x")
+        print(json.dumps(summary))
 
 
 if __name__ == "__main__":
