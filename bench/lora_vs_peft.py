@@ -175,7 +175,7 @@ def main():
         for r in range(args.rounds):
             for name, run in sides:
                 runs[name].append(run())
-            print(f"round {r + 1}: " + ", ".join(f"{name} {runs[name][-1][0]:.1f}" for name, _ in sides) + " tokens/s")
+            print(f"round {r + 1}: " + ", ".join(f"{name} {runs[name][-1][0]:.1f}" for name, _ in sides) + " tokens/s", flush=True)
         summary = {"case": "lora_vs_peft", "model": args.model, "rank": args.rank, "batch": args.batch,
                    "seq": args.seq, "threads": args.threads, "steps": args.steps, "rounds": args.rounds}
         for name, _ in sides:
