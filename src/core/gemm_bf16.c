@@ -19,16 +19,12 @@ void fx__f32_to_bf16_n(uint16_t *dst, const float *src, int64_t n) { fx__bf16_ke
 /* ---- packing --------------------------------------------------------------------------------- */
 
 /* The conversions' kernel tables (gemm_bf16.h): the loops of one path each. */
-const fx__bf16_kernels fx__bf16_kernels_scalar = {"scalar",          fx__f32_to_bf16_n_scalar,
-                                                  fx__bf16_pack_scalar, fx__bf16_pack_pairs_scalar,
-                                                  NULL,              fx__bf16_pack_rows_scalar};
+const fx__bf16_kernels fx__bf16_kernels_scalar = {"scalar", fx__f32_to_bf16_n_scalar, fx__bf16_pack_scalar,
+                                                  fx__bf16_pack_pairs_scalar, NULL, fx__bf16_pack_rows_scalar};
 const fx__bf16_kernels fx__bf16_kernels_avx2 = {"avx2", fx__f32_to_bf16_n_avx2, fx__bf16_pack_avx2,
                                                 fx__bf16_pack_pairs_scalar, NULL, fx__bf16_pack_rows_scalar};
-const fx__bf16_kernels fx__bf16_kernels_avx512 = {"avx512",
-                                                  fx__f32_to_bf16_n_avx2,
-                                                  fx__bf16_pack_avx2,
-                                                  fx__bf16_pack_pairs_avx512,
-                                                  fx__bf16_pack_pairs_sweep_avx512,
+const fx__bf16_kernels fx__bf16_kernels_avx512 = {"avx512", fx__f32_to_bf16_n_avx2, fx__bf16_pack_avx2,
+                                                  fx__bf16_pack_pairs_avx512, fx__bf16_pack_pairs_sweep_avx512,
                                                   fx__bf16_pack_rows_avx512};
 
 const fx__bf16_kernels *fx__bf16_kernels_for(fx_isa isa)
@@ -170,8 +166,8 @@ static void fx__gemm_bf16_run(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 
 const fx__bf16_tiled fx__bf16_tiled_dp = {"vdpbf16ps", FX__DP_MR, FX__DP_NR, 1, false, fx__bf16_dp_kernel_avx512bf16,
                                           NULL, NULL};
-const fx__bf16_tiled fx__bf16_tiled_amx = {"amx",       FX__AMX_MR,         FX__AMX_NR,        FX__AMX_PAIRS, true,
-                                           fx__bf16_amx_kernel, fx__bf16_amx_enter, fx__bf16_amx_leave};
+const fx__bf16_tiled fx__bf16_tiled_amx = {"amx", FX__AMX_MR, FX__AMX_NR, FX__AMX_PAIRS, true, fx__bf16_amx_kernel,
+                                           fx__bf16_amx_enter, fx__bf16_amx_leave};
 const fx__bf16_tiled fx__bf16_tiled_f32 = {"float32", 0, 0, 1, false, NULL, NULL, NULL};
 
 /* dst [n] = the bfloat16 values of x's n elements from flat index i on. */
@@ -356,7 +352,7 @@ void fx__bf16_pack_b(const fx__bf16_tiled *t, uint32_t *dst, bool tb, int64_t N,
                      int64_t ldb)
 {
     const bool nested = fx__in_parallel();
-    (void)nested;
+    (void)nested; /* read only by the pragma, which is gone without OpenMP */
 #pragma omp parallel if (!nested && N * K >= (1 << 15))
     fx__bf16_pack_panels(t, false, dst, B, ldb, tb, N, K, fx__bf16_tiled_pairs(t, K));
 }
@@ -367,8 +363,8 @@ void fx__gemm_bf16_tiled_b(const fx__bf16_tiled *t, bool ta, int64_t M, int64_t 
     const double t0 = fx__gemm_trace_begin(); /* traced as fx__gemm_bf16 is, B counted as bfloat16 */
     fx__gemm_bf16_tiles(t, ta, false, M, N, K, A, lda, fx__bf16_of(NULL), 0, bp, beta, C, ldc, ws);
     if (t0 >= 0.0)
-        fx__gemm_trace_end(&(fx__gemm_shape){.ta = ta, .M = M, .N = N, .K = K, .bf16 = true, .a16 = A.bf16, .b16 = true},
-                           t0);
+        fx__gemm_trace_end(
+            &(fx__gemm_shape){.ta = ta, .M = M, .N = N, .K = K, .bf16 = true, .a16 = A.bf16, .b16 = true}, t0);
 }
 
 const fx__bf16_tiled *fx__gemm_bf16_tiled_route(int64_t M, int64_t N, int64_t K)

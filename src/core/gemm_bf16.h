@@ -110,8 +110,8 @@ typedef fx__gemm_bf16_kernels fx__bf16_tiled;
 
 /* The paths: vdpbf16ps, 12 x 32 tiles, both operands pair by pair (gemm_bf16_dp.h); AMX,
    32 x 32 tiles from 16 x 16 ones, pairs in blocks of 16 (a tile's k is 32), A row by row
-   within each block
-   (gemm_bf16_amx.c); and fx__bf16_tiled_f32, no kernel: the float32 route of fx__gemm_bf16. */
+   within each block (gemm_bf16_amx.c); and fx__bf16_tiled_f32, no kernel: the float32 route
+   of fx__gemm_bf16. */
 void fx__bf16_dp_kernel_avx512bf16(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C,
                                    int64_t ldc, int64_t mr, int64_t nr);
 void fx__bf16_amx_kernel(int64_t pairs, const uint32_t *a, const uint32_t *b, float beta, float *C, int64_t ldc,

@@ -1,8 +1,9 @@
 /* The AMX-BF16 kernel of the bfloat16 GEMM: a 32 x 32 tile of C as four 16 x 16 tiles, from an
    A panel packed row by row in blocks of 16 pairs (fx__bf16_pack_rows: each block 32 rows of
    16 words, its two 16-row tiles contiguous) and a B panel pair by pair (fx__bf16_pack_pairs:
-   `pairs` rows of 32 words), `pairs` a multiple of 16 (a tile's 32 values of k). Built for CPUs with AMX and called only where fx__cpu_amx_bf16() says the
-   CPU has it and the process may use it. */
+   `pairs` rows of 32 words), `pairs` a multiple of 16 (a tile's 32 values of k). Built for
+   CPUs with AMX and called only where fx__cpu_amx_bf16() says the CPU has it and the process
+   may use it, between fx__bf16_amx_enter and fx__bf16_amx_leave. */
 #include <immintrin.h>
 
 #include "gemm_bf16.h"

@@ -87,7 +87,8 @@ void fx__bf16_pack_rows_avx512(uint32_t *dst, fx__bf16_mat x, int64_t ld, bool l
                         continue;
                     }
                     const __m512i lo = fx__row16(x, 2 * p * ld + l0 + lb, m);
-                    const __m512i hi = 2 * p + 1 < K ? fx__row16(x, (2 * p + 1) * ld + l0 + lb, m) : _mm512_setzero_si512();
+                    const __m512i hi =
+                        2 * p + 1 < K ? fx__row16(x, (2 * p + 1) * ld + l0 + lb, m) : _mm512_setzero_si512();
                     r[i] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
                 }
                 fx__transpose16(r);

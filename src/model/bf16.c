@@ -114,12 +114,11 @@ static const fx__bf16_tiled *head16_route(int64_t nr, int64_t C, int64_t V)
 /* Bytes of the packed head for a loss in chunks of `rows` rows (0: not packed). */
 static size_t head16_bytes(const fx_model_config *c, int64_t rows)
 {
-    const fx__bf16_tiled *t = head16_route(rows, c->dim, c->vocab);
+    const int64_t C = c->dim, V = c->vocab, pieces = (V + FX__BF16_ROWS - 1) / FX__BF16_ROWS;
+    const fx__bf16_tiled *t = head16_route(rows, C, V);
     if (!t)
         return 0;
-    const int64_t pieces = (c->vocab + FX__BF16_ROWS - 1) / FX__BF16_ROWS;
-    const size_t bytes = (head16_fwd_words(t, c->dim, c->vocab) + (size_t)pieces * head16_piece_words(t, c->dim, c->vocab)) *
-                         sizeof(uint32_t);
+    const size_t bytes = (head16_fwd_words(t, C, V) + (size_t)pieces * head16_piece_words(t, C, V)) * sizeof(uint32_t);
     return bytes <= FX__HEAD16_MAX_BYTES ? bytes : 0;
 }
 
@@ -134,13 +133,14 @@ static const uint32_t *head16_of(fx__model *m, const void *w, fx_dtype dt, int64
 {
     const int64_t C = m->c.dim, V = m->c.vocab;
     const fx__bf16_tiled *t = head16_route(nr, C, V);
-    if (!t || !head16_bytes(&m->c, rows))
+    if (!t)
         return NULL;
     if (m->head16 && m->head16_path == t)
         return m->head16;
+    const size_t bytes = head16_bytes(&m->c, rows);
     fx__free(m->head16);
-    m->head16_path = NULL;
-    if (!(m->head16 = fx__alloc(head16_bytes(&m->c, rows))))
+    m->head16 = NULL, m->head16_path = NULL;
+    if (!bytes || !(m->head16 = fx__alloc(bytes)))
         return NULL; /* packed again each call instead */
     const fx__bf16_mat E = dt == FX_DT_BF16 ? fx__bf16_of(w) : fx__bf16_of_f32(w);
     fx__bf16_pack_b(t, m->head16, true, V, C, E, C);

@@ -346,7 +346,8 @@ void fx__lora_group_grads(fx__lora *a, int64_t l, const fx__lora_part *p, int n,
     lora_ws w = ws_of(a, N, I);
     float *kept = kept_u(a, l, p[0].t, N);
     if (!dropping(a)) {
-        /* u = x A^T: the forward pass's, else made again for the whole group in one product. */
+        /* The group's A stacked (fx__lora_group_dx reads it too); u = x A^T the forward pass's,
+           else made again for the whole group in one product. */
         stack_a(a, l, p, n, w.acat, I);
         if (!kept)
             fx__sgemm(false, true, N, nr, I, 1.0f, x, I, w.acat, I, 0.0f, w.u, nr);
@@ -478,8 +479,9 @@ int fx__lora_mem_train(fx__model_mem *mem, const fx_model_config *c, const fx__l
     if (o->sum_slices > 0) /* the deterministic sum's stack and sum, rows of A + 1 (dist.h) */
         mem->grads += (uint64_t)(fx__dist_sum_levels(o->sum_slices) + 1) * (A + 1) * sizeof(float);
     mem->adam = 2 * A * sizeof(float);
-    mem->scratch += (scratch_floats(lc->rank, widest_input(&k), (int64_t)N) + kept_floats(lc->rank, k.layers, (int64_t)N)) *
-                    sizeof(float);
+    const size_t lora_floats =
+        scratch_floats(lc->rank, widest_input(&k), (int64_t)N) + kept_floats(lc->rank, k.layers, (int64_t)N);
+    mem->scratch += lora_floats * sizeof(float);
     if (o->bf16) /* the bfloat16 products over the mapped rows (fx__linear_bf16), the packed head */
         mem->scratch += fx__model_bf16_map_ws_floats(&k, (int64_t)N) * sizeof(float) +
                         fx__model_head16_bytes(&k, (int64_t)N);
