@@ -409,9 +409,9 @@ static int tiled_paths(fx__bf16_tiled *t, const char **name)
    row), both element layouts and operand kinds, a full and a partial panel, both panel widths
    (A's 12 lines, B's 32), and a K that spans several of the packing's steps along a line; the
    pair-by-pair order by each of its loops (plain C, AVX-512, and the AVX-512 sweep of all
-   panels in two ranges of pairs, where the CPU has AVX-512), the row-by-row one by both of
-   its (plain C, AVX-512). The data hold the special values
-   of the rounding, subnormals among them, in both layouts. */
+   panels in two ranges of pairs, where the CPU has AVX-512), the row-by-row order by both of
+   its loops (plain C, AVX-512; whole blocks of 16 pairs). The data hold the special values of
+   the rounding, subnormals among them, in both layouts. */
 typedef void (*pack_fn)(uint32_t *, fx__bf16_mat, int64_t, bool, int64_t, int64_t, int64_t, int64_t, int64_t);
 
 static void test_gemm_bf16_pack(void)
