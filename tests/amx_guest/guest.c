@@ -2,9 +2,10 @@
    libflexc) on a bare emulated machine: boot.S starts it; it checks that the CPU reports
    AMX-TILE and AMX-BF16 and that XCR0 holds the tile state, then calls fx__bf16_amx_kernel
    (between fx__bf16_amx_enter and fx__bf16_amx_leave) on random packed panels at whole and
-   partial tiles, several lengths of k, strides past the tile and beta 0 (over NaN), 1 and -0.5. Each element of the tile must match the float64 sum of
-   the same bfloat16 products within test_gemm_bf16.c's bound, 1e-5 * (sum |a b| + |beta c|);
-   nothing outside the tile may change. The verdict goes to port 0xE9 (Bochs prints it), one
+   partial tiles, several lengths of k, strides past the tile and beta 0 (over NaN), 1 and -0.5.
+   Each element of the tile must match the float64 sum of the same bfloat16 products within
+   test_gemm_bf16.c's bound, 1e-5 * (sum |a b| + |beta c|); nothing outside the tile may
+   change. The verdict goes to port 0xE9 (Bochs prints it), one
    line starting "PASS" or "FAIL" (or "SKIP" where the CPU lacks AMX).
    Freestanding: no libc (memcpy and friends come from tests/freestanding_mem.S). */
 #include <stdint.h>
