@@ -504,6 +504,69 @@ static void test_gemm_tiled_paths(void)
     fx_set_num_threads(before);
 }
 
+/* One shape and transposition of test_gemm_thin_path. */
+static void check_gemm_thin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, uint64_t seed)
+{
+    if (M < 1 || M > 4096 || N < 1 || N > 4096 || K < 0 || K > 4096 || !fx__sgemm_thin_fits(M, N)) {
+        FXT_FAIL("shape %lld x %lld x %lld outside the test's range", (long long)M, (long long)N, (long long)K);
+        return;
+    }
+    const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+    const size_t na = (size_t)(ta ? K : M) * (size_t)lda, nb = (size_t)(tb ? N : K) * (size_t)ldb;
+    const size_t nc = (size_t)M * (size_t)ldc;
+    const float betas[] = {0.0f, 1.0f, -0.75f};
+    float *A = fxt_random(na ? na : 1, -1, 1, seed), *B = fxt_random(nb ? nb : 1, -1, 1, seed + 1);
+    float *C0 = fxt_random(nc, -1, 1, seed + 2), *ws = fxt_guarded(fx__sgemm_tiled_ws(M, N, K));
+    float *wt = fxt_guarded(fx__sgemm_thin_ws(M, N, K, 3)); /* no write past it */
+    for (size_t bi = 0; bi < sizeof betas / sizeof betas[0]; bi++) {
+        const float beta = betas[bi];
+        float *C = fxt_guarded_copy(C0, nc), *CT = fxt_guarded_copy(C0, nc);
+        for (int64_t i = 0; i < M && beta == 0.0f; i++)
+            for (int64_t j = 0; j < N; j++)
+                C[i * ldc + j] = NAN; /* must not survive */
+        fx_set_num_threads(1);
+        fx__sgemm_tiled(&fx__sgemm_path_avx512, FX__SG_AUTO, ta, tb, M, N, K, 0.5f, fx__sgemm_f32(A), lda,
+                        fx__sgemm_f32(B), ldb, beta, C, ldc, ws);
+        for (int nt = 1; nt <= 3; nt += 2) {
+            fx_set_num_threads(nt);
+            memcpy(CT, C0, nc * sizeof(float));
+            for (int64_t i = 0; i < M && beta == 0.0f; i++)
+                for (int64_t j = 0; j < N; j++)
+                    CT[i * ldc + j] = NAN;
+            fx__sgemm_thin(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, beta, CT, ldc, wt);
+            if (!fxt_bitwise_f32("thin vs tiled", C, CT, nc))
+                printf("  %lld x %lld x %lld, ta %d tb %d, beta %g, %d threads\n", (long long)M, (long long)N,
+                       (long long)K, ta, tb, (double)beta, nt);
+        }
+        fxt_guarded_free("C", C);
+        fxt_guarded_free("CT", CT);
+    }
+    fxt_guarded_free("ws", ws);
+    fxt_guarded_free("wt", wt);
+    free(A), free(B), free(C0);
+}
+
+/* The thin path (sgemm.h) against the tiled one on the AVX-512 path: the same bits at thin
+   widths from 1 to FX__SG_THIN_MAX (one, two and three vectors, partial ones), C transposed
+   where M is the thin side, partial wide tiles, K across blocks and K = 0, every transpose,
+   padded leading dimensions, beta 0 over NaN, 1 and -0.75, on 1 and 3 threads. */
+static void test_gemm_thin_path(void)
+{
+    if (fx_get_isa() != FX_ISA_AVX512) {
+        printf("  (no AVX-512 on this CPU: no thin path)\n");
+        return;
+    }
+    const int64_t shapes[][3] = {{100, 1, 7},   {97, 16, FX__SG_KC + 1},  {200, 17, 300},
+                                 {140, 33, 64}, {150, 32, 2 * FX__SG_KC + 5},
+                                 {333, 48, 100}, {64, 16, 0},              {16, 300, FX__SG_KC + 9},
+                                 {1, 50, 40},   {9, 97, 1000}};
+    const int before = fx_get_num_threads();
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int t = 0; t < 4; t++)
+            check_gemm_thin(t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 300 + 10 * s);
+    fx_set_num_threads(before);
+}
+
 /* The harness itself: a guard that is overwritten must be caught. */
 /* The finite check: every path finds the first NaN or infinity at every position and
    alignment (vector body and scalar tail), and returns -1 for finite data including the
@@ -843,6 +906,7 @@ int main(int argc, char **argv)
     FXT_RUN(test_traces);
     FXT_RUN(test_gemm_thread_independent);
     FXT_RUN(test_gemm_tiled_paths);
+    FXT_RUN(test_gemm_thin_path);
     FXT_RUN(test_philox_known_answers);
     FXT_RUN(test_rng_streams);
     FXT_RUN(test_rng_fill_thread_independent);

@@ -76,16 +76,22 @@ static void fx__sgemm_blis(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fl
 static void fx__sgemm_own_avx512(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
-    /* The scratch is two blocks of k of both operands ((M + N) x 4 KiB at most); where it
-       cannot be had, BLIS, which needs none of ours (its sums in another order: a process
-       out of memory may see other bits). */
-    float *ws = fx__alloc(fx__sgemm_tiled_ws(M, N, K) * sizeof(float));
+    /* The scratch is two blocks of k of both operands ((M + N) x 4 KiB at most), or the thin
+       path's (the thin operand whole, a wide tile per thread); where it cannot be had, BLIS,
+       which needs none of ours (its sums in another order: a process out of memory may see
+       other bits). */
+    const bool thin = fx__sgemm_thin_fits(M, N);
+    float *ws = fx__alloc((thin ? fx__sgemm_thin_ws(M, N, K, fx__max_threads()) : fx__sgemm_tiled_ws(M, N, K)) *
+                          sizeof(float));
     if (!ws) {
         fx__sgemm_blis(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    fx__sgemm_tiled(&fx__sgemm_path_avx512, FX__SG_AUTO, ta, tb, M, N, K, alpha, fx__sgemm_f32(A), lda,
-                    fx__sgemm_f32(B), ldb, beta, C, ldc, ws);
+    if (thin)
+        fx__sgemm_thin(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, ws);
+    else
+        fx__sgemm_tiled(&fx__sgemm_path_avx512, FX__SG_AUTO, ta, tb, M, N, K, alpha, fx__sgemm_f32(A), lda,
+                        fx__sgemm_f32(B), ldb, beta, C, ldc, ws);
     fx__free(ws);
 }
 
@@ -308,5 +314,71 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, fx__sgemm_scheme scheme, bool ta, 
                 fx__sgemm_streamed(&c, share == FX__SG_SHARE_A, kc, k0, blk);
             k0 += kc, blk++;
         } while (k0 < K);
+    }
+}
+
+/* ---- the thin path (sgemm.h) ---------------------------------------------------------------- */
+
+/* An operand of the thin path by its lines (rows of op(A) or columns of op(B)): element (line
+   l, k) at p[l * ld + k] when lk, else p[k * ld + l], as the packing reads it. */
+typedef struct thin_side {
+    fx__sgemm_mat x;
+    int64_t ld, lines;
+    bool lk;
+} thin_side;
+
+bool fx__sgemm_thin_fits(int64_t M, int64_t N)
+{
+    /* C transposed for one vector only: at two and three the tiled path is as fast or faster
+       (dA's shapes, 2 threads of an AMD EPYC: 0.88-1.0x). */
+    return (N <= FX__SG_THIN_MAX && M >= FX__SG_THIN_RATIO * N) || (M <= 16 && N >= FX__SG_THIN_RATIO * M);
+}
+
+/* Vectors of the thin side n. */
+static int64_t thin_vectors(int64_t n) { return (n + 15) / 16; }
+
+size_t fx__sgemm_thin_ws(int64_t M, int64_t N, int64_t K, int threads)
+{
+    const int64_t nv = thin_vectors(M < N ? M : N), kmax = K < FX__SG_KC ? K : FX__SG_KC;
+    /* The thin side packed whole, then a slot of one wide tile's block of k per thread. */
+    return (size_t)(16 * nv * K + threads * (FX__SG_THIN_ACC / nv) * kmax + 1);
+}
+
+void fx__sgemm_thin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t lda,
+                    const float *B, int64_t ldb, float beta, float *C, int64_t ldc, float *ws)
+{
+    /* C's rows are the wide side's lines unless N is the longer: then C transposed. */
+    const bool ct = N > M;
+    const thin_side a = {fx__sgemm_f32(A), lda, M, !ta}, b = {fx__sgemm_f32(B), ldb, N, tb};
+    const thin_side wide = ct ? b : a, thin = ct ? a : b;
+    const int64_t nv = thin_vectors(thin.lines), width = 16 * nv, rows = FX__SG_THIN_ACC / nv;
+    const int64_t tiles = (wide.lines + rows - 1) / rows, blocks = (K + FX__SG_KC - 1) / FX__SG_KC;
+    const int64_t kmax = K < FX__SG_KC ? K : FX__SG_KC;
+    const double flops = 2.0 * (double)M * (double)N * (double)K;
+    const bool nested = fx__in_parallel();
+    (void)nested, (void)flops; /* read only by the pragma, which is gone without OpenMP */
+    float *packed = ws, *slots = ws + width * K;
+    /* One barrier: between the thin side's packing, block by block, and the tiles. */
+#pragma omp parallel if (!nested && flops >= FX__GEMM_MIN_FLOPS)
+    {
+#pragma omp for schedule(static)
+        for (int64_t q = 0; q < blocks; q++) {
+            const int64_t k0 = q * FX__SG_KC, kc = K - k0 < FX__SG_KC ? K - k0 : FX__SG_KC;
+            fx__sgemm_pack_avx512(packed + k0 * width, thin.x, thin.ld, thin.lk, thin.lines, k0, kc, width, 0);
+        }
+        float *own = slots + (int64_t)fx__thread_id() * rows * kmax;
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t l0 = t * rows, mr = wide.lines - l0 < rows ? wide.lines - l0 : rows;
+            float *c = ct ? C + l0 : C + l0 * ldc;
+            int64_t k0 = 0;
+            do { /* K = 0: one empty block, C = beta C */
+                const int64_t kc = K - k0 < FX__SG_KC ? K - k0 : FX__SG_KC;
+                fx__sgemm_pack_avx512(own, wide.x, wide.ld, wide.lk, wide.lines, k0, kc, rows, t);
+                fx__sgemm_thin_kernel_avx512(kc, own, packed + k0 * width, alpha, k0 == 0 ? beta : 1.0f, c, ldc, mr,
+                                             thin.lines, ct);
+                k0 += kc;
+            } while (k0 < K);
+        }
     }
 }

@@ -4,6 +4,7 @@
 #include "transpose16_avx512.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 void fx__sgemm_kernel_avx512(int64_t kc, const float *a, const float *b, float alpha, float beta, float *C,
                              int64_t ldc, int64_t mr, int64_t nr)
@@ -64,6 +65,21 @@ static inline __m512 fx__sgemm_load16(fx__sgemm_mat x, fx__sgemm_elem elem, int6
     return _mm512_maskz_loadu_ps(m, (const float *)x.p + i);
 }
 
+/* Lines of x read by a row-by-row packing ahead of the one it copies: rows ld apart are as
+   many pages apart when ld is a few thousand floats, where the hardware's prefetchers (which
+   follow a stride within a page) stop, and each row's few lines would be fetched at full
+   latency. The prefetch touches no memory (an address past x is harmless). */
+enum { FX__SG_AHEAD = 8 };
+
+static inline void fx__sgemm_prefetch16(fx__sgemm_mat x, fx__sgemm_elem elem, int64_t i)
+{
+    const bool half = elem == FX__SG_BF16;
+    const char *p = half ? (const char *)((const uint16_t *)x.p + i) : (const char *)((const float *)x.p + i);
+    const size_t bytes = half ? 32 : 64;
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + bytes - 1);
+}
+
 static inline __attribute__((always_inline)) void fx__sgemm_pack_lines(float *dst, fx__sgemm_mat x,
                                                                        fx__sgemm_elem elem, int64_t ld, bool lk,
                                                                        int64_t lines, int64_t k0, int64_t kc,
@@ -78,8 +94,10 @@ static inline __attribute__((always_inline)) void fx__sgemm_pack_lines(float *ds
                 _mm512_mask_storeu_ps(dst + k * width + lb, all, _mm512_setzero_ps());
         } else if (!lk) { /* a row of x holds sixteen lines of one k */
             const int64_t at = k0 * ld + l0 + lb;
-            for (int64_t k = 0; k < kc; k++)
+            for (int64_t k = 0; k < kc; k++) {
+                fx__sgemm_prefetch16(x, elem, at + (k + FX__SG_AHEAD) * ld);
                 _mm512_mask_storeu_ps(dst + k * width + lb, all, fx__sgemm_load16(x, elem, at + k * ld, m));
+            }
         } else { /* sixteen lines by sixteen k, transposed */
             const int64_t at = (l0 + lb) * ld + k0;
             for (int64_t kb = 0; kb < kc; kb += 16) {
@@ -109,4 +127,70 @@ void fx__sgemm_pack_avx512(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int
     case FX__SG_F32: break;
     }
     fx__sgemm_pack_lines(dst, x, FX__SG_F32, ld, lk, lines, k0, kc, width, q);
+}
+
+/* The thin kernel (sgemm.h): the tile's nv vectors of columns held in 24 accumulators, rows
+   24 / nv of them. The arithmetic of fx__sgemm_kernel_avx512, element by element. */
+static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, int64_t kc, const float *a,
+                                                                      const float *b, float alpha, float beta,
+                                                                      float *C, int64_t ldc, int64_t mr, int64_t nr,
+                                                                      bool ct)
+{
+    const int rows = FX__SG_THIN_ACC / nv, w = 16 * nv;
+    __m512 acc[FX__SG_THIN_ACC];
+#pragma GCC unroll 24
+    for (int i = 0; i < FX__SG_THIN_ACC; i++)
+        acc[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 bk[3];
+#pragma GCC unroll 3
+        for (int v = 0; v < nv; v++)
+            bk[v] = _mm512_loadu_ps(b + k * w + 16 * v);
+        const float *ak = a + k * rows;
+#pragma GCC unroll 24
+        for (int r = 0; r < rows; r++) {
+            const __m512 ar = _mm512_set1_ps(ak[r]);
+#pragma GCC unroll 3
+            for (int v = 0; v < nv; v++)
+                acc[r * nv + v] = _mm512_fmadd_ps(ar, bk[v], acc[r * nv + v]);
+        }
+    }
+    const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+    if (ct) { /* C [nr, mr] transposed: alpha s through the vector unit, beta C added one by one */
+        float t[FX__SG_THIN_ACC * 16];
+#pragma GCC unroll 24
+        for (int i = 0; i < FX__SG_THIN_ACC; i++)
+            _mm512_storeu_ps(t + 16 * i, _mm512_mul_ps(va, acc[i]));
+        for (int64_t j = 0; j < nr; j++)
+            for (int64_t r = 0; r < mr; r++) {
+                const float x = t[r * w + j];
+                float *c = C + j * ldc + r;
+                *c = beta != 0.0f ? fmaf(beta, *c, x) : x;
+            }
+        return;
+    }
+#pragma GCC unroll 24
+    for (int r = 0; r < rows; r++) {
+        if (r >= mr)
+            break;
+#pragma GCC unroll 3
+        for (int v = 0; v < nv; v++) {
+            float *c = C + r * ldc + 16 * v;
+            const __mmask16 m = fx__tail16(nr - 16 * v);
+            __m512 x = _mm512_mul_ps(va, acc[r * nv + v]);
+            if (beta != 0.0f)
+                x = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(m, c), x);
+            _mm512_mask_storeu_ps(c, m, x);
+        }
+    }
+}
+
+void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, const float *b, float alpha, float beta, float *C,
+                                  int64_t ldc, int64_t mr, int64_t nr, bool ct)
+{
+    switch ((nr + 15) / 16) { /* one copy of the loops per width */
+    case 1: fx__sgemm_thin_tile(1, kc, a, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    case 2: fx__sgemm_thin_tile(2, kc, a, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    default: fx__sgemm_thin_tile(3, kc, a, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    }
 }
