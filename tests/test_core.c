@@ -548,8 +548,9 @@ static void check_gemm_thin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, u
 
 /* The thin path (sgemm.h) against the tiled one on the AVX-512 path: the same bits at thin
    widths from 1 to FX__SG_THIN_MAX (one, two and three vectors, partial ones), C transposed
-   where M is the thin side, partial wide tiles, K across blocks and K = 0, every transpose,
-   padded leading dimensions, beta 0 over NaN, 1 and -0.75, on 1 and 3 threads. */
+   where M is the thin side, the wide side read in place and packed, partial wide tiles, K
+   across blocks and K = 0, every transpose, padded leading dimensions, beta 0 over NaN, 1 and
+   -0.75, on 1 and 3 threads. */
 static void test_gemm_thin_path(void)
 {
     if (fx_get_isa() != FX_ISA_AVX512) {
@@ -559,7 +560,8 @@ static void test_gemm_thin_path(void)
     const int64_t shapes[][3] = {{100, 1, 7},   {97, 16, FX__SG_KC + 1},  {200, 17, 300},
                                  {140, 33, 64}, {150, 32, 2 * FX__SG_KC + 5},
                                  {333, 48, 100}, {64, 16, 0},              {16, 300, FX__SG_KC + 9},
-                                 {1, 50, 40},   {9, 97, 1000}};
+                                 {1, 50, 40},   {9, 97, 1000},            {20, 100, 50},
+                                 {40, 200, FX__SG_KC + 3}};
     const int before = fx_get_num_threads();
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int t = 0; t < 4; t++)

@@ -329,9 +329,7 @@ typedef struct thin_side {
 
 bool fx__sgemm_thin_fits(int64_t M, int64_t N)
 {
-    /* C transposed for one vector only: at two and three the tiled path is as fast or faster
-       (dA's shapes, 2 threads of an AMD EPYC: 0.88-1.0x). */
-    return (N <= FX__SG_THIN_MAX && M >= FX__SG_THIN_RATIO * N) || (M <= 16 && N >= FX__SG_THIN_RATIO * M);
+    return (N <= FX__SG_THIN_MAX && M >= FX__SG_THIN_RATIO * N) || (M <= FX__SG_THIN_MAX && N >= FX__SG_THIN_RATIO * M);
 }
 
 /* Vectors of the thin side n. */
@@ -374,9 +372,16 @@ void fx__sgemm_thin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
             int64_t k0 = 0;
             do { /* K = 0: one empty block, C = beta C */
                 const int64_t kc = K - k0 < FX__SG_KC ? K - k0 : FX__SG_KC;
-                fx__sgemm_pack_avx512(own, wide.x, wide.ld, wide.lk, wide.lines, k0, kc, rows, t);
-                fx__sgemm_thin_kernel_avx512(kc, own, packed + k0 * width, alpha, k0 == 0 ? beta : 1.0f, c, ldc, mr,
-                                             thin.lines, ct);
+                /* A whole tile whose k's lines lie side by side is read where it is; else packed
+                   (the last tile's lines past the operand as zeros). */
+                const float *at = (const float *)wide.x.p + k0 * wide.ld + l0;
+                int64_t as = wide.ld;
+                if (wide.lk || mr < rows) {
+                    fx__sgemm_pack_avx512(own, wide.x, wide.ld, wide.lk, wide.lines, k0, kc, rows, t);
+                    at = own, as = rows;
+                }
+                fx__sgemm_thin_kernel_avx512(kc, at, as, packed + k0 * width, alpha, k0 == 0 ? beta : 1.0f, c, ldc,
+                                             mr, thin.lines, ct);
                 k0 += kc;
             } while (k0 < K);
         }

@@ -132,9 +132,9 @@ void fx__sgemm_pack_avx512(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int
 /* The thin kernel (sgemm.h): the tile's nv vectors of columns held in 24 accumulators, rows
    24 / nv of them. The arithmetic of fx__sgemm_kernel_avx512, element by element. */
 static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, int64_t kc, const float *a,
-                                                                      const float *b, float alpha, float beta,
-                                                                      float *C, int64_t ldc, int64_t mr, int64_t nr,
-                                                                      bool ct)
+                                                                      int64_t as, const float *b, float alpha,
+                                                                      float beta, float *C, int64_t ldc, int64_t mr,
+                                                                      int64_t nr, bool ct)
 {
     const int rows = FX__SG_THIN_ACC / nv, w = 16 * nv;
     __m512 acc[FX__SG_THIN_ACC];
@@ -146,7 +146,7 @@ static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, in
 #pragma GCC unroll 3
         for (int v = 0; v < nv; v++)
             bk[v] = _mm512_loadu_ps(b + k * w + 16 * v);
-        const float *ak = a + k * rows;
+        const float *ak = a + k * as;
 #pragma GCC unroll 24
         for (int r = 0; r < rows; r++) {
             const __m512 ar = _mm512_set1_ps(ak[r]);
@@ -185,12 +185,12 @@ static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, in
     }
 }
 
-void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, const float *b, float alpha, float beta, float *C,
-                                  int64_t ldc, int64_t mr, int64_t nr, bool ct)
+void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, int64_t as, const float *b, float alpha, float beta,
+                                  float *C, int64_t ldc, int64_t mr, int64_t nr, bool ct)
 {
     switch ((nr + 15) / 16) { /* one copy of the loops per width */
-    case 1: fx__sgemm_thin_tile(1, kc, a, b, alpha, beta, C, ldc, mr, nr, ct); return;
-    case 2: fx__sgemm_thin_tile(2, kc, a, b, alpha, beta, C, ldc, mr, nr, ct); return;
-    default: fx__sgemm_thin_tile(3, kc, a, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    case 1: fx__sgemm_thin_tile(1, kc, a, as, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    case 2: fx__sgemm_thin_tile(2, kc, a, as, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    default: fx__sgemm_thin_tile(3, kc, a, as, b, alpha, beta, C, ldc, mr, nr, ct); return;
     }
 }

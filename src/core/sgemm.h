@@ -90,8 +90,9 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, fx__sgemm_scheme scheme, bool ta, 
    A product with one side of C at most FX__SG_THIN_MAX wide (the adapters' [N, r] products:
    u = x A^T, d(u) = dy B, and dB = dy^T u, dA = d(u)^T x with C's rows the thin side) wastes
    most of a 12 x 32 tile on that side. The thin path fits the tile to it: the thin operand
-   packed whole once, its lines in one to three vectors (nv), and the wide one packed a tile of
-   24 / nv lines at a time; where M is the thin side it computes C transposed. Each element is
+   packed whole once, its lines in one to three vectors (nv), and the wide one read a tile of
+   24 / nv lines at a time, where it lies when a k's lines are side by side in it (dB's dy^T,
+   dA's x), else packed; where M is the thin side it computes C transposed. Each element is
    the same fused multiply-add chain, in the same blocks of k, combined with C the same way as
    on the tiled path (the product of two floats is the same in either order), so the two give
    the same bits. AVX-512 only (fx__sgemm on that path). */
@@ -102,13 +103,14 @@ enum {
 };
 
 /* A thin tile: T [mr, nr] (nr <= 16 nv, mr <= 24 / nv, nv = ceil(nr / 16)) = alpha * sum_k
-   a[k * (24 / nv) + r] b[k * 16 nv + j] over kc values of k, stored in C[r * ldc + j] (ct
-   false) or C[j * ldc + r] (ct), plus beta * C (beta 0: nothing of C is read). */
-void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, const float *b, float alpha, float beta, float *C,
-                                  int64_t ldc, int64_t mr, int64_t nr, bool ct);
+   a[k * as + r] b[k * 16 nv + j] over kc values of k, stored in C[r * ldc + j] (ct false) or
+   C[j * ldc + r] (ct), plus beta * C (beta 0: nothing of C is read). a's 24 / nv values of
+   each k are read, mr or not. */
+void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, int64_t as, const float *b, float alpha, float beta,
+                                  float *C, int64_t ldc, int64_t mr, int64_t nr, bool ct);
 
-/* Whether (M, N) takes the thin path: N at most FX__SG_THIN_MAX, or M at most 16, and the
-   other side FX__SG_THIN_RATIO times longer. */
+/* Whether (M, N) takes the thin path: a side at most FX__SG_THIN_MAX and the other
+   FX__SG_THIN_RATIO times longer. */
 bool fx__sgemm_thin_fits(int64_t M, int64_t N);
 /* Floats of scratch fx__sgemm_thin needs for (M, N, K) on `threads` threads. */
 size_t fx__sgemm_thin_ws(int64_t M, int64_t N, int64_t K, int threads);
