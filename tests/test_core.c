@@ -505,13 +505,13 @@ static void test_gemm_tiled_paths(void)
 }
 
 /* One shape and transposition of test_gemm_thin_path. */
-static void check_gemm_thin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, uint64_t seed)
+static void check_gemm_thin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, int64_t pad, uint64_t seed)
 {
     if (M < 1 || M > 4096 || N < 1 || N > 4096 || K < 0 || K > 4096 || !fx__sgemm_thin_fits(M, N)) {
         FXT_FAIL("shape %lld x %lld x %lld outside the test's range", (long long)M, (long long)N, (long long)K);
         return;
     }
-    const int64_t lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+    const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + 2;
     const size_t na = (size_t)(ta ? K : M) * (size_t)lda, nb = (size_t)(tb ? N : K) * (size_t)ldb;
     const size_t nc = (size_t)M * (size_t)ldc;
     const float betas[] = {0.0f, 1.0f, -0.75f};
@@ -557,15 +557,17 @@ static void test_gemm_thin_path(void)
         printf("  (no AVX-512 on this CPU: no thin path)\n");
         return;
     }
-    const int64_t shapes[][3] = {{100, 1, 7},   {97, 16, FX__SG_KC + 1},  {200, 17, 300},
-                                 {140, 33, 64}, {150, 32, 2 * FX__SG_KC + 5},
-                                 {333, 48, 100}, {64, 16, 0},              {16, 300, FX__SG_KC + 9},
-                                 {1, 50, 40},   {9, 97, 1000},            {20, 100, 50},
-                                 {40, 200, FX__SG_KC + 3}};
+    /* M, N, K and the operands' padding (their lines 1024 floats apart in the last two: a wide
+       side whose rows would crowd L1, packed) */
+    const int64_t shapes[][4] = {{100, 1, 7, 3},     {97, 16, FX__SG_KC + 1, 3},      {200, 17, 300, 5},
+                                 {140, 33, 64, 3},   {150, 32, 2 * FX__SG_KC + 5, 1}, {333, 48, 100, 3},
+                                 {64, 16, 0, 3},     {16, 300, FX__SG_KC + 9, 3},     {1, 50, 40, 3},
+                                 {9, 97, 1000, 5},   {20, 100, 50, 3},                {40, 200, FX__SG_KC + 3, 3},
+                                 {100, 20, 700, 324}, {10, 120, 600, 424}};
     const int before = fx_get_num_threads();
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int t = 0; t < 4; t++)
-            check_gemm_thin(t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 300 + 10 * s);
+            check_gemm_thin(t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], 300 + 10 * s);
     fx_set_num_threads(before);
 }
 

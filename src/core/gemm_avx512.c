@@ -132,7 +132,8 @@ void fx__sgemm_pack_avx512(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int
 /* The thin kernel (sgemm.h): the tile's nv vectors of columns held in 24 accumulators, rows
    24 / nv of them. The arithmetic of fx__sgemm_kernel_avx512, element by element. */
 static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, int64_t kc, const float *a,
-                                                                      int64_t as, const float *b, float alpha,
+                                                                      int64_t as, int64_t ls, const float *b,
+                                                                      float alpha,
                                                                       float beta, float *C, int64_t ldc, int64_t mr,
                                                                       int64_t nr, bool ct)
 {
@@ -149,7 +150,7 @@ static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, in
         const float *ak = a + k * as;
 #pragma GCC unroll 24
         for (int r = 0; r < rows; r++) {
-            const __m512 ar = _mm512_set1_ps(ak[r]);
+            const __m512 ar = _mm512_set1_ps(ak[r * ls]);
 #pragma GCC unroll 3
             for (int v = 0; v < nv; v++)
                 acc[r * nv + v] = _mm512_fmadd_ps(ar, bk[v], acc[r * nv + v]);
@@ -185,12 +186,12 @@ static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, in
     }
 }
 
-void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, int64_t as, const float *b, float alpha, float beta,
-                                  float *C, int64_t ldc, int64_t mr, int64_t nr, bool ct)
+void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, int64_t as, int64_t ls, const float *b, float alpha,
+                                  float beta, float *C, int64_t ldc, int64_t mr, int64_t nr, bool ct)
 {
     switch ((nr + 15) / 16) { /* one copy of the loops per width */
-    case 1: fx__sgemm_thin_tile(1, kc, a, as, b, alpha, beta, C, ldc, mr, nr, ct); return;
-    case 2: fx__sgemm_thin_tile(2, kc, a, as, b, alpha, beta, C, ldc, mr, nr, ct); return;
-    default: fx__sgemm_thin_tile(3, kc, a, as, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    case 1: fx__sgemm_thin_tile(1, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    case 2: fx__sgemm_thin_tile(2, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    default: fx__sgemm_thin_tile(3, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct); return;
     }
 }

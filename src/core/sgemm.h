@@ -106,8 +106,8 @@ enum {
    a[k * as + r] b[k * 16 nv + j] over kc values of k, stored in C[r * ldc + j] (ct false) or
    C[j * ldc + r] (ct), plus beta * C (beta 0: nothing of C is read). a's 24 / nv values of
    each k are read, mr or not. */
-void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, int64_t as, const float *b, float alpha, float beta,
-                                  float *C, int64_t ldc, int64_t mr, int64_t nr, bool ct);
+void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, int64_t as, int64_t ls, const float *b, float alpha,
+                                  float beta, float *C, int64_t ldc, int64_t mr, int64_t nr, bool ct);
 
 /* Whether (M, N) takes the thin path: a side at most FX__SG_THIN_MAX and the other
    FX__SG_THIN_RATIO times longer. */
