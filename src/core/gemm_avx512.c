@@ -148,6 +148,10 @@ static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, in
         for (int v = 0; v < nv; v++)
             bk[v] = _mm512_loadu_ps(b + k * w + 16 * v);
         const float *ak = a + k * as;
+        if (ls == 1) { /* a k's values side by side, k's as apart: FX__SG_AHEAD k's ahead */
+            __builtin_prefetch(ak + FX__SG_AHEAD * as);
+            __builtin_prefetch(ak + FX__SG_AHEAD * as + rows - 1);
+        }
 #pragma GCC unroll 24
         for (int r = 0; r < rows; r++) {
             const __m512 ar = _mm512_set1_ps(ak[r * ls]);
