@@ -22,7 +22,11 @@ endif()
 add_executable(bench_gemm_bf16 ${PROJECT_SOURCE_DIR}/bench/gemm_bf16.c)
 target_link_libraries(bench_gemm_bf16 PRIVATE flexc_internal)
 
-# The same against oneDNN's bfloat16 matmul (bench/gemm_bf16_onednn.c), where oneDNN is
+# The float32 GEMM's thin path against its tiled one at a LoRA step's shapes (bench/gemm_thin.c).
+add_executable(bench_gemm_thin ${PROJECT_SOURCE_DIR}/bench/gemm_thin.c)
+target_link_libraries(bench_gemm_thin PRIVATE flexc_internal)
+
+# The bf16 GEMM against oneDNN's bfloat16 matmul (bench/gemm_bf16_onednn.c), where oneDNN is
 # installed (Debian: libdnnl-dev; scripts/deps.sh ci installs it), in builds with OpenMP (the
 # benchmark sets both libraries' thread counts through it).
 find_library(FLEXC_DNNL_LIBRARY dnnl)
