@@ -360,7 +360,8 @@ void fx__sgemm_thin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
        4 KiB period) as 4096 / gcd(4 ld, 4096): with 512-byte steps or finer, 8 sets or more,
        at most three lines of a tile in each of a set's 8 ways (two where a line's 16 values
        straddle); coarser ones evict each other at every k (55 against 209 GFLOP/s, 24 rows
-       12 KiB apart, 2 threads of an AMD EPYC). A k's lines side by side are one line. */
+       12 KiB apart, 2 threads of an AMD EPYC). Where a k's lines lie side by side instead, a
+       tile's values of one k are one run of memory. */
     const int64_t step = wide.lk ? 4 * wide.ld : 4;
     const bool in_place = (step & -step) <= 512;
     /* One barrier: between the thin side's packing, block by block, and the tiles. */
@@ -381,11 +382,13 @@ void fx__sgemm_thin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
                 const int64_t kc = K - k0 < FX__SG_KC ? K - k0 : FX__SG_KC;
                 /* A whole tile is read where it lies when its lines do not crowd the cache;
                    else packed (the last tile's lines past the operand as zeros). */
-                const float *at = (const float *)wide.x.p + (wide.lk ? l0 * wide.ld + k0 : k0 * wide.ld + l0);
-                int64_t as = wide.lk ? 1 : wide.ld, ls = wide.lk ? wide.ld : 1;
-                if (mr < rows || !in_place) {
+                const float *at = own;
+                int64_t as = rows, ls = 1;
+                if (mr == rows && in_place && kc > 0) {
+                    at = (const float *)wide.x.p + (wide.lk ? l0 * wide.ld + k0 : k0 * wide.ld + l0);
+                    as = wide.lk ? 1 : wide.ld, ls = wide.lk ? wide.ld : 1;
+                } else {
                     fx__sgemm_pack_avx512(own, wide.x, wide.ld, wide.lk, wide.lines, k0, kc, rows, t);
-                    at = own, as = rows, ls = 1;
                 }
                 fx__sgemm_thin_kernel_avx512(kc, at, as, ls, packed + k0 * width, alpha, k0 == 0 ? beta : 1.0f, c,
                                              ldc, mr, thin.lines, ct);

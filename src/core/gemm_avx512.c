@@ -71,13 +71,17 @@ static inline __m512 fx__sgemm_load16(fx__sgemm_mat x, fx__sgemm_elem elem, int6
    latency. The prefetch touches no memory (an address past x is harmless). */
 enum { FX__SG_AHEAD = 8 };
 
+/* The address `bytes` past p, computed as an integer: a prefetch may aim past the array. */
+static inline const void *fx__ahead(const void *p, int64_t bytes)
+{
+    return (const void *)((uintptr_t)p + (uintptr_t)bytes);
+}
+
 static inline void fx__sgemm_prefetch16(fx__sgemm_mat x, fx__sgemm_elem elem, int64_t i)
 {
-    const bool half = elem == FX__SG_BF16;
-    const char *p = half ? (const char *)((const uint16_t *)x.p + i) : (const char *)((const float *)x.p + i);
-    const size_t bytes = half ? 32 : 64;
-    __builtin_prefetch(p);
-    __builtin_prefetch(p + bytes - 1);
+    const int64_t size = elem == FX__SG_BF16 ? 2 : 4;
+    __builtin_prefetch(fx__ahead(x.p, i * size));
+    __builtin_prefetch(fx__ahead(x.p, i * size + 16 * size - 1));
 }
 
 static inline __attribute__((always_inline)) void fx__sgemm_pack_lines(float *dst, fx__sgemm_mat x,
@@ -149,8 +153,8 @@ static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, in
             bk[v] = _mm512_loadu_ps(b + k * w + 16 * v);
         const float *ak = a + k * as;
         if (ls == 1) { /* a k's values side by side, k's as apart: FX__SG_AHEAD k's ahead */
-            __builtin_prefetch(ak + FX__SG_AHEAD * as);
-            __builtin_prefetch(ak + FX__SG_AHEAD * as + rows - 1);
+            __builtin_prefetch(fx__ahead(ak, 4 * FX__SG_AHEAD * as));
+            __builtin_prefetch(fx__ahead(ak, 4 * (FX__SG_AHEAD * as + rows - 1)));
         }
 #pragma GCC unroll 24
         for (int r = 0; r < rows; r++) {
