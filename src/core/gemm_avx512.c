@@ -137,9 +137,8 @@ void fx__sgemm_pack_avx512(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int
    24 / nv of them. The arithmetic of fx__sgemm_kernel_avx512, element by element. */
 static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, int64_t kc, const float *a,
                                                                       int64_t as, int64_t ls, const float *b,
-                                                                      float alpha,
-                                                                      float beta, float *C, int64_t ldc, int64_t mr,
-                                                                      int64_t nr, bool ct)
+                                                                      float alpha, float beta, float *C, int64_t ldc,
+                                                                      int64_t mr, int64_t nr, bool ct)
 {
     const int rows = FX__SG_THIN_ACC / nv, w = 16 * nv;
     __m512 acc[FX__SG_THIN_ACC];
@@ -152,7 +151,7 @@ static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, in
         for (int v = 0; v < nv; v++)
             bk[v] = _mm512_loadu_ps(b + k * w + 16 * v);
         const float *ak = a + k * as;
-        if (ls == 1) { /* a k's values side by side, k's as apart: FX__SG_AHEAD k's ahead */
+        if (ls == 1 && as != rows) { /* read in place, a k's values side by side: FX__SG_AHEAD k's ahead */
             __builtin_prefetch(fx__ahead(ak, 4 * FX__SG_AHEAD * as));
             __builtin_prefetch(fx__ahead(ak, 4 * (FX__SG_AHEAD * as + rows - 1)));
         }

@@ -46,8 +46,8 @@ void fx__linear_dt_t(float *dx, const float *dy, int64_t ldy, const void *w, fx_
    rounded to bfloat16 as read, W's rows bfloat16 (BF16, read in place) or rounded (F32), every
    product exact and the sums float32 (fx__gemm_bf16: bitwise the same at any thread count).
    FX__BF16_ROWS rows of W a call, in order (dx adds the calls' results in that order): a
-   layer's matrices in one call (x packed once for gate and up; 1.01-1.04x a `--dtype bf16`
-   LoRA step against 1024, three alternated pairs), a head in pieces; ws:
+   layer's matrix of up to 4096 rows in one call (x packed once for gate and up; 1.01-1.04x
+   a `--dtype bf16` LoRA step against 1024 rows, three alternated pairs), a head in pieces; ws:
    fx__linear_bf16_ws(N, I, O) floats. dt must be BF16 or F32. */
 enum { FX__BF16_ROWS = 4096 };
 size_t fx__linear_bf16_ws(int64_t N, int64_t I, int64_t O);

@@ -103,9 +103,10 @@ enum {
 };
 
 /* A thin tile: T [mr, nr] (nr <= 16 nv, mr <= 24 / nv, nv = ceil(nr / 16)) = alpha * sum_k
-   a[k * as + r] b[k * 16 nv + j] over kc values of k, stored in C[r * ldc + j] (ct false) or
-   C[j * ldc + r] (ct), plus beta * C (beta 0: nothing of C is read). a's 24 / nv values of
-   each k are read, mr or not. */
+   a[k * as + r * ls] b[k * 16 nv + j] over kc values of k, stored in C[r * ldc + j] (ct
+   false) or C[j * ldc + r] (ct), plus beta * C (beta 0: nothing of C is read). a's 24 / nv
+   values of each k are read, mr or not: a packed tile (as = 24 / nv, ls = 1) or the wide
+   operand where it lies (as or ls its leading dimension, the other 1). */
 void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, int64_t as, int64_t ls, const float *b, float alpha,
                                   float beta, float *C, int64_t ldc, int64_t mr, int64_t nr, bool ct);
 
