@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A LoRA training step: flexc train --lora against PEFT + transformers, same model, CPU, threads.
 
-    python3 bench/lora_vs_peft.py --flexc build/flexc [--model DIR] [--threads N] [--steps 4]
+    python3 bench/lora_vs_peft.py --flexc build/flexc [--model DIR] [--threads N] [--steps 6]
                                   [--batch 4] [--seq 512] [--rank 16] [--rounds 3] [--bf16] [--full]
 
 The model: --model DIR (a Hugging Face Llama-family directory), else one made here with
@@ -14,8 +14,9 @@ tokens a step, from the same token file (random ids):
           as the float32 GEMM packs it), float32 adapters, the fused linear + cross-entropy;
   peer    PEFT's get_peft_model over transformers' AutoModelForCausalLM in float32, sdpa
           attention, torch.optim.AdamW over the adapters; with --bf16 also the same under
-          torch.autocast("cpu", bfloat16) (the base's products in bfloat16, the peer of flexc's
-          --dtype bf16).
+          torch.autocast("cpu", bfloat16) over the base loaded in its file's dtype (BF16: the
+          base's products in bfloat16, the adapters float32; the peer of flexc's --dtype bf16,
+          and the faster of the two forms: a float32 base under autocast is recast every step).
 
 Each runs in its own process, the sides in turn for --rounds rounds (default 3). A side's
 tokens/s is the median over the steps after the first, and over the rounds; each ratio is the
@@ -90,7 +91,9 @@ def peer(args):
     from transformers import AutoModelForCausalLM
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa")
+    # Under autocast the base is loaded in its file's dtype, as flexc maps it (module docstring).
+    base = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto" if args.autocast else torch.float32,
+                                                attn_implementation="sdpa")
     cfg = LoraConfig(r=args.rank, lora_alpha=2 * args.rank, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     model = get_peft_model(base, cfg)
@@ -123,7 +126,7 @@ def main():
     ap.add_argument("--flexc", default="build/flexc")
     ap.add_argument("--model")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--rank", type=int, default=16)
