@@ -153,7 +153,7 @@ fi
 # ---- the host CPU -----------------------------------------------------------------------------
 # GPU machines' CPUs often have AVX512-BF16 and AMX-BF16, which the build machine lacks; the
 # bfloat16 GEMM's test then runs its vdpbf16ps and AMX kernels natively, and the benchmark gives
-# the CPU's path's speed against the float32 GEMM (docs/train.md).
+# the CPU's path's speed against the float32 GEMM (docs/bf16.md).
 cpu_bf16="no AVX512-BF16"
 grep -qw avx512_bf16 /proc/cpuinfo 2>/dev/null && cpu_bf16="AVX512-BF16"
 grep -qw amx_bf16 /proc/cpuinfo 2>/dev/null && cpu_bf16="$cpu_bf16, AMX-BF16"

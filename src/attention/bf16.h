@@ -35,7 +35,7 @@ extern const fx__attn16_kernels fx__attn16_kernels_avx512bf16;
 
 /* The kernels of CPU path isa: the vdpbf16ps ones where the bfloat16 GEMM takes vdpbf16ps
    there too (fx__gemm_bf16_kernels_for: AMD's cores with AVX512-BF16, on the AVX-512 path),
-   else NULL: a call with FX__ATTN_BF16 stays float32 (docs/train.md). */
+   else NULL: a call with FX__ATTN_BF16 stays float32 (docs/bf16.md). */
 const fx__attn16_kernels *fx__attn16_kernels_for(fx_isa isa);
 
 /* Whether this CPU runs the attention's products in bfloat16 now (fx__attn16_kernels_for

@@ -88,7 +88,7 @@ void fx__gemm_bf16_force_tiled(const fx__bf16_tiled *t) { atomic_store(&fx__bf16
    at 1.5-2.5x the float32 GEMM at the models' shapes): a Xeon of family 6 model 207 (Emerald
    Rapids) issues it at a quarter of the rate of float32 fused multiply-adds, for half their
    FLOPs (85 against 173 GFLOP/s on one core), so there, as on any CPU not measured, the
-   float32 route, which reads the same bfloat16 values, is the one taken (docs/train.md). */
+   float32 route, which reads the same bfloat16 values, is the one taken (docs/bf16.md). */
 const fx__gemm_bf16_kernels *fx__gemm_bf16_kernels_for(fx_isa isa)
 {
 #ifdef FLEXC_REFERENCE_KERNELS

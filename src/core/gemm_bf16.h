@@ -76,7 +76,7 @@ size_t fx__gemm_bf16_ws(int64_t M, int64_t N, int64_t K);
                     scalar path they are widened into ws, then fx__sgemm (BLIS).
    The first two take the float32 route when their packed operands would not fit in ws (a
    handful of rows or columns, or K below 32 for AMX). The paths differ in the order of the
-   float32 sums only (docs/train.md). */
+   float32 sums only (docs/bf16.md). */
 void fx__gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, fx__bf16_mat A, int64_t lda, fx__bf16_mat B,
                    int64_t ldb, float beta, float *C, int64_t ldc, float *ws);
 /* The reference: the same contract, each element a float32 sum over k in increasing order
