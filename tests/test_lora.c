@@ -294,6 +294,22 @@ static void test_threads(void)
     free(got[0]), free(got[1]);
 }
 
+/* One forward and backward pass over the batch of seed: a copy of the adapters' gradients
+   ([*n], malloc'd). */
+static float *grads_of(fx__model *m, uint64_t seed, size_t *n)
+{
+    int32_t tok[B * T], tgt[B * T];
+    batch(m->c.vocab, seed, tok, tgt);
+    float loss;
+    fx__model_zero_grad(m);
+    FXT_OK(fx__model_forward(m, tok, tgt, &loss, true));
+    FXT_OK(fx__model_backward(m));
+    *n = m->lora->total;
+    float *g = malloc(*n * sizeof(float));
+    memcpy(g, m->lora->grads, *n * sizeof(float));
+    return g;
+}
+
 /* Dropout: the mask changes the adapter's input only while training, and d(A), d(B) follow
    it: with p > 0 the gradients differ from p = 0's, a forward without gradients does not. */
 static void test_dropout(void)
@@ -306,15 +322,9 @@ static void test_dropout(void)
         fx__lora *a = adapters(m, FX__LORA_ALL, 2, k ? 0.5f : 0.0f, 29);
         randomize_b(a, 31);
         FXT_OK(fx__model_set_lora(m, a));
+        g[k] = grads_of(m, 11, &n);
         int32_t tok[B * T], tgt[B * T];
         batch(m->c.vocab, 11, tok, tgt);
-        float loss;
-        fx__model_zero_grad(m);
-        FXT_OK(fx__model_forward(m, tok, tgt, &loss, true));
-        FXT_OK(fx__model_backward(m));
-        n = a->total;
-        g[k] = malloc(n * sizeof(float));
-        memcpy(g[k], a->grads, n * sizeof(float));
         lg[k] = logits_of(m, tok);
         fx__model_free(m);
     }
@@ -510,15 +520,7 @@ static void test_mapped_bf16(void)
             randomize_b(a, 91);
             FXT_OK(fx__model_set_lora(m, a));
             FXT_OK(fx__model_set_bf16(m, k < 2));
-            int32_t tok[B * T], tgt[B * T];
-            batch(m->c.vocab, 92, tok, tgt);
-            float loss;
-            fx__model_zero_grad(m);
-            FXT_OK(fx__model_forward(m, tok, tgt, &loss, true));
-            FXT_OK(fx__model_backward(m));
-            n = a->total;
-            g[k] = malloc(n * sizeof(float));
-            memcpy(g[k], a->grads, n * sizeof(float));
+            g[k] = grads_of(m, 92, &n);
             fx__model_free(m);
         }
         fxt_bitwise_f32(d ? "bf16 adapters' gradients with dropout, 1 and 2 threads"
