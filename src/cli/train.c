@@ -4,7 +4,7 @@
 
 #include "train_data.h"
 
-#include "bench_util.h"
+#include "bench/util.h"
 #include "core/file.h"
 #include "cuda/model_gpu.h"
 #include "model/dist.h"

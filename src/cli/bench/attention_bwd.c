@@ -1,10 +1,10 @@
 /* flexc bench attention: the backward pass (backward / forward time on the sliding-window
    cases) and the decoding path (split-KV vs. the prefill kernel, bandwidth vs. triad). */
-#include "bench_attention_bwd.h"
+#include "attention_bwd.h"
 
 #include "attention/backward.h"
-#include "bench_util.h"
-#include "cli.h"
+#include "util.h"
+#include "cli/cli.h"
 
 #include <flexc.h>
 

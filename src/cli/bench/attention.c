@@ -1,11 +1,11 @@
 /* flexc bench attention: flex attention (block-sparse) against the dense flash SDPA kernel
    (mask == NULL), timed alternately in one run, with GFLOP/s on visited blocks and the
    fraction of this machine's fp32 FMA peak measured in the same run. */
-#include "bench_attention.h"
-#include "bench_attention_bwd.h"
+#include "attention.h"
+#include "attention_bwd.h"
 
-#include "bench_util.h"
-#include "cli.h"
+#include "util.h"
+#include "cli/cli.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -257,13 +257,13 @@ int bench_attention(int argc, char **argv)
         rc = run_case(&cases[i], peak, json);
         if (rc != CLI_EXIT_OK)
             return rc;
-        if (cases[i].mask == BENCH_MASK_SLIDING && /* backward / forward (bench_attention_bwd.c) */
+        if (cases[i].mask == BENCH_MASK_SLIDING && /* backward / forward (attention_bwd.c) */
             bench_attention_backward_case(cases[i].name, cases[i].B, cases[i].Hq, cases[i].Hkv, cases[i].L,
                                           cases[i].D, cases[i].window, cases[i].reps + 1, bench_fma_peak_gflops(),
                                           json))
             return CLI_EXIT_FAIL;
     }
-    if ((!only || strcmp(only, "decode") == 0) && !mask_name && !L && /* decode case (bench_attention_bwd.c) */
+    if ((!only || strcmp(only, "decode") == 0) && !mask_name && !L && /* decode case (attention_bwd.c) */
         bench_attention_decode_case("decode", 8, 32, 8, 1, quick ? 8192 : 32768, 128, reps ? (int)reps : 5,
                                     bench_triad_gbs(), json))
         return CLI_EXIT_FAIL;

@@ -3,8 +3,8 @@
    Time: the two alternate in one run (A, B, A, B, ...), medians. Memory: the bytes each
    allocates, and the growth of the maximum resident set in a child process per mode.
    Throughput: 6 N V D flops per call against the library's sgemm at the logits GEMM's shape. */
-#include "bench_util.h"
-#include "cli.h"
+#include "util.h"
+#include "cli/cli.h"
 
 #include "lce/lce_internal.h"
 

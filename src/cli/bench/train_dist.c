@@ -2,10 +2,10 @@
    collectives overlapped against the same step with every collective waited for as soon as it
    starts (no prefetch), alternating in one run; the time blocked in collectives, the bytes
    communicated per step and the per-rank parameter + gradient + optimizer memory. */
-#include "bench_train_dist.h"
+#include "train_dist.h"
 
-#include "bench_util.h"
-#include "cli.h"
+#include "util.h"
+#include "cli/cli.h"
 #include "model/dist.h"
 
 #include <stdlib.h>

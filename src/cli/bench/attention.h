@@ -8,7 +8,7 @@
 
 #include <stdio.h>
 
-#include "bench_util.h"
+#include "util.h"
 
 typedef enum bench_attn_mask { BENCH_MASK_DENSE, BENCH_MASK_CAUSAL, BENCH_MASK_SLIDING, BENCH_MASK_DOCUMENT } bench_attn_mask;
 

@@ -2,8 +2,8 @@
    tensors) against reading the same file from the page cache with read(2), alternated in one
    run. Also reported: opening and touching every page of the mapping (what a first use of all
    weights costs), and the atomic save that wrote the file. */
-#include "bench_util.h"
-#include "cli.h"
+#include "util.h"
+#include "cli/cli.h"
 
 #include <fcntl.h>
 #include <signal.h>

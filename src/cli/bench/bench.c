@@ -1,5 +1,5 @@
 /* flexc bench <case>: dispatch. */
-#include "cli.h"
+#include "cli/cli.h"
 
 #include <string.h>
 

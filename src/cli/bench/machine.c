@@ -1,6 +1,6 @@
 /* flexc bench machine: the limits every other benchmark is quoted against. */
-#include "bench_util.h"
-#include "cli.h"
+#include "util.h"
+#include "cli/cli.h"
 
 #include <stdlib.h>
 

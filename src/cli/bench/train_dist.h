@@ -1,5 +1,5 @@
 /* flexc bench train --parallel fsdp|ddp: the distributed training step, overlapped against
-   serialised communication (bench_train_dist.c). */
+   serialised communication (train_dist.c). */
 #ifndef FX_BENCH_TRAIN_DIST_H
 #define FX_BENCH_TRAIN_DIST_H
 

@@ -1,6 +1,6 @@
 /* Timing, medians and this machine's measured limits. */
-#include "bench_util.h"
-#include "cli.h"
+#include "util.h"
+#include "cli/cli.h"
 
 #include <flexc.h>
 

@@ -1,8 +1,8 @@
 /* flexc bench generate: prefill and decode tokens/s and peak memory of a model with the KV
    cache (bench/generate_vs_transformers.py runs it against transformers). */
-#include "cli.h"
+#include "cli/cli.h"
 
-#include "bench_util.h"
+#include "util.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 /* flexc bench train --gemm: how fast the step's matrix products run, shape by shape, against
    the same GEMM (fx__sgemm) called alone on operands already in cache, and against BLIS
    running each shape alone with its own threading. */
-#include "bench_util.h"
+#include "util.h"
 #include "core/core.h"
 
 #include <flexc.h>

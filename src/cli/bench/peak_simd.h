@@ -1,7 +1,7 @@
 /* The register-only FMA loop of bench_fma_peak_gflops(), written once over the SIMD layer
-   (core/simd_avx2.h or core/simd_avx512.h, included first) for bench_peak_avx2.c and
-   bench_peak_avx512.c. */
-#include "bench_util.h"
+   (core/simd_avx2.h or core/simd_avx512.h, included first) for peak_avx2.c and
+   peak_avx512.c. */
+#include "util.h"
 
 enum { CHAINS = 10 }; /* independent accumulators: enough for FMA latency x throughput */
 

@@ -2,10 +2,10 @@
    attention and the fused loss, against the same model with dense attention and the
    unfused (materialised logits) loss, measured side by side in one run (bench/README.md).
    With --dtype bf16 the baseline is the same flex + fused model in float32 instead. */
-#include "cli.h"
+#include "cli/cli.h"
 
-#include "bench_train_dist.h"
-#include "bench_util.h"
+#include "train_dist.h"
+#include "util.h"
 #include "cuda/model_gpu.h"
 #include "model/model.h"
 
