@@ -557,13 +557,17 @@ static void test_gemm_thin_path(void)
         printf("  (no AVX-512 on this CPU: no thin path)\n");
         return;
     }
-    /* M, N, K and the operands' padding (their lines 1024 floats apart in the last two: a wide
-       side whose rows would crowd L1, packed) */
+    /* M, N, K and the operands' padding (their lines 1024 floats apart in the 13th and 14th: a
+       wide side whose rows would crowd L1, packed where the thin side is two vectors or
+       more; the last five, one vector, lines 256 to 1536 floats apart: narrow tiles read in
+       place, 8 or 4 lines, and a partial last tile) */
     const int64_t shapes[][4] = {{100, 1, 7, 3},     {97, 16, FX__SG_KC + 1, 3},      {200, 17, 300, 5},
                                  {140, 33, 64, 3},   {150, 32, 2 * FX__SG_KC + 5, 1}, {333, 48, 100, 3},
                                  {64, 16, 0, 3},     {16, 300, FX__SG_KC + 9, 3},     {1, 50, 40, 3},
                                  {9, 97, 1000, 5},   {20, 100, 50, 3},                {40, 200, FX__SG_KC + 3, 3},
-                                 {100, 20, 700, 324}, {10, 120, 600, 424}};
+                                 {100, 20, 700, 324}, {10, 120, 600, 424},               {101, 16, 700, 836},
+                                 {103, 9, 600, 424},  {90, 12, 300, 212},                {77, 5, 200, 56},
+                                 {7, 99, 600, 424}};
     const int before = fx_get_num_threads();
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int t = 0; t < 4; t++)

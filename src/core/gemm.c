@@ -349,8 +349,7 @@ void fx__sgemm_thin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
     const bool ct = N > M;
     const thin_side a = {fx__sgemm_f32(A), lda, M, !ta}, b = {fx__sgemm_f32(B), ldb, N, tb};
     const thin_side wide = ct ? b : a, thin = ct ? a : b;
-    const int64_t nv = thin_vectors(thin.lines), width = 16 * nv, rows = FX__SG_THIN_ACC / nv;
-    const int64_t tiles = (wide.lines + rows - 1) / rows, blocks = (K + FX__SG_KC - 1) / FX__SG_KC;
+    const int64_t nv = thin_vectors(thin.lines), width = 16 * nv;
     const int64_t kmax = K < FX__SG_KC ? K : FX__SG_KC;
     const double flops = 2.0 * (double)M * (double)N * (double)K;
     const bool nested = fx__in_parallel();
@@ -360,10 +359,15 @@ void fx__sgemm_thin(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
        4 KiB period) as 4096 / gcd(4 ld, 4096): with 512-byte steps or finer, 8 sets or more,
        at most three lines of a tile in each of a set's 8 ways (two where a line's 16 values
        straddle); coarser ones evict each other at every k (55 against 209 GFLOP/s, 24 rows
-       12 KiB apart, 2 threads of an AMD EPYC). Where a k's lines lie side by side instead, a
-       tile's values of one k are one run of memory. */
-    const int64_t step = wide.lk ? 4 * wide.ld : 4;
-    const bool in_place = (step & -step) <= 512;
+       12 KiB apart, 2 threads of an AMD EPYC). Steps of 1 or 2 KiB leave 4 or 2 sets, coarser
+       ones 1: with one vector, tiles of FX__SG_THIN_NARROW lines, or half that, still fit
+       their ways (u of down 1.5-1.7x, d(u) of gate 1.5-1.6x the packed tiles, in
+       docs/train-profile.md); wider thin sides pack. Where a k's lines lie side by side
+       instead, a tile's values of one k are one run of memory. */
+    const int64_t step = wide.lk ? 4 * wide.ld : 4, low = step & -step;
+    const bool narrow = low > 512 && nv == 1, in_place = low <= 512 || narrow;
+    const int64_t rows = !narrow ? FX__SG_THIN_ACC / nv : low <= 2048 ? FX__SG_THIN_NARROW : FX__SG_THIN_NARROW / 2;
+    const int64_t tiles = (wide.lines + rows - 1) / rows, blocks = (K + FX__SG_KC - 1) / FX__SG_KC;
     /* One barrier: between the thin side's packing, block by block, and the tiles. */
 #pragma omp parallel if (!nested && flops >= FX__GEMM_MIN_FLOPS)
     {

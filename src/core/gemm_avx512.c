@@ -133,14 +133,15 @@ void fx__sgemm_pack_avx512(float *dst, fx__sgemm_mat x, int64_t ld, bool lk, int
     fx__sgemm_pack_lines(dst, x, FX__SG_F32, ld, lk, lines, k0, kc, width, q);
 }
 
-/* The thin kernel (sgemm.h): the tile's nv vectors of columns held in 24 accumulators, rows
-   24 / nv of them. The arithmetic of fx__sgemm_kernel_avx512, element by element. */
-static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, int64_t kc, const float *a,
+/* The thin kernel (sgemm.h): the tile's nv vectors of columns held in accumulators, `rows`
+   lines of them (24 / nv, or a narrow tile's fewer). The arithmetic of
+   fx__sgemm_kernel_avx512, element by element. */
+static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, int rows, int64_t kc, const float *a,
                                                                       int64_t as, int64_t ls, const float *b,
                                                                       float alpha, float beta, float *C, int64_t ldc,
                                                                       int64_t mr, int64_t nr, bool ct)
 {
-    const int rows = FX__SG_THIN_ACC / nv, w = 16 * nv;
+    const int w = 16 * nv;
     __m512 acc[FX__SG_THIN_ACC];
 #pragma GCC unroll 24
     for (int i = 0; i < FX__SG_THIN_ACC; i++)
@@ -197,8 +198,16 @@ void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, int64_t as, int64_
                                   float beta, float *C, int64_t ldc, int64_t mr, int64_t nr, bool ct)
 {
     switch ((nr + 15) / 16) { /* one copy of the loops per width */
-    case 1: fx__sgemm_thin_tile(1, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct); return;
-    case 2: fx__sgemm_thin_tile(2, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct); return;
-    default: fx__sgemm_thin_tile(3, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    case 1:
+        /* only the lines a narrow tile has are read */
+        if (mr <= FX__SG_THIN_NARROW / 2)
+            fx__sgemm_thin_tile(1, FX__SG_THIN_NARROW / 2, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct);
+        else if (mr <= FX__SG_THIN_NARROW)
+            fx__sgemm_thin_tile(1, FX__SG_THIN_NARROW, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct);
+        else
+            fx__sgemm_thin_tile(1, FX__SG_THIN_ACC, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct);
+        return;
+    case 2: fx__sgemm_thin_tile(2, FX__SG_THIN_ACC / 2, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct); return;
+    default: fx__sgemm_thin_tile(3, FX__SG_THIN_ACC / 3, kc, a, as, ls, b, alpha, beta, C, ldc, mr, nr, ct); return;
     }
 }

@@ -91,13 +91,17 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, fx__sgemm_scheme scheme, bool ta, 
    u = x A^T, d(u) = dy B, and dB = dy^T u, dA = d(u)^T x with C's rows the thin side) wastes
    most of a 12 x 32 tile on that side. The thin path fits the tile to it: the thin operand
    packed whole once, its lines in one to three vectors (nv), and the wide one read a tile of
-   24 / nv lines at a time, where it lies when a k's lines are side by side in it (dB's dy^T,
-   dA's x), else packed; where M is the thin side it computes C transposed. Each element is
+   24 / nv lines at a time where it lies when a k's lines are side by side in it (dB's dy^T,
+   dA's x) or its lines are close enough not to crowd L1's sets; with one vector, lines 1 KiB
+   apart or more are read in place in tiles of FX__SG_THIN_NARROW (or half as many where the
+   spacing is 4 KiB or a multiple), others packed; where M is the thin side it computes C
+   transposed. Each element is
    the same fused multiply-add chain, in the same blocks of k, combined with C the same way as
    on the tiled path (the product of two floats is the same in either order), so the two give
    the same bits. AVX-512 only (fx__sgemm on that path). */
 enum {
     FX__SG_THIN_ACC = 24, /* accumulators of a thin tile: 24 rows of one vector, 12 of two, 8 of three */
+    FX__SG_THIN_NARROW = 8, /* rows of one vector where the wide side's lines crowd L1's sets */
     FX__SG_THIN_MAX = 48, /* the widest thin side: three vectors */
     FX__SG_THIN_RATIO = 4, /* the other side at least this many times longer */
 };
@@ -105,8 +109,9 @@ enum {
 /* A thin tile: T [mr, nr] (nr <= 16 nv, mr <= 24 / nv, nv = ceil(nr / 16)) = alpha * sum_k
    a[k * as + r * ls] b[k * 16 nv + j] over kc values of k, stored in C[r * ldc + j] (ct
    false) or C[j * ldc + r] (ct), plus beta * C (beta 0: nothing of C is read). a's 24 / nv
-   values of each k are read, mr or not: a packed tile (as = 24 / nv, ls = 1) or the wide
-   operand where it lies (as or ls its leading dimension, the other 1). */
+   values of each k are read, mr or not (with one vector: FX__SG_THIN_NARROW of them where mr
+   is at most that, half as many where mr is at most half): a packed tile (as its lines,
+   ls = 1) or the wide operand where it lies (as or ls its leading dimension, the other 1). */
 void fx__sgemm_thin_kernel_avx512(int64_t kc, const float *a, int64_t as, int64_t ls, const float *b, float alpha,
                                   float beta, float *C, int64_t ldc, int64_t mr, int64_t nr, bool ct);
 
