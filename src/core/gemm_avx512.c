@@ -152,7 +152,9 @@ static inline __attribute__((always_inline)) void fx__sgemm_thin_tile(int nv, in
         for (int v = 0; v < nv; v++)
             bk[v] = _mm512_loadu_ps(b + k * w + 16 * v);
         const float *ak = a + k * as;
-        if (ls == 1 && as != rows) { /* read in place, a k's values side by side: FX__SG_AHEAD k's ahead */
+        /* Read in place, a k's values side by side: FX__SG_AHEAD k's ahead. (A packed tile's k's
+           are at most FX__SG_THIN_ACC values apart, whichever rows the kernel reads of it.) */
+        if (ls == 1 && as > FX__SG_THIN_ACC) {
             __builtin_prefetch(fx__ahead(ak, 4 * FX__SG_AHEAD * as));
             __builtin_prefetch(fx__ahead(ak, 4 * (FX__SG_AHEAD * as + rows - 1)));
         }

@@ -95,10 +95,9 @@ void fx__sgemm_tiled(const fx__sgemm_path *p, fx__sgemm_scheme scheme, bool ta, 
    dA's x) or its lines are close enough not to crowd L1's sets; with one vector, lines 1 KiB
    apart or more are read in place in tiles of FX__SG_THIN_NARROW (or half as many where the
    spacing is 4 KiB or a multiple), others packed; where M is the thin side it computes C
-   transposed. Each element is
-   the same fused multiply-add chain, in the same blocks of k, combined with C the same way as
-   on the tiled path (the product of two floats is the same in either order), so the two give
-   the same bits. AVX-512 only (fx__sgemm on that path). */
+   transposed. Each element is the same fused multiply-add chain, in the same blocks of k,
+   combined with C the same way as on the tiled path (the product of two floats is the same
+   in either order), so the two give the same bits. AVX-512 only (fx__sgemm on that path). */
 enum {
     FX__SG_THIN_ACC = 24, /* accumulators of a thin tile: 24 rows of one vector, 12 of two, 8 of three */
     FX__SG_THIN_NARROW = 8, /* rows of one vector where the wide side's lines crowd L1's sets */
